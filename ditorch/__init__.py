@@ -1,0 +1,5 @@
+"""DiTorch: the device abstraction that lets a CUDA-written PyTorch script run on any vendor's chip.
+
+Owns: vendor detection and adapters, the DIPU device ("dipu", PrivateUse1) bindings, op-level
+precision tools and the loss-curve precision diff. Must not import h2, heteropp or dicomm.
+"""

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Create or reuse the project's virtual environment (.venv) and install H2 into it.
+# torch is installed first and pinned, so that nothing later can make pip resolve another build
+# (on a CPU-only machine a resolver-chosen torch pulls gigabytes of CUDA wheels). The project
+# itself is installed editable without build isolation, so its C++ extensions compile against
+# exactly that torch; the CMake build folder is kept, so a re-run only rebuilds what changed.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+venv="${H2_VENV:-$root/.venv}"
+torch_version="${H2_TORCH_VERSION:-2.13.0}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[bootstrap] creating virtual environment $venv"
+  "$python" -m venv "$venv"
+fi
+py="$venv/bin/python"
+pip=("$py" -m pip install --quiet --disable-pip-version-check)
+
+if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  echo "[bootstrap] installing torch==$torch_version"
+  "${pip[@]}" "torch==$torch_version"
+fi
+build_and_test_deps=(numpy pyyaml "pybind11>=2.12" "scikit-build-core>=0.10" ninja pytest pytest-benchmark hypothesis)
+if ! "$py" -c "import numpy, yaml, pybind11, scikit_build_core, ninja, pytest, pytest_benchmark, hypothesis" 2>/dev/null; then
+  echo "[bootstrap] installing build and test dependencies"
+  "${pip[@]}" "${build_and_test_deps[@]}"
+fi
+echo "[bootstrap] building and installing h2 (editable)"
+"${pip[@]}" --no-build-isolation --no-deps --editable "$root"
