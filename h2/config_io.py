@@ -1,0 +1,118 @@
+"""Reading plain-data configuration (dataclasses) from YAML, with errors that name file and field.
+
+Shared by every spec format of the project (model, training, cluster, profile, strategy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from typing import Any, Mapping, TypeVar
+
+import yaml
+
+from h2.errors import UserError
+
+T = TypeVar("T")
+
+
+def load_yaml_mapping(path: str | os.PathLike) -> dict:
+    """Read a YAML file whose top level is a mapping."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a YAML file") from None
+    except PermissionError:
+        raise UserError(f"{path}: permission denied") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(error, "problem", None) or "malformed YAML"
+        raise UserError(f"{path}: malformed YAML{where}: {problem}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a UTF-8 text file") from None
+    if data is None:
+        raise UserError(f"{path}: file is empty, expected a mapping")
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce_field(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp` (int, float, bool, str, Optional, list, Literal)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce_field(value, option, where)
+            except UserError as error:
+                errors.append(error)
+        raise errors[0]
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise UserError(f"{where}: must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        (item_type, *_) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        return [coerce_field(item, item_type, f"{where}[{i}]") for i, item in enumerate(value)]
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise UserError(f"{where}: expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise UserError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return dataclass_from_mapping(tp, value, where)
+    raise TypeError(f"unsupported field type {_type_name(tp)} at {where}")
+
+
+def dataclass_from_mapping(cls: type[T], mapping: Mapping, source: str) -> T:
+    """Build dataclass `cls` from `mapping`; unknown, missing or mistyped fields raise UserError.
+
+    `source` prefixes every message (a file path, or `file: section`).
+    """
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(mapping) - set(fields))
+    if unknown:
+        raise UserError(f"{source}: unknown field '{unknown[0]}' (known: {', '.join(fields)})")
+    values = {}
+    for name, field in fields.items():
+        if name in mapping:
+            values[name] = coerce_field(mapping[name], hints[name], f"{source}: field '{name}'")
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise UserError(f"{source}: missing required field '{name}'")
+    return cls(**values)
