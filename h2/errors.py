@@ -22,6 +22,9 @@ def run_cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
             prog = getattr(main, "prog", None) or sys.argv[0].rsplit("/", 1)[-1]
             print(f"{prog}: error: {error}", file=sys.stderr)
             return 2
+        except BrokenPipeError:  # output piped into `head` and friends
+            sys.stderr.close()
+            return 0
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
