@@ -145,7 +145,7 @@ def _cmd_search(args) -> int:
     if args.out:
         strategy.save(args.out)
     rows = [{"chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers, "recompute": s.recompute,
-             "memory_gb": round(s.memory_bytes / GB, 3), "capacity_gb": round(s.capacity_bytes / GB, 3),
+             "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB,
              "compute_s": s.compute_s, "update_s": s.update_s} for s in report.stages]
     payload = {
         "strategy": {"dp": strategy.dp, "micro_batches": strategy.micro_batches,
@@ -170,7 +170,7 @@ def _cmd_search(args) -> int:
           f"{'T_comp s':>9} {'T_upd s':>8}")
     for s in report.stages:
         print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>4} {s.layers:>6} {'on' if s.recompute else 'off':>6} "
-              f"{s.memory_bytes / GB:>10.2f} {s.capacity_bytes / GB:>7.2f} {s.compute_s:>9.4f} {s.update_s:>8.4f}")
+              f"{s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g} {s.compute_s:>9.4f} {s.update_s:>8.4f}")
     print(f"predicted iteration: {report.iteration_s:.3f} s   tokens/chip/s: {report.tokens_per_chip_s:.2f}")
     if ratio is not None:
         alone = ", ".join(f"{name} {b['tokens_per_chip_s']:.2f}" for name, b in baselines.items())
@@ -226,7 +226,7 @@ def _cmd_simulate(args) -> int:
     for s, busy, bubble in zip(report.stages, sim.busy_s, sim.bubble_s):
         flag = "" if s.fits else "  OVER CAPACITY"
         print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
-              f"{s.memory_bytes / GB:>10.3f} {s.capacity_bytes / GB:>7.3f}{flag}")
+              f"{s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}")
     print(f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
           f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {payload['tokens_per_chip_s']:.2f}")
     return 0

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from h2.errors import UserError
-from h2.model.config import ModelConfig
+from h2.model.config import PRESETS, ModelConfig
 from heteropp.auto.memory import stage_memory_terms_at
 from heteropp.auto.profiles import Profile
 from heteropp.auto.sharding import absorber_bound, lower_bound, shard_layers
@@ -65,7 +65,8 @@ class Candidate:
                 stages.append(StageSpec(chip=self.groups[g].chip.name, tp=self.tps[g], layers=layers,
                                         recompute=self.recompute[g]))
         return Strategy(dp=self.dp, micro_batches=self.micro_batches, micro_batch_size=training.micro_batch_size,
-                        stages=stages, model=model.name, schedule=schedule, seq_len=training.seq_len)
+                        stages=stages, model=model.name if PRESETS.get(model.name) == model else model.to_dict(),
+                        schedule=schedule, seq_len=training.seq_len)
 
 
 @dataclass
@@ -271,7 +272,8 @@ class Planner:
                     for tp, pp in choices[h]:
                         t = profile.layer(tp).compute_s(False)
                         weight = (micro_batches - alpha) * t + profile.update_s(dp, tp)
-                        cap = self.memory_cap(groups[h].chip, tp, dp, True, in_flight, False, False)
+                        cap = max(self.memory_cap(groups[h].chip, tp, dp, recompute, in_flight, False, False)
+                                  for recompute in (False, True))
                         best = [min(best[0], pp), max(best[1], pp / weight if weight > 0 else float("inf")),
                                 max(best[2], pp * cap), min(best[3], t), min(best[4], weight)]
                     open_absorbers[key] = tuple(best)

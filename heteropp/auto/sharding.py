@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 _EPS = 1e-9
+_SAFE = 1 - 1e-9  # bounds are shaded down so rounding never prunes an optimum they tie with
 
 
 def _stage_caps(bound: float, weights: Sequence[float], caps: Sequence[int]) -> list[int]:
@@ -42,6 +43,19 @@ def objective(layers: Sequence[int], pps: Sequence[int], compute: Sequence[float
     return bottleneck + alpha * sum(t * l for t, l in zip(compute, layers))
 
 
+def _continuous_bottleneck(total: int, saturated: float, points: list[tuple[float, float, float]]) -> float:
+    """Smallest M with saturated + sum_g min(held_g, rate_g * M) >= total; points are (held/rate, held, rate)."""
+    points.sort()
+    suffix_rates = [0.0] * (len(points) + 1)
+    for i in range(len(points) - 1, -1, -1):  # summed from the end: no cancellation when subtracting
+        suffix_rates[i] = suffix_rates[i + 1] + points[i][2]
+    for i, (saturation, held, _) in enumerate(points):
+        if saturated + suffix_rates[i] * saturation >= total:
+            return (total - saturated) / suffix_rates[i]
+        saturated += held
+    return points[-1][0] if points else 0.0
+
+
 def lower_bound(total: int, pps: Sequence[int], compute: Sequence[float], update: Sequence[float],
                 caps: Sequence[int], micro_batches: int, alpha: float) -> float:
     """A cheap bound below shard_layers' optimum (inf when infeasible): the continuous smallest max term
@@ -50,29 +64,20 @@ def lower_bound(total: int, pps: Sequence[int], compute: Sequence[float], update
         return float("inf")
     weights = [(micro_batches - alpha) * t + u for t, u in zip(compute, update)]
     heaviest = max(weights)
-    saturated, slope = 0.0, 0.0
+    saturated = 0.0
     bottleneck = heaviest
     points = []
     for p, k, w in zip(pps, caps, weights):
         if w <= 0:
             saturated += p * k
         else:
-            slope += p / w
             points.append((k * w, p * k, p / w))
-    points.sort()
-    for saturation, held, rate in points:  # f(M) = saturated + slope * M, piecewise
-        if saturated + slope * saturation >= total:
-            bottleneck = max(heaviest, (total - saturated) / slope)
-            break
-        saturated += held
-        slope -= rate
-    else:
-        bottleneck = max(heaviest, points[-1][0] if points else 0.0)
+    bottleneck = max(heaviest, _continuous_bottleneck(total, saturated, points))
     if alpha == 0:
-        return bottleneck
+        return bottleneck * _SAFE
     order = sorted(range(len(pps)), key=lambda g: compute[g])
     fill = _fill_cheapest_first(total, pps, caps, order)
-    return bottleneck + alpha * sum(t * l for t, l in zip(compute, fill))
+    return (bottleneck + alpha * sum(t * l for t, l in zip(compute, fill))) * _SAFE
 
 
 def absorber_bound(total: int, absorbers: Sequence[tuple[int, float, int, float, float]], alpha: float) -> float:
@@ -83,22 +88,15 @@ def absorber_bound(total: int, absorbers: Sequence[tuple[int, float, int, float,
     if least > total or most < total:
         return float("inf")
     bottleneck = max(a[4] for a in absorbers)
-    saturated, slope, points = 0.0, 0.0, []
+    saturated, points = 0.0, []
     for _, rate, capacity, _, _ in absorbers:
         if rate == float("inf"):
             saturated += capacity
         else:
-            slope += rate
             points.append((capacity / rate, capacity, rate))
-    points.sort()
-    for saturation, held, rate in points:
-        if saturated + slope * saturation >= total:
-            bottleneck = max(bottleneck, (total - saturated) / slope)
-            break
-        saturated += held
-        slope -= rate
+    bottleneck = max(bottleneck, _continuous_bottleneck(total, saturated, points))
     if alpha == 0:
-        return bottleneck
+        return bottleneck * _SAFE
     remaining, cost = total - least, sum(a[0] * a[3] for a in absorbers)
     for a in sorted(absorbers, key=lambda a: a[3]):
         add = min(remaining, a[2] - a[0])
@@ -106,7 +104,7 @@ def absorber_bound(total: int, absorbers: Sequence[tuple[int, float, int, float,
         remaining -= add
         if remaining <= 0:
             break
-    return bottleneck + alpha * cost
+    return (bottleneck + alpha * cost) * _SAFE
 
 
 def shard_layers(total: int, pps: Sequence[int], compute: Sequence[float], update: Sequence[float],
