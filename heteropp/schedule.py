@@ -72,21 +72,27 @@ def one_f_one_b(num_stages: int, micro_batches: int) -> list[list[Action]]:
 
 def one_f_one_b_split_backward(num_stages: int, micro_batches: int) -> list[list[Action]]:
     """1F1B with the backward split into B (input gradients, on the critical path) and W (weight
-    gradients, deferrable), zero-bubble style: stage s defers up to P - 1 - s weight-gradient passes,
-    which fill the drain phase's bubbles instead of delaying the gradients sent upstream."""
+    gradients, deferrable), zero-bubble style: during warm-up and steady state stage s keeps up to
+    P - 1 - s weight-gradient passes pending, so its input gradients go upstream sooner; in the drain
+    phase it runs one pending W after each backward, filling the wait for the next gradient."""
     _check(num_stages, micro_batches)
     schedule = []
     for stage, plain in enumerate(one_f_one_b(num_stages, micro_batches)):
         deferrable = num_stages - 1 - stage
+        last_forward = max(i for i, a in enumerate(plain) if a.kind == "F")
         pending: list[int] = []
         actions: list[Action] = []
-        for action in plain:
+        for index, action in enumerate(plain):
             actions.append(action)
             if action.kind == "B":
                 pending.append(action.micro_batch)
             if action.kind in ("B", "SEND_B") and _backward_done(action, stage):
-                while len(pending) > deferrable:
+                draining = index > last_forward
+                keep = 0 if draining and index == len(plain) - 1 else deferrable
+                while len(pending) > keep:
                     actions.append(Action("W", stage, pending.pop(0)))
+                    if draining and keep:
+                        break  # one W per drain-phase backward: it fills the wait for the next gradient
         actions += [Action("W", stage, m) for m in pending]
         schedule.append(actions)
     return schedule

@@ -255,13 +255,13 @@ def _cmd_profile(args) -> int:
     return 0
 
 
-@run_cli
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     return {"search": _cmd_search, "simulate": _cmd_simulate, "profile": _cmd_profile}[args.command](args)
 
 
-main.prog = "heteroauto"
+_main.prog = "heteroauto"
+main = run_cli(_main)
 
 if __name__ == "__main__":
     sys.exit(main())

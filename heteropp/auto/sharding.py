@@ -116,12 +116,9 @@ def shard_layers(total: int, pps: Sequence[int], compute: Sequence[float], updat
         return None
     weights = [(micro_batches - alpha) * t + u for t, u in zip(compute, update)]
     order = sorted(range(len(pps)), key=lambda g: compute[g])
-    positive = [w for w in weights if w > 0]
-    if positive:
-        inverse_sum = sum(p / w for p, w in zip(pps, weights) if w > 0)
-        bound = max(max(positive), total / inverse_sum) if inverse_sum else max(positive)
-    else:
-        bound = 0.0
+    free_layers = sum(p * k for p, k, w in zip(pps, caps, weights) if w <= 0)
+    points = [(k * w, p * k, p / w) for p, k, w in zip(pps, caps, weights) if w > 0]
+    bound = max([0.0] + [w for w in weights if w > 0] + [_continuous_bottleneck(total, free_layers, points)])
     while True:  # equalise: the smallest bound whose per-stage caps cover all layers
         stage_caps = _stage_caps(bound, weights, caps)
         if sum(p * u for p, u in zip(pps, stage_caps)) >= total and min(stage_caps) >= 1:

@@ -5,9 +5,10 @@ for one micro-batch; SEND puts a message on the link to the neighbour (links car
 time per direction, so transfers queue); RECV waits for the message. After its last action a stage
 runs its optimizer update. The iteration ends when the last stage's update ends.
 
-Against the cost model (alpha = 1, no transfers, no update): a 1F1B replay never exceeds
-sum_i T_i + (b - 1) * max_i T_i and equals it whenever the slowest stage is the last one (uniform
-stages included); with the slowest stage earlier, the stages after it catch up and the replay is shorter.
+Against the cost model (alpha = 1, no transfers, no update): a 1F1B replay equals
+sum_i T_i + (b - 1) * max_i T_i whenever the slowest stage is the last one (uniform stages included).
+With the slowest stage earlier it differs: shorter when every stage's backward is the same multiple of
+its forward (later stages catch up), and it can be longer when those ratios differ between stages.
 """
 
 from __future__ import annotations
