@@ -22,7 +22,12 @@ _SAFE = 1 - 1e-9  # bounds are shaded down so rounding never prunes an optimum t
 
 
 def _stage_caps(bound: float, weights: Sequence[float], caps: Sequence[int]) -> list[int]:
-    return [cap if weight <= 0 else min(cap, int(bound / weight + _EPS)) for weight, cap in zip(weights, caps)]
+    """Per group, the most layers per stage whose weight stays within the bound (and memory)."""
+    result = []
+    for weight, cap in zip(weights, caps):
+        quotient = bound / weight + _EPS if weight > 0 else float("inf")
+        result.append(cap if quotient >= cap else int(quotient))
+    return result
 
 
 def _fill_cheapest_first(total: int, pps: Sequence[int], stage_caps: Sequence[int], order: Sequence[int]) -> list[int] | None:
