@@ -260,18 +260,22 @@ class Planner:
                 continue
             tps, pps, options = [0] * len(groups), [0] * len(groups), [None] * len(groups)
 
-            open_absorbers = {}
+            open_absorbers: dict = {}
 
-            def open_absorber(h: int, tail: int) -> tuple:
-                """Group h not yet chosen, behind `tail` stages: the best it could be over its tp and recompute."""
-                in_flight = min(tail + 1, micro_batches)
-                key = (h, in_flight)
+            def open_absorber(h: int, behind: int, min_tp: int) -> tuple:
+                """Group h, not chosen yet, with at least `behind` stages after its own: the best it could be
+                over its tp (>= min_tp) and recompute settings, as (least layers, layers per unit of max
+                term, most layers, time per layer, weight)."""
+                key = (h, behind, min_tp)
                 if key not in open_absorbers:
                     best = [total_layers, 0.0, 0, float("inf"), float("inf")]
                     profile = self.profiles[groups[h].chip.name]
                     for tp, pp in choices[h]:
+                        if tp < min_tp:
+                            continue
                         t = profile.layer(tp).compute_s(False)
                         weight = (micro_batches - alpha) * t + profile.update_s(dp, tp)
+                        in_flight = min(behind + pp, micro_batches)
                         cap = max(self.memory_cap(groups[h].chip, tp, dp, recompute, in_flight, False, False)
                                   for recompute in (False, True))
                         best = [min(best[0], pp), max(best[1], pp / weight if weight > 0 else float("inf")),
@@ -279,7 +283,7 @@ class Planner:
                     open_absorbers[key] = tuple(best)
                 return open_absorbers[key]
 
-            def descend(g: int, tail: int) -> None:
+            def descend(g: int, tail: int, chosen: tuple) -> None:
                 for tp, pp in choices[g]:
                     if (monotone_tp and g < last and groups[g + 1].chip.name == groups[g].chip.name
                             and tp < tps[g + 1]):
@@ -294,18 +298,20 @@ class Planner:
                     if not group_options:
                         continue
                     tps[g], pps[g], options[g] = tp, pp, group_options
+                    _, t, u, cap = self._relaxed(group_options)
+                    weight = (micro_batches - alpha) * t + u
+                    absorbers = chosen + ((pp, pp / weight if weight > 0 else float("inf"), pp * cap, t, weight),)
                     if g > 0:
                         if len(heap) >= top_k:
-                            absorbers = [open_absorber(h, tail + pp) for h in range(g)]
-                            for h in range(g, last + 1):
-                                r, t, u, cap = self._relaxed(options[h])
-                                weight = (micro_batches - alpha) * t + u
-                                absorbers.append((pps[h], pps[h] / weight if weight > 0 else float("inf"),
-                                                  pps[h] * cap, t, weight))
+                            same_type = groups[g].chip.name
+                            open_groups = tuple(
+                                open_absorber(h, tail + pp + (g - 1 - h),
+                                              tp if monotone_tp and groups[h].chip.name == same_type else 0)
+                                for h in range(g))
                             self.bounded += 1
-                            if absorber_bound(total_layers, absorbers, alpha) >= -heap[0][0]:
+                            if absorber_bound(total_layers, open_groups + absorbers, alpha) >= -heap[0][0]:
                                 continue
-                        descend(g - 1, tail + pp)
+                        descend(g - 1, tail + pp, absorbers)
                         continue
                     relaxed = [self._relaxed(o) for o in options]
                     self.bounded += 1
@@ -318,7 +324,7 @@ class Planner:
                         continue
                     leaves.append((bound, dp, tuple(tps), tuple(pps), list(options)))
 
-            descend(last, 0)
+            descend(last, 0, ())
         return leaves
 
     def _note_cover(self, groups, dp, tps, pps, relaxed) -> None:
