@@ -142,6 +142,7 @@ class Planner:
         self.bounded = 0
         self.infeasible = Infeasibility()
         self._caps: dict = {}
+        self._options: dict = {}
 
     # ---- the pieces of one configuration -------------------------------------------------
     def tp_choices(self, group: Group, dp: int) -> list[tuple[int, int]]:
@@ -178,13 +179,18 @@ class Planner:
         return cap
 
     def options_at(self, group: Group, g: int, dp: int, micro_batches: int, tp: int, pp: int, tail: int,
-                   last_group: bool, useful: int) -> list[tuple]:
+                   last_group: bool, useful: int) -> tuple[list[tuple], tuple]:
         """Recompute options of group g (pipeline index) whose first stage has `tail` stages from it to the
-        pipeline's end: (recompute, t, u, cap) for those that fit and are not dominated."""
+        pipeline's end: (recompute, t, u, cap) for those that fit and are not dominated; and their
+        relaxation (cheapest time and update, largest cap), which no real option beats."""
+        in_flight = min(tail, micro_batches)
+        key = (group.chip.name, tp, dp, pp, in_flight, g == 0, last_group, useful)
+        cached = self._options.get(key)
+        if cached is not None:
+            return cached
         profile = self.profiles[group.chip.name]
         layer = profile.layer(tp)
         update = profile.update_s(dp, tp)
-        in_flight = min(tail, micro_batches)
         choices = []
         for recompute in (False, True):
             cap = self.memory_cap(group.chip, tp, dp, recompute, in_flight, g == 0, last_group and pp == 1)
@@ -194,20 +200,18 @@ class Planner:
                 choices.append((recompute, layer.compute_s(recompute), update, cap))
                 if not recompute and cap >= useful:
                     break  # recompute would only cost time
-        return choices
+        relaxed = (None, min(o[1] for o in choices), min(o[2] for o in choices), max(o[3] for o in choices)) \
+            if choices else None
+        self._options[key] = (choices, relaxed)
+        return choices, relaxed
 
     def _solve(self, pps, choice, micro_batches):
         return shard_layers(self.model.num_layers, pps, [o[1] for o in choice], [o[2] for o in choice],
                             [o[3] for o in choice], micro_batches, self.training.alpha)
 
-    def _relaxed(self, options) -> tuple:
-        """A stand-in option no worse than any real one: cheapest time, largest cap."""
-        return (None, min(o[1] for o in options), min(o[2] for o in options), max(o[3] for o in options))
-
-    def solve_leaf(self, groups, dp, tps, pps, options, heap, top_k) -> None:
+    def solve_leaf(self, groups, dp, tps, pps, options, relaxed, heap, top_k) -> None:
         """Branch and bound over the recompute settings of one leaf."""
         micro_batches = self.training.micro_batch_units // dp
-        relaxed = [self._relaxed(o) for o in options]
         choice = list(relaxed)
 
         def worst() -> float:
@@ -235,8 +239,9 @@ class Planner:
                 choice[g] = option
                 if len(options[g]) > 1 and g + 1 < len(options):
                     self.bounded += 1
-                    bound = self._solve(pps, choice, micro_batches)
-                    if bound is None or bound[0] >= worst():
+                    bound = lower_bound(self.model.num_layers, pps, [o[1] for o in choice], [o[2] for o in choice],
+                                        [o[3] for o in choice], micro_batches, self.training.alpha)
+                    if bound >= worst():
                         continue
                 branch(g + 1)
             choice[g] = relaxed[g]
@@ -258,7 +263,8 @@ class Planner:
             choices = [self.tp_choices(group, dp) for group in groups]
             if not all(choices):
                 continue
-            tps, pps, options = [0] * len(groups), [0] * len(groups), [None] * len(groups)
+            tps, pps = [0] * len(groups), [0] * len(groups)
+            options, relaxed = [None] * len(groups), [None] * len(groups)
 
             open_absorbers: dict = {}
 
@@ -293,12 +299,12 @@ class Planner:
                                                  f"stages than the model's {total_layers} layers")
                         continue
                     useful = -(-(total_layers - tail - g) // pp)
-                    group_options = self.options_at(groups[g], g, dp, micro_batches, tp, pp, tail + pp, g == last,
-                                                    useful)
+                    group_options, group_relaxed = self.options_at(groups[g], g, dp, micro_batches, tp, pp,
+                                                                   tail + pp, g == last, useful)
                     if not group_options:
                         continue
-                    tps[g], pps[g], options[g] = tp, pp, group_options
-                    _, t, u, cap = self._relaxed(group_options)
+                    tps[g], pps[g], options[g], relaxed[g] = tp, pp, group_options, group_relaxed
+                    _, t, u, cap = group_relaxed
                     weight = (micro_batches - alpha) * t + u
                     absorbers = chosen + ((pp, pp / weight if weight > 0 else float("inf"), pp * cap, t, weight),)
                     if g > 0:
@@ -313,7 +319,6 @@ class Planner:
                                 continue
                         descend(g - 1, tail + pp, absorbers)
                         continue
-                    relaxed = [self._relaxed(o) for o in options]
                     self.bounded += 1
                     bound = lower_bound(total_layers, pps, [o[1] for o in relaxed], [o[2] for o in relaxed],
                                         [o[3] for o in relaxed], micro_batches, alpha)
@@ -322,7 +327,7 @@ class Planner:
                         continue
                     if len(heap) >= top_k and bound >= -heap[0][0]:
                         continue
-                    leaves.append((bound, dp, tuple(tps), tuple(pps), list(options)))
+                    leaves.append((bound, dp, tuple(tps), tuple(pps), list(options), list(relaxed)))
 
             descend(last, 0, ())
         return leaves
@@ -338,10 +343,10 @@ class Planner:
     def run(self, groups: list[Group], dp_values: list[int], heap: list, top_k: int, monotone_tp: bool) -> None:
         leaves = self.dfs(groups, dp_values, monotone_tp, heap, top_k)
         leaves.sort(key=lambda leaf: leaf[0])
-        for bound, dp, tps, pps, options in leaves:
+        for bound, dp, tps, pps, options, relaxed in leaves:
             if len(heap) >= top_k and bound >= -heap[0][0]:
                 break
-            self.solve_leaf(groups, dp, tps, pps, options, heap, top_k)
+            self.solve_leaf(groups, dp, tps, pps, options, relaxed, heap, top_k)
 
 
 def batch_dp_values(cluster: ClusterSpec, training: TrainingSpec, infeasible: Infeasibility) -> list[int]:
