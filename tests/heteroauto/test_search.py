@@ -55,6 +55,24 @@ def test_searched_strategy_is_valid_and_scores_as_predicted(seed):
     assert report.iteration_s == pytest.approx(found.best.objective_s, rel=1e-9)
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10 ** 9))
+def test_second_stage_pruning_keeps_the_optimum_of_its_space(seed):
+    cluster, model, training = random_problem(random.Random(seed), max_types=2)
+    profiles = profiles_for(cluster, model, training)
+    try:
+        first = search(cluster, model, training, profiles, group_size=None)
+    except UserError:
+        return
+    two = search(cluster, model, training, profiles, group_size=2)
+    try:
+        space = oracle_search(cluster, model, training, profiles, group_size=2, dp=first.best.dp,
+                              monotone_tp=True).best.objective_s
+    except UserError:
+        space = float("inf")
+    assert two.best.objective_s == pytest.approx(min(first.best.objective_s, space), rel=1e-9)
+
+
 def test_two_stage_search_never_loses_to_its_first_stage():
     for seed in range(40):
         cluster, model, training = random_problem(random.Random(seed))
