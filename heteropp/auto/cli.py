@@ -131,6 +131,8 @@ def _cmd_search(args) -> int:
     profiles = profiles_for(cluster, model, training, args.profile)
     if args.top < 1:
         raise UserError("--top: must be at least 1")
+    if args.group_size < 0:
+        raise UserError("--group-size: must be 0 (single stage) or a positive chip count")
     group_size = args.group_size or None
     if args.exhaustive:
         result = oracle_search(cluster, model, training, profiles, group_size=group_size)
@@ -236,6 +238,8 @@ def _cmd_simulate(args) -> int:
 def _cmd_profile(args) -> int:
     cluster, model, training = _problem(args)
     chip = cluster.chip(args.chip)
+    if args.repeats < 1:
+        raise UserError("--repeats: must be at least 1")
     if args.synthesise:
         profile = synthesise_profile(chip, model, training)
     else:

@@ -95,6 +95,26 @@ def test_user_errors_exit_2_with_one_line(capsys, argv, message):
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_strategy_naming_a_chip_the_cluster_lacks_exits_2(capsys, write):
+    path = write("s.yaml", open(TINY).read().replace("chip: emu-small", "chip: emu-huge"))
+    code, _, err = run(capsys, "simulate", "--cluster", LOCAL, "--strategy", path)
+    assert code == 2 and "s.yaml: field 'stages[1].chip': unknown chip type 'emu-huge'" in err
+
+
+def test_strategy_using_more_chips_than_the_cluster_has_exits_2(capsys, write):
+    path = write("s.yaml", open(TINY).read().replace("dp: 1", "dp: 4").replace("micro_batches: 8", "micro_batches: 2"))
+    code, _, err = run(capsys, "simulate", "--cluster", LOCAL, "--strategy", path)
+    assert code == 2 and "uses 4 chips of type 'emu-big'" in err
+
+
+def test_simulated_local_strategy_agrees_with_the_cost_model_without_transfers(capsys):
+    code, out, err = run(capsys, "simulate", "--cluster", LOCAL, "--strategy", TINY, "--no-transfers", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    # two stages, the slower (emu-big) first: the replay is at most the closed form the cost model uses
+    assert 0 < result["iteration_s"] <= result["cost_model_iteration_s"] * (1 + 1e-12)
+
+
 def test_malformed_cluster_yaml_exits_2(capsys, write):
     path = write("bad.yaml", "chips: [oops\n")
     code, _, err = run(capsys, "search", "--cluster", path)
