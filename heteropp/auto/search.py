@@ -28,6 +28,7 @@ from heteropp.auto.specs import ChipType, ClusterSpec, TrainingSpec
 from heteropp.auto.strategy import StageSpec, Strategy
 
 GIB = 1e9
+_TIE = 1 - 2e-9  # a bound within rounding of the k-th best cannot beat it by more than that: prune ties
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class Planner:
                     self.bounded += 1
                     bound = lower_bound(self.model.num_layers, pps, [o[1] for o in choice], [o[2] for o in choice],
                                         [o[3] for o in choice], micro_batches, self.training.alpha)
-                    if bound >= worst():
+                    if bound >= worst() * _TIE:
                         continue
                 branch(g + 1)
             choice[g] = relaxed[g]
@@ -315,7 +316,7 @@ class Planner:
                                               tp if monotone_tp and groups[h].chip.name == same_type else 0)
                                 for h in range(g))
                             self.bounded += 1
-                            if absorber_bound(total_layers, open_groups + absorbers, alpha) >= -heap[0][0]:
+                            if absorber_bound(total_layers, open_groups + absorbers, alpha) >= -heap[0][0] * _TIE:
                                 continue
                         descend(g - 1, tail + pp, absorbers)
                         continue
@@ -325,7 +326,7 @@ class Planner:
                     if bound == float("inf"):
                         self._note_cover(groups, dp, tps, pps, relaxed)
                         continue
-                    if len(heap) >= top_k and bound >= -heap[0][0]:
+                    if len(heap) >= top_k and bound >= -heap[0][0] * _TIE:
                         continue
                     leaves.append((bound, dp, tuple(tps), tuple(pps), list(options), list(relaxed)))
 
@@ -344,7 +345,7 @@ class Planner:
         leaves = self.dfs(groups, dp_values, monotone_tp, heap, top_k)
         leaves.sort(key=lambda leaf: leaf[0])
         for bound, dp, tps, pps, options, relaxed in leaves:
-            if len(heap) >= top_k and bound >= -heap[0][0]:
+            if len(heap) >= top_k and bound >= -heap[0][0] * _TIE:
                 break
             self.solve_leaf(groups, dp, tps, pps, options, relaxed, heap, top_k)
 
