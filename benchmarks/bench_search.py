@@ -54,14 +54,15 @@ def homogeneous(cluster, training, profiles, chip_name: str, chips: int, tokens:
 
 
 def speedup_ratio(name: str) -> tuple[float, dict]:
-    """N * TGS / sum_i N_i * TGS_i; each type alone on its chips with its chip share of the batch
-    (for Exp-A-2 / Exp-B-2 that is the homogeneous runs' 2M tokens on 256 chips, as in the paper)."""
+    """N * TGS / sum_i N_i * TGS_i with the paper's baselines: each type alone on its 256 chips with
+    2M tokens (Table 6), searched the same way. For Exp-A-2 / Exp-B-2 that is also each type's chip
+    share of the batch."""
     cluster, training, profiles = problem(name)
     result = search(cluster, MODEL, training, profiles, group_size=128)
     hetero = training.tokens / result.best.objective_s
     alone, total = {}, 0.0
     for chip in cluster.chips:
-        tokens = training.tokens * chip.count // cluster.total_chips
+        tokens = 2 * 2 ** 20
         tgs, _ = homogeneous(cluster, training, profiles, chip.name, chip.count, tokens)
         alone[chip.name] = tgs
         total += chip.count * tgs

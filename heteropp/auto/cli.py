@@ -56,8 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--exhaustive", action="store_true", help="the oracle: enumerate the whole space")
     search_cmd.add_argument("--group-size", type=int, default=128,
                             help="two-stage refinement: chips per sub-group of a type (0: single stage)")
+    search_cmd.add_argument("--refine-all-dp", action="store_true",
+                            help="second stage at every dp, not only the first stage's (slower)")
     search_cmd.add_argument("--no-baselines", action="store_true",
                             help="skip the per-chip-type searches behind HeteroSpeedupRatio")
+    search_cmd.add_argument("--baseline-gbs-tokens",
+                            help="global batch of each chip type trained alone (default: its chip share of the batch)")
 
     simulate_cmd = commands.add_parser("simulate", help="replay a strategy's pipeline schedule")
     problem(simulate_cmd)
@@ -104,13 +108,17 @@ def _problem(args) -> tuple[ClusterSpec, ModelConfig, TrainingSpec]:
 
 
 # ---- search --------------------------------------------------------------------------------------
-def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, group_size):
-    """HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i; type i alone gets its chip share of the batch."""
+def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, group_size, baseline_tokens=None):
+    """HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i; type i alone gets its chip share of the batch,
+    or baseline_tokens (the paper's Table 6 runs: 2M tokens on each type's 256 chips)."""
     baselines, total = {}, 0.0
     for chip in cluster.chips:
-        share = training.micro_batch_units * chip.count // cluster.total_chips * training.micro_batch_size
-        if share < training.micro_batch_size:
-            baselines[chip.name] = {"error": "batch share below one micro-batch"}
+        if baseline_tokens is not None:
+            share = baseline_tokens // training.seq_len
+        else:
+            share = training.micro_batch_units * chip.count // cluster.total_chips * training.micro_batch_size
+        if share < training.micro_batch_size or share % training.micro_batch_size:
+            baselines[chip.name] = {"error": f"baseline batch of {share} sequences is not a whole number of micro-batches"}
             return None, baselines
         alone = dataclasses.replace(training, global_batch_tokens=None, global_batch_sequences=share)
         try:
@@ -137,13 +145,16 @@ def _cmd_search(args) -> int:
     if args.exhaustive:
         result = oracle_search(cluster, model, training, profiles, group_size=group_size)
     else:
-        result = search(cluster, model, training, profiles, top_k=args.top, group_size=group_size)
+        result = search(cluster, model, training, profiles, top_k=args.top, group_size=group_size,
+                        refine_all_dp=args.refine_all_dp)
     strategy = result.best.to_strategy(model, training, "1f1b-split-backward" if training.alpha == 0 else "1f1b")
     report = evaluate_strategy(strategy, cluster, model, training, profiles)
     ratio, baselines = (None, {})
     if not args.no_baselines:
-        ratio, baselines = _baseline_ratio(cluster, model, training, profiles, report.tokens_per_iteration / report.iteration_s,
-                                           group_size)
+        baseline_tokens = (parse_count(args.baseline_gbs_tokens, "--baseline-gbs-tokens")
+                           if args.baseline_gbs_tokens is not None else None)
+        ratio, baselines = _baseline_ratio(cluster, model, training, profiles,
+                                           report.tokens_per_iteration / report.iteration_s, group_size, baseline_tokens)
     if args.out:
         strategy.save(args.out)
     rows = [{"chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers, "recompute": s.recompute,
@@ -155,6 +166,7 @@ def _cmd_search(args) -> int:
                      "schedule": strategy.schedule, "model": model.name, "stages": rows},
         "iteration_s": report.iteration_s, "tokens_per_chip_s": report.tokens_per_chip_s,
         "hetero_speedup_ratio": ratio, "baselines": baselines, "search_s": result.search_s,
+        "search_cpu_s": result.search_cpu_s,
         "evaluated": result.evaluated, "bounded": result.bounded, "exhaustive": args.exhaustive,
         "two_stage": result.stages_run == 2, "gbs_tokens": training.tokens, "alpha": training.alpha,
         "top": [{"iteration_s": c.objective_s, "dp": c.dp, "groups": [g.label for g in c.groups], "tp": list(c.tps),
@@ -176,7 +188,9 @@ def _cmd_search(args) -> int:
     print(f"predicted iteration: {report.iteration_s:.3f} s   tokens/chip/s: {report.tokens_per_chip_s:.2f}")
     if ratio is not None:
         alone = ", ".join(f"{name} {b['tokens_per_chip_s']:.2f}" for name, b in baselines.items())
-        print(f"HeteroSpeedupRatio: {ratio * 100:.2f}%  (each type alone, same search, its chip share of the batch: "
+        batch = (f"{args.baseline_gbs_tokens} tokens each" if args.baseline_gbs_tokens is not None
+                 else "its chip share of the batch")
+        print(f"HeteroSpeedupRatio: {ratio * 100:.2f}%  (each type alone, same search, {batch}: "
               f"tokens/chip/s {alone})")
     elif baselines:
         print("HeteroSpeedupRatio: n/a (" + "; ".join(f"{k}: {v.get('error')}" for k, v in baselines.items() if 'error' in v) + ")")
@@ -184,7 +198,8 @@ def _cmd_search(args) -> int:
         print(f"#{rank}: {c.objective_s:.3f} s dp={c.dp} tp={list(c.tps)} pp={list(c.pps)} "
               f"recompute={[int(r) for r in c.recompute]} layers={list(c.layers)}")
     kind = "exhaustive" if args.exhaustive else ("two-stage" if result.stages_run == 2 else "single-stage")
-    print(f"search ({kind}): {result.search_s:.3f} s, {result.evaluated} configurations evaluated, "
+    print(f"search ({kind}): {result.search_s:.3f} s ({result.search_cpu_s:.3f} s CPU), "
+          f"{result.evaluated} configurations evaluated, "
           f"{result.bounded} bounded")
     if args.out:
         print(f"wrote {args.out}")

@@ -47,7 +47,7 @@ def oracle_search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSp
     """The best point of the space; `group_size` splits chip types into groups, `dp` fixes the
     data-parallel size and `monotone_tp` keeps tp from growing along a type's groups (together: the
     space of the search's second stage)."""
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     groups = split_groups(cluster, group_size) if group_size else type_groups(cluster)
     total_layers = model.num_layers
     dp_values = [dp] if dp is not None else divisors(training.micro_batch_units)
@@ -83,7 +83,8 @@ def oracle_search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSp
     if best is None:
         raise UserError("no feasible strategy (exhaustive search)")
     return SearchResult(best=best, top=[best], evaluated=evaluated, bounded=0,
-                        search_s=time.perf_counter() - started, stage1_dp=best.dp, stages_run=1)
+                        search_s=time.perf_counter() - started, stage1_dp=best.dp, stages_run=1,
+                        search_cpu_s=time.process_time() - started_cpu)
 
 
 def _score(groups, tps, pps, recompute, layers, dp, micro_batches, model, training, profiles) -> float | None:

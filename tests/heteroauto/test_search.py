@@ -73,6 +73,16 @@ def test_second_stage_pruning_keeps_the_optimum_of_its_space(seed):
     assert two.best.objective_s == pytest.approx(min(first.best.objective_s, space), rel=1e-9)
 
 
+def test_refining_at_every_dp_recovers_a_grouped_optimum_at_another_dp():
+    cluster, model, training = random_problem(random.Random(1035), max_types=2)  # found by the gap benchmark
+    profiles = profiles_for(cluster, model, training)
+    grouped = oracle_search(cluster, model, training, profiles, group_size=2).best
+    paper_style = search(cluster, model, training, profiles, group_size=2)
+    every_dp = search(cluster, model, training, profiles, group_size=2, refine_all_dp=True)
+    assert paper_style.best.objective_s > grouped.objective_s * 1.1  # stage 1's dp was the wrong one
+    assert every_dp.best.objective_s == pytest.approx(grouped.objective_s, rel=1e-9)
+
+
 def test_two_stage_search_never_loses_to_its_first_stage():
     for seed in range(40):
         cluster, model, training = random_problem(random.Random(seed))

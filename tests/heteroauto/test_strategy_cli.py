@@ -74,6 +74,14 @@ def test_exhaustive_search_agrees_on_the_local_cluster(capsys):
     assert json.loads(out)["iteration_s"] == pytest.approx(json.loads(exhaustive)["iteration_s"])
 
 
+def test_baseline_batch_can_be_set_for_the_speedup_ratio(capsys):
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--json", "--baseline-gbs-tokens", "512")
+    assert code == 0, err
+    result = json.loads(out)
+    assert {b["gbs_tokens"] for b in result["baselines"].values()} == {512}
+    assert result["hetero_speedup_ratio"] > 0
+
+
 def test_gbs_flag_takes_suffixes(capsys):
     code, out, err = run(capsys, "search", "--cluster", LOCAL, "--gbs-tokens", "2K", "--json", "--no-baselines")
     assert code == 0, err
