@@ -17,8 +17,8 @@ from h2.errors import UserError, run_cli
 from h2.model.config import ModelConfig, resolve_model
 from heteropp.auto.evaluation import evaluate_strategy, stage_costs, training_for, transfer_model
 from heteropp.auto.oracle import oracle_search
-from heteropp.auto.profiles import Profile, profiles_for, save_profile, synthesise_profile
-from heteropp.auto.search import SearchResult, search
+from heteropp.auto.profiles import profiles_for, save_profile, synthesise_profile
+from heteropp.auto.search import search
 from heteropp.auto.simulator import simulate
 from heteropp.auto.specs import ClusterSpec, TrainingSpec, load_cluster, parse_count
 from heteropp.auto.strategy import load_strategy

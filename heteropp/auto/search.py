@@ -13,11 +13,9 @@ is skipped for a group whose no-recompute memory cap already admits every layer 
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
-import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from h2.errors import UserError
 from h2.model.config import PRESETS, ModelConfig
