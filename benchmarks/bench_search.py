@@ -16,9 +16,12 @@ import os
 import time
 
 from h2.model.config import preset
+from heteropp.auto.evaluation import evaluate_strategy, stage_costs, transfer_model
 from heteropp.auto.profiles import profiles_for
 from heteropp.auto.search import search
+from heteropp.auto.simulator import simulate
 from heteropp.auto.specs import load_cluster
+from heteropp.schedule import schedule_actions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_SEARCH_S = {"exp-a-1": 0.62, "exp-a-2": 0.62, "exp-b-1": 5.48, "exp-b-2": 5.48, "exp-c-1": 12.29, "exp-c-2": 12.29}
@@ -83,6 +86,20 @@ def main() -> None:
         print(f"{name:<10} {wall:>8.3f} {cpu:>8.3f} {paper:>8.2f} {paper / cpu:>9.1f}x {paper / wall:>10.1f}x "
               f"{'yes' if cpu <= paper / 10 else 'NO':>14} {result.evaluated:>10} {result.bounded:>8} "
               f"{result.best.objective_s:>12.2f}")
+    print()
+    print("Cost model vs event-driven replay of the best strategy (1F1B action lists)")
+    print(f"{'experiment':<10} {'stages':>6} {'b':>5} {'cost model s':>13} {'replay s':>9} {'replay+transfers s':>19} "
+          f"{'replay/model':>13}")
+    for name in ("exp-a-1", "exp-a-2", "exp-b-1", "exp-b-2", "exp-c-1", "exp-c-2", "exp-d"):
+        cluster, training, profiles = problem(name)
+        strategy = search(cluster, MODEL, training, profiles, group_size=128).best.to_strategy(MODEL, training)
+        report = evaluate_strategy(strategy, cluster, MODEL, training, profiles)
+        actions = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
+        costs = stage_costs(strategy, profiles, report)
+        free = simulate(actions, costs).iteration_s
+        paid = simulate(actions, costs, transfer_model(strategy, cluster, MODEL, training)).iteration_s
+        print(f"{name:<10} {len(strategy.stages):>6} {strategy.micro_batches:>5} {report.iteration_s:>13.2f} "
+              f"{free:>9.2f} {paid:>19.2f} {paid / report.iteration_s:>13.3f}")
     print()
     print("Homogeneous baselines, 256 chips, 2M tokens (Table 6 setting): predicted TGS vs paper")
     cluster, training, profiles = problem("exp-b-1")
