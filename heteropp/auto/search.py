@@ -8,7 +8,9 @@ to stage 1's choice, each type split into groups of `group_size` chips, and with
 grow along the pipeline (the paper's extra constraint).
 
 Pruning that keeps the optimum: a pipeline deeper than the model's layers is skipped; recompute on
-is skipped for a group whose no-recompute memory cap already admits every layer it could be given.
+is skipped for a group whose no-recompute memory cap already admits every layer it could be given;
+subtrees, leaves and recompute choices are cut by lower bounds (relaxations: open groups at their
+best tp and recompute, continuous or un-refined layer splits) that cannot beat the k-th best found.
 """
 
 from __future__ import annotations
