@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--exhaustive", action="store_true", help="the oracle: enumerate the whole space")
     search_cmd.add_argument("--group-size", type=int, default=128,
                             help="two-stage refinement: chips per sub-group of a type (0: single stage)")
+    search_cmd.add_argument("--dp", type=int, help="fix the data-parallel size instead of searching it")
     search_cmd.add_argument("--refine-all-dp", action="store_true",
                             help="second stage at every dp, not only the first stage's (slower)")
     search_cmd.add_argument("--no-baselines", action="store_true",
@@ -143,10 +144,10 @@ def _cmd_search(args) -> int:
         raise UserError("--group-size: must be 0 (single stage) or a positive chip count")
     group_size = args.group_size or None
     if args.exhaustive:
-        result = oracle_search(cluster, model, training, profiles, group_size=group_size)
+        result = oracle_search(cluster, model, training, profiles, group_size=group_size, dp=args.dp)
     else:
         result = search(cluster, model, training, profiles, top_k=args.top, group_size=group_size,
-                        refine_all_dp=args.refine_all_dp)
+                        refine_all_dp=args.refine_all_dp, dp=args.dp)
     strategy = result.best.to_strategy(model, training, "1f1b-split-backward" if training.alpha == 0 else "1f1b")
     report = evaluate_strategy(strategy, cluster, model, training, profiles)
     ratio, baselines = (None, {})

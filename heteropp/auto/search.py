@@ -73,7 +73,6 @@ class Candidate:
 @dataclass
 class Infeasibility:
     """The tightest constraint seen failing, for the 'no feasible strategy' message."""
-    batch: str | None = None
     depth: str | None = None
     memory_overflow: tuple[float, str] | None = None   # (needed / capacity, message) at one layer per stage
     memory_cover: tuple[float, str] | None = None      # (layers held / layers needed, message)
@@ -92,7 +91,7 @@ class Infeasibility:
             return self.memory_cover[1]
         if self.memory_overflow is not None:
             return self.memory_overflow[1]
-        return self.depth or self.batch or self.profile or "no configuration to evaluate"
+        return self.depth or self.profile or "no feasible strategy: no configuration to evaluate"
 
 
 @dataclass
@@ -351,25 +350,34 @@ class Planner:
             self.solve_leaf(groups, dp, tps, pps, options, relaxed, heap, top_k)
 
 
-def batch_dp_values(cluster: ClusterSpec, training: TrainingSpec, infeasible: Infeasibility) -> list[int]:
-    values = [dp for dp in divisors(training.micro_batch_units)
-              if all(any(chip.count % (tp * dp) == 0 for tp in chip.tp_sizes()) for chip in cluster.chips)]
-    if not values:
-        counts = ", ".join(f"{c.name}={c.count}" for c in cluster.chips)
-        infeasible.batch = (f"{cluster.source}: field 'chips': no dp dividing the global batch of "
-                            f"{training.micro_batch_units} micro-batches and tp (power of two up to tp_max) make "
-                            f"tp * dp divide every chip count ({counts})")
-    return values
+def batch_dp_values(cluster: ClusterSpec, training: TrainingSpec, fixed_dp: int | None = None) -> list[int]:
+    """The dp sizes that divide the global batch (in micro-batches) and, with some allowed tp, every chip
+    count; fixed_dp (a user's choice) must be one of them, or the error names what it fails."""
+    units = training.micro_batch_units
+    if fixed_dp is not None:
+        if fixed_dp < 1 or units % fixed_dp:
+            raise UserError(f"--dp {fixed_dp}: must divide the global batch of {units} micro-batches "
+                            f"({training.sequences} sequences / micro_batch_size {training.micro_batch_size})")
+        for index, chip in enumerate(cluster.chips):
+            if not any(chip.count % (tp * fixed_dp) == 0 for tp in chip.tp_sizes()):
+                raise UserError(f"{cluster.source}: field 'chips[{index}].count': {chip.count} chips of type "
+                                f"'{chip.name}' are not divisible by tp * dp for dp={fixed_dp} and any tp in "
+                                f"{chip.tp_sizes()}")
+        return [fixed_dp]
+    return [dp for dp in divisors(units)
+            if all(any(chip.count % (tp * dp) == 0 for tp in chip.tp_sizes()) for chip in cluster.chips)]
 
 
 def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile], *,
-           top_k: int = 1, group_size: int | None = 128, refine_all_dp: bool = False) -> SearchResult:
+           top_k: int = 1, group_size: int | None = 128, refine_all_dp: bool = False,
+           dp: int | None = None) -> SearchResult:
     """Stage 1 over chip types, then (group_size set) stage 2 over groups of group_size chips at stage 1's
-    dp (or, refine_all_dp, at every dp: slower, and no longer loses when the grouped optimum's dp differs)."""
+    dp (or, refine_all_dp, at every dp: slower, and no longer loses when the grouped optimum's dp differs).
+    dp fixes the data-parallel size."""
     started, started_cpu = time.perf_counter(), time.process_time()
     planner = Planner(cluster, model, training, profiles)
     heap: list = []
-    dp_values = batch_dp_values(cluster, training, planner.infeasible)
+    dp_values = batch_dp_values(cluster, training, dp)
     planner.run(type_groups(cluster), dp_values, heap, top_k, monotone_tp=False)
     if not heap:
         raise UserError(planner.infeasible.reason())

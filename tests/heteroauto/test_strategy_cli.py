@@ -123,6 +123,25 @@ def test_simulated_local_strategy_agrees_with_the_cost_model_without_transfers(c
     assert 0 < result["iteration_s"] <= result["cost_model_iteration_s"] * (1 + 1e-12)
 
 
+def test_fixed_dp_that_no_tp_makes_divide_a_chip_count_exits_2(capsys, write):
+    text = open(LOCAL).read().replace("    count: 2\n    memory_gb: 0.004", "    count: 3\n    memory_gb: 0.004")
+    path = write("odd.yaml", text)
+    code, _, err = run(capsys, "search", "--cluster", path, "--dp", "2")
+    assert code == 2
+    assert "odd.yaml: field 'chips[0].count': 3 chips of type 'emu-big' are not divisible by tp * dp for dp=2" in err
+
+
+def test_fixed_dp_must_divide_the_batch(capsys):
+    code, _, err = run(capsys, "search", "--cluster", LOCAL, "--dp", "3")
+    assert code == 2 and "--dp 3: must divide the global batch of 8 micro-batches" in err
+
+
+def test_fixed_dp_is_kept(capsys):
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--dp", "1", "--json", "--no-baselines")
+    assert code == 0, err
+    assert json.loads(out)["strategy"]["dp"] == 1
+
+
 def test_malformed_cluster_yaml_exits_2(capsys, write):
     path = write("bad.yaml", "chips: [oops\n")
     code, _, err = run(capsys, "search", "--cluster", path)
