@@ -80,15 +80,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # ---- loading the problem -------------------------------------------------------------------------
-def _problem(args) -> tuple[ClusterSpec, ModelConfig, TrainingSpec]:
+def _problem(args, default_model: ModelConfig | None = None,
+             default_seq_len: int | None = None) -> tuple[ClusterSpec, ModelConfig, TrainingSpec]:
+    """Cluster, model (--model, else `default_model`, else the cluster file's) and training spec (the
+    cluster file's `training` with the flags applied)."""
     cluster = load_cluster(args.cluster)
-    model_name = args.model or cluster.model
-    if model_name is None:
+    if args.model is not None:
+        model = resolve_model(args.model)
+    elif default_model is not None:
+        model = default_model
+    elif cluster.model is not None:
+        model = resolve_model(cluster.model)
+    else:
         raise UserError(f"{args.cluster}: no field 'model' and no --model given")
-    model = resolve_model(model_name)
     base = dataclasses.asdict(cluster.training) if cluster.training else {"seq_len": model.max_seq_len}
-    if args.seq_len is not None:
-        base["seq_len"] = args.seq_len
+    if args.seq_len is not None or default_seq_len is not None:
+        base["seq_len"] = args.seq_len if args.seq_len is not None else default_seq_len
     if args.gbs_tokens is not None:
         base.update(global_batch_tokens=parse_count(args.gbs_tokens, "--gbs-tokens"), global_batch_sequences=None)
     if args.gbs_sequences is not None:
@@ -209,11 +216,9 @@ def _cmd_search(args) -> int:
 
 # ---- simulate ------------------------------------------------------------------------------------
 def _cmd_simulate(args) -> int:
-    cluster, model, training = _problem(args)
     strategy = load_strategy(args.strategy)
-    strategy_model = strategy.model_config(args.strategy)
-    if strategy_model != model and args.model is None:
-        model = strategy_model
+    cluster, model, training = _problem(args, default_model=strategy.model_config(args.strategy),
+                                        default_seq_len=strategy.seq_len)
     training = training_for(strategy, training)
     if args.alpha is None:
         training = dataclasses.replace(training, alpha=0.0 if strategy.schedule == "1f1b-split-backward" else 1.0)
