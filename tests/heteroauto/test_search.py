@@ -15,7 +15,7 @@ from heteropp.auto.profiles import profiles_for
 from heteropp.auto.search import search
 from heteropp.auto.specs import ChipType, ClusterSpec, TrainingSpec, load_cluster
 
-from conftest import CLUSTERS, random_problem, small_model
+from autohelpers import CLUSTERS, random_problem, small_model
 
 
 def _solve_both(seed, group_size=None):

@@ -7,7 +7,7 @@ from h2.errors import UserError
 from heteropp.auto.cli import main
 from heteropp.auto.strategy import load_strategy
 
-from conftest import CLUSTERS, STRATEGIES
+from autohelpers import CLUSTERS, STRATEGIES
 
 LOCAL = os.path.join(CLUSTERS, "local-emulated.yaml")
 TINY = os.path.join(STRATEGIES, "local-tiny-pp2.yaml")
