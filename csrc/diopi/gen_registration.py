@@ -56,7 +56,7 @@ def is_tensor_list(ty) -> bool:
 
 
 def return_names(schema: FunctionSchema) -> list[str]:
-    if schema.name.name.inplace:
+    if schema.name.name.inplace or schema.arguments.out:
         return []
     names = [r.name for r in schema.returns]
     if len(names) == 1 and names[0] is None:
@@ -144,10 +144,15 @@ def generate_wrapper(entry: dict) -> tuple[str, str]:
             lines.append(f"    auto {name} = call.empty_like(std::get<{i}>(meta_result));")
     else:
         lines.append(f"    {meta_call};")
+    for a in schema.arguments.out:
+        lines.append(f"    call.resize_output({a.name}, meta_{a.name});")
     if len(outputs) == 1:
         result = outputs[0]
     elif outputs:
         result = f"{signature.returns_type().cpp_type()}({', '.join(outputs)})"
+    elif schema.arguments.out:
+        names_out = [a.name for a in schema.arguments.out]
+        result = names_out[0] if len(names_out) == 1 else f"{signature.returns_type().cpp_type()}({', '.join(names_out)})"
     else:
         result = schema.arguments.self_arg.argument.name
     lines += [

@@ -8,6 +8,7 @@ import torch
 from ditorch.dipu import _C
 
 _BACKEND = "dipu"
+_PRIVATEUSE1_DEVICE_TYPE = 20  # c10::DeviceType::PrivateUse1
 
 
 def _index(device=None) -> int:
@@ -100,22 +101,19 @@ def is_bf16_supported() -> bool:
 
 # ---- streams and events ----
 
-class Stream(torch.Stream):
-    """A dipu stream: work queued on it runs in order."""
+class Stream:
+    """Creates a dipu stream (a torch.Stream): work queued on it runs in order."""
 
-    def __new__(cls, device=None, priority=0, **kwargs):
-        if kwargs:
-            return super().__new__(cls, **kwargs)
-        return super().__new__(cls, device=torch.device(_BACKEND, _index(device)), priority=priority)
+    def __new__(cls, device=None, priority=0) -> torch.Stream:
+        return torch.Stream(device=torch.device(_BACKEND, _index(device)), priority=priority)
 
 
-class Event(torch.Event):
-    """A dipu event: marks a point in a stream; elapsed_time() measures between two."""
+class Event:
+    """Creates a dipu event (a torch.Event): marks a point in a stream; elapsed_time() measures
+    between two."""
 
-    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
-        return super().__new__(
-            cls, device=_BACKEND, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess
-        )
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False) -> torch.Event:
+        return torch.Event(device=_BACKEND, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
 
 def current_stream(device=None) -> torch.Stream:
@@ -123,9 +121,7 @@ def current_stream(device=None) -> torch.Stream:
 
 
 def default_stream(device=None) -> torch.Stream:
-    index = _index(device)
-    return torch.Stream(stream_id=0, device_index=index, device_type=torch.device(_BACKEND).type_index
-                        if hasattr(torch.device(_BACKEND), "type_index") else 20)
+    return torch.Stream(stream_id=0, device_index=_index(device), device_type=_PRIVATEUSE1_DEVICE_TYPE)
 
 
 def set_stream(stream: torch.Stream) -> None:

@@ -7,6 +7,9 @@
 #include <ATen/ops/_softmax.h>
 #include <ATen/ops/_softmax_backward_data.h>
 #include <ATen/ops/add.h>
+#include <ATen/ops/addcdiv.h>
+#include <ATen/ops/addcmul.h>
+#include <ATen/ops/lerp.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/cat.h>
@@ -225,6 +228,35 @@ diopiError_t diopiMaskedFillInp(diopiContextHandle_t, diopiTensorHandle_t input,
 
 diopiError_t diopiFill(diopiContextHandle_t, diopiTensorHandle_t input, const diopiScalar_t* value) {
   return run([&] { view(input).fill_(to_scalar(value)); });
+}
+
+diopiError_t diopiAddcmul(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
+                          const diopiScalar_t* value) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::addcmul_out(result, view(input), view(tensor1), view(tensor2), to_scalar(value));
+    emulate_precision("diopiAddcmul", result);
+  });
+}
+
+diopiError_t diopiAddcdiv(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
+                          const diopiScalar_t* value) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::addcdiv_out(result, view(input), view(tensor1), view(tensor2), to_scalar(value));
+    emulate_precision("diopiAddcdiv", result);
+  });
+}
+
+diopiError_t diopiLerpScalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                             diopiConstTensorHandle_t end, const diopiScalar_t* weight) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::lerp_out(result, view(input), view(end), to_scalar(weight));
+    emulate_precision("diopiLerpScalar", result);
+  });
 }
 
 diopiError_t diopiCopyInp(diopiContextHandle_t, diopiConstTensorHandle_t src, diopiTensorHandle_t dest) {

@@ -205,6 +205,10 @@ at::Tensor Call::empty_like(const at::Tensor& meta) {
   return at::empty_strided(meta.sizes(), meta.strides(), meta.options().device(device_));
 }
 
+void Call::resize_output(const at::Tensor& out, const at::Tensor& meta_out) {
+  if (out.sizes() != meta_out.sizes()) out.resize_(meta_out.sizes());
+}
+
 bool Call::finish(diopiError_t status) {
   if (status == diopiSuccess) return true;
   if (status == diopiFallbackToCPU) {

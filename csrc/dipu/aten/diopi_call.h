@@ -66,6 +66,8 @@ class Call {
 
   // A device tensor shaped like the Meta kernel's result.
   at::Tensor empty_like(const at::Tensor& meta);
+  // Resizes an out= argument to the shape its Meta kernel gave it.
+  void resize_output(const at::Tensor& out, const at::Tensor& meta_out);
 
   // True on success; false when the vendor declined (the caller falls back); throws on error.
   bool finish(diopiError_t status);

@@ -118,6 +118,14 @@ diopiError_t diopiWhere(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopi
 diopiError_t diopiMaskedFillInp(diopiContextHandle_t ctx, diopiTensorHandle_t input,
                                 diopiConstTensorHandle_t mask, const diopiScalar_t* value);
 diopiError_t diopiFill(diopiContextHandle_t ctx, diopiTensorHandle_t input, const diopiScalar_t* value);
+diopiError_t diopiAddcmul(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
+                          const diopiScalar_t* value);
+diopiError_t diopiAddcdiv(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
+                          const diopiScalar_t* value);
+diopiError_t diopiLerpScalar(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                             diopiConstTensorHandle_t end, const diopiScalar_t* weight);
 /* dest[...] = src[...], broadcasting src and converting its dtype. */
 diopiError_t diopiCopyInp(diopiContextHandle_t ctx, diopiConstTensorHandle_t src, diopiTensorHandle_t dest);
 
