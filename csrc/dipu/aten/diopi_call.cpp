@@ -85,7 +85,27 @@ std::vector<std::string> forced_fallback() {
   return forced_names();
 }
 
-OpSlot::OpSlot(const char* aten_name, const char* diopi_name) : aten_name_(aten_name), diopi_name_(diopi_name) {}
+static std::mutex& slots_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+static std::vector<OpSlot*>& slots() {
+  static std::vector<OpSlot*> registered;
+  return registered;
+}
+
+OpSlot::OpSlot(const char* aten_name, const char* diopi_name) : aten_name_(aten_name), diopi_name_(diopi_name) {
+  std::lock_guard lock(slots_mutex());
+  slots().push_back(this);
+}
+
+std::map<std::string, int64_t> diopi_call_counts() {
+  std::lock_guard lock(slots_mutex());
+  std::map<std::string, int64_t> counts;
+  for (const OpSlot* slot : slots()) counts[slot->aten_name()] += slot->calls();
+  return counts;
+}
 
 void* OpSlot::function() {
   std::lock_guard lock(mutex_);
@@ -210,7 +230,10 @@ void Call::resize_output(const at::Tensor& out, const at::Tensor& meta_out) {
 }
 
 bool Call::finish(diopiError_t status) {
-  if (status == diopiSuccess) return true;
+  if (status == diopiSuccess) {
+    slot_.count_call();
+    return true;
+  }
   if (status == diopiFallbackToCPU) {
     aten::note_fallback_reason("the vendor declined the call");
     return false;
