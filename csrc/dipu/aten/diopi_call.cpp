@@ -1,5 +1,6 @@
 #include "diopi_call.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty_strided.h>
 
 #include <atomic>
@@ -245,7 +246,7 @@ bool Call::finish(diopiError_t status) {
 
 at::Tensor to_meta(const at::Tensor& tensor) {
   if (!tensor.defined() || is_cpu_scalar(tensor)) return tensor;
-  return at::empty_strided(tensor.sizes(), tensor.strides(), tensor.options().device(c10::kMeta));
+  return at::detail::empty_strided_meta(tensor.sizes(), tensor.strides(), tensor.scalar_type());
 }
 
 std::optional<at::Tensor> to_meta(const std::optional<at::Tensor>& tensor) {
