@@ -1,4 +1,5 @@
-// Copies that involve dipu tensors. Same-layout dense copies are one vendor memcpy; host-side
+// Copies that involve dipu tensors. Same-layout dense copies are one vendor memcpy (queued on the
+// current stream when non_blocking and the host side is pinned); host-side
 // conversions (dtype, layout, broadcasting) happen on a CPU staging tensor; device-side ones run
 // the vendor's diopiCopyInp, or stage through the host when the vendor lacks it.
 #include <ATen/EmptyTensor.h>
@@ -9,6 +10,7 @@
 
 #include "aten/cpu_fallback.h"
 #include "aten/diopi_call.h"
+#include "runtime/device.h"
 #include "runtime/vendor.h"
 
 namespace dipu::aten {
@@ -24,12 +26,29 @@ void memcpy_dense(const at::Tensor& dst, const at::Tensor& src, dipuMemcpyKind_t
   DIPU_CHECK(vendor().memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes(), kind));
 }
 
+bool is_pinned(const at::Tensor& host) { return vendor().is_pinned_host_pointer(host.data_ptr()) != 0; }
+
+// A non_blocking copy between pinned host memory and the device is queued on the device's current
+// stream; everything else is synchronous (a pageable or temporary host buffer could be gone before
+// an asynchronous copy reads it).
+void memcpy_dense_maybe_async(const at::Tensor& dst, const at::Tensor& src, dipuMemcpyKind_t kind,
+                              bool non_blocking) {
+  const at::Tensor& host = kind == dipuMemcpyHostToDevice ? src : dst;
+  const at::Tensor& device = kind == dipuMemcpyHostToDevice ? dst : src;
+  if (!non_blocking || dst.numel() == 0 || !is_pinned(host)) {
+    memcpy_dense(dst, src, kind);
+    return;
+  }
+  dipuStream_t stream = vendor_stream(current_stream(device.device().index()));
+  DIPU_CHECK(vendor().memcpy_async(dst.data_ptr(), src.data_ptr(), dst.nbytes(), kind, stream));
+}
+
 at::Tensor cpu_tensor_like(const at::Tensor& tensor) {
   return at::detail::empty_strided_cpu(tensor.sizes(), tensor.strides(), tensor.scalar_type());
 }
 
-void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst);
-void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst);
+void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst, bool non_blocking = false);
+void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst, bool non_blocking = false);
 
 void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
   if (same_dense_layout(src, dst)) {
@@ -49,9 +68,9 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
   copy_host_to_device(staged, dst);
 }
 
-void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst) {
+void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   if (same_dense_layout(src, dst)) {
-    memcpy_dense(dst, src, dipuMemcpyHostToDevice);
+    memcpy_dense_maybe_async(dst, src, dipuMemcpyHostToDevice, non_blocking);
   } else if (dst.is_non_overlapping_and_dense()) {
     at::Tensor staged = cpu_tensor_like(dst);
     staged.copy_(src);
@@ -63,9 +82,9 @@ void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst) {
   }
 }
 
-void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst) {
+void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   if (same_dense_layout(src, dst)) {
-    memcpy_dense(dst, src, dipuMemcpyDeviceToHost);
+    memcpy_dense_maybe_async(dst, src, dipuMemcpyDeviceToHost, non_blocking);
   } else if (src.is_non_overlapping_and_dense()) {
     at::Tensor staged = cpu_tensor_like(src);
     memcpy_dense(staged, src, dipuMemcpyDeviceToHost);
@@ -86,10 +105,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     copy_device_to_device(self, dst);
   } else if (dst_on_device) {
     TORCH_CHECK(self.device().is_cpu(), "copy to dipu from ", self.device(), " is not supported");
-    copy_host_to_device(self, dst);
+    copy_host_to_device(self, dst, non_blocking);
   } else {
     TORCH_CHECK(dst.device().is_cpu(), "copy from dipu to ", dst.device(), " is not supported");
-    copy_device_to_host(self, dst);
+    copy_device_to_host(self, dst, non_blocking);
   }
   return dst;
 }
