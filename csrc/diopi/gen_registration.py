@@ -13,6 +13,7 @@ import functools
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -26,7 +27,11 @@ class TableError(Exception):
     pass
 
 
-META_HEADERS_USED: set = set()
+@dataclass(frozen=True)
+class Kernel:
+    wrapper: str              # the C++ function
+    registration: str         # its m.impl line
+    meta_header: str | None   # the header declaring the at::meta function it calls, if any
 
 
 def load_schema(aten_name: str) -> FunctionSchema:
@@ -40,12 +45,13 @@ def load_schema(aten_name: str) -> FunctionSchema:
 
 
 def check_registrable(aten_name: str) -> None:
+    load_schema(aten_name)
     full = f"aten::{aten_name}"
     has = lambda key: torch._C._dispatch_has_kernel_for_dispatch_key(full, key)
-    if not has("Meta"):
-        raise TableError(f"'{aten_name}' has no Meta kernel, so its output shapes cannot be computed")
     if has("CompositeImplicitAutograd") and not has("CPU"):
         raise TableError(f"'{aten_name}' is CompositeImplicitAutograd: register the operators it decomposes into")
+    if not has("Meta"):
+        raise TableError(f"'{aten_name}' has no Meta kernel, so its output shapes cannot be computed")
 
 
 def is_tensor(ty) -> bool:
@@ -114,18 +120,17 @@ def meta_argument(argument) -> str:
     return argument.name
 
 
-def meta_function(schema: FunctionSchema) -> str:
-    """The C++ Meta kernel (at::meta::...) when torch exports one, else the dispatcher's Meta
-    entry, which torch may have replaced with a slower Python registration."""
+def meta_function(schema: FunctionSchema) -> tuple[str, str | None]:
+    """The C++ Meta kernel (at::meta::...) and its header when torch exports one, else the
+    dispatcher's Meta entry, which torch may have replaced with a slower Python registration."""
     name = schema.name.name
     header = ops_header(str(name.base))
     function = f"{name.base}_outf" if schema.arguments.out else f"{name.base}{'_' if name.inplace else ''}"
     text = header.read_text() if header.is_file() else ""
     for candidate in (f"{function}_symint", function):
         if candidate in exported_meta_functions() and re.search(rf"\bTORCH_API [^;]*\b{candidate}\(", text):
-            META_HEADERS_USED.add(header)
-            return f"at::meta::{candidate}"
-    return f"at::_ops::{schema.name.unambiguous_name()}::call"
+            return f"at::meta::{candidate}", header.name
+    return f"at::_ops::{schema.name.unambiguous_name()}::call", None
 
 
 @functools.cache
@@ -144,7 +149,17 @@ def ops_header(base: str) -> Path:
     return Path(torch.__file__).parent / "include" / "ATen" / "ops" / f"{base}_meta_dispatch.h"
 
 
-def generate_wrapper(entry: dict) -> tuple[str, str]:
+def result_expression(schema: FunctionSchema, signature: DispatcherSignature, outputs: list) -> str:
+    """What the wrapper returns: its fresh outputs, its out= arguments, or self for in-place."""
+    returned = outputs or [a.name for a in schema.arguments.out]
+    if not returned:
+        return schema.arguments.self_arg.argument.name
+    if len(returned) == 1:
+        return returned[0]
+    return f"{signature.returns_type().cpp_type()}({', '.join(returned)})"
+
+
+def generate_wrapper(entry: dict) -> Kernel:
     aten_name = entry["aten"]
     check_registrable(aten_name)
     schema = load_schema(aten_name)
@@ -170,7 +185,8 @@ def generate_wrapper(entry: dict) -> tuple[str, str]:
     ]
     for a in tensor_args:
         lines.append(f"    auto meta_{a.name} = dipu::diopi::to_meta({a.name});")
-    meta_call = f"{meta_function(schema)}({', '.join(meta_argument(a) for a in schema.arguments.flat_all)})"
+    meta, meta_header = meta_function(schema)
+    meta_call = f"{meta}({', '.join(meta_argument(a) for a in schema.arguments.flat_all)})"
     if len(outputs) == 1:
         lines.append(f"    auto {outputs[0]} = call.empty_like({meta_call});")
     elif outputs:
@@ -181,18 +197,9 @@ def generate_wrapper(entry: dict) -> tuple[str, str]:
         lines.append(f"    {meta_call};")
     for a in schema.arguments.out:
         lines.append(f"    call.resize_output({a.name}, meta_{a.name});")
-    if len(outputs) == 1:
-        result = outputs[0]
-    elif outputs:
-        result = f"{signature.returns_type().cpp_type()}({', '.join(outputs)})"
-    elif schema.arguments.out:
-        names_out = [a.name for a in schema.arguments.out]
-        result = names_out[0] if len(names_out) == 1 else f"{signature.returns_type().cpp_type()}({', '.join(names_out)})"
-    else:
-        result = schema.arguments.self_arg.argument.name
     lines += [
         f"    if (call.finish(function({converted}))) {{",
-        f"      return {result};",
+        f"      return {result_expression(schema, signature, outputs)};",
         "    }",
         "  }",
         f"  return at::native::call_fallback_fn_symint<&dipu::aten::cpu_fallback, {ops_struct}>::call("
@@ -200,27 +207,23 @@ def generate_wrapper(entry: dict) -> tuple[str, str]:
         "}",
     ]
     registration = f'  m.impl("{aten_name}", TORCH_FN({wrapper_name}));'
-    return "\n".join(lines), registration
+    return Kernel("\n".join(lines), registration, meta_header)
 
 
 def generate(table_path: str) -> str:
     with open(table_path) as f:
         table = yaml.safe_load(f)
-    wrappers, registrations = [], []
-    for index, entry in enumerate(table):
-        wrapper, registration = generate_entry(table_path, index, entry)
-        wrappers.append(wrapper)
-        registrations.append(registration)
-    return render(table_path, wrappers, registrations)
+    kernels = [generate_entry(table_path, index, entry) for index, entry in enumerate(table)]
+    return render(table_path, kernels)
 
 
 def uses_tensor_list_ref(aten_name: str) -> bool:
     """Structured operators take Tensor[] as ITensorListRef; the generated operator header says which."""
     header = Path(torch.__file__).parent / "include" / "ATen" / "ops" / f"{aten_name.split('.')[0].rstrip('_')}_ops.h"
-    return "ITensorListRef" in header.read_text()
+    return header.is_file() and "ITensorListRef" in header.read_text()
 
 
-def generate_entry(table_path: str, index: int, entry: dict) -> tuple[str, str]:
+def generate_entry(table_path: str, index: int, entry: dict) -> Kernel:
     try:
         with local.parametrize(use_const_ref_for_mutable_tensors=False,
                                use_ilistref_for_tensor_lists=uses_tensor_list_ref(entry["aten"])):
@@ -229,11 +232,11 @@ def generate_entry(table_path: str, index: int, entry: dict) -> tuple[str, str]:
         raise SystemExit(f"{table_path}: entry {index} ({entry.get('aten', '?')}): {exc}")
 
 
-def render(table_path: str, wrappers: list, registrations: list) -> str:
+def render(table_path: str, kernels: list) -> str:
     return "\n".join([
         f"// Generated from {table_path.rsplit('/', 1)[-1]} by gen_registration.py. Do not edit.",
         "#include <ATen/Operators.h>",
-        *sorted({f"#include <ATen/ops/{h.name}>" for h in META_HEADERS_USED}),
+        *sorted({f"#include <ATen/ops/{k.meta_header}>" for k in kernels if k.meta_header}),
         "#include <ATen/native/CPUFallback.h>",
         "#include <torch/library.h>",
         "",
@@ -244,12 +247,12 @@ def render(table_path: str, wrappers: list, registrations: list) -> str:
         "",
         "namespace {",
         "",
-        "\n\n".join(wrappers),
+        "\n\n".join(k.wrapper for k in kernels),
         "",
         "}  // namespace",
         "",
         "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {",
-        *registrations,
+        *(k.registration for k in kernels),
         "}",
         "",
     ])
