@@ -1,8 +1,20 @@
 """Device-argument translation, checked against a CPU target so it runs without any accelerator."""
 
+import pytest
 import torch
 
+import ditorch
 from ditorch.device_args import DeviceArguments, DeviceTranslator
+
+
+@pytest.fixture(autouse=True)
+def plain_torch():
+    """Each test installs its own mapping on plain torch; the process-wide one comes back after."""
+    active = ditorch.vendor()
+    ditorch.deactivate()
+    yield
+    if active is not None:
+        ditorch.use(active.name)
 
 
 def test_cuda_names_and_the_unified_name_translate_to_the_vendor():
