@@ -1,8 +1,25 @@
-"""DiTorch: the device abstraction that lets a CUDA-written PyTorch script run on any vendor's chip.
+"""DiTorch: `import ditorch` makes a CUDA-written PyTorch script run on whatever accelerator the node has.
 
-Owns: vendor detection and adapters, the DIPU device ("dipu", PrivateUse1) bindings, op-level
-precision tools and the loss-curve precision diff. Must not import h2, heteropp or dicomm.
+On import it detects the vendor (cuda, npu, mlu, musa, xpu, then H2's own dipu device; override with
+`DITORCH_VENDOR` or `ditorch.use(name)`) and, unless the vendor is CUDA, maps the CUDA surface
+(`torch.cuda.*`, "cuda" device arguments, autocast/GradScaler, backend "nccl") onto it. With CUDA
+present nothing changes; `DITORCH_DISABLE=1` turns the switch off. The import is idempotent.
 
-Importing ditorch registers nothing: `import ditorch.dipu` registers the dipu device (see
-ditorch.dipu), and the `ditorch` command lives in ditorch.cli.
+Owns: vendor adapters (`vendors`), the mappings (`cuda_surface`, `device_args`, `distributed`),
+the DIPU device bindings (`ditorch.dipu`), op-level precision tools (`ditorch.op_tools`) and the
+loss-curve precision diff (`ditorch.precision`). Must not import h2, heteropp or dicomm (dicomm is
+only probed, by name, as a collective backend).
 """
+
+from ditorch.switch import activate, deactivate, info, use
+
+__all__ = ["activate", "deactivate", "info", "use", "vendor"]
+
+
+def vendor():
+    """The active vendor adapter, or None when no accelerator was found (or ditorch is disabled)."""
+    from ditorch.switch import STATE
+    return STATE.vendor
+
+
+activate()

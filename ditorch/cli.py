@@ -1,6 +1,6 @@
 """The `ditorch` command.
 
-  ditorch info          torch version and the accelerators present (CUDA, the dipu vendor and devices)
+  ditorch info          the active vendor, every adapter's probe, devices, versions and active mappings
   ditorch conformance   OpInfo samples of the DIOPI table's operators on dipu against the CPU
 
 Errors a user can fix are one line on stderr and exit status 2.
@@ -37,15 +37,42 @@ def _dipu_lines() -> list[str]:
 
 
 def command_info(args) -> int:
-    import torch
+    import json
 
-    print(f"torch {torch.__version__}")
-    print(f"cuda: {'available, ' + str(torch.cuda.device_count()) + ' device(s)' if torch.cuda.is_available() else 'not available'}")
-    try:
-        for line in _dipu_lines():
-            print(line)
-    except Exception as exc:  # the vendor may fail to load; info still reports the rest
-        print(f"dipu: not loadable ({str(exc).splitlines()[0]})")
+    import ditorch
+
+    report = ditorch.info()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"torch {report['torch']}")
+    if report["disabled"]:
+        print(f"ditorch: disabled ({report['disabled']})")
+    vendor = report["vendor"]
+    print(f"vendor: {vendor} ({report['vendor_label']})" if vendor else "vendor: none found (plain CPU torch)")
+    print("adapters (in detection order):")
+    for name, probe in report["adapters"].items():
+        state = f"available, {probe['device_count']} device(s)" if probe["available"] else probe["reason"]
+        print(f"  {name:<5} {probe['label']}: {state}")
+    if vendor == "dipu":
+        try:
+            for line in _dipu_lines():
+                print(line)
+        except Exception as exc:  # the vendor may fail to load; info still reports the rest
+            print(f"dipu: not loadable ({str(exc).splitlines()[0]})")
+    else:
+        for device in report["devices"]:
+            print(f"  {device['device']} {device.get('name', '')}")
+    mappings = report["mappings"]
+    if report["cuda_mapped"]:
+        surface = mappings["torch.cuda"]
+        unsupported = [name for name, source in surface.items() if source == "unsupported"]
+        print(f"mapped onto {report['device_type']}: {len(surface) - len(unsupported)} torch.cuda names"
+              f"{' (unsupported: ' + ', '.join(unsupported) + ')' if unsupported else ''}; "
+              f"device arguments in {len(mappings['device_arguments'])} entry points; "
+              f"backend nccl -> {mappings['distributed_backend_for_nccl']}")
+    elif vendor == "cuda":
+        print("CUDA is native: nothing is mapped")
     return 0
 
 
@@ -85,7 +112,9 @@ def command_conformance(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ditorch", description="DiTorch device tools")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    commands.add_parser("info", help="torch version and accelerators present").set_defaults(run=command_info)
+    info = commands.add_parser("info", help="vendor, devices, versions and active CUDA mappings")
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.set_defaults(run=command_info)
     conformance = commands.add_parser("conformance", help="check DIOPI kernels against the CPU with OpInfo samples")
     conformance.add_argument("--vendor", help="vendor name or library path (default: DIPU_VENDOR or host)")
     conformance.add_argument("--profile", help="host vendor emulation profile: built-in name or YAML path")

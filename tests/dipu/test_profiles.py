@@ -53,10 +53,10 @@ def test_relative_speed_paces_device_kernels(tmp_path, python_in_subprocess):
     assert float(result.stdout) > 3.0
 
 
-def test_importing_ditorch_alone_does_not_register_the_device(python_in_subprocess):
+def test_disabled_ditorch_does_not_register_the_device(python_in_subprocess):
     result = python_in_subprocess("""
         import torch, ditorch
         print(torch._C._get_privateuse1_backend_name(), hasattr(torch, "dipu"))
-    """)
+    """, DITORCH_DISABLE="1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "privateuseone False"

@@ -1,0 +1,183 @@
+"""torch.distributed for CUDA-written scripts on another vendor: backend "nccl" becomes the
+vendor's collective library, and a host-staged gloo backend serves devices gloo cannot read.
+
+"hostgloo" runs each collective by copying the device tensors to host memory, running gloo there
+and copying the results back. It is synchronous and correct rather than fast; DiComm's "dicomm"
+backend replaces it where it is registered.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+HOST_STAGED_GLOO = "hostgloo"
+
+
+def _completed_work(result):
+    future = torch.futures.Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+class HostStagedGloo(dist.ProcessGroup):
+    """A process group whose collectives run on gloo over host copies of the device tensors."""
+
+    def __init__(self, store, rank: int, size: int, timeout):
+        super().__init__(rank, size)
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore(HOST_STAGED_GLOO, store), rank, size, timeout)
+
+    def getBackendName(self) -> str:
+        return HOST_STAGED_GLOO
+
+    @staticmethod
+    def _to_host(tensors):
+        return [t.detach().to("cpu").contiguous() for t in tensors]
+
+    @staticmethod
+    def _write_back(devices, hosts):
+        for device_tensor, host_tensor in zip(devices, hosts):
+            device_tensor.copy_(host_tensor)
+
+    def _staged(self, tensors, run):
+        host = self._to_host(tensors)
+        run(host).wait()
+        self._write_back(tensors, host)
+        return _completed_work(tensors)
+
+    def allreduce(self, tensors, opts):
+        return self._staged(tensors, lambda host: self._gloo.allreduce(host, opts))
+
+    def allreduce_coalesced(self, tensors, opts):
+        return self._staged(tensors, lambda host: self._gloo.allreduce_coalesced(host, opts))
+
+    def broadcast(self, tensors, opts):
+        return self._staged(tensors, lambda host: self._gloo.broadcast(host, opts))
+
+    def allgather(self, output_lists, inputs, opts):
+        host_outputs = [self._to_host(outputs) for outputs in output_lists]
+        self._gloo.allgather(host_outputs, self._to_host(inputs), opts).wait()
+        for outputs, host in zip(output_lists, host_outputs):
+            self._write_back(outputs, host)
+        return _completed_work(output_lists)
+
+    def reduce_scatter(self, outputs, input_lists, opts):
+        host_outputs = self._to_host(outputs)
+        self._gloo.reduce_scatter(host_outputs, [self._to_host(inputs) for inputs in input_lists], opts).wait()
+        self._write_back(outputs, host_outputs)
+        return _completed_work(outputs)
+
+    def all_to_all_single(self, output, input, output_splits, input_splits, opts):
+        host_output = self._to_host([output])[0]
+        self._gloo.alltoall_base(host_output, self._to_host([input])[0], output_splits, input_splits, opts).wait()
+        output.copy_(host_output)
+        return _completed_work([output])
+
+    def barrier(self, opts):
+        self._gloo.barrier(opts).wait()
+        return _completed_work([])
+
+    def send(self, tensors, dst, tag):
+        self._gloo.send(self._to_host(tensors), dst, tag).wait()
+        return _completed_work(tensors)
+
+    def recv(self, tensors, src, tag):
+        return self._staged(tensors, lambda host: self._gloo.recv(host, src, tag))
+
+
+def register_host_staged_gloo(device_type: str) -> None:
+    if HOST_STAGED_GLOO not in dist.Backend.backend_list:
+        dist.Backend.register_backend(HOST_STAGED_GLOO, HostStagedGloo, devices=[device_type])
+
+
+def _dicomm_available() -> bool:
+    try:
+        importlib.import_module("dicomm")
+    except ImportError:
+        return False
+    return "dicomm" in dist.Backend.backend_list
+
+
+def device_collective_backend(adapter) -> str:
+    """The backend that serves the vendor's device tensors (dipu: dicomm if registered, else hostgloo)."""
+    if adapter.name == "dipu":
+        return "dicomm" if _dicomm_available() else HOST_STAGED_GLOO
+    return adapter.collective_backend
+
+
+def collective_backend_for(adapter) -> str:
+    """The backend string that replaces "nccl": DITORCH_COLLECTIVE_BACKEND, else the vendor's own."""
+    override = os.environ.get("DITORCH_COLLECTIVE_BACKEND")
+    if override:
+        return override
+    return f"cpu:gloo,{adapter.device_type}:{device_collective_backend(adapter)}"
+
+
+class DistributedMapping:
+    """Wraps init_process_group and new_group so backend "nccl" (and "cuda:nccl") means the vendor's."""
+
+    def __init__(self, adapter, device_translator):
+        self.adapter = adapter
+        self.translate = device_translator
+        self._saved: list[tuple[object, str, object]] = []
+        self.backend: str | None = None
+
+    def map_backend(self, backend):
+        """"nccl" -> the vendor's backend string; "cpu:gloo,cuda:nccl" -> the vendor's entry for cuda:nccl."""
+        if not isinstance(backend, str) or "nccl" not in backend.lower():
+            return backend
+        if ":" not in backend:
+            return self.backend
+        entries = []
+        for entry in backend.lower().split(","):
+            device, _, name = entry.partition(":")
+            if name == "nccl":
+                entry = f"{self.adapter.device_type}:{device_collective_backend(self.adapter)}"
+            entries.append(entry)
+        return ",".join(entries)
+
+    def apply(self) -> None:
+        if self.adapter.name == "dipu":
+            register_host_staged_gloo(self.adapter.device_type)
+        self.backend = collective_backend_for(self.adapter)
+        mapping = self
+
+        def wrap(name, translate_device_id):
+            original = getattr(dist, name)
+
+            @functools.wraps(original)
+            def wrapper(*args, **kwargs):
+                if args:
+                    args = (mapping.map_backend(args[0]), *args[1:])
+                if "backend" in kwargs:
+                    kwargs["backend"] = mapping.map_backend(kwargs["backend"])
+                if translate_device_id and kwargs.get("device_id") is not None:
+                    kwargs["device_id"] = torch.device(mapping.translate(kwargs["device_id"]))
+                return original(*args, **kwargs)
+
+            self._saved.append((dist, name, original))
+            setattr(dist, name, wrapper)
+
+        wrap("init_process_group", True)
+        if hasattr(dist.distributed_c10d, "init_process_group"):
+            self._saved.append((dist.distributed_c10d, "init_process_group", dist.distributed_c10d.init_process_group))
+            dist.distributed_c10d.init_process_group = dist.init_process_group
+
+        original_new_group = dist.new_group
+
+        @functools.wraps(original_new_group)
+        def new_group(ranks=None, timeout=None, backend=None, *args, **kwargs):
+            return original_new_group(ranks, timeout, mapping.map_backend(backend), *args, **kwargs)
+
+        self._saved.append((dist, "new_group", original_new_group))
+        dist.new_group = new_group
+
+    def undo(self) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()

@@ -1,0 +1,56 @@
+"""`import ditorch` as a user meets it, each case in a fresh interpreter."""
+
+import json
+import subprocess
+import sys
+
+
+def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_disable_leaves_torch_untouched():
+    result = run_python("import torch; z = torch.zeros; import ditorch; "
+                        "print(ditorch.vendor() is None, torch.zeros is z)", {"DITORCH_DISABLE": "1"})
+    assert result.stdout.split() == ["True", "True"], result.stderr
+
+
+def test_import_is_idempotent():
+    result = run_python("import ditorch, torch; z = torch.zeros; v = ditorch.vendor(); "
+                        "import importlib; ditorch.activate(); print(torch.zeros is z, ditorch.vendor() is v)")
+    assert result.stdout.split() == ["True", "True"], result.stderr
+
+
+def test_absent_vendors_report_why():
+    result = run_python("import ditorch, json; print(json.dumps(ditorch.info()))")
+    info = json.loads(result.stdout)
+    assert info["adapters"]["npu"]["reason"] == "package torch_npu is not installed"
+    assert info["adapters"]["cuda"]["available"] is False
+
+
+def test_an_unknown_vendor_name_is_refused():
+    result = run_python("import ditorch", {"DITORCH_VENDOR": "tpu"})
+    assert result.returncode != 0 and "unknown ditorch vendor 'tpu'" in result.stderr
+
+
+def test_use_switches_vendor_and_deactivate_restores_torch():
+    result = run_python(
+        "import torch; z = torch.zeros; avail = torch.cuda.is_available\n"
+        "import ditorch\n"
+        "print(ditorch.vendor().name, torch.zeros(1, device='cuda').device.type)\n"
+        "ditorch.deactivate(); print(torch.zeros is z, torch.cuda.is_available is avail)\n"
+        "ditorch.use('dipu'); print(torch.randn(2, device='device').device.type)")
+    assert result.stdout.split() == ["dipu", "dipu", "True", "True", "dipu"], result.stderr[-2000:]
+
+
+def test_asking_for_an_absent_vendor_says_why():
+    result = run_python("import ditorch; ditorch.use('npu')", {"DITORCH_DISABLE": "0"})
+    assert "ditorch vendor 'npu' is not usable here: package torch_npu is not installed" in result.stderr
+
+
+def test_backend_cuda_flags_are_accepted_harmlessly():
+    result = run_python("import ditorch, torch; torch.backends.cuda.matmul.allow_tf32 = True; "
+                        "torch.backends.cudnn.benchmark = True; print('ok')")
+    assert result.stdout.strip() == "ok", result.stderr[-2000:]
