@@ -1,0 +1,61 @@
+// The transport-neutral engine: one connection per peer, set up through a key-value store,
+// carrying tagged asynchronous sends and receives. It knows transports only through transport.h.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dicomm/options.h"
+#include "dicomm/request.h"
+#include "dicomm/store.h"
+#include "dicomm/transport.h"
+
+namespace dicomm {
+
+class Engine {
+ public:
+  // Publishes this rank in the store, connects to every other rank (checking the job token),
+  // and picks a transport per peer. Blocks until all peers are connected or the timeout passes.
+  Engine(Store& store, int rank, int world_size, Options options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int rank() const { return rank_; }
+  int worldSize() const { return world_size_; }
+  const Options& options() const { return options_; }
+
+  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t size);
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t capacity);
+  TransportKind transportOf(int peer) const;
+  // Notes from setup worth a user's attention (fallbacks, refused connections), one line each.
+  const std::vector<std::string>& notes() const { return notes_; }
+
+  // Fails pending requests with "endpoint closed" and releases every resource. Idempotent.
+  void close();
+
+ private:
+  void rendezvous(Store& store);
+  void dialLowerRanks(const std::vector<PeerDescriptor>& peers, const std::string& token, Clock::time_point deadline);
+  void acceptHigherRanks(const std::vector<PeerDescriptor>& peers, const std::string& token, Clock::time_point deadline);
+  Transport& transport(TransportKind kind);
+  void checkPeer(int peer, const char* operation) const;
+  TransportKind chooseTransport(const PeerDescriptor& peer);
+
+  const int rank_;
+  const int world_size_;
+  Options options_;
+  PeerDescriptor self_;
+  Socket listener_;
+  std::map<TransportKind, std::unique_ptr<Transport>> transports_;
+  std::vector<std::shared_ptr<Connection>> connections_;
+  std::vector<TransportKind> kinds_;
+  std::vector<std::shared_ptr<Progress>> progress_;
+  std::vector<std::string> notes_;
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace dicomm

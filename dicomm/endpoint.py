@@ -1,0 +1,121 @@
+"""Endpoint: this process's DiComm connections to every other rank of a job."""
+from __future__ import annotations
+
+import collections
+from typing import Any, Mapping
+
+from dicomm import _dicomm_core as _core
+
+CommError = _core.CommError
+FrameError = _core.FrameError
+Handle = _core.Handle
+
+
+class Endpoint:
+    """Connects rank ``rank`` of ``world_size`` to all others through ``store``.
+
+    ``store`` is any object with ``set(key, value)`` and a blocking ``get(key)`` (a
+    torch.distributed Store, or :class:`dicomm.FileStore`). Arguments left as None fall back to
+    the DICOMM_* environment variables, then to built-in defaults:
+
+    - ``transport``: "auto" (same host -> shm, RDMA on both -> ibverbs, else tcp), "tcp", "shm"
+      or "ibverbs"; ``peer_transport`` overrides it per peer rank.
+    - ``token``: the job token every peer must present; None lets rank 0 draw one and share
+      it through the store.
+    - ``timeout``: seconds after which setup, or any pending request, fails.
+    - ``prefix``: store key prefix, so several endpoints can share one store.
+
+    Buffers are bytes-like objects (bytes, bytearray, numpy arrays, memoryviews; receive
+    buffers must be writable) or ``(address, nbytes)`` tuples for memory the caller keeps alive.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world_size: int,
+        *,
+        transport: str | None = None,
+        peer_transport: Mapping[int, str] | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
+        prefix: str | None = None,
+        **tuning: int,
+    ):
+        options = _core.Options.from_environment()
+        if transport is not None:
+            options.transport = transport
+        if peer_transport is not None:
+            options.peer_transport = {int(k): v for k, v in peer_transport.items()}
+        if token is not None:
+            options.token = token
+        if timeout is not None:
+            options.timeout_s = float(timeout)
+        if prefix is not None:
+            options.store_prefix = prefix
+        for name, value in tuning.items():
+            if name not in ("tcp_chunk_bytes", "shm_ring_bytes", "shm_eager_bytes", "max_message_bytes",
+                            "bind_address", "advertise_address"):
+                raise TypeError(f"Endpoint() got an unknown option '{name}'")
+            setattr(options, name, value)
+        options.validate()
+        self._engine = _core.Engine(store, rank, world_size, options)
+        self._inflight: collections.deque = collections.deque()
+
+    @property
+    def rank(self) -> int:
+        return self._engine.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._engine.world_size
+
+    @property
+    def notes(self) -> list[str]:
+        """One line per noteworthy setup event (fallbacks, refused connections)."""
+        return self._engine.notes()
+
+    def transport(self, peer: int) -> str:
+        """The transport carrying traffic to ``peer``: "tcp", "shm" or "ibverbs"."""
+        return self._engine.transport(peer)
+
+    def _track(self, handle: Handle) -> Handle:
+        # Keeps each buffer alive until its request finishes, even if the caller drops the handle.
+        self._inflight.append(handle)
+        while self._inflight and self._inflight[0].done:
+            self._inflight.popleft()
+        return handle
+
+    def isend(self, buffer: Any, dst: int, tag: int = 0) -> Handle:
+        return self._track(self._engine.isend(buffer, dst, tag))
+
+    def irecv(self, buffer: Any, src: int, tag: int = 0) -> Handle:
+        return self._track(self._engine.irecv(buffer, src, tag))
+
+    def send(self, buffer: Any, dst: int, tag: int = 0) -> int:
+        return self.isend(buffer, dst, tag).wait()
+
+    def recv(self, buffer: Any, src: int, tag: int = 0) -> int:
+        """Receives into ``buffer``; returns the message size in bytes."""
+        return self.irecv(buffer, src, tag).wait()
+
+    def close(self) -> None:
+        """Fails pending requests ("endpoint closed") and releases sockets, rings and threads."""
+        self._engine.close()
+        self._inflight.clear()
+
+    def __enter__(self) -> "Endpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def probe_ibverbs() -> dict:
+    """What this build and host offer for RDMA: compiled, available, device, message (one line)."""
+    return _core.probe_ibverbs()
+
+
+def live_requests() -> int:
+    """Requests alive in this process; flat over time when nothing leaks."""
+    return _core.live_requests()
