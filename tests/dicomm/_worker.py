@@ -243,6 +243,33 @@ def torch_store(rank, world, store_dir, transport, args):
     return {"ok": bool((incoming == np.arange(1000, dtype=np.float32) * (peer + 1)).all())}
 
 
+def device_staging(rank, world, store_dir, transport, args):
+    """'Device' memory reachable only through copy hooks (counted) is staged through the host."""
+    import ctypes
+
+    ep = endpoint(rank, world, store_dir, transport, timeout=30)
+    copies = {"to_host": 0, "from_host": 0}
+
+    def hook(name):
+        def copy(dst, src, nbytes):
+            copies[name] += nbytes
+            ctypes.memmove(dst, src, nbytes)
+        return copy
+
+    ep.set_copy_hooks(hook("to_host"), hook("from_host"))
+    size = (1 << 20) + 3
+    device = np.zeros(size, np.uint8)
+    address = device.ctypes.data
+    if rank == 0:
+        device[:] = pattern(size, 5)
+        ep.send((address, size), 1, device=True)
+        barrier(ep)
+        return {"copies": copies}
+    n = ep.recv((address, size), 0, device=True)
+    barrier(ep)
+    return {"copies": copies, "intact": n == size and bool((device == pattern(size, 5)).all())}
+
+
 def main():
     scenario, rank, world, store_dir, transport, args = sys.argv[1:7]
     result = globals()[scenario](int(rank), int(world), store_dir, transport, json.loads(args))

@@ -60,3 +60,12 @@ def test_any_torch_distributed_store_drives_rendezvous():
                           timeout=datetime.timedelta(seconds=30))
     results = run_ranks("torch_store", transport="shm", port=store.port)
     assert all(r["ok"] for r in results)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_device_buffers_are_staged_through_host_memory_by_the_copy_hooks(transport):
+    sender, receiver = run_ranks("device_staging", transport=transport)
+    size = (1 << 20) + 3
+    assert sender["copies"]["to_host"] == size
+    assert receiver["copies"]["from_host"] == size
+    assert receiver["intact"] is True
