@@ -58,7 +58,7 @@ class Endpoint:
         if prefix is not None:
             options.store_prefix = prefix
         for name, value in tuning.items():
-            if name not in ("tcp_chunk_bytes", "shm_ring_bytes", "shm_eager_bytes", "max_message_bytes",
+            if name not in ("tcp_chunk_bytes", "tcp_socket_buffer_bytes", "shm_ring_bytes", "shm_eager_bytes", "max_message_bytes",
                             "bind_address", "advertise_address"):
                 raise TypeError(f"Endpoint() got an unknown option '{name}'")
             setattr(options, name, value)

@@ -275,6 +275,7 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("bind_address", &Options::bind_address)
       .def_readwrite("advertise_address", &Options::advertise_address)
       .def_readwrite("tcp_chunk_bytes", &Options::tcp_chunk_bytes)
+      .def_readwrite("tcp_socket_buffer_bytes", &Options::tcp_socket_buffer_bytes)
       .def_readwrite("shm_ring_bytes", &Options::shm_ring_bytes)
       .def_readwrite("shm_eager_bytes", &Options::shm_eager_bytes)
       .def_readwrite("max_message_bytes", &Options::max_message_bytes)
