@@ -355,6 +355,7 @@ bool IbverbsConnection::checkAlive() {
   char byte;
   const ssize_t n = ::recv(control_.fd(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
   if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    progress();  // deliver what the peer sent before it went away
     closeWithError("rank " + std::to_string(peer_) + " is gone (its control socket closed; peer exited?)");
     return false;
   }

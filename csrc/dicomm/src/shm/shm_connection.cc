@@ -221,6 +221,7 @@ bool ShmConnection::checkAlive() {
   char byte;
   const ssize_t n = ::recv(control_.fd(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
   if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    progress();  // deliver what the peer wrote before it went away
     closeWithError("rank " + std::to_string(peer_) + " is gone (its shm control socket closed; peer exited?)");
     return false;
   }
