@@ -281,6 +281,26 @@ def device_staging(rank, world, store_dir, transport, args):
     return {"copies": copies, "intact": n == size and bool((device == pattern(size, 5)).all())}
 
 
+def send_and_exit(rank, world, store_dir, transport, args):
+    """rank 1 sends messages and exits at once; rank 0 receives them afterwards."""
+    ep = endpoint(rank, world, store_dir, transport, timeout=30)
+    sizes = args["sizes"]
+    if rank == 1:
+        for i, size in enumerate(sizes):
+            ep.send(pattern(size, i), 0, tag=4)
+        print(json.dumps({}), flush=True)
+        os._exit(0)
+    time.sleep(0.5)
+    received = []
+    for i, size in enumerate(sizes):
+        buffer = np.zeros(size, np.uint8)
+        try:
+            received.append(ep.recv(buffer, 1, tag=4) == size and bool((buffer == pattern(size, i)).all()))
+        except dicomm.CommError as e:
+            received.append(str(e))
+    return {"received": received}
+
+
 def main():
     scenario, rank, world, store_dir, transport, args = sys.argv[1:7]
     result = globals()[scenario](int(rank), int(world), store_dir, transport, json.loads(args))

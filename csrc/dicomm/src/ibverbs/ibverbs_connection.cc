@@ -149,7 +149,7 @@ void IbverbsConnection::postSend(const RequestPtr& send) {
 
 void IbverbsConnection::postRecv(const RequestPtr& recv) {
   if (closed_) {
-    recv->fail(failure_);
+    if (!inbox_.postFromArrived(recv)) recv->fail(failure_);
     return;
   }
   if (auto g = inbox_.post(recv)) grant(*g);

@@ -32,7 +32,7 @@ void ShmConnection::postSend(const RequestPtr& send) {
 
 void ShmConnection::postRecv(const RequestPtr& recv) {
   if (closed_) {
-    recv->fail(failure_);
+    if (!inbox_.postFromArrived(recv)) recv->fail(failure_);
     return;
   }
   if (auto g = inbox_.post(recv)) grant(*g);

@@ -41,7 +41,7 @@ void TcpConnection::postSend(const RequestPtr& send) {
 void TcpConnection::postRecv(const RequestPtr& recv) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) {
-    recv->fail(failure_);
+    if (!inbox_.postFromArrived(recv)) recv->fail(failure_);
     return;
   }
   inbox_.post(recv);
