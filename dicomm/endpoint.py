@@ -65,6 +65,7 @@ class Endpoint:
         options.validate()
         self._engine = _core.Engine(store, rank, world_size, options)
         self._inflight: collections.deque = collections.deque()
+        self._prune_at = 1024
 
     @property
     def rank(self) -> int:
@@ -88,6 +89,9 @@ class Endpoint:
         self._inflight.append(handle)
         while self._inflight and self._inflight[0].done:
             self._inflight.popleft()
+        if len(self._inflight) > self._prune_at:  # a long-pending request at the front
+            self._inflight = collections.deque(h for h in self._inflight if not h.done)
+            self._prune_at = max(1024, 2 * len(self._inflight))
         return handle
 
     def set_copy_hooks(self, to_host: Callable[[int, int, int], None],
