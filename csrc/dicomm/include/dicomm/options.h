@@ -1,0 +1,48 @@
+// Endpoint configuration: defaults, then DICOMM_* environment variables, then API arguments.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "dicomm/frame.h"
+
+namespace dicomm {
+
+// The largest Data frame any peer may send; one constant so peers with different settings agree.
+constexpr uint64_t kMaxChunkBytes = uint64_t(256) << 20;
+
+enum class TransportKind : uint8_t { Tcp = 1, Shm = 2, Ibverbs = 3 };
+
+const char* transportName(TransportKind kind);
+// Parses "tcp", "shm" or "ibverbs"; throws std::invalid_argument naming `what` otherwise.
+TransportKind parseTransportName(const std::string& name, const std::string& what);
+
+struct Options {
+  std::string token;                         // empty: rank 0 draws one and shares it via the store
+  std::string store_prefix = "dicomm";
+  std::string transport = "auto";            // auto | tcp | shm | ibverbs, for every peer
+  std::map<int, std::string> peer_transport;  // per-peer override of `transport`
+  double timeout_s = 300.0;                   // a pending request fails after this long
+  double connect_timeout_s = 300.0;           // setup (store, connections) fails after this long
+  std::string bind_address = "0.0.0.0";
+  std::string advertise_address;              // empty: this host's name resolved, else 127.0.0.1
+  size_t tcp_chunk_bytes = size_t(4) << 20;
+  size_t tcp_socket_buffer_bytes = size_t(4) << 20;  // SO_SNDBUF/SO_RCVBUF; 0 leaves kernel autotuning
+  size_t shm_ring_bytes = size_t(4) << 20;
+  size_t shm_eager_bytes = size_t(64) << 10;
+  bool shm_cross_memory_attach = true;  // false: large shm messages stream through the ring
+  uint64_t max_message_bytes = uint64_t(1) << 40;
+
+  // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN, DICOMM_BIND_ADDR,
+  // DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_TCP_SOCKET_BUFFER_BYTES, DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES, DICOMM_SHM_CMA (0/1),
+  // DICOMM_MAX_MESSAGE_BYTES. A malformed value throws std::invalid_argument naming the variable.
+  static Options fromEnvironment();
+  // Throws std::invalid_argument naming the first field out of range.
+  void validate() const;
+  std::string transportFor(int peer) const;
+  FrameLimits frameLimits() const;
+};
+
+}  // namespace dicomm

@@ -1,0 +1,301 @@
+#include "dicomm/engine.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "dicomm/peer.h"
+
+namespace dicomm {
+namespace {
+
+constexpr auto kHelloTimeout = std::chrono::seconds(10);
+
+std::string randomToken() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16] = {0};
+  urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
+  static const char* hex = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) {
+    token += hex[b >> 4];
+    token += hex[b & 15];
+  }
+  return token;
+}
+
+std::string peerKey(const Options& options, int rank) { return options.store_prefix + "/peer/" + std::to_string(rank); }
+
+}  // namespace
+
+Engine::Engine(Store& store, int rank, int world_size, Options options)
+    : rank_(rank), world_size_(world_size), options_(std::move(options)) {
+  options_.validate();
+  if (world_size_ < 1) throw std::invalid_argument("world size must be at least 1, got " + std::to_string(world_size_));
+  if (rank_ < 0 || rank_ >= world_size_) {
+    throw std::invalid_argument("rank " + std::to_string(rank_) + " is outside [0, " + std::to_string(world_size_) + ")");
+  }
+  for (const char c : options_.token) {
+    if (c == '\n' || c == '\r' || c == '\0') throw std::invalid_argument("job token must not contain line breaks");
+  }
+  connections_.resize(size_t(world_size_));
+  kinds_.resize(size_t(world_size_), TransportKind::Tcp);
+  progress_.resize(size_t(world_size_));
+  rendezvous(store);
+}
+
+Engine::~Engine() { close(); }
+
+Transport& Engine::transport(TransportKind kind) {
+  auto found = transports_.find(kind);
+  if (found != transports_.end()) return *found->second;
+  std::unique_ptr<Transport> created;
+  switch (kind) {
+    case TransportKind::Tcp: created = makeTcpTransport(options_); break;
+    case TransportKind::Shm: created = makeShmTransport(options_); break;
+    case TransportKind::Ibverbs: created = makeIbverbsTransport(options_); break;
+  }
+  return *transports_.emplace(kind, std::move(created)).first->second;
+}
+
+TransportKind Engine::chooseTransport(const PeerDescriptor& peer) {
+  const std::string preference = options_.transportFor(peer.rank);
+  const TransportKind kind = selectTransport(preference, self_, peer);
+  if (preference == "auto" && kind == TransportKind::Tcp) {
+    notes_.push_back("rank " + std::to_string(rank_) + " -> rank " + std::to_string(peer.rank) +
+                     " uses tcp: " + probeIbverbs().message);
+  }
+  return kind;
+}
+
+void Engine::rendezvous(Store& store) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options_.connect_timeout_s));
+  self_.rank = rank_;
+  listener_ = listenTcp(options_.bind_address, &self_.port);
+  self_.address = options_.advertise_address.empty() ? defaultAdvertiseAddress() : options_.advertise_address;
+  const char* host_override = std::getenv("DICOMM_HOST_ID");
+  self_.host_id = (host_override && *host_override) ? host_override : localHostId();
+  self_.pid = int64_t(getpid());
+  const IbverbsProbe probe = probeIbverbs();
+  self_.ibverbs = probe.available;
+  self_.ibverbs_device = probe.device;
+
+  std::string token = options_.token;
+  const std::string token_key = options_.store_prefix + "/token";
+  if (token.empty()) {
+    if (rank_ == 0) {
+      token = randomToken();
+      store.set(token_key, token);
+    } else {
+      token = store.get(token_key);
+    }
+  }
+  store.set(peerKey(options_, rank_), self_.encode());
+  dialLowerRanks(store, token, deadline);
+  acceptHigherRanks(store, token, deadline);
+  listener_.reset();
+  for (auto& [kind, t] : transports_) t->start();
+  for (int q = 0; q < world_size_; ++q) {
+    if (q != rank_) progress_[size_t(q)] = transport(kinds_[size_t(q)]).waiterProgress();
+  }
+}
+
+PeerDescriptor Engine::lookUpPeer(Store& store, int q) {
+  PeerDescriptor peer = PeerDescriptor::decode(store.get(peerKey(options_, q)));
+  if (peer.rank != q) throw CommError("store key " + peerKey(options_, q) + " describes rank " + std::to_string(peer.rank));
+  return peer;
+}
+
+void Engine::dialLowerRanks(Store& store, const std::string& token, Clock::time_point deadline) {
+  for (int q = 0; q < rank_; ++q) {
+    const PeerDescriptor peer = lookUpPeer(store, q);
+    const TransportKind kind = chooseTransport(peer);
+    const std::string name = "rank " + std::to_string(q) + " at " + peer.address + ":" + std::to_string(peer.port);
+    Socket socket = connectTcp(peer.address, peer.port, deadline);
+    Hello hello;
+    hello.rank = rank_;
+    hello.token = token;
+    hello.transport = kind;
+    FrameHeader header;
+    header.kind = FrameKind::Hello;
+    sendFrame(socket.fd(), header, hello.encode(), deadline, name);
+    std::string reason;
+    const FrameHeader reply = recvFrame(socket.fd(), &reason, options_.frameLimits(), deadline, name);
+    if (reply.kind != FrameKind::HelloReply) {
+      throw CommError(name + " answered the setup with a " + frameKindName(reply.kind) + " frame");
+    }
+    if (reply.flags & kFlagRefused) throw CommError(name + " refused the connection: " + reason);
+    PeerSetup setup;
+    setup.self = self_;
+    setup.peer = peer;
+    setup.initiator = true;
+    setup.socket = std::move(socket);
+    setup.deadline = deadline;
+    connections_[size_t(q)] = transport(kind).connect(std::move(setup));
+    kinds_[size_t(q)] = kind;
+  }
+}
+
+void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::time_point deadline) {
+  std::set<int> waiting;
+  for (int q = rank_ + 1; q < world_size_; ++q) waiting.insert(q);
+  std::string last_refusal;
+  while (!waiting.empty()) {
+    Socket socket = acceptTcp(listener_, deadline);
+    if (!socket) {
+      std::ostringstream what;
+      what << "timed out waiting for rank(s)";
+      for (int q : waiting) what << " " << q;
+      what << " to connect to rank " << rank_;
+      if (!last_refusal.empty()) what << " (refused meanwhile: " << last_refusal << ")";
+      throw CommError(what.str());
+    }
+    const std::string anonymous = "a connecting peer";
+    const auto hello_deadline = std::min(deadline, Clock::now() + kHelloTimeout);
+    auto refuse = [&](const std::string& why) {
+      last_refusal = why;
+      notes_.push_back("rank " + std::to_string(rank_) + " refused a connection: " + why);
+      FrameHeader reply;
+      reply.kind = FrameKind::HelloReply;
+      reply.flags = kFlagRefused;
+      try {
+        sendFrame(socket.fd(), reply, why, hello_deadline, anonymous);
+      } catch (const std::exception&) {
+      }
+    };
+    Hello hello;
+    try {
+      std::string payload;
+      const FrameHeader h = recvFrame(socket.fd(), &payload, options_.frameLimits(), hello_deadline, anonymous);
+      if (h.kind != FrameKind::Hello) throw FrameError(std::string("expected Hello, got ") + frameKindName(h.kind));
+      hello = Hello::decode(payload);
+    } catch (const std::exception& e) {
+      last_refusal = e.what();
+      notes_.push_back("rank " + std::to_string(rank_) + " dropped a connection: " + e.what());
+      continue;
+    }
+    if (hello.token != token) {
+      refuse("job token mismatch (the peer belongs to another job)");
+      continue;
+    }
+    if (!waiting.count(hello.rank)) {
+      refuse("rank " + std::to_string(hello.rank) + " is not expected here (out of range or already connected)");
+      continue;
+    }
+    // The peer published its descriptor before dialling, so this look-up does not wait.
+    PeerDescriptor peer;
+    try {
+      peer = lookUpPeer(store, hello.rank);
+    } catch (const std::exception& e) {
+      refuse(e.what());
+      continue;
+    }
+    const std::string preference = options_.transportFor(hello.rank);
+    if (preference != "auto" && parseTransportName(preference, "transport") != hello.transport) {
+      refuse(std::string("transport mismatch: rank ") + std::to_string(hello.rank) + " chose " +
+             transportName(hello.transport) + ", rank " + std::to_string(rank_) + " requires " + preference);
+      continue;
+    }
+    try {
+      selectTransport(transportName(hello.transport), self_, peer);
+    } catch (const std::exception& e) {
+      refuse(e.what());
+      continue;
+    }
+    FrameHeader reply;
+    reply.kind = FrameKind::HelloReply;
+    sendFrame(socket.fd(), reply, "", hello_deadline, "rank " + std::to_string(hello.rank));
+    PeerSetup setup;
+    setup.self = self_;
+    setup.peer = peer;
+    setup.initiator = false;
+    setup.socket = std::move(socket);
+    setup.deadline = deadline;
+    connections_[size_t(hello.rank)] = transport(hello.transport).connect(std::move(setup));
+    kinds_[size_t(hello.rank)] = hello.transport;
+    waiting.erase(hello.rank);
+  }
+}
+
+void Engine::checkPeer(int peer, const char* operation) const {
+  if (closed_.load()) throw CommError(std::string(operation) + " on a closed endpoint");
+  if (peer < 0 || peer >= world_size_ || peer == rank_) {
+    throw std::invalid_argument(std::string(operation) + ": peer " + std::to_string(peer) +
+                                " is not another rank in [0, " + std::to_string(world_size_) + ")");
+  }
+}
+
+void Engine::setCopyHooks(CopyHooks hooks) {
+  if (!hooks.to_host || !hooks.from_host) throw std::invalid_argument("copy hooks need both to_host and from_host");
+  std::atomic_store(&copy_hooks_, std::shared_ptr<const CopyHooks>(std::make_shared<CopyHooks>(std::move(hooks))));
+}
+
+namespace {
+
+std::shared_ptr<const CopyHooks> requireHooks(const std::shared_ptr<const CopyHooks>& hooks, const char* operation) {
+  if (!hooks) throw std::invalid_argument(std::string(operation) + " of device memory needs copy hooks (setCopyHooks)");
+  return hooks;
+}
+
+}  // namespace
+
+RequestPtr Engine::isend(int peer, uint64_t tag, const void* data, size_t size, Memory memory) {
+  checkPeer(peer, "isend");
+  std::shared_ptr<std::vector<uint8_t>> staging;
+  if (memory == Memory::Device) {
+    const auto hooks = requireHooks(std::atomic_load(&copy_hooks_), "isend");
+    staging = std::make_shared<std::vector<uint8_t>>(size);
+    if (size) hooks->to_host(staging->data(), data, size);
+    data = staging->data();
+  }
+  auto request = std::make_shared<Request>(Direction::Send, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)),
+                                           size, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                                    std::chrono::duration<double>(options_.timeout_s)));
+  if (staging) request->keepAlive(staging);
+  request->setProgress(progress_[size_t(peer)]);
+  connections_[size_t(peer)]->postSend(request);
+  return request;
+}
+
+RequestPtr Engine::irecv(int peer, uint64_t tag, void* data, size_t capacity, Memory memory) {
+  checkPeer(peer, "irecv");
+  void* target = data;
+  std::shared_ptr<std::vector<uint8_t>> staging;
+  std::shared_ptr<const CopyHooks> hooks;
+  if (memory == Memory::Device) {
+    hooks = requireHooks(std::atomic_load(&copy_hooks_), "irecv");
+    staging = std::make_shared<std::vector<uint8_t>>(capacity);
+    target = staging->data();
+  }
+  auto request = std::make_shared<Request>(Direction::Recv, peer, tag, static_cast<uint8_t*>(target), capacity,
+                                           Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                              std::chrono::duration<double>(options_.timeout_s)));
+  if (staging) {
+    request->keepAlive(staging);
+    request->setBeforeComplete([hooks, data](Request& r, size_t bytes) {
+      if (bytes) hooks->from_host(data, r.data(), bytes);
+    });
+  }
+  request->setProgress(progress_[size_t(peer)]);
+  connections_[size_t(peer)]->postRecv(request);
+  return request;
+}
+
+TransportKind Engine::transportOf(int peer) const {
+  if (peer < 0 || peer >= world_size_ || peer == rank_) {
+    throw std::invalid_argument("peer " + std::to_string(peer) + " is not another rank in [0, " +
+                                std::to_string(world_size_) + ")");
+  }
+  return kinds_[size_t(peer)];
+}
+
+void Engine::close() {
+  if (closed_.exchange(true)) return;
+  for (auto& [kind, t] : transports_) t->shutdown("endpoint closed");
+}
+
+}  // namespace dicomm

@@ -1,0 +1,113 @@
+#include "dicomm/options.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace dicomm {
+namespace {
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return (value && *value) ? value : nullptr;
+}
+
+uint64_t parseCount(const char* name, const char* text) {
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (end == text || *end != '\0' || text[0] == '-') {
+    throw std::invalid_argument(std::string(name) + "=" + text + " is not a non-negative integer");
+  }
+  return value;
+}
+
+double parseSeconds(const char* name, const char* text) {
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !(value > 0)) {
+    throw std::invalid_argument(std::string(name) + "=" + text + " is not a positive number of seconds");
+  }
+  return value;
+}
+
+}  // namespace
+
+const char* transportName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::Tcp: return "tcp";
+    case TransportKind::Shm: return "shm";
+    case TransportKind::Ibverbs: return "ibverbs";
+  }
+  return "unknown";
+}
+
+TransportKind parseTransportName(const std::string& name, const std::string& what) {
+  if (name == "tcp") return TransportKind::Tcp;
+  if (name == "shm") return TransportKind::Shm;
+  if (name == "ibverbs") return TransportKind::Ibverbs;
+  throw std::invalid_argument(what + "='" + name + "' is not one of auto, tcp, shm, ibverbs");
+}
+
+Options Options::fromEnvironment() {
+  Options o;
+  if (auto v = env("DICOMM_TRANSPORT")) o.transport = v;
+  if (auto v = env("DICOMM_TIMEOUT_S")) o.timeout_s = parseSeconds("DICOMM_TIMEOUT_S", v);
+  if (auto v = env("DICOMM_CONNECT_TIMEOUT_S")) o.connect_timeout_s = parseSeconds("DICOMM_CONNECT_TIMEOUT_S", v);
+  if (auto v = env("DICOMM_JOB_TOKEN")) o.token = v;
+  if (auto v = env("DICOMM_BIND_ADDR")) o.bind_address = v;
+  if (auto v = env("DICOMM_ADVERTISE_ADDR")) o.advertise_address = v;
+  if (auto v = env("DICOMM_TCP_CHUNK_BYTES")) o.tcp_chunk_bytes = parseCount("DICOMM_TCP_CHUNK_BYTES", v);
+  if (auto v = env("DICOMM_TCP_SOCKET_BUFFER_BYTES")) {
+    o.tcp_socket_buffer_bytes = parseCount("DICOMM_TCP_SOCKET_BUFFER_BYTES", v);
+  }
+  if (auto v = env("DICOMM_SHM_RING_BYTES")) o.shm_ring_bytes = parseCount("DICOMM_SHM_RING_BYTES", v);
+  if (auto v = env("DICOMM_SHM_EAGER_BYTES")) o.shm_eager_bytes = parseCount("DICOMM_SHM_EAGER_BYTES", v);
+  if (auto v = env("DICOMM_SHM_CMA")) {
+    const std::string text = v;
+    if (text != "0" && text != "1") throw std::invalid_argument("DICOMM_SHM_CMA=" + text + " is not 0 or 1");
+    o.shm_cross_memory_attach = text == "1";
+  }
+  if (auto v = env("DICOMM_MAX_MESSAGE_BYTES")) o.max_message_bytes = parseCount("DICOMM_MAX_MESSAGE_BYTES", v);
+  return o;
+}
+
+void Options::validate() const {
+  auto checkTransport = [](const std::string& name, const std::string& what) {
+    if (name != "auto") parseTransportName(name, what);
+  };
+  checkTransport(transport, "transport");
+  for (auto& [peer, name] : peer_transport) checkTransport(name, "transport for peer " + std::to_string(peer));
+  if (!(timeout_s > 0)) throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeout_s));
+  if (!(connect_timeout_s > 0)) {
+    throw std::invalid_argument("connect timeout must be positive, got " + std::to_string(connect_timeout_s));
+  }
+  if (tcp_chunk_bytes < 4096 || tcp_chunk_bytes > kMaxChunkBytes) {
+    throw std::invalid_argument("tcp chunk size must lie in [4 KiB, 256 MiB], got " + std::to_string(tcp_chunk_bytes));
+  }
+  if (tcp_socket_buffer_bytes > (size_t(1) << 30)) {
+    throw std::invalid_argument("tcp socket buffer size must be at most 1 GiB, got " +
+                                std::to_string(tcp_socket_buffer_bytes));
+  }
+  if (shm_ring_bytes < (size_t(64) << 10) || (shm_ring_bytes & (shm_ring_bytes - 1)) != 0 ||
+      shm_ring_bytes > (size_t(1) << 30)) {
+    throw std::invalid_argument("shm ring size must be a power of two in [64 KiB, 1 GiB], got " +
+                                std::to_string(shm_ring_bytes));
+  }
+  if (shm_eager_bytes > shm_ring_bytes / 4) {
+    throw std::invalid_argument("shm eager size " + std::to_string(shm_eager_bytes) +
+                                " exceeds a quarter of the ring (" + std::to_string(shm_ring_bytes) + ")");
+  }
+}
+
+std::string Options::transportFor(int peer) const {
+  auto found = peer_transport.find(peer);
+  return found == peer_transport.end() ? transport : found->second;
+}
+
+FrameLimits Options::frameLimits() const {
+  FrameLimits limits;
+  limits.max_message_bytes = max_message_bytes;
+  limits.max_payload_bytes = kMaxChunkBytes;
+  return limits;
+}
+
+}  // namespace dicomm

@@ -1,0 +1,134 @@
+#include "dicomm/peer.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "dicomm/frame.h"
+#include "dicomm/request.h"
+
+namespace dicomm {
+namespace {
+
+std::map<std::string, std::string> parseLines(const std::string& text) {
+  std::map<std::string, std::string> fields;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    fields[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return fields;
+}
+
+template <typename Error>
+const std::string& field(const std::map<std::string, std::string>& fields, const std::string& name,
+                         const std::string& what) {
+  auto found = fields.find(name);
+  if (found == fields.end()) throw Error(what + " lacks field '" + name + "'");
+  return found->second;
+}
+
+template <typename Error>
+long long integerField(const std::map<std::string, std::string>& fields, const std::string& name,
+                       const std::string& what) {
+  const std::string& text = field<Error>(fields, name, what);
+  try {
+    size_t used = 0;
+    const long long value = std::stoll(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+    return value;
+  } catch (const std::exception&) {
+    throw Error(what + " field '" + name + "'='" + text + "' is not an integer");
+  }
+}
+
+std::string readFirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string linkTarget(const std::string& path) {
+  char buffer[256] = {0};
+  const ssize_t n = readlink(path.c_str(), buffer, sizeof(buffer) - 1);
+  return n > 0 ? std::string(buffer, size_t(n)) : std::string();
+}
+
+}  // namespace
+
+std::string PeerDescriptor::encode() const {
+  std::ostringstream out;
+  out << "rank=" << rank << "\naddress=" << address << "\nport=" << port << "\nhost_id=" << host_id
+      << "\npid=" << pid << "\nibverbs=" << (ibverbs ? 1 : 0) << "\nibverbs_device=" << ibverbs_device << "\n";
+  return out.str();
+}
+
+PeerDescriptor PeerDescriptor::decode(const std::string& text) {
+  const auto fields = parseLines(text);
+  const std::string what = "peer descriptor in the store";
+  PeerDescriptor d;
+  d.rank = int(integerField<CommError>(fields, "rank", what));
+  d.address = field<CommError>(fields, "address", what);
+  const long long port = integerField<CommError>(fields, "port", what);
+  if (port <= 0 || port > 65535) throw CommError(what + " has port " + std::to_string(port));
+  d.port = uint16_t(port);
+  d.host_id = field<CommError>(fields, "host_id", what);
+  d.pid = integerField<CommError>(fields, "pid", what);
+  d.ibverbs = integerField<CommError>(fields, "ibverbs", what) != 0;
+  d.ibverbs_device = field<CommError>(fields, "ibverbs_device", what);
+  return d;
+}
+
+std::string localHostId() {
+  char name[256] = {0};
+  gethostname(name, sizeof(name) - 1);
+  return readFirstLine("/proc/sys/kernel/random/boot_id") + "/" + name + "/" + linkTarget("/proc/self/ns/ipc") +
+         "/" + linkTarget("/proc/self/ns/pid");
+}
+
+std::string Hello::encode() const {
+  std::ostringstream out;
+  out << "rank=" << rank << "\ntransport=" << transportName(transport) << "\ntoken=" << token << "\n";
+  return out.str();
+}
+
+Hello Hello::decode(const std::string& payload) {
+  const auto fields = parseLines(payload);
+  const std::string what = "malformed frame: Hello";
+  Hello h;
+  h.rank = int(integerField<FrameError>(fields, "rank", what));
+  const std::string& transport = field<FrameError>(fields, "transport", what);
+  try {
+    h.transport = parseTransportName(transport, "Hello transport");
+  } catch (const std::invalid_argument& e) {
+    throw FrameError(std::string("malformed frame: ") + e.what());
+  }
+  h.token = field<FrameError>(fields, "token", what);
+  return h;
+}
+
+TransportKind selectTransport(const std::string& preference, const PeerDescriptor& self, const PeerDescriptor& peer) {
+  const bool same_host = self.host_id == peer.host_id;
+  const std::string pair = "rank " + std::to_string(self.rank) + " -> rank " + std::to_string(peer.rank);
+  if (preference == "auto") {
+    if (same_host) return TransportKind::Shm;
+    if (self.ibverbs && peer.ibverbs) return TransportKind::Ibverbs;
+    return TransportKind::Tcp;
+  }
+  const TransportKind forced = parseTransportName(preference, "transport");
+  if (forced == TransportKind::Shm && !same_host) {
+    throw CommError("transport shm was requested for " + pair + " but the two ranks are not on the same host");
+  }
+  if (forced == TransportKind::Ibverbs && !(self.ibverbs && peer.ibverbs)) {
+    throw CommError("transport ibverbs was requested for " + pair + " but " +
+                    (self.ibverbs ? "the peer has" : "this host has") + " no active RDMA device");
+  }
+  return forced;
+}
+
+}  // namespace dicomm

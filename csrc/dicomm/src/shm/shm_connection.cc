@@ -1,0 +1,273 @@
+#include "shm/shm_connection.h"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace dicomm {
+
+ShmConnection::ShmConnection(int peer, Socket control, ShmLink link, const Options& options)
+    : peer_(peer),
+      control_(std::move(control)),
+      link_(std::move(link)),
+      eager_bytes_(link_.can_write_peer_memory ? options.shm_eager_bytes : SIZE_MAX),
+      limits_(options.frameLimits()),
+      inbox_(peer, options.frameLimits()) {
+  setNonBlocking(control_.fd());
+}
+
+void ShmConnection::postSend(const RequestPtr& send) {
+  if (closed_) {
+    send->fail(failure_);
+    return;
+  }
+  Outgoing out;
+  out.request = send;
+  out.seq = next_send_seq_++;
+  outgoing_.push_back(std::move(out));
+  pushOutgoing();
+}
+
+void ShmConnection::postRecv(const RequestPtr& recv) {
+  if (closed_) {
+    if (!inbox_.postFromArrived(recv)) recv->fail(failure_);
+    return;
+  }
+  if (auto g = inbox_.post(recv)) grant(*g);
+  pushOutgoing();
+}
+
+bool ShmConnection::progress() {
+  if (closed_) return false;
+  try {
+    bool moved = pollIncoming();
+    moved |= pushOutgoing();
+    return moved;
+  } catch (const FrameError& e) {
+    closeWithError(describe() + " closed: " + e.what());
+  } catch (const std::exception& e) {
+    closeWithError(describe() + " closed: " + e.what());
+  }
+  return true;
+}
+
+bool ShmConnection::pushOutgoing() {
+  bool moved = false;
+  Ring& ring = link_.outbound;
+  while (!control_out_.empty()) {
+    if (!ring.push(control_out_.front(), nullptr)) goto ring_full;
+    control_out_.pop_front();
+    moved = true;
+  }
+  while (!outgoing_.empty()) {
+    Outgoing& out = outgoing_.front();
+    const Request& request = *out.request;
+    FrameHeader h;
+    h.tag = request.tag();
+    h.seq = out.seq;
+    h.total_bytes = request.capacity();
+    if (request.capacity() > eager_bytes_) {
+      h.kind = FrameKind::ReadyToSend;
+      if (!ring.push(h, nullptr)) goto ring_full;
+      awaiting_clear_[out.seq] = out.request;
+      outgoing_.pop_front();
+      moved = true;
+      continue;
+    }
+    h.kind = FrameKind::Data;
+    while (!out.started || out.offset < request.capacity()) {
+      h.offset = out.offset;
+      h.payload_bytes = std::min<uint64_t>(ring.maxPayload(), request.capacity() - out.offset);
+      if (!ring.push(h, request.data() + out.offset)) goto ring_full;
+      out.started = true;
+      out.offset += h.payload_bytes;
+      moved = true;
+    }
+    RequestPtr done = out.request;
+    outgoing_.pop_front();
+    done->complete(done->capacity());
+  }
+ring_full:
+  if (moved) ringBell(link_.peer_bell);
+  return moved;
+}
+
+bool ShmConnection::pollIncoming() {
+  Ring& ring = link_.inbound;
+  bool moved = false;
+  while (!closed_) {
+    uint64_t tail = 0;
+    const uint64_t readable = ring.readable(&tail);
+    if (readable == 0) break;
+    if (readable > ring.capacity() || readable < kFrameHeaderBytes) {
+      throw FrameError("malformed frame: shared ring positions are corrupt (" + std::to_string(readable) +
+                       " bytes readable of " + std::to_string(ring.capacity()) + ")");
+    }
+    uint8_t raw[kFrameHeaderBytes];
+    ring.copyOut(tail, raw, sizeof(raw));
+    const FrameHeader h = decodeFrameHeader(raw, sizeof(raw), limits_);
+    if (h.payload_bytes > ring.maxPayload() || frameFootprint(h.payload_bytes) > readable) {
+      throw FrameError("malformed frame: " + std::string(frameKindName(h.kind)) + " payload of " +
+                       std::to_string(h.payload_bytes) + " bytes overruns the shared ring");
+    }
+    onFrame(h, tail + kFrameHeaderBytes);
+    ring.consume(tail, frameFootprint(h.payload_bytes));
+    moved = true;
+  }
+  return moved;
+}
+
+void ShmConnection::onFrame(const FrameHeader& h, uint64_t payload_position) {
+  switch (h.kind) {
+    case FrameKind::Data: {
+      uint8_t* destination = inbox_.destination(h);
+      if (destination && h.payload_bytes) link_.inbound.copyOut(payload_position, destination, h.payload_bytes);
+      inbox_.landed(h);
+      return;
+    }
+    case FrameKind::ReadyToSend:
+      if (auto g = inbox_.announce(h)) grant(*g);
+      return;
+    case FrameKind::ClearToSend:
+      onClearToSend(h);
+      return;
+    case FrameKind::Done: {
+      RequestPtr recv = inbox_.takeAwaitingDone(h.seq);
+      if (h.flags & kFlagRefused) {
+        recv->fail("rank " + std::to_string(peer_) + " could not write message " + std::to_string(h.seq) +
+                   " into this process (process_vm_writev failed)");
+      } else {
+        recv->complete(h.total_bytes);
+      }
+      return;
+    }
+    default:
+      throw FrameError(std::string("malformed frame: unexpected ") + frameKindName(h.kind) + " frame on a shm ring");
+  }
+}
+
+void ShmConnection::grant(const Inbox::Grant& g) {
+  FrameHeader cts;
+  cts.kind = FrameKind::ClearToSend;
+  cts.tag = g.announcement.tag;
+  cts.seq = g.announcement.seq;
+  cts.total_bytes = g.announcement.total_bytes;
+  if (g.fits) {
+    cts.remote_address = reinterpret_cast<uint64_t>(g.recv->data());
+    inbox_.awaitDone(cts.seq, g.recv);
+  } else {
+    cts.flags = kFlagRefused;
+  }
+  queueControl(cts);
+}
+
+void ShmConnection::onClearToSend(const FrameHeader& h) {
+  auto found = awaiting_clear_.find(h.seq);
+  if (found == awaiting_clear_.end()) {
+    throw FrameError("malformed frame: ClearToSend for message " + std::to_string(h.seq) + " that is not waiting");
+  }
+  RequestPtr send = found->second;
+  awaiting_clear_.erase(found);
+  if (h.flags & kFlagRefused) {
+    send->fail("rank " + std::to_string(peer_) + " refused message " + std::to_string(h.seq) + " of " +
+               std::to_string(send->capacity()) + " bytes (its receive buffer is too small)");
+    return;
+  }
+  if (h.total_bytes != send->capacity()) {
+    throw FrameError("malformed frame: ClearToSend for message " + std::to_string(h.seq) + " names " +
+                     std::to_string(h.total_bytes) + " bytes, the message has " + std::to_string(send->capacity()));
+  }
+  FrameHeader done;
+  done.kind = FrameKind::Done;
+  done.tag = h.tag;
+  done.seq = h.seq;
+  done.total_bytes = h.total_bytes;
+  if (!send->isPending()) {
+    done.flags = kFlagRefused;  // timed out here meanwhile: the buffer may be gone, do not write
+    queueControl(done);
+    return;
+  }
+  try {
+    writeToPeer(*send, h);
+  } catch (const CommError& e) {
+    done.flags = kFlagRefused;
+    queueControl(done);
+    send->fail(e.what());
+    return;
+  }
+  queueControl(done);
+  send->complete(send->capacity());
+}
+
+void ShmConnection::writeToPeer(const Request& send, const FrameHeader& cts) {
+  size_t written = 0;
+  while (written < send.capacity()) {
+    iovec local{send.data() + written, send.capacity() - written};
+    iovec remote{reinterpret_cast<void*>(cts.remote_address + written), send.capacity() - written};
+    const ssize_t n = process_vm_writev(pid_t(link_.peer_pid), &local, 1, &remote, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw CommError("process_vm_writev into rank " + std::to_string(peer_) + " failed: " + std::strerror(errno));
+    }
+    if (n == 0) throw CommError("process_vm_writev into rank " + std::to_string(peer_) + " made no progress");
+    written += size_t(n);
+  }
+}
+
+bool ShmConnection::checkAlive() {
+  if (closed_) return false;
+  char byte;
+  const ssize_t n = ::recv(control_.fd(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    progress();  // deliver what the peer wrote before it went away
+    closeWithError("rank " + std::to_string(peer_) + " is gone (its shm control socket closed; peer exited?)");
+    return false;
+  }
+  if (n > 0) {
+    closeWithError(describe() + " closed: unexpected bytes on the control socket");
+    return false;
+  }
+  return true;
+}
+
+void ShmConnection::expire(Clock::time_point now) {
+  if (closed_) return;
+  if (auto overdue = inbox_.expire(now)) {
+    closeWithError(*overdue);
+    return;
+  }
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    if (it->request->deadline() > now) {
+      ++it;
+    } else if (it->started) {
+      closeWithError("timed out sending a message to rank " + std::to_string(peer_) + " (peer not reading?)");
+      return;
+    } else {
+      it->request->fail("timed out before rank " + std::to_string(peer_) + " accepted the message");
+      it = outgoing_.erase(it);
+    }
+  }
+  for (auto& [seq, send] : awaiting_clear_) {
+    // Stays in the map: a late ClearToSend must still be answered (with a refusal).
+    if (send->deadline() <= now) {
+      send->fail("timed out waiting for rank " + std::to_string(peer_) + " to post the matching receive");
+    }
+  }
+}
+
+void ShmConnection::closeWithError(const std::string& why) {
+  if (closed_) return;
+  closed_ = true;
+  failure_ = why;
+  inbox_.failAll(why);
+  for (auto& out : outgoing_) out.request->fail(why);
+  outgoing_.clear();
+  for (auto& [seq, send] : awaiting_clear_) send->fail(why);
+  awaiting_clear_.clear();
+  control_out_.clear();
+  ::shutdown(control_.fd(), SHUT_RDWR);
+}
+
+}  // namespace dicomm

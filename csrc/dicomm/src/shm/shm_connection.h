@@ -1,0 +1,78 @@
+// One same-host peer. Small messages travel as Data frames through a shared-memory ring;
+// large ones (above shm_eager_bytes) are written once, directly into the receiver's buffer, with
+// process_vm_writev: ReadyToSend -> ClearToSend(address) -> write -> Done. The TCP socket from
+// setup stays open only to notice the peer's death.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <string>
+
+#include "dicomm/inbox.h"
+#include "dicomm/transport.h"
+#include "shm/bell.h"
+#include "shm/ring.h"
+#include "shm/segment.h"
+
+namespace dicomm {
+
+struct ShmLink {
+  SharedSegment inbound_segment;   // created here; the peer produces into it
+  SharedSegment outbound_segment;  // created by the peer; we produce into it
+  SharedSegment peer_bell_segment;
+  Ring inbound;
+  Ring outbound;
+  Bell* peer_bell = nullptr;
+  int64_t peer_pid = 0;
+  bool can_write_peer_memory = false;  // process_vm_writev into the peer works
+};
+
+// Not thread-safe by itself: the shm transport serialises all calls with one lock.
+class ShmConnection : public Connection {
+ public:
+  ShmConnection(int peer, Socket control, ShmLink link, const Options& options);
+
+  void postSend(const RequestPtr& send) override;
+  void postRecv(const RequestPtr& recv) override;
+
+  // Moves frames both ways; true when anything moved.
+  bool progress();
+  // Checks the control socket; false once the peer is gone (the connection is then closed).
+  bool checkAlive();
+  void expire(Clock::time_point now);
+  void closeWithError(const std::string& why);
+  bool closed() const { return closed_; }
+
+ private:
+  struct Outgoing {
+    RequestPtr request;
+    uint64_t seq = 0;
+    uint64_t offset = 0;
+    bool started = false;
+  };
+
+  bool pushOutgoing();
+  bool pollIncoming();
+  void onFrame(const FrameHeader& h, uint64_t payload_position);
+  void grant(const Inbox::Grant& g);
+  void onClearToSend(const FrameHeader& h);
+  void writeToPeer(const Request& send, const FrameHeader& cts);
+  void queueControl(const FrameHeader& h) { control_out_.push_back(h); }
+  std::string describe() const { return "shm connection to rank " + std::to_string(peer_); }
+
+  const int peer_;
+  Socket control_;
+  ShmLink link_;
+  const size_t eager_bytes_;
+  const FrameLimits limits_;
+  Inbox inbox_;
+  std::deque<FrameHeader> control_out_;
+  std::deque<Outgoing> outgoing_;
+  std::map<uint64_t, RequestPtr> awaiting_clear_;
+  uint64_t next_send_seq_ = 0;
+  bool pushed_since_bell_ = false;
+  bool closed_ = false;
+  std::string failure_;
+};
+
+}  // namespace dicomm

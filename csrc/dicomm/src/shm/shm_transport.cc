@@ -1,0 +1,258 @@
+// The same-host transport: per peer, two shared-memory rings (one per direction) plus
+// cross-memory-attach writes for large messages. One lock serialises all shm connections of
+// an endpoint; a waiting thread polls them itself, and a background thread takes over (parked
+// on this process's doorbell) when nobody waits.
+#include <linux/futex.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "shm/shm_connection.h"
+
+namespace dicomm {
+namespace {
+
+constexpr auto kHousekeepingInterval = std::chrono::milliseconds(10);
+constexpr long kParkedSleepNs = 10'000'000;
+constexpr long kWaiterActiveSleepNs = 1'000'000;
+constexpr int kIdleSpinsBeforePark = 64;
+constexpr uint64_t kCmaProbeValue = 0x44434d4150524f42ull;
+
+// Where Yama restricts ptrace to descendants, allow peers (same user) to write into us.
+void allowPeerMemoryWrites() {
+  std::ifstream scope("/proc/sys/kernel/yama/ptrace_scope");
+  int value = 0;
+  if (scope >> value && value == 1) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+}
+
+std::map<std::string, std::string> parseFields(const std::string& text) {
+  std::map<std::string, std::string> fields;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) fields[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return fields;
+}
+
+std::string requireField(const std::map<std::string, std::string>& fields, const std::string& name) {
+  auto found = fields.find(name);
+  if (found == fields.end()) throw CommError("shm setup message lacks field '" + name + "'");
+  return found->second;
+}
+
+uint64_t requireNumber(const std::map<std::string, std::string>& fields, const std::string& name) {
+  const std::string text = requireField(fields, name);
+  try {
+    size_t used = 0;
+    const unsigned long long value = std::stoull(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+    return value;
+  } catch (const std::exception&) {
+    throw CommError("shm setup field '" + name + "'='" + text + "' is not a number");
+  }
+}
+
+class ShmHub : public Progress {
+ public:
+  explicit ShmHub(const Options& options) : options_(options) {
+    bell_segment_ = SharedSegment::create(uniqueSegmentName("bell"), kBellSegmentBytes);
+    bell_ = new (bell_segment_.data()) Bell();
+  }
+
+  bool poll() override {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
+    return progressLocked();
+  }
+  void enterActiveWait() override {
+    active_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    bell_->parked.store(0, std::memory_order_relaxed);
+  }
+  void leaveActiveWait() override { active_waiters_.fetch_sub(1, std::memory_order_seq_cst); }
+
+  bool progressLocked() {
+    bool moved = false;
+    for (auto& c : connections_) moved |= c->progress();
+    return moved;
+  }
+
+  std::shared_ptr<ShmConnection> connect(PeerSetup& setup) {
+    const std::string who = "rank " + std::to_string(setup.peer.rank);
+    ShmLink link;
+    const size_t capacity = options_.shm_ring_bytes;
+    link.inbound_segment = SharedSegment::create(uniqueSegmentName("ring"), ringSegmentBytes(capacity));
+    auto* inbound_control = new (link.inbound_segment.data()) RingControl();
+    inbound_control->head.store(0);
+    inbound_control->tail.store(0);
+    inbound_control->cma_probe.store(0);
+    link.inbound = Ring(link.inbound_segment.data(), capacity);
+
+    std::ostringstream mine;
+    mine << "ring=" << link.inbound_segment.name() << "\nring_bytes=" << capacity << "\nbell="
+         << bell_segment_.name() << "\nprobe_address=" << reinterpret_cast<uint64_t>(&inbound_control->cma_probe)
+         << "\n";
+    FrameHeader hello;
+    hello.kind = FrameKind::Hello;
+    sendFrame(setup.socket.fd(), hello, mine.str(), setup.deadline, who);
+    std::string theirs_text;
+    recvFrame(setup.socket.fd(), &theirs_text, options_.frameLimits(), setup.deadline, who);
+    const auto theirs = parseFields(theirs_text);
+    const uint64_t peer_capacity = requireNumber(theirs, "ring_bytes");
+    if (peer_capacity < 4096 || (peer_capacity & (peer_capacity - 1)) != 0 || peer_capacity > (uint64_t(1) << 30)) {
+      throw CommError(who + " announced an invalid shm ring size " + std::to_string(peer_capacity));
+    }
+    link.outbound_segment = SharedSegment::open(requireField(theirs, "ring"), ringSegmentBytes(peer_capacity));
+    link.outbound = Ring(link.outbound_segment.data(), peer_capacity);
+    link.peer_bell_segment = SharedSegment::open(requireField(theirs, "bell"), kBellSegmentBytes);
+    link.peer_bell = static_cast<Bell*>(link.peer_bell_segment.data());
+    link.peer_pid = setup.peer.pid;
+    const uint64_t peer_probe_address = requireNumber(theirs, "probe_address");
+    link.can_write_peer_memory = options_.shm_cross_memory_attach && probeCrossMemoryWrite(link, peer_probe_address);
+
+    // Both sides have mapped everything: the names can go.
+    FrameHeader mapped;
+    mapped.kind = FrameKind::HelloReply;
+    sendFrame(setup.socket.fd(), mapped, "", setup.deadline, who);
+    std::string ignored;
+    recvFrame(setup.socket.fd(), &ignored, options_.frameLimits(), setup.deadline, who);
+    link.inbound_segment.unlink();
+    bell_segment_.unlink();
+
+    auto connection = std::make_shared<ShmConnection>(setup.peer.rank, std::move(setup.socket), std::move(link), options_);
+    std::lock_guard<std::mutex> lock(mu_);
+    connections_.push_back(connection);
+    return connection;
+  }
+
+  void start() {
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  }
+
+  void shutdown(const std::string& why) {
+    if (stopping_.exchange(true)) return;
+    bell_->rings.fetch_add(1);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell_->rings), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& c : connections_) c->closeWithError(why);
+  }
+
+  std::mutex& mutex() { return mu_; }
+
+ private:
+  static bool probeCrossMemoryWrite(const ShmLink& link, uint64_t peer_probe_address) {
+    uint64_t value = kCmaProbeValue;
+    iovec local{&value, sizeof(value)};
+    iovec remote{reinterpret_cast<void*>(peer_probe_address), sizeof(value)};
+    if (process_vm_writev(pid_t(link.peer_pid), &local, 1, &remote, 1, 0) != ssize_t(sizeof(value))) return false;
+    // The peer's probe word lives in the ring we produce into: our own mapping shows the write.
+    auto* control = static_cast<RingControl*>(link.outbound_segment.data());
+    return control->cma_probe.load() == kCmaProbeValue;
+  }
+
+  void housekeeping() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = Clock::now();
+    for (auto& c : connections_) {
+      if (c->checkAlive()) c->expire(now);
+    }
+  }
+
+  void run() {
+    auto next_housekeeping = Clock::now();
+    int idle = 0;
+    while (!stopping_.load()) {
+      if (Clock::now() >= next_housekeeping) {
+        housekeeping();
+        next_housekeeping = Clock::now() + kHousekeepingInterval;
+      }
+      if (active_waiters_.load() > 0) {
+        // Waiting threads poll; stay out of their way but keep housekeeping going.
+        const uint32_t waiters = active_waiters_.load();
+        timespec ts{0, kWaiterActiveSleepNs};
+        syscall(SYS_futex, reinterpret_cast<uint32_t*>(&active_waiters_), FUTEX_WAIT_PRIVATE, waiters, &ts, nullptr, 0);
+        continue;
+      }
+      if (poll()) {
+        idle = 0;
+        continue;
+      }
+      if (++idle < kIdleSpinsBeforePark) {
+        sched_yield();
+        continue;
+      }
+      idle = 0;
+      bell_->parked.store(1, std::memory_order_seq_cst);
+      const uint32_t rings = bell_->rings.load(std::memory_order_seq_cst);
+      bool moved;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        moved = progressLocked();
+      }
+      if (!moved && !stopping_.load() && active_waiters_.load() == 0) sleepOnBell(bell_, rings, kParkedSleepNs);
+      bell_->parked.store(0, std::memory_order_seq_cst);
+    }
+  }
+
+  const Options options_;
+  SharedSegment bell_segment_;
+  Bell* bell_ = nullptr;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<ShmConnection>> connections_;
+  std::atomic<uint32_t> active_waiters_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// Serialises the user's posts with the hub's polling.
+class LockedShmConnection : public Connection {
+ public:
+  LockedShmConnection(std::shared_ptr<ShmHub> hub, std::shared_ptr<ShmConnection> connection)
+      : hub_(std::move(hub)), connection_(std::move(connection)) {}
+  void postSend(const RequestPtr& send) override {
+    std::lock_guard<std::mutex> lock(hub_->mutex());
+    connection_->postSend(send);
+  }
+  void postRecv(const RequestPtr& recv) override {
+    std::lock_guard<std::mutex> lock(hub_->mutex());
+    connection_->postRecv(recv);
+  }
+
+ private:
+  std::shared_ptr<ShmHub> hub_;
+  std::shared_ptr<ShmConnection> connection_;
+};
+
+class ShmTransport : public Transport {
+ public:
+  explicit ShmTransport(const Options& options) : hub_(std::make_shared<ShmHub>(options)) { allowPeerMemoryWrites(); }
+  ~ShmTransport() override { hub_->shutdown("endpoint closed"); }
+
+  TransportKind kind() const override { return TransportKind::Shm; }
+  std::shared_ptr<Connection> connect(PeerSetup setup) override {
+    return std::make_shared<LockedShmConnection>(hub_, hub_->connect(setup));
+  }
+  void start() override { hub_->start(); }
+  void shutdown(const std::string& why) override { hub_->shutdown(why); }
+  std::shared_ptr<Progress> waiterProgress() override { return hub_; }
+
+ private:
+  std::shared_ptr<ShmHub> hub_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> makeShmTransport(const Options& options) { return std::make_unique<ShmTransport>(options); }
+
+}  // namespace dicomm

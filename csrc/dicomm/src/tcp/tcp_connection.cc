@@ -1,0 +1,204 @@
+#include "tcp/tcp_connection.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace dicomm {
+
+TcpConnection::TcpConnection(int peer, Socket socket, int epoll_fd, const Options& options)
+    : peer_(peer),
+      socket_(std::move(socket)),
+      epoll_fd_(epoll_fd),
+      chunk_bytes_(options.tcp_chunk_bytes),
+      largest_read_threshold_(options.tcp_socket_buffer_bytes / 8),
+      inbox_(peer, options.frameLimits()),
+      reader_(inbox_, options.frameLimits()) {
+  setNonBlocking(socket_.fd());
+  setNoDelay(socket_.fd());
+}
+
+TcpConnection::~TcpConnection() = default;
+
+std::string TcpConnection::describe() const { return "tcp connection to rank " + std::to_string(peer_); }
+
+void TcpConnection::postSend(const RequestPtr& send) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) {
+    send->fail(failure_);
+    return;
+  }
+  Outgoing out;
+  out.request = send;
+  out.seq = next_send_seq_++;
+  outgoing_.push_back(std::move(out));
+  if (outgoing_.size() == 1) flushLocked();
+}
+
+void TcpConnection::postRecv(const RequestPtr& recv) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) {
+    if (!inbox_.postFromArrived(recv)) recv->fail(failure_);
+    return;
+  }
+  inbox_.post(recv);
+}
+
+bool TcpConnection::writeFrontLocked() {
+  Outgoing& out = outgoing_.front();
+  const Request& request = *out.request;
+  while (true) {
+    if (out.header_sent == kFrameHeaderBytes && out.frame_payload_sent == out.frame_payload) {
+      // Previous frame (if any) is out; start the next one unless the message is finished.
+      if (out.started && out.offset == request.capacity()) return true;
+      FrameHeader h;
+      h.kind = FrameKind::Data;
+      h.tag = request.tag();
+      h.seq = out.seq;
+      h.total_bytes = request.capacity();
+      h.offset = out.offset;
+      h.payload_bytes = std::min<uint64_t>(chunk_bytes_, request.capacity() - out.offset);
+      const auto bytes = encodeFrameHeader(h);
+      std::memcpy(out.header, bytes.data(), bytes.size());
+      out.header_sent = 0;
+      out.frame_payload = h.payload_bytes;
+      out.frame_payload_sent = 0;
+      out.started = true;
+    }
+    iovec iov[2];
+    int count = 0;
+    if (out.header_sent < kFrameHeaderBytes) {
+      iov[count++] = {out.header + out.header_sent, kFrameHeaderBytes - out.header_sent};
+    }
+    if (out.frame_payload_sent < out.frame_payload) {
+      iov[count++] = {request.data() + out.offset + out.frame_payload_sent,
+                      size_t(out.frame_payload - out.frame_payload_sent)};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = size_t(count);
+    const ssize_t n = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
+      throw CommError(describe() + " failed while sending: " + std::strerror(errno));
+    }
+    size_t sent = size_t(n);
+    const size_t header_part = std::min(sent, kFrameHeaderBytes - out.header_sent);
+    out.header_sent += header_part;
+    sent -= header_part;
+    out.frame_payload_sent += sent;
+    if (out.header_sent == kFrameHeaderBytes && out.frame_payload_sent == out.frame_payload) {
+      out.offset += out.frame_payload;
+    }
+  }
+}
+
+void TcpConnection::flushLocked() {
+  try {
+    while (!outgoing_.empty()) {
+      if (!writeFrontLocked()) {
+        setWantWriteLocked(true);
+        return;
+      }
+      RequestPtr done = outgoing_.front().request;
+      outgoing_.pop_front();
+      done->complete(done->capacity());
+    }
+    setWantWriteLocked(false);
+  } catch (const std::exception& e) {
+    closeLocked(e.what());
+  }
+}
+
+void TcpConnection::setWantWriteLocked(bool want) {
+  if (want == want_write_ || closed_) return;
+  want_write_ = want;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (want ? uint32_t(EPOLLOUT) : 0u);
+  ev.data.ptr = this;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, socket_.fd(), &ev);
+}
+
+void TcpConnection::onWritable() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!closed_) flushLocked();
+}
+
+void TcpConnection::onReadable() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  try {
+    while (true) {
+      auto [where, size] = reader_.target();
+      const ssize_t n = ::recv(socket_.fd(), where, size, MSG_DONTWAIT);
+      if (n > 0) {
+        reader_.advance(size_t(n));
+        continue;
+      }
+      if (n == 0) {
+        throw CommError("rank " + std::to_string(peer_) + " closed the tcp connection" +
+                        (reader_.atFrameBoundary() ? "" : " in the middle of a frame") + " (peer exited?)");
+      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        setReadThresholdLocked();
+        return;
+      }
+      if (errno == EINTR) continue;
+      throw CommError(describe() + " failed while receiving: " + std::strerror(errno));
+    }
+  } catch (const FrameError& e) {
+    closeLocked(describe() + " closed: " + e.what());
+  } catch (const std::exception& e) {
+    closeLocked(e.what());
+  }
+}
+
+void TcpConnection::setReadThresholdLocked() {
+  // While a large payload streams in, wake only when a sizeable piece can be read at once.
+  const int threshold = int(std::max<uint64_t>(1, std::min<uint64_t>(reader_.payloadLeft(), largest_read_threshold_)));
+  if (threshold == read_threshold_) return;
+  read_threshold_ = threshold;
+  setsockopt(socket_.fd(), SOL_SOCKET, SO_RCVLOWAT, &read_threshold_, sizeof(read_threshold_));
+}
+
+void TcpConnection::expire(Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  if (auto overdue = inbox_.expire(now)) {
+    closeLocked(*overdue);
+    return;
+  }
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    if (it->request->deadline() > now) {
+      ++it;
+    } else if (it->started) {
+      closeLocked("timed out sending a message to rank " + std::to_string(peer_) + " (peer not reading?)");
+      return;
+    } else {
+      it->request->fail("timed out before rank " + std::to_string(peer_) + " accepted the message");
+      it = outgoing_.erase(it);
+    }
+  }
+}
+
+void TcpConnection::closeWithError(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  closeLocked(why);
+}
+
+void TcpConnection::closeLocked(const std::string& why) {
+  if (closed_) return;
+  closed_ = true;
+  failure_ = why;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, socket_.fd(), nullptr);
+  ::shutdown(socket_.fd(), SHUT_RDWR);
+  inbox_.failAll(why);
+  for (auto& out : outgoing_) out.request->fail(why);
+  outgoing_.clear();
+}
+
+}  // namespace dicomm

@@ -1,0 +1,66 @@
+// One peer over a TCP socket: messages leave as Data frames of at most tcp_chunk_bytes, written
+// with writev straight from the user's buffer; arriving payloads are read straight into the
+// matched receive buffer. All socket I/O is non-blocking; the transport's epoll thread drives it.
+#pragma once
+
+#include <deque>
+#include <mutex>
+#include <string>
+
+#include "dicomm/frame_stream.h"
+#include "dicomm/inbox.h"
+#include "dicomm/transport.h"
+
+namespace dicomm {
+
+class TcpConnection : public Connection {
+ public:
+  TcpConnection(int peer, Socket socket, int epoll_fd, const Options& options);
+  ~TcpConnection() override;
+
+  void postSend(const RequestPtr& send) override;
+  void postRecv(const RequestPtr& recv) override;
+
+  int fd() const { return socket_.fd(); }
+  void onReadable();
+  void onWritable();
+  void expire(Clock::time_point now);
+  void closeWithError(const std::string& why);
+
+ private:
+  struct Outgoing {
+    RequestPtr request;
+    uint64_t seq = 0;
+    uint64_t offset = 0;  // payload bytes of the message already handed to the kernel
+    uint8_t header[kFrameHeaderBytes];
+    size_t header_sent = kFrameHeaderBytes;  // == size: no frame in progress
+    uint64_t frame_payload = 0;
+    uint64_t frame_payload_sent = 0;
+    bool started = false;
+  };
+
+  // Writes as much as the socket takes; arms EPOLLOUT when it cannot take everything.
+  void flushLocked();
+  bool writeFrontLocked();  // true when the front message left completely
+  void setWantWriteLocked(bool want);
+  void setReadThresholdLocked();
+  void closeLocked(const std::string& why);
+  std::string describe() const;
+
+  const int peer_;
+  Socket socket_;
+  const int epoll_fd_;
+  const size_t chunk_bytes_;
+  const size_t largest_read_threshold_;  // an eighth of the socket buffer; 0 with kernel autotuning
+  std::mutex mu_;
+  Inbox inbox_;
+  FrameStreamReader reader_;
+  std::deque<Outgoing> outgoing_;
+  uint64_t next_send_seq_ = 0;
+  bool want_write_ = false;
+  int read_threshold_ = 1;
+  bool closed_ = false;
+  std::string failure_;
+};
+
+}  // namespace dicomm

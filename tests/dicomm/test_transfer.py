@@ -1,0 +1,78 @@
+"""Two processes exchange messages over each transport that runs here."""
+import pytest
+
+from multiproc import run_ranks
+
+TRANSPORTS = ["tcp", "shm"]
+# shm without cross-memory attach (as where ptrace is forbidden): large messages use the ring.
+VARIANTS = {"tcp": ("tcp", {}), "shm": ("shm", {}), "shm-ring-only": ("shm", {"DICOMM_SHM_CMA": "0"})}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def exchange(request):
+    transport, env = VARIANTS[request.param]
+    sender, receiver = run_ranks("correctness", transport=transport, env=env)
+    return transport, sender, receiver
+
+
+def test_each_peer_uses_the_requested_transport(exchange):
+    transport, sender, receiver = exchange
+    assert sender["transport"] == receiver["transport"] == transport
+
+
+def test_sizes_from_zero_to_64_mib_arrive_intact_when_the_receive_comes_first(exchange):
+    _, _, receiver = exchange
+    assert receiver["sizes_recv_first"] == [True] * 6
+
+
+def test_sizes_from_zero_to_64_mib_arrive_intact_when_the_send_comes_first(exchange):
+    _, _, receiver = exchange
+    assert receiver["sizes_send_first"] == [True] * 6
+
+
+def test_unaligned_buffers_arrive_intact(exchange):
+    assert exchange[2]["unaligned"] is True
+
+
+def test_a_thousand_outstanding_messages_each_way_complete_without_deadlock(exchange):
+    _, sender, receiver = exchange
+    assert sender["outstanding_count"] >= 1000
+    assert sender["outstanding_both_ways"] and receiver["outstanding_both_ways"]
+
+
+def test_messages_of_one_tag_arrive_in_order_while_tags_interleave(exchange):
+    assert exchange[2]["ordered_per_tag"] is True
+
+
+def test_a_message_too_large_for_its_receive_fails_that_receive_with_a_clear_error(exchange):
+    errors = exchange[2]["truncation_errors"]
+    assert len(errors) == 2
+    for error in errors:
+        assert "does not fit" in error and "receive buffer" in error
+
+
+def test_the_connection_keeps_working_after_a_refused_message(exchange):
+    assert exchange[2]["usable_after_truncation"] is True
+
+
+def test_any_torch_distributed_store_drives_rendezvous():
+    dist = pytest.importorskip("torch.distributed")
+    import datetime
+
+    from _worker import torch_store_exchange
+    from multiproc import finish, start_rank
+
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    peer = start_rank("torch_store", 1, 2, "unused", "shm", port=store.port)
+    assert torch_store_exchange(store, 0, "shm")
+    assert finish(peer)["ok"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_device_buffers_are_staged_through_host_memory_by_the_copy_hooks(transport):
+    sender, receiver = run_ranks("device_staging", transport=transport)
+    size = (1 << 20) + 3
+    assert sender["copies"]["to_host"] == size
+    assert receiver["copies"]["from_host"] == size
+    assert receiver["intact"] is True
