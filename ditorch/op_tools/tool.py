@@ -39,6 +39,10 @@ class OpCall:
         return f"{self.name} ({self.phase}{', in ' + self.module if self.module else ''})"
 
 
+# Ops that are bookkeeping, not computation (the profiler's record_function markers).
+UNTOUCHED_NAMESPACES = frozenset({"profiler"})
+
+
 def returns_alias(func) -> bool:
     """True for views and other ops whose outputs share memory with an input without writing it."""
     return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
@@ -116,7 +120,7 @@ class OpTool(TorchDispatchMode):
     # Dispatch --------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.op_filter.matches_op(func):
+        if func.namespace in UNTOUCHED_NAMESPACES or not self.op_filter.matches_op(func):
             return func(*args, **kwargs)
         node = torch._C._current_autograd_node()
         call = OpCall(func, args, kwargs, qualified_name(func), TRACKER.current_path(),
