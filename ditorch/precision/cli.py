@@ -1,14 +1,16 @@
 """Subcommands of the `ditorch` command line owned by the precision tools:
 `precision-diff` (loss curve against a reference) and `replay` (rerun captured op calls).
 
-Each `add_*_parser(subparsers)` adds one subcommand whose handler is stored as `handler`
-(`args.handler(args)` returns the exit code; user errors are raised as UserError).
+Each `add_*_parser(subparsers)` adds one subcommand; `args.run(args)` (also stored as
+`args.handler`) returns the exit code, printing user errors as one line and returning 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import sys
 
 from ditorch.precision.loss_diff import DEFAULT_THRESHOLD, DEFAULT_WINDOW
 
@@ -48,21 +50,40 @@ def run_precision_diff(args: argparse.Namespace) -> int:
     return 0 if diff.passed else 1
 
 
+def _one_line_errors(prog: str, handler):
+    """The handler, with a UserError printed as `prog: error: message` and turned into exit status 2."""
+    from ditorch.op_tools.errors import UserError
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except UserError as error:
+            print(f"{prog}: error: {error}", file=sys.stderr)
+            return 2
+
+    return run
+
+
 def add_precision_diff_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "precision-diff", help="compare a loss curve with a reference run (the H2 paper's MRE criterion)",
         description="Compare a candidate run's loss curve with a reference run's. Exit 0 when the mean "
                     "relative error is below the threshold, 1 when it is not, 2 on bad input.")
     add_precision_diff_arguments(parser)
+    run = _one_line_errors("ditorch precision-diff", run_precision_diff)
+    parser.set_defaults(run=run, handler=run)
     return parser
 
 
 def add_replay_parser(subparsers) -> argparse.ArgumentParser:
-    from ditorch.op_tools.replay import add_replay_arguments
+    from ditorch.op_tools.replay import add_replay_arguments, run_replay
 
     parser = subparsers.add_parser(
         "replay", help="rerun op calls saved by the capture tool on a device and compare the outputs",
         description="Rerun op calls saved by the capture tool (ditorch.op_tools.OpCapture) and compare "
                     "with the saved outputs. Exit 0 when all match, 1 when some do not, 2 on bad input.")
     add_replay_arguments(parser)
+    run = _one_line_errors("ditorch replay", run_replay)
+    parser.set_defaults(run=run, handler=run)
     return parser
