@@ -71,6 +71,8 @@ def compare_tensors(actual: torch.Tensor, expected: torch.Tensor, rtol: float, a
         if tuple(actual.shape) != tuple(expected.shape):
             return Comparison(math.inf, math.inf, math.nan, False, rtol, atol,
                               f"shape {list(actual.shape)} vs reference {list(expected.shape)}")
+        if actual.dtype == expected.dtype and actual.device == expected.device and torch.equal(actual, expected):
+            return Comparison(0.0, 0.0, 1.0, True, rtol, atol)  # bit-identical (NaN never equals itself)
         exact = not (actual.is_floating_point() or actual.is_complex())
         wide = torch.complex128 if (actual.is_complex() or expected.is_complex()) else torch.float64
         a = actual.detach().to("cpu", wide)
