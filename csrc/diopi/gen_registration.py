@@ -1,0 +1,231 @@
+"""Generate the PrivateUse1 kernels of the DIOPI operator table (diopi_table.yaml).
+
+Usage: python gen_registration.py TABLE.yaml OUTPUT.cpp
+
+Each table entry becomes one C++ wrapper registered for aten::<op> on PrivateUse1. The wrapper
+asks the loaded vendor for the DIOPI function, computes the output shapes with the operator's
+Meta kernel, allocates the outputs on the device, converts every argument to its DIOPI form and
+calls the vendor; when the vendor lacks the function, declines the call or an argument cannot be
+expressed in DIOPI, it runs the CPU fallback instead. Signatures come from torchgen (shipped with
+torch), so the wrappers match the dispatcher exactly.
+"""
+import re
+import sys
+from pathlib import Path
+
+import yaml
+import torch
+from torchgen import local
+from torchgen.api.types import DispatcherSignature
+from torchgen.model import BaseTy, BaseType, FunctionSchema, ListType, OptionalType
+
+
+class TableError(Exception):
+    pass
+
+
+def load_schema(aten_name: str) -> FunctionSchema:
+    name, _, overload = aten_name.partition(".")
+    try:
+        schema = torch._C._get_schema(f"aten::{name}", overload)
+    except RuntimeError as exc:
+        raise TableError(f"aten operator '{aten_name}' does not exist in torch {torch.__version__}") from exc
+    text = str(schema).removeprefix("aten::")
+    return FunctionSchema.parse(text)
+
+
+def check_registrable(aten_name: str) -> None:
+    full = f"aten::{aten_name}"
+    has = lambda key: torch._C._dispatch_has_kernel_for_dispatch_key(full, key)
+    if not has("Meta"):
+        raise TableError(f"'{aten_name}' has no Meta kernel, so its output shapes cannot be computed")
+    if has("CompositeImplicitAutograd") and not has("CPU"):
+        raise TableError(f"'{aten_name}' is CompositeImplicitAutograd: register the operators it decomposes into")
+
+
+def is_tensor(ty) -> bool:
+    return isinstance(ty, BaseType) and ty.name == BaseTy.Tensor
+
+
+def is_optional_tensor(ty) -> bool:
+    return isinstance(ty, OptionalType) and is_tensor(ty.elem)
+
+
+def is_tensor_list(ty) -> bool:
+    return isinstance(ty, ListType) and is_tensor(ty.elem)
+
+
+def return_names(schema: FunctionSchema) -> list[str]:
+    if schema.name.name.inplace or schema.arguments.out:
+        return []
+    names = [r.name for r in schema.returns]
+    if len(names) == 1 and names[0] is None:
+        return ["out"]
+    return [name or f"out{i}" for i, name in enumerate(names)]
+
+
+def diopi_argument(token: str, arguments: dict, outputs: set) -> str:
+    if token == "ctx":
+        return "call.context()"
+    if token in outputs:
+        return f"call.output({token})"
+    argument = arguments.get(token)
+    if argument is None:
+        if re.fullmatch(r"[A-Za-z_]\w*", token):
+            raise TableError(f"'{token}' is neither an argument nor an output of the operator")
+        return token  # a C++ expression written in the table
+    ty = argument.type
+    if is_tensor(ty):
+        return f"call.output({token})" if argument.is_write else f"call.input({token})"
+    if is_optional_tensor(ty):
+        return f"call.input({token})"
+    if is_tensor_list(ty):
+        return f"call.inputs({token})"
+    text = str(ty)
+    if text == "Scalar":
+        return f"call.scalar({token})"
+    if text.startswith("int[") or text.startswith("SymInt["):
+        return f"call.size({token})"
+    if text == "SymInt":
+        return f"{token}.guard_int(__FILE__, __LINE__)"
+    if text == "float?":
+        return f"call.optional_double({token})"
+    if text in ("int", "float", "bool"):
+        return token
+    raise TableError(f"argument '{token}' of type {text} has no DIOPI conversion")
+
+
+def split_call(call: str) -> tuple[str, list[str]]:
+    match = re.fullmatch(r"\s*(\w+)\s*\((.*)\)\s*", call)
+    if not match:
+        raise TableError(f"'{call}' is not a call like diopiFoo(ctx, out, self)")
+    return match.group(1), [token.strip() for token in match.group(2).split(",")]
+
+
+def meta_argument(argument) -> str:
+    ty = argument.type
+    if is_tensor(ty) or is_optional_tensor(ty) or is_tensor_list(ty):
+        return f"meta_{argument.name}"
+    return argument.name
+
+
+def generate_wrapper(entry: dict) -> tuple[str, str]:
+    aten_name = entry["aten"]
+    check_registrable(aten_name)
+    schema = load_schema(aten_name)
+    signature = DispatcherSignature.from_schema(schema)
+    wrapper_name = f"diopi_{schema.name.unambiguous_name()}"
+    ops_struct = f"at::_ops::{schema.name.unambiguous_name()}"
+    arguments = {a.name: a for a in schema.arguments.flat_all}
+    outputs = return_names(schema)
+    diopi_name, tokens = split_call(entry["diopi"])
+    converted = ", ".join(diopi_argument(t, arguments, set(outputs)) for t in tokens)
+
+    tensor_args = [a for a in schema.arguments.flat_all
+                   if is_tensor(a.type) or is_optional_tensor(a.type) or is_tensor_list(a.type)]
+    names = [a.name for a in schema.arguments.flat_all]
+    first_tensor = next(a.name for a in tensor_args if not is_optional_tensor(a.type))
+    lines = [
+        f"// {schema}",
+        signature.defn(name=wrapper_name) + " {",
+        f'  static dipu::diopi::OpSlot slot("aten::{aten_name}", "{diopi_name}");',
+        f"  dipu::diopi::Call call(slot, {first_tensor});",
+        f"  auto function = reinterpret_cast<decltype(&::{diopi_name})>(call.function());",
+        f"  if (function != nullptr && call.accepts({', '.join(a.name for a in tensor_args)})) {{",
+    ]
+    for a in tensor_args:
+        lines.append(f"    auto meta_{a.name} = dipu::diopi::to_meta({a.name});")
+    meta_call = f"{ops_struct}::call({', '.join(meta_argument(a) for a in schema.arguments.flat_all)})"
+    if len(outputs) == 1:
+        lines.append(f"    auto {outputs[0]} = call.empty_like({meta_call});")
+    elif outputs:
+        lines.append(f"    auto meta_result = {meta_call};")
+        for i, name in enumerate(outputs):
+            lines.append(f"    auto {name} = call.empty_like(std::get<{i}>(meta_result));")
+    else:
+        lines.append(f"    {meta_call};")
+    for a in schema.arguments.out:
+        lines.append(f"    call.resize_output({a.name}, meta_{a.name});")
+    if len(outputs) == 1:
+        result = outputs[0]
+    elif outputs:
+        result = f"{signature.returns_type().cpp_type()}({', '.join(outputs)})"
+    elif schema.arguments.out:
+        names_out = [a.name for a in schema.arguments.out]
+        result = names_out[0] if len(names_out) == 1 else f"{signature.returns_type().cpp_type()}({', '.join(names_out)})"
+    else:
+        result = schema.arguments.self_arg.argument.name
+    lines += [
+        f"    if (call.finish(function({converted}))) {{",
+        f"      return {result};",
+        "    }",
+        "  }",
+        f"  return at::native::call_fallback_fn_symint<&dipu::aten::cpu_fallback, {ops_struct}>::call("
+        f"{', '.join(names)});",
+        "}",
+    ]
+    registration = f'  m.impl("{aten_name}", TORCH_FN({wrapper_name}));'
+    return "\n".join(lines), registration
+
+
+def generate(table_path: str) -> str:
+    with open(table_path) as f:
+        table = yaml.safe_load(f)
+    wrappers, registrations = [], []
+    for index, entry in enumerate(table):
+        wrapper, registration = generate_entry(table_path, index, entry)
+        wrappers.append(wrapper)
+        registrations.append(registration)
+    return render(table_path, wrappers, registrations)
+
+
+def uses_tensor_list_ref(aten_name: str) -> bool:
+    """Structured operators take Tensor[] as ITensorListRef; the generated operator header says which."""
+    header = Path(torch.__file__).parent / "include" / "ATen" / "ops" / f"{aten_name.split('.')[0].rstrip('_')}_ops.h"
+    return "ITensorListRef" in header.read_text()
+
+
+def generate_entry(table_path: str, index: int, entry: dict) -> tuple[str, str]:
+    try:
+        with local.parametrize(use_const_ref_for_mutable_tensors=False,
+                               use_ilistref_for_tensor_lists=uses_tensor_list_ref(entry["aten"])):
+            return generate_wrapper(entry)
+    except (TableError, KeyError, StopIteration) as exc:
+        raise SystemExit(f"{table_path}: entry {index} ({entry.get('aten', '?')}): {exc}")
+
+
+def render(table_path: str, wrappers: list, registrations: list) -> str:
+    return "\n".join([
+        f"// Generated from {table_path.rsplit('/', 1)[-1]} by gen_registration.py. Do not edit.",
+        "#include <ATen/Operators.h>",
+        "#include <ATen/native/CPUFallback.h>",
+        "#include <torch/library.h>",
+        "",
+        "#include <diopi/diopi.h>",
+        "",
+        '#include "aten/cpu_fallback.h"',
+        '#include "aten/diopi_call.h"',
+        "",
+        "namespace {",
+        "",
+        "\n\n".join(wrappers),
+        "",
+        "}  // namespace",
+        "",
+        "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {",
+        *registrations,
+        "}",
+        "",
+    ])
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: gen_registration.py TABLE.yaml OUTPUT.cpp")
+    source = generate(sys.argv[1])
+    with open(sys.argv[2], "w") as f:
+        f.write(source)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,427 @@
+// The host vendor's DIOPI kernels: each runs the CPU's own ATen kernel on views of the operands,
+// then applies the emulated chip's precision behaviour, and is paced to its relative speed.
+#include <ATen/ops/_log_softmax.h>
+#include <ATen/ops/_log_softmax_backward_data.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/_softmax.h>
+#include <ATen/ops/_softmax_backward_data.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/addcdiv.h>
+#include <ATen/ops/addcmul.h>
+#include <ATen/ops/lerp.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/embedding_dense_backward.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/mean.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/neg.h>
+#include <ATen/ops/nll_loss_backward.h>
+#include <ATen/ops/nll_loss_forward.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/rsqrt.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/silu_backward.h>
+#include <ATen/ops/sqrt.h>
+#include <ATen/ops/sub.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/where.h>
+
+#include <string>
+#include <vector>
+
+#include <diopi/diopi.h>
+
+#include "host_device.h"
+#include "tensor_view.h"
+
+namespace dipu::host {
+namespace {
+
+thread_local std::string last_error;
+
+// Runs one kernel: paced to the profile's speed, exceptions turned into diopiErrorOccurred.
+template <typename Kernel>
+diopiError_t run(Kernel&& kernel) {
+  try {
+    PacedKernel paced;
+    kernel();
+    return diopiSuccess;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return diopiErrorOccurred;
+  }
+}
+
+// Applies the profile's output rounding when it lists this DIOPI function.
+void emulate_precision(const char* function, const at::Tensor& output) {
+  const Profile& profile = device_profile();
+  if (profile.round_output_ops.count(function) != 0) round_mantissa(output, profile.round_output_mantissa_bits);
+}
+
+at::Tensor view(diopiConstTensorHandle_t operand) { return tensor_view(operand); }
+
+std::optional<at::Tensor> optional_view(diopiConstTensorHandle_t operand) {
+  if (operand == nullptr) return std::nullopt;
+  return tensor_view(operand);
+}
+
+std::optional<double> optional_double(const double* value) {
+  return value == nullptr ? std::nullopt : std::optional<double>(*value);
+}
+
+}  // namespace
+}  // namespace dipu::host
+
+using namespace dipu::host;
+
+extern "C" {
+
+const char* diopiGetLastError(void) { return last_error.c_str(); }
+
+diopiError_t diopiMm(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                     diopiConstTensorHandle_t mat2) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::mm_out(result, view(input), view(mat2));
+    emulate_precision("diopiMm", result);
+  });
+}
+
+diopiError_t diopiBmm(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiConstTensorHandle_t mat2) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::bmm_out(result, view(input), view(mat2));
+    emulate_precision("diopiBmm", result);
+  });
+}
+
+diopiError_t diopiAddmm(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                        diopiConstTensorHandle_t mat1, diopiConstTensorHandle_t mat2, const diopiScalar_t* beta,
+                        const diopiScalar_t* alpha) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::addmm_out(result, view(input), view(mat1), view(mat2), to_scalar(beta), to_scalar(alpha));
+    emulate_precision("diopiAddmm", result);
+  });
+}
+
+diopiError_t diopiAdd(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiConstTensorHandle_t other, const diopiScalar_t* alpha) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::add_out(result, view(input), view(other), to_scalar(alpha));
+    emulate_precision("diopiAdd", result);
+  });
+}
+
+diopiError_t diopiAddInp(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t other,
+                         const diopiScalar_t* alpha) {
+  return run([&] {
+    at::Tensor self = view(input);
+    self.add_(view(other), to_scalar(alpha));
+    emulate_precision("diopiAddInp", self);
+  });
+}
+
+diopiError_t diopiSub(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiConstTensorHandle_t other, const diopiScalar_t* alpha) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::sub_out(result, view(input), view(other), to_scalar(alpha));
+    emulate_precision("diopiSub", result);
+  });
+}
+
+diopiError_t diopiMul(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiConstTensorHandle_t other) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::mul_out(result, view(input), view(other));
+    emulate_precision("diopiMul", result);
+  });
+}
+
+diopiError_t diopiMulInp(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t other) {
+  return run([&] {
+    at::Tensor self = view(input);
+    self.mul_(view(other));
+    emulate_precision("diopiMulInp", self);
+  });
+}
+
+diopiError_t diopiDiv(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiConstTensorHandle_t other) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::div_out(result, view(input), view(other));
+    emulate_precision("diopiDiv", result);
+  });
+}
+
+diopiError_t diopiDivInp(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t other) {
+  return run([&] {
+    at::Tensor self = view(input);
+    self.div_(view(other));
+    emulate_precision("diopiDivInp", self);
+  });
+}
+
+diopiError_t diopiNeg(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::neg_out(result, view(input));
+  });
+}
+
+diopiError_t diopiPowTensorScalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                                  const diopiScalar_t* exponent) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::pow_out(result, view(input), to_scalar(exponent));
+    emulate_precision("diopiPowTensorScalar", result);
+  });
+}
+
+diopiError_t diopiRsqrt(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::rsqrt_out(result, view(input));
+    emulate_precision("diopiRsqrt", result);
+  });
+}
+
+diopiError_t diopiSqrt(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::sqrt_out(result, view(input));
+    emulate_precision("diopiSqrt", result);
+  });
+}
+
+diopiError_t diopiExp(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::exp_out(result, view(input));
+    emulate_precision("diopiExp", result);
+  });
+}
+
+diopiError_t diopiWhere(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t condition,
+                        diopiConstTensorHandle_t input, diopiConstTensorHandle_t other) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::where_out(result, view(condition), view(input), view(other));
+  });
+}
+
+diopiError_t diopiMaskedFillInp(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t mask,
+                                const diopiScalar_t* value) {
+  return run([&] { view(input).masked_fill_(view(mask), to_scalar(value)); });
+}
+
+diopiError_t diopiFill(diopiContextHandle_t, diopiTensorHandle_t input, const diopiScalar_t* value) {
+  return run([&] { view(input).fill_(to_scalar(value)); });
+}
+
+diopiError_t diopiAddcmul(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
+                          const diopiScalar_t* value) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::addcmul_out(result, view(input), view(tensor1), view(tensor2), to_scalar(value));
+    emulate_precision("diopiAddcmul", result);
+  });
+}
+
+diopiError_t diopiAddcdiv(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
+                          const diopiScalar_t* value) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::addcdiv_out(result, view(input), view(tensor1), view(tensor2), to_scalar(value));
+    emulate_precision("diopiAddcdiv", result);
+  });
+}
+
+diopiError_t diopiLerpScalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                             diopiConstTensorHandle_t end, const diopiScalar_t* weight) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::lerp_out(result, view(input), view(end), to_scalar(weight));
+    emulate_precision("diopiLerpScalar", result);
+  });
+}
+
+diopiError_t diopiCopyInp(diopiContextHandle_t, diopiConstTensorHandle_t src, diopiTensorHandle_t dest) {
+  return run([&] { view(dest).copy_(view(src)); });
+}
+
+diopiError_t diopiSilu(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::silu_out(result, view(input));
+    emulate_precision("diopiSilu", result);
+  });
+}
+
+diopiError_t diopiSiluBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                               diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input) {
+  return run([&] {
+    at::Tensor result = view(grad_input);
+    at::silu_backward_out(result, view(grad_output), view(input));
+    emulate_precision("diopiSiluBackward", result);
+  });
+}
+
+diopiError_t diopiSoftmax(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          int64_t dim) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::Tensor self = view(input);
+    at::_softmax_out(result, self, dim, result.scalar_type() != self.scalar_type());
+    emulate_precision("diopiSoftmax", result);
+  });
+}
+
+diopiError_t diopiSoftmaxBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output,
+                                  int64_t dim) {
+  return run([&] {
+    at::Tensor result = view(grad_input);
+    at::_softmax_backward_data_out(result, view(grad_output), view(output), dim, result.scalar_type());
+    emulate_precision("diopiSoftmaxBackward", result);
+  });
+}
+
+diopiError_t diopiLogSoftmax(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                             int64_t dim) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::Tensor self = view(input);
+    at::_log_softmax_out(result, self, dim, result.scalar_type() != self.scalar_type());
+    emulate_precision("diopiLogSoftmax", result);
+  });
+}
+
+diopiError_t diopiLogSoftmaxBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                                     diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output,
+                                     int64_t dim) {
+  return run([&] {
+    at::Tensor result = view(grad_input);
+    at::_log_softmax_backward_data_out(result, view(grad_output), view(output), dim, result.scalar_type());
+    emulate_precision("diopiLogSoftmaxBackward", result);
+  });
+}
+
+diopiError_t diopiSum(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiSize_t dim, bool keepdim) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::sum_out(result, view(input), to_dims(dim), keepdim);
+    emulate_precision("diopiSum", result);
+  });
+}
+
+diopiError_t diopiMean(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                       diopiSize_t dim, bool keepdim) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::mean_out(result, view(input), to_dims(dim), keepdim);
+    emulate_precision("diopiMean", result);
+  });
+}
+
+diopiError_t diopiIndexSelect(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                              int64_t dim, diopiConstTensorHandle_t index) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::index_select_out(result, view(input), dim, view(index));
+  });
+}
+
+diopiError_t diopiCat(diopiContextHandle_t, diopiTensorHandle_t out, const diopiConstTensorHandle_t* tensors,
+                      int64_t num_tensors, int64_t dim) {
+  return run([&] {
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(num_tensors);
+    for (int64_t i = 0; i < num_tensors; ++i) inputs.push_back(view(tensors[i]));
+    at::Tensor result = view(out);
+    at::cat_out(result, inputs, dim);
+  });
+}
+
+diopiError_t diopiEmbeddingBackward(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t grad,
+                                    diopiConstTensorHandle_t indices, int64_t num_weights, int64_t padding_idx,
+                                    bool scale_grad_by_freq) {
+  return run([&] {
+    at::Tensor result = view(out);
+    result.copy_(at::embedding_dense_backward(view(grad), view(indices), num_weights, padding_idx, scale_grad_by_freq));
+    emulate_precision("diopiEmbeddingBackward", result);
+  });
+}
+
+diopiError_t diopiNLLLoss(diopiContextHandle_t, diopiTensorHandle_t out, diopiTensorHandle_t total_weight,
+                          diopiConstTensorHandle_t input, diopiConstTensorHandle_t target,
+                          diopiConstTensorHandle_t weight, int64_t reduction, int64_t ignore_index) {
+  return run([&] {
+    at::Tensor result = view(out);
+    at::Tensor weights_total = view(total_weight);
+    at::nll_loss_forward_out(result, weights_total, view(input), view(target), optional_view(weight), reduction,
+                             ignore_index);
+    emulate_precision("diopiNLLLoss", result);
+  });
+}
+
+diopiError_t diopiNLLLossBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                  diopiConstTensorHandle_t target, diopiConstTensorHandle_t weight, int64_t reduction,
+                                  int64_t ignore_index, diopiConstTensorHandle_t total_weight) {
+  return run([&] {
+    at::Tensor result = view(grad_input);
+    at::nll_loss_backward_out(result, view(grad_output), view(input), view(target), optional_view(weight), reduction,
+                              ignore_index, view(total_weight));
+    emulate_precision("diopiNLLLossBackward", result);
+  });
+}
+
+diopiError_t diopiFlashAttention(diopiContextHandle_t, diopiTensorHandle_t out, diopiTensorHandle_t logsumexp,
+                                 diopiConstTensorHandle_t query, diopiConstTensorHandle_t key,
+                                 diopiConstTensorHandle_t value, double dropout_p, bool is_causal,
+                                 diopiConstTensorHandle_t attn_mask, const double* scale) {
+  return run([&] {
+    auto [output, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+        view(query), view(key), view(value), dropout_p, is_causal, optional_view(attn_mask), optional_double(scale));
+    at::Tensor result = view(out);
+    result.copy_(output);
+    view(logsumexp).copy_(lse);
+    emulate_precision("diopiFlashAttention", result);
+  });
+}
+
+diopiError_t diopiFlashAttentionBackward(diopiContextHandle_t, diopiTensorHandle_t grad_query,
+                                         diopiTensorHandle_t grad_key, diopiTensorHandle_t grad_value,
+                                         diopiConstTensorHandle_t grad_out, diopiConstTensorHandle_t query,
+                                         diopiConstTensorHandle_t key, diopiConstTensorHandle_t value,
+                                         diopiConstTensorHandle_t out, diopiConstTensorHandle_t logsumexp,
+                                         double dropout_p, bool is_causal, diopiConstTensorHandle_t attn_mask,
+                                         const double* scale) {
+  return run([&] {
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        view(grad_out), view(query), view(key), view(value), view(out), view(logsumexp), dropout_p, is_causal,
+        optional_view(attn_mask), optional_double(scale));
+    at::Tensor results[] = {view(grad_query), view(grad_key), view(grad_value)};
+    results[0].copy_(dq);
+    results[1].copy_(dk);
+    results[2].copy_(dv);
+    for (auto& result : results) emulate_precision("diopiFlashAttentionBackward", result);
+  });
+}
+
+}  // extern "C"

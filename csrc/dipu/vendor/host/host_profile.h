@@ -1,0 +1,29 @@
+// The chip a host vendor emulates: read from DIPU_HOST_PROFILE (a built-in profile name or a
+// YAML file path). Built-in profiles are YAML files installed in host_profiles/ next to the
+// vendor library.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+namespace dipu::host {
+
+struct Profile {
+  std::string name = "default";
+  std::string description;
+  int32_t device_count = 2;
+  uint64_t memory_capacity = 16ull << 30;
+  double relative_speed = 1.0;  // kernels take (1 / relative_speed) times the host's time
+  bool host_accessible = true;
+  // DIOPI functions whose floating-point outputs are rounded to round_output_mantissa_bits.
+  std::set<std::string> round_output_ops;
+  int32_t round_output_mantissa_bits = 23;
+};
+
+// Reads the profile that DIPU_HOST_PROFILE names; throws std::runtime_error with a one-line
+// message naming the file and field when it is malformed.
+Profile load_profile_from_environment(const std::string& builtin_profile_dir);
+Profile parse_profile_file(const std::string& path);
+
+}  // namespace dipu::host

@@ -1,0 +1,290 @@
+// The built-in host vendor: implements the DIPU vendor runtime ABI on the host CPU, emulating the
+// chip described by DIPU_HOST_PROFILE. Work is executed eagerly at submission, so every stream is
+// idle as soon as a call returns; events record the time of their submission.
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <map>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "../dipu_vendor.h"
+#include "device_memory.h"
+#include "host_device.h"
+
+struct dipuStream_st {
+  int32_t device;
+};
+
+struct dipuEvent_st {
+  std::chrono::steady_clock::time_point time;
+  bool recorded = false;
+};
+
+namespace dipu::host {
+namespace {
+
+thread_local std::string last_error_message;
+thread_local int32_t current_device = 0;
+
+std::string library_directory() {
+  Dl_info info{};
+  dladdr(reinterpret_cast<void*>(&library_directory), &info);
+  std::string path = info.dli_fname ? info.dli_fname : "";
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+struct DeviceState {
+  Profile profile;
+  std::string error;  // non-empty when the profile could not be loaded
+};
+
+const DeviceState& state() {
+  static const DeviceState loaded = [] {
+    DeviceState s;
+    try {
+      s.profile = load_profile_from_environment(library_directory() + "/host_profiles");
+      DeviceMemory::instance().configure(s.profile.device_count, s.profile.memory_capacity,
+                                         s.profile.host_accessible);
+    } catch (const std::exception& e) {
+      s.error = e.what();
+    }
+    return s;
+  }();
+  return loaded;
+}
+
+dipuError_t fail(dipuError_t error, const std::string& message) {
+  last_error_message = message;
+  return error;
+}
+
+dipuError_t ready() {
+  const DeviceState& s = state();
+  return s.error.empty() ? dipuSuccess : fail(dipuErrorInitialization, s.error);
+}
+
+bool valid_device(int32_t device) { return device >= 0 && device < state().profile.device_count; }
+
+std::mutex pinned_mutex;
+std::map<uintptr_t, size_t> pinned_blocks;
+
+// Resolves a copy's source and destination to addresses the vendor may touch.
+dipuError_t resolve_copy(void*& dst, const void*& src, dipuMemcpyKind_t kind) {
+  auto& memory = DeviceMemory::instance();
+  bool dst_on_device = kind == dipuMemcpyHostToDevice || kind == dipuMemcpyDeviceToDevice;
+  bool src_on_device = kind == dipuMemcpyDeviceToHost || kind == dipuMemcpyDeviceToDevice;
+  if (dst_on_device) {
+    dst = memory.vendor_view(dst);
+    if (dst == nullptr) return fail(dipuErrorInvalidValue, "memcpy destination is not device memory");
+  }
+  if (src_on_device) {
+    src = memory.vendor_view(src);
+    if (src == nullptr) return fail(dipuErrorInvalidValue, "memcpy source is not device memory");
+  }
+  return dipuSuccess;
+}
+
+}  // namespace
+
+const Profile& device_profile() {
+  const DeviceState& s = state();
+  if (!s.error.empty()) throw std::runtime_error(s.error);
+  return s.profile;
+}
+
+void* kernel_view(const void* ptr) {
+  void* view = DeviceMemory::instance().vendor_view(ptr);
+  if (view == nullptr) throw std::runtime_error("kernel operand is not in device memory");
+  return view;
+}
+
+PacedKernel::PacedKernel() : start_(std::chrono::steady_clock::now()) {}
+
+PacedKernel::~PacedKernel() {
+  double speed = state().profile.relative_speed;
+  if (speed >= 1.0) return;
+  auto elapsed = std::chrono::steady_clock::now() - start_;
+  auto target = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(elapsed / speed);
+  std::this_thread::sleep_until(target);
+}
+
+}  // namespace dipu::host
+
+using dipu::host::DeviceMemory;
+using dipu::host::fail;
+using dipu::host::ready;
+using dipu::host::state;
+
+extern "C" {
+
+const char* dipuVendorName(void) { return "host"; }
+
+int32_t dipuVendorAbiVersion(void) { return DIPU_VENDOR_ABI_VERSION; }
+
+const char* dipuGetErrorString(dipuError_t error) {
+  switch (error) {
+    case dipuSuccess: return "success";
+    case dipuErrorInvalidValue: return "invalid value";
+    case dipuErrorInvalidDevice: return "invalid device";
+    case dipuErrorOutOfMemory: return "out of device memory";
+    case dipuErrorNotReady: return "not ready";
+    case dipuErrorInitialization: return "initialization failed";
+    default: return "unknown error";
+  }
+}
+
+const char* dipuGetLastErrorMessage(void) { return dipu::host::last_error_message.c_str(); }
+
+dipuError_t dipuGetDeviceCount(int32_t* count) {
+  if (auto error = ready()) return error;
+  *count = state().profile.device_count;
+  return dipuSuccess;
+}
+
+dipuError_t dipuSetDevice(int32_t device) {
+  if (auto error = ready()) return error;
+  if (!dipu::host::valid_device(device)) return fail(dipuErrorInvalidDevice, "no device " + std::to_string(device));
+  dipu::host::current_device = device;
+  return dipuSuccess;
+}
+
+dipuError_t dipuGetDevice(int32_t* device) {
+  *device = dipu::host::current_device;
+  return dipuSuccess;
+}
+
+dipuError_t dipuGetDeviceProperties(int32_t device, dipuDeviceProperties_t* properties) {
+  if (auto error = ready()) return error;
+  if (!dipu::host::valid_device(device)) return fail(dipuErrorInvalidDevice, "no device " + std::to_string(device));
+  const auto& profile = state().profile;
+  std::memset(properties, 0, sizeof(*properties));
+  std::snprintf(properties->name, sizeof(properties->name), "host-emulated (%s)", profile.name.c_str());
+  properties->total_memory = profile.memory_capacity;
+  properties->compute_units = static_cast<int32_t>(std::thread::hardware_concurrency());
+  properties->host_accessible = profile.host_accessible ? 1 : 0;
+  properties->relative_speed = profile.relative_speed;
+  properties->major = 1;
+  properties->minor = 0;
+  return dipuSuccess;
+}
+
+dipuError_t dipuMemGetInfo(int32_t device, size_t* free_bytes, size_t* total_bytes) {
+  if (auto error = ready()) return error;
+  if (!dipu::host::valid_device(device)) return fail(dipuErrorInvalidDevice, "no device " + std::to_string(device));
+  auto& memory = DeviceMemory::instance();
+  *total_bytes = memory.capacity();
+  *free_bytes = memory.capacity() - memory.used(device);
+  return dipuSuccess;
+}
+
+dipuError_t dipuDeviceSynchronize(void) { return ready(); }
+
+dipuError_t dipuMalloc(void** ptr, size_t size) {
+  if (auto error = ready()) return error;
+  *ptr = DeviceMemory::instance().allocate(dipu::host::current_device, size);
+  if (*ptr == nullptr) return fail(dipuErrorOutOfMemory, "device memory capacity exceeded");
+  return dipuSuccess;
+}
+
+dipuError_t dipuFree(void* ptr) {
+  if (ptr == nullptr) return dipuSuccess;
+  if (!DeviceMemory::instance().release(ptr)) return fail(dipuErrorInvalidValue, "free of a non-device pointer");
+  return dipuSuccess;
+}
+
+dipuError_t dipuMallocHost(void** ptr, size_t size) {
+  *ptr = std::aligned_alloc(64, (size + 63) / 64 * 64 + 64);
+  if (*ptr == nullptr) return fail(dipuErrorOutOfMemory, "pinned host allocation failed");
+  std::lock_guard lock(dipu::host::pinned_mutex);
+  dipu::host::pinned_blocks[reinterpret_cast<uintptr_t>(*ptr)] = size;
+  return dipuSuccess;
+}
+
+dipuError_t dipuFreeHost(void* ptr) {
+  if (ptr == nullptr) return dipuSuccess;
+  std::lock_guard lock(dipu::host::pinned_mutex);
+  if (dipu::host::pinned_blocks.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+    return fail(dipuErrorInvalidValue, "free of a non-pinned pointer");
+  }
+  std::free(ptr);
+  return dipuSuccess;
+}
+
+int32_t dipuIsPinnedHostPointer(const void* ptr) {
+  std::lock_guard lock(dipu::host::pinned_mutex);
+  auto address = reinterpret_cast<uintptr_t>(ptr);
+  auto it = dipu::host::pinned_blocks.upper_bound(address);
+  if (it == dipu::host::pinned_blocks.begin()) return 0;
+  --it;
+  return address < it->first + it->second ? 1 : 0;
+}
+
+dipuError_t dipuMemset(void* device_ptr, int32_t value, size_t size) {
+  void* view = DeviceMemory::instance().vendor_view(device_ptr);
+  if (view == nullptr) return fail(dipuErrorInvalidValue, "memset of a non-device pointer");
+  std::memset(view, value, size);
+  return dipuSuccess;
+}
+
+dipuError_t dipuMemcpy(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind) {
+  if (size == 0) return dipuSuccess;
+  if (auto error = dipu::host::resolve_copy(dst, src, kind)) return error;
+  std::memmove(dst, src, size);
+  return dipuSuccess;
+}
+
+dipuError_t dipuMemcpyAsync(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind, dipuStream_t) {
+  return dipuMemcpy(dst, src, size, kind);
+}
+
+dipuError_t dipuStreamCreate(dipuStream_t* stream) {
+  *stream = new dipuStream_st{dipu::host::current_device};
+  return dipuSuccess;
+}
+
+dipuError_t dipuStreamDestroy(dipuStream_t stream) {
+  delete stream;
+  return dipuSuccess;
+}
+
+dipuError_t dipuStreamSynchronize(dipuStream_t) { return dipuSuccess; }
+
+dipuError_t dipuStreamQuery(dipuStream_t) { return dipuSuccess; }
+
+dipuError_t dipuStreamWaitEvent(dipuStream_t, dipuEvent_t) { return dipuSuccess; }
+
+dipuError_t dipuEventCreate(dipuEvent_t* event) {
+  *event = new dipuEvent_st{};
+  return dipuSuccess;
+}
+
+dipuError_t dipuEventDestroy(dipuEvent_t event) {
+  delete event;
+  return dipuSuccess;
+}
+
+dipuError_t dipuEventRecord(dipuEvent_t event, dipuStream_t) {
+  event->time = std::chrono::steady_clock::now();
+  event->recorded = true;
+  return dipuSuccess;
+}
+
+dipuError_t dipuEventSynchronize(dipuEvent_t) { return dipuSuccess; }
+
+dipuError_t dipuEventQuery(dipuEvent_t) { return dipuSuccess; }
+
+dipuError_t dipuEventElapsedTime(float* milliseconds, dipuEvent_t start, dipuEvent_t end) {
+  if (!start->recorded || !end->recorded) return fail(dipuErrorInvalidValue, "event was never recorded");
+  *milliseconds = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  return dipuSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,112 @@
+"""The `ditorch` command.
+
+  ditorch info          torch version and the accelerators present (CUDA, the dipu vendor and devices)
+  ditorch conformance   OpInfo samples of the DIOPI table's operators on dipu against the CPU
+
+Errors a user can fix are one line on stderr and exit status 2.
+"""
+import argparse
+import os
+import sys
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
+
+
+def _dipu_lines() -> list[str]:
+    import torch
+
+    import ditorch.dipu as dipu
+
+    lines = [f"dipu: vendor {dipu.vendor_name()} ({dipu._C._vendor_path()}), {torch.dipu.device_count()} device(s)"]
+    for index in range(torch.dipu.device_count()):
+        p = torch.dipu.get_device_properties(index)
+        access = "host-accessible" if p.host_accessible else "not host-accessible"
+        lines.append(f"  dipu:{index} {p.name}: {_gib(p.total_memory)}, {access}, relative speed {p.relative_speed:g}")
+    return lines
+
+
+def command_info(args) -> int:
+    import torch
+
+    print(f"torch {torch.__version__}")
+    print(f"cuda: {'available, ' + str(torch.cuda.device_count()) + ' device(s)' if torch.cuda.is_available() else 'not available'}")
+    try:
+        for line in _dipu_lines():
+            print(line)
+    except Exception as exc:  # the vendor may fail to load; info still reports the rest
+        print(f"dipu: not loadable ({str(exc).splitlines()[0]})")
+    return 0
+
+
+def _parse_dtypes(text: str):
+    import torch
+
+    dtypes = []
+    for name in text.split(","):
+        dtype = getattr(torch, name.strip(), None)
+        if not isinstance(dtype, torch.dtype):
+            raise UsageError(f"--dtypes: '{name.strip()}' is not a torch dtype")
+        dtypes.append(dtype)
+    return tuple(dtypes)
+
+
+def command_conformance(args) -> int:
+    if args.profile:
+        os.environ["DIPU_HOST_PROFILE"] = args.profile
+    if args.vendor:
+        os.environ["DIPU_VENDOR"] = args.vendor
+    from ditorch.dipu import conformance
+
+    dtypes = _parse_dtypes(args.dtypes) if args.dtypes else conformance.DEFAULT_DTYPES
+    ops = [name.strip() for name in args.ops.split(",")] if args.ops else None
+    import ditorch.dipu as dipu
+
+    print(f"conformance of vendor {dipu.vendor_name()} (profile {conformance.profile_name()}) against the CPU")
+    results = conformance.run_conformance(ops=ops, dtypes=dtypes, max_samples=args.max_samples)
+    for result in results:
+        print(conformance.format_result(result))
+    failed = [r for r in results if not r.passed]
+    print(f"summary: {len(results) - len(failed)} passed, {len(failed)} failed of {len(results)} operators"
+          + (f"; failed: {', '.join(r.opinfo for r in failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ditorch", description="DiTorch device tools")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands.add_parser("info", help="torch version and accelerators present").set_defaults(run=command_info)
+    conformance = commands.add_parser("conformance", help="check DIOPI kernels against the CPU with OpInfo samples")
+    conformance.add_argument("--vendor", help="vendor name or library path (default: DIPU_VENDOR or host)")
+    conformance.add_argument("--profile", help="host vendor emulation profile: built-in name or YAML path")
+    conformance.add_argument("--ops", help="comma-separated ATen or OpInfo names (default: the whole table)")
+    conformance.add_argument("--dtypes", help="comma-separated dtypes (default: float32,float64,bfloat16,float16,int64,bool)")
+    conformance.add_argument("--max-samples", type=int, default=16, help="samples per operator and dtype")
+    conformance.set_defaults(run=command_conformance)
+    return parser
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+    except UsageError as exc:
+        print(f"ditorch: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # DipuError and vendor/profile failures surface as RuntimeError
+        print(f"ditorch: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

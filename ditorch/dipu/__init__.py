@@ -1,0 +1,63 @@
+"""DIPU: the "dipu" PyTorch device (PrivateUse1) backed by a vendor runtime loaded at run time.
+
+Importing this package registers the device: torch.device("dipu"), the torch.dipu module,
+Tensor.dipu() / Tensor.is_dipu and Module.dipu(). The vendor library is chosen by DIPU_VENDOR (a
+vendor name such as "host", or a path to a shared library) or by use_vendor(), and is opened at
+the first use of the device. Operators run through the vendor's DIOPI kernels when it has them and
+through the CPU otherwise (see fallback_counts()). Must not import h2, heteropp or dicomm.
+"""
+import os
+
+import torch
+
+from ditorch.dipu import _C
+from ditorch.dipu import device as _device_module
+from ditorch.dipu.errors import DipuError
+from ditorch.dipu.fallback import (
+    fallback_counts,
+    fallback_logging,
+    force_fallback,
+    forced_fallback,
+    reset_fallback_counts,
+    set_fallback_logging,
+)
+from ditorch.dipu.table import TableEntry, diopi_table
+from ditorch.dipu.vendor import available_vendors, resolve_vendor, use_vendor, vendor_name
+
+BACKEND_NAME = "dipu"
+
+__all__ = [
+    "BACKEND_NAME",
+    "DipuError",
+    "TableEntry",
+    "available_vendors",
+    "diopi_table",
+    "fallback_counts",
+    "fallback_logging",
+    "force_fallback",
+    "forced_fallback",
+    "reset_fallback_counts",
+    "resolve_vendor",
+    "set_fallback_logging",
+    "use_vendor",
+    "vendor_name",
+]
+
+
+def _register_backend() -> None:
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", BACKEND_NAME):
+        raise DipuError(f"PrivateUse1 is already registered as '{current}'; dipu cannot take it")
+    if current != BACKEND_NAME:
+        torch.utils.rename_privateuse1_backend(BACKEND_NAME)
+    if not hasattr(torch, BACKEND_NAME):
+        torch._register_device_module(BACKEND_NAME, _device_module)
+    if not hasattr(torch.Tensor, BACKEND_NAME):
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+        )
+
+
+if not _C._vendor_loaded():
+    use_vendor(os.environ.get("DIPU_VENDOR") or "host")
+_register_backend()

@@ -1,0 +1,226 @@
+"""The torch.dipu module: devices, streams, events, random state and memory of the dipu device,
+shaped like torch.cuda so that code written for one reads the same on the other."""
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ditorch.dipu import _C
+
+_BACKEND = "dipu"
+_PRIVATEUSE1_DEVICE_TYPE = 20  # c10::DeviceType::PrivateUse1
+
+
+def _index(device=None) -> int:
+    """Device index from None (current), an int, a string like "dipu:1" or a torch.device."""
+    if device is None:
+        return _C._current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != _BACKEND:
+        raise ValueError(f"expected a dipu device, got {device}")
+    return _C._current_device() if device.index is None else device.index
+
+
+# ---- devices ----
+
+def is_available() -> bool:
+    try:
+        return _C._device_count() > 0
+    except RuntimeError:
+        return False
+
+
+def is_initialized() -> bool:
+    return _C._vendor_loaded()
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return _C._device_count()
+
+
+def current_device() -> int:
+    return _C._current_device()
+
+
+def set_device(device) -> None:
+    _C._set_device(_index(device))
+
+
+def synchronize(device=None) -> None:
+    _C._synchronize(_index(device))
+
+
+class device:
+    """Context manager making a dipu device current inside its block."""
+
+    def __init__(self, device):
+        self.index = _index(device)
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = _C._current_device()
+        _C._set_device(self.index)
+
+    def __exit__(self, *exc):
+        _C._set_device(self.previous)
+        return False
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    name: str
+    total_memory: int
+    compute_units: int
+    host_accessible: bool
+    relative_speed: float
+    major: int
+    minor: int
+
+
+def get_device_properties(device=None) -> DeviceProperties:
+    return DeviceProperties(**_C._device_properties(_index(device)))
+
+
+def get_device_name(device=None) -> str:
+    return get_device_properties(device).name
+
+
+def get_amp_supported_dtype() -> list:
+    return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported() -> bool:
+    return True
+
+
+# ---- streams and events ----
+
+class Stream:
+    """Creates a dipu stream (a torch.Stream): work queued on it runs in order."""
+
+    def __new__(cls, device=None, priority=0) -> torch.Stream:
+        return torch.Stream(device=torch.device(_BACKEND, _index(device)), priority=priority)
+
+
+class Event:
+    """Creates a dipu event (a torch.Event): marks a point in a stream; elapsed_time() measures
+    between two."""
+
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False) -> torch.Event:
+        return torch.Event(device=_BACKEND, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(_index(device))
+
+
+def default_stream(device=None) -> torch.Stream:
+    return torch.Stream(stream_id=0, device_index=_index(device), device_type=_PRIVATEUSE1_DEVICE_TYPE)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(stream: torch.Stream):
+    """Make `stream` current on its device inside the block."""
+    if stream is None:
+        yield
+        return
+    previous = current_stream(stream.device_index)
+    set_stream(stream)
+    try:
+        yield
+    finally:
+        set_stream(previous)
+
+
+# ---- random numbers ----
+
+def default_generator(device=None) -> torch.Generator:
+    return _C._default_generator(_index(device))
+
+
+def manual_seed(seed: int) -> None:
+    default_generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for index in range(device_count()):
+        default_generator(index).manual_seed(int(seed))
+
+
+def seed() -> int:
+    return default_generator().seed()
+
+
+def seed_all() -> None:
+    for index in range(device_count()):
+        default_generator(index).seed()
+
+
+def initial_seed() -> int:
+    return default_generator().initial_seed()
+
+
+def get_rng_state(device=None) -> torch.Tensor:
+    return default_generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device=None) -> None:
+    default_generator(device).set_state(new_state)
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(index) for index in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    for index, state in enumerate(new_states):
+        set_rng_state(state, index)
+
+
+# ---- memory ----
+
+def memory_stats(device=None) -> dict:
+    """Caching-allocator statistics: {allocated_bytes, reserved_bytes, ...: {current, peak, allocated, freed}}."""
+    return _C._memory_stats(_index(device))
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes held by live tensors (each rounded up to the allocator's 512-byte blocks)."""
+    return memory_stats(device)["allocated_bytes"]["current"]
+
+
+def max_memory_allocated(device=None) -> int:
+    return memory_stats(device)["allocated_bytes"]["peak"]
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes obtained from the vendor: live tensors plus cached free blocks."""
+    return memory_stats(device)["reserved_bytes"]["current"]
+
+
+def max_memory_reserved(device=None) -> int:
+    return memory_stats(device)["reserved_bytes"]["peak"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _C._reset_peak_memory_stats(_index(device))
+
+
+def empty_cache() -> None:
+    """Return cached free blocks to the vendor."""
+    _C._empty_cache()
+
+
+def mem_get_info(device=None) -> tuple:
+    """(free, total) bytes of the device as the vendor reports them."""
+    return tuple(_C._mem_get_info(_index(device)))
