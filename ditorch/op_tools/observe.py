@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from ditorch.op_tools.tensors import describe_tensors, open_output
+from ditorch.op_tools.tensors import describe_tensors, device_of, open_output
 from ditorch.op_tools.tool import OpCall, OpTool
 
 
@@ -33,11 +33,13 @@ class OpObserve(OpTool):
     def handle(self, call: OpCall):
         out = call.run()
         record = {"index": call.index, "op": call.name, "phase": call.phase, "module": call.module,
+                  "device": str(device_of((call.args, call.kwargs))),
                   "inputs": describe_tensors((call.args, call.kwargs)), "outputs": describe_tensors(out)}
         self.calls += 1
         if self.keep_records:
             self.records.append(record)
-        line = (f"{record['index']:>6} {record['phase']:<8} {record['op']:<40} {record['module'] or '-':<40} "
+        line = (f"{record['index']:>6} {record['phase']:<8} {record['device']:<7} {record['op']:<40} "
+                f"{record['module'] or '-':<40} "
                 f"{record['inputs']} -> {record['outputs']}")
         if self._log:
             self._log.write(line + "\n")
