@@ -14,16 +14,20 @@ from ditorch.op_tools.replay import main as replay
 MODULE = "ditorch.op_tools.replay"
 
 
+def in_first_layer(call) -> bool:
+    return call.module.startswith("Transformer.layers.0.")
+
+
 def capture_mm(tmp_path, **options) -> OpCapture:
     model, tokens = build_tiny(), tiny_batch()
-    with OpCapture(str(tmp_path / "capture"), "mm", report=None, **options) as capture:
+    with OpCapture(str(tmp_path / "capture"), "mm", predicate=in_first_layer, report=None, **options) as capture:
         training_step(model, tokens)
     return capture
 
 
 def test_capture_saves_forward_and_backward_calls_with_metadata(tmp_path):
     capture = capture_mm(tmp_path)
-    assert len(capture.saved) == 29 + 58  # one mm per linear forward; two per linear in backward
+    assert len(capture.saved) == 7 + 14  # 7 linear layers: one mm each forward, two each in backward
     metas = [json.load(open(os.path.join(folder, "meta.json"))) for folder in capture.saved]
     assert {m["phase"] for m in metas} == {"forward", "backward"}
     first = metas[0]
@@ -65,22 +69,24 @@ def test_replay_captured_in_place_op_with_memory_format_argument(tmp_path):
     assert replay([str(tmp_path / "c")]) == 0
 
 
-def test_bad_capture_folders_are_rejected_with_exit_2(tmp_path, cli):
+def test_bad_capture_folders_are_rejected_with_exit_2(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = cli(MODULE, str(empty))
-    assert result.returncode == 2 and "holds no captured op calls" in result.stderr
+    assert replay([str(empty)]) == 2 and "holds no captured op calls" in capsys.readouterr().err
     broken = empty / "000000_mm_forward"
     broken.mkdir()
     (broken / "meta.json").write_text('{"format": 1, "op": "aten.nonexistent_op.default"}')
     (broken / "call.pt").write_bytes(b"not a torch file")
-    result = cli(MODULE, str(empty))
-    assert result.returncode == 2 and "call.pt: cannot load" in result.stderr
-    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert replay([str(empty)]) == 2 and "call.pt: cannot load" in capsys.readouterr().err
     torch.save({"args": (), "kwargs": {}, "outputs": None}, broken / "call.pt")
-    result = cli(MODULE, str(empty))
-    assert result.returncode == 2 and "no operator aten.nonexistent_op.default" in result.stderr
+    assert replay([str(empty)]) == 2 and "no operator aten.nonexistent_op.default" in capsys.readouterr().err
+    assert replay([str(tmp_path / "missing")]) == 2 and "no such folder" in capsys.readouterr().err
+    (broken / "meta.json").write_text('{"format": 1, "op": "aten.mm.default"}')
+    assert replay([str(empty), "--device", "nosuchdevice"]) == 2
+    assert "--device nosuchdevice" in capsys.readouterr().err
+
+
+def test_bad_input_is_one_line_without_traceback_from_the_command_line(tmp_path, cli):
     result = cli(MODULE, str(tmp_path / "missing"))
     assert result.returncode == 2 and "no such folder" in result.stderr
-    result = cli(MODULE, str(empty), "--device", "nosuchdevice")
-    assert result.returncode == 2 and "--device nosuchdevice" in result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1

@@ -32,15 +32,19 @@ def test_replay_subcommand_is_registered(tmp_path, capsys):
     assert "holds no captured op calls" in capsys.readouterr().err
 
 
-def test_ditorch_command_line_has_precision_diff_and_replay(tmp_path, cli):
+def test_ditorch_command_line_has_precision_diff_and_replay(tmp_path, capsys):
+    from ditorch.cli import main as ditorch
+
     reference, perturbed = tmp_path / "r.jsonl", tmp_path / "p.csv"
     reference.write_text("".join(json.dumps({"step": s, "loss": 3.0 - 0.01 * s}) + "\n" for s in range(1, 31)))
     perturbed.write_text("step,loss\n" + "".join(f"{s},{(3.0 - 0.01 * s) * 1.02}\n" for s in range(1, 31)))
-    same = cli("ditorch.cli", "precision-diff", "--reference", str(reference), "--candidate", str(reference))
-    assert same.returncode == 0 and "PASS: MRE 0.0000%" in same.stdout
-    off = cli("ditorch.cli", "precision-diff", "--reference", str(reference), "--candidate", str(perturbed))
-    assert off.returncode == 1 and "FAIL: MRE 2.0000%" in off.stdout
-    bad = cli("ditorch.cli", "precision-diff", "--reference", str(reference), "--candidate", str(tmp_path / "none"))
-    assert bad.returncode == 2 and bad.stderr.startswith("ditorch precision-diff: error:")
-    replay = cli("ditorch.cli", "replay", str(tmp_path))
-    assert replay.returncode == 2 and "holds no captured op calls" in replay.stderr
+    assert ditorch(["precision-diff", "--reference", str(reference), "--candidate", str(reference)]) == 0
+    assert "PASS: MRE 0.0000%" in capsys.readouterr().out
+    assert ditorch(["precision-diff", "--reference", str(reference), "--candidate", str(perturbed)]) == 1
+    assert "FAIL: MRE 2.0000%" in capsys.readouterr().out
+    assert ditorch(["precision-diff", "--reference", str(reference), "--candidate", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.startswith("ditorch precision-diff: error:")
+    assert ditorch(["precision-diff", "--reference", str(reference)]) == 2
+    assert "--candidate" in capsys.readouterr().err
+    assert ditorch(["replay", str(tmp_path)]) == 2
+    assert "holds no captured op calls" in capsys.readouterr().err

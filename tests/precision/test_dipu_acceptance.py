@@ -72,11 +72,13 @@ def test_module_compare_names_the_first_matmul_module_on_lowprec(lowprec_run):
     assert result["module_first"] == ["Transformer.layers.0.attn.q_proj", "output"]
 
 
-def test_calls_captured_on_lowprec_replay_with_a_mismatch_on_the_cpu(lowprec_run, cli):
+def test_calls_captured_on_lowprec_replay_with_a_mismatch_on_the_cpu(lowprec_run, cli, capsys):
+    from ditorch.op_tools.replay import main as replay
+
     _, capture = lowprec_run
-    on_cpu = cli("ditorch.op_tools.replay", capture, "--device", "cpu")
-    assert on_cpu.returncode == 1, on_cpu.stdout + on_cpu.stderr
-    assert "MISMATCH" in on_cpu.stdout and "replayed 3 op calls on cpu" in on_cpu.stdout
+    assert replay([capture, "--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "replayed 3 op calls on cpu" in out
     on_lowprec = cli("ditorch.op_tools.replay", capture, "--device", "dipu", env={"DIPU_HOST_PROFILE": "lowprec"})
     assert on_lowprec.returncode == 0, on_lowprec.stdout + on_lowprec.stderr
 

@@ -80,14 +80,16 @@ def test_steps_compares_only_the_first_n_reference_steps(reference, tmp_path, ca
     assert precision_diff(["--reference", reference, "--candidate", candidate]) == 1
 
 
-def test_run_folder_of_the_h2_trainer_is_accepted(tmp_path, cli):
+def test_run_folder_of_the_h2_trainer_is_accepted(tmp_path, capsys):
+    from h2.model.config import preset
+    from h2.train import TrainConfig
+    from h2.train.trainer import train
+
     run = tmp_path / "run"
-    trained = cli("h2.cli", "train", "--preset", "tiny", "--steps", "2", "--seq-len", "16",
-                  "--micro-batch-size", "2", "--out", str(run), "--quiet")
-    assert trained.returncode == 0, trained.stderr
-    result = cli(MODULE, "--reference", str(run), "--candidate", str(run / "metrics.jsonl"))
-    assert result.returncode == 0, result.stderr
-    assert "aligned steps 1..2 (2 steps)" in result.stdout and "PASS: MRE 0.0000%" in result.stdout
+    train(preset("tiny"), TrainConfig(steps=2, seq_len=16, micro_batch_size=2), str(run), show_progress=False)
+    assert precision_diff(["--reference", str(run), "--candidate", str(run / "metrics.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "aligned steps 1..2 (2 steps)" in out and "PASS: MRE 0.0000%" in out
 
 
 def test_plot_is_a_png_file(reference, tmp_path):
