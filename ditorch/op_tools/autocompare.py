@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import math
 import re
-import sys
 from typing import TextIO
 
 import torch
@@ -16,8 +15,8 @@ import torch
 from ditorch.op_tools.compare import Comparison, Tolerances, compare_tensors
 from ditorch.op_tools.converted_call import written_arguments
 from ditorch.op_tools.op_filter import name_forms
-from ditorch.op_tools.tensors import (copy_to, describe_tensors, hidden, map_devices, map_tensors, open_output,
-                                      tensors_of)
+from ditorch.op_tools.tensors import (STDERR, copy_to, describe_tensors, hidden, map_devices, map_tensors,
+                                      open_output, tensors_of)
 from ditorch.op_tools.tool import OpCall, OpTool, is_random, returns_alias
 
 # Ops whose result depends on accumulation order or intermediate precision.
@@ -52,7 +51,7 @@ class OpAutoCompare(OpTool):
 
     def __init__(self, ops=None, *, csv_path: str | None = None, tolerances: Tolerances | None = None,
                  upcast: dict | None = None, reference_device: str = "cpu", raise_on_mismatch: bool = False,
-                 report: TextIO | None = sys.stderr, **filters):
+                 report: TextIO | None = STDERR, **filters):
         super().__init__(ops, **filters)
         self.csv_path = csv_path
         self.tolerances = tolerances or Tolerances()

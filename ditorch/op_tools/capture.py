@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+import pickle
+import shutil
 from typing import TextIO
 
 import torch
 from torch.utils._pytree import tree_map
 
-from ditorch.op_tools.tensors import copy_to, describe_tensors, device_of, map_tensors
-from ditorch.op_tools.tool import OpCall, OpTool, returns_alias
+from ditorch.op_tools.tensors import STDERR, copy_to, describe_tensors, device_of, map_tensors
+from ditorch.op_tools.tool import OpCall, OpTool, is_random, returns_alias
 
 FORMAT_VERSION = 1
 CALL_FILE = "call.pt"
@@ -43,23 +44,25 @@ def decode_leaves(value):
 
 class OpCapture(OpTool):
     """out_dir: where call folders go. max_calls: stop saving after this many (default no limit).
-    Views are not captured (they compute nothing)."""
+    Views (they compute nothing) and random ops (a replay cannot reproduce them) are not captured."""
 
     tool_name = "capture"
 
     def __init__(self, out_dir: str, ops=None, *, max_calls: int | None = None,
-                 report: TextIO | None = sys.stderr, **filters):
+                 report: TextIO | None = STDERR, **filters):
         super().__init__(ops, **filters)
         self.out_dir = out_dir
         self.max_calls = max_calls
         self.report = report
         self.saved: list[str] = []
+        self.unsaved: dict[str, str] = {}  # op -> why its calls could not be saved
 
     def on_start(self) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
 
     def handle(self, call: OpCall):
-        if returns_alias(call.func) or (self.max_calls is not None and len(self.saved) >= self.max_calls):
+        if (returns_alias(call.func) or is_random(call.func, call.args, call.kwargs)
+                or (self.max_calls is not None and len(self.saved) >= self.max_calls)):
             return call.run()
         inputs = map_tensors(lambda t: copy_to(t, "cpu"), (call.args, call.kwargs))
         out = call.run()
@@ -67,7 +70,13 @@ class OpCapture(OpTool):
         packet = call.func._schema.name.split("::", 1)[-1]
         folder = os.path.join(self.out_dir, f"{call.index:06d}_{packet}_{call.phase}")
         os.makedirs(folder, exist_ok=True)
-        torch.save(encode_leaves({"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}), os.path.join(folder, CALL_FILE))
+        try:
+            torch.save(encode_leaves({"args": inputs[0], "kwargs": inputs[1], "outputs": outputs}),
+                       os.path.join(folder, CALL_FILE))
+        except (TypeError, AttributeError, RuntimeError, pickle.PicklingError) as error:  # an unpicklable argument
+            shutil.rmtree(folder, ignore_errors=True)
+            self.unsaved[call.name] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+            return out
         meta = {"format": FORMAT_VERSION, "op": call.name, "index": call.index, "phase": call.phase,
                 "module": call.module, "device": str(device_of((call.args, call.kwargs))),
                 "inputs": describe_tensors((call.args, call.kwargs)), "outputs": describe_tensors(out),
@@ -80,3 +89,5 @@ class OpCapture(OpTool):
     def on_stop(self) -> None:
         if self.report is not None:
             print(f"capture: {len(self.saved)} op calls saved in {self.out_dir}", file=self.report)
+            for op, reason in self.unsaved.items():
+                print(f"  not saved: {op} ({reason})", file=self.report)

@@ -3,12 +3,12 @@ call's inputs had, so the rest of the program sees the dtypes it expects."""
 
 from __future__ import annotations
 
-import sys
 from typing import TextIO
 
 import torch
 
 from ditorch.op_tools.converted_call import run_converted
+from ditorch.op_tools.tensors import STDERR
 from ditorch.op_tools.tool import OpCall, OpTool, returns_alias
 
 DEFAULT_CASTS = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
@@ -30,7 +30,7 @@ class OpDtypeCast(OpTool):
     tool_name = "dtype cast"
 
     def __init__(self, ops=None, *, casts: dict[torch.dtype, torch.dtype] | None = None,
-                 report: TextIO | None = sys.stderr, **filters):
+                 report: TextIO | None = STDERR, **filters):
         super().__init__(ops, **filters)
         self.casts = DEFAULT_CASTS if casts is None else dict(casts)
         self.report = report

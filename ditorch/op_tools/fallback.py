@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from typing import TextIO
 
 import torch
 
 from ditorch.op_tools.converted_call import run_converted
-from ditorch.op_tools.tensors import device_of, map_devices
+from ditorch.op_tools.tensors import STDERR, device_of, map_devices
 from ditorch.op_tools.tool import OpCall, OpTool, returns_alias
 
 CPU = torch.device("cpu")
@@ -20,7 +19,7 @@ class OpFallback(OpTool):
 
     tool_name = "fallback"
 
-    def __init__(self, ops=None, *, report: TextIO | None = sys.stderr, **filters):
+    def __init__(self, ops=None, *, report: TextIO | None = STDERR, **filters):
         super().__init__(ops, **filters)
         self.report = report
         self.counts: dict[str, int] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from ditorch.op_tools.tensors import describe_tensors, device_of, open_output
+from ditorch.op_tools.tensors import STDERR, describe_tensors, device_of, open_output
 from ditorch.op_tools.tool import OpCall, OpTool
 
 
@@ -16,7 +16,7 @@ class OpObserve(OpTool):
     tool_name = "observe"
 
     def __init__(self, ops=None, *, log_path: str | None = None, stream: TextIO | None = None,
-                 keep_records: bool = True, report: TextIO | None = sys.stderr, **filters):
+                 keep_records: bool = True, report: TextIO | None = STDERR, **filters):
         super().__init__(ops, **filters)
         self.log_path = log_path
         self.stream = stream

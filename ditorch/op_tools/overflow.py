@@ -5,12 +5,11 @@ statistics. Later calls that only propagate non-finite inputs are not origins.""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import TextIO
 
 import torch
 
-from ditorch.op_tools.tensors import format_stats, hidden, tensor_stats, tensors_of
+from ditorch.op_tools.tensors import STDERR, format_stats, hidden, tensor_stats, tensors_of
 from ditorch.op_tools.tool import OpCall, OpTool, returns_alias
 
 
@@ -44,7 +43,7 @@ class OpOverflowCheck(OpTool):
     tool_name = "overflow check"
 
     def __init__(self, ops=None, *, range_dtype: torch.dtype | None = None, raise_on_overflow: bool = False,
-                 max_events: int = 100, report: TextIO | None = sys.stderr, **filters):
+                 max_events: int = 100, report: TextIO | None = STDERR, **filters):
         super().__init__(ops, **filters)
         self.limit = torch.finfo(range_dtype).max if range_dtype is not None else None
         self.range_name = str(range_dtype).replace("torch.", "") if range_dtype is not None else None

@@ -4,6 +4,7 @@ copies that op tools make without being seen by other active tools."""
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
@@ -12,6 +13,19 @@ from torch.utils._python_dispatch import _disable_current_modes
 _SHORT_DTYPES = {torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
                  torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
                  torch.bool: "bool", torch.complex64: "c64", torch.complex128: "c128"}
+
+
+class _CurrentStderr:
+    """sys.stderr as it is when written to (not when a tool was created): the default report stream."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+STDERR = _CurrentStderr()
 
 
 def hidden():

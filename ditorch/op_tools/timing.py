@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import sys
 import time
 from typing import TextIO
 
-from ditorch.op_tools.tensors import describe_tensors, device_of, open_output, synchronize
+from ditorch.op_tools.tensors import STDERR, describe_tensors, device_of, open_output, synchronize
 from ditorch.op_tools.tool import OpCall, OpTool
 
 CSV_FIELDS = ["index", "op", "phase", "module", "inputs", "device", "time_ms"]
@@ -29,7 +28,7 @@ class OpTotal:
 class OpTimeMeasure(OpTool):
     tool_name = "time measure"
 
-    def __init__(self, ops=None, *, csv_path: str | None = None, report: TextIO | None = sys.stderr, **filters):
+    def __init__(self, ops=None, *, csv_path: str | None = None, report: TextIO | None = STDERR, **filters):
         super().__init__(ops, **filters)
         self.csv_path = csv_path
         self.report = report
