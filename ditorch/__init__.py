@@ -2,6 +2,9 @@
 
 Owns: vendor detection and adapters, the DIPU device ("dipu", PrivateUse1) bindings, op-level
 precision tools and the loss-curve precision diff. Must not import h2, heteropp or dicomm.
+
+Importing ditorch registers nothing: `import ditorch.dipu` registers the dipu device (see
+ditorch.dipu), and the `ditorch` command lives in ditorch.cli.
 """
 
 from ditorch.op_tools import environment as _op_tools_environment  # cheap: no torch import

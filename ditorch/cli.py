@@ -79,8 +79,8 @@ def command_conformance(args) -> int:
     for result in results:
         print(conformance.format_result(result))
     failed = [r for r in results if not r.passed]
-    print(f"summary: {len(results) - len(failed)} passed, {len(failed)} failed of {len(results)} operators"
-          + (f"; failed: {', '.join(r.opinfo for r in failed)}" if failed else ""))
+    print(f"summary: {len(results) - len(failed)} passed, {len(failed)} failed of {len(results)} table entries"
+          + (f"; failed: {', '.join(r.entry.aten for r in failed)}" if failed else ""))
     return 1 if failed else 0
 
 

@@ -9,7 +9,9 @@ calls the vendor; when the vendor lacks the function, declines the call or an ar
 expressed in DIOPI, it runs the CPU fallback instead. Signatures come from torchgen (shipped with
 torch), so the wrappers match the dispatcher exactly.
 """
+import functools
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +24,9 @@ from torchgen.model import BaseTy, BaseType, FunctionSchema, ListType, OptionalT
 
 class TableError(Exception):
     pass
+
+
+META_HEADERS_USED: set = set()
 
 
 def load_schema(aten_name: str) -> FunctionSchema:
@@ -109,6 +114,36 @@ def meta_argument(argument) -> str:
     return argument.name
 
 
+def meta_function(schema: FunctionSchema) -> str:
+    """The C++ Meta kernel (at::meta::...) when torch exports one, else the dispatcher's Meta
+    entry, which torch may have replaced with a slower Python registration."""
+    name = schema.name.name
+    header = ops_header(str(name.base))
+    function = f"{name.base}_outf" if schema.arguments.out else f"{name.base}{'_' if name.inplace else ''}"
+    text = header.read_text() if header.is_file() else ""
+    for candidate in (f"{function}_symint", function):
+        if candidate in exported_meta_functions() and re.search(rf"\bTORCH_API [^;]*\b{candidate}\(", text):
+            META_HEADERS_USED.add(header)
+            return f"at::meta::{candidate}"
+    return f"at::_ops::{schema.name.unambiguous_name()}::call"
+
+
+@functools.cache
+def exported_meta_functions() -> set:
+    """Names of the at::meta functions libtorch_cpu defines (a header may declare more)."""
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        listing = subprocess.run(["nm", "-DC", "--defined-only", str(library)], capture_output=True, text=True,
+                                 check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return set()
+    return set(re.findall(r" at::meta::(\w+)\(", listing))
+
+
+def ops_header(base: str) -> Path:
+    return Path(torch.__file__).parent / "include" / "ATen" / "ops" / f"{base}_meta_dispatch.h"
+
+
 def generate_wrapper(entry: dict) -> tuple[str, str]:
     aten_name = entry["aten"]
     check_registrable(aten_name)
@@ -135,7 +170,7 @@ def generate_wrapper(entry: dict) -> tuple[str, str]:
     ]
     for a in tensor_args:
         lines.append(f"    auto meta_{a.name} = dipu::diopi::to_meta({a.name});")
-    meta_call = f"{ops_struct}::call({', '.join(meta_argument(a) for a in schema.arguments.flat_all)})"
+    meta_call = f"{meta_function(schema)}({', '.join(meta_argument(a) for a in schema.arguments.flat_all)})"
     if len(outputs) == 1:
         lines.append(f"    auto {outputs[0]} = call.empty_like({meta_call});")
     elif outputs:
@@ -198,6 +233,7 @@ def render(table_path: str, wrappers: list, registrations: list) -> str:
     return "\n".join([
         f"// Generated from {table_path.rsplit('/', 1)[-1]} by gen_registration.py. Do not edit.",
         "#include <ATen/Operators.h>",
+        *sorted({f"#include <ATen/ops/{h.name}>" for h in META_HEADERS_USED}),
         "#include <ATen/native/CPUFallback.h>",
         "#include <torch/library.h>",
         "",

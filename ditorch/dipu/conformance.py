@@ -2,18 +2,25 @@
 DIOPI table, run on dipu and compared with the CPU under per-dtype tolerances.
 
 This is the check a vendor runs on its chip; with the host vendor it also shows what an emulation
-profile changes (a reduced-precision profile must fail exactly the operators it alters).
+profile changes (a reduced-precision profile fails exactly the operators it alters). A sample
+counts for a table entry only if it reached that entry's DIOPI kernel on the device; an entry
+none of whose samples reach its kernel fails as untested.
 """
 import os
 from dataclasses import dataclass, field
 
 import torch
 
+from ditorch.dipu import _C
 from ditorch.dipu.errors import DipuError
-from ditorch.dipu.fallback import fallback_counts, reset_fallback_counts
 from ditorch.dipu.table import TableEntry, diopi_table
 
 DEFAULT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool)
+MODES = ("forward", "inplace", "out", "backward")
+
+
+class NotApplicable(Exception):
+    """The CPU itself rejects this sample in this mode (for example an in-place broadcast)."""
 
 
 @dataclass
@@ -26,17 +33,16 @@ class DtypeResult:
 @dataclass
 class OpResult:
     entry: TableEntry
-    opinfo: str
+    check: str
     dtypes: dict = field(default_factory=dict)  # dtype name -> DtypeResult
-    fell_back: int = 0                          # fallbacks of this entry's operator during the run
-
-    @property
-    def passed(self) -> bool:
-        return all(r.failed == 0 for r in self.dtypes.values()) and self.samples > 0
 
     @property
     def samples(self) -> int:
         return sum(r.passed + r.failed for r in self.dtypes.values())
+
+    @property
+    def passed(self) -> bool:
+        return self.samples > 0 and all(r.failed == 0 for r in self.dtypes.values())
 
 
 def load_op_db():
@@ -49,83 +55,131 @@ def load_op_db():
 
 def find_opinfo(op_db, name: str):
     base, _, variant = name.partition(".")
-    candidates = [op for op in op_db if op.name == name and op.variant_test_name == ""]
-    candidates += [op for op in op_db if op.name == base and op.variant_test_name == variant]
-    if not candidates:
-        raise DipuError(f"diopi_table.yaml names OpInfo '{name}', which torch {torch.__version__} does not have")
-    return candidates[0]
+    for op in op_db:
+        if (op.name == name and op.variant_test_name == "") or (op.name == base and op.variant_test_name == variant):
+            return op
+    raise DipuError(f"diopi_table.yaml names OpInfo '{name}', which torch {torch.__version__} does not have")
 
 
-def to_device(value, device: str):
+def split_check(check: str) -> tuple[str, str]:
+    name, _, mode = check.partition(":")
+    mode = mode or "forward"
+    if mode not in MODES:
+        raise DipuError(f"diopi_table.yaml: check '{check}' has unknown mode '{mode}' (one of {', '.join(MODES)})")
+    return name, mode
+
+
+def tensors_in(value) -> list:
     if isinstance(value, torch.Tensor):
-        return value.detach().to(device)
+        return [value]
     if isinstance(value, (list, tuple)):
-        return type(value)(to_device(v, device) for v in value)
+        return [t for v in value for t in tensors_in(v)]
     if isinstance(value, dict):
-        return {k: to_device(v, device) for k, v in value.items()}
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
+
+
+def moved(value, device):
+    if isinstance(value, torch.Tensor):
+        copy = value.detach().to(device)
+        return copy.requires_grad_(value.requires_grad) if value.is_floating_point() else copy
+    if isinstance(value, (list, tuple)):
+        return type(value)(moved(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: moved(v, device) for k, v in value.items()}
     return value
+
+
+def evaluate(op, mode: str, arguments, seed: int):
+    """The tensors to compare for one sample in one mode, computed where `arguments` live."""
+    inputs, args, kwargs = arguments
+    torch.manual_seed(seed)  # seeds the CPU and every dipu generator alike
+    if mode == "forward":
+        return op(inputs, *args, **kwargs)
+    if mode == "inplace":
+        target = inputs.clone()
+        op.inplace_variant(target, *args, **kwargs)
+        return target
+    if mode == "out":
+        result = op(inputs, *args, **kwargs)
+        out = torch.empty(0, dtype=result.dtype, device=result.device)
+        op(inputs, *args, **kwargs, out=out)
+        return out
+    outputs = [t for t in tensors_in(op(inputs, *args, **kwargs)) if t.requires_grad]
+    leaves = [t for t in tensors_in(arguments) if t.requires_grad]
+    generator = torch.Generator().manual_seed(seed)
+    cotangents = [torch.randn(o.shape, generator=generator, dtype=o.dtype).to(o.device) for o in outputs]
+    return torch.autograd.grad(outputs, leaves, cotangents, allow_unused=True)
 
 
 def to_cpu(value):
     if isinstance(value, torch.Tensor):
-        return value.cpu()
+        return value.detach().cpu()
     if isinstance(value, (list, tuple)):
         return type(value)(to_cpu(v) for v in value)
     return value
 
 
-def compare_sample(op, sample, device: str) -> str:
-    """'' when dipu matches the CPU on this sample, else a one-line reason."""
-    expected = op(sample.input, *sample.args, **sample.kwargs)
-    moved = to_device((sample.input, sample.args, sample.kwargs), device)
+def compare(op, sample, mode: str, entry: TableEntry, seed: int):
+    """None when the sample does not reach the entry's kernel, '' when it matches, else why not."""
+    cpu_arguments = (sample.input, sample.args, sample.kwargs)
     try:
-        actual = op(moved[0], *moved[1], **moved[2])
-    except Exception as exc:  # an error on dipu where the CPU succeeded is a failure
-        return f"raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        expected = evaluate(op, mode, cpu_arguments, seed)
+    except Exception:
+        return None  # the CPU rejects it too: not a sample for this mode
+    before = _C._diopi_call_counts().get(f"aten::{entry.aten}", 0)
     try:
-        torch.testing.assert_close(to_cpu(actual), expected, equal_nan=True, check_device=False)
+        actual = evaluate(op, mode, moved(cpu_arguments, "dipu"), seed)
+    except Exception as exc:
+        return f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if _C._diopi_call_counts().get(f"aten::{entry.aten}", 0) == before:
+        return None
+    try:
+        torch.testing.assert_close(to_cpu(actual), to_cpu(expected), equal_nan=True, check_device=False)
     except AssertionError as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         return "; ".join(lines[:3])
     return ""
 
 
-def check_entry(op_db, entry: TableEntry, opinfo_name: str, dtypes, max_samples: int, device: str) -> OpResult:
-    op = find_opinfo(op_db, opinfo_name)
-    result = OpResult(entry=entry, opinfo=opinfo_name)
-    supported = op.supported_dtypes("cpu")
-    reset_fallback_counts()
+def check_entry(op_db, entry: TableEntry, check: str, dtypes, max_samples: int) -> OpResult:
+    name, mode = split_check(check)
+    op = find_opinfo(op_db, name)
+    allowed = op.supported_backward_dtypes("cpu") if mode == "backward" else op.supported_dtypes("cpu")
+    result = OpResult(entry=entry, check=check)
     for dtype in dtypes:
-        if dtype not in supported:
+        if dtype not in allowed:
             continue
-        outcome = result.dtypes.setdefault(str(dtype).removeprefix("torch."), DtypeResult())
-        torch.manual_seed(0)
-        for index, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=False)):
-            if index >= max_samples:
+        outcome = DtypeResult()
+        samples = op.sample_inputs("cpu", dtype, requires_grad=(mode == "backward"))
+        for seed, sample in enumerate(samples):
+            if outcome.passed + outcome.failed >= max_samples:
                 break
-            reason = compare_sample(op, sample, device)
+            reason = compare(op, sample, mode, entry, seed)
+            if reason is None:
+                continue
             if reason:
                 outcome.failed += 1
                 outcome.first_failure = outcome.first_failure or reason
             else:
                 outcome.passed += 1
-    aten_key = entry.aten if "." in entry.aten else entry.aten + "."
-    result.fell_back = sum(n for name, n in fallback_counts().items() if (name + ".").startswith(f"aten::{aten_key}"))
+        if outcome.passed + outcome.failed:
+            result.dtypes[str(dtype).removeprefix("torch.")] = outcome
     return result
 
 
-def run_conformance(ops=None, dtypes=DEFAULT_DTYPES, max_samples: int = 16, device: str = "dipu") -> list:
-    """OpResults for every (table entry, OpInfo name) pair, restricted to `ops` (ATen or OpInfo names)."""
+def run_conformance(ops=None, dtypes=DEFAULT_DTYPES, max_samples: int = 16) -> list:
+    """OpResults for every (table entry, check), restricted to `ops` (ATen names or OpInfo names)."""
     import ditorch.dipu  # noqa: F401  registers the device
 
     op_db = load_op_db()
-    results = []
     wanted = set(ops) if ops else None
+    results = []
     for entry in diopi_table():
-        for opinfo_name in entry.opinfo:
-            if wanted is not None and not ({entry.aten, entry.aten.split(".")[0], opinfo_name} & wanted):
-                continue
-            results.append(check_entry(op_db, entry, opinfo_name, dtypes, max_samples, device))
+        for check in entry.opinfo:
+            names = {entry.aten, entry.aten.split(".")[0], check, split_check(check)[0]}
+            if wanted is None or names & wanted:
+                results.append(check_entry(op_db, entry, check, dtypes, max_samples))
     if wanted is not None and not results:
         raise DipuError(f"no DIOPI table entry matches {', '.join(sorted(wanted))}")
     return results
@@ -134,9 +188,9 @@ def run_conformance(ops=None, dtypes=DEFAULT_DTYPES, max_samples: int = 16, devi
 def format_result(result: OpResult) -> str:
     status = "PASS" if result.passed else "FAIL"
     per_dtype = ", ".join(f"{name} {r.passed}/{r.passed + r.failed}" for name, r in result.dtypes.items())
-    line = f"{status}  {result.opinfo:<24} {result.entry.aten:<28} {result.entry.diopi:<22} [{per_dtype}]"
-    if result.fell_back:
-        line += f" (fell back {result.fell_back}x)"
+    line = f"{status}  {result.entry.aten:<54} {result.entry.diopi:<28} {result.check:<44} [{per_dtype}]"
+    if result.samples == 0:
+        line += f"\n      no sample reached {result.entry.diopi}"
     for name, r in result.dtypes.items():
         if r.failed:
             line += f"\n      {name}: {r.first_failure}"

@@ -1,6 +1,5 @@
 """Non-host-accessible emulation: device memory is a separate mapping the CPU cannot touch, and
 everything still works because the shim only goes through the vendor's copies."""
-import torch
 
 
 def test_direct_cpu_read_of_device_memory_faults(python_in_subprocess):

@@ -1,5 +1,4 @@
 """Memory of the dipu device: allocator statistics and the emulated capacity."""
-import pytest
 import torch
 
 BLOCK = 512  # allocator granularity

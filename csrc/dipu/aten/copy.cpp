@@ -7,6 +7,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "aten/cpu_fallback.h"
 #include "aten/diopi_call.h"
 #include "runtime/vendor.h"
 
@@ -41,6 +42,7 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
   if (function != nullptr && call.accepts(src, dst) && call.finish(function(call.context(), call.input(src), call.output(dst)))) {
     return;
   }
+  note_fallback_reason(nullptr);  // staged below, not an operator fallback
   at::Tensor staged = at::detail::empty_cpu(dst.sizes(), dst.scalar_type(), std::nullopt, std::nullopt, std::nullopt,
                                             std::nullopt);
   copy_device_to_host(src, staged);

@@ -1,5 +1,6 @@
 #include "diopi_call.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty_strided.h>
 
 #include <atomic>
@@ -85,7 +86,27 @@ std::vector<std::string> forced_fallback() {
   return forced_names();
 }
 
-OpSlot::OpSlot(const char* aten_name, const char* diopi_name) : aten_name_(aten_name), diopi_name_(diopi_name) {}
+static std::mutex& slots_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+static std::vector<OpSlot*>& slots() {
+  static std::vector<OpSlot*> registered;
+  return registered;
+}
+
+OpSlot::OpSlot(const char* aten_name, const char* diopi_name) : aten_name_(aten_name), diopi_name_(diopi_name) {
+  std::lock_guard lock(slots_mutex());
+  slots().push_back(this);
+}
+
+std::map<std::string, int64_t> diopi_call_counts() {
+  std::lock_guard lock(slots_mutex());
+  std::map<std::string, int64_t> counts;
+  for (const OpSlot* slot : slots()) counts[slot->aten_name()] += slot->calls();
+  return counts;
+}
 
 void* OpSlot::function() {
   std::lock_guard lock(mutex_);
@@ -210,7 +231,10 @@ void Call::resize_output(const at::Tensor& out, const at::Tensor& meta_out) {
 }
 
 bool Call::finish(diopiError_t status) {
-  if (status == diopiSuccess) return true;
+  if (status == diopiSuccess) {
+    slot_.count_call();
+    return true;
+  }
   if (status == diopiFallbackToCPU) {
     aten::note_fallback_reason("the vendor declined the call");
     return false;
@@ -222,7 +246,7 @@ bool Call::finish(diopiError_t status) {
 
 at::Tensor to_meta(const at::Tensor& tensor) {
   if (!tensor.defined() || is_cpu_scalar(tensor)) return tensor;
-  return at::empty_strided(tensor.sizes(), tensor.strides(), tensor.options().device(c10::kMeta));
+  return at::detail::empty_strided_meta(tensor.sizes(), tensor.strides(), tensor.scalar_type());
 }
 
 std::optional<at::Tensor> to_meta(const std::optional<at::Tensor>& tensor) {

@@ -7,7 +7,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <atomic>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -25,8 +27,11 @@ class OpSlot {
   void* function();
   const char* aten_name() const { return aten_name_; }
   const char* diopi_name() const { return diopi_name_; }
+  void count_call() { calls_.fetch_add(1, std::memory_order_relaxed); }
+  int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
 
  private:
+  std::atomic<int64_t> calls_{0};
   const char* aten_name_;
   const char* diopi_name_;
   std::mutex mutex_;
@@ -37,6 +42,9 @@ class OpSlot {
 
 // Operators the user sends to the CPU regardless of the vendor (DIPU_FORCE_FALLBACK_OPS, or
 // set_forced_fallback): names like "mm" (all overloads) or "add.Tensor".
+// How many times each operator's DIOPI kernel ran (operators not called yet are absent).
+std::map<std::string, int64_t> diopi_call_counts();
+
 void set_forced_fallback(const std::vector<std::string>& names);
 std::vector<std::string> forced_fallback();
 

@@ -95,6 +95,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_logging", &dipu::aten::fallback_logging);
   m.def("_set_forced_fallback", &dipu::diopi::set_forced_fallback);
   m.def("_forced_fallback", &dipu::diopi::forced_fallback);
+  m.def("_diopi_call_counts", &dipu::diopi::diopi_call_counts);
   m.def("_vendor_implements", [](const std::string& diopi_function) {
     return dipu::vendor_symbol(diopi_function.c_str()) != nullptr;
   });

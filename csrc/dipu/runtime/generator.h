@@ -1,6 +1,6 @@
 // Random number generators of dipu devices. Random operators run through the CPU fallback, so a
-// dipu generator owns a CPU generator (Philox-free mt19937, the CPU's own) that those kernels use:
-// the same seed gives the same numbers on dipu as on the CPU.
+// dipu generator owns a CPU generator (the CPU's mt19937) that those kernels draw from: the same
+// seed gives the same numbers on dipu as on the CPU.
 #pragma once
 
 #include <ATen/core/Generator.h>

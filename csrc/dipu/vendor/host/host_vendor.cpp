@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -201,7 +202,7 @@ dipuError_t dipuFree(void* ptr) {
 }
 
 dipuError_t dipuMallocHost(void** ptr, size_t size) {
-  *ptr = std::aligned_alloc(64, (size + 63) / 64 * 64 + 64);
+  *ptr = std::aligned_alloc(64, std::max<size_t>(64, (size + 63) / 64 * 64));
   if (*ptr == nullptr) return fail(dipuErrorOutOfMemory, "pinned host allocation failed");
   std::lock_guard lock(dipu::host::pinned_mutex);
   dipu::host::pinned_blocks[reinterpret_cast<uintptr_t>(*ptr)] = size;

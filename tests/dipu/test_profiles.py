@@ -1,0 +1,62 @@
+"""Emulation profiles of the host vendor: chosen by name or YAML path, validated on load, and
+their speed really paces the device's kernels."""
+
+
+def test_a_yaml_profile_path_sets_count_capacity_and_access(tmp_path, python_in_subprocess):
+    profile = tmp_path / "tiny_chip.yaml"
+    profile.write_text("name: tiny_chip\ndevice_count: 3\nmemory_capacity: 64MiB\nhost_accessible: false\n")
+    result = python_in_subprocess("""
+        import torch, ditorch.dipu
+        p = torch.dipu.get_device_properties(2)
+        print(torch.dipu.device_count(), p.name, p.total_memory, p.host_accessible, torch.dipu.mem_get_info(2))
+    """, DIPU_HOST_PROFILE=str(profile))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "3 host-emulated (tiny_chip) 67108864 False (67108864, 67108864)"
+
+
+def test_a_malformed_profile_is_reported_with_file_and_field(tmp_path, python_in_subprocess):
+    profile = tmp_path / "broken.yaml"
+    profile.write_text("name: broken\nmemory_capacity: lots\n")
+    result = python_in_subprocess("""
+        import torch, ditorch.dipu
+        try:
+            torch.dipu.device_count()
+        except RuntimeError as error:
+            print(str(error).splitlines()[0])
+    """, DIPU_HOST_PROFILE=str(profile))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (f"DIPU vendor host failed to start: {profile}: field memory_capacity: "
+                                     "expected a size like 512MiB or 16GiB, got 'lots'")
+
+
+def test_relative_speed_paces_device_kernels(tmp_path, python_in_subprocess):
+    profile = tmp_path / "slow.yaml"
+    profile.write_text("name: slow\nrelative_speed: 0.2\n")
+    result = python_in_subprocess("""
+        import time, torch, ditorch.dipu as dipu
+        torch.set_num_threads(1)
+        a = torch.randn(192, 192, device="dipu")
+        def timed(forced):
+            dipu.force_fallback(["mm"] if forced else [])
+            start = time.perf_counter()
+            for _ in range(10):
+                a @ a
+            return time.perf_counter() - start
+        timed(False); timed(True)
+        paced, unpaced = 0.0, 0.0
+        for _ in range(5):
+            paced += timed(False)     # the vendor's diopiMm, paced to 0.2x
+            unpaced += timed(True)    # the CPU fallback, not paced
+        print(paced / unpaced)
+    """, DIPU_HOST_PROFILE=str(profile))
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout) > 3.0
+
+
+def test_importing_ditorch_alone_does_not_register_the_device(python_in_subprocess):
+    result = python_in_subprocess("""
+        import torch, ditorch
+        print(torch._C._get_privateuse1_backend_name(), hasattr(torch, "dipu"))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "privateuseone False"
