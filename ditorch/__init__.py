@@ -4,11 +4,13 @@ On import it detects the vendor (cuda, npu, mlu, musa, xpu, then H2's own dipu d
 `DITORCH_VENDOR` or `ditorch.use(name)`) and, unless the vendor is CUDA, maps the CUDA surface
 (`torch.cuda.*`, "cuda" device arguments, autocast/GradScaler, backend "nccl") onto it. With CUDA
 present nothing changes; `DITORCH_DISABLE=1` turns the switch off. The import is idempotent.
+Op tools are switched on here only by their environment variables (DITORCH_AUTOCOMPARE=1, ...;
+ditorch/op_tools/environment.py); without them nothing is hooked.
 
 Owns: vendor adapters (`vendors`), the mappings (`cuda_surface`, `device_args`, `distributed`),
-the DIPU device bindings (`ditorch.dipu`), op-level precision tools (`ditorch.op_tools`) and the
-loss-curve precision diff (`ditorch.precision`). Must not import h2, heteropp or dicomm (dicomm is
-only probed, by name, as a collective backend).
+the DIPU device bindings (`ditorch.dipu`), op-level precision tools (`ditorch.op_tools`), the
+loss-curve precision diff (`ditorch.precision`) and the `ditorch` command (`ditorch.cli`). Must not
+import h2, heteropp or dicomm (dicomm is only probed, by name, as a collective backend).
 """
 
 from ditorch.switch import activate, deactivate, info, use
@@ -23,3 +25,12 @@ def vendor():
 
 
 activate()
+
+
+def _activate_op_tools_from_environment() -> None:
+    from ditorch.op_tools import environment
+    if environment.requested():
+        environment.activate_from_environment()
+
+
+_activate_op_tools_from_environment()

@@ -2,6 +2,8 @@
 
   ditorch info          the active vendor, every adapter's probe, devices, versions and active mappings
   ditorch conformance   OpInfo samples of the DIOPI table's operators on dipu against the CPU
+  ditorch precision-diff  a run's loss curve against a reference run (MRE; exit 0 pass, 1 fail)
+  ditorch replay        rerun op calls saved by the capture tool on a device and compare
 
 Errors a user can fix are one line on stderr and exit status 2.
 """
@@ -122,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--dtypes", help="comma-separated dtypes (default: float32,float64,bfloat16,float16,int64,bool)")
     conformance.add_argument("--max-samples", type=int, default=16, help="samples per operator and dtype")
     conformance.set_defaults(run=command_conformance)
+    from ditorch.precision.cli import add_precision_diff_parser, add_replay_parser
+    add_precision_diff_parser(commands)
+    add_replay_parser(commands)
     return parser
 
 
