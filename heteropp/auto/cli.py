@@ -1,0 +1,267 @@
+"""`heteroauto`: search a strategy, simulate one, or profile a chip type.
+
+    heteroauto search   --cluster C [--model M] [--gbs-tokens 4M] [--alpha A] [--out S.yaml] [--json] [--top K] [--exhaustive]
+    heteroauto simulate --strategy S --cluster C [--json]
+    heteroauto profile  --cluster C --chip NAME [--model M] [--device cpu] [--synthesise] --out P.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+from h2.errors import UserError, run_cli
+from h2.model.config import ModelConfig, resolve_model
+from heteropp.auto.evaluation import evaluate_strategy, stage_costs, training_for, transfer_model
+from heteropp.auto.oracle import oracle_search
+from heteropp.auto.profiles import Profile, profiles_for, save_profile, synthesise_profile
+from heteropp.auto.search import SearchResult, search
+from heteropp.auto.simulator import simulate
+from heteropp.auto.specs import ClusterSpec, TrainingSpec, load_cluster, parse_count
+from heteropp.auto.strategy import load_strategy
+from heteropp.schedule import schedule_actions
+
+GB = 1e9
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like UserError
+        raise UserError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="heteroauto", description="HeteroAuto: strategy search for heterogeneous pipelines")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def problem(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--cluster", required=True, help="cluster YAML (chip types, counts, links, training)")
+        sub.add_argument("--model", help="model preset or YAML (default: the cluster file's `model`)")
+        sub.add_argument("--gbs-tokens", help="global batch in tokens, K/M suffixes (binary): 4M = 4 * 2^20")
+        sub.add_argument("--gbs-sequences", help="global batch in sequences")
+        sub.add_argument("--seq-len", type=int, help="sequence length")
+        sub.add_argument("--micro-batch-size", type=int, help="sequences per micro-batch")
+        sub.add_argument("--alpha", type=float, help="bubble coefficient: 1 for 1F1B, 0 for zero-bubble")
+        sub.add_argument("--no-zero1", action="store_true", help="replicate optimizer states over dp")
+        sub.add_argument("--profile", action="append", default=[], metavar="FILE",
+                         help="measured profile of one chip type (repeatable); others are synthesised")
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+
+    search_cmd = commands.add_parser("search", help="find the best strategy")
+    problem(search_cmd)
+    search_cmd.add_argument("--out", help="write the best strategy here (YAML)")
+    search_cmd.add_argument("--top", type=int, default=1, help="also list the K best configurations")
+    search_cmd.add_argument("--exhaustive", action="store_true", help="the oracle: enumerate the whole space")
+    search_cmd.add_argument("--group-size", type=int, default=128,
+                            help="two-stage refinement: chips per sub-group of a type (0: single stage)")
+    search_cmd.add_argument("--no-baselines", action="store_true",
+                            help="skip the per-chip-type searches behind HeteroSpeedupRatio")
+
+    simulate_cmd = commands.add_parser("simulate", help="replay a strategy's pipeline schedule")
+    problem(simulate_cmd)
+    simulate_cmd.add_argument("--strategy", required=True)
+    simulate_cmd.add_argument("--no-transfers", action="store_true", help="stage-to-stage transfers take no time")
+
+    profile_cmd = commands.add_parser("profile", help="profile one chip type (measured through torch, or synthesised)")
+    problem(profile_cmd)
+    profile_cmd.add_argument("--chip", required=True, help="chip type of the cluster to profile")
+    profile_cmd.add_argument("--device", default="cpu", help="torch device to measure on (cpu, dipu, ...)")
+    profile_cmd.add_argument("--synthesise", action="store_true", help="derive from the spec sheet instead of measuring")
+    profile_cmd.add_argument("--repeats", type=int, default=3, help="timed repetitions per measurement")
+    profile_cmd.add_argument("--out", required=True)
+    return parser
+
+
+# ---- loading the problem -------------------------------------------------------------------------
+def _problem(args) -> tuple[ClusterSpec, ModelConfig, TrainingSpec]:
+    cluster = load_cluster(args.cluster)
+    model_name = args.model or cluster.model
+    if model_name is None:
+        raise UserError(f"{args.cluster}: no field 'model' and no --model given")
+    model = resolve_model(model_name)
+    base = dataclasses.asdict(cluster.training) if cluster.training else {"seq_len": model.max_seq_len}
+    if args.seq_len is not None:
+        base["seq_len"] = args.seq_len
+    if args.gbs_tokens is not None:
+        base.update(global_batch_tokens=parse_count(args.gbs_tokens, "--gbs-tokens"), global_batch_sequences=None)
+    if args.gbs_sequences is not None:
+        base.update(global_batch_sequences=parse_count(args.gbs_sequences, "--gbs-sequences"), global_batch_tokens=None)
+    if args.micro_batch_size is not None:
+        base["micro_batch_size"] = args.micro_batch_size
+    if args.alpha is not None:
+        base["alpha"] = args.alpha
+    if args.no_zero1:
+        base["zero1"] = False
+    if base.get("global_batch_tokens") is None and base.get("global_batch_sequences") is None:
+        raise UserError(f"{args.cluster}: no global batch: add `training: {{global_batch_tokens: ...}}` or pass --gbs-tokens")
+    training = TrainingSpec(**base)
+    training.validate("training (cluster file and flags)")
+    if training.seq_len > model.max_seq_len:
+        raise UserError(f"training: seq_len {training.seq_len} exceeds model '{model.name}' max_seq_len {model.max_seq_len}")
+    return cluster, model, training
+
+
+# ---- search --------------------------------------------------------------------------------------
+def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, group_size):
+    """HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i; type i alone gets its chip share of the batch."""
+    baselines, total = {}, 0.0
+    for chip in cluster.chips:
+        share = training.micro_batch_units * chip.count // cluster.total_chips * training.micro_batch_size
+        if share < training.micro_batch_size:
+            baselines[chip.name] = {"error": "batch share below one micro-batch"}
+            return None, baselines
+        alone = dataclasses.replace(training, global_batch_tokens=None, global_batch_sequences=share)
+        try:
+            result = search(cluster.only(chip.name), model, alone, profiles, group_size=group_size)
+        except UserError as error:
+            baselines[chip.name] = {"error": str(error)}
+            return None, baselines
+        tgs = alone.tokens / result.best.objective_s / chip.count
+        baselines[chip.name] = {"chips": chip.count, "gbs_tokens": alone.tokens, "iteration_s": result.best.objective_s,
+                                "tokens_per_chip_s": tgs, "dp": result.best.dp, "tp": list(result.best.tps),
+                                "pp": sum(result.best.pps), "recompute": list(result.best.recompute)}
+        total += chip.count * tgs
+    return result_tokens_per_s / total, baselines
+
+
+def _cmd_search(args) -> int:
+    cluster, model, training = _problem(args)
+    profiles = profiles_for(cluster, model, training, args.profile)
+    if args.top < 1:
+        raise UserError("--top: must be at least 1")
+    group_size = args.group_size or None
+    if args.exhaustive:
+        result = oracle_search(cluster, model, training, profiles, group_size=group_size)
+    else:
+        result = search(cluster, model, training, profiles, top_k=args.top, group_size=group_size)
+    strategy = result.best.to_strategy(model, training, "1f1b-split-backward" if training.alpha == 0 else "1f1b")
+    report = evaluate_strategy(strategy, cluster, model, training, profiles)
+    ratio, baselines = (None, {})
+    if not args.no_baselines:
+        ratio, baselines = _baseline_ratio(cluster, model, training, profiles, report.tokens_per_iteration / report.iteration_s,
+                                           group_size)
+    if args.out:
+        strategy.save(args.out)
+    rows = [{"chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers, "recompute": s.recompute,
+             "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB,
+             "compute_s": s.compute_s, "update_s": s.update_s} for s in report.stages]
+    payload = {
+        "strategy": {"dp": strategy.dp, "micro_batches": strategy.micro_batches,
+                     "micro_batch_size": strategy.micro_batch_size, "seq_len": strategy.seq_len,
+                     "schedule": strategy.schedule, "model": model.name, "stages": rows},
+        "iteration_s": report.iteration_s, "tokens_per_chip_s": report.tokens_per_chip_s,
+        "hetero_speedup_ratio": ratio, "baselines": baselines, "search_s": result.search_s,
+        "evaluated": result.evaluated, "bounded": result.bounded, "exhaustive": args.exhaustive,
+        "two_stage": result.stages_run == 2, "gbs_tokens": training.tokens, "alpha": training.alpha,
+        "top": [{"iteration_s": c.objective_s, "dp": c.dp, "groups": [g.label for g in c.groups], "tp": list(c.tps),
+                 "pp": list(c.pps), "recompute": list(c.recompute), "layers": list(c.layers)} for c in result.top],
+    }
+    if args.json:
+        print(json.dumps(payload))
+        return 0
+    print(f"cluster {cluster.name}: {cluster.total_chips} chips ({', '.join(f'{c.name}={c.count}' for c in cluster.chips)}), "
+          f"model {model.name}, global batch {training.tokens} tokens ({training.sequences} x {training.seq_len}), "
+          f"alpha {training.alpha:g}")
+    print(f"strategy: dp={strategy.dp} micro_batches={strategy.micro_batches} micro_batch_size={strategy.micro_batch_size} "
+          f"pp={len(strategy.stages)} schedule={strategy.schedule}")
+    print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'dp':>4} {'layers':>6} {'recomp':>6} {'memory GB':>10} {'cap GB':>7} "
+          f"{'T_comp s':>9} {'T_upd s':>8}")
+    for s in report.stages:
+        print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>4} {s.layers:>6} {'on' if s.recompute else 'off':>6} "
+              f"{s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g} {s.compute_s:>9.4f} {s.update_s:>8.4f}")
+    print(f"predicted iteration: {report.iteration_s:.3f} s   tokens/chip/s: {report.tokens_per_chip_s:.2f}")
+    if ratio is not None:
+        alone = ", ".join(f"{name} {b['tokens_per_chip_s']:.2f}" for name, b in baselines.items())
+        print(f"HeteroSpeedupRatio: {ratio * 100:.2f}%  (each type alone, same search, its chip share of the batch: "
+              f"tokens/chip/s {alone})")
+    elif baselines:
+        print("HeteroSpeedupRatio: n/a (" + "; ".join(f"{k}: {v.get('error')}" for k, v in baselines.items() if 'error' in v) + ")")
+    for rank, c in enumerate(result.top[1:], start=2):
+        print(f"#{rank}: {c.objective_s:.3f} s dp={c.dp} tp={list(c.tps)} pp={list(c.pps)} "
+              f"recompute={[int(r) for r in c.recompute]} layers={list(c.layers)}")
+    kind = "exhaustive" if args.exhaustive else ("two-stage" if result.stages_run == 2 else "single-stage")
+    print(f"search ({kind}): {result.search_s:.3f} s, {result.evaluated} configurations evaluated, "
+          f"{result.bounded} bounded")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+# ---- simulate ------------------------------------------------------------------------------------
+def _cmd_simulate(args) -> int:
+    cluster, model, training = _problem(args)
+    strategy = load_strategy(args.strategy)
+    strategy_model = strategy.model_config(args.strategy)
+    if strategy_model != model and args.model is None:
+        model = strategy_model
+    training = training_for(strategy, training)
+    if args.alpha is None:
+        training = dataclasses.replace(training, alpha=0.0 if strategy.schedule == "1f1b-split-backward" else 1.0)
+    profiles = profiles_for(cluster, model, training, args.profile)
+    report = evaluate_strategy(strategy, cluster, model, training, profiles, source=args.strategy)
+    schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
+    costs = stage_costs(strategy, profiles, report)
+    transfer = (lambda *a: 0.0) if args.no_transfers else transfer_model(strategy, cluster, model, training)
+    started = time.perf_counter()
+    sim = simulate(schedule, costs, transfer)
+    sim_s = time.perf_counter() - started
+    tokens = training.tokens
+    payload = {"iteration_s": sim.iteration_s, "cost_model_iteration_s": report.iteration_s,
+               "tokens_per_chip_s": tokens / sim.iteration_s / report.chips, "schedule": strategy.schedule,
+               "micro_batches": strategy.micro_batches, "transfers": sim.transfers, "simulate_s": sim_s,
+               "fits": report.fits,
+               "stages": [{"chip": s.chip, "tp": s.tp, "layers": s.layers, "recompute": s.recompute,
+                           "busy_s": busy, "bubble_s": bubble, "update_s": s.update_s,
+                           "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB}
+                          for s, busy, bubble in zip(report.stages, sim.busy_s, sim.bubble_s)]}
+    if args.json:
+        print(json.dumps(payload))
+        return 0
+    print(f"strategy {args.strategy}: {len(strategy.stages)} stages, dp={strategy.dp}, "
+          f"{strategy.micro_batches} micro-batches, schedule {strategy.schedule}")
+    print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'layers':>6} {'busy s':>10} {'bubble s':>10} {'update s':>9} "
+          f"{'memory GB':>10} {'cap GB':>7}")
+    for s, busy, bubble in zip(report.stages, sim.busy_s, sim.bubble_s):
+        flag = "" if s.fits else "  OVER CAPACITY"
+        print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
+              f"{s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}")
+    print(f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
+          f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {payload['tokens_per_chip_s']:.2f}")
+    return 0
+
+
+# ---- profile -------------------------------------------------------------------------------------
+def _cmd_profile(args) -> int:
+    cluster, model, training = _problem(args)
+    chip = cluster.chip(args.chip)
+    if args.synthesise:
+        profile = synthesise_profile(chip, model, training)
+    else:
+        from heteropp.auto.profiler import measure_profile  # imports torch
+        profile = measure_profile(chip, model, training, device=args.device, repeats=args.repeats)
+    save_profile(profile, args.out)
+    if args.json:
+        print(json.dumps(profile.to_dict()))
+        return 0
+    print(f"profile of chip {chip.name} ({profile.source}{', device ' + profile.device if profile.device else ''}) "
+          f"for {model.name}, seq_len {training.seq_len}, micro-batch {training.micro_batch_size}:")
+    print(f"{'tp':>3} {'fwd ms':>10} {'bwd ms':>10} {'recomp ms':>10} {'act MB':>9} {'act MB (recomp)':>16}")
+    for entry in profile.layers:
+        print(f"{entry.tp:>3} {entry.forward_s * 1e3:>10.3f} {entry.backward_s * 1e3:>10.3f} {entry.recompute_s * 1e3:>10.3f} "
+              f"{entry.activation_bytes / 1e6:>9.3f} {entry.recompute_activation_bytes / 1e6:>16.3f}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return {"search": _cmd_search, "simulate": _cmd_simulate, "profile": _cmd_profile}[args.command](args)
+
+
+_main.prog = "heteroauto"
+main = run_cli(_main)
+
+if __name__ == "__main__":
+    sys.exit(main())

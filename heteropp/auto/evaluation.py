@@ -1,0 +1,120 @@
+"""Scoring one explicit strategy: memory per stage against capacity, the cost model's iteration time,
+and the inputs the simulator needs (per-stage costs, stage-to-stage transfer times)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from h2.errors import UserError
+from h2.model.config import ModelConfig
+from heteropp.auto.cost import iteration_time_s
+from heteropp.auto.memory import stage_memory_bytes
+from heteropp.auto.profiles import Profile
+from heteropp.auto.simulator import StageCost
+from heteropp.auto.specs import ClusterSpec, TrainingSpec
+from heteropp.auto.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class StageReport:
+    index: int
+    chip: str
+    tp: int
+    dp: int
+    layers: int
+    recompute: bool
+    memory_bytes: float
+    capacity_bytes: float
+    compute_s: float   # per micro-batch: layers * (t_fwd + t_bwd + r * t_recomp)
+    update_s: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+
+@dataclass(frozen=True)
+class StrategyReport:
+    stages: list[StageReport]
+    iteration_s: float
+    tokens_per_iteration: int
+    chips: int
+
+    @property
+    def tokens_per_chip_s(self) -> float:
+        return self.tokens_per_iteration / self.iteration_s / self.chips
+
+    @property
+    def fits(self) -> bool:
+        return all(stage.fits for stage in self.stages)
+
+
+def training_for(strategy: Strategy, training: TrainingSpec) -> TrainingSpec:
+    """The training spec a strategy implies: its batch, micro-batch size and (if given) sequence length."""
+    seq_len = strategy.seq_len or training.seq_len
+    sequences = strategy.dp * strategy.micro_batches * strategy.micro_batch_size
+    return TrainingSpec(seq_len=seq_len, global_batch_sequences=sequences, micro_batch_size=strategy.micro_batch_size,
+                        alpha=training.alpha, zero1=training.zero1, weight_bytes=training.weight_bytes,
+                        gradient_bytes=training.gradient_bytes, optimizer_bytes=training.optimizer_bytes,
+                        activation_bytes_per_element=training.activation_bytes_per_element)
+
+
+def check_chips(strategy: Strategy, cluster: ClusterSpec, source: str) -> None:
+    for chip, used in strategy.chips_per_type().items():
+        available = cluster.chip(chip).count
+        if used > available:
+            raise UserError(f"{source}: field 'stages': uses {used} chips of type '{chip}', cluster "
+                            f"{cluster.source} has {available}")
+
+
+def evaluate_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
+                      profiles: dict[str, Profile], source: str = "strategy") -> StrategyReport:
+    check_chips(strategy, cluster, source)
+    num_stages = len(strategy.stages)
+    reports = []
+    for index, stage in enumerate(strategy.stages):
+        chip = cluster.chip(stage.chip)
+        profile = profiles[stage.chip]
+        layer = profile.layer(stage.tp)
+        update = profile.update_s(strategy.dp, stage.tp)
+        if layer is None or update is None:
+            raise UserError(f"{source}: field 'stages[{index}]': no profile of chip '{stage.chip}' at tp={stage.tp}, "
+                            f"dp={strategy.dp}")
+        memory = stage_memory_bytes(model, training, layer, dp=strategy.dp, recompute=stage.recompute, position=index,
+                                    num_stages=num_stages, micro_batches=strategy.micro_batches, layers=stage.layers)
+        reports.append(StageReport(index=index, chip=stage.chip, tp=stage.tp, dp=strategy.dp, layers=stage.layers,
+                                   recompute=stage.recompute, memory_bytes=memory, capacity_bytes=chip.capacity_bytes,
+                                   compute_s=stage.layers * layer.compute_s(stage.recompute),
+                                   update_s=stage.layers * update))
+    iteration = iteration_time_s([r.compute_s for r in reports], [r.update_s for r in reports],
+                                 strategy.micro_batches, training.alpha)
+    chips = sum(stage.tp * strategy.dp for stage in strategy.stages)
+    return StrategyReport(stages=reports, iteration_s=iteration, tokens_per_iteration=training.tokens, chips=chips)
+
+
+def stage_costs(strategy: Strategy, profiles: dict[str, Profile], report: StrategyReport) -> list[StageCost]:
+    """Per-stage costs for the simulator; in the split variant W takes half of the gradient work."""
+    costs = []
+    for stage, row in zip(strategy.stages, report.stages):
+        layer = profiles[stage.chip].layer(stage.tp)
+        forward = stage.layers * layer.forward_s
+        backward = stage.layers * (layer.backward_s + (layer.recompute_s if stage.recompute else 0.0))
+        costs.append(StageCost(forward_s=forward, backward_s=backward,
+                               weight_grad_s=stage.layers * layer.backward_s / 2, update_s=row.update_s))
+    return costs
+
+
+def transfer_model(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec):
+    """Activation (or gradient) of one micro-batch between neighbouring stages: each of the sender's tp
+    chips sends its 1/tp share over its own NIC (send/recv + all-gather resharding), at the slower
+    side's inter-node bandwidth, plus one latency."""
+    nbytes = training.micro_batch_size * training.seq_len * model.hidden_size * training.activation_bytes_per_element
+
+    def transfer_s(src: int, dst: int, kind: str, micro_batch: int) -> float:
+        a, b = strategy.stages[src], strategy.stages[dst]
+        chip_a, chip_b = cluster.chip(a.chip), cluster.chip(b.chip)
+        lanes = min(a.tp, b.tp)
+        bandwidth = min(chip_a.inter_node_gbps, chip_b.inter_node_gbps) * 1e9
+        return nbytes / lanes / bandwidth + max(chip_a.latency_us, chip_b.latency_us) * 1e-6
+
+    return transfer_s

@@ -1,0 +1,79 @@
+"""Memory of one pipeline stage on one chip, by its position in the pipeline.
+
+A stage holding `layers` decoder layers at position p of P, with dp data-parallel replicas and tp-way
+tensor parallelism, keeps per chip:
+- parameters (weight_bytes each), gradients (gradient_bytes each) and optimizer states
+  (optimizer_bytes each, divided by dp under ZeRO-1) of its shard of the layers;
+- the activations of min(P - p, b) micro-batches in flight under 1F1B (earlier stages hold more:
+  Observation 4); with recompute only each layer's input, plus one layer's full activations while
+  it is recomputed;
+- on the first stage the (vocab-parallel) embedding, on the last the final norm, the head and one
+  micro-batch of fp32 logits.
+Every stage of a group is checked with the group's largest layer count (ceil(l / pp)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from h2.model.config import ModelConfig
+from heteropp.auto.profiles import LayerProfile
+from heteropp.auto.specs import TrainingSpec
+
+
+def in_flight_micro_batches(position: int, num_stages: int, micro_batches: int) -> int:
+    return min(num_stages - position, micro_batches)
+
+
+def state_bytes_per_param(training: TrainingSpec, dp: int) -> float:
+    optimizer = training.optimizer_bytes / dp if training.zero1 else training.optimizer_bytes
+    return training.weight_bytes + training.gradient_bytes + optimizer
+
+
+def layer_shard_params(model: ModelConfig, tp: int) -> float:
+    norms = 2 * model.hidden_size  # replicated across the TP group
+    return (model.layer_params() - norms) / tp + norms
+
+
+@dataclass(frozen=True)
+class StageMemoryTerms:
+    """memory(layers) = fixed + layers * per_layer, for layers >= 1."""
+    fixed: float
+    per_layer: float
+
+    def bytes(self, layers: int) -> float:
+        return self.fixed + layers * self.per_layer
+
+    def max_layers(self, capacity: float) -> int:
+        if capacity < self.fixed + self.per_layer:
+            return 0
+        return int((capacity - self.fixed) // self.per_layer)
+
+
+def stage_memory_terms(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
+                       position: int, num_stages: int, micro_batches: int) -> StageMemoryTerms:
+    return stage_memory_terms_at(model, training, layer, dp=dp, recompute=recompute,
+                                 in_flight=in_flight_micro_batches(position, num_stages, micro_batches),
+                                 first=position == 0, last=position == num_stages - 1)
+
+
+def stage_memory_terms_at(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int,
+                          recompute: bool, in_flight: int, first: bool, last: bool) -> StageMemoryTerms:
+    """The same, by what the position implies: micro-batches in flight, first stage, last stage."""
+    tp = layer.tp
+    per_param = state_bytes_per_param(training, dp)
+    kept = layer.recompute_activation_bytes if recompute else layer.activation_bytes
+    per_layer = layer_shard_params(model, tp) * per_param + in_flight * kept
+    fixed = float(layer.activation_bytes) if recompute else 0.0
+    if first:
+        fixed += model.embedding_params() / tp * per_param
+    if last:
+        fixed += (model.head_params() / tp + model.final_norm_params()) * per_param
+        fixed += training.micro_batch_size * training.seq_len * model.vocab_size / tp * 4  # fp32 logits
+    return StageMemoryTerms(fixed=fixed, per_layer=per_layer)
+
+
+def stage_memory_bytes(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
+                       position: int, num_stages: int, micro_batches: int, layers: int) -> float:
+    return stage_memory_terms(model, training, layer, dp=dp, recompute=recompute, position=position,
+                              num_stages=num_stages, micro_batches=micro_batches).bytes(layers)

@@ -1,0 +1,206 @@
+"""Per-chip-type profiles: per-layer forward/backward/recompute time and activation memory for each
+TP size, and per-layer update time for each (dp, tp). Loaded from YAML, or synthesised from a spec sheet.
+
+Times are for one decoder layer and one micro-batch (micro_batch_size sequences of seq_len tokens)
+on one chip of a TP group. Parameter memory is not profiled: the model's exact accounting gives it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+import yaml
+
+from h2.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.errors import UserError
+from h2.model.config import ModelConfig
+from heteropp.auto.specs import ChipType, ClusterSpec, TrainingSpec
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    tp: int
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    activation_bytes: int              # kept per layer per micro-batch in flight, no recompute
+    recompute_activation_bytes: int    # kept per layer per micro-batch in flight, with full recompute
+
+    def compute_s(self, recompute: bool) -> float:
+        """t_fwd + t_bwd + r * t_recomp: one layer, one micro-batch."""
+        return self.forward_s + self.backward_s + (self.recompute_s if recompute else 0.0)
+
+
+@dataclass(frozen=True)
+class UpdateProfile:
+    dp: int
+    tp: int
+    seconds_per_layer: float  # optimizer step + gradient synchronisation not overlapped by backward
+
+
+@dataclass(frozen=True)
+class Profile:
+    chip: str
+    model: str
+    seq_len: int
+    micro_batch_size: int
+    layers: list[LayerProfile]
+    update: list[UpdateProfile]
+    source: str = "synthesised"     # or "measured"
+    device: str | None = None
+    assumptions: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_tp", {entry.tp: entry for entry in self.layers})
+        object.__setattr__(self, "_update", {(u.dp, u.tp): u.seconds_per_layer for u in self.update})
+
+    def layer(self, tp: int) -> LayerProfile | None:
+        return self._by_tp.get(tp)
+
+    def update_s(self, dp: int, tp: int) -> float | None:
+        return self._update.get((dp, tp))
+
+    def tp_sizes(self) -> list[int]:
+        return sorted(self._by_tp)
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        return {key: data[key] for key in ("chip", "source", "device", "model", "seq_len", "micro_batch_size",
+                                           "assumptions", "layers", "update")}
+
+
+def ring_allreduce_s(nbytes: float, ranks: int, gbps: float, latency_us: float) -> float:
+    """Ring all-reduce: 2(n-1)/n of the bytes over the link, 2(n-1) latency steps."""
+    if ranks <= 1:
+        return 0.0
+    return 2 * (ranks - 1) / ranks * nbytes / (gbps * 1e9) + 2 * (ranks - 1) * latency_us * 1e-6
+
+
+def dp_sizes(chip: ChipType, tp: int) -> list[int]:
+    per_tp = chip.count // tp if chip.count % tp == 0 else 0
+    return [dp for dp in range(1, per_tp + 1) if per_tp % dp == 0]
+
+
+def update_s_per_layer(model: ModelConfig, training: TrainingSpec, chip: ChipType, dp: int, tp: int,
+                       optimizer_s_at_dp1: float | None = None) -> float:
+    """Adam step on this rank's share of one layer, plus the gradient reduce-scatter / weight all-gather
+    (ZeRO-1; a plain all-reduce without it) across dp, assumed not overlapped with backward."""
+    shard_params = model.layer_params() / tp
+    if optimizer_s_at_dp1 is None:
+        bytes_touched_per_param = training.gradient_bytes + 2 * training.optimizer_bytes + training.weight_bytes
+        optimizer_s_at_dp1 = shard_params * bytes_touched_per_param / (chip.memory_bandwidth_gbps * 1e9)
+    optimizer_s = optimizer_s_at_dp1 / dp if training.zero1 else optimizer_s_at_dp1
+    sync_s = ring_allreduce_s(shard_params * training.weight_bytes, dp, chip.inter_node_gbps, chip.latency_us)
+    return optimizer_s + sync_s
+
+
+def tp_collective_s(model: ModelConfig, training: TrainingSpec, chip: ChipType, tp: int) -> float:
+    """One of the two all-reduces per layer pass (attention output, MLP output) of Megatron-style TP."""
+    nbytes = training.micro_batch_size * training.seq_len * model.hidden_size * training.activation_bytes_per_element
+    return ring_allreduce_s(nbytes, tp, chip.intra_node_gbps, chip.latency_us)
+
+
+def activation_entry_bytes(model: ModelConfig, training: TrainingSpec, tp: int) -> tuple[int, int]:
+    full = model.layer_activation_bytes(training.micro_batch_size, training.seq_len,
+                                        bytes_per_element=training.activation_bytes_per_element, tp=tp)
+    kept = model.layer_recompute_activation_bytes(training.micro_batch_size, training.seq_len,
+                                                  bytes_per_element=training.activation_bytes_per_element)
+    return full, kept
+
+
+def synthesise_profile(chip: ChipType, model: ModelConfig, training: TrainingSpec) -> Profile:
+    """Derive a profile from the spec sheet: FLOPs / achievable FLOP rate, TP collectives from bandwidth."""
+    if chip.peak_tflops is None:
+        raise UserError(f"chip '{chip.name}': field 'peak_tflops' is needed to synthesise a profile "
+                        "(or pass a measured one with --profile)")
+    rate = chip.peak_tflops * 1e12 * chip.achievable_fraction
+    tokens = training.micro_batch_size * training.seq_len
+    forward_flops = model.layer_forward_flops_per_token(training.seq_len) * tokens
+    backward_flops = model.layer_backward_flops_per_token(training.seq_len) * tokens
+    recompute_flops = model.layer_recompute_flops_per_token(training.seq_len) * tokens
+    layers, update = [], []
+    for tp in chip.tp_sizes():
+        collective = tp_collective_s(model, training, chip, tp)
+        tp_rate = rate * tp * chip.tp_compute_efficiency(tp)
+        full, kept = activation_entry_bytes(model, training, tp)
+        layers.append(LayerProfile(tp=tp,
+                                   forward_s=forward_flops / tp_rate + 2 * collective,
+                                   backward_s=backward_flops / tp_rate + 2 * collective,
+                                   recompute_s=recompute_flops / tp_rate + 2 * collective,
+                                   activation_bytes=full, recompute_activation_bytes=kept))
+        for dp in dp_sizes(chip, tp):
+            update.append(UpdateProfile(dp=dp, tp=tp, seconds_per_layer=update_s_per_layer(model, training, chip, dp, tp)))
+    assumptions = [
+        f"compute at {chip.achievable_fraction:g} x {chip.peak_tflops:g} peak TFLOPS = {rate / 1e12:.1f} TFLOPS achieved, "
+        f"split over the TP group at {chip.tp_efficiency_per_doubling:g} efficiency per doubling of tp "
+        "(smaller GEMMs, kernel overheads)",
+        "FLOPs from h2.model.config: backward = 2 x forward, recompute = 1 x forward, full s x s attention square",
+        f"TP: 2 ring all-reduces of s*b*h activations per pass over {chip.intra_node_gbps:g} GB/s intra-node, "
+        f"{chip.latency_us:g} us latency per step",
+        f"update: Adam touching {training.gradient_bytes + 2 * training.optimizer_bytes + training.weight_bytes} bytes "
+        f"per parameter at {chip.memory_bandwidth_gbps:g} GB/s"
+        + (", sharded over dp (ZeRO-1)" if training.zero1 else "")
+        + f"; gradient sync = ring all-reduce volume over {chip.inter_node_gbps:g} GB/s inter-node, not overlapped",
+        f"activations: h2.model.config accounting at {training.activation_bytes_per_element} bytes per element, "
+        "fused attention (no s x s probabilities kept); recompute keeps only the layer input",
+    ]
+    return Profile(chip=chip.name, model=model.name, seq_len=training.seq_len,
+                   micro_batch_size=training.micro_batch_size, layers=layers, update=update,
+                   source="synthesised", assumptions=assumptions)
+
+
+def load_profile(path: str | os.PathLike) -> Profile:
+    path = os.fspath(path)
+    data = load_yaml_mapping(path)
+    profile = dataclass_from_mapping(Profile, data, path)
+    if not profile.layers:
+        raise UserError(f"{path}: field 'layers' must list at least one TP size")
+    for index, entry in enumerate(profile.layers):
+        for name in ("forward_s", "backward_s", "recompute_s", "activation_bytes", "recompute_activation_bytes"):
+            if getattr(entry, name) < 0:
+                raise UserError(f"{path}: field 'layers[{index}].{name}' must not be negative")
+        if entry.tp <= 0 or entry.tp & (entry.tp - 1):
+            raise UserError(f"{path}: field 'layers[{index}].tp' must be a power of two, got {entry.tp}")
+    tps = [entry.tp for entry in profile.layers]
+    if len(set(tps)) != len(tps):
+        raise UserError(f"{path}: field 'layers': a TP size is listed twice")
+    for index, entry in enumerate(profile.update):
+        if entry.seconds_per_layer < 0 or entry.dp <= 0 or entry.tp <= 0:
+            raise UserError(f"{path}: field 'update[{index}]': dp and tp must be positive and seconds_per_layer not negative")
+    return profile
+
+
+def save_profile(profile: Profile, path: str | os.PathLike) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(profile.to_dict(), handle, sort_keys=False)
+
+
+def check_profile_matches(profile: Profile, source: str, cluster: ClusterSpec, model: ModelConfig,
+                          training: TrainingSpec) -> None:
+    """A loaded profile must name a chip of the cluster and the model/sequence length being planned."""
+    known = [c.name for c in cluster.chips]
+    if profile.chip not in known:
+        raise UserError(f"{source}: field 'chip': unknown chip type '{profile.chip}' (cluster {cluster.source} has: "
+                        f"{', '.join(known)})")
+    if profile.seq_len != training.seq_len:
+        raise UserError(f"{source}: field 'seq_len': profiled at {profile.seq_len}, planning for {training.seq_len}")
+    if profile.micro_batch_size != training.micro_batch_size:
+        raise UserError(f"{source}: field 'micro_batch_size': profiled at {profile.micro_batch_size}, "
+                        f"planning for {training.micro_batch_size}")
+    if profile.model != model.name:
+        raise UserError(f"{source}: field 'model': profiled for '{profile.model}', planning for '{model.name}'")
+
+
+def profiles_for(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
+                 profile_paths: list[str] = ()) -> dict[str, Profile]:
+    """Loaded profiles where given, synthesised ones for the other chip types."""
+    loaded: dict[str, Profile] = {}
+    for path in profile_paths:
+        profile = load_profile(path)
+        check_profile_matches(profile, path, cluster, model, training)
+        if profile.chip in loaded:
+            raise UserError(f"{path}: field 'chip': a second profile for chip type '{profile.chip}'")
+        loaded[profile.chip] = profile
+    return {chip.name: loaded.get(chip.name) or synthesise_profile(chip, model, training) for chip in cluster.chips}

@@ -1,0 +1,371 @@
+"""HeteroAuto's search (paper section 4.3.3): DFS over the parallel configuration, layer sharding per
+configuration, cost-model selection; then the two-stage refinement.
+
+Space. Chip groups in pipeline order (chip types by descending usable memory, Observation 4).
+dp divides the global batch (in micro-batches); each group picks tp in {1, 2, ..., TP_MAX} with
+count = pp * tp * dp, and recompute on or off. Stage 1: one group per chip type. Stage 2: dp fixed
+to stage 1's choice, each type split into groups of `group_size` chips, and within a type tp must not
+grow along the pipeline (the paper's extra constraint).
+
+Pruning that keeps the optimum: a pipeline deeper than the model's layers is skipped; recompute on
+is skipped for a group whose no-recompute memory cap already admits every layer it could be given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from h2.errors import UserError
+from h2.model.config import PRESETS, ModelConfig
+from heteropp.auto.memory import stage_memory_terms_at
+from heteropp.auto.profiles import Profile
+from heteropp.auto.sharding import absorber_bound, lower_bound, shard_layers
+from heteropp.auto.specs import ChipType, ClusterSpec, TrainingSpec
+from heteropp.auto.strategy import StageSpec, Strategy
+
+GIB = 1e9
+
+
+@dataclass(frozen=True)
+class Group:
+    chip: ChipType
+    count: int
+    label: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated point: a parallel configuration and its optimal layer sharding."""
+    objective_s: float
+    dp: int
+    micro_batches: int
+    groups: tuple[Group, ...]
+    tps: tuple[int, ...]
+    pps: tuple[int, ...]
+    recompute: tuple[bool, ...]
+    layers: tuple[int, ...]
+
+    def stage_layers(self) -> list[tuple[int, list[int]]]:
+        """Per group, the layer count of each of its stages: even, with the extra layers on later stages
+        (they hold fewer micro-batches in flight)."""
+        result = []
+        for g, (pp, layers) in enumerate(zip(self.pps, self.layers)):
+            base, extra = divmod(layers, pp)
+            result.append((g, [base] * (pp - extra) + [base + 1] * extra))
+        return result
+
+    def to_strategy(self, model: ModelConfig, training: TrainingSpec, schedule: str = "1f1b") -> Strategy:
+        stages = []
+        for g, counts in self.stage_layers():
+            for layers in counts:
+                stages.append(StageSpec(chip=self.groups[g].chip.name, tp=self.tps[g], layers=layers,
+                                        recompute=self.recompute[g]))
+        return Strategy(dp=self.dp, micro_batches=self.micro_batches, micro_batch_size=training.micro_batch_size,
+                        stages=stages, model=model.name if PRESETS.get(model.name) == model else model.to_dict(),
+                        schedule=schedule, seq_len=training.seq_len)
+
+
+@dataclass
+class Infeasibility:
+    """The tightest constraint seen failing, for the 'no feasible strategy' message."""
+    batch: str | None = None
+    depth: str | None = None
+    memory_overflow: tuple[float, str] | None = None   # (needed / capacity, message) at one layer per stage
+    memory_cover: tuple[float, str] | None = None      # (layers held / layers needed, message)
+    profile: str | None = None
+
+    def note_overflow(self, ratio: float, message: str) -> None:
+        if self.memory_overflow is None or ratio < self.memory_overflow[0]:
+            self.memory_overflow = (ratio, message)
+
+    def note_cover(self, ratio: float, message: str) -> None:
+        if self.memory_cover is None or ratio > self.memory_cover[0]:
+            self.memory_cover = (ratio, message)
+
+    def reason(self) -> str:
+        if self.memory_cover is not None:
+            return self.memory_cover[1]
+        if self.memory_overflow is not None:
+            return self.memory_overflow[1]
+        return self.depth or self.batch or self.profile or "no configuration to evaluate"
+
+
+@dataclass
+class SearchResult:
+    best: Candidate
+    top: list[Candidate]
+    evaluated: int
+    bounded: int
+    search_s: float
+    stage1_dp: int
+    stages_run: int
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def type_groups(cluster: ClusterSpec) -> list[Group]:
+    return [Group(chip=chip, count=chip.count, label=chip.name) for chip in cluster.by_descending_memory()]
+
+
+def split_groups(cluster: ClusterSpec, group_size: int) -> list[Group]:
+    groups = []
+    for chip in cluster.by_descending_memory():
+        sizes = [group_size] * (chip.count // group_size)
+        if chip.count % group_size:
+            sizes.append(chip.count % group_size)
+        if len(sizes) == 1:
+            groups.append(Group(chip=chip, count=chip.count, label=chip.name))
+        else:
+            groups.extend(Group(chip=chip, count=size, label=f"{chip.name}#{i}") for i, size in enumerate(sizes))
+    return groups
+
+
+class Planner:
+    """Evaluates configurations of one (cluster, model, training, profiles) problem.
+
+    The DFS lists every (dp, tp per group) leaf with a lower bound (each group at its cheapest
+    recompute setting with its largest memory cap); leaves are then solved in bound order, recompute
+    choices by branch and bound, and a leaf whose bound cannot beat the k-th best is skipped. Bounds
+    only relax the problem, so no skipped leaf holds a better strategy.
+    """
+
+    def __init__(self, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
+                 profiles: dict[str, Profile]):
+        self.cluster, self.model, self.training, self.profiles = cluster, model, training, profiles
+        self.evaluated = 0
+        self.bounded = 0
+        self.infeasible = Infeasibility()
+        self._caps: dict = {}
+
+    # ---- the pieces of one configuration -------------------------------------------------
+    def tp_choices(self, group: Group, dp: int) -> list[tuple[int, int]]:
+        """(tp, pp) with count = pp * tp * dp, profiled at this tp and (dp, tp)."""
+        profile = self.profiles[group.chip.name]
+        choices = []
+        for tp in group.chip.tp_sizes():
+            if group.count % (tp * dp):
+                continue
+            if profile.layer(tp) is None or profile.update_s(dp, tp) is None:
+                self.infeasible.profile = (f"no feasible strategy: profile of chip '{group.chip.name}' lacks tp={tp} "
+                                           f"or the update time at (dp={dp}, tp={tp})")
+                continue
+            choices.append((tp, group.count // (tp * dp)))
+        return choices
+
+    def memory_cap(self, chip: ChipType, tp: int, dp: int, recompute: bool, in_flight: int, first: bool,
+                   last: bool) -> int:
+        """Most layers a stage can hold; notes the overflow when not even one fits."""
+        key = (chip.name, tp, dp, recompute, in_flight, first, last)
+        cap = self._caps.get(key)
+        if cap is None:
+            layer = self.profiles[chip.name].layer(tp)
+            terms = stage_memory_terms_at(self.model, self.training, layer, dp=dp, recompute=recompute,
+                                          in_flight=in_flight, first=first, last=last)
+            cap = self._caps[key] = terms.max_layers(chip.capacity_bytes)
+            if cap < 1:
+                where = ("the first stage" if first else "the last stage" if last
+                         else f"a stage with {in_flight} micro-batches in flight")
+                self.infeasible.note_overflow(terms.bytes(1) / chip.capacity_bytes, (
+                    f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} tp={tp} "
+                    f"recompute={'on' if recompute else 'off'}, {where}) needs {terms.bytes(1) / GIB:.1f} GB per "
+                    f"chip for one layer, capacity {chip.capacity_bytes / GIB:.1f} GB"))
+        return cap
+
+    def options_at(self, group: Group, g: int, dp: int, micro_batches: int, tp: int, pp: int, tail: int,
+                   last_group: bool, useful: int) -> list[tuple]:
+        """Recompute options of group g (pipeline index) whose first stage has `tail` stages from it to the
+        pipeline's end: (recompute, t, u, cap) for those that fit and are not dominated."""
+        profile = self.profiles[group.chip.name]
+        layer = profile.layer(tp)
+        update = profile.update_s(dp, tp)
+        in_flight = min(tail, micro_batches)
+        choices = []
+        for recompute in (False, True):
+            cap = self.memory_cap(group.chip, tp, dp, recompute, in_flight, g == 0, last_group and pp == 1)
+            if last_group and pp > 1:
+                cap = min(cap, self.memory_cap(group.chip, tp, dp, recompute, 1, False, True))
+            if cap >= 1:
+                choices.append((recompute, layer.compute_s(recompute), update, cap))
+                if not recompute and cap >= useful:
+                    break  # recompute would only cost time
+        return choices
+
+    def _solve(self, pps, choice, micro_batches):
+        return shard_layers(self.model.num_layers, pps, [o[1] for o in choice], [o[2] for o in choice],
+                            [o[3] for o in choice], micro_batches, self.training.alpha)
+
+    def _relaxed(self, options) -> tuple:
+        """A stand-in option no worse than any real one: cheapest time, largest cap."""
+        return (None, min(o[1] for o in options), min(o[2] for o in options), max(o[3] for o in options))
+
+    def solve_leaf(self, groups, dp, tps, pps, options, heap, top_k) -> None:
+        """Branch and bound over the recompute settings of one leaf."""
+        micro_batches = self.training.micro_batch_units // dp
+        relaxed = [self._relaxed(o) for o in options]
+        choice = list(relaxed)
+
+        def worst() -> float:
+            return -heap[0][0] if len(heap) >= top_k else float("inf")
+
+        def branch(g: int) -> None:
+            if g == len(options):
+                self.evaluated += 1
+                solved = self._solve(pps, choice, micro_batches)
+                if solved is None:
+                    return
+                value, layers = solved
+                if value >= worst():
+                    return
+                candidate = Candidate(objective_s=value, dp=dp, micro_batches=micro_batches, groups=tuple(groups),
+                                      tps=tuple(tps), pps=tuple(pps), recompute=tuple(o[0] for o in choice),
+                                      layers=tuple(layers))
+                entry = (-value, self.evaluated, candidate)
+                if len(heap) < top_k:
+                    heapq.heappush(heap, entry)
+                else:
+                    heapq.heapreplace(heap, entry)
+                return
+            for option in options[g]:
+                choice[g] = option
+                if len(options[g]) > 1 and g + 1 < len(options):
+                    self.bounded += 1
+                    bound = self._solve(pps, choice, micro_batches)
+                    if bound is None or bound[0] >= worst():
+                        continue
+                branch(g + 1)
+            choice[g] = relaxed[g]
+
+        branch(0)
+
+    # ---- the DFS -----------------------------------------------------------------------------
+    def dfs(self, groups: list[Group], dp_values: list[int], monotone_tp: bool, heap: list, top_k: int) -> list:
+        """Every leaf (dp, tp per group) with its options and a cheap lower bound (sharding.lower_bound).
+
+        Groups are assigned from the pipeline's end backwards, so each group's stages-to-the-end, and
+        with it the micro-batches its stages hold in flight, is known when it is chosen."""
+        leaves = []
+        total_layers = self.model.num_layers
+        alpha = self.training.alpha
+        last = len(groups) - 1
+        for dp in dp_values:
+            micro_batches = self.training.micro_batch_units // dp
+            choices = [self.tp_choices(group, dp) for group in groups]
+            if not all(choices):
+                continue
+            tps, pps, options = [0] * len(groups), [0] * len(groups), [None] * len(groups)
+
+            open_absorbers = {}
+
+            def open_absorber(h: int, tail: int) -> tuple:
+                """Group h not yet chosen, behind `tail` stages: the best it could be over its tp and recompute."""
+                in_flight = min(tail + 1, micro_batches)
+                key = (h, in_flight)
+                if key not in open_absorbers:
+                    best = [total_layers, 0.0, 0, float("inf"), float("inf")]
+                    profile = self.profiles[groups[h].chip.name]
+                    for tp, pp in choices[h]:
+                        t = profile.layer(tp).compute_s(False)
+                        weight = (micro_batches - alpha) * t + profile.update_s(dp, tp)
+                        cap = max(self.memory_cap(groups[h].chip, tp, dp, recompute, in_flight, False, False)
+                                  for recompute in (False, True))
+                        best = [min(best[0], pp), max(best[1], pp / weight if weight > 0 else float("inf")),
+                                max(best[2], pp * cap), min(best[3], t), min(best[4], weight)]
+                    open_absorbers[key] = tuple(best)
+                return open_absorbers[key]
+
+            def descend(g: int, tail: int) -> None:
+                for tp, pp in choices[g]:
+                    if (monotone_tp and g < last and groups[g + 1].chip.name == groups[g].chip.name
+                            and tp < tps[g + 1]):
+                        continue
+                    if tail + pp + g > total_layers:
+                        self.infeasible.depth = (f"no feasible strategy: every configuration has more pipeline "
+                                                 f"stages than the model's {total_layers} layers")
+                        continue
+                    useful = -(-(total_layers - tail - g) // pp)
+                    group_options = self.options_at(groups[g], g, dp, micro_batches, tp, pp, tail + pp, g == last,
+                                                    useful)
+                    if not group_options:
+                        continue
+                    tps[g], pps[g], options[g] = tp, pp, group_options
+                    if g > 0:
+                        if len(heap) >= top_k:
+                            absorbers = [open_absorber(h, tail + pp) for h in range(g)]
+                            for h in range(g, last + 1):
+                                r, t, u, cap = self._relaxed(options[h])
+                                weight = (micro_batches - alpha) * t + u
+                                absorbers.append((pps[h], pps[h] / weight if weight > 0 else float("inf"),
+                                                  pps[h] * cap, t, weight))
+                            self.bounded += 1
+                            if absorber_bound(total_layers, absorbers, alpha) >= -heap[0][0]:
+                                continue
+                        descend(g - 1, tail + pp)
+                        continue
+                    relaxed = [self._relaxed(o) for o in options]
+                    self.bounded += 1
+                    bound = lower_bound(total_layers, pps, [o[1] for o in relaxed], [o[2] for o in relaxed],
+                                        [o[3] for o in relaxed], micro_batches, alpha)
+                    if bound == float("inf"):
+                        self._note_cover(groups, dp, tps, pps, relaxed)
+                        continue
+                    if len(heap) >= top_k and bound >= -heap[0][0]:
+                        continue
+                    leaves.append((bound, dp, tuple(tps), tuple(pps), list(options)))
+
+            descend(last, 0)
+        return leaves
+
+    def _note_cover(self, groups, dp, tps, pps, relaxed) -> None:
+        total_layers = self.model.num_layers
+        held = sum(p * o[3] for p, o in zip(pps, relaxed))
+        self.infeasible.note_cover(held / total_layers, (
+            f"no feasible strategy: memory: the closest configuration (dp={dp}, "
+            + ", ".join(f"{grp.label} tp={tp} pp={pp}" for grp, tp, pp in zip(groups, tps, pps))
+            + f") holds at most {held} of the model's {total_layers} layers within memory"))
+
+    def run(self, groups: list[Group], dp_values: list[int], heap: list, top_k: int, monotone_tp: bool) -> None:
+        leaves = self.dfs(groups, dp_values, monotone_tp, heap, top_k)
+        leaves.sort(key=lambda leaf: leaf[0])
+        for bound, dp, tps, pps, options in leaves:
+            if len(heap) >= top_k and bound >= -heap[0][0]:
+                break
+            self.solve_leaf(groups, dp, tps, pps, options, heap, top_k)
+
+
+def batch_dp_values(cluster: ClusterSpec, training: TrainingSpec, infeasible: Infeasibility) -> list[int]:
+    values = [dp for dp in divisors(training.micro_batch_units)
+              if all(any(chip.count % (tp * dp) == 0 for tp in chip.tp_sizes()) for chip in cluster.chips)]
+    if not values:
+        counts = ", ".join(f"{c.name}={c.count}" for c in cluster.chips)
+        infeasible.batch = (f"{cluster.source}: field 'chips': no dp dividing the global batch of "
+                            f"{training.micro_batch_units} micro-batches and tp (power of two up to tp_max) make "
+                            f"tp * dp divide every chip count ({counts})")
+    return values
+
+
+def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile], *,
+           top_k: int = 1, group_size: int | None = 128) -> SearchResult:
+    """Stage 1 over chip types, then (group_size set) stage 2 over groups of group_size chips at stage 1's dp."""
+    started = time.perf_counter()
+    planner = Planner(cluster, model, training, profiles)
+    heap: list = []
+    dp_values = batch_dp_values(cluster, training, planner.infeasible)
+    planner.run(type_groups(cluster), dp_values, heap, top_k, monotone_tp=False)
+    if not heap:
+        raise UserError(planner.infeasible.reason())
+    stage1_best = max(heap)[2]
+    stages_run = 1
+    if group_size:
+        groups = split_groups(cluster, group_size)
+        if len(groups) > len(cluster.chips):
+            planner.run(groups, [stage1_best.dp], heap, top_k, monotone_tp=True)
+            stages_run = 2
+    ranked = [entry[2] for entry in sorted(heap, key=lambda e: -e[0])]
+    return SearchResult(best=ranked[0], top=ranked, evaluated=planner.evaluated, bounded=planner.bounded,
+                        search_s=time.perf_counter() - started, stage1_dp=stage1_best.dp, stages_run=stages_run)

@@ -1,0 +1,232 @@
+"""Cluster and training specs: what the planner is given, validated on load.
+
+A cluster file lists chip types (inline, or `from: chips/x.yaml` relative to the cluster file,
+plus `count`) and may carry a `training` section (global batch, sequence length, ...).
+Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, TFLOPS in 10^12/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+
+from h2.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.errors import UserError
+
+_SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+
+
+def parse_count(text: str | int, what: str) -> int:
+    """An integer with an optional binary K/M/G suffix: '4M' = 4 * 2**20 (batch sizes are powers of two)."""
+    if isinstance(text, bool):
+        raise UserError(f"{what}: expected a count like 4M or 4194304, got {text!r}")
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGkmg]?)\s*", str(text))
+    if not match:
+        raise UserError(f"{what}: expected a count like 4M or 4194304, got {text!r}")
+    value = float(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+    if value != int(value):
+        raise UserError(f"{what}: {text!r} is not a whole number")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class ChipType:
+    name: str
+    count: int
+    memory_gb: float
+    chips_per_node: int
+    tp_max: int
+    intra_node_gbps: float
+    inter_node_gbps: float
+    latency_us: float = 10.0
+    usable_memory_fraction: float = 0.9
+    peak_tflops: float | None = None
+    achievable_fraction: float = 0.45
+    tp_efficiency_per_doubling: float = 1.0
+    memory_bandwidth_gbps: float = 1600.0
+    emulated: bool = False
+
+    def validate(self, source: str) -> None:
+        where = f"{source}: chip '{self.name}'"
+        for name in ("count", "chips_per_node", "tp_max"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{where}: field '{name}' must be positive, got {getattr(self, name)}")
+        for name in ("memory_gb", "intra_node_gbps", "inter_node_gbps", "memory_bandwidth_gbps"):
+            if not getattr(self, name) > 0:
+                raise UserError(f"{where}: field '{name}' must be positive, got {getattr(self, name)}")
+        if self.latency_us < 0:
+            raise UserError(f"{where}: field 'latency_us' must not be negative, got {self.latency_us}")
+        if not 0 < self.usable_memory_fraction <= 1:
+            raise UserError(f"{where}: field 'usable_memory_fraction' must be in (0, 1], got {self.usable_memory_fraction}")
+        if not 0 < self.achievable_fraction <= 1:
+            raise UserError(f"{where}: field 'achievable_fraction' must be in (0, 1], got {self.achievable_fraction}")
+        if not 0 < self.tp_efficiency_per_doubling <= 1:
+            raise UserError(f"{where}: field 'tp_efficiency_per_doubling' must be in (0, 1], got {self.tp_efficiency_per_doubling}")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise UserError(f"{where}: field 'peak_tflops' must be positive, got {self.peak_tflops}")
+        if self.tp_max & (self.tp_max - 1):
+            raise UserError(f"{where}: field 'tp_max' must be a power of two, got {self.tp_max}")
+        if self.tp_max > self.chips_per_node:
+            raise UserError(f"{where}: field 'tp_max' ({self.tp_max}) exceeds chips_per_node ({self.chips_per_node}): "
+                            "tensor parallelism stays inside a node")
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.memory_gb * 1e9 * self.usable_memory_fraction
+
+    def tp_compute_efficiency(self, tp: int) -> float:
+        """Fraction of the achievable rate kept at TP size tp (smaller GEMMs, exposed collectives)."""
+        return self.tp_efficiency_per_doubling ** (tp.bit_length() - 1)
+
+    def tp_sizes(self) -> list[int]:
+        sizes, tp = [], 1
+        while tp <= self.tp_max:
+            sizes.append(tp)
+            tp *= 2
+        return sizes
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """Global batch (sequences = tokens / seq_len), micro-batch size, schedule bubble coefficient."""
+    seq_len: int = 4096
+    global_batch_tokens: int | None = None
+    global_batch_sequences: int | None = None
+    micro_batch_size: int = 1
+    alpha: float = 1.0
+    zero1: bool = True
+    weight_bytes: int = 2         # bf16 weights
+    gradient_bytes: int = 4       # fp32 gradient accumulation (Megatron's main_grad)
+    optimizer_bytes: int = 12     # fp32 master weights + Adam m and v
+    activation_bytes_per_element: int = 2
+
+    def validate(self, source: str) -> None:
+        if self.seq_len <= 0:
+            raise UserError(f"{source}: field 'seq_len' must be positive, got {self.seq_len}")
+        if self.micro_batch_size <= 0:
+            raise UserError(f"{source}: field 'micro_batch_size' must be positive, got {self.micro_batch_size}")
+        if not 0 <= self.alpha <= 1:
+            raise UserError(f"{source}: field 'alpha' must be in [0, 1] (1 for 1F1B, 0 for zero-bubble), got {self.alpha}")
+        if (self.global_batch_tokens is None) == (self.global_batch_sequences is None):
+            raise UserError(f"{source}: give exactly one of 'global_batch_tokens' or 'global_batch_sequences'")
+        if self.global_batch_tokens is not None:
+            if self.global_batch_tokens <= 0 or self.global_batch_tokens % self.seq_len:
+                raise UserError(f"{source}: field 'global_batch_tokens' ({self.global_batch_tokens}) must be a positive "
+                                f"multiple of seq_len ({self.seq_len})")
+        if self.sequences % self.micro_batch_size:
+            raise UserError(f"{source}: global batch of {self.sequences} sequences is not divisible by "
+                            f"micro_batch_size {self.micro_batch_size}")
+        for name in ("weight_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes_per_element"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{source}: field '{name}' must not be negative")
+
+    @property
+    def sequences(self) -> int:
+        if self.global_batch_sequences is not None:
+            return self.global_batch_sequences
+        return self.global_batch_tokens // self.seq_len
+
+    @property
+    def tokens(self) -> int:
+        return self.sequences * self.seq_len
+
+    @property
+    def micro_batch_units(self) -> int:
+        """Global batch counted in micro-batches of size micro_batch_size: dp * b equals this."""
+        return self.sequences // self.micro_batch_size
+
+    def with_global_batch_tokens(self, tokens: int) -> "TrainingSpec":
+        return dataclasses.replace(self, global_batch_tokens=tokens, global_batch_sequences=None)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    chips: tuple[ChipType, ...]
+    training: TrainingSpec | None = None
+    model: str | None = None
+    source: str = "cluster"
+
+    def chip(self, name: str) -> ChipType:
+        for chip in self.chips:
+            if chip.name == name:
+                return chip
+        raise UserError(f"{self.source}: unknown chip type '{name}' (known: {', '.join(c.name for c in self.chips)})")
+
+    @property
+    def total_chips(self) -> int:
+        return sum(c.count for c in self.chips)
+
+    def by_descending_memory(self) -> list[ChipType]:
+        """The pipeline order of chip types (Observation 4: larger memory earlier)."""
+        return sorted(self.chips, key=lambda c: (-c.capacity_bytes, c.name))
+
+    def only(self, name: str) -> "ClusterSpec":
+        return dataclasses.replace(self, name=f"{self.name}/{name}", chips=(self.chip(name),))
+
+
+_CHIP_FIELDS = {f.name for f in dataclasses.fields(ChipType)}
+
+
+def _load_chip(entry: dict, base_dir: str, where: str) -> ChipType:
+    merged = dict(entry)
+    reference = merged.pop("from", None)
+    if reference is not None:
+        if not isinstance(reference, str):
+            raise UserError(f"{where}: field 'from': expected a path string, got {reference!r}")
+        path = reference if os.path.isabs(reference) else os.path.join(base_dir, reference)
+        base = load_yaml_mapping(path)
+        merged = {**base, **merged}
+        where = f"{where} (from {path})"
+    return dataclass_from_mapping(ChipType, merged, where)
+
+
+def training_from_mapping(mapping: dict, source: str) -> TrainingSpec:
+    data = dict(mapping)
+    for name in ("global_batch_tokens", "global_batch_sequences"):
+        if name in data and data[name] is not None:
+            data[name] = parse_count(data[name], f"{source}: field '{name}'")
+    training = dataclass_from_mapping(TrainingSpec, data, source)
+    training.validate(source)
+    return training
+
+
+def load_cluster(path: str | os.PathLike) -> ClusterSpec:
+    path = os.fspath(path)
+    data = load_yaml_mapping(path)
+    known = {"name", "chips", "training", "model", "description"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise UserError(f"{path}: unknown field '{unknown[0]}' (known: {', '.join(sorted(known))})")
+    chips_data = data.get("chips")
+    if not isinstance(chips_data, list) or not chips_data:
+        raise UserError(f"{path}: field 'chips' must be a non-empty list of chip types")
+    base_dir = os.path.dirname(path)
+    chips = []
+    for index, entry in enumerate(chips_data):
+        where = f"{path}: chips[{index}]"
+        if not isinstance(entry, dict):
+            raise UserError(f"{where}: expected a mapping, got {type(entry).__name__}")
+        chip = _load_chip(entry, base_dir, where)
+        chip.validate(path)
+        chips.append(chip)
+    names = [c.name for c in chips]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise UserError(f"{path}: field 'chips': chip type '{duplicates[0]}' listed twice")
+    training = None
+    if data.get("training") is not None:
+        if not isinstance(data["training"], dict):
+            raise UserError(f"{path}: field 'training': expected a mapping")
+        training = training_from_mapping(data["training"], f"{path}: training")
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise UserError(f"{path}: field 'model': expected a preset name or a path, got {model!r}")
+    name = data.get("name", os.path.splitext(os.path.basename(path))[0])
+    if not isinstance(name, str):
+        raise UserError(f"{path}: field 'name': expected a string, got {name!r}")
+    return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path)

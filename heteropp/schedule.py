@@ -1,0 +1,117 @@
+"""Pipeline schedules as explicit action lists: one ordered list of actions per stage.
+
+The HeteroPP executor runs these lists; the HeteroAuto simulator replays them with costs; tests print
+them. Pure Python: must not import torch.
+
+Kinds: F (forward), B (backward; input gradients only in the split variant), W (weight gradients,
+split variant only), SEND_F / RECV_F (activations to / from the next / previous stage), SEND_B /
+RECV_B (gradients to / from the previous / next stage). Sends do not block; receives wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
+SCHEDULES = ("1f1b", "1f1b-split-backward")
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    stage: int
+    micro_batch: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown action kind {self.kind!r} (known: {', '.join(KINDS)})")
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.micro_batch}"
+
+
+def _forward(stage: int, num_stages: int, micro_batch: int) -> list[Action]:
+    actions = [Action("RECV_F", stage, micro_batch)] if stage > 0 else []
+    actions.append(Action("F", stage, micro_batch))
+    if stage < num_stages - 1:
+        actions.append(Action("SEND_F", stage, micro_batch))
+    return actions
+
+
+def _backward(stage: int, num_stages: int, micro_batch: int) -> list[Action]:
+    actions = [Action("RECV_B", stage, micro_batch)] if stage < num_stages - 1 else []
+    actions.append(Action("B", stage, micro_batch))
+    if stage > 0:
+        actions.append(Action("SEND_B", stage, micro_batch))
+    return actions
+
+
+def _check(num_stages: int, micro_batches: int) -> None:
+    if num_stages < 1 or micro_batches < 1:
+        raise ValueError(f"need at least one stage and one micro-batch, got {num_stages} and {micro_batches}")
+
+
+def one_f_one_b(num_stages: int, micro_batches: int) -> list[list[Action]]:
+    """1F1B: stage s runs min(P - s - 1, b) warm-up forwards, then alternates one forward and one
+    backward, then drains the remaining backwards."""
+    _check(num_stages, micro_batches)
+    schedule = []
+    for stage in range(num_stages):
+        warmup = min(num_stages - stage - 1, micro_batches)
+        actions: list[Action] = []
+        for m in range(warmup):
+            actions += _forward(stage, num_stages, m)
+        for i in range(micro_batches - warmup):
+            actions += _forward(stage, num_stages, warmup + i)
+            actions += _backward(stage, num_stages, i)
+        for m in range(micro_batches - warmup, micro_batches):
+            actions += _backward(stage, num_stages, m)
+        schedule.append(actions)
+    return schedule
+
+
+def one_f_one_b_split_backward(num_stages: int, micro_batches: int) -> list[list[Action]]:
+    """1F1B with the backward split into B (input gradients, on the critical path) and W (weight
+    gradients, deferrable), zero-bubble style: during warm-up and steady state stage s keeps up to
+    P - 1 - s weight-gradient passes pending, so its input gradients go upstream sooner; in the drain
+    phase it runs one pending W after each backward, filling the wait for the next gradient."""
+    _check(num_stages, micro_batches)
+    schedule = []
+    for stage, plain in enumerate(one_f_one_b(num_stages, micro_batches)):
+        deferrable = num_stages - 1 - stage
+        last_forward = max(i for i, a in enumerate(plain) if a.kind == "F")
+        pending: list[int] = []
+        actions: list[Action] = []
+        for index, action in enumerate(plain):
+            actions.append(action)
+            if action.kind == "B":
+                pending.append(action.micro_batch)
+            if action.kind in ("B", "SEND_B") and _backward_done(action, stage):
+                draining = index > last_forward
+                keep = 0 if draining and index == len(plain) - 1 else deferrable
+                while len(pending) > keep:
+                    actions.append(Action("W", stage, pending.pop(0)))
+                    if draining and keep:
+                        break  # one W per drain-phase backward: it fills the wait for the next gradient
+        actions += [Action("W", stage, m) for m in pending]
+        schedule.append(actions)
+    return schedule
+
+
+def _backward_done(action: Action, stage: int) -> bool:
+    """The last action of a backward block: SEND_B, or B on stage 0 (which sends nothing)."""
+    return action.kind == "SEND_B" or stage == 0
+
+
+def schedule_actions(name: str, num_stages: int, micro_batches: int) -> list[list[Action]]:
+    if name == "1f1b":
+        return one_f_one_b(num_stages, micro_batches)
+    if name == "1f1b-split-backward":
+        return one_f_one_b_split_backward(num_stages, micro_batches)
+    raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
+
+
+def format_schedule(schedule: list[list[Action]]) -> str:
+    """One line per stage with its compute actions, e.g. 'stage 0: F0 F1 B0 F2 B1 B2'."""
+    return "\n".join(f"stage {s}: " + " ".join(str(a) for a in actions if a.kind in ("F", "B", "W"))
+                     for s, actions in enumerate(schedule))

@@ -1,0 +1,123 @@
+import random
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s
+from heteropp.auto.simulator import StageCost, simulate
+from heteropp.schedule import Action, format_schedule, one_f_one_b, one_f_one_b_split_backward
+
+
+def test_schedule_module_does_not_import_torch():
+    import heteropp.schedule  # noqa: F401
+    import heteropp.auto.search  # noqa: F401
+    assert "torch" not in sys.modules or sys.modules["torch"] is not None  # imported elsewhere is fine
+    import subprocess
+    code = "import sys, heteropp.schedule, heteropp.auto.cli, heteropp.auto.search; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
+
+
+def test_1f1b_warms_up_p_minus_s_minus_1_forwards():
+    text = format_schedule(one_f_one_b(3, 4))
+    assert text.splitlines() == ["stage 0: F0 F1 F2 B0 F3 B1 B2 B3",
+                                 "stage 1: F0 F1 B0 F2 B1 F3 B2 B3",
+                                 "stage 2: F0 B0 F1 B1 F2 B2 F3 B3"]
+
+
+@pytest.mark.parametrize("make", [one_f_one_b, one_f_one_b_split_backward])
+@pytest.mark.parametrize("stages,micro_batches", [(1, 1), (2, 5), (4, 3), (5, 8)])
+def test_every_micro_batch_runs_once_per_stage_and_every_send_has_a_receive(make, stages, micro_batches):
+    schedule = make(stages, micro_batches)
+    for s, actions in enumerate(schedule):
+        kinds = ["F", "B", "W"] if make is one_f_one_b_split_backward else ["F", "B"]
+        for kind in kinds:
+            assert sorted(a.micro_batch for a in actions if a.kind == kind) == list(range(micro_batches))
+        assert all(a.stage == s for a in actions)
+    sends = {(a.kind[-1], a.stage + (1 if a.kind == "SEND_F" else -1), a.micro_batch)
+             for actions in schedule for a in actions if a.kind.startswith("SEND")}
+    receives = {(a.kind[-1], a.stage, a.micro_batch) for actions in schedule for a in actions if a.kind.startswith("RECV")}
+    assert sends == receives
+
+
+def test_split_backward_runs_weight_gradients_after_their_backward():
+    for actions in one_f_one_b_split_backward(4, 6):
+        order = [(a.kind, a.micro_batch) for a in actions]
+        for m in range(6):
+            assert order.index(("B", m)) < order.index(("W", m))
+
+
+def test_unknown_action_kind_is_refused():
+    with pytest.raises(ValueError):
+        Action("X", 0, 0)
+
+
+def _costs(forward, backward):
+    return [StageCost(forward_s=f, backward_s=b) for f, b in zip(forward, backward)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.floats(0.5, 3.0), st.floats(0.1, 2.0))
+def test_uniform_stages_match_the_closed_form(stages, micro_batches, ratio, forward):
+    result = simulate(one_f_one_b(stages, micro_batches), _costs([forward] * stages, [ratio * forward] * stages))
+    closed = pipeline_closed_form_s([forward * (1 + ratio)] * stages, micro_batches)
+    assert result.iteration_s == pytest.approx(closed, rel=1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 10 ** 9))
+def test_slowest_stage_last_matches_the_closed_form_and_proportional_costs_never_exceed_it(seed):
+    rng = random.Random(seed)
+    stages, micro_batches = rng.randint(1, 6), rng.randint(1, 12)
+    forward = [rng.uniform(0.1, 2) for _ in range(stages)]
+    ratio = rng.uniform(1.0, 3.0)
+    proportional = simulate(one_f_one_b(stages, micro_batches), _costs(forward, [ratio * f for f in forward]))
+    closed = pipeline_closed_form_s([(1 + ratio) * f for f in forward], micro_batches)
+    assert proportional.iteration_s <= closed * (1 + 1e-12)  # backward = ratio * forward on every stage
+    backward = [rng.uniform(0.1, 4) for _ in range(stages)]
+    totals = [f + b for f, b in zip(forward, backward)]
+    slowest = totals.index(max(totals))
+    for values in (forward, backward):
+        values[slowest], values[-1] = values[-1], values[slowest]
+    result = simulate(one_f_one_b(stages, micro_batches), _costs(forward, backward))
+    closed = pipeline_closed_form_s([f + b for f, b in zip(forward, backward)], micro_batches)
+    assert result.iteration_s == pytest.approx(closed, rel=1e-12)
+    assert iteration_time_s([f + b for f, b in zip(forward, backward)], [0.0] * stages, micro_batches, 1.0) == \
+        pytest.approx(result.iteration_s, rel=1e-12)
+
+
+def test_busy_plus_bubble_plus_update_is_the_iteration_on_every_stage():
+    costs = [StageCost(1.0, 2.0, update_s=0.5), StageCost(0.5, 1.0, update_s=0.1), StageCost(2.0, 4.0, update_s=0.0)]
+    result = simulate(one_f_one_b(3, 5), costs)
+    for busy, bubble, cost in zip(result.busy_s, result.bubble_s, costs):
+        assert busy + bubble + cost.update_s == pytest.approx(result.iteration_s)
+    assert result.busy_s == [15.0, 7.5, 30.0]
+
+
+def test_transfers_lie_on_the_path_of_a_single_micro_batch():
+    costs = _costs([1.0, 1.5], [2.0, 2.5])
+    result = simulate(one_f_one_b(2, 1), costs, lambda src, dst, kind, m: 0.25)
+    assert result.iteration_s == pytest.approx(1.0 + 0.25 + 1.5 + 2.5 + 0.25 + 2.0)
+    assert result.transfers == 2
+
+
+def test_transfers_never_shorten_the_iteration():
+    costs = _costs([1.0, 0.5, 2.0], [2.0, 1.0, 4.0])
+    free = simulate(one_f_one_b(3, 6), costs).iteration_s
+    assert simulate(one_f_one_b(3, 6), costs, lambda src, dst, kind, m: 0.1).iteration_s > free
+
+
+def test_split_backward_is_never_slower_than_1f1b():
+    costs = [StageCost(1.0, 2.0, weight_grad_s=1.0) for _ in range(4)]
+    plain = simulate(one_f_one_b(4, 8), costs).iteration_s
+    split = simulate(one_f_one_b_split_backward(4, 8), costs).iteration_s
+    assert split <= plain
+    assert split >= 8 * 3.0  # never below the busy time of one stage
+
+
+def test_a_schedule_that_waits_for_a_message_never_sent_is_reported():
+    schedule = [[Action("F", 0, 0)], [Action("RECV_F", 1, 0), Action("F", 1, 0)]]
+    with pytest.raises(ValueError, match="deadlocks"):
+        simulate(schedule, _costs([1.0, 1.0], [1.0, 1.0]))

@@ -1,0 +1,135 @@
+import json
+import os
+
+import pytest
+
+from h2.errors import UserError
+from heteropp.auto.cli import main
+from heteropp.auto.strategy import load_strategy
+
+from conftest import CLUSTERS, STRATEGIES
+
+LOCAL = os.path.join(CLUSTERS, "local-emulated.yaml")
+TINY = os.path.join(STRATEGIES, "local-tiny-pp2.yaml")
+
+
+def test_local_tiny_strategy_loads_and_maps_ranks_in_stage_order():
+    strategy = load_strategy(TINY)
+    assert [s.chip for s in strategy.stages] == ["emu-big", "emu-small"]
+    assert [list(r) for r in strategy.stage_ranks()] == [[0], [1]]
+
+
+def test_strategy_round_trips(tmp_path):
+    strategy = load_strategy(TINY)
+    strategy.save(tmp_path / "s.yaml")
+    assert load_strategy(tmp_path / "s.yaml") == strategy
+
+
+def test_strategy_layers_must_sum_to_the_model(write):
+    path = write("s.yaml", "dp: 1\nmicro_batches: 2\nmicro_batch_size: 1\nmodel: tiny\n"
+                           "stages: [{chip: a, tp: 1, layers: 3}]\n")
+    with pytest.raises(UserError, match=r"s.yaml: field 'stages': layers sum to 3, model 'tiny' has 4"):
+        load_strategy(path)
+
+
+def test_strategy_tp_must_be_a_power_of_two(write):
+    path = write("s.yaml", "dp: 1\nmicro_batches: 2\nmicro_batch_size: 1\nmodel: tiny\n"
+                           "stages: [{chip: a, tp: 3, layers: 4}]\n")
+    with pytest.raises(UserError, match=r"field 'stages\[0\].tp'"):
+        load_strategy(path)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_search_json_on_exp_c1_needs_no_other_flag(capsys):
+    code, out, err = run(capsys, "search", "--cluster", os.path.join(CLUSTERS, "exp-c-1.yaml"), "--model", "h2-100b",
+                         "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    stages = result["strategy"]["stages"]
+    assert sum(s["layers"] for s in stages) == 96
+    assert all(s["memory_gb"] <= s["capacity_gb"] for s in stages)
+    assert {"iteration_s", "tokens_per_chip_s", "hetero_speedup_ratio", "search_s", "evaluated"} <= set(result)
+    assert result["hetero_speedup_ratio"] > 0 and result["evaluated"] > 0
+
+
+def test_search_writes_a_strategy_that_simulate_reads(capsys, tmp_path):
+    out_path = str(tmp_path / "s.yaml")
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--out", out_path, "--top", "3")
+    assert code == 0, err
+    assert "predicted iteration" in out and "HeteroSpeedupRatio" in out
+    code, out, err = run(capsys, "simulate", "--cluster", LOCAL, "--strategy", out_path, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["iteration_s"] > 0 and len(result["stages"]) == len(load_strategy(out_path).stages)
+
+
+def test_exhaustive_search_agrees_on_the_local_cluster(capsys):
+    _, out, _ = run(capsys, "search", "--cluster", LOCAL, "--json", "--no-baselines")
+    _, exhaustive, _ = run(capsys, "search", "--cluster", LOCAL, "--json", "--no-baselines", "--exhaustive")
+    assert json.loads(out)["iteration_s"] == pytest.approx(json.loads(exhaustive)["iteration_s"])
+
+
+def test_gbs_flag_takes_suffixes(capsys):
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--gbs-tokens", "2K", "--json", "--no-baselines")
+    assert code == 0, err
+    assert json.loads(out)["gbs_tokens"] == 2048
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["search", "--cluster", "missing.yaml"], "missing.yaml: no such file"),
+    (["search", "--cluster", LOCAL, "--gbs-tokens", "12x"], "--gbs-tokens"),
+    (["search", "--cluster", LOCAL, "--model", "nope"], "unknown model preset 'nope'"),
+    (["search", "--cluster", LOCAL, "--alpha", "2"], "field 'alpha'"),
+    (["simulate", "--cluster", LOCAL, "--strategy", TINY, "--profile", "missing.yaml"], "missing.yaml: no such file"),
+    (["search"], "--cluster"),
+])
+def test_user_errors_exit_2_with_one_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert err.startswith("heteroauto: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_malformed_cluster_yaml_exits_2(capsys, write):
+    path = write("bad.yaml", "chips: [oops\n")
+    code, _, err = run(capsys, "search", "--cluster", path)
+    assert code == 2 and "bad.yaml: malformed YAML" in err
+
+
+def test_model_that_fits_nowhere_exits_2_with_the_tightest_constraint(capsys):
+    code, _, err = run(capsys, "search", "--cluster", LOCAL, "--model", "small", "--gbs-sequences", "8",
+                       "--seq-len", "256")
+    assert code == 2 and "no feasible strategy: memory" in err
+
+
+def test_profile_synthesise_writes_a_profile_the_search_accepts(capsys, tmp_path):
+    path = str(tmp_path / "p.yaml")
+    code, out, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "emu-big", "--synthesise", "--out", path)
+    assert code == 0, err
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--profile", path, "--json", "--no-baselines")
+    assert code == 0, err
+
+
+def test_profile_of_an_unknown_chip_exits_2(capsys, tmp_path):
+    code, _, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "nope", "--synthesise", "--out",
+                       str(tmp_path / "p.yaml"))
+    assert code == 2 and "unknown chip type 'nope'" in err
+
+
+def test_profile_measures_a_decoder_layer_through_torch(capsys, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("h2.model.transformer")
+    path = str(tmp_path / "p.yaml")
+    code, out, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "emu-small", "--device", "cpu", "--out", path,
+                         "--repeats", "1")
+    assert code == 0, err
+    from heteropp.auto.profiles import load_profile
+    profile = load_profile(path)
+    assert profile.source == "measured" and profile.layer(1).forward_s > 0 and profile.layer(1).activation_bytes > 0
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--profile", path, "--json", "--no-baselines")
+    assert code == 0, err
