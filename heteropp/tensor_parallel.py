@@ -123,7 +123,9 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, store):
         ctx.save_for_backward(x, weight)
-        ctx.store = store
+        # The parameter itself: under activation recompute the saved tensors unpack as aliases,
+        # and a deferred gradient must land on the parameter the optimizer holds.
+        ctx.parameter, ctx.store = weight, store
         return F.linear(x, weight)
 
     @staticmethod
@@ -133,7 +135,7 @@ class _Linear(torch.autograd.Function):
         grad_weight = None
         if ctx.needs_input_grad[1]:
             if ctx.store is not None and ctx.store.deferring:
-                ctx.store.defer(weight, x, grad_output)
+                ctx.store.defer(ctx.parameter, x, grad_output)
             else:
                 grad_weight = _weight_grad(x, grad_output)
         return grad_input, grad_weight, None
