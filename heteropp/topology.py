@@ -118,11 +118,12 @@ class Topology:
         return [SliceTransfer(src.rank_of(dp_index, j % src.tp), dst.rank_of(dp_index, j), 0, 1)
                 for j in range(dst.tp)]
 
-    def describe(self) -> str:
+    def describe(self, device_note: str = "emulated on cpu") -> str:
+        """One line per stage; `device_note` says where the chip really runs."""
         lines = []
         for stage in self.stages:
             recompute = "recompute" if stage.recompute else "no recompute"
-            lines.append(f"stage {stage.index}: chip {stage.chip} (emulated on cpu), tp {stage.tp} x dp {stage.dp}, "
+            lines.append(f"stage {stage.index}: chip {stage.chip} ({device_note}), tp {stage.tp} x dp {stage.dp}, "
                          f"layers {stage.layers.start}..{stage.layers.stop - 1}, {recompute}, "
                          f"ranks {stage.ranks.start}..{stage.ranks.stop - 1}")
         return "\n".join(lines)

@@ -12,7 +12,6 @@ Only the first rank of the last stage writes `metrics.jsonl` (the reference trai
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -169,7 +168,3 @@ class PipelineTrainer:
             records.append(record)
         return records
 
-
-def write_summary(path: str, summary: dict) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=2)
