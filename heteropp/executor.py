@@ -39,7 +39,7 @@ class _MicroBatchState:
 
 class StageExecutor:
     def __init__(self, stage: torch.nn.Module, *, stage_index: int, num_stages: int, resharder: Resharder,
-                 store: WeightGradStore, activation_shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
+                 store: WeightGradStore | None, activation_shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
                  prefetch: bool = True):
         self.stage, self.index, self.num_stages = stage, stage_index, num_stages
         self.resharder, self.store = resharder, store
@@ -50,6 +50,8 @@ class StageExecutor:
         """Execute `actions` on micro-batches `tokens`/`targets`; returns the sum of scaled losses (last stage)."""
         states: dict[int, _MicroBatchState] = {}
         split_backward = any(action.kind == "W" for action in actions)
+        if split_backward and self.store is None:
+            raise ValueError("a schedule with W actions needs the stage built with a WeightGradStore")
         loss_sum = torch.zeros((), dtype=torch.float32)
         posted: set[int] = set()
         for position, action in enumerate(actions):
@@ -119,12 +121,14 @@ class StageExecutor:
         else:
             grad = state.received_grad.wait()
             state.received_grad = None
-        self.store.deferring = split_backward
-        try:
+        if not split_backward:
             torch.autograd.backward(state.stage_output, grad_tensors=grad)
-        finally:
-            self.store.deferring = False
-        if split_backward:
+        else:
+            self.store.deferring = True
+            try:
+                torch.autograd.backward(state.stage_output, grad_tensors=grad)
+            finally:
+                self.store.deferring = False
             state.weight_work = self.store.take()
         if not self.is_first:
             state.input_grad = state.stage_input.grad

@@ -12,9 +12,9 @@ Each attention / MLP block becomes copy_to_tp -> shard -> reduce_from_tp: one al
 one backward, per block. Inputs and outputs of every block are replicated over the group, so the
 gradient reaching a norm weight is the same on every TP rank.
 
-Every linear here computes its weight gradient either at once or, when its `WeightGradStore` is
-deferring, later in a separate W pass (the split-backward schedule: B computes input gradients,
-W weight gradients).
+Under the split-backward schedule every linear gets a `WeightGradStore`: while it is deferring, the
+linear's backward computes only the input gradient and leaves the weight gradient to a later W pass.
+Without a store the linears are plain `F.linear`.
 """
 
 from __future__ import annotations
@@ -150,6 +150,8 @@ class ShardLinear(nn.Module):
         self.store = store
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.store is None:  # no split-backward schedule: torch's own linear and backward
+            return F.linear(x, self.weight)
         return _Linear.apply(x, self.weight, self.store)
 
     def extra_repr(self) -> str:
@@ -214,8 +216,8 @@ def _columns(weight: torch.Tensor, index: int, parts: int) -> torch.Tensor:
 def apply_tp(stage: nn.Module, *, tp_index: int, tp_size: int, group, store: WeightGradStore | None) -> nn.Module:
     """Replace the stage's linears and embedding by this rank's shards (in place); returns the stage.
 
-    With tp_size 1 the weights stay whole but still become `ShardLinear`s, so the split-backward
-    schedule can defer their weight gradients.
+    With tp_size 1 the weights stay whole but still become `ShardLinear`s, so that with a `store`
+    (the split-backward schedule) their weight gradients can be deferred.
     """
     group = group if tp_size > 1 else None
     t, n = tp_index, tp_size

@@ -88,7 +88,10 @@ class PipelineTrainer:
 
         torch.manual_seed(self.config.seed)
         model = Transformer(self.model_config)
-        self.store = WeightGradStore()
+        schedule = options.schedule or strategy.schedule
+        self.actions = stage_actions(schedule, self.topology.num_stages, self.config.micro_batches, self.place.stage)
+        splits_backward = any(action.kind == "W" for action in self.actions)
+        self.store = WeightGradStore() if splits_backward else None
         stage = build_stage(model, self.stage_info.layers, first=self.place.stage == 0, last=self.is_last)
         stage = apply_tp(stage, tp_index=self.place.tp_index, tp_size=self.stage_info.tp, group=self.groups.tp,
                          store=self.store)
@@ -112,8 +115,6 @@ class PipelineTrainer:
         self.executor = StageExecutor(self.stage, stage_index=self.place.stage, num_stages=self.topology.num_stages,
                                       resharder=self.resharder, store=self.store, activation_shape=activation_shape,
                                       prefetch=options.prefetch)
-        schedule = options.schedule or strategy.schedule
-        self.actions = stage_actions(schedule, self.topology.num_stages, self.config.micro_batches, self.place.stage)
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), self.config.seq_len, seed=self.config.seed)
         self.step, self.elapsed_s = 0, 0.0
         self.metrics = None
