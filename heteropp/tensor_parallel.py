@@ -102,8 +102,9 @@ class WeightGradStore:
         return pending
 
     @staticmethod
+    @torch.no_grad()
     def run(pending: list) -> None:
-        """Accumulate the deferred weight gradients (the W pass)."""
+        """Accumulate the deferred weight gradients (the W pass; no graph is recorded)."""
         for weight, inputs, grad_output in pending:
             accumulate_grad(weight, _weight_grad(inputs, grad_output))
 

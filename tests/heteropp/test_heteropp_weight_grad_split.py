@@ -40,4 +40,5 @@ def test_deferred_weight_gradients_equal_the_plain_backward(recompute):
     torch.testing.assert_close(split_inputs.grad, inputs.grad)  # but the input gradient is complete
     WeightGradStore.run(store.take())                           # W
     for name, param in split.named_parameters():
+        assert not param.grad.requires_grad  # W records no graph
         torch.testing.assert_close(param.grad, expected[name], rtol=1e-6, atol=1e-7)
