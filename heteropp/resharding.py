@@ -2,8 +2,9 @@
 may differ, in one of two modes:
 
   "sliced" (send/recv + all-gather, the paper's SR&AG): the tensor, replicated over the sender's TP
-      group, is flattened and cut in lcm(a, b) slices; each slice crosses once, from sender k % a to
-      receiver k % b; the receivers all-gather inside their TP group. One copy crosses the boundary.
+      group, is flattened and cut in n = lcm(a, b) slices; each slice crosses once, sender
+      k // (n / a) to receiver k // (n / b); the receivers all-gather their contiguous blocks inside
+      their TP group. One copy crosses the boundary.
   "full": each of the b receivers gets the whole tensor from one sender. b copies cross.
 
 The plan (who sends which slice to whom) comes from the Topology; this module only moves tensors.
@@ -59,26 +60,29 @@ class Resharder:
                           message_tag(micro_batch, direction, transfer.slice_index))
 
     def post_recv(self, shape: tuple[int, ...], dtype: torch.dtype, from_stage: int, micro_batch: int) -> PendingTensor:
-        """Post the receives of this rank's slices of a tensor of `shape` coming from stage `from_stage`."""
+        """Post the receives of this rank's slices of a tensor of `shape` coming from stage `from_stage`.
+
+        Slices are received straight into their place in one flat buffer; in sliced mode the
+        receivers' all-gather then fills in the other receivers' blocks.
+        """
         direction = FORWARD if from_stage < self.place.stage else BACKWARD
         group = self._boundary_group(from_stage)
         transfers = [t for t in self._plan(from_stage, self.place.stage) if t.dst == self.rank]
         num_slices = transfers[0].num_slices
         numel = _numel(shape)
         slice_len = -(-numel // num_slices)
-        buffers = {t.slice_index: torch.empty(slice_len, dtype=dtype) for t in transfers}
-        works = [self.p2p.recv(buffers[t.slice_index], t.src, group, message_tag(micro_batch, direction, t.slice_index))
+        flat = torch.empty(slice_len * num_slices, dtype=dtype)
+        works = [self.p2p.recv(flat[t.slice_index * slice_len:(t.slice_index + 1) * slice_len], t.src, group,
+                               message_tag(micro_batch, direction, t.slice_index))
                  for t in transfers]
+        gather = self.mode == "sliced" and len(transfers) < num_slices
 
         def assemble() -> torch.Tensor:
-            mine = [buffers[k] for k in sorted(buffers)]
-            if self.mode == "full" or self.groups.tp is None:
-                pieces = mine
-                if len(pieces) != num_slices:
-                    raise AssertionError("a receiver without TP peers must receive every slice")
-            else:
-                pieces = _all_gather_slices(mine, num_slices, self.groups.tp)
-            return torch.cat(pieces)[:numel].view(shape)
+            if gather:
+                first = transfers[0].slice_index * slice_len
+                mine = flat[first:first + len(transfers) * slice_len].clone()
+                dist.all_gather_single(flat, mine, group=self.groups.tp)
+            return flat[:numel].view(shape)
 
         return PendingTensor(works, assemble)
 
@@ -97,13 +101,3 @@ def _flat_slices(tensor: torch.Tensor, num_slices: int) -> list[torch.Tensor]:
     if padding:
         flat = torch.cat([flat, flat.new_zeros(padding)])
     return list(flat.split(slice_len))
-
-
-def _all_gather_slices(mine: list[torch.Tensor], num_slices: int, group) -> list[torch.Tensor]:
-    """Receiver j holds slices j, j + b, j + 2b, ...; gather everyone's and return slices 0..n-1."""
-    size = dist.get_world_size(group)
-    local = torch.cat(mine)
-    gathered = [torch.empty_like(local) for _ in range(size)]
-    dist.all_gather(gathered, local, group=group)
-    per_rank = [g.split(mine[0].numel()) for g in gathered]
-    return [per_rank[k % size][k // size] for k in range(num_slices)]

@@ -11,9 +11,10 @@ of TP index t is {base_s + d * tp_s + t : d in [0, dp)}.
 
 Resharding between stage s (TP size a) and s + 1 (TP size b), within one replica: the activation is
 replicated over the sender's TP group and must end replicated over the receiver's. It is cut into
-n = lcm(a, b) equal slices; slice k goes from sender TP index k % a to receiver TP index k % b, so
-every sender sends n / a slices, every receiver gets n / b, and exactly one copy of the tensor
-crosses the stage boundary; the receivers then all-gather. Gradients flow back the same way with
+n = lcm(a, b) equal slices; slice k goes from sender TP index k // (n / a) to receiver TP index
+k // (n / b): every sender sends a contiguous block of n / a slices, every receiver gets a contiguous
+block of n / b, and exactly one copy of the tensor crosses the stage boundary; the receivers then
+all-gather their blocks, which lands every slice in place. Gradients flow back the same way with
 the roles swapped.
 """
 
@@ -109,7 +110,8 @@ class Topology:
         """Send/recv + all-gather: one copy crosses, cut in lcm(a, b) slices (see module doc)."""
         src, dst = self.stages[src_stage], self.stages[dst_stage]
         n = math.lcm(src.tp, dst.tp)
-        return [SliceTransfer(src.rank_of(dp_index, k % src.tp), dst.rank_of(dp_index, k % dst.tp), k, n)
+        per_sender, per_receiver = n // src.tp, n // dst.tp
+        return [SliceTransfer(src.rank_of(dp_index, k // per_sender), dst.rank_of(dp_index, k // per_receiver), k, n)
                 for k in range(n)]
 
     def full_transfers(self, src_stage: int, dst_stage: int, dp_index: int) -> list[SliceTransfer]:

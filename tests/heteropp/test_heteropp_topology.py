@@ -53,6 +53,9 @@ def test_sliced_plan_sends_each_slice_once_with_balanced_senders_and_receivers(a
         assert set(Counter(t.dst for t in plan).values()) == {n // b}
         assert {t.src for t in plan} == set(topo.stages[0].tp_group(d))
         assert {t.dst for t in plan} == set(topo.stages[1].tp_group(d))
+        for j, receiver in enumerate(topo.stages[1].tp_group(d)):  # a contiguous block each: gathers in place
+            block = [t.slice_index for t in plan if t.dst == receiver]
+            assert block == list(range(j * n // b, (j + 1) * n // b))
 
 
 def test_full_plan_gives_every_receiver_the_whole_tensor():
