@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     print(f"ratio sliced / full: bytes {sliced['bytes'] / full['bytes']:.3f}, "
           f"time {min(sliced['step_s']) / min(full['step_s']):.3f} (best rounds), "
           f"{ratios[len(ratios) // 2]:.3f} (median of per-round ratios)")
+    print("per round (sliced ms/step, full ms/step): " +
+          ", ".join(f"({s * 1e3:.0f}, {f * 1e3:.0f})" for s, f in zip(sliced["step_s"], full["step_s"])))
     return 0
 
 
