@@ -17,8 +17,8 @@ from h2.errors import UserError, run_cli
 from h2.model.config import ModelConfig, resolve_model
 from heteropp.auto.evaluation import evaluate_strategy, stage_costs, training_for, transfer_model
 from heteropp.auto.oracle import oracle_search
-from heteropp.auto.profiles import Profile, profiles_for, save_profile, synthesise_profile
-from heteropp.auto.search import SearchResult, search
+from heteropp.auto.profiles import profiles_for, save_profile, synthesise_profile
+from heteropp.auto.search import search
 from heteropp.auto.simulator import simulate
 from heteropp.auto.specs import ClusterSpec, TrainingSpec, load_cluster, parse_count
 from heteropp.auto.strategy import load_strategy
@@ -56,8 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--exhaustive", action="store_true", help="the oracle: enumerate the whole space")
     search_cmd.add_argument("--group-size", type=int, default=128,
                             help="two-stage refinement: chips per sub-group of a type (0: single stage)")
+    search_cmd.add_argument("--dp", type=int, help="fix the data-parallel size instead of searching it")
+    search_cmd.add_argument("--refine-all-dp", action="store_true",
+                            help="second stage at every dp, not only the first stage's (slower)")
     search_cmd.add_argument("--no-baselines", action="store_true",
                             help="skip the per-chip-type searches behind HeteroSpeedupRatio")
+    search_cmd.add_argument("--baseline-gbs-tokens",
+                            help="global batch of each chip type trained alone (default: its chip share of the batch)")
 
     simulate_cmd = commands.add_parser("simulate", help="replay a strategy's pipeline schedule")
     problem(simulate_cmd)
@@ -75,15 +80,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # ---- loading the problem -------------------------------------------------------------------------
-def _problem(args) -> tuple[ClusterSpec, ModelConfig, TrainingSpec]:
+def _problem(args, default_model: ModelConfig | None = None,
+             default_seq_len: int | None = None) -> tuple[ClusterSpec, ModelConfig, TrainingSpec]:
+    """Cluster, model (--model, else `default_model`, else the cluster file's) and training spec (the
+    cluster file's `training` with the flags applied)."""
     cluster = load_cluster(args.cluster)
-    model_name = args.model or cluster.model
-    if model_name is None:
+    if args.model is not None:
+        model = resolve_model(args.model)
+    elif default_model is not None:
+        model = default_model
+    elif cluster.model is not None:
+        model = resolve_model(cluster.model)
+    else:
         raise UserError(f"{args.cluster}: no field 'model' and no --model given")
-    model = resolve_model(model_name)
     base = dataclasses.asdict(cluster.training) if cluster.training else {"seq_len": model.max_seq_len}
-    if args.seq_len is not None:
-        base["seq_len"] = args.seq_len
+    if args.seq_len is not None or default_seq_len is not None:
+        base["seq_len"] = args.seq_len if args.seq_len is not None else default_seq_len
     if args.gbs_tokens is not None:
         base.update(global_batch_tokens=parse_count(args.gbs_tokens, "--gbs-tokens"), global_batch_sequences=None)
     if args.gbs_sequences is not None:
@@ -104,13 +116,17 @@ def _problem(args) -> tuple[ClusterSpec, ModelConfig, TrainingSpec]:
 
 
 # ---- search --------------------------------------------------------------------------------------
-def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, group_size):
-    """HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i; type i alone gets its chip share of the batch."""
+def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, group_size, baseline_tokens=None):
+    """HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i; type i alone gets its chip share of the batch,
+    or baseline_tokens (the paper's Table 6 runs: 2M tokens on each type's 256 chips)."""
     baselines, total = {}, 0.0
     for chip in cluster.chips:
-        share = training.micro_batch_units * chip.count // cluster.total_chips * training.micro_batch_size
-        if share < training.micro_batch_size:
-            baselines[chip.name] = {"error": "batch share below one micro-batch"}
+        if baseline_tokens is not None:
+            share = baseline_tokens // training.seq_len
+        else:
+            share = training.micro_batch_units * chip.count // cluster.total_chips * training.micro_batch_size
+        if share < training.micro_batch_size or share % training.micro_batch_size:
+            baselines[chip.name] = {"error": f"baseline batch of {share} sequences is not a whole number of micro-batches"}
             return None, baselines
         alone = dataclasses.replace(training, global_batch_tokens=None, global_batch_sequences=share)
         try:
@@ -131,17 +147,22 @@ def _cmd_search(args) -> int:
     profiles = profiles_for(cluster, model, training, args.profile)
     if args.top < 1:
         raise UserError("--top: must be at least 1")
+    if args.group_size < 0:
+        raise UserError("--group-size: must be 0 (single stage) or a positive chip count")
     group_size = args.group_size or None
     if args.exhaustive:
-        result = oracle_search(cluster, model, training, profiles, group_size=group_size)
+        result = oracle_search(cluster, model, training, profiles, group_size=group_size, dp=args.dp)
     else:
-        result = search(cluster, model, training, profiles, top_k=args.top, group_size=group_size)
+        result = search(cluster, model, training, profiles, top_k=args.top, group_size=group_size,
+                        refine_all_dp=args.refine_all_dp, dp=args.dp)
     strategy = result.best.to_strategy(model, training, "1f1b-split-backward" if training.alpha == 0 else "1f1b")
     report = evaluate_strategy(strategy, cluster, model, training, profiles)
     ratio, baselines = (None, {})
     if not args.no_baselines:
-        ratio, baselines = _baseline_ratio(cluster, model, training, profiles, report.tokens_per_iteration / report.iteration_s,
-                                           group_size)
+        baseline_tokens = (parse_count(args.baseline_gbs_tokens, "--baseline-gbs-tokens")
+                           if args.baseline_gbs_tokens is not None else None)
+        ratio, baselines = _baseline_ratio(cluster, model, training, profiles,
+                                           report.tokens_per_iteration / report.iteration_s, group_size, baseline_tokens)
     if args.out:
         strategy.save(args.out)
     rows = [{"chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers, "recompute": s.recompute,
@@ -153,6 +174,7 @@ def _cmd_search(args) -> int:
                      "schedule": strategy.schedule, "model": model.name, "stages": rows},
         "iteration_s": report.iteration_s, "tokens_per_chip_s": report.tokens_per_chip_s,
         "hetero_speedup_ratio": ratio, "baselines": baselines, "search_s": result.search_s,
+        "search_cpu_s": result.search_cpu_s,
         "evaluated": result.evaluated, "bounded": result.bounded, "exhaustive": args.exhaustive,
         "two_stage": result.stages_run == 2, "gbs_tokens": training.tokens, "alpha": training.alpha,
         "top": [{"iteration_s": c.objective_s, "dp": c.dp, "groups": [g.label for g in c.groups], "tp": list(c.tps),
@@ -174,7 +196,9 @@ def _cmd_search(args) -> int:
     print(f"predicted iteration: {report.iteration_s:.3f} s   tokens/chip/s: {report.tokens_per_chip_s:.2f}")
     if ratio is not None:
         alone = ", ".join(f"{name} {b['tokens_per_chip_s']:.2f}" for name, b in baselines.items())
-        print(f"HeteroSpeedupRatio: {ratio * 100:.2f}%  (each type alone, same search, its chip share of the batch: "
+        batch = (f"{args.baseline_gbs_tokens} tokens each" if args.baseline_gbs_tokens is not None
+                 else "its chip share of the batch")
+        print(f"HeteroSpeedupRatio: {ratio * 100:.2f}%  (each type alone, same search, {batch}: "
               f"tokens/chip/s {alone})")
     elif baselines:
         print("HeteroSpeedupRatio: n/a (" + "; ".join(f"{k}: {v.get('error')}" for k, v in baselines.items() if 'error' in v) + ")")
@@ -182,7 +206,8 @@ def _cmd_search(args) -> int:
         print(f"#{rank}: {c.objective_s:.3f} s dp={c.dp} tp={list(c.tps)} pp={list(c.pps)} "
               f"recompute={[int(r) for r in c.recompute]} layers={list(c.layers)}")
     kind = "exhaustive" if args.exhaustive else ("two-stage" if result.stages_run == 2 else "single-stage")
-    print(f"search ({kind}): {result.search_s:.3f} s, {result.evaluated} configurations evaluated, "
+    print(f"search ({kind}): {result.search_s:.3f} s ({result.search_cpu_s:.3f} s CPU), "
+          f"{result.evaluated} configurations evaluated, "
           f"{result.bounded} bounded")
     if args.out:
         print(f"wrote {args.out}")
@@ -191,11 +216,9 @@ def _cmd_search(args) -> int:
 
 # ---- simulate ------------------------------------------------------------------------------------
 def _cmd_simulate(args) -> int:
-    cluster, model, training = _problem(args)
     strategy = load_strategy(args.strategy)
-    strategy_model = strategy.model_config(args.strategy)
-    if strategy_model != model and args.model is None:
-        model = strategy_model
+    cluster, model, training = _problem(args, default_model=strategy.model_config(args.strategy),
+                                        default_seq_len=strategy.seq_len)
     training = training_for(strategy, training)
     if args.alpha is None:
         training = dataclasses.replace(training, alpha=0.0 if strategy.schedule == "1f1b-split-backward" else 1.0)
@@ -236,6 +259,8 @@ def _cmd_simulate(args) -> int:
 def _cmd_profile(args) -> int:
     cluster, model, training = _problem(args)
     chip = cluster.chip(args.chip)
+    if args.repeats < 1:
+        raise UserError("--repeats: must be at least 1")
     if args.synthesise:
         profile = synthesise_profile(chip, model, training)
     else:

@@ -60,8 +60,13 @@ def training_for(strategy: Strategy, training: TrainingSpec) -> TrainingSpec:
 
 
 def check_chips(strategy: Strategy, cluster: ClusterSpec, source: str) -> None:
+    known = {c.name: c for c in cluster.chips}
+    for index, stage in enumerate(strategy.stages):
+        if stage.chip not in known:
+            raise UserError(f"{source}: field 'stages[{index}].chip': unknown chip type '{stage.chip}' (cluster "
+                            f"{cluster.source} has: {', '.join(known)})")
     for chip, used in strategy.chips_per_type().items():
-        available = cluster.chip(chip).count
+        available = known[chip].count
         if used > available:
             raise UserError(f"{source}: field 'stages': uses {used} chips of type '{chip}', cluster "
                             f"{cluster.source} has {available}")

@@ -42,17 +42,21 @@ def space_size(groups: list[Group], total_layers: int, dp_values: list[int]) -> 
 
 
 def oracle_search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile], *,
-                  group_size: int | None = None, limit: int = DEFAULT_LIMIT) -> SearchResult:
-    started = time.perf_counter()
+                  group_size: int | None = None, dp: int | None = None, monotone_tp: bool = False,
+                  limit: int = DEFAULT_LIMIT) -> SearchResult:
+    """The best point of the space; `group_size` splits chip types into groups, `dp` fixes the
+    data-parallel size and `monotone_tp` keeps tp from growing along a type's groups (together: the
+    space of the search's second stage)."""
+    started, started_cpu = time.perf_counter(), time.process_time()
     groups = split_groups(cluster, group_size) if group_size else type_groups(cluster)
     total_layers = model.num_layers
-    dp_values = divisors(training.micro_batch_units)
+    dp_values = [dp] if dp is not None else divisors(training.micro_batch_units)
     size = space_size(groups, total_layers, dp_values)
     if size > limit:
         raise UserError(f"--exhaustive: the space has about {size:.3g} points (limit {limit:.3g}); "
                         "use it on small clusters and models")
     best, evaluated = None, 0
-    for dp in dp_values:
+    for dp in dp_values:  # noqa: B020 (the loop variable replaces the argument on purpose)
         micro_batches = training.micro_batch_units // dp
         per_group = []
         for group in groups:
@@ -61,6 +65,9 @@ def oracle_search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSp
                               and profiles[group.chip.name].update_s(dp, tp) is not None])
         for tp_pp in itertools.product(*per_group):
             tps = [tp for tp, _ in tp_pp]
+            if monotone_tp and any(groups[g].chip.name == groups[g + 1].chip.name and tps[g] < tps[g + 1]
+                                   for g in range(len(groups) - 1)):
+                continue
             pps = [pp for _, pp in tp_pp]
             num_stages = sum(pps)
             if num_stages > total_layers:
@@ -76,7 +83,8 @@ def oracle_search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSp
     if best is None:
         raise UserError("no feasible strategy (exhaustive search)")
     return SearchResult(best=best, top=[best], evaluated=evaluated, bounded=0,
-                        search_s=time.perf_counter() - started, stage1_dp=best.dp, stages_run=1)
+                        search_s=time.perf_counter() - started, stage1_dp=best.dp, stages_run=1,
+                        search_cpu_s=time.process_time() - started_cpu)
 
 
 def _score(groups, tps, pps, recompute, layers, dp, micro_batches, model, training, profiles) -> float | None:

@@ -8,16 +8,16 @@ to stage 1's choice, each type split into groups of `group_size` chips, and with
 grow along the pipeline (the paper's extra constraint).
 
 Pruning that keeps the optimum: a pipeline deeper than the model's layers is skipped; recompute on
-is skipped for a group whose no-recompute memory cap already admits every layer it could be given.
+is skipped for a group whose no-recompute memory cap already admits every layer it could be given;
+subtrees, leaves and recompute choices are cut by lower bounds (relaxations: open groups at their
+best tp and recompute, continuous or un-refined layer splits) that cannot beat the k-th best found.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
-import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from h2.errors import UserError
 from h2.model.config import PRESETS, ModelConfig
@@ -28,6 +28,7 @@ from heteropp.auto.specs import ChipType, ClusterSpec, TrainingSpec
 from heteropp.auto.strategy import StageSpec, Strategy
 
 GIB = 1e9
+_TIE = 1 - 2e-9  # a bound within rounding of the k-th best cannot beat it by more than that: prune ties
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,6 @@ class Candidate:
 @dataclass
 class Infeasibility:
     """The tightest constraint seen failing, for the 'no feasible strategy' message."""
-    batch: str | None = None
     depth: str | None = None
     memory_overflow: tuple[float, str] | None = None   # (needed / capacity, message) at one layer per stage
     memory_cover: tuple[float, str] | None = None      # (layers held / layers needed, message)
@@ -91,7 +91,7 @@ class Infeasibility:
             return self.memory_cover[1]
         if self.memory_overflow is not None:
             return self.memory_overflow[1]
-        return self.depth or self.batch or self.profile or "no configuration to evaluate"
+        return self.depth or self.profile or "no feasible strategy: no configuration to evaluate"
 
 
 @dataclass
@@ -103,6 +103,7 @@ class SearchResult:
     search_s: float
     stage1_dp: int
     stages_run: int
+    search_cpu_s: float = 0.0
 
 
 def divisors(n: int) -> list[int]:
@@ -142,6 +143,7 @@ class Planner:
         self.bounded = 0
         self.infeasible = Infeasibility()
         self._caps: dict = {}
+        self._options: dict = {}
 
     # ---- the pieces of one configuration -------------------------------------------------
     def tp_choices(self, group: Group, dp: int) -> list[tuple[int, int]]:
@@ -178,13 +180,18 @@ class Planner:
         return cap
 
     def options_at(self, group: Group, g: int, dp: int, micro_batches: int, tp: int, pp: int, tail: int,
-                   last_group: bool, useful: int) -> list[tuple]:
+                   last_group: bool, useful: int) -> tuple[list[tuple], tuple]:
         """Recompute options of group g (pipeline index) whose first stage has `tail` stages from it to the
-        pipeline's end: (recompute, t, u, cap) for those that fit and are not dominated."""
+        pipeline's end: (recompute, t, u, cap) for those that fit and are not dominated; and their
+        relaxation (cheapest time and update, largest cap), which no real option beats."""
+        in_flight = min(tail, micro_batches)
+        key = (group.chip.name, tp, dp, pp, in_flight, g == 0, last_group, useful)
+        cached = self._options.get(key)
+        if cached is not None:
+            return cached
         profile = self.profiles[group.chip.name]
         layer = profile.layer(tp)
         update = profile.update_s(dp, tp)
-        in_flight = min(tail, micro_batches)
         choices = []
         for recompute in (False, True):
             cap = self.memory_cap(group.chip, tp, dp, recompute, in_flight, g == 0, last_group and pp == 1)
@@ -194,20 +201,18 @@ class Planner:
                 choices.append((recompute, layer.compute_s(recompute), update, cap))
                 if not recompute and cap >= useful:
                     break  # recompute would only cost time
-        return choices
+        relaxed = (None, min(o[1] for o in choices), min(o[2] for o in choices), max(o[3] for o in choices)) \
+            if choices else None
+        self._options[key] = (choices, relaxed)
+        return choices, relaxed
 
     def _solve(self, pps, choice, micro_batches):
         return shard_layers(self.model.num_layers, pps, [o[1] for o in choice], [o[2] for o in choice],
                             [o[3] for o in choice], micro_batches, self.training.alpha)
 
-    def _relaxed(self, options) -> tuple:
-        """A stand-in option no worse than any real one: cheapest time, largest cap."""
-        return (None, min(o[1] for o in options), min(o[2] for o in options), max(o[3] for o in options))
-
-    def solve_leaf(self, groups, dp, tps, pps, options, heap, top_k) -> None:
+    def solve_leaf(self, groups, dp, tps, pps, options, relaxed, heap, top_k) -> None:
         """Branch and bound over the recompute settings of one leaf."""
         micro_batches = self.training.micro_batch_units // dp
-        relaxed = [self._relaxed(o) for o in options]
         choice = list(relaxed)
 
         def worst() -> float:
@@ -235,8 +240,9 @@ class Planner:
                 choice[g] = option
                 if len(options[g]) > 1 and g + 1 < len(options):
                     self.bounded += 1
-                    bound = self._solve(pps, choice, micro_batches)
-                    if bound is None or bound[0] >= worst():
+                    bound = lower_bound(self.model.num_layers, pps, [o[1] for o in choice], [o[2] for o in choice],
+                                        [o[3] for o in choice], micro_batches, self.training.alpha)
+                    if bound >= worst() * _TIE:
                         continue
                 branch(g + 1)
             choice[g] = relaxed[g]
@@ -258,20 +264,25 @@ class Planner:
             choices = [self.tp_choices(group, dp) for group in groups]
             if not all(choices):
                 continue
-            tps, pps, options = [0] * len(groups), [0] * len(groups), [None] * len(groups)
+            tps, pps = [0] * len(groups), [0] * len(groups)
+            options, relaxed = [None] * len(groups), [None] * len(groups)
 
-            open_absorbers = {}
+            open_absorbers: dict = {}
 
-            def open_absorber(h: int, tail: int) -> tuple:
-                """Group h not yet chosen, behind `tail` stages: the best it could be over its tp and recompute."""
-                in_flight = min(tail + 1, micro_batches)
-                key = (h, in_flight)
+            def open_absorber(h: int, behind: int, min_tp: int) -> tuple:
+                """Group h, not chosen yet, with at least `behind` stages after its own: the best it could be
+                over its tp (>= min_tp) and recompute settings, as (least layers, layers per unit of max
+                term, most layers, time per layer, weight)."""
+                key = (h, behind, min_tp)
                 if key not in open_absorbers:
                     best = [total_layers, 0.0, 0, float("inf"), float("inf")]
                     profile = self.profiles[groups[h].chip.name]
                     for tp, pp in choices[h]:
+                        if tp < min_tp:
+                            continue
                         t = profile.layer(tp).compute_s(False)
                         weight = (micro_batches - alpha) * t + profile.update_s(dp, tp)
+                        in_flight = min(behind + pp, micro_batches)
                         cap = max(self.memory_cap(groups[h].chip, tp, dp, recompute, in_flight, False, False)
                                   for recompute in (False, True))
                         best = [min(best[0], pp), max(best[1], pp / weight if weight > 0 else float("inf")),
@@ -279,7 +290,7 @@ class Planner:
                     open_absorbers[key] = tuple(best)
                 return open_absorbers[key]
 
-            def descend(g: int, tail: int) -> None:
+            def descend(g: int, tail: int, chosen: tuple) -> None:
                 for tp, pp in choices[g]:
                     if (monotone_tp and g < last and groups[g + 1].chip.name == groups[g].chip.name
                             and tp < tps[g + 1]):
@@ -289,36 +300,37 @@ class Planner:
                                                  f"stages than the model's {total_layers} layers")
                         continue
                     useful = -(-(total_layers - tail - g) // pp)
-                    group_options = self.options_at(groups[g], g, dp, micro_batches, tp, pp, tail + pp, g == last,
-                                                    useful)
+                    group_options, group_relaxed = self.options_at(groups[g], g, dp, micro_batches, tp, pp,
+                                                                   tail + pp, g == last, useful)
                     if not group_options:
                         continue
-                    tps[g], pps[g], options[g] = tp, pp, group_options
+                    tps[g], pps[g], options[g], relaxed[g] = tp, pp, group_options, group_relaxed
+                    _, t, u, cap = group_relaxed
+                    weight = (micro_batches - alpha) * t + u
+                    absorbers = chosen + ((pp, pp / weight if weight > 0 else float("inf"), pp * cap, t, weight),)
                     if g > 0:
                         if len(heap) >= top_k:
-                            absorbers = [open_absorber(h, tail + pp) for h in range(g)]
-                            for h in range(g, last + 1):
-                                r, t, u, cap = self._relaxed(options[h])
-                                weight = (micro_batches - alpha) * t + u
-                                absorbers.append((pps[h], pps[h] / weight if weight > 0 else float("inf"),
-                                                  pps[h] * cap, t, weight))
+                            same_type = groups[g].chip.name
+                            open_groups = tuple(
+                                open_absorber(h, tail + pp + (g - 1 - h),
+                                              tp if monotone_tp and groups[h].chip.name == same_type else 0)
+                                for h in range(g))
                             self.bounded += 1
-                            if absorber_bound(total_layers, absorbers, alpha) >= -heap[0][0]:
+                            if absorber_bound(total_layers, open_groups + absorbers, alpha) >= -heap[0][0] * _TIE:
                                 continue
-                        descend(g - 1, tail + pp)
+                        descend(g - 1, tail + pp, absorbers)
                         continue
-                    relaxed = [self._relaxed(o) for o in options]
                     self.bounded += 1
                     bound = lower_bound(total_layers, pps, [o[1] for o in relaxed], [o[2] for o in relaxed],
                                         [o[3] for o in relaxed], micro_batches, alpha)
                     if bound == float("inf"):
                         self._note_cover(groups, dp, tps, pps, relaxed)
                         continue
-                    if len(heap) >= top_k and bound >= -heap[0][0]:
+                    if len(heap) >= top_k and bound >= -heap[0][0] * _TIE:
                         continue
-                    leaves.append((bound, dp, tuple(tps), tuple(pps), list(options)))
+                    leaves.append((bound, dp, tuple(tps), tuple(pps), list(options), list(relaxed)))
 
-            descend(last, 0)
+            descend(last, 0, ())
         return leaves
 
     def _note_cover(self, groups, dp, tps, pps, relaxed) -> None:
@@ -332,30 +344,40 @@ class Planner:
     def run(self, groups: list[Group], dp_values: list[int], heap: list, top_k: int, monotone_tp: bool) -> None:
         leaves = self.dfs(groups, dp_values, monotone_tp, heap, top_k)
         leaves.sort(key=lambda leaf: leaf[0])
-        for bound, dp, tps, pps, options in leaves:
-            if len(heap) >= top_k and bound >= -heap[0][0]:
+        for bound, dp, tps, pps, options, relaxed in leaves:
+            if len(heap) >= top_k and bound >= -heap[0][0] * _TIE:
                 break
-            self.solve_leaf(groups, dp, tps, pps, options, heap, top_k)
+            self.solve_leaf(groups, dp, tps, pps, options, relaxed, heap, top_k)
 
 
-def batch_dp_values(cluster: ClusterSpec, training: TrainingSpec, infeasible: Infeasibility) -> list[int]:
-    values = [dp for dp in divisors(training.micro_batch_units)
-              if all(any(chip.count % (tp * dp) == 0 for tp in chip.tp_sizes()) for chip in cluster.chips)]
-    if not values:
-        counts = ", ".join(f"{c.name}={c.count}" for c in cluster.chips)
-        infeasible.batch = (f"{cluster.source}: field 'chips': no dp dividing the global batch of "
-                            f"{training.micro_batch_units} micro-batches and tp (power of two up to tp_max) make "
-                            f"tp * dp divide every chip count ({counts})")
-    return values
+def batch_dp_values(cluster: ClusterSpec, training: TrainingSpec, fixed_dp: int | None = None) -> list[int]:
+    """The dp sizes that divide the global batch (in micro-batches) and, with some allowed tp, every chip
+    count; fixed_dp (a user's choice) must be one of them, or the error names what it fails."""
+    units = training.micro_batch_units
+    if fixed_dp is not None:
+        if fixed_dp < 1 or units % fixed_dp:
+            raise UserError(f"--dp {fixed_dp}: must divide the global batch of {units} micro-batches "
+                            f"({training.sequences} sequences / micro_batch_size {training.micro_batch_size})")
+        for index, chip in enumerate(cluster.chips):
+            if not any(chip.count % (tp * fixed_dp) == 0 for tp in chip.tp_sizes()):
+                raise UserError(f"{cluster.source}: field 'chips[{index}].count': {chip.count} chips of type "
+                                f"'{chip.name}' are not divisible by tp * dp for dp={fixed_dp} and any tp in "
+                                f"{chip.tp_sizes()}")
+        return [fixed_dp]
+    return [dp for dp in divisors(units)
+            if all(any(chip.count % (tp * dp) == 0 for tp in chip.tp_sizes()) for chip in cluster.chips)]
 
 
 def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile], *,
-           top_k: int = 1, group_size: int | None = 128) -> SearchResult:
-    """Stage 1 over chip types, then (group_size set) stage 2 over groups of group_size chips at stage 1's dp."""
-    started = time.perf_counter()
+           top_k: int = 1, group_size: int | None = 128, refine_all_dp: bool = False,
+           dp: int | None = None) -> SearchResult:
+    """Stage 1 over chip types, then (group_size set) stage 2 over groups of group_size chips at stage 1's
+    dp (or, refine_all_dp, at every dp: slower, and no longer loses when the grouped optimum's dp differs).
+    dp fixes the data-parallel size."""
+    started, started_cpu = time.perf_counter(), time.process_time()
     planner = Planner(cluster, model, training, profiles)
     heap: list = []
-    dp_values = batch_dp_values(cluster, training, planner.infeasible)
+    dp_values = batch_dp_values(cluster, training, dp)
     planner.run(type_groups(cluster), dp_values, heap, top_k, monotone_tp=False)
     if not heap:
         raise UserError(planner.infeasible.reason())
@@ -364,8 +386,9 @@ def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, pro
     if group_size:
         groups = split_groups(cluster, group_size)
         if len(groups) > len(cluster.chips):
-            planner.run(groups, [stage1_best.dp], heap, top_k, monotone_tp=True)
+            planner.run(groups, dp_values if refine_all_dp else [stage1_best.dp], heap, top_k, monotone_tp=True)
             stages_run = 2
     ranked = [entry[2] for entry in sorted(heap, key=lambda e: -e[0])]
     return SearchResult(best=ranked[0], top=ranked, evaluated=planner.evaluated, bounded=planner.bounded,
-                        search_s=time.perf_counter() - started, stage1_dp=stage1_best.dp, stages_run=stages_run)
+                        search_s=time.perf_counter() - started, stage1_dp=stage1_best.dp, stages_run=stages_run,
+                        search_cpu_s=time.process_time() - started_cpu)

@@ -22,7 +22,12 @@ _SAFE = 1 - 1e-9  # bounds are shaded down so rounding never prunes an optimum t
 
 
 def _stage_caps(bound: float, weights: Sequence[float], caps: Sequence[int]) -> list[int]:
-    return [cap if weight <= 0 else min(cap, int(bound / weight + _EPS)) for weight, cap in zip(weights, caps)]
+    """Per group, the most layers per stage whose weight stays within the bound (and memory)."""
+    result = []
+    for weight, cap in zip(weights, caps):
+        quotient = bound / weight + _EPS if weight > 0 else float("inf")
+        result.append(cap if quotient >= cap else int(quotient))
+    return result
 
 
 def _fill_cheapest_first(total: int, pps: Sequence[int], stage_caps: Sequence[int], order: Sequence[int]) -> list[int] | None:
@@ -56,28 +61,35 @@ def _continuous_bottleneck(total: int, saturated: float, points: list[tuple[floa
     return points[-1][0] if points else 0.0
 
 
+def _equalise(total: int, pps: Sequence[int], weights: Sequence[float], caps: Sequence[int]) -> tuple[float, list[int]]:
+    """The smallest bound on the max term whose per-stage caps cover all layers, and those caps."""
+    free_layers = sum(p * k for p, k, w in zip(pps, caps, weights) if w <= 0)
+    points = [(k * w, p * k, p / w) for p, k, w in zip(pps, caps, weights) if w > 0]
+    bound = max([0.0] + [w for w in weights if w > 0] + [_continuous_bottleneck(total, free_layers, points)])
+    while True:
+        stage_caps = _stage_caps(bound, weights, caps)
+        if sum(p * u for p, u in zip(pps, stage_caps)) >= total and min(stage_caps) >= 1:
+            return bound, stage_caps
+        bound = min(w * (u + 1) for w, u, k in zip(weights, stage_caps, caps) if u < k and w > 0)
+
+
+def _feasible(total: int, pps: Sequence[int], caps: Sequence[int]) -> bool:
+    return sum(pps) <= total and min(caps) >= 1 and sum(p * k for p, k in zip(pps, caps)) >= total
+
+
 def lower_bound(total: int, pps: Sequence[int], compute: Sequence[float], update: Sequence[float],
                 caps: Sequence[int], micro_batches: int, alpha: float) -> float:
-    """A cheap bound below shard_layers' optimum (inf when infeasible): the continuous smallest max term
-    that covers the layers under the caps, plus alpha times the cheapest-first fill."""
-    if sum(pps) > total or any(cap < 1 for cap in caps) or sum(p * k for p, k in zip(pps, caps)) < total:
+    """A bound below shard_layers' optimum (inf when infeasible), without its refinement: the equalised
+    max term plus alpha times the cheapest-first fill under memory alone."""
+    if not _feasible(total, pps, caps):
         return float("inf")
     weights = [(micro_batches - alpha) * t + u for t, u in zip(compute, update)]
-    heaviest = max(weights)
-    saturated = 0.0
-    bottleneck = heaviest
-    points = []
-    for p, k, w in zip(pps, caps, weights):
-        if w <= 0:
-            saturated += p * k
-        else:
-            points.append((k * w, p * k, p / w))
-    bottleneck = max(heaviest, _continuous_bottleneck(total, saturated, points))
+    bound, _ = _equalise(total, pps, weights, caps)
     if alpha == 0:
-        return bottleneck * _SAFE
+        return bound * _SAFE
     order = sorted(range(len(pps)), key=lambda g: compute[g])
     fill = _fill_cheapest_first(total, pps, caps, order)
-    return (bottleneck + alpha * sum(t * l for t, l in zip(compute, fill))) * _SAFE
+    return (bound + alpha * sum(t * l for t, l in zip(compute, fill))) * _SAFE
 
 
 def absorber_bound(total: int, absorbers: Sequence[tuple[int, float, int, float, float]], alpha: float) -> float:
@@ -110,20 +122,11 @@ def absorber_bound(total: int, absorbers: Sequence[tuple[int, float, int, float,
 def shard_layers(total: int, pps: Sequence[int], compute: Sequence[float], update: Sequence[float],
                  caps: Sequence[int], micro_batches: int, alpha: float) -> tuple[float, list[int]] | None:
     """The layer vector minimising T, or None when the groups cannot hold `total` layers."""
-    if sum(pps) > total or any(cap < 1 for cap in caps):
-        return None
-    if sum(p * k for p, k in zip(pps, caps)) < total:
+    if not _feasible(total, pps, caps):
         return None
     weights = [(micro_batches - alpha) * t + u for t, u in zip(compute, update)]
     order = sorted(range(len(pps)), key=lambda g: compute[g])
-    free_layers = sum(p * k for p, k, w in zip(pps, caps, weights) if w <= 0)
-    points = [(k * w, p * k, p / w) for p, k, w in zip(pps, caps, weights) if w > 0]
-    bound = max([0.0] + [w for w in weights if w > 0] + [_continuous_bottleneck(total, free_layers, points)])
-    while True:  # equalise: the smallest bound whose per-stage caps cover all layers
-        stage_caps = _stage_caps(bound, weights, caps)
-        if sum(p * u for p, u in zip(pps, stage_caps)) >= total and min(stage_caps) >= 1:
-            break
-        bound = min(w * (u + 1) for w, u, k in zip(weights, stage_caps, caps) if u < k and w > 0)
+    bound, stage_caps = _equalise(total, pps, weights, caps)  # equalise compute
     layers = _fill_cheapest_first(total, pps, stage_caps, order)
     best = (objective(layers, pps, compute, weights, alpha), layers)
     if alpha == 0:

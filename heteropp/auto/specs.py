@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from h2.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.errors import UserError

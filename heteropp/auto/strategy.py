@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import yaml
@@ -27,7 +27,6 @@ from h2.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.errors import UserError
 from h2.model.config import PRESETS, ModelConfig, resolve_model
 
-SCHEDULES = ("1f1b", "1f1b-split-backward")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from heteropp.auto.memory import in_flight_micro_batches, stage_memory_bytes, st
 from heteropp.auto.profiles import load_profile, profiles_for, save_profile, synthesise_profile
 from heteropp.auto.specs import load_cluster
 
-from conftest import CLUSTERS
+from autohelpers import CLUSTERS
 
 MODEL = preset("h2-100b")
 

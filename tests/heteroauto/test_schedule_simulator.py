@@ -10,12 +10,10 @@ from heteropp.auto.simulator import StageCost, simulate
 from heteropp.schedule import Action, format_schedule, one_f_one_b, one_f_one_b_split_backward
 
 
-def test_schedule_module_does_not_import_torch():
-    import heteropp.schedule  # noqa: F401
-    import heteropp.auto.search  # noqa: F401
-    assert "torch" not in sys.modules or sys.modules["torch"] is not None  # imported elsewhere is fine
+def test_schedule_planner_and_cli_do_not_import_torch():
     import subprocess
-    code = "import sys, heteropp.schedule, heteropp.auto.cli, heteropp.auto.search; print('torch' in sys.modules)"
+    code = ("import sys, heteropp.schedule, heteropp.auto.cli, heteropp.auto.search, heteropp.auto.simulator; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
 
@@ -109,12 +107,33 @@ def test_transfers_never_shorten_the_iteration():
     assert simulate(one_f_one_b(3, 6), costs, lambda src, dst, kind, m: 0.1).iteration_s > free
 
 
-def test_split_backward_is_never_slower_than_1f1b():
+def test_split_backward_leaves_less_bubble_than_1f1b():
     costs = [StageCost(1.0, 2.0, weight_grad_s=1.0) for _ in range(4)]
     plain = simulate(one_f_one_b(4, 8), costs).iteration_s
     split = simulate(one_f_one_b_split_backward(4, 8), costs).iteration_s
-    assert split <= plain
-    assert split >= 8 * 3.0  # never below the busy time of one stage
+    assert (plain, split) == (33.0, 30.0)  # 1F1B bubble (P-1)(F+B+W) = 9 becomes 6
+
+
+@pytest.mark.parametrize("stages,micro_batches", [(2, 4), (4, 8), (8, 16), (3, 12)])
+def test_split_backward_beats_1f1b_on_uniform_stages(stages, micro_batches):
+    costs = [StageCost(1.0, 2.0, weight_grad_s=1.0) for _ in range(stages)]
+    plain = simulate(one_f_one_b(stages, micro_batches), costs).iteration_s
+    split = simulate(one_f_one_b_split_backward(stages, micro_batches), costs).iteration_s
+    assert split < plain
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10 ** 9))
+def test_split_backward_costs_at_most_3_percent_on_uneven_stages(seed):
+    # its weight-gradient passes cannot be interrupted, so on uneven stages a drained W can delay a
+    # gradient that has just arrived: 2.3 % worst case over 20,000 random pipelines (docs/heteroauto.md)
+    rng = random.Random(seed)
+    stages, micro_batches = rng.randint(1, 6), rng.randint(1, 12)
+    forward = [rng.uniform(0.1, 2) for _ in range(stages)]
+    costs = [StageCost(f, 2 * f, weight_grad_s=f) for f in forward]
+    plain = simulate(one_f_one_b(stages, micro_batches), costs).iteration_s
+    split = simulate(one_f_one_b_split_backward(stages, micro_batches), costs).iteration_s
+    assert split <= plain * 1.03
 
 
 def test_a_schedule_that_waits_for_a_message_never_sent_is_reported():

@@ -15,7 +15,7 @@ from heteropp.auto.profiles import profiles_for
 from heteropp.auto.search import search
 from heteropp.auto.specs import ChipType, ClusterSpec, TrainingSpec, load_cluster
 
-from conftest import CLUSTERS, random_problem, small_model
+from autohelpers import CLUSTERS, random_problem, small_model
 
 
 def _solve_both(seed, group_size=None):
@@ -53,6 +53,34 @@ def test_searched_strategy_is_valid_and_scores_as_predicted(seed):
     report = evaluate_strategy(strategy, cluster, model, training, profiles)
     assert report.fits
     assert report.iteration_s == pytest.approx(found.best.objective_s, rel=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10 ** 9))
+def test_second_stage_pruning_keeps_the_optimum_of_its_space(seed):
+    cluster, model, training = random_problem(random.Random(seed), max_types=2)
+    profiles = profiles_for(cluster, model, training)
+    try:
+        first = search(cluster, model, training, profiles, group_size=None)
+    except UserError:
+        return
+    two = search(cluster, model, training, profiles, group_size=2)
+    try:
+        space = oracle_search(cluster, model, training, profiles, group_size=2, dp=first.best.dp,
+                              monotone_tp=True).best.objective_s
+    except UserError:
+        space = float("inf")
+    assert two.best.objective_s == pytest.approx(min(first.best.objective_s, space), rel=1e-9)
+
+
+def test_refining_at_every_dp_recovers_a_grouped_optimum_at_another_dp():
+    cluster, model, training = random_problem(random.Random(1035), max_types=2)  # found by the gap benchmark
+    profiles = profiles_for(cluster, model, training)
+    grouped = oracle_search(cluster, model, training, profiles, group_size=2).best
+    paper_style = search(cluster, model, training, profiles, group_size=2)
+    every_dp = search(cluster, model, training, profiles, group_size=2, refine_all_dp=True)
+    assert paper_style.best.objective_s > grouped.objective_s * 1.1  # stage 1's dp was the wrong one
+    assert every_dp.best.objective_s == pytest.approx(grouped.objective_s, rel=1e-9)
 
 
 def test_two_stage_search_never_loses_to_its_first_stage():

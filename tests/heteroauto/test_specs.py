@@ -5,7 +5,7 @@ import pytest
 from h2.errors import UserError
 from heteropp.auto.specs import load_cluster, parse_count
 
-from conftest import CLUSTERS
+from autohelpers import CLUSTERS
 
 PAPER = {"exp-a-1": ({"A": 256, "B": 256, "C": 256}, 2), "exp-a-2": ({"A": 256, "B": 256, "C": 256}, 6),
          "exp-b-1": ({"A": 256, "B": 256, "C": 256, "D": 256}, 2), "exp-b-2": ({"A": 256, "B": 256, "C": 256, "D": 256}, 8),

@@ -7,7 +7,7 @@ from h2.errors import UserError
 from heteropp.auto.cli import main
 from heteropp.auto.strategy import load_strategy
 
-from conftest import CLUSTERS, STRATEGIES
+from autohelpers import CLUSTERS, STRATEGIES
 
 LOCAL = os.path.join(CLUSTERS, "local-emulated.yaml")
 TINY = os.path.join(STRATEGIES, "local-tiny-pp2.yaml")
@@ -74,6 +74,14 @@ def test_exhaustive_search_agrees_on_the_local_cluster(capsys):
     assert json.loads(out)["iteration_s"] == pytest.approx(json.loads(exhaustive)["iteration_s"])
 
 
+def test_baseline_batch_can_be_set_for_the_speedup_ratio(capsys):
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--json", "--baseline-gbs-tokens", "512")
+    assert code == 0, err
+    result = json.loads(out)
+    assert {b["gbs_tokens"] for b in result["baselines"].values()} == {512}
+    assert result["hetero_speedup_ratio"] > 0
+
+
 def test_gbs_flag_takes_suffixes(capsys):
     code, out, err = run(capsys, "search", "--cluster", LOCAL, "--gbs-tokens", "2K", "--json", "--no-baselines")
     assert code == 0, err
@@ -93,6 +101,45 @@ def test_user_errors_exit_2_with_one_line(capsys, argv, message):
     assert code == 2
     assert err.startswith("heteroauto: error: ") and message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_strategy_naming_a_chip_the_cluster_lacks_exits_2(capsys, write):
+    path = write("s.yaml", open(TINY).read().replace("chip: emu-small", "chip: emu-huge"))
+    code, _, err = run(capsys, "simulate", "--cluster", LOCAL, "--strategy", path)
+    assert code == 2 and "s.yaml: field 'stages[1].chip': unknown chip type 'emu-huge'" in err
+
+
+def test_strategy_using_more_chips_than_the_cluster_has_exits_2(capsys, write):
+    path = write("s.yaml", open(TINY).read().replace("dp: 1", "dp: 4").replace("micro_batches: 8", "micro_batches: 2"))
+    code, _, err = run(capsys, "simulate", "--cluster", LOCAL, "--strategy", path)
+    assert code == 2 and "uses 4 chips of type 'emu-big'" in err
+
+
+def test_simulated_local_strategy_agrees_with_the_cost_model_without_transfers(capsys):
+    code, out, err = run(capsys, "simulate", "--cluster", LOCAL, "--strategy", TINY, "--no-transfers", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    # two stages, the slower (emu-big) first: the replay is at most the closed form the cost model uses
+    assert 0 < result["iteration_s"] <= result["cost_model_iteration_s"] * (1 + 1e-12)
+
+
+def test_fixed_dp_that_no_tp_makes_divide_a_chip_count_exits_2(capsys, write):
+    text = open(LOCAL).read().replace("    count: 2\n    memory_gb: 0.004", "    count: 3\n    memory_gb: 0.004")
+    path = write("odd.yaml", text)
+    code, _, err = run(capsys, "search", "--cluster", path, "--dp", "2")
+    assert code == 2
+    assert "odd.yaml: field 'chips[0].count': 3 chips of type 'emu-big' are not divisible by tp * dp for dp=2" in err
+
+
+def test_fixed_dp_must_divide_the_batch(capsys):
+    code, _, err = run(capsys, "search", "--cluster", LOCAL, "--dp", "3")
+    assert code == 2 and "--dp 3: must divide the global batch of 8 micro-batches" in err
+
+
+def test_fixed_dp_is_kept(capsys):
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--dp", "1", "--json", "--no-baselines")
+    assert code == 0, err
+    assert json.loads(out)["strategy"]["dp"] == 1
 
 
 def test_malformed_cluster_yaml_exits_2(capsys, write):
