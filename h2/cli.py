@@ -29,10 +29,45 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model-config", metavar="YAML", help="a model YAML (fields of ModelConfig, or preset + overrides)")
 
 
+_PIPELINE_PASSTHROUGH = ("steps", "lr", "min_lr", "warmup_steps", "lr_decay_steps", "weight_decay", "grad_clip",
+                         "seed", "seq_len")
+_NOT_WITH_STRATEGY = ("resume", "overwrite", "device", "dtype", "micro_batch_size", "micro_batches", "model_config")
+
+
+def _train_pipeline(args) -> int:
+    """`h2 train --strategy S`: a HeteroPP run on local processes, launched with torchrun --standalone."""
+    import subprocess
+
+    from heteropp.auto.strategy import load_strategy
+    strategy = load_strategy(args.strategy)
+    for name in _NOT_WITH_STRATEGY:
+        value = getattr(args, name)
+        if value not in (None, False):
+            raise UserError(f"--{name.replace('_', '-')} does not apply with --strategy "
+                            f"(the strategy file fixes the model and batch shape)")
+    needed = sum(stage.tp for stage in strategy.stages) * strategy.dp
+    nproc = args.nproc or needed
+    if nproc != needed:
+        raise UserError(f"{args.strategy}: needs {needed} processes (sum of tp * dp over stages), --nproc is {nproc}")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               "-m", "heteropp.run", "--strategy", args.strategy, "--out", args.out or "runs/heteropp",
+               "--p2p-backend", args.p2p_backend]
+    for name in _PIPELINE_PASSTHROUGH:
+        if getattr(args, name) is not None:
+            command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if args.log_every is not None:
+        command += ["--log-every", str(args.log_every)]
+    return subprocess.call(command)
+
+
 def _train(args) -> int:
     from h2.train import TrainConfig
     from h2.train.trainer import Trainer, summarize_losses
 
+    if args.strategy:
+        return _train_pipeline(args)
+    if args.nproc is not None:
+        raise UserError("--nproc needs --strategy (a single-device run uses one process)")
     model_config = _model_from_args(args)
     if model_config.name == "h2-100b":
         raise UserError("preset 'h2-100b' is for planning only (103 B parameters); train tiny or small here")
@@ -109,8 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="h2", description="H2: train one LLM across heterogeneous accelerators.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    train = sub.add_parser("train", help="train a model on one device (the reference trainer)")
+    train = sub.add_parser("train", help="train a model on one device (the reference trainer), "
+                                         "or as a HeteroPP pipeline with --strategy")
     _add_model_arguments(train)
+    train.add_argument("--strategy", metavar="YAML", help="a HeteroPP strategy: run the pipeline on local processes "
+                                                         "(torchrun --standalone)")
+    train.add_argument("--nproc", type=int, help="processes for --strategy (default: sum of tp * dp over stages)")
+    train.add_argument("--p2p-backend", default="gloo", help="with --strategy: backend across stages, gloo or dicomm")
     train.add_argument("--out", help="output folder for metrics.jsonl and checkpoints/ (default runs/<model>)")
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     train.add_argument("--overwrite", action="store_true", help="start over in an --out that holds an earlier run")

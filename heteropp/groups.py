@@ -1,0 +1,82 @@
+"""The process groups one rank needs, created from a Topology.
+
+Inside a stage (one chip type) tensor- and data-parallel groups use the chip's own collective
+backend; traffic that crosses stages (activations, gradients, and the one scalar of the global
+gradient norm) uses the configurable cross-stage backend: "gloo" (default) or "dicomm".
+Every rank calls `build_groups` with the same arguments: torch.distributed requires all ranks to
+create every group, members or not, in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from h2.errors import UserError
+from heteropp.topology import RankPlace, Topology
+
+P2P_BACKENDS = ("gloo", "dicomm")
+
+
+def chip_backend(chip: str, device_type: str) -> str:
+    """The collective backend for TP/DP inside a stage of `chip`. Emulated chips on CPU use gloo."""
+    if device_type == "cpu":
+        return "gloo"
+    if device_type == "cuda":
+        return "nccl"
+    raise UserError(f"chip '{chip}': no collective backend known for device type '{device_type}'")
+
+
+def check_p2p_backend(name: str) -> str:
+    if name not in P2P_BACKENDS:
+        raise UserError(f"--p2p-backend must be one of {', '.join(P2P_BACKENDS)}, got '{name}'")
+    if name == "dicomm":
+        try:
+            import dicomm  # noqa: F401  (registers the backend when it is built)
+        except ImportError:
+            pass
+        if "dicomm" not in dist.Backend.backend_list:
+            raise UserError("--p2p-backend dicomm: DiComm's torch.distributed backend is not registered "
+                            "in this build; use --p2p-backend gloo")
+    return name
+
+
+@dataclass
+class RankGroups:
+    place: RankPlace
+    tp: dist.ProcessGroup | None          # this rank's TP group (None when tp == 1)
+    dp: dist.ProcessGroup | None          # this rank's DP group (None when dp == 1)
+    next_boundary: dist.ProcessGroup | None   # ranks of this stage and the next (cross-stage backend)
+    prev_boundary: dist.ProcessGroup | None   # ranks of the previous stage and this one
+    everyone: dist.ProcessGroup           # all ranks, cross-stage backend (global gradient norm)
+    tp_ranks: list[int]
+    dp_ranks: list[int]
+
+
+def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p_backend: str = "gloo") -> RankGroups:
+    place = topology.place(rank)
+    stage = topology.stages[place.stage]
+    mine: dict[str, dist.ProcessGroup | None] = {"tp": None, "dp": None, "next": None, "prev": None}
+    for info in topology.stages:
+        backend = chip_backend(info.chip, device_type)
+        for d in range(topology.dp):
+            members = info.tp_group(d)
+            group = dist.new_group(members, backend=backend) if info.tp > 1 else None
+            if rank in members:
+                mine["tp"] = group
+        for t in range(info.tp):
+            members = info.dp_group(t)
+            group = dist.new_group(members, backend=backend) if topology.dp > 1 else None
+            if rank in members:
+                mine["dp"] = group
+    for boundary in range(topology.num_stages - 1):
+        group = dist.new_group(topology.boundary_ranks(boundary), backend=p2p_backend)
+        if boundary == place.stage:
+            mine["next"] = group
+        if boundary + 1 == place.stage:
+            mine["prev"] = group
+    everyone = dist.new_group(list(range(topology.world_size)), backend=p2p_backend)
+    return RankGroups(place=place, tp=mine["tp"], dp=mine["dp"], next_boundary=mine["next"],
+                      prev_boundary=mine["prev"], everyone=everyone,
+                      tp_ranks=stage.tp_group(place.dp_index), dp_ranks=stage.dp_group(place.tp_index))

@@ -1,0 +1,248 @@
+"""Megatron-style tensor parallelism inside one stage, with explicit collectives on the stage's TP group.
+
+Stages of different TP sizes live in one world, so the layers are hand-written column/row-parallel
+shards rather than DTensor on a global mesh. `apply_tp` turns a built stage into rank `tp_index`'s
+shard of it, copying exactly that rank's slice of each full weight, so a TP run starts from the same
+numbers as the single-device model of the same seed:
+  q/k/v, gate/up, head          column-parallel (by heads, by intermediate features, by vocabulary)
+  o, down                       row-parallel (partial sums, all-reduced once per block)
+  embedding                     vocabulary-parallel (masked lookup, all-reduced)
+  RMSNorm weights               replicated (their gradients agree across the group, see below)
+Each attention / MLP block becomes copy_to_tp -> shard -> reduce_from_tp: one all-reduce forward,
+one backward, per block. Inputs and outputs of every block are replicated over the group, so the
+gradient reaching a norm weight is the same on every TP rank.
+
+Under the split-backward schedule every linear gets a `WeightGradStore`: while it is deferring, the
+linear's backward computes only the input gradient and leaves the weight gradient to a later W pass.
+Without a store the linears are plain `F.linear`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from h2.errors import UserError
+from h2.model.config import ModelConfig
+
+
+# ---- collectives as autograd functions ---------------------------------------------------------
+class _CopyToTP(torch.autograd.Function):
+    """Identity forward; all-reduce of the input gradient backward (Megatron's f)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward; identity backward (Megatron's g)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherLastDim(torch.autograd.Function):
+    """All-gather of the last dimension forward; this rank's slice of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        ctx.rank, ctx.width = rank, x.shape[-1]
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[..., ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width].contiguous(), None
+
+
+def copy_to_tp(x, group):
+    return x if group is None else _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x, group):
+    return x if group is None else _ReduceFromTP.apply(x, group)
+
+
+def gather_last_dim(x, group):
+    return x if group is None else _GatherLastDim.apply(x, group)
+
+
+# ---- linears whose weight gradient may be deferred ----------------------------------------------
+class WeightGradStore:
+    """Collects deferred weight-gradient work while `deferring`; `take()` hands it over."""
+
+    def __init__(self):
+        self.deferring = False
+        self._pending: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor]] = []
+
+    def defer(self, weight, inputs, grad_output) -> None:
+        self._pending.append((weight, inputs, grad_output))
+
+    def take(self) -> list:
+        pending, self._pending = self._pending, []
+        return pending
+
+    @staticmethod
+    @torch.no_grad()
+    def run(pending: list) -> None:
+        """Accumulate the deferred weight gradients (the W pass; no graph is recorded)."""
+        for weight, inputs, grad_output in pending:
+            accumulate_grad(weight, _weight_grad(inputs, grad_output))
+
+
+def _weight_grad(inputs: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    return grad_output.reshape(-1, grad_output.shape[-1]).t().mm(inputs.reshape(-1, inputs.shape[-1]))
+
+
+def accumulate_grad(param: nn.Parameter, grad: torch.Tensor) -> None:
+    if param.grad is None:
+        param.grad = grad
+    else:
+        param.grad += grad
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, store):
+        ctx.save_for_backward(x, weight)
+        # The parameter itself: under activation recompute the saved tensors unpack as aliases,
+        # and a deferred gradient must land on the parameter the optimizer holds.
+        ctx.parameter, ctx.store = weight, store
+        return F.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, weight = ctx.saved_tensors
+        grad_input = grad_output.matmul(weight) if ctx.needs_input_grad[0] else None
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            if ctx.store is not None and ctx.store.deferring:
+                ctx.store.defer(ctx.parameter, x, grad_output)
+            else:
+                grad_weight = _weight_grad(x, grad_output)
+        return grad_input, grad_weight, None
+
+
+class ShardLinear(nn.Module):
+    """A bias-free linear holding one shard (or all) of a weight [out, in]."""
+
+    def __init__(self, weight: torch.Tensor, store: WeightGradStore | None):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.store = store
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.store is None:  # no split-backward schedule: torch's own linear and backward
+            return F.linear(x, self.weight)
+        return _Linear.apply(x, self.weight, self.store)
+
+    def extra_repr(self) -> str:
+        return f"out={self.weight.shape[0]}, in={self.weight.shape[1]}"
+
+
+class ParallelBlock(nn.Module):
+    """copy_to_tp -> inner (column- then row-parallel shards) -> reduce_from_tp."""
+
+    def __init__(self, inner: nn.Module, group):
+        super().__init__()
+        self.inner, self.group = inner, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return reduce_from_tp(self.inner(copy_to_tp(x, self.group)), self.group)
+
+
+class ColumnParallelHead(nn.Module):
+    """The output head split by vocabulary; logits are gathered so the loss sees all of them."""
+
+    def __init__(self, weight: torch.Tensor, group, store):
+        super().__init__()
+        self.proj, self.group = ShardLinear(weight, store), group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gather_last_dim(self.proj(copy_to_tp(x, self.group)), self.group)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [first, first + rows) of the embedding; other tokens look up zero, then all-reduce."""
+
+    def __init__(self, weight: torch.Tensor, first: int, group):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.first, self.group = first, group
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.group is None:
+            return F.embedding(tokens, self.weight)
+        local = tokens - self.first
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        x = x.masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(x, self.group)
+
+
+# ---- applying TP to a built stage ---------------------------------------------------------------
+def check_tp_divides(config: ModelConfig, tp: int, where: str) -> None:
+    for name in ("num_heads", "num_kv_heads", "intermediate_size", "vocab_size"):
+        if getattr(config, name) % tp:
+            raise UserError(f"{where}: tp {tp} does not divide the model's {name} ({getattr(config, name)})")
+
+
+def _rows(weight: torch.Tensor, index: int, parts: int) -> torch.Tensor:
+    return weight.chunk(parts, dim=0)[index]
+
+
+def _columns(weight: torch.Tensor, index: int, parts: int) -> torch.Tensor:
+    return weight.chunk(parts, dim=1)[index]
+
+
+def apply_tp(stage: nn.Module, *, tp_index: int, tp_size: int, group, store: WeightGradStore | None) -> nn.Module:
+    """Replace the stage's linears and embedding by this rank's shards (in place); returns the stage.
+
+    With tp_size 1 the weights stay whole but still become `ShardLinear`s, so that with a `store`
+    (the split-backward schedule) their weight gradients can be deferred.
+    """
+    group = group if tp_size > 1 else None
+    t, n = tp_index, tp_size
+    if stage.embed is not None:
+        full = stage.embed.weight
+        rows = full.shape[0] // n
+        stage.embed = VocabParallelEmbedding(_rows(full, t, n), t * rows, group)
+    for layer in stage.layers:
+        attn, mlp = layer.attn, layer.mlp
+        attn.q_proj = ShardLinear(_rows(attn.q_proj.weight, t, n), store)
+        attn.k_proj = ShardLinear(_rows(attn.k_proj.weight, t, n), store)
+        attn.v_proj = ShardLinear(_rows(attn.v_proj.weight, t, n), store)
+        attn.o_proj = ShardLinear(_columns(attn.o_proj.weight, t, n), store)
+        mlp.gate_proj = ShardLinear(_rows(mlp.gate_proj.weight, t, n), store)
+        mlp.up_proj = ShardLinear(_rows(mlp.up_proj.weight, t, n), store)
+        mlp.down_proj = ShardLinear(_columns(mlp.down_proj.weight, t, n), store)
+        if group is not None:
+            layer.attn = ParallelBlock(attn, group)
+            layer.mlp = ParallelBlock(mlp, group)
+    if stage.head is not None:
+        stage.head = ColumnParallelHead(_rows(stage.head.weight, t, n), group, store)
+    return stage
+
+
+def is_tp_sharded(name: str) -> bool:
+    """Whether the parameter `name` of a TP stage is split across the group (else replicated)."""
+    return not name.endswith("norm.weight")

@@ -1,0 +1,171 @@
+"""The HeteroPP training loop of one rank: build its stage from a strategy, run the schedule's actions
+each step, reduce gradients over data parallelism, clip by the global norm, and update.
+
+Equivalent, step for step, to the single-device reference trainer (h2.train) on the same data:
+the global batch is dp * micro_batches * micro_batch_size sequences, replica d takes the d-th
+contiguous block, each micro-batch's loss is scaled by 1 / (dp * micro_batches), and the loss
+of a step is the mean over all micro-batches of their mean token cross-entropy.
+
+Only the first rank of the last stage writes `metrics.jsonl` (the reference trainer's format).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from h2.data import SequenceStream, load_stdlib_corpus
+from h2.data.corpus import Corpus
+from h2.errors import UserError
+from h2.model.transformer import Transformer
+from h2.train.config import TrainConfig
+from h2.train.lr_schedule import learning_rate
+from h2.train.metrics import MetricsLog
+from heteropp.data_parallel import StageOptimizer, clip_by_global_norm
+from heteropp.executor import StageExecutor
+from heteropp.groups import build_groups, check_p2p_backend
+from heteropp.p2p import P2P
+from heteropp.resharding import MODES, Resharder
+from heteropp.schedule_actions import stage_actions
+from heteropp.stage import apply_recompute, build_stage
+from heteropp.tensor_parallel import WeightGradStore, apply_tp, check_tp_divides, is_tp_sharded
+from heteropp.topology import Topology
+
+
+@dataclasses.dataclass
+class PipelineOptions:
+    p2p_backend: str = "gloo"
+    resharding: str = "sliced"              # "sliced" (send/recv + all-gather) or "full"
+    optimizer_sharding: str = "none"        # "none" or "zero1"
+    prefetch: bool = True                   # post receives one compute action ahead
+    schedule: str | None = None             # default: the strategy's
+
+
+def train_config_for(strategy, config: TrainConfig) -> TrainConfig:
+    """The strategy fixes the batch shape; everything else comes from `config`."""
+    model = strategy.model_config()
+    seq_len = strategy.seq_len or config.seq_len or model.max_seq_len
+    return dataclasses.replace(config, micro_batch_size=strategy.micro_batch_size,
+                               micro_batches=strategy.micro_batches, seq_len=seq_len,
+                               lr_decay_steps=config.lr_decay_steps or config.steps)
+
+
+class PipelineTrainer:
+    def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
+                 corpus: Corpus | None = None, source: str = "strategy"):
+        options = options or PipelineOptions()
+        if options.resharding not in MODES:
+            raise UserError(f"--resharding must be one of {', '.join(MODES)}, got '{options.resharding}'")
+        check_p2p_backend(options.p2p_backend)
+        self.strategy, self.options, self.out_dir = strategy, options, out_dir
+        self.model_config = strategy.model_config()
+        if self.model_config.tie_embeddings and len(strategy.stages) > 1:
+            raise UserError(f"{source}: model '{self.model_config.name}' ties embeddings, "
+                            f"which HeteroPP does not support across stages")
+        self.config = train_config_for(strategy, config)
+        if self.config.seq_len > self.model_config.max_seq_len:
+            raise UserError(f"{source}: seq_len {self.config.seq_len} exceeds the model's max_seq_len "
+                            f"{self.model_config.max_seq_len}")
+        if self.config.dtype != "fp32":
+            raise UserError("HeteroPP runs fp32 only here (bf16 autocast is not wired into stages yet)")
+        self.topology = Topology.from_strategy(strategy)
+        for stage in self.topology.stages:
+            check_tp_divides(self.model_config, stage.tp, f"{source}: field 'stages[{stage.index}].tp'")
+        world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        if world_size != self.topology.world_size:
+            raise UserError(f"{source}: needs {self.topology.world_size} processes "
+                            f"(sum of tp * dp over stages), the launch has {world_size}")
+        self.groups = build_groups(self.topology, self.rank, p2p_backend=options.p2p_backend)
+        self.place = self.groups.place
+        self.stage_info = self.topology.stages[self.place.stage]
+        self.is_last = self.place.stage == self.topology.num_stages - 1
+        self.writes_metrics = self.is_last and self.place.dp_index == 0 and self.place.tp_index == 0
+
+        torch.manual_seed(self.config.seed)
+        model = Transformer(self.model_config)
+        schedule = options.schedule or strategy.schedule
+        self.actions = stage_actions(schedule, self.topology.num_stages, self.config.micro_batches, self.place.stage)
+        splits_backward = any(action.kind == "W" for action in self.actions)
+        self.store = WeightGradStore() if splits_backward else None
+        stage = build_stage(model, self.stage_info.layers, first=self.place.stage == 0, last=self.is_last)
+        stage = apply_tp(stage, tp_index=self.place.tp_index, tp_size=self.stage_info.tp, group=self.groups.tp,
+                         store=self.store)
+        if self.stage_info.recompute:
+            stage = apply_recompute(stage)
+        self.stage = stage
+        del model
+
+        named = [(name, param) for name, param in stage.named_parameters()]
+        self.optimizer = StageOptimizer(named, lr=self.config.lr, betas=(self.config.beta1, self.config.beta2),
+                                        weight_decay=self.config.weight_decay, dp_group=self.groups.dp,
+                                        dp_rank=self.place.dp_index, dp_size=self.topology.dp,
+                                        sharding=options.optimizer_sharding)
+        # Each gradient element enters the global norm once: on DP replica 0, and for parameters
+        # replicated over TP (norm weights) on TP index 0 only.
+        self.counted_in_norm = [self.place.dp_index == 0 and (is_tp_sharded(name) or self.place.tp_index == 0)
+                                for name, _ in named]
+        self.p2p = P2P()
+        self.resharder = Resharder(self.topology, self.rank, self.groups, self.p2p, mode=options.resharding)
+        activation_shape = (self.config.micro_batch_size, self.config.seq_len, self.model_config.hidden_size)
+        self.executor = StageExecutor(self.stage, stage_index=self.place.stage, num_stages=self.topology.num_stages,
+                                      resharder=self.resharder, store=self.store, activation_shape=activation_shape,
+                                      prefetch=options.prefetch)
+        self.stream = SequenceStream(corpus or load_stdlib_corpus(), self.config.seq_len, seed=self.config.seed)
+        self.step, self.elapsed_s = 0, 0.0
+        self.metrics = None
+        if self.writes_metrics and out_dir is not None:
+            os.makedirs(out_dir, exist_ok=True)
+            self.metrics = MetricsLog(out_dir)
+            self.metrics.reset()
+
+    @property
+    def global_batch(self) -> int:
+        return self.topology.dp * self.config.micro_batches * self.config.micro_batch_size
+
+    def train_step(self) -> dict:
+        config = self.config
+        started = time.perf_counter()
+        lr = learning_rate(self.step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
+                           decay_steps=config.lr_decay_steps)
+        batch = self.stream.next_batch(self.global_batch, self.place.dp_index, self.topology.dp)
+        micro_batches = batch.split(config.micro_batch_size)
+        inputs = [mb[:, :-1] for mb in micro_batches]
+        targets = [mb[:, 1:] for mb in micro_batches]
+        bytes_before = self.p2p.bytes_sent
+        loss_sum = self.executor.run(self.actions, inputs, targets, 1.0 / (self.topology.dp * config.micro_batches))
+        self.optimizer.reduce_gradients()
+        # One all-reduce over every rank: the squared gradient norm and the bytes sent across stages.
+        totals = torch.stack([self.optimizer.local_grad_square_sum(self.counted_in_norm).double(),
+                              torch.tensor(float(self.p2p.bytes_sent - bytes_before), dtype=torch.float64)])
+        dist.all_reduce(totals, group=self.groups.everyone)
+        max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
+        grad_norm = clip_by_global_norm(totals[0].sqrt().float(), self.optimizer.params, max_norm)
+        self.optimizer.step(lr)
+        self.optimizer.zero_grad()
+        if self.is_last and self.groups.dp is not None:
+            dist.all_reduce(loss_sum, group=self.groups.dp)
+        step_time = time.perf_counter() - started
+        self.step += 1
+        self.elapsed_s += step_time
+        tokens = self.global_batch * config.seq_len
+        record = {"step": self.step, "loss": float(loss_sum), "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
+                  "tokens_per_s": tokens / step_time, "step_time_s": step_time, "elapsed_s": self.elapsed_s,
+                  "cross_stage_bytes": int(totals[1])}
+        if self.metrics is not None:
+            self.metrics.append(record)
+        return record
+
+    def run(self) -> list[dict]:
+        records = []
+        while self.step < self.config.steps:
+            record = self.train_step()
+            if self.is_last and not math.isfinite(record["loss"]):
+                raise FloatingPointError(f"loss became {record['loss']} at step {record['step']}")
+            records.append(record)
+        return records
+

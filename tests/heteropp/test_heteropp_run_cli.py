@@ -1,0 +1,59 @@
+"""`h2 train --strategy` (torchrun of `python -m heteropp.run`), as a user launches it; and the one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FIG8 = os.path.join(REPO_ROOT, "configs", "strategies", "local-fig8-pp3.yaml")
+
+
+def test_run_without_torchrun_is_a_one_line_error_naming_the_process_count(cli):
+    result = cli("heteropp.run", "--strategy", FIG8, "--steps", "1", env={"WORLD_SIZE": ""})
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "--nproc-per-node 4" in result.stderr
+
+
+def test_run_with_an_unknown_p2p_backend_is_a_one_line_error(cli):
+    result = cli("heteropp.run", "--strategy", FIG8, "--p2p-backend", "carrier-pigeon", "--steps", "1")
+    assert result.returncode == 2
+    assert "--p2p-backend must be one of gloo, dicomm" in result.stderr
+
+
+PP2 = os.path.join(REPO_ROOT, "configs", "strategies", "local-tiny-pp2.yaml")
+
+
+@pytest.mark.slow
+def test_h2_train_with_a_strategy_launches_the_pipeline_on_local_processes(tmp_path, cli):
+    out = tmp_path / "pp2"
+    result = cli("h2.cli", "train", "--strategy", PP2, "--steps", "2", "--out", str(out), timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stage 1: chip emu-small (emulated on cpu), tp 1 x dp 1, layers 2..3, no recompute" in result.stdout
+    with open(out / "metrics.jsonl") as handle:
+        records = [json.loads(line) for line in handle]
+    assert [r["step"] for r in records] == [1, 2]
+    assert {"step", "loss", "lr", "tokens_per_s", "elapsed_s", "grad_norm"} <= set(records[0])
+    assert sorted(os.listdir(out)) == ["metrics.jsonl"]  # only the last stage's first rank writes
+
+
+def test_h2_train_with_a_strategy_and_the_wrong_process_count_is_a_one_line_error(cli):
+    result = cli("h2.cli", "train", "--strategy", PP2, "--nproc", "3")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert result.stderr.strip().endswith(f"error: {PP2}: needs 2 processes (sum of tp * dp over stages), --nproc is 3")
+
+
+def test_dicomm_p2p_backend_is_refused_in_one_line_while_it_is_not_registered():
+    from h2.errors import UserError
+    from heteropp.groups import check_p2p_backend
+    import torch.distributed as dist
+    if "dicomm" in dist.Backend.backend_list:
+        pytest.skip("DiComm's backend is registered in this build")
+    with pytest.raises(UserError, match="--p2p-backend dicomm: DiComm's torch.distributed backend is not registered"):
+        check_p2p_backend("dicomm")
