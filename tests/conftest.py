@@ -8,6 +8,10 @@ import sys
 
 import pytest
 
+# Many tests start several processes on a 2-core machine; one intra-op thread each keeps them from
+# oversubscribing the cores (set before torch is imported, inherited by every subprocess).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
