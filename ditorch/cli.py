@@ -54,7 +54,12 @@ def command_info(args) -> int:
     print(f"vendor: {vendor} ({report['vendor_label']})" if vendor else "vendor: none found (plain CPU torch)")
     print("adapters (in detection order):")
     for name, probe in report["adapters"].items():
-        state = f"available, {probe['device_count']} device(s)" if probe["available"] else probe["reason"]
+        if not probe["available"]:
+            state = probe["reason"]
+        elif probe["device_count"]:
+            state = f"available, {probe['device_count']} device(s)"
+        else:
+            state = probe["reason"]
         print(f"  {name:<5} {probe['label']}: {state}")
     if vendor == "dipu":
         try:
@@ -93,13 +98,13 @@ def _parse_dtypes(text: str):
 def command_conformance(args) -> int:
     if args.profile:
         os.environ["DIPU_HOST_PROFILE"] = args.profile
+    import ditorch.dipu as dipu
     if args.vendor:
-        os.environ["DIPU_VENDOR"] = args.vendor
+        dipu.use_vendor(args.vendor)  # before the device's first use, which opens the vendor
     from ditorch.dipu import conformance
 
     dtypes = _parse_dtypes(args.dtypes) if args.dtypes else conformance.DEFAULT_DTYPES
     ops = [name.strip() for name in args.ops.split(",")] if args.ops else None
-    import ditorch.dipu as dipu
 
     print(f"conformance of vendor {dipu.vendor_name()} (profile {conformance.profile_name()}) against the CPU")
     results = conformance.run_conformance(ops=ops, dtypes=dtypes, max_samples=args.max_samples)

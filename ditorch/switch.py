@@ -88,10 +88,14 @@ def deactivate() -> None:
 def info() -> dict:
     """What `ditorch info` prints: vendor, devices, versions, probes and active mappings."""
     adapter = STATE.vendor
-    devices = []
+    devices, devices_error = [], None
+    try:
+        count = adapter.device_module().device_count() if adapter is not None else 0
+    except RuntimeError as error:  # a vendor that fails to open: reported, not raised
+        count, devices_error = 0, str(error).splitlines()[0]
     if adapter is not None:
         module = adapter.device_module()
-        for index in range(module.device_count()):
+        for index in range(count):
             entry = {"index": index, "device": f"{adapter.device_type}:{index}"}
             if hasattr(module, "get_device_properties"):
                 props = module.get_device_properties(index)
@@ -107,6 +111,7 @@ def info() -> dict:
         "device_type": adapter.device_type if adapter else None,
         "disabled": STATE.disabled_reason,
         "devices": devices,
+        "devices_error": devices_error,
         "adapters": {name: {"label": ADAPTERS[name].label, "available": p.available, "reason": p.reason,
                             "device_count": p.device_count} for name, p in STATE.probes.items()},
         "cuda_mapped": STATE.mapped,

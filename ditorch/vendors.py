@@ -68,10 +68,16 @@ def _probe_cuda(adapter: VendorAdapter) -> Probe:
 
 def _probe_dipu(adapter: VendorAdapter) -> Probe:
     try:
-        importlib.import_module("ditorch.dipu")
+        dipu = importlib.import_module("ditorch.dipu")
     except ImportError as error:
         return Probe(False, f"the dipu extension is not built ({error})")
-    return _probe_builtin(adapter)
+    except RuntimeError as error:  # DIPU_VENDOR names no installed vendor
+        return Probe(False, str(error).splitlines()[0])
+    if dipu._C._vendor_loaded():
+        return _probe_builtin(adapter)
+    # The vendor library opens at the device's first use, so that settings made before then
+    # (DIPU_HOST_PROFILE, ditorch.dipu.use_vendor) still apply; its library being there is enough here.
+    return Probe(True, "available (the vendor opens at first use)")
 
 
 ADAPTERS: dict[str, VendorAdapter] = {a.name: a for a in (

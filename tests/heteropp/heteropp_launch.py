@@ -4,6 +4,7 @@ the same data, for the tests and benchmarks."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import socket
 import tempfile
@@ -52,9 +53,12 @@ def run_pipeline(strategy_data: dict, steps: int, **options) -> tuple[list[dict]
     """Train `steps` steps on local processes; returns (metrics records, per-rank summaries)."""
     out_dir = tempfile.mkdtemp(prefix="heteropp-test-")
     world_size = world_size_of(strategy_data)
-    # fork: the children start with torch already imported (seconds saved per process on 2 cores)
+    # forkserver: children fork from a clean server process that imported torch once (seconds saved
+    # per process on 2 cores), never from this test process, whose autograd threads (after a backward
+    # on a device such as dipu) make a plain fork unsafe.
+    multiprocessing.set_forkserver_preload(["torch", "h2.model", "heteropp"])
     mp.start_processes(_rank_main, args=(world_size, free_port(), strategy_data, steps, out_dir, options),
-                       nprocs=world_size, join=True, start_method="fork")
+                       nprocs=world_size, join=True, start_method="forkserver")
     with open(os.path.join(out_dir, "metrics.jsonl")) as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     ranks = []
