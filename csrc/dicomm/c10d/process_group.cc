@@ -1,0 +1,846 @@
+#include "process_group.h"
+
+#include <torch/csrc/distributed/c10d/exception.h>
+
+#include <ATen/ops/from_blob.h>
+
+namespace dicomm {
+namespace {
+
+// Point-to-point tags are the user's (32-bit) tag; collectives own the tags with the top bit set,
+// numbered by call order, with 8 bits for the steps inside one call.
+constexpr uint64_t kCollectiveTagBit = uint64_t(1) << 63;
+constexpr int kCollectiveStepBits = 8;
+
+uint64_t pointToPointTag(int tag) { return uint64_t(uint32_t(tag)); }
+
+[[noreturn]] void throwBackendError(const std::string& what) { C10_THROW_ERROR(DistBackendError, what); }
+
+std::exception_ptr backendError(const std::string& what) {
+  try {
+    throwBackendError(what);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> tensorListFuture() {
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+
+void completeFuture(c10::ivalue::Future& future, c10d::Work& work, const std::vector<at::Tensor>& outputs) {
+  if (work.isSuccess()) {
+    future.markCompleted(c10::IValue(outputs));
+  } else {
+    future.setError(work.exception());
+  }
+}
+
+std::chrono::milliseconds remaining(Clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+}
+
+void checkTensorCount(const std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK(tensors.size() == 1, "dicomm ", op, " takes exactly one tensor per process, got ", tensors.size());
+}
+
+size_t elementCount(const at::Tensor& t) { return size_t(t.numel()); }
+
+// accumulator op= operand, elementwise, on `count` elements of `dtype`.
+ReduceInto reducer(const c10d::ReduceOp& op, at::ScalarType dtype, const char* name) {
+  const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
+  const bool integral = at::isIntegralType(dtype, /*includeBool=*/true);
+  auto view = [dtype](const void* data, size_t count) {
+    return at::from_blob(const_cast<void*>(data), {int64_t(count)}, at::TensorOptions().dtype(dtype));
+  };
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return [view](void* acc, const void* x, size_t n) { view(acc, n).add_(view(x, n)); };
+    case c10d::ReduceOp::AVG:
+      TORCH_CHECK(floating, "dicomm ", name, ": AVG needs a floating point tensor, got ", dtype);
+      return [view](void* acc, const void* x, size_t n) { view(acc, n).add_(view(x, n)); };
+    case c10d::ReduceOp::PRODUCT:
+      return [view](void* acc, const void* x, size_t n) { view(acc, n).mul_(view(x, n)); };
+    case c10d::ReduceOp::MIN:
+      return [view](void* acc, const void* x, size_t n) {
+        auto a = view(acc, n);
+        at::minimum_out(a, a, view(x, n));
+      };
+    case c10d::ReduceOp::MAX:
+      return [view](void* acc, const void* x, size_t n) {
+        auto a = view(acc, n);
+        at::maximum_out(a, a, view(x, n));
+      };
+    case c10d::ReduceOp::BAND:
+      TORCH_CHECK(integral, "dicomm ", name, ": BAND needs an integer or bool tensor, got ", dtype);
+      return [view](void* acc, const void* x, size_t n) { view(acc, n).bitwise_and_(view(x, n)); };
+    case c10d::ReduceOp::BOR:
+      TORCH_CHECK(integral, "dicomm ", name, ": BOR needs an integer or bool tensor, got ", dtype);
+      return [view](void* acc, const void* x, size_t n) { view(acc, n).bitwise_or_(view(x, n)); };
+    case c10d::ReduceOp::BXOR:
+      TORCH_CHECK(integral, "dicomm ", name, ": BXOR needs an integer or bool tensor, got ", dtype);
+      return [view](void* acc, const void* x, size_t n) { view(acc, n).bitwise_xor_(view(x, n)); };
+    default:
+      TORCH_CHECK(false, "dicomm ", name, " does not support this reduce op (PREMUL_SUM or unknown)");
+  }
+}
+
+void divideForAverage(const c10d::ReduceOp& op, const at::Tensor& host, int size) {
+  if (op.op_ == c10d::ReduceOp::AVG) host.div_(size);
+}
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> all;
+  for (const auto& list : lists) all.insert(all.end(), list.begin(), list.end());
+  return all;
+}
+
+void checkSameShape(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* op, const char* what) {
+  for (const auto& t : list) {
+    TORCH_CHECK(t.numel() == like.numel() && t.scalar_type() == like.scalar_type(), "dicomm ", op, ": every ", what,
+                " must have the input's dtype and element count (", like.scalar_type(), ", ", like.numel(), "), got ",
+                t.scalar_type(), ", ", t.numel());
+  }
+}
+
+void checkRoot(int64_t root, int size, const char* op) {
+  TORCH_CHECK(root >= 0 && root < size, "dicomm ", op, ": root rank ", root, " is outside [0, ", size, ")");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// HostTensor
+
+HostTensor HostTensor::input(const at::Tensor& tensor) {
+  HostTensor h;
+  if (tensor.device().is_cpu() && tensor.is_contiguous()) {
+    h.host_ = tensor;
+  } else {
+    h.host_ = tensor.to(at::kCPU).contiguous();
+  }
+  return h;
+}
+
+HostTensor HostTensor::output(const at::Tensor& tensor) {
+  HostTensor h;
+  if (tensor.device().is_cpu() && tensor.is_contiguous()) {
+    h.host_ = tensor;
+  } else {
+    h.host_ = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).memory_format(at::MemoryFormat::Contiguous));
+    h.target_ = tensor;
+  }
+  return h;
+}
+
+HostTensor HostTensor::inPlace(const at::Tensor& tensor) {
+  HostTensor h = output(tensor);
+  if (h.target_.defined()) h.host_.copy_(tensor);
+  return h;
+}
+
+void HostTensor::copyBack() const {
+  if (target_.defined()) target_.copy_(host_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Point-to-point works
+
+P2PItem::P2PItem(RequestPtr request, bool is_send, int peer, int tag, HostTensor tensor)
+    : request_(std::move(request)), is_send_(is_send), peer_(peer), tag_(tag), tensor_(std::move(tensor)) {}
+
+std::string P2PItem::describe() const {
+  return std::string("dicomm ") + (is_send_ ? "send to" : "recv from") + " rank " + std::to_string(peer_) + " (tag " +
+         std::to_string(tag_) + ", " + std::to_string(tensor_.bytes()) + " bytes)";
+}
+
+std::string P2PItem::settle() {
+  std::call_once(settled_, [this] {
+    if (!request_) return;  // zero bytes: nothing was posted
+    if (!request_->succeeded()) {
+      error_ = describe() + " failed: " + request_->error();
+    } else if (request_->bytes() != tensor_.bytes()) {
+      error_ = describe() + " got a message of " + std::to_string(request_->bytes()) + " bytes";
+    } else if (!is_send_) {
+      tensor_.copyBack();
+    }
+  });
+  return error_;
+}
+
+P2PWork::P2PWork(int rank, c10d::OpType type, std::vector<std::shared_ptr<P2PItem>> items,
+                 std::vector<at::Tensor> tensors, std::shared_ptr<FutureWatcher> watcher)
+    : Work(rank, type), items_(std::move(items)), tensors_(std::move(tensors)), watcher_(std::move(watcher)) {}
+
+void P2PWork::settle() {
+  std::string errors;
+  for (auto& item : items_) {
+    const std::string e = item->settle();
+    if (!e.empty()) errors += (errors.empty() ? "" : "; ") + e;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_) return;
+    completed_ = true;
+    if (!errors.empty()) exception_ = backendError(errors);
+    future = future_;
+  }
+  cv_.notify_all();
+  if (future) completeFuture(*future, *this, tensors_);
+}
+
+bool P2PWork::isCompleted() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_) return true;
+  }
+  for (auto& item : items_) {
+    if (item->request() && !item->request()->test()) return false;
+  }
+  settle();
+  return true;
+}
+
+bool P2PWork::wait(std::chrono::milliseconds timeout) {
+  const bool bounded = timeout != kNoTimeout;
+  const auto deadline = Clock::now() + timeout;
+  for (auto& item : items_) {
+    const RequestPtr& request = item->request();
+    if (!request) continue;
+    try {
+      request->wait(bounded ? std::chrono::duration<double>(remaining(deadline)).count() : -1.0);
+    } catch (const WaitTimeout&) {
+      throwBackendError(item->describe() + ": wait timed out after " + std::to_string(timeout.count()) +
+                        " ms; the operation is still pending");
+    } catch (const CommError&) {
+      // Reported by settle() with the operation's description.
+    }
+  }
+  settle();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> P2PWork::getFuture() {
+  bool done;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (future_) return future_;
+    future_ = tensorListFuture();
+    future = future_;
+    done = completed_;
+  }
+  if (done) {
+    completeFuture(*future, *this, tensors_);
+  } else {
+    watcher_->watch(c10::intrusive_ptr<c10d::Work>::reclaim_copy(this));
+  }
+  return future;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collective and grouped works
+
+CollectiveWork::CollectiveWork(int rank, c10d::OpType type, std::string description, std::vector<at::Tensor> outputs)
+    : Work(rank, type), description_(std::move(description)), outputs_(std::move(outputs)), future_(tensorListFuture()) {}
+
+void CollectiveWork::complete(std::exception_ptr error) {
+  finish(error);
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+bool CollectiveWork::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout == kNoTimeout) {
+    cv_.wait(lock, [this] { return completed_; });
+  } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+    throwBackendError(description_ + ": wait timed out after " + std::to_string(timeout.count()) +
+                      " ms; the collective is still running");
+  }
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+GroupWork::GroupWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts, std::shared_ptr<FutureWatcher> watcher)
+    : Work(rank, c10d::OpType::COALESCED), parts_(std::move(parts)), watcher_(std::move(watcher)) {}
+
+bool GroupWork::isCompleted() {
+  for (auto& p : parts_) {
+    if (!p->isCompleted()) return false;
+  }
+  return true;
+}
+
+bool GroupWork::isSuccess() const {
+  for (auto& p : parts_) {
+    if (!p->isSuccess()) return false;
+  }
+  return true;
+}
+
+std::exception_ptr GroupWork::exception() const {
+  for (auto& p : parts_) {
+    if (auto e = p->exception()) return e;
+  }
+  return nullptr;
+}
+
+bool GroupWork::wait(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (auto& p : parts_) p->wait(timeout == kNoTimeout ? kNoTimeout : remaining(deadline));
+  return true;
+}
+
+std::vector<at::Tensor> GroupWork::result() {
+  std::vector<at::Tensor> all;
+  for (auto& p : parts_) {
+    auto r = p->result();
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  return all;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> GroupWork::getFuture() {
+  std::lock_guard<std::mutex> lock(future_mutex_);
+  if (!future_) {
+    future_ = tensorListFuture();
+    watcher_->watch(c10::intrusive_ptr<c10d::Work>::reclaim_copy(this));
+  }
+  return future_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+FutureWatcher::FutureWatcher() : thread_([this] { run(); }) {}
+
+FutureWatcher::~FutureWatcher() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void FutureWatcher::watch(c10::intrusive_ptr<c10d::Work> work) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.push_back(std::move(work));
+  }
+  wake_.notify_one();
+}
+
+void FutureWatcher::run() {
+  for (;;) {
+    c10::intrusive_ptr<c10d::Work> work;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !pending_.empty(); });
+      if (pending_.empty()) return;
+      work = std::move(pending_.front());
+      pending_.pop_front();
+    }
+    try {
+      work->wait(kNoTimeout);
+    } catch (const std::exception&) {
+      // The work's future carries the error.
+    }
+    if (auto* group = dynamic_cast<GroupWork*>(work.get())) {
+      auto future = group->getFuture();
+      if (!future->completed()) completeFuture(*future, *group, group->result());
+    }
+  }
+}
+
+CollectiveQueue::CollectiveQueue() : thread_([this] { run(); }) {}
+
+CollectiveQueue::~CollectiveQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void CollectiveQueue::push(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    jobs_.push_back(std::move(job));
+  }
+  wake_.notify_one();
+}
+
+void CollectiveQueue::run() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The backend
+
+namespace {
+
+// Rendezvous through the process group's store.
+class C10dStore : public Store {
+ public:
+  explicit C10dStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key) override {
+    const auto value = store_->get(key);
+    return std::string(value.begin(), value.end());
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+}  // namespace
+
+ProcessGroupDiComm::ProcessGroupDiComm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                       std::chrono::milliseconds timeout)
+    : Backend(rank, size) {
+  dicomm::Options options = dicomm::Options::fromEnvironment();
+  options.timeout_s = std::chrono::duration<double>(timeout).count();
+  options.store_prefix = "dicomm";
+  C10dStore rendezvous(store);
+  try {
+    engine_ = std::make_unique<Engine>(rendezvous, rank, size, options);
+  } catch (const std::exception& e) {
+    throwBackendError("dicomm: rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                      " could not join the group: " + e.what());
+  }
+  watcher_ = std::make_shared<FutureWatcher>();
+  queue_ = std::make_unique<CollectiveQueue>();
+  init();
+}
+
+ProcessGroupDiComm::~ProcessGroupDiComm() { shutdown(); }
+
+void ProcessGroupDiComm::shutdown() {
+  queue_.reset();  // runs what was queued (each bounded by the timeout), then stops
+  watcher_.reset();
+  if (engine_) engine_->close();
+}
+
+void ProcessGroupDiComm::abort() {
+  recordFailure("the process group was aborted");
+  if (engine_) engine_->close();
+}
+
+std::string ProcessGroupDiComm::transportOf(int peer) const { return transportName(engine_->transportOf(peer)); }
+
+void ProcessGroupDiComm::checkUsable() const {
+  TORCH_CHECK(queue_, "dicomm: the process group was shut down");
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  if (!failure_.empty()) throwBackendError("dicomm: the process group is unusable after an earlier failure: " + failure_);
+}
+
+void ProcessGroupDiComm::recordFailure(const std::string& why) {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  if (failure_.empty()) failure_ = why;
+}
+
+// ---- coalescing ----
+
+void ProcessGroupDiComm::startCoalescing() {
+  TORCH_CHECK(!coalescing_.exchange(true), "dicomm: startCoalescing called twice without endCoalescing");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::endCoalescing() {
+  TORCH_CHECK(coalescing_.exchange(false), "dicomm: endCoalescing called without startCoalescing");
+  auto p2p = c10::make_intrusive<P2PWork>(rank_, c10d::OpType::COALESCED, std::move(coalesced_items_),
+                                          std::move(coalesced_tensors_), watcher_);
+  coalesced_items_.clear();
+  coalesced_tensors_.clear();
+  if (coalesced_collectives_.empty()) return p2p;
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts{p2p};
+  parts.insert(parts.end(), coalesced_collectives_.begin(), coalesced_collectives_.end());
+  coalesced_collectives_.clear();
+  return c10::make_intrusive<GroupWork>(rank_, std::move(parts), watcher_);
+}
+
+// ---- point-to-point ----
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::pointToPoint(at::Tensor& tensor, bool is_send, int peer, int tag) {
+  checkUsable();
+  TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "dicomm ", is_send ? "send" : "recv", ": peer ", peer,
+              " is not another rank of this group of ", size_);
+  HostTensor host = is_send ? HostTensor::input(tensor) : HostTensor::output(tensor);
+  RequestPtr request;
+  if (host.bytes() > 0) {
+    request = is_send ? engine_->isend(peer, pointToPointTag(tag), host.data(), host.bytes())
+                      : engine_->irecv(peer, pointToPointTag(tag), host.data(), host.bytes());
+  }
+  auto item = std::make_shared<P2PItem>(std::move(request), is_send, peer, tag, std::move(host));
+  if (coalescing_.load(std::memory_order_relaxed)) {
+    coalesced_items_.push_back(item);
+    coalesced_tensors_.push_back(tensor);
+  }
+  return c10::make_intrusive<P2PWork>(rank_, is_send ? c10d::OpType::SEND : c10d::OpType::RECV,
+                                      std::vector<std::shared_ptr<P2PItem>>{std::move(item)},
+                                      std::vector<at::Tensor>{tensor}, watcher_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  checkTensorCount(tensors, "send");
+  return pointToPoint(tensors[0], true, dst, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  checkTensorCount(tensors, "recv");
+  return pointToPoint(tensors[0], false, src, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  TORCH_CHECK(false, "dicomm: recv from any source is not supported; pass the source rank (src=)");
+}
+
+// ---- collectives ----
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::enqueue(c10d::OpType type, const std::string& name,
+                                                          std::vector<at::Tensor> outputs, Body body) {
+  checkUsable();
+  const uint64_t sequence = next_collective_++;
+  const std::string description = "dicomm " + name + " #" + std::to_string(sequence) + " (rank " +
+                                  std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+  auto work = c10::make_intrusive<CollectiveWork>(rank_, type, description, std::move(outputs));
+  const uint64_t tag_base = kCollectiveTagBit | (sequence << kCollectiveStepBits);
+  queue_->push([this, work, tag_base, description, body = std::move(body)] {
+    std::exception_ptr error;
+    try {
+      {
+        std::lock_guard<std::mutex> lock(failure_mutex_);
+        if (!failure_.empty()) throw CommError("the process group is unusable after an earlier failure: " + failure_);
+      }
+      at::NoGradGuard no_grad;
+      CollectiveChannel channel(*engine_, tag_base, description);
+      body(channel, scratch_);
+    } catch (const std::exception& e) {
+      const std::string what = dynamic_cast<const c10::Error*>(&e)
+                                   ? description + ": " + dynamic_cast<const c10::Error*>(&e)->what_without_backtrace()
+                                   : std::string(e.what()).rfind(description, 0) == 0 ? e.what()
+                                                                                      : description + ": " + e.what();
+      recordFailure(what);
+      error = backendError(what);
+    }
+    work->complete(error);
+  });
+  if (coalescing_.load(std::memory_order_relaxed)) coalesced_collectives_.push_back(work);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue(c10d::OpType::BARRIER, "barrier", {}, [](CollectiveChannel& channel, Scratch&) { dicomm::barrier(channel); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::broadcast(std::vector<at::Tensor>& tensors,
+                                                             const c10d::BroadcastOptions& opts) {
+  checkTensorCount(tensors, "broadcast");
+  checkRoot(opts.rootRank, size_, "broadcast");
+  const int root = int(opts.rootRank);
+  HostTensor host = rank_ == root ? HostTensor::input(tensors[0]) : HostTensor::output(tensors[0]);
+  return enqueue(c10d::OpType::BROADCAST, "broadcast", tensors, [host, root](CollectiveChannel& channel, Scratch&) {
+    dicomm::broadcast(channel, host.data(), host.bytes(), root);
+    if (channel.rank() != root) host.copyBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::allreduce(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts) {
+  checkTensorCount(tensors, "all_reduce");
+  const at::Tensor& tensor = tensors[0];
+  TORCH_CHECK(tensor.layout() == at::kStrided, "dicomm all_reduce supports dense tensors only");
+  ReduceInto reduce = reducer(opts.reduceOp, tensor.scalar_type(), "all_reduce");
+  HostTensor host = HostTensor::inPlace(tensor);
+  const c10d::ReduceOp op = opts.reduceOp;
+  const size_t element_bytes = tensor.element_size();
+  return enqueue(c10d::OpType::ALLREDUCE, "all_reduce", tensors,
+                 [host, reduce, op, element_bytes](CollectiveChannel& channel, Scratch& scratch) {
+                   dicomm::allreduce(channel, scratch, host.data(), elementCount(host.host()), element_bytes, reduce);
+                   divideForAverage(op, host.host(), channel.size());
+                   host.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                       const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "dicomm all_reduce_coalesced needs at least one tensor");
+  for (const auto& t : tensors) {
+    TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(),
+                "dicomm all_reduce_coalesced needs tensors of one dtype, got ", tensors[0].scalar_type(), " and ",
+                t.scalar_type());
+  }
+  ReduceInto reduce = reducer(opts.reduceOp, tensors[0].scalar_type(), "all_reduce_coalesced");
+  std::vector<at::Tensor> flat_parts;
+  for (const auto& t : tensors) flat_parts.push_back(t.to(at::kCPU).reshape({-1}));
+  at::Tensor flat = at::cat(flat_parts);
+  const c10d::ReduceOp op = opts.reduceOp;
+  std::vector<at::Tensor> targets = tensors;
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors,
+                 [flat, targets, reduce, op](CollectiveChannel& channel, Scratch& scratch) {
+                   dicomm::allreduce(channel, scratch, flat.data_ptr(), elementCount(flat), flat.element_size(), reduce);
+                   divideForAverage(op, flat, channel.size());
+                   int64_t offset = 0;
+                   for (const auto& t : targets) {
+                     t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+                     offset += t.numel();
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::reduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::ReduceOptions& opts) {
+  checkTensorCount(tensors, "reduce");
+  checkRoot(opts.rootRank, size_, "reduce");
+  const at::Tensor& tensor = tensors[0];
+  ReduceInto reduce = reducer(opts.reduceOp, tensor.scalar_type(), "reduce");
+  // The root's tensor is overwritten with the result; other ranks' tensors stay as they were.
+  at::Tensor host = tensor.to(at::kCPU).contiguous();
+  if (host.data_ptr() == tensor.data_ptr()) host = host.clone();
+  const int root = int(opts.rootRank);
+  const c10d::ReduceOp op = opts.reduceOp;
+  at::Tensor target = tensor;
+  return enqueue(c10d::OpType::REDUCE, "reduce", tensors,
+                 [host, target, reduce, op, root](CollectiveChannel& channel, Scratch& scratch) {
+                   dicomm::reduce(channel, scratch, host.data_ptr(), elementCount(host), host.element_size(), reduce,
+                                  root);
+                   if (channel.rank() == root) {
+                     divideForAverage(op, host, channel.size());
+                     target.copy_(host);
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllgatherOptions& opts) {
+  checkTensorCount(inputs, "all_gather");
+  TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == size_t(size_), "dicomm all_gather needs one list of ",
+              size_, " output tensors");
+  checkSameShape(outputs[0], inputs[0], "all_gather", "output");
+  HostTensor input = HostTensor::input(inputs[0]);
+  std::vector<HostTensor> slots;
+  for (const auto& t : outputs[0]) slots.push_back(HostTensor::output(t));
+  return enqueue(c10d::OpType::ALLGATHER, "all_gather", outputs[0], [input, slots](CollectiveChannel& channel, Scratch&) {
+    std::vector<void*> pointers;
+    for (const auto& s : slots) pointers.push_back(s.data());
+    dicomm::allgather(channel, input.data(), input.bytes(), pointers);
+    for (const auto& s : slots) s.copyBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                   const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type(),
+              "dicomm all_gather_into_tensor: the output must hold ", size_, " x ", input.numel(), " elements of ",
+              input.scalar_type());
+  HostTensor in = HostTensor::input(input);
+  HostTensor out = HostTensor::output(output);
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output},
+                 [in, out](CollectiveChannel& channel, Scratch&) {
+                   std::vector<void*> pointers;
+                   for (int q = 0; q < channel.size(); ++q) pointers.push_back(static_cast<uint8_t*>(out.data()) + q * in.bytes());
+                   dicomm::allgather(channel, in.data(), in.bytes(), pointers);
+                   out.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                   std::vector<at::Tensor>& inputs,
+                                                                                   const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(outputs.size() == inputs.size(), "dicomm all_gather_into_tensor_coalesced: ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs");
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+  for (size_t i = 0; i < inputs.size(); ++i) parts.push_back(_allgather_base(outputs[i], inputs[i], opts));
+  return c10::make_intrusive<GroupWork>(rank_, std::move(parts), watcher_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::GatherOptions& opts) {
+  checkTensorCount(inputs, "gather");
+  checkRoot(opts.rootRank, size_, "gather");
+  const int root = int(opts.rootRank);
+  std::vector<HostTensor> slots;
+  if (rank_ == root) {
+    TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == size_t(size_), "dicomm gather: the root needs one list of ",
+                size_, " output tensors");
+    checkSameShape(outputs[0], inputs[0], "gather", "output");
+    for (const auto& t : outputs[0]) slots.push_back(HostTensor::output(t));
+  } else {
+    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "dicomm gather: only the root passes output tensors");
+  }
+  HostTensor input = HostTensor::input(inputs[0]);
+  return enqueue(c10d::OpType::GATHER, "gather", rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
+                 [input, slots, root](CollectiveChannel& channel, Scratch&) {
+                   std::vector<void*> pointers;
+                   for (const auto& s : slots) pointers.push_back(s.data());
+                   dicomm::gather(channel, input.data(), input.bytes(), pointers, root);
+                   for (const auto& s : slots) s.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const c10d::ScatterOptions& opts) {
+  checkTensorCount(outputs, "scatter");
+  checkRoot(opts.rootRank, size_, "scatter");
+  const int root = int(opts.rootRank);
+  std::vector<HostTensor> slots;
+  if (rank_ == root) {
+    TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == size_t(size_), "dicomm scatter: the root needs one list of ",
+                size_, " input tensors");
+    checkSameShape(inputs[0], outputs[0], "scatter", "input");
+    for (const auto& t : inputs[0]) slots.push_back(HostTensor::input(t));
+  } else {
+    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "dicomm scatter: only the root passes input tensors");
+  }
+  HostTensor output = HostTensor::output(outputs[0]);
+  return enqueue(c10d::OpType::SCATTER, "scatter", outputs, [output, slots, root](CollectiveChannel& channel, Scratch&) {
+    std::vector<const void*> pointers;
+    for (const auto& s : slots) pointers.push_back(s.data());
+    dicomm::scatter(channel, pointers, output.data(), output.bytes(), root);
+    output.copyBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  checkTensorCount(outputs, "reduce_scatter");
+  TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == size_t(size_), "dicomm reduce_scatter needs one list of ",
+              size_, " input tensors");
+  checkSameShape(inputs[0], outputs[0], "reduce_scatter", "input");
+  ReduceInto reduce = reducer(opts.reduceOp, outputs[0].scalar_type(), "reduce_scatter");
+  std::vector<HostTensor> slots;
+  for (const auto& t : inputs[0]) slots.push_back(HostTensor::input(t));
+  HostTensor output = HostTensor::output(outputs[0]);
+  const c10d::ReduceOp op = opts.reduceOp;
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs,
+                 [slots, output, reduce, op](CollectiveChannel& channel, Scratch& scratch) {
+                   std::vector<const void*> pointers;
+                   for (const auto& s : slots) pointers.push_back(s.data());
+                   dicomm::reduceScatter(channel, scratch, pointers, output.data(), elementCount(output.host()),
+                                         output.host().element_size(), reduce);
+                   divideForAverage(op, output.host(), channel.size());
+                   output.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                        const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(input.numel() == output.numel() * size_ && output.scalar_type() == input.scalar_type(),
+              "dicomm reduce_scatter_tensor: the input must hold ", size_, " x ", output.numel(), " elements of ",
+              output.scalar_type());
+  ReduceInto reduce = reducer(opts.reduceOp, output.scalar_type(), "reduce_scatter_tensor");
+  HostTensor in = HostTensor::input(input);
+  HostTensor out = HostTensor::output(output);
+  const c10d::ReduceOp op = opts.reduceOp;
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output},
+                 [in, out, reduce, op](CollectiveChannel& channel, Scratch& scratch) {
+                   std::vector<const void*> pointers;
+                   for (int q = 0; q < channel.size(); ++q) {
+                     pointers.push_back(static_cast<const uint8_t*>(in.data()) + q * out.bytes());
+                   }
+                   dicomm::reduceScatter(channel, scratch, pointers, out.data(), elementCount(out.host()),
+                                         out.host().element_size(), reduce);
+                   divideForAverage(op, out.host(), channel.size());
+                   out.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(outputs.size() == inputs.size(), "dicomm reduce_scatter_tensor_coalesced: ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs");
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+  for (size_t i = 0; i < inputs.size(); ++i) parts.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
+  return c10::make_intrusive<GroupWork>(rank_, std::move(parts), watcher_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                 std::vector<int64_t>& output_split_sizes,
+                                                                 std::vector<int64_t>& input_split_sizes,
+                                                                 const c10d::AllToAllOptions& opts) {
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "dicomm all_to_all_single: input and output dtypes differ");
+  auto splits = [this](const at::Tensor& t, const std::vector<int64_t>& sizes, const char* what) {
+    std::vector<size_t> bytes(static_cast<size_t>(size_));
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    const size_t row_bytes = rows == 0 ? 0 : t.nbytes() / size_t(rows);
+    if (sizes.empty()) {
+      TORCH_CHECK(rows % size_ == 0, "dicomm all_to_all_single: ", what, " has ", rows,
+                  " rows, not divisible by the group size ", size_);
+      for (auto& b : bytes) b = size_t(rows / size_) * row_bytes;
+    } else {
+      TORCH_CHECK(sizes.size() == size_t(size_), "dicomm all_to_all_single: ", what, " split sizes need ", size_,
+                  " entries, got ", sizes.size());
+      int64_t sum = 0;
+      for (size_t q = 0; q < sizes.size(); ++q) {
+        bytes[q] = size_t(sizes[q]) * row_bytes;
+        sum += sizes[q];
+      }
+      TORCH_CHECK(sum == rows, "dicomm all_to_all_single: ", what, " split sizes sum to ", sum, ", the tensor has ",
+                  rows, " rows");
+    }
+    return bytes;
+  };
+  const std::vector<size_t> send_bytes = splits(input, input_split_sizes, "input");
+  const std::vector<size_t> recv_bytes = splits(output, output_split_sizes, "output");
+  HostTensor in = HostTensor::input(input);
+  HostTensor out = HostTensor::output(output);
+  return enqueue(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output},
+                 [in, out, send_bytes, recv_bytes](CollectiveChannel& channel, Scratch&) {
+                   std::vector<ConstBytes> sends;
+                   std::vector<Bytes> recvs;
+                   size_t send_offset = 0, recv_offset = 0;
+                   for (int q = 0; q < channel.size(); ++q) {
+                     sends.push_back({static_cast<const uint8_t*>(in.data()) + send_offset, send_bytes[size_t(q)]});
+                     recvs.push_back({static_cast<uint8_t*>(out.data()) + recv_offset, recv_bytes[size_t(q)]});
+                     send_offset += send_bytes[size_t(q)];
+                     recv_offset += recv_bytes[size_t(q)];
+                   }
+                   dicomm::allToAll(channel, sends, recvs);
+                   out.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::alltoall(std::vector<at::Tensor>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllToAllOptions& opts) {
+  TORCH_CHECK(outputs.size() == size_t(size_) && inputs.size() == size_t(size_), "dicomm all_to_all needs ", size_,
+              " input and ", size_, " output tensors");
+  std::vector<HostTensor> ins, outs;
+  for (const auto& t : inputs) ins.push_back(HostTensor::input(t));
+  for (const auto& t : outputs) outs.push_back(HostTensor::output(t));
+  return enqueue(c10d::OpType::ALLTOALL, "all_to_all", outputs, [ins, outs](CollectiveChannel& channel, Scratch&) {
+    std::vector<ConstBytes> sends;
+    std::vector<Bytes> recvs;
+    for (const auto& h : ins) sends.push_back({h.data(), h.bytes()});
+    for (const auto& h : outs) recvs.push_back({h.data(), h.bytes()});
+    dicomm::allToAll(channel, sends, recvs);
+    for (const auto& h : outs) h.copyBack();
+  });
+}
+
+}  // namespace dicomm

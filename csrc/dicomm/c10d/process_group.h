@@ -1,0 +1,225 @@
+// The "dicomm" c10d Backend: torch.distributed point-to-point and collectives over a DiComm
+// engine. Sends and receives are posted on the calling thread (no copy for contiguous CPU
+// tensors); collectives run in call order on one worker thread, built from point-to-point
+// messages (collectives.h). Tensors the transport cannot address are staged through host memory.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives.h"
+#include "dicomm/engine.h"
+
+namespace dicomm {
+
+// A tensor as the transport sees it: contiguous host memory. For a contiguous CPU tensor that
+// is the tensor itself; otherwise a host copy (inputs) or a host buffer copied back (outputs).
+class HostTensor {
+ public:
+  static HostTensor input(const at::Tensor& tensor);
+  static HostTensor output(const at::Tensor& tensor);
+  // An output that starts with the tensor's values (all_reduce).
+  static HostTensor inPlace(const at::Tensor& tensor);
+  void* data() const { return host_.data_ptr(); }
+  size_t bytes() const { return host_.nbytes(); }
+  const at::Tensor& host() const { return host_; }
+  // Copies a staged output back into the caller's tensor; nothing to do when not staged.
+  void copyBack() const;
+
+ private:
+  at::Tensor host_;
+  at::Tensor target_;  // defined only when an output was staged
+};
+
+// One posted send or receive and the tensor it serves; settled (checked, copied back) once.
+class P2PItem {
+ public:
+  P2PItem(RequestPtr request, bool is_send, int peer, int tag, HostTensor tensor);
+  const RequestPtr& request() const { return request_; }
+  // Empty when it succeeded (and, for a receive, the staged data is back in place).
+  std::string settle();
+  std::string describe() const;
+
+ private:
+  RequestPtr request_;
+  const bool is_send_;
+  const int peer_;
+  const int tag_;
+  HostTensor tensor_;
+  std::once_flag settled_;
+  std::string error_;
+};
+
+class FutureWatcher;
+
+// Point-to-point requests, one or a coalesced batch, as one Work.
+class P2PWork : public c10d::Work {
+ public:
+  P2PWork(int rank, c10d::OpType type, std::vector<std::shared_ptr<P2PItem>> items, std::vector<at::Tensor> tensors,
+          std::shared_ptr<FutureWatcher> watcher);
+  bool isCompleted() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  std::vector<at::Tensor> result() override { return tensors_; }
+
+ private:
+  void settle();
+
+  std::vector<std::shared_ptr<P2PItem>> items_;
+  std::vector<at::Tensor> tensors_;
+  std::shared_ptr<FutureWatcher> watcher_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// A collective, finished by the worker thread.
+class CollectiveWork : public c10d::Work {
+ public:
+  CollectiveWork(int rank, c10d::OpType type, std::string description, std::vector<at::Tensor> outputs);
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void complete(std::exception_ptr error);
+
+ private:
+  const std::string description_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// Several works (a coalesced group holding collectives) as one.
+class GroupWork : public c10d::Work {
+ public:
+  GroupWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts, std::shared_ptr<FutureWatcher> watcher);
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  std::vector<at::Tensor> result() override;
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
+  std::shared_ptr<FutureWatcher> watcher_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::mutex future_mutex_;
+};
+
+// Completes futures of point-to-point works nobody waits on: one thread waits for them in turn.
+class FutureWatcher {
+ public:
+  FutureWatcher();
+  ~FutureWatcher();
+  void watch(c10::intrusive_ptr<c10d::Work> work);
+
+ private:
+  void run();
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<c10::intrusive_ptr<c10d::Work>> pending_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// Runs collectives one at a time, in the order they were called.
+class CollectiveQueue {
+ public:
+  CollectiveQueue();
+  ~CollectiveQueue();
+  void push(std::function<void()> job);
+
+ private:
+  void run();
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+class ProcessGroupDiComm : public c10d::Backend {
+ public:
+  // Rendezvous through `store` (the process group's prefixed store); `timeout` bounds setup and
+  // every pending operation.
+  ProcessGroupDiComm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout);
+  ~ProcessGroupDiComm() override;
+
+  const std::string getBackendName() const override { return "dicomm"; }
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // The transport carrying traffic to `peer` ("shm", "tcp", "ibverbs").
+  std::string transportOf(int peer) const;
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+
+  void shutdown() override;
+  void abort() override;
+
+ private:
+  using Body = std::function<void(CollectiveChannel&, Scratch&)>;
+  c10::intrusive_ptr<c10d::Work> pointToPoint(at::Tensor& tensor, bool is_send, int peer, int tag);
+  // Queues `body` as collective `name`; `outputs` are what the work's result and future hold.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const std::string& name, std::vector<at::Tensor> outputs,
+                                         Body body);
+  void checkUsable() const;
+  void recordFailure(const std::string& why);
+
+  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<FutureWatcher> watcher_;
+  Scratch scratch_;
+  uint64_t next_collective_ = 0;
+  std::atomic<bool> coalescing_{false};
+  std::vector<std::shared_ptr<P2PItem>> coalesced_items_;
+  std::vector<at::Tensor> coalesced_tensors_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_collectives_;
+  mutable std::mutex failure_mutex_;
+  std::string failure_;  // first collective failure: the group is unusable afterwards
+  std::unique_ptr<CollectiveQueue> queue_;
+};
+
+}  // namespace dicomm
