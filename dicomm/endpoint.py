@@ -22,7 +22,8 @@ class Endpoint:
       or "ibverbs"; ``peer_transport`` overrides it per peer rank.
     - ``token``: the job token every peer must present; None lets rank 0 draw one and share
       it through the store.
-    - ``timeout``: seconds after which setup, or any pending request, fails.
+    - ``timeout``: seconds after which a pending request fails (dead or silent peer).
+    - ``connect_timeout``: seconds allowed for setup (store look-ups and connections).
     - ``prefix``: store key prefix, so several endpoints can share one store.
 
     Buffers are bytes-like objects (bytes, bytearray, numpy arrays, memoryviews; receive
@@ -39,6 +40,7 @@ class Endpoint:
         peer_transport: Mapping[int, str] | None = None,
         token: str | None = None,
         timeout: float | None = None,
+        connect_timeout: float | None = None,
         prefix: str | None = None,
         **tuning: int,
     ):
@@ -51,6 +53,8 @@ class Endpoint:
             options.token = token
         if timeout is not None:
             options.timeout_s = float(timeout)
+        if connect_timeout is not None:
+            options.connect_timeout_s = float(connect_timeout)
         if prefix is not None:
             options.store_prefix = prefix
         for name, value in tuning.items():

@@ -248,6 +248,7 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("transport", &Options::transport)
       .def_readwrite("peer_transport", &Options::peer_transport)
       .def_readwrite("timeout_s", &Options::timeout_s)
+      .def_readwrite("connect_timeout_s", &Options::connect_timeout_s)
       .def_readwrite("bind_address", &Options::bind_address)
       .def_readwrite("advertise_address", &Options::advertise_address)
       .def_readwrite("tcp_chunk_bytes", &Options::tcp_chunk_bytes)

@@ -73,7 +73,7 @@ TransportKind Engine::chooseTransport(const PeerDescriptor& peer) {
 
 void Engine::rendezvous(Store& store) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(options_.timeout_s));
+                                           std::chrono::duration<double>(options_.connect_timeout_s));
   self_.rank = rank_;
   listener_ = listenTcp(options_.bind_address, &self_.port);
   self_.address = options_.advertise_address.empty() ? defaultAdvertiseAddress() : options_.advertise_address;
@@ -95,16 +95,8 @@ void Engine::rendezvous(Store& store) {
     }
   }
   store.set(peerKey(options_, rank_), self_.encode());
-  std::vector<PeerDescriptor> peers(static_cast<size_t>(world_size_));
-  for (int q = 0; q < world_size_; ++q) {
-    if (q == rank_) continue;
-    peers[size_t(q)] = PeerDescriptor::decode(store.get(peerKey(options_, q)));
-    if (peers[size_t(q)].rank != q) {
-      throw CommError("store key " + peerKey(options_, q) + " describes rank " + std::to_string(peers[size_t(q)].rank));
-    }
-  }
-  dialLowerRanks(peers, token, deadline);
-  acceptHigherRanks(peers, token, deadline);
+  dialLowerRanks(store, token, deadline);
+  acceptHigherRanks(store, token, deadline);
   listener_.reset();
   for (auto& [kind, t] : transports_) t->start();
   for (int q = 0; q < world_size_; ++q) {
@@ -112,10 +104,15 @@ void Engine::rendezvous(Store& store) {
   }
 }
 
-void Engine::dialLowerRanks(const std::vector<PeerDescriptor>& peers, const std::string& token,
-                            Clock::time_point deadline) {
+PeerDescriptor Engine::lookUpPeer(Store& store, int q) {
+  PeerDescriptor peer = PeerDescriptor::decode(store.get(peerKey(options_, q)));
+  if (peer.rank != q) throw CommError("store key " + peerKey(options_, q) + " describes rank " + std::to_string(peer.rank));
+  return peer;
+}
+
+void Engine::dialLowerRanks(Store& store, const std::string& token, Clock::time_point deadline) {
   for (int q = 0; q < rank_; ++q) {
-    const PeerDescriptor& peer = peers[size_t(q)];
+    const PeerDescriptor peer = lookUpPeer(store, q);
     const TransportKind kind = chooseTransport(peer);
     const std::string name = "rank " + std::to_string(q) + " at " + peer.address + ":" + std::to_string(peer.port);
     Socket socket = connectTcp(peer.address, peer.port, deadline);
@@ -143,8 +140,7 @@ void Engine::dialLowerRanks(const std::vector<PeerDescriptor>& peers, const std:
   }
 }
 
-void Engine::acceptHigherRanks(const std::vector<PeerDescriptor>& peers, const std::string& token,
-                               Clock::time_point deadline) {
+void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::time_point deadline) {
   std::set<int> waiting;
   for (int q = rank_ + 1; q < world_size_; ++q) waiting.insert(q);
   std::string last_refusal;
@@ -190,7 +186,14 @@ void Engine::acceptHigherRanks(const std::vector<PeerDescriptor>& peers, const s
       refuse("rank " + std::to_string(hello.rank) + " is not expected here (out of range or already connected)");
       continue;
     }
-    const PeerDescriptor& peer = peers[size_t(hello.rank)];
+    // The peer published its descriptor before dialling, so this look-up does not wait.
+    PeerDescriptor peer;
+    try {
+      peer = lookUpPeer(store, hello.rank);
+    } catch (const std::exception& e) {
+      refuse(e.what());
+      continue;
+    }
     const std::string preference = options_.transportFor(hello.rank);
     if (preference != "auto" && parseTransportName(preference, "transport") != hello.transport) {
       refuse(std::string("transport mismatch: rank ") + std::to_string(hello.rank) + " chose " +

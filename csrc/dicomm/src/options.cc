@@ -51,6 +51,7 @@ Options Options::fromEnvironment() {
   Options o;
   if (auto v = env("DICOMM_TRANSPORT")) o.transport = v;
   if (auto v = env("DICOMM_TIMEOUT_S")) o.timeout_s = parseSeconds("DICOMM_TIMEOUT_S", v);
+  if (auto v = env("DICOMM_CONNECT_TIMEOUT_S")) o.connect_timeout_s = parseSeconds("DICOMM_CONNECT_TIMEOUT_S", v);
   if (auto v = env("DICOMM_JOB_TOKEN")) o.token = v;
   if (auto v = env("DICOMM_BIND_ADDR")) o.bind_address = v;
   if (auto v = env("DICOMM_ADVERTISE_ADDR")) o.advertise_address = v;
@@ -68,6 +69,9 @@ void Options::validate() const {
   checkTransport(transport, "transport");
   for (auto& [peer, name] : peer_transport) checkTransport(name, "transport for peer " + std::to_string(peer));
   if (!(timeout_s > 0)) throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeout_s));
+  if (!(connect_timeout_s > 0)) {
+    throw std::invalid_argument("connect timeout must be positive, got " + std::to_string(connect_timeout_s));
+  }
   if (tcp_chunk_bytes < 4096 || tcp_chunk_bytes > kMaxChunkBytes) {
     throw std::invalid_argument("tcp chunk size must lie in [4 KiB, 256 MiB], got " + std::to_string(tcp_chunk_bytes));
   }

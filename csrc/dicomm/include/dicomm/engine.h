@@ -39,8 +39,9 @@ class Engine {
 
  private:
   void rendezvous(Store& store);
-  void dialLowerRanks(const std::vector<PeerDescriptor>& peers, const std::string& token, Clock::time_point deadline);
-  void acceptHigherRanks(const std::vector<PeerDescriptor>& peers, const std::string& token, Clock::time_point deadline);
+  PeerDescriptor lookUpPeer(Store& store, int rank);
+  void dialLowerRanks(Store& store, const std::string& token, Clock::time_point deadline);
+  void acceptHigherRanks(Store& store, const std::string& token, Clock::time_point deadline);
   Transport& transport(TransportKind kind);
   void checkPeer(int peer, const char* operation) const;
   TransportKind chooseTransport(const PeerDescriptor& peer);

@@ -25,6 +25,7 @@ struct Options {
   std::string transport = "auto";            // auto | tcp | shm | ibverbs, for every peer
   std::map<int, std::string> peer_transport;  // per-peer override of `transport`
   double timeout_s = 300.0;                   // a pending request fails after this long
+  double connect_timeout_s = 300.0;           // setup (store, connections) fails after this long
   std::string bind_address = "0.0.0.0";
   std::string advertise_address;              // empty: this host's name resolved, else 127.0.0.1
   size_t tcp_chunk_bytes = size_t(4) << 20;
@@ -32,7 +33,7 @@ struct Options {
   size_t shm_eager_bytes = size_t(64) << 10;
   uint64_t max_message_bytes = uint64_t(1) << 40;
 
-  // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_JOB_TOKEN, DICOMM_BIND_ADDR,
+  // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN, DICOMM_BIND_ADDR,
   // DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES,
   // DICOMM_MAX_MESSAGE_BYTES. A malformed value throws std::invalid_argument naming the variable.
   static Options fromEnvironment();

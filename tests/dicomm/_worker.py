@@ -1,0 +1,253 @@
+"""One rank of a multi-process DiComm test: python _worker.py SCENARIO RANK WORLD STORE_DIR TRANSPORT ARGS_JSON.
+
+Prints one JSON object (the scenario's findings) as its last line of stdout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sys
+import time
+
+import numpy as np
+
+import dicomm
+
+SIZES = [0, 1, 4095, 4096, (1 << 20) + 3, 64 << 20]
+
+
+def pattern(size: int, salt: int = 0) -> np.ndarray:
+    return ((np.arange(size, dtype=np.uint64) * 31 + salt) % 251).astype(np.uint8)
+
+
+def endpoint(rank, world, store_dir, transport, **kwargs):
+    return dicomm.Endpoint(dicomm.FileStore(store_dir, timeout=30), rank, world,
+                           transport=None if transport == "auto" else transport, **kwargs)
+
+
+def barrier(ep, tag=999_999):
+    """Rendezvous of two ranks through a zero-byte exchange."""
+    peer = 1 - ep.rank
+    r = ep.irecv(bytearray(0), peer, tag)
+    ep.send(b"", peer, tag)
+    r.wait()
+
+
+def correctness(rank, world, store_dir, transport, args):
+    ep = endpoint(rank, world, store_dir, transport, timeout=60)
+    peer = 1 - rank
+    found = {"transport": ep.transport(peer)}
+
+    # Every size, receive posted before the send.
+    ok = []
+    for size in SIZES:
+        if rank == 0:
+            barrier(ep)
+            ep.send(pattern(size), peer, tag=1)
+        else:
+            buffer = np.zeros(size, np.uint8)
+            handle = ep.irecv(buffer, peer, tag=1)
+            barrier(ep)
+            ok.append(handle.wait() == size and bool((buffer == pattern(size)).all()))
+    found["sizes_recv_first"] = ok
+
+    # Every size, send issued well before the receive is posted.
+    ok = []
+    for size in SIZES:
+        if rank == 0:
+            handle = ep.isend(pattern(size, 7), peer, tag=2)
+            barrier(ep)
+            handle.wait()
+        else:
+            barrier(ep)
+            time.sleep(0.02)
+            buffer = np.zeros(size, np.uint8)
+            ok.append(ep.recv(buffer, peer, tag=2) == size and bool((buffer == pattern(size, 7)).all()))
+    found["sizes_send_first"] = ok
+
+    # Unaligned views: a buffer starting at an odd address.
+    if rank == 0:
+        backing = np.zeros(100_003, np.uint8)
+        backing[1:] = pattern(100_002)
+        ep.send(backing[1:], peer, tag=3)
+    else:
+        backing = np.zeros(100_003, np.uint8)
+        ep.recv(backing[1:], peer, tag=3)
+        found["unaligned"] = bool((backing[1:] == pattern(100_002)).all())
+
+    # 1,000 outstanding messages in both directions at once, small and a few large.
+    count = 1000
+    sizes = [(i * 37) % 5000 for i in range(count)] + [300_000] * 8
+    recv_buffers = [np.zeros(s, np.uint8) for s in sizes]
+    recvs = [ep.irecv(b, peer, tag=10) for b in recv_buffers]
+    sends = [ep.isend(pattern(s, i), peer, tag=10) for i, s in enumerate(sizes)]
+    for h in sends + recvs:
+        h.wait()
+    found["outstanding_both_ways"] = all(bool((b == pattern(s, i)).all()) for i, (s, b) in
+                                         enumerate(zip(sizes, recv_buffers)))
+    found["outstanding_count"] = len(recvs)
+
+    # Ordering per tag: tags interleaved on the wire, received tag by tag in reverse order.
+    tags, per_tag = 4, 50
+    if rank == 0:
+        handles = [ep.isend(np.array([tag, i], np.uint32).tobytes() + bytes(i % 7), peer, tag=100 + tag)
+                   for i in range(per_tag) for tag in range(tags)]
+        for h in handles:
+            h.wait()
+        barrier(ep)
+    else:
+        barrier(ep)
+        in_order = True
+        for tag in reversed(range(tags)):
+            for i in range(per_tag):
+                buffer = bytearray(8 + 7)
+                n = ep.recv(buffer, peer, tag=100 + tag)
+                got = np.frombuffer(bytes(buffer[:8]), np.uint32)
+                in_order &= (n == 8 + i % 7) and got[0] == tag and got[1] == i
+        found["ordered_per_tag"] = bool(in_order)
+
+    # A message larger than the receive buffer fails that receive; the connection keeps working.
+    if rank == 0:
+        for size in (100, 1 << 20):
+            h = ep.isend(pattern(size), peer, tag=20)
+            try:
+                h.wait()
+            except dicomm.CommError:
+                pass
+        ep.send(b"after", peer, tag=21)
+    else:
+        errors = []
+        for size in (100, 1 << 20):
+            try:
+                ep.recv(bytearray(size // 2), peer, tag=20)
+                errors.append("")
+            except dicomm.CommError as e:
+                errors.append(str(e))
+        buffer = bytearray(5)
+        ep.recv(buffer, peer, tag=21)
+        found["truncation_errors"] = errors
+        found["usable_after_truncation"] = bytes(buffer) == b"after"
+
+    barrier(ep)
+    ep.close()
+    return found
+
+
+def wait_all(handles):
+    for handle in handles:
+        handle.wait()
+    handles.clear()
+
+
+def stream(rank, world, store_dir, transport, args):
+    """Sends args['messages'] small messages with a window; reports RSS and live requests."""
+    ep = endpoint(rank, world, store_dir, transport, timeout=60)
+    peer, total, window = 1 - rank, args["messages"], 256
+    buffer = np.zeros(64, np.uint8)
+    samples = {}
+    pending = []
+    for i in range(total):
+        pending.append(ep.isend(buffer, peer, tag=5) if rank == 0 else ep.irecv(buffer, peer, tag=5))
+        if len(pending) == window or (i + 1) in (total // 10, total):
+            wait_all(pending)
+        if (i + 1) in (total // 10, total):
+            samples[i + 1] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    barrier(ep)
+    ep.close()
+    del pending
+    return {"rss_kib": samples, "live_requests": dicomm.live_requests()}
+
+
+def peer_killed(rank, world, store_dir, transport, args):
+    ep = endpoint(rank, world, store_dir, transport, timeout=60)
+    peer = 1 - rank
+    if rank == 0:
+        barrier(ep)
+        ep.isend(np.ones(64 << 20, np.uint8), peer, tag=1)
+        print(json.dumps({"killed": True}), flush=True)
+        os._exit(0)  # dies while the 64 MiB message is in flight
+    buffer = np.zeros(64 << 20, np.uint8)
+    handle = ep.irecv(buffer, peer, tag=1)
+    barrier(ep)
+    start = time.monotonic()
+    try:
+        handle.wait()
+        return {"error": "", "seconds": time.monotonic() - start}
+    except dicomm.CommError as e:
+        return {"error": str(e), "seconds": time.monotonic() - start}
+
+
+def silent_peer(rank, world, store_dir, transport, args):
+    ep = endpoint(rank, world, store_dir, transport, timeout=args["request_timeout"], connect_timeout=30)
+    peer = 1 - rank
+    barrier(ep)
+    if rank == 0:
+        print(json.dumps({"stopping": True}), flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # alive, connections open, never reads or writes again
+        return {}
+    time.sleep(0.2)
+    start = time.monotonic()
+    outcome = {}
+    for name, handle in (("recv", ep.irecv(bytearray(10), peer, tag=1)),
+                         ("large_send", ep.isend(np.ones(64 << 20, np.uint8), peer, tag=2))):
+        try:
+            handle.wait()
+            outcome[name] = ""
+        except dicomm.CommError as e:
+            outcome[name] = str(e)
+    outcome["seconds"] = time.monotonic() - start
+    return outcome
+
+
+def token(rank, world, store_dir, transport, args):
+    try:
+        ep = endpoint(rank, world, store_dir, transport, token=args["tokens"][rank],
+                      connect_timeout=args["connect_timeout"])
+    except dicomm.CommError as e:
+        return {"error": str(e)}
+    barrier(ep)
+    return {"error": "", "notes": ep.notes}
+
+
+def echo(rank, world, store_dir, transport, args):
+    """rank 0 receives one message from rank 1 and reports it (or the error)."""
+    ep = endpoint(rank, world, store_dir, transport, token=args.get("token"),
+                  timeout=args.get("request_timeout", 30))
+    if rank == 0:
+        buffer = bytearray(args.get("capacity", 16))
+        try:
+            n = ep.recv(buffer, 1, tag=args.get("tag", 0))
+            return {"data": bytes(buffer[:n]).decode(), "notes": ep.notes, "error": "", "transport": ep.transport(1)}
+        except dicomm.CommError as e:
+            return {"error": str(e), "notes": ep.notes}
+    ep.send(b"hello", 0, tag=args.get("tag", 0))
+    return {"notes": ep.notes, "transport": ep.transport(0)}
+
+
+def torch_store(rank, world, store_dir, transport, args):
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", args["port"], world, is_master=False, timeout=datetime.timedelta(seconds=30))
+    ep = dicomm.Endpoint(store, rank, world, transport=transport, timeout=30)
+    peer = 1 - rank
+    data = np.arange(1000, dtype=np.float32) * (rank + 1)
+    incoming = np.zeros_like(data)
+    r = ep.irecv(incoming, peer)
+    ep.send(data, peer)
+    r.wait()
+    ep.close()
+    return {"ok": bool((incoming == np.arange(1000, dtype=np.float32) * (peer + 1)).all())}
+
+
+def main():
+    scenario, rank, world, store_dir, transport, args = sys.argv[1:7]
+    result = globals()[scenario](int(rank), int(world), store_dir, transport, json.loads(args))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

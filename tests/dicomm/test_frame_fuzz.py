@@ -1,0 +1,107 @@
+"""The frame decoder and the stream receive path never crash on arbitrary bytes."""
+import struct
+
+from hypothesis import given, settings, strategies as st
+
+from dicomm import _dicomm_core as core
+
+HEADER = core.FRAME_HEADER_BYTES
+KINDS = ["Hello", "HelloReply", "Data", "ReadyToSend", "ClearToSend", "Done", "Credit"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(min_size=0, max_size=2 * HEADER))
+def test_arbitrary_bytes_decode_to_a_header_or_a_frame_error(data):
+    try:
+        header = core.decode_frame_header(data)
+    except core.FrameError as e:
+        assert str(e).startswith("malformed frame")
+    else:
+        assert len(data) >= HEADER and header["kind"] in KINDS
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(KINDS), tag=st.integers(0, 2**64 - 1), seq=st.integers(0, 2**64 - 1),
+       total=st.integers(0, 1 << 30), offset=st.integers(0, 1 << 30), payload=st.integers(0, 4096),
+       address=st.integers(0, 2**64 - 1))
+def test_valid_headers_round_trip_and_invalid_ones_are_refused(kind, tag, seq, total, offset, payload, address):
+    encoded = core.encode_frame_header(kind, tag=tag, seq=seq, total_bytes=total, offset=offset,
+                                       payload_bytes=payload, remote_address=address)
+    try:
+        header = core.decode_frame_header(encoded)
+    except core.FrameError:
+        carries = kind in ("Hello", "HelloReply", "Data")
+        assert (not carries and payload) or (kind == "Data" and offset + payload > total)
+    else:
+        assert (header["tag"], header["seq"], header["total_bytes"], header["offset"], header["payload_bytes"],
+                header["remote_address"]) == (tag, seq, total, offset, payload, address)
+
+
+def data_frame(seq, tag, payload, total=None, offset=0):
+    total = len(payload) if total is None else total
+    return core.encode_frame_header("Data", tag=tag, seq=seq, total_bytes=total, offset=offset,
+                                    payload_bytes=len(payload)) + payload
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages=st.lists(st.tuples(st.integers(0, 3), st.binary(max_size=300)), max_size=12),
+       cuts=st.lists(st.integers(1, 97), max_size=40), post_first=st.booleans())
+def test_a_valid_stream_delivers_every_message_however_it_is_split(messages, cuts, post_first):
+    decoder = core.StreamDecoder()
+    stream = b"".join(data_frame(seq, tag, payload) for seq, (tag, payload) in enumerate(messages))
+    handles = []
+    if post_first:
+        handles = [decoder.post_recv(tag, len(payload)) for tag, payload in messages]
+    position, cut_index = 0, 0
+    while position < len(stream):
+        step = cuts[cut_index % len(cuts)] if cuts else len(stream)
+        decoder.feed(stream[position:position + step])
+        position += step
+        cut_index += 1
+    if not post_first:
+        handles = [decoder.post_recv(tag, len(payload)) for tag, payload in messages]
+    # Per tag, receives match messages in order.
+    for handle, (tag, payload) in zip(handles, messages):
+        result = decoder.result(handle)
+        assert result["ok"] and result["data"] == payload
+
+
+@settings(max_examples=400, deadline=None)
+@given(prefix=st.lists(st.tuples(st.integers(0, 3), st.binary(max_size=64)), max_size=3),
+       garbage=st.binary(min_size=1, max_size=400), capacity=st.integers(0, 200))
+def test_garbage_after_valid_frames_raises_frame_error_or_is_consumed_never_crashes(prefix, garbage, capacity):
+    decoder = core.StreamDecoder(max_message_bytes=1 << 20)
+    for tag in range(4):
+        decoder.post_recv(tag, capacity)
+    stream = b"".join(data_frame(seq, tag, payload) for seq, (tag, payload) in enumerate(prefix))
+    try:
+        decoder.feed(stream + garbage)
+    except core.FrameError as e:
+        assert "malformed frame" in str(e)
+        try:
+            decoder.feed(b"more")
+        except core.FrameError:
+            pass
+        else:
+            raise AssertionError("a broken decoder must keep refusing")
+
+
+def test_a_frame_with_a_skipped_sequence_number_is_refused():
+    decoder = core.StreamDecoder()
+    try:
+        decoder.feed(data_frame(1, 0, b"abc"))
+    except core.FrameError as e:
+        assert "sequence 1" in str(e)
+    else:
+        raise AssertionError("sequence 1 before 0 must be refused")
+
+
+def test_a_slice_that_does_not_continue_its_message_is_refused():
+    decoder = core.StreamDecoder()
+    decoder.feed(data_frame(0, 0, b"ab", total=10))
+    try:
+        decoder.feed(data_frame(0, 0, b"cd", total=10, offset=5))
+    except core.FrameError as e:
+        assert "does not continue" in str(e)
+    else:
+        raise AssertionError("a gap in a message must be refused")

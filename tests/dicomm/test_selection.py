@@ -1,0 +1,95 @@
+"""Transport selection, overrides, the ibverbs probe and its fallback, and option errors."""
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+import dicomm
+from dicomm import _dicomm_core as core
+from multiproc import finish, run_ranks, start_rank
+
+
+def test_the_ibverbs_probe_answers_in_one_line():
+    probe = dicomm.probe_ibverbs()
+    assert probe["message"].startswith("ibverbs:")
+    assert "\n" not in probe["message"]
+    if probe["available"]:
+        assert probe["compiled"] and probe["device"]
+
+
+def test_the_ibverbs_probe_agrees_with_pyverbs_where_it_is_installed():
+    system_python = shutil.which("python3", path="/usr/bin")
+    if not system_python:
+        pytest.skip("no /usr/bin/python3 to run pyverbs")
+    check = ("import pyverbs.device as d\n"
+             "try:\n    print(len(d.get_device_list()))\n"
+             "except Exception:\n    print(0)\n")
+    result = subprocess.run([system_python, "-c", check], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip("pyverbs (Debian python3-pyverbs) is not installed")
+    pyverbs_devices = int(result.stdout.strip().splitlines()[-1])
+    probe = dicomm.probe_ibverbs()
+    if not probe["compiled"]:
+        pytest.skip("ibverbs transport not compiled in this build")
+    if pyverbs_devices == 0:
+        assert not probe["available"]
+        assert "no RDMA device" in probe["message"]
+    else:
+        assert probe["device"] or "no active port" in probe["message"]
+
+
+def test_auto_selection_uses_shm_on_one_host():
+    listener, dialler = run_ranks("echo", transport="auto", token="t")
+    assert listener["data"] == "hello"
+    assert listener["transport"] == dialler["transport"] == "shm"
+
+
+def test_across_hosts_without_rdma_auto_falls_back_to_tcp_and_says_why():
+    if dicomm.probe_ibverbs()["available"]:
+        pytest.skip("an RDMA device is present: auto would pick ibverbs")
+    store_dir = tempfile.mkdtemp()
+    ranks = [start_rank("echo", r, 2, store_dir, "auto", env={"DICOMM_HOST_ID": f"host-{r}"}, token="t")
+             for r in range(2)]
+    listener, dialler = finish(ranks[0]), finish(ranks[1])
+    assert listener["data"] == "hello"
+    assert listener["transport"] == dialler["transport"] == "tcp"
+    assert any("uses tcp" in note and "ibverbs:" in note for note in dialler["notes"])
+
+
+def test_forcing_ibverbs_without_a_device_fails_with_one_line():
+    if dicomm.probe_ibverbs()["available"]:
+        pytest.skip("an RDMA device is present")
+    store = dicomm.FileStore(tempfile.mkdtemp())
+    store.set("dicomm/peer/0", "rank=0\naddress=127.0.0.1\nport=9\nhost_id=elsewhere\npid=1\nibverbs=1\n"
+                               "ibverbs_device=mlx5_0\n")
+    with pytest.raises(dicomm.CommError, match="no active RDMA device") as error:
+        dicomm.Endpoint(store, 1, 2, transport="ibverbs", token="t", connect_timeout=5)
+    assert "\n" not in str(error.value)
+
+
+def test_an_unknown_transport_name_is_refused_naming_the_value(monkeypatch):
+    monkeypatch.setenv("DICOMM_TRANSPORT", "carrier-pigeon")
+    with pytest.raises(ValueError, match="carrier-pigeon"):
+        dicomm.Endpoint(dicomm.FileStore(tempfile.mkdtemp()), 0, 1)
+
+
+def test_a_malformed_environment_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("DICOMM_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="DICOMM_TIMEOUT_S"):
+        dicomm.Endpoint(dicomm.FileStore(tempfile.mkdtemp()), 0, 1)
+
+
+def test_the_api_argument_overrides_the_environment(monkeypatch):
+    monkeypatch.setenv("DICOMM_TRANSPORT", "shm")
+    endpoint = dicomm.Endpoint(dicomm.FileStore(tempfile.mkdtemp()), 0, 1, transport="tcp")
+    endpoint.close()
+
+
+def test_sending_to_oneself_or_outside_the_world_is_refused():
+    with dicomm.Endpoint(dicomm.FileStore(tempfile.mkdtemp()), 0, 1) as endpoint:
+        with pytest.raises(ValueError, match="not another rank"):
+            endpoint.isend(b"x", 0)
+        with pytest.raises(ValueError, match="not another rank"):
+            endpoint.irecv(bytearray(1), 5)

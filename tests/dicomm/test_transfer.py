@@ -1,0 +1,62 @@
+"""Two processes exchange messages over each transport that runs here."""
+import pytest
+
+from multiproc import run_ranks
+
+TRANSPORTS = ["tcp", "shm"]
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def exchange(request):
+    sender, receiver = run_ranks("correctness", transport=request.param)
+    return request.param, sender, receiver
+
+
+def test_each_peer_uses_the_requested_transport(exchange):
+    transport, sender, receiver = exchange
+    assert sender["transport"] == receiver["transport"] == transport
+
+
+def test_sizes_from_zero_to_64_mib_arrive_intact_when_the_receive_comes_first(exchange):
+    _, _, receiver = exchange
+    assert receiver["sizes_recv_first"] == [True] * 6
+
+
+def test_sizes_from_zero_to_64_mib_arrive_intact_when_the_send_comes_first(exchange):
+    _, _, receiver = exchange
+    assert receiver["sizes_send_first"] == [True] * 6
+
+
+def test_unaligned_buffers_arrive_intact(exchange):
+    assert exchange[2]["unaligned"] is True
+
+
+def test_a_thousand_outstanding_messages_each_way_complete_without_deadlock(exchange):
+    _, sender, receiver = exchange
+    assert sender["outstanding_count"] >= 1000
+    assert sender["outstanding_both_ways"] and receiver["outstanding_both_ways"]
+
+
+def test_messages_of_one_tag_arrive_in_order_while_tags_interleave(exchange):
+    assert exchange[2]["ordered_per_tag"] is True
+
+
+def test_a_message_too_large_for_its_receive_fails_that_receive_with_a_clear_error(exchange):
+    errors = exchange[2]["truncation_errors"]
+    assert len(errors) == 2
+    for error in errors:
+        assert "does not fit" in error and "receive buffer" in error
+
+
+def test_the_connection_keeps_working_after_a_refused_message(exchange):
+    assert exchange[2]["usable_after_truncation"] is True
+
+
+def test_any_torch_distributed_store_drives_rendezvous():
+    dist = pytest.importorskip("torch.distributed")
+    import datetime
+
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    results = run_ranks("torch_store", transport="shm", port=store.port)
+    assert all(r["ok"] for r in results)
