@@ -11,12 +11,23 @@ void copyIfDistinct(void* to, const void* from, size_t bytes) {
   if (to != from && bytes) std::memcpy(to, from, bytes);
 }
 
-// accumulator = operands[0] op operands[1] op ... in rank order; operands may include accumulator
-// only as operands[0].
-void reduceInRankOrder(void* accumulator, const std::vector<const void*>& operands, size_t count, size_t element_bytes,
-                       const ReduceInto& reduce) {
-  copyIfDistinct(accumulator, operands[0], count * element_bytes);
-  for (size_t q = 1; q < operands.size(); ++q) reduce(accumulator, operands[q], count);
+// out = operands[0] op operands[1] op ... in rank order, without extra copies. `accumulator` is
+// memory free to overwrite: operands[0]'s own buffer or `out` (when out holds no operand but the
+// first). `out` may alias any one operand.
+void reduceInRankOrder(void* out, const std::vector<const void*>& operands, void* accumulator, size_t count,
+                       size_t element_bytes, const ReduceInto& reduce) {
+  const size_t n = operands.size();
+  if (n == 1) {
+    copyIfDistinct(out, operands[0], count * element_bytes);
+    return;
+  }
+  if (n == 2) {
+    reduce(out, operands[0], operands[1], count);
+    return;
+  }
+  reduce(accumulator, operands[0], operands[1], count);
+  for (size_t q = 2; q + 1 < n; ++q) reduce(accumulator, accumulator, operands[q], count);
+  reduce(out, accumulator, operands[n - 1], count);
 }
 
 // inputs[q] holds counts[q] elements for rank q; this rank's output gets counts[rank].
@@ -38,12 +49,7 @@ void reduceScatterUneven(CollectiveChannel& channel, Scratch& scratch, const std
     channel.send(q, 0, inputs[size_t(q)], counts[size_t(q)] * element_bytes);
   }
   channel.waitAll();
-  // The accumulator must not be this rank's own operand unless that operand comes first.
-  void* accumulator = r == 0 ? output : slots + mine * size_t(r);
-  if (r == 0 && output != inputs[0]) copyIfDistinct(output, inputs[0], mine);
-  operands[0] = r == 0 ? output : operands[0];
-  reduceInRankOrder(accumulator, operands, counts[size_t(r)], element_bytes, reduce);
-  copyIfDistinct(output, accumulator, mine);
+  reduceInRankOrder(output, operands, r == 0 ? output : slots, counts[size_t(r)], element_bytes, reduce);
 }
 
 }  // namespace
@@ -134,13 +140,7 @@ void allreduce(CollectiveChannel& channel, Scratch& scratch, void* data, size_t 
       channel.send(q, 0, data, total);
     }
     channel.waitAll();
-    if (r == 0) {
-      reduceInRankOrder(data, operands, count, element_bytes, reduce);
-    } else {
-      void* accumulator = slots + total * size_t(r);  // this rank's own slot is free
-      reduceInRankOrder(accumulator, operands, count, element_bytes, reduce);
-      std::memcpy(data, accumulator, total);
-    }
+    reduceInRankOrder(data, operands, r == 0 ? data : slots, count, element_bytes, reduce);
     return;
   }
   std::vector<const void*> chunk(static_cast<size_t>(n));
@@ -176,9 +176,7 @@ void reduce(CollectiveChannel& channel, Scratch& scratch, void* data, size_t cou
     if (q != r) channel.recv(q, 0, slots + total * size_t(q), total);
   }
   channel.waitAll();
-  void* accumulator = r == 0 ? data : slots + total * size_t(r);
-  reduceInRankOrder(accumulator, operands, count, element_bytes, reduce);
-  copyIfDistinct(data, accumulator, total);
+  reduceInRankOrder(data, operands, r == 0 ? data : slots, count, element_bytes, reduce);
 }
 
 void allgather(CollectiveChannel& channel, const void* input, size_t bytes, const std::vector<void*>& outputs) {

@@ -14,8 +14,8 @@
 
 namespace dicomm {
 
-// Combines `count` elements of `operand` into `accumulator` (accumulator = accumulator op operand).
-using ReduceInto = std::function<void(void* accumulator, const void* operand, size_t count)>;
+// out = a op b, elementwise over `count` elements; out may be a or b.
+using ReduceInto = std::function<void(void* out, const void* a, const void* b, size_t count)>;
 
 // Reusable host memory for received operands; collectives of one group run one at a time.
 class Scratch {

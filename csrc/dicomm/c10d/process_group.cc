@@ -2,7 +2,8 @@
 
 #include <torch/csrc/distributed/c10d/exception.h>
 
-#include <ATen/ops/from_blob.h>
+#include <type_traits>
+
 
 namespace dicomm {
 namespace {
@@ -47,43 +48,112 @@ void checkTensorCount(const std::vector<at::Tensor>& tensors, const char* op) {
 
 size_t elementCount(const at::Tensor& t) { return size_t(t.numel()); }
 
-// accumulator op= operand, elementwise, on `count` elements of `dtype`.
-ReduceInto reducer(const c10d::ReduceOp& op, at::ScalarType dtype, const char* name) {
-  const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
-  const bool integral = at::isIntegralType(dtype, /*includeBool=*/true);
-  auto view = [dtype](const void* data, size_t count) {
-    return at::from_blob(const_cast<void*>(data), {int64_t(count)}, at::TensorOptions().dtype(dtype));
-  };
-  switch (op.op_) {
+// Elementwise kernels on raw host memory: single-threaded loops the compiler vectorises, so four
+// processes sharing two cores do not also fight over intra-op thread pools.
+template <typename T, typename Op>
+void elementwise(void* out, const void* a, const void* b, size_t count, Op op) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < count; ++i) o[i] = op(x[i], y[i]);
+}
+
+template <typename T>
+bool isNan(T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return false;
+  } else {
+    return v != v;
+  }
+}
+
+template <typename T>
+ReduceInto arithmetic(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
     case c10d::ReduceOp::SUM:
-      return [view](void* acc, const void* x, size_t n) { view(acc, n).add_(view(x, n)); };
     case c10d::ReduceOp::AVG:
-      TORCH_CHECK(floating, "dicomm ", name, ": AVG needs a floating point tensor, got ", dtype);
-      return [view](void* acc, const void* x, size_t n) { view(acc, n).add_(view(x, n)); };
+      return [](void* o, const void* a, const void* b, size_t n) {
+        elementwise<T>(o, a, b, n, [](T x, T y) { return static_cast<T>(x + y); });
+      };
     case c10d::ReduceOp::PRODUCT:
-      return [view](void* acc, const void* x, size_t n) { view(acc, n).mul_(view(x, n)); };
-    case c10d::ReduceOp::MIN:
-      return [view](void* acc, const void* x, size_t n) {
-        auto a = view(acc, n);
-        at::minimum_out(a, a, view(x, n));
+      return [](void* o, const void* a, const void* b, size_t n) {
+        elementwise<T>(o, a, b, n, [](T x, T y) { return static_cast<T>(x * y); });
+      };
+    case c10d::ReduceOp::MIN:  // NaN wins, as in torch.minimum
+      return [](void* o, const void* a, const void* b, size_t n) {
+        elementwise<T>(o, a, b, n, [](T x, T y) { return isNan(x) ? x : isNan(y) ? y : (y < x ? y : x); });
       };
     case c10d::ReduceOp::MAX:
-      return [view](void* acc, const void* x, size_t n) {
-        auto a = view(acc, n);
-        at::maximum_out(a, a, view(x, n));
+      return [](void* o, const void* a, const void* b, size_t n) {
+        elementwise<T>(o, a, b, n, [](T x, T y) { return isNan(x) ? x : isNan(y) ? y : (x < y ? y : x); });
       };
-    case c10d::ReduceOp::BAND:
-      TORCH_CHECK(integral, "dicomm ", name, ": BAND needs an integer or bool tensor, got ", dtype);
-      return [view](void* acc, const void* x, size_t n) { view(acc, n).bitwise_and_(view(x, n)); };
-    case c10d::ReduceOp::BOR:
-      TORCH_CHECK(integral, "dicomm ", name, ": BOR needs an integer or bool tensor, got ", dtype);
-      return [view](void* acc, const void* x, size_t n) { view(acc, n).bitwise_or_(view(x, n)); };
-    case c10d::ReduceOp::BXOR:
-      TORCH_CHECK(integral, "dicomm ", name, ": BXOR needs an integer or bool tensor, got ", dtype);
-      return [view](void* acc, const void* x, size_t n) { view(acc, n).bitwise_xor_(view(x, n)); };
     default:
-      TORCH_CHECK(false, "dicomm ", name, " does not support this reduce op (PREMUL_SUM or unknown)");
+      break;
   }
+  if constexpr (std::is_integral_v<T>) {
+    switch (op) {
+      case c10d::ReduceOp::BAND:
+        return [](void* o, const void* a, const void* b, size_t n) {
+          elementwise<T>(o, a, b, n, [](T x, T y) { return static_cast<T>(x & y); });
+        };
+      case c10d::ReduceOp::BOR:
+        return [](void* o, const void* a, const void* b, size_t n) {
+          elementwise<T>(o, a, b, n, [](T x, T y) { return static_cast<T>(x | y); });
+        };
+      case c10d::ReduceOp::BXOR:
+        return [](void* o, const void* a, const void* b, size_t n) {
+          elementwise<T>(o, a, b, n, [](T x, T y) { return static_cast<T>(x ^ y); });
+        };
+      default:
+        break;
+    }
+  }
+  return nullptr;
+}
+
+// bool as bytes holding 0 or 1: sum and max are "or", product and min are "and".
+ReduceInto logical(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::MAX:
+    case c10d::ReduceOp::BOR:
+      return arithmetic<uint8_t>(c10d::ReduceOp::BOR);
+    case c10d::ReduceOp::PRODUCT:
+    case c10d::ReduceOp::MIN:
+    case c10d::ReduceOp::BAND:
+      return arithmetic<uint8_t>(c10d::ReduceOp::BAND);
+    case c10d::ReduceOp::BXOR:
+      return arithmetic<uint8_t>(c10d::ReduceOp::BXOR);
+    default:
+      return nullptr;
+  }
+}
+
+// out = a op b on `count` elements of `dtype`; throws for combinations that make no sense.
+ReduceInto reducer(const c10d::ReduceOp& op, at::ScalarType dtype, const char* name) {
+  const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
+  TORCH_CHECK(op.op_ != c10d::ReduceOp::AVG || floating, "dicomm ", name, ": AVG needs a floating point tensor, got ",
+              dtype);
+  TORCH_CHECK(!floating || (op.op_ != c10d::ReduceOp::BAND && op.op_ != c10d::ReduceOp::BOR &&
+                            op.op_ != c10d::ReduceOp::BXOR),
+              "dicomm ", name, ": bitwise reductions need an integer or bool tensor, got ", dtype);
+  ReduceInto kernel;
+  switch (dtype) {
+    case at::kFloat: kernel = arithmetic<float>(op.op_); break;
+    case at::kDouble: kernel = arithmetic<double>(op.op_); break;
+    case at::kHalf: kernel = arithmetic<c10::Half>(op.op_); break;
+    case at::kBFloat16: kernel = arithmetic<c10::BFloat16>(op.op_); break;
+    case at::kChar: kernel = arithmetic<int8_t>(op.op_); break;
+    case at::kByte: kernel = arithmetic<uint8_t>(op.op_); break;
+    case at::kShort: kernel = arithmetic<int16_t>(op.op_); break;
+    case at::kInt: kernel = arithmetic<int32_t>(op.op_); break;
+    case at::kLong: kernel = arithmetic<int64_t>(op.op_); break;
+    case at::kBool: kernel = logical(op.op_); break;
+    default: break;
+  }
+  TORCH_CHECK(kernel, "dicomm ", name, " does not support reduce op ", int(op.op_), " on ", dtype,
+              " (PREMUL_SUM and complex tensors outside SUM/AVG are not supported)");
+  return kernel;
 }
 
 void divideForAverage(const c10d::ReduceOp& op, const at::Tensor& host, int size) {
