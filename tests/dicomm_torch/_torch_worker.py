@@ -394,7 +394,7 @@ def job_training(args) -> None:
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    init()
+    init(backend="cpu:dicomm")  # the per-device form, as ditorch's "cpu:gloo,dipu:dicomm"
     gloo = dist.new_group(backend="gloo")
 
     def model():
