@@ -240,7 +240,7 @@ std::string P2PItem::settle() {
 }
 
 P2PWork::P2PWork(int rank, c10d::OpType type, std::vector<std::shared_ptr<P2PItem>> items,
-                 std::vector<at::Tensor> tensors, std::shared_ptr<FutureWatcher> watcher)
+                 std::vector<at::Tensor> tensors, std::shared_ptr<SerialThread> watcher)
     : Work(rank, type), items_(std::move(items)), tensors_(std::move(tensors)), watcher_(std::move(watcher)) {}
 
 void P2PWork::settle() {
@@ -307,7 +307,12 @@ c10::intrusive_ptr<c10::ivalue::Future> P2PWork::getFuture() {
   if (done) {
     completeFuture(*future, *this, tensors_);
   } else {
-    watcher_->watch(c10::intrusive_ptr<c10d::Work>::reclaim_copy(this));
+    watcher_->push([work = c10::intrusive_ptr<P2PWork>::reclaim_copy(this)] {
+      try {
+        work->wait(kNoTimeout);  // settles the work, which completes its future
+      } catch (const std::exception&) {
+      }
+    });
   }
   return future;
 }
@@ -339,7 +344,7 @@ bool CollectiveWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-GroupWork::GroupWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts, std::shared_ptr<FutureWatcher> watcher)
+GroupWork::GroupWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts, std::shared_ptr<SerialThread> watcher)
     : Work(rank, c10d::OpType::COALESCED), parts_(std::move(parts)), watcher_(std::move(watcher)) {}
 
 bool GroupWork::isCompleted() {
@@ -382,7 +387,13 @@ c10::intrusive_ptr<c10::ivalue::Future> GroupWork::getFuture() {
   std::lock_guard<std::mutex> lock(future_mutex_);
   if (!future_) {
     future_ = tensorListFuture();
-    watcher_->watch(c10::intrusive_ptr<c10d::Work>::reclaim_copy(this));
+    watcher_->push([work = c10::intrusive_ptr<GroupWork>::reclaim_copy(this), future = future_] {
+      try {
+        work->wait(kNoTimeout);
+      } catch (const std::exception&) {
+      }
+      completeFuture(*future, *work, work->result());
+    });
   }
   return future_;
 }
@@ -390,75 +401,42 @@ c10::intrusive_ptr<c10::ivalue::Future> GroupWork::getFuture() {
 // ---------------------------------------------------------------------------------------------
 // Threads
 
-FutureWatcher::FutureWatcher() : thread_([this] { run(); }) {}
+SerialThread::SerialThread() : queue_(std::make_shared<Queue>()) {
+  thread_ = std::thread([queue = queue_] { run(queue); });
+}
 
-FutureWatcher::~FutureWatcher() {
+SerialThread::~SerialThread() {
+  const bool own_thread = std::this_thread::get_id() == thread_.get_id();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->stopping = true;
+    if (own_thread) queue_->jobs.clear();
   }
-  wake_.notify_all();
-  thread_.join();
+  queue_->wake.notify_all();
+  if (own_thread) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
 }
 
-void FutureWatcher::watch(c10::intrusive_ptr<c10d::Work> work) {
+void SerialThread::push(std::function<void()> job) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    pending_.push_back(std::move(work));
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->jobs.push_back(std::move(job));
   }
-  wake_.notify_one();
+  queue_->wake.notify_one();
 }
 
-void FutureWatcher::run() {
-  for (;;) {
-    c10::intrusive_ptr<c10d::Work> work;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [this] { return stopping_ || !pending_.empty(); });
-      if (pending_.empty()) return;
-      work = std::move(pending_.front());
-      pending_.pop_front();
-    }
-    try {
-      work->wait(kNoTimeout);
-    } catch (const std::exception&) {
-      // The work's future carries the error.
-    }
-    if (auto* group = dynamic_cast<GroupWork*>(work.get())) {
-      auto future = group->getFuture();
-      if (!future->completed()) completeFuture(*future, *group, group->result());
-    }
-  }
-}
-
-CollectiveQueue::CollectiveQueue() : thread_([this] { run(); }) {}
-
-CollectiveQueue::~CollectiveQueue() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  wake_.notify_all();
-  thread_.join();
-}
-
-void CollectiveQueue::push(std::function<void()> job) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    jobs_.push_back(std::move(job));
-  }
-  wake_.notify_one();
-}
-
-void CollectiveQueue::run() {
+void SerialThread::run(const std::shared_ptr<Queue>& queue) {
   for (;;) {
     std::function<void()> job;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
+      std::unique_lock<std::mutex> lock(queue->mutex);
+      queue->wake.wait(lock, [&] { return queue->stopping || !queue->jobs.empty(); });
+      if (queue->jobs.empty()) return;
+      job = std::move(queue->jobs.front());
+      queue->jobs.pop_front();
     }
     job();
   }
@@ -500,8 +478,8 @@ ProcessGroupDiComm::ProcessGroupDiComm(const c10::intrusive_ptr<c10d::Store>& st
     throwBackendError("dicomm: rank " + std::to_string(rank) + " of " + std::to_string(size) +
                       " could not join the group: " + e.what());
   }
-  watcher_ = std::make_shared<FutureWatcher>();
-  queue_ = std::make_unique<CollectiveQueue>();
+  watcher_ = std::make_shared<SerialThread>();
+  queue_ = std::make_unique<SerialThread>();
   init();
 }
 

@@ -22,6 +22,27 @@
 
 namespace dicomm {
 
+// One thread running jobs in the order they were pushed. Its queue outlives the object while the
+// thread runs, so a job may drop the last reference to whatever owns it.
+class SerialThread {
+ public:
+  SerialThread();
+  // Runs the queued jobs, then stops; called from its own thread, it drops them instead.
+  ~SerialThread();
+  void push(std::function<void()> job);
+
+ private:
+  struct Queue {
+    std::mutex mutex;
+    std::condition_variable wake;
+    std::deque<std::function<void()>> jobs;
+    bool stopping = false;
+  };
+  static void run(const std::shared_ptr<Queue>& queue);
+  std::shared_ptr<Queue> queue_;
+  std::thread thread_;
+};
+
 // A tensor as the transport sees it: contiguous host memory. For a contiguous CPU tensor that
 // is the tensor itself; otherwise a host copy (inputs) or a host buffer copied back (outputs).
 class HostTensor {
@@ -60,13 +81,11 @@ class P2PItem {
   std::string error_;
 };
 
-class FutureWatcher;
-
 // Point-to-point requests, one or a coalesced batch, as one Work.
 class P2PWork : public c10d::Work {
  public:
   P2PWork(int rank, c10d::OpType type, std::vector<std::shared_ptr<P2PItem>> items, std::vector<at::Tensor> tensors,
-          std::shared_ptr<FutureWatcher> watcher);
+          std::shared_ptr<SerialThread> watcher);
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
@@ -77,7 +96,7 @@ class P2PWork : public c10d::Work {
 
   std::vector<std::shared_ptr<P2PItem>> items_;
   std::vector<at::Tensor> tensors_;
-  std::shared_ptr<FutureWatcher> watcher_;
+  std::shared_ptr<SerialThread> watcher_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -99,7 +118,7 @@ class CollectiveWork : public c10d::Work {
 // Several works (a coalesced group holding collectives) as one.
 class GroupWork : public c10d::Work {
  public:
-  GroupWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts, std::shared_ptr<FutureWatcher> watcher);
+  GroupWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> parts, std::shared_ptr<SerialThread> watcher);
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
@@ -109,41 +128,9 @@ class GroupWork : public c10d::Work {
 
  private:
   std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
-  std::shared_ptr<FutureWatcher> watcher_;
+  std::shared_ptr<SerialThread> watcher_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::mutex future_mutex_;
-};
-
-// Completes futures of point-to-point works nobody waits on: one thread waits for them in turn.
-class FutureWatcher {
- public:
-  FutureWatcher();
-  ~FutureWatcher();
-  void watch(c10::intrusive_ptr<c10d::Work> work);
-
- private:
-  void run();
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<c10::intrusive_ptr<c10d::Work>> pending_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
-
-// Runs collectives one at a time, in the order they were called.
-class CollectiveQueue {
- public:
-  CollectiveQueue();
-  ~CollectiveQueue();
-  void push(std::function<void()> job);
-
- private:
-  void run();
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::thread thread_;
 };
 
 class ProcessGroupDiComm : public c10d::Backend {
@@ -210,7 +197,7 @@ class ProcessGroupDiComm : public c10d::Backend {
   void recordFailure(const std::string& why);
 
   std::unique_ptr<Engine> engine_;
-  std::shared_ptr<FutureWatcher> watcher_;
+  std::shared_ptr<SerialThread> watcher_;  // completes futures of works nobody waits on
   Scratch scratch_;
   uint64_t next_collective_ = 0;
   std::atomic<bool> coalescing_{false};
@@ -219,7 +206,7 @@ class ProcessGroupDiComm : public c10d::Backend {
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_collectives_;
   mutable std::mutex failure_mutex_;
   std::string failure_;  // first collective failure: the group is unusable afterwards
-  std::unique_ptr<CollectiveQueue> queue_;
+  std::unique_ptr<SerialThread> queue_;  // collectives, in call order
 };
 
 }  // namespace dicomm
