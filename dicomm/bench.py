@@ -19,7 +19,7 @@ from dicomm.endpoint import Endpoint, probe_ibverbs
 
 FULL_SIZES = [8, 64, 512, 4096, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [8, 4096, 1 << 20]
-LATENCY_ITERATIONS = 1000
+LATENCY_ITERATIONS = 2000
 QUICK_ITERATIONS = 50
 BYTES_BUDGET_PER_SIZE = 2 << 30  # large sizes run fewer round trips (at least MIN_ITERATIONS)
 MIN_ITERATIONS = 20
@@ -28,6 +28,7 @@ MIN_ITERATIONS = 20
 def iterations_for(size: int, quick: bool) -> int:
     top = QUICK_ITERATIONS if quick else LATENCY_ITERATIONS
     return max(min(top, BYTES_BUDGET_PER_SIZE // max(size, 1)), 5 if quick else MIN_ITERATIONS)
+
 
 
 def ping_pong(send, recv, rank: int, buffer, iterations: int, warmup: int) -> list[float]:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from dicomm import _dicomm_core as _core
 
@@ -58,7 +58,7 @@ class Endpoint:
         if prefix is not None:
             options.store_prefix = prefix
         for name, value in tuning.items():
-            if name not in ("tcp_chunk_bytes", "shm_ring_bytes", "shm_eager_bytes", "max_message_bytes",
+            if name not in ("tcp_chunk_bytes", "tcp_socket_buffer_bytes", "shm_ring_bytes", "shm_eager_bytes", "max_message_bytes",
                             "bind_address", "advertise_address"):
                 raise TypeError(f"Endpoint() got an unknown option '{name}'")
             setattr(options, name, value)
@@ -90,18 +90,24 @@ class Endpoint:
             self._inflight.popleft()
         return handle
 
-    def isend(self, buffer: Any, dst: int, tag: int = 0) -> Handle:
-        return self._track(self._engine.isend(buffer, dst, tag))
+    def set_copy_hooks(self, to_host: Callable[[int, int, int], None],
+                       from_host: Callable[[int, int, int], None]) -> None:
+        """How device memory is read and written: each hook is called as ``hook(dst_address,
+        src_address, nbytes)``. Requests with ``device=True`` are then staged through host memory."""
+        self._engine.set_copy_hooks(to_host, from_host)
 
-    def irecv(self, buffer: Any, src: int, tag: int = 0) -> Handle:
-        return self._track(self._engine.irecv(buffer, src, tag))
+    def isend(self, buffer: Any, dst: int, tag: int = 0, *, device: bool = False) -> Handle:
+        return self._track(self._engine.isend(buffer, dst, tag, device))
 
-    def send(self, buffer: Any, dst: int, tag: int = 0) -> int:
-        return self.isend(buffer, dst, tag).wait()
+    def irecv(self, buffer: Any, src: int, tag: int = 0, *, device: bool = False) -> Handle:
+        return self._track(self._engine.irecv(buffer, src, tag, device))
 
-    def recv(self, buffer: Any, src: int, tag: int = 0) -> int:
+    def send(self, buffer: Any, dst: int, tag: int = 0, *, device: bool = False) -> int:
+        return self.isend(buffer, dst, tag, device=device).wait()
+
+    def recv(self, buffer: Any, src: int, tag: int = 0, *, device: bool = False) -> int:
         """Receives into ``buffer``; returns the message size in bytes."""
-        return self.irecv(buffer, src, tag).wait()
+        return self.irecv(buffer, src, tag, device=device).wait()
 
     def close(self) -> None:
         """Fails pending requests ("endpoint closed") and releases sockets, rings and threads."""

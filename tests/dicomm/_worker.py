@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import sys
 import time
@@ -19,7 +18,9 @@ SIZES = [0, 1, 4095, 4096, (1 << 20) + 3, 64 << 20]
 
 
 def pattern(size: int, salt: int = 0) -> np.ndarray:
-    return ((np.arange(size, dtype=np.uint64) * 31 + salt) % 251).astype(np.uint8)
+    """Byte i is (31 * i + salt) mod 251: periodic, so built by repeating one period."""
+    period = ((np.arange(251, dtype=np.int64) * 31 + salt) % 251).astype(np.uint8)
+    return np.resize(period, size)
 
 
 def endpoint(rank, world, store_dir, transport, **kwargs):
@@ -135,6 +136,11 @@ def correctness(rank, world, store_dir, transport, args):
     return found
 
 
+def current_rss_kib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
 def wait_all(handles):
     for handle in handles:
         handle.wait()
@@ -150,10 +156,11 @@ def stream(rank, world, store_dir, transport, args):
     pending = []
     for i in range(total):
         pending.append(ep.isend(buffer, peer, tag=5) if rank == 0 else ep.irecv(buffer, peer, tag=5))
-        if len(pending) == window or (i + 1) in (total // 10, total):
+        if len(pending) == window or (i + 1) % (total // 10) == 0:
             wait_all(pending)
-        if (i + 1) in (total // 10, total):
-            samples[i + 1] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            barrier(ep)  # the sender never runs ahead: stored early messages stay bounded
+        if (i + 1) % (total // 10) == 0:
+            samples[i + 1] = current_rss_kib()
     barrier(ep)
     ep.close()
     del pending
@@ -226,13 +233,8 @@ def echo(rank, world, store_dir, transport, args):
     return {"notes": ep.notes, "transport": ep.transport(0)}
 
 
-def torch_store(rank, world, store_dir, transport, args):
-    import datetime
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", args["port"], world, is_master=False, timeout=datetime.timedelta(seconds=30))
-    ep = dicomm.Endpoint(store, rank, world, transport=transport, timeout=30)
+def torch_store_exchange(store, rank, transport):
+    ep = dicomm.Endpoint(store, rank, 2, transport=transport, timeout=30)
     peer = 1 - rank
     data = np.arange(1000, dtype=np.float32) * (rank + 1)
     incoming = np.zeros_like(data)
@@ -240,7 +242,63 @@ def torch_store(rank, world, store_dir, transport, args):
     ep.send(data, peer)
     r.wait()
     ep.close()
-    return {"ok": bool((incoming == np.arange(1000, dtype=np.float32) * (peer + 1)).all())}
+    return bool((incoming == np.arange(1000, dtype=np.float32) * (peer + 1)).all())
+
+
+def torch_store(rank, world, store_dir, transport, args):
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", args["port"], world, is_master=False, timeout=datetime.timedelta(seconds=30))
+    return {"ok": torch_store_exchange(store, rank, transport)}
+
+
+def device_staging(rank, world, store_dir, transport, args):
+    """'Device' memory reachable only through copy hooks (counted) is staged through the host."""
+    import ctypes
+
+    ep = endpoint(rank, world, store_dir, transport, timeout=30)
+    copies = {"to_host": 0, "from_host": 0}
+
+    def hook(name):
+        def copy(dst, src, nbytes):
+            copies[name] += nbytes
+            ctypes.memmove(dst, src, nbytes)
+        return copy
+
+    ep.set_copy_hooks(hook("to_host"), hook("from_host"))
+    size = (1 << 20) + 3
+    device = np.zeros(size, np.uint8)
+    address = device.ctypes.data
+    if rank == 0:
+        device[:] = pattern(size, 5)
+        ep.send((address, size), 1, device=True)
+        barrier(ep)
+        return {"copies": copies}
+    n = ep.recv((address, size), 0, device=True)
+    barrier(ep)
+    return {"copies": copies, "intact": n == size and bool((device == pattern(size, 5)).all())}
+
+
+def send_and_exit(rank, world, store_dir, transport, args):
+    """rank 1 sends messages and exits at once; rank 0 receives them afterwards."""
+    ep = endpoint(rank, world, store_dir, transport, timeout=30)
+    sizes = args["sizes"]
+    if rank == 1:
+        for i, size in enumerate(sizes):
+            ep.send(pattern(size, i), 0, tag=4)
+        print(json.dumps({}), flush=True)
+        os._exit(0)
+    time.sleep(0.5)
+    received = []
+    for i, size in enumerate(sizes):
+        buffer = np.zeros(size, np.uint8)
+        try:
+            received.append(ep.recv(buffer, 1, tag=4) == size and bool((buffer == pattern(size, i)).all()))
+        except dicomm.CommError as e:
+            received.append(str(e))
+    return {"received": received}
 
 
 def main():

@@ -21,6 +21,12 @@ def test_a_peer_killed_mid_message_fails_the_pending_receive_quickly(transport):
     assert survivor["seconds"] < 5
 
 
+@pytest.mark.parametrize("transport, sizes", [("tcp", [100, 10_000, 1 << 20]), ("shm", [100, 10_000])])
+def test_messages_that_arrived_before_the_peer_exited_can_still_be_received(transport, sizes):
+    receiver, _ = run_ranks("send_and_exit", transport=transport, sizes=sizes)
+    assert receiver["received"] == [True] * len(sizes)
+
+
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_silent_peer_fails_pending_requests_within_the_timeout(transport):
     store_dir = tempfile.mkdtemp()

@@ -11,5 +11,6 @@ def test_a_hundred_thousand_messages_leak_no_requests_or_memory(transport):
     for rank in run_ranks("stream", transport=transport, messages=MESSAGES, timeout=180):
         assert rank["live_requests"] == 0
         rss = {int(k): v for k, v in rank["rss_kib"].items()}
-        after_tenth, after_all = rss[MESSAGES // 10], rss[MESSAGES]
-        assert after_all - after_tenth < 8 * 1024, f"peak RSS grew by {after_all - after_tenth} KiB"
+        # From the half-way mark the shm rings have been fully touched, so RSS must stay flat.
+        growth = rss[MESSAGES] - rss[MESSAGES // 2]
+        assert growth < 1024, f"RSS grew by {growth} KiB over the last {MESSAGES // 2} messages"

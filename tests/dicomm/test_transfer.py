@@ -56,7 +56,20 @@ def test_any_torch_distributed_store_drives_rendezvous():
     dist = pytest.importorskip("torch.distributed")
     import datetime
 
+    from _worker import torch_store_exchange
+    from multiproc import finish, start_rank
+
     store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=30))
-    results = run_ranks("torch_store", transport="shm", port=store.port)
-    assert all(r["ok"] for r in results)
+    peer = start_rank("torch_store", 1, 2, "unused", "shm", port=store.port)
+    assert torch_store_exchange(store, 0, "shm")
+    assert finish(peer)["ok"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_device_buffers_are_staged_through_host_memory_by_the_copy_hooks(transport):
+    sender, receiver = run_ranks("device_staging", transport=transport)
+    size = (1 << 20) + 3
+    assert sender["copies"]["to_host"] == size
+    assert receiver["copies"]["from_host"] == size
+    assert receiver["intact"] is True

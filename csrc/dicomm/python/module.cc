@@ -118,15 +118,38 @@ class PyEngine {
     py::gil_scoped_release release;
     engine_ = std::make_unique<Engine>(store_, rank, world_size, options);
   }
-  Handle isend(const py::object& buffer, int peer, uint64_t tag) {
+  Handle isend(const py::object& buffer, int peer, uint64_t tag, bool device) {
     Target t = resolveTarget(buffer, false);
     py::gil_scoped_release release;
-    return Handle(engine_->isend(peer, tag, t.data, t.size), std::move(t.held));
+    return Handle(engine_->isend(peer, tag, t.data, t.size, device ? Memory::Device : Memory::Host), std::move(t.held));
   }
-  Handle irecv(const py::object& buffer, int peer, uint64_t tag) {
+  Handle irecv(const py::object& buffer, int peer, uint64_t tag, bool device) {
     Target t = resolveTarget(buffer, true);
     py::gil_scoped_release release;
-    return Handle(engine_->irecv(peer, tag, t.data, t.size), std::move(t.held));
+    return Handle(engine_->irecv(peer, tag, t.data, t.size, device ? Memory::Device : Memory::Host), std::move(t.held));
+  }
+  // Python callables (dst_address, src_address, nbytes); they run with the GIL taken.
+  void setCopyHooks(py::function to_host, py::function from_host) {
+    auto call = [](const std::shared_ptr<py::function>& f, void* dst, const void* src, size_t n) {
+      py::gil_scoped_acquire gil;
+      try {
+        (*f)(reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src), n);
+      } catch (py::error_already_set& e) {
+        throw CommError(std::string("copy hook failed: ") + e.what());
+      }
+    };
+    auto keep = [](py::function f) {
+      return std::shared_ptr<py::function>(new py::function(std::move(f)), [](py::function* p) {
+        py::gil_scoped_acquire gil;
+        delete p;
+      });
+    };
+    auto to = keep(std::move(to_host));
+    auto from = keep(std::move(from_host));
+    CopyHooks hooks;
+    hooks.to_host = [call, to](void* host, const void* device, size_t n) { call(to, host, device, n); };
+    hooks.from_host = [call, from](void* device, const void* host, size_t n) { call(from, device, host, n); };
+    engine_->setCopyHooks(std::move(hooks));
   }
   std::string transport(int peer) const { return transportName(engine_->transportOf(peer)); }
   std::vector<std::string> notes() const { return engine_->notes(); }
@@ -252,6 +275,7 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("bind_address", &Options::bind_address)
       .def_readwrite("advertise_address", &Options::advertise_address)
       .def_readwrite("tcp_chunk_bytes", &Options::tcp_chunk_bytes)
+      .def_readwrite("tcp_socket_buffer_bytes", &Options::tcp_socket_buffer_bytes)
       .def_readwrite("shm_ring_bytes", &Options::shm_ring_bytes)
       .def_readwrite("shm_eager_bytes", &Options::shm_eager_bytes)
       .def_readwrite("max_message_bytes", &Options::max_message_bytes)
@@ -271,8 +295,9 @@ PYBIND11_MODULE(_dicomm_core, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<py::object, int, int, const Options&>(), py::arg("store"), py::arg("rank"),
            py::arg("world_size"), py::arg("options"))
-      .def("isend", &PyEngine::isend, py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0)
-      .def("irecv", &PyEngine::irecv, py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0)
+      .def("isend", &PyEngine::isend, py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0, py::arg("device") = false)
+      .def("irecv", &PyEngine::irecv, py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0, py::arg("device") = false)
+      .def("set_copy_hooks", &PyEngine::setCopyHooks, py::arg("to_host"), py::arg("from_host"))
       .def("transport", &PyEngine::transport)
       .def("notes", &PyEngine::notes)
       .def("close", &PyEngine::close)

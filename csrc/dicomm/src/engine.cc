@@ -229,21 +229,57 @@ void Engine::checkPeer(int peer, const char* operation) const {
   }
 }
 
-RequestPtr Engine::isend(int peer, uint64_t tag, const void* data, size_t size) {
+void Engine::setCopyHooks(CopyHooks hooks) {
+  if (!hooks.to_host || !hooks.from_host) throw std::invalid_argument("copy hooks need both to_host and from_host");
+  std::atomic_store(&copy_hooks_, std::shared_ptr<const CopyHooks>(std::make_shared<CopyHooks>(std::move(hooks))));
+}
+
+namespace {
+
+std::shared_ptr<const CopyHooks> requireHooks(const std::shared_ptr<const CopyHooks>& hooks, const char* operation) {
+  if (!hooks) throw std::invalid_argument(std::string(operation) + " of device memory needs copy hooks (setCopyHooks)");
+  return hooks;
+}
+
+}  // namespace
+
+RequestPtr Engine::isend(int peer, uint64_t tag, const void* data, size_t size, Memory memory) {
   checkPeer(peer, "isend");
+  std::shared_ptr<std::vector<uint8_t>> staging;
+  if (memory == Memory::Device) {
+    const auto hooks = requireHooks(std::atomic_load(&copy_hooks_), "isend");
+    staging = std::make_shared<std::vector<uint8_t>>(size);
+    if (size) hooks->to_host(staging->data(), data, size);
+    data = staging->data();
+  }
   auto request = std::make_shared<Request>(Direction::Send, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)),
                                            size, Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                                     std::chrono::duration<double>(options_.timeout_s)));
+  if (staging) request->keepAlive(staging);
   request->setProgress(progress_[size_t(peer)]);
   connections_[size_t(peer)]->postSend(request);
   return request;
 }
 
-RequestPtr Engine::irecv(int peer, uint64_t tag, void* data, size_t capacity) {
+RequestPtr Engine::irecv(int peer, uint64_t tag, void* data, size_t capacity, Memory memory) {
   checkPeer(peer, "irecv");
-  auto request = std::make_shared<Request>(Direction::Recv, peer, tag, static_cast<uint8_t*>(data), capacity,
+  void* target = data;
+  std::shared_ptr<std::vector<uint8_t>> staging;
+  std::shared_ptr<const CopyHooks> hooks;
+  if (memory == Memory::Device) {
+    hooks = requireHooks(std::atomic_load(&copy_hooks_), "irecv");
+    staging = std::make_shared<std::vector<uint8_t>>(capacity);
+    target = staging->data();
+  }
+  auto request = std::make_shared<Request>(Direction::Recv, peer, tag, static_cast<uint8_t*>(target), capacity,
                                            Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                               std::chrono::duration<double>(options_.timeout_s)));
+  if (staging) {
+    request->keepAlive(staging);
+    request->setBeforeComplete([hooks, data](Request& r, size_t bytes) {
+      if (bytes) hooks->from_host(data, r.data(), bytes);
+    });
+  }
   request->setProgress(progress_[size_t(peer)]);
   connections_[size_t(peer)]->postRecv(request);
   return request;

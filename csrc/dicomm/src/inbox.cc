@@ -139,6 +139,16 @@ RequestPtr Inbox::takeAwaitingDone(uint64_t seq) {
   return recv;
 }
 
+bool Inbox::postFromArrived(const RequestPtr& recv) {
+  auto found = stored_.find(recv->tag());
+  if (found == stored_.end() || found->second.empty()) return false;
+  std::shared_ptr<Stored> stored = found->second.front();
+  found->second.pop_front();
+  if (found->second.empty()) stored_.erase(found);
+  deliverStored(*stored, recv);
+  return true;
+}
+
 void Inbox::failAll(const std::string& why) {
   for (auto& [tag, queue] : posted_) {
     for (auto& recv : queue) recv->fail(why);
@@ -149,12 +159,17 @@ void Inbox::failAll(const std::string& why) {
     if (assembly_->stored && assembly_->stored->claimed_by) assembly_->stored->claimed_by->fail(why);
   }
   assembly_.reset();
-  for (auto& [tag, queue] : stored_) {
+  for (auto it = stored_.begin(); it != stored_.end();) {
+    auto& queue = it->second;
     for (auto& stored : queue) {
       if (stored->claimed_by) stored->claimed_by->fail(why);
     }
+    // Keep the leading run of complete eager messages: they arrived before the close.
+    size_t keep = 0;
+    while (keep < queue.size() && queue[keep]->complete && !queue[keep]->rendezvous) ++keep;
+    queue.erase(queue.begin() + long(keep), queue.end());
+    it = queue.empty() ? stored_.erase(it) : std::next(it);
   }
-  stored_.clear();
   for (auto& [seq, recv] : awaiting_done_) recv->fail(why);
   awaiting_done_.clear();
 }

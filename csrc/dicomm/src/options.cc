@@ -56,6 +56,9 @@ Options Options::fromEnvironment() {
   if (auto v = env("DICOMM_BIND_ADDR")) o.bind_address = v;
   if (auto v = env("DICOMM_ADVERTISE_ADDR")) o.advertise_address = v;
   if (auto v = env("DICOMM_TCP_CHUNK_BYTES")) o.tcp_chunk_bytes = parseCount("DICOMM_TCP_CHUNK_BYTES", v);
+  if (auto v = env("DICOMM_TCP_SOCKET_BUFFER_BYTES")) {
+    o.tcp_socket_buffer_bytes = parseCount("DICOMM_TCP_SOCKET_BUFFER_BYTES", v);
+  }
   if (auto v = env("DICOMM_SHM_RING_BYTES")) o.shm_ring_bytes = parseCount("DICOMM_SHM_RING_BYTES", v);
   if (auto v = env("DICOMM_SHM_EAGER_BYTES")) o.shm_eager_bytes = parseCount("DICOMM_SHM_EAGER_BYTES", v);
   if (auto v = env("DICOMM_MAX_MESSAGE_BYTES")) o.max_message_bytes = parseCount("DICOMM_MAX_MESSAGE_BYTES", v);
@@ -74,6 +77,10 @@ void Options::validate() const {
   }
   if (tcp_chunk_bytes < 4096 || tcp_chunk_bytes > kMaxChunkBytes) {
     throw std::invalid_argument("tcp chunk size must lie in [4 KiB, 256 MiB], got " + std::to_string(tcp_chunk_bytes));
+  }
+  if (tcp_socket_buffer_bytes > (size_t(1) << 30)) {
+    throw std::invalid_argument("tcp socket buffer size must be at most 1 GiB, got " +
+                                std::to_string(tcp_socket_buffer_bytes));
   }
   if (shm_ring_bytes < (size_t(64) << 10) || (shm_ring_bytes & (shm_ring_bytes - 1)) != 0 ||
       shm_ring_bytes > (size_t(1) << 30)) {

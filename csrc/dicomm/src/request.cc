@@ -68,7 +68,7 @@ bool Request::finish(uint32_t final_state, size_t bytes, const std::string& why)
   error_ = why;
   if (final_state == kDone && before_complete_) {
     try {
-      before_complete_(*this);
+      before_complete_(*this, bytes);
     } catch (const std::exception& e) {
       final_state = kFailed;
       error_ = e.what();

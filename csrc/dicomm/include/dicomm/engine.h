@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,6 +15,15 @@
 #include "dicomm/transport.h"
 
 namespace dicomm {
+
+// How device memory reaches host memory and back. The engine stages a device buffer through a
+// host buffer with these before handing it to any transport (the CPU-mediated path).
+struct CopyHooks {
+  std::function<void(void* host, const void* device, size_t bytes)> to_host;
+  std::function<void(void* device, const void* host, size_t bytes)> from_host;
+};
+
+enum class Memory : uint8_t { Host, Device };
 
 class Engine {
  public:
@@ -28,8 +38,10 @@ class Engine {
   int worldSize() const { return world_size_; }
   const Options& options() const { return options_; }
 
-  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t size);
-  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t capacity);
+  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t size, Memory memory = Memory::Host);
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t capacity, Memory memory = Memory::Host);
+  // Required before the first Memory::Device request.
+  void setCopyHooks(CopyHooks hooks);
   TransportKind transportOf(int peer) const;
   // Notes from setup worth a user's attention (fallbacks, refused connections), one line each.
   const std::vector<std::string>& notes() const { return notes_; }
@@ -56,6 +68,7 @@ class Engine {
   std::vector<TransportKind> kinds_;
   std::vector<std::shared_ptr<Progress>> progress_;
   std::vector<std::string> notes_;
+  std::shared_ptr<const CopyHooks> copy_hooks_;
   std::atomic<bool> closed_{false};
 };
 

@@ -22,6 +22,8 @@ class FrameStreamReader {
   void advance(size_t n);
   // True between frames: a stream that ends here ended cleanly.
   bool atFrameBoundary() const { return header_filled_ == 0 && !in_payload_; }
+  // Payload bytes of the current frame still to come (0 between payloads).
+  uint64_t payloadLeft() const { return in_payload_ ? frame_.payload_bytes - payload_received_ : 0; }
 
  private:
   void beginFrame();

@@ -42,7 +42,10 @@ class Inbox {
   void awaitDone(uint64_t seq, const RequestPtr& recv);
   RequestPtr takeAwaitingDone(uint64_t seq);
 
+  // Fails everything in flight; messages that arrived completely stay receivable.
   void failAll(const std::string& why);
+  // After the connection closed: serves `recv` from a completely arrived message, if any.
+  bool postFromArrived(const RequestPtr& recv);
   // Fails posted receives past their deadline. Returns a reason when a message already in
   // transfer is overdue: the stream is then unusable and the connection must close.
   std::optional<std::string> expire(Clock::time_point now);

@@ -29,12 +29,13 @@ struct Options {
   std::string bind_address = "0.0.0.0";
   std::string advertise_address;              // empty: this host's name resolved, else 127.0.0.1
   size_t tcp_chunk_bytes = size_t(4) << 20;
+  size_t tcp_socket_buffer_bytes = size_t(4) << 20;  // SO_SNDBUF/SO_RCVBUF; 0 leaves kernel autotuning
   size_t shm_ring_bytes = size_t(4) << 20;
   size_t shm_eager_bytes = size_t(64) << 10;
   uint64_t max_message_bytes = uint64_t(1) << 40;
 
   // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN, DICOMM_BIND_ADDR,
-  // DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES,
+  // DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_TCP_SOCKET_BUFFER_BYTES, DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES,
   // DICOMM_MAX_MESSAGE_BYTES. A malformed value throws std::invalid_argument naming the variable.
   static Options fromEnvironment();
   // Throws std::invalid_argument naming the first field out of range.

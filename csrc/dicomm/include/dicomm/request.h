@@ -67,7 +67,9 @@ class Request {
   void fail(const std::string& why);
   void setProgress(std::shared_ptr<Progress> progress) { progress_ = std::move(progress); }
   // Runs on completion, before waiters see it (device staging copies out here).
-  void setBeforeComplete(std::function<void(Request&)> hook) { before_complete_ = std::move(hook); }
+  void setBeforeComplete(std::function<void(Request&, size_t bytes)> hook) { before_complete_ = std::move(hook); }
+  // Keeps `resource` (a staging buffer) alive as long as the request.
+  void keepAlive(std::shared_ptr<void> resource) { keep_alive_ = std::move(resource); }
 
   static int64_t liveCount();
 
@@ -83,7 +85,8 @@ class Request {
   const size_t capacity_;
   const Clock::time_point deadline_;
   std::shared_ptr<Progress> progress_;
-  std::function<void(Request&)> before_complete_;
+  std::function<void(Request&, size_t)> before_complete_;
+  std::shared_ptr<void> keep_alive_;
   std::atomic<uint32_t> state_{0};
   std::atomic<uint32_t> sleepers_{0};
   size_t bytes_ = 0;

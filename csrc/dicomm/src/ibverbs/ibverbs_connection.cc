@@ -149,7 +149,7 @@ void IbverbsConnection::postSend(const RequestPtr& send) {
 
 void IbverbsConnection::postRecv(const RequestPtr& recv) {
   if (closed_) {
-    recv->fail(failure_);
+    if (!inbox_.postFromArrived(recv)) recv->fail(failure_);
     return;
   }
   if (auto g = inbox_.post(recv)) grant(*g);
@@ -355,6 +355,7 @@ bool IbverbsConnection::checkAlive() {
   char byte;
   const ssize_t n = ::recv(control_.fd(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
   if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    progress();  // deliver what the peer sent before it went away
     closeWithError("rank " + std::to_string(peer_) + " is gone (its control socket closed; peer exited?)");
     return false;
   }

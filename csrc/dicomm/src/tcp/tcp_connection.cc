@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -40,7 +41,7 @@ void TcpConnection::postSend(const RequestPtr& send) {
 void TcpConnection::postRecv(const RequestPtr& recv) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) {
-    recv->fail(failure_);
+    if (!inbox_.postFromArrived(recv)) recv->fail(failure_);
     return;
   }
   inbox_.post(recv);
@@ -141,7 +142,10 @@ void TcpConnection::onReadable() {
         throw CommError("rank " + std::to_string(peer_) + " closed the tcp connection" +
                         (reader_.atFrameBoundary() ? "" : " in the middle of a frame") + " (peer exited?)");
       }
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        setReadThresholdLocked();
+        return;
+      }
       if (errno == EINTR) continue;
       throw CommError(describe() + " failed while receiving: " + std::strerror(errno));
     }
@@ -150,6 +154,15 @@ void TcpConnection::onReadable() {
   } catch (const std::exception& e) {
     closeLocked(e.what());
   }
+}
+
+void TcpConnection::setReadThresholdLocked() {
+  // While a large payload streams in, wake only when a sizeable piece can be read at once.
+  constexpr uint64_t kLargestThreshold = uint64_t(512) << 10;
+  const int threshold = int(std::max<uint64_t>(1, std::min(reader_.payloadLeft(), kLargestThreshold)));
+  if (threshold == read_threshold_) return;
+  read_threshold_ = threshold;
+  setsockopt(socket_.fd(), SOL_SOCKET, SO_RCVLOWAT, &read_threshold_, sizeof(read_threshold_));
 }
 
 void TcpConnection::expire(Clock::time_point now) {

@@ -43,6 +43,7 @@ class TcpConnection : public Connection {
   void flushLocked();
   bool writeFrontLocked();  // true when the front message left completely
   void setWantWriteLocked(bool want);
+  void setReadThresholdLocked();
   void closeLocked(const std::string& why);
   std::string describe() const;
 
@@ -56,6 +57,7 @@ class TcpConnection : public Connection {
   std::deque<Outgoing> outgoing_;
   uint64_t next_send_seq_ = 0;
   bool want_write_ = false;
+  int read_threshold_ = 1;
   bool closed_ = false;
   std::string failure_;
 };

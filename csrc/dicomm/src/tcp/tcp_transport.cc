@@ -13,7 +13,6 @@
 namespace dicomm {
 namespace {
 
-constexpr int kSocketBufferBytes = 8 << 20;
 constexpr auto kExpiryScanInterval = std::chrono::milliseconds(50);
 
 class TcpTransport : public Transport {
@@ -37,7 +36,7 @@ class TcpTransport : public Transport {
   TransportKind kind() const override { return TransportKind::Tcp; }
 
   std::shared_ptr<Connection> connect(PeerSetup setup) override {
-    setBufferSizes(setup.socket.fd(), kSocketBufferBytes);
+    if (options_.tcp_socket_buffer_bytes) setBufferSizes(setup.socket.fd(), int(options_.tcp_socket_buffer_bytes));
     auto connection = std::make_shared<TcpConnection>(setup.peer.rank, std::move(setup.socket), epoll_fd_, options_);
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
