@@ -470,6 +470,7 @@ ProcessGroupDiComm::ProcessGroupDiComm(const c10::intrusive_ptr<c10d::Store>& st
     : Backend(rank, size) {
   dicomm::Options options = dicomm::Options::fromEnvironment();
   options.timeout_s = std::chrono::duration<double>(timeout).count();
+  options.connect_timeout_s = options.timeout_s;
   options.store_prefix = "dicomm";
   C10dStore rendezvous(store);
   try {
