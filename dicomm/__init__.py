@@ -1,8 +1,9 @@
 """DiComm: point-to-point communication between chips of different vendors.
 
-Owns: the Python API over the C++ transports (tcp, shm, ibverbs), the torch.distributed
-"dicomm" backend registration, and the benchmark. Must not import h2, heteropp or ditorch.
-The C++ core (csrc/dicomm) never needs torch: rendezvous takes any object with set/get.
+Owns: the Python API over the C++ transports (tcp, shm, ibverbs) and the benchmark
+(python -m dicomm.bench); the torch.distributed "dicomm" backend registration will live here
+too. Must not import h2, heteropp or ditorch. The C++ core (csrc/dicomm) never needs torch:
+rendezvous takes any object with set/get. Design and configuration: docs/dicomm.md.
 """
 from dicomm.endpoint import CommError, Endpoint, FrameError, Handle, live_requests, probe_ibverbs
 from dicomm.store import FileStore

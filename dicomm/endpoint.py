@@ -10,6 +10,9 @@ CommError = _core.CommError
 FrameError = _core.FrameError
 Handle = _core.Handle
 
+TUNING_OPTIONS = ("tcp_chunk_bytes", "tcp_socket_buffer_bytes", "shm_ring_bytes", "shm_eager_bytes",
+                  "shm_cross_memory_attach", "max_message_bytes", "bind_address", "advertise_address")
+
 
 class Endpoint:
     """Connects rank ``rank`` of ``world_size`` to all others through ``store``.
@@ -25,6 +28,7 @@ class Endpoint:
     - ``timeout``: seconds after which a pending request fails (dead or silent peer).
     - ``connect_timeout``: seconds allowed for setup (store look-ups and connections).
     - ``prefix``: store key prefix, so several endpoints can share one store.
+    - ``**tuning``: any of TUNING_OPTIONS (see docs/dicomm.md for each one's environment variable).
 
     Buffers are bytes-like objects (bytes, bytearray, numpy arrays, memoryviews; receive
     buffers must be writable) or ``(address, nbytes)`` tuples for memory the caller keeps alive.
@@ -58,13 +62,13 @@ class Endpoint:
         if prefix is not None:
             options.store_prefix = prefix
         for name, value in tuning.items():
-            if name not in ("tcp_chunk_bytes", "tcp_socket_buffer_bytes", "shm_ring_bytes", "shm_eager_bytes", "max_message_bytes",
-                            "bind_address", "advertise_address"):
+            if name not in TUNING_OPTIONS:
                 raise TypeError(f"Endpoint() got an unknown option '{name}'")
             setattr(options, name, value)
         options.validate()
         self._engine = _core.Engine(store, rank, world_size, options)
         self._inflight: collections.deque = collections.deque()
+        self._prune_at = 1024
 
     @property
     def rank(self) -> int:
@@ -88,6 +92,9 @@ class Endpoint:
         self._inflight.append(handle)
         while self._inflight and self._inflight[0].done:
             self._inflight.popleft()
+        if len(self._inflight) > self._prune_at:  # a long-pending request at the front
+            self._inflight = collections.deque(h for h in self._inflight if not h.done)
+            self._prune_at = max(1024, 2 * len(self._inflight))
         return handle
 
     def set_copy_hooks(self, to_host: Callable[[int, int, int], None],

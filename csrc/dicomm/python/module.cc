@@ -114,6 +114,11 @@ class Handle {
 
 class PyEngine {
  public:
+  ~PyEngine() {
+    // Background threads may need the GIL (Python copy hooks) before they can be joined.
+    py::gil_scoped_release release;
+    engine_.reset();
+  }
   PyEngine(py::object store, int rank, int world_size, const Options& options) : store_(std::move(store)) {
     py::gil_scoped_release release;
     engine_ = std::make_unique<Engine>(store_, rank, world_size, options);
@@ -278,6 +283,7 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("tcp_socket_buffer_bytes", &Options::tcp_socket_buffer_bytes)
       .def_readwrite("shm_ring_bytes", &Options::shm_ring_bytes)
       .def_readwrite("shm_eager_bytes", &Options::shm_eager_bytes)
+      .def_readwrite("shm_cross_memory_attach", &Options::shm_cross_memory_attach)
       .def_readwrite("max_message_bytes", &Options::max_message_bytes)
       .def("validate", &Options::validate);
 

@@ -61,6 +61,11 @@ Options Options::fromEnvironment() {
   }
   if (auto v = env("DICOMM_SHM_RING_BYTES")) o.shm_ring_bytes = parseCount("DICOMM_SHM_RING_BYTES", v);
   if (auto v = env("DICOMM_SHM_EAGER_BYTES")) o.shm_eager_bytes = parseCount("DICOMM_SHM_EAGER_BYTES", v);
+  if (auto v = env("DICOMM_SHM_CMA")) {
+    const std::string text = v;
+    if (text != "0" && text != "1") throw std::invalid_argument("DICOMM_SHM_CMA=" + text + " is not 0 or 1");
+    o.shm_cross_memory_attach = text == "1";
+  }
   if (auto v = env("DICOMM_MAX_MESSAGE_BYTES")) o.max_message_bytes = parseCount("DICOMM_MAX_MESSAGE_BYTES", v);
   return o;
 }

@@ -17,7 +17,7 @@ std::atomic<int64_t> live_requests{0};
 
 // How long a waiter polls a waiter-driven transport itself before sleeping.
 constexpr auto kActiveWaitWindow = std::chrono::milliseconds(5);
-constexpr int kSpinsBeforeYield = 256;
+constexpr int kSpinsBeforeYield = 8;  // then yield: a peer sharing this core gets it at once
 
 void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
   timespec ts;

@@ -117,7 +117,8 @@ class ShmHub : public Progress {
     link.peer_bell_segment = SharedSegment::open(requireField(theirs, "bell"), kBellSegmentBytes);
     link.peer_bell = static_cast<Bell*>(link.peer_bell_segment.data());
     link.peer_pid = setup.peer.pid;
-    link.can_write_peer_memory = probeCrossMemoryWrite(link, requireNumber(theirs, "probe_address"));
+    const uint64_t peer_probe_address = requireNumber(theirs, "probe_address");
+    link.can_write_peer_memory = options_.shm_cross_memory_attach && probeCrossMemoryWrite(link, peer_probe_address);
 
     // Both sides have mapped everything: the names can go.
     FrameHeader mapped;

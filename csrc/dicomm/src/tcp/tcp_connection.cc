@@ -15,6 +15,7 @@ TcpConnection::TcpConnection(int peer, Socket socket, int epoll_fd, const Option
       socket_(std::move(socket)),
       epoll_fd_(epoll_fd),
       chunk_bytes_(options.tcp_chunk_bytes),
+      largest_read_threshold_(options.tcp_socket_buffer_bytes / 8),
       inbox_(peer, options.frameLimits()),
       reader_(inbox_, options.frameLimits()) {
   setNonBlocking(socket_.fd());
@@ -158,8 +159,7 @@ void TcpConnection::onReadable() {
 
 void TcpConnection::setReadThresholdLocked() {
   // While a large payload streams in, wake only when a sizeable piece can be read at once.
-  constexpr uint64_t kLargestThreshold = uint64_t(512) << 10;
-  const int threshold = int(std::max<uint64_t>(1, std::min(reader_.payloadLeft(), kLargestThreshold)));
+  const int threshold = int(std::max<uint64_t>(1, std::min<uint64_t>(reader_.payloadLeft(), largest_read_threshold_)));
   if (threshold == read_threshold_) return;
   read_threshold_ = threshold;
   setsockopt(socket_.fd(), SOL_SOCKET, SO_RCVLOWAT, &read_threshold_, sizeof(read_threshold_));

@@ -51,6 +51,7 @@ class TcpConnection : public Connection {
   Socket socket_;
   const int epoll_fd_;
   const size_t chunk_bytes_;
+  const size_t largest_read_threshold_;  // an eighth of the socket buffer; 0 with kernel autotuning
   std::mutex mu_;
   Inbox inbox_;
   FrameStreamReader reader_;
