@@ -383,6 +383,17 @@ def job_p2p(args) -> None:
         else:
             raise AssertionError("mismatched sizes did not fail")
 
+    @check("object_collectives_carry_python_objects")
+    def _():
+        gathered = [None, None]
+        dist.all_gather_object(gathered, {"rank": r, "payload": "x" * (10 + 1000 * r)})
+        if [g["rank"] for g in gathered] != [0, 1] or len(gathered[1]["payload"]) != 1010:
+            raise AssertionError(f"all_gather_object gave {[(g['rank'], len(g['payload'])) for g in gathered]}")
+        objects = [("from", r), list(range(r + 3))]
+        dist.broadcast_object_list(objects, src=1)
+        if objects != [("from", 1), [0, 1, 2, 3]]:
+            raise AssertionError(f"broadcast_object_list gave {objects}")
+
     @check("local_peer_uses_shm")
     def _():
         if transport_of(peer) != "shm":

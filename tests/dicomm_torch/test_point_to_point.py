@@ -1,4 +1,5 @@
-"""send/recv, isend/irecv and batch_isend_irecv through the dicomm backend (2 local processes)."""
+"""send/recv, isend/irecv and batch_isend_irecv through the dicomm backend (2 local processes), plus the
+object collectives built on it."""
 import pytest
 
 from torch_ranks import run_job
@@ -15,6 +16,7 @@ CHECKS = [
     "irecv_future_yields_the_received_tensor",
     "wait_with_timeout_raises_then_a_later_wait_succeeds",
     "size_mismatch_fails_naming_peer_and_op",
+    "object_collectives_carry_python_objects",
     "local_peer_uses_shm",
 ]
 
