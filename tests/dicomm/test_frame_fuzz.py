@@ -105,3 +105,15 @@ def test_a_slice_that_does_not_continue_its_message_is_refused():
         assert "does not continue" in str(e)
     else:
         raise AssertionError("a gap in a message must be refused")
+
+
+def test_a_receive_posted_while_its_message_arrives_gets_every_byte():
+    decoder = core.StreamDecoder()
+    first, second, third = b"a" * 10, b"b" * 10, b"c" * 5
+    decoder.feed(data_frame(0, 2, first, total=25))
+    handle = decoder.post_recv(2, 25)
+    decoder.feed(data_frame(0, 2, second, total=25, offset=10))
+    decoder.feed(data_frame(0, 2, third, total=25, offset=20))
+    result = decoder.result(handle)
+    assert result["ok"] and result["data"] == first + second + third
+    assert decoder.stored == 0

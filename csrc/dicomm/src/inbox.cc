@@ -81,6 +81,17 @@ uint8_t* Inbox::destination(const FrameHeader& h) {
                      std::to_string(h.seq) + " does not continue the message in progress");
   }
   Assembly& a = *assembly_;
+  if (a.stored && a.stored->claimed_by) {
+    // Its receive was posted while the message was arriving: from this frame on, the bytes go
+    // straight into it (what arrived so far is copied over once).
+    RequestPtr recv = a.stored->claimed_by;
+    a.stored->claimed_by.reset();
+    if (fits(recv, a.total)) {
+      if (a.received) std::memcpy(recv->data(), a.stored->bytes.data(), a.received);
+      a.recv = recv;
+    }
+    a.stored.reset();
+  }
   if (a.recv) return a.recv->data() + h.offset;
   if (a.stored) {
     a.stored->bytes.resize(h.offset + h.payload_bytes);
