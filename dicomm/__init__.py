@@ -9,3 +9,10 @@ from dicomm.endpoint import CommError, Endpoint, FrameError, Handle, live_reques
 from dicomm.store import FileStore
 
 __all__ = ["CommError", "Endpoint", "FileStore", "FrameError", "Handle", "live_requests", "probe_ibverbs"]
+
+try:
+    import torch.distributed as _torch_distributed
+except ImportError:  # the core works without torch; the backend needs it
+    _torch_distributed = None
+if _torch_distributed is not None and _torch_distributed.is_available():
+    from dicomm import torch_backend  # noqa: F401  (registers the "dicomm" backend)

@@ -175,6 +175,11 @@ def check_targets(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--torch" in argv:  # the torch.distributed backend against gloo (dicomm/bench_torch.py)
+        from dicomm.bench_torch import main as torch_main
+
+        return torch_main([a for a in argv if a != "--torch"])
     parser = argparse.ArgumentParser(prog="python -m dicomm.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few sizes and iterations (smoke test)")
     parser.add_argument("--json", metavar="FILE", help="also write {'rows': [...]} to FILE")

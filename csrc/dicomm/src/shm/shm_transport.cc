@@ -127,7 +127,6 @@ class ShmHub : public Progress {
     std::string ignored;
     recvFrame(setup.socket.fd(), &ignored, options_.frameLimits(), setup.deadline, who);
     link.inbound_segment.unlink();
-    bell_segment_.unlink();
 
     auto connection = std::make_shared<ShmConnection>(setup.peer.rank, std::move(setup.socket), std::move(link), options_);
     std::lock_guard<std::mutex> lock(mu_);
@@ -136,6 +135,9 @@ class ShmHub : public Progress {
   }
 
   void start() {
+    // Every peer has mapped our doorbell by now (each connect waited for its peer's mapping);
+    // unlinking it earlier would hide it from peers that connect after the first.
+    bell_segment_.unlink();
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }
 

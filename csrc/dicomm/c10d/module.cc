@@ -1,0 +1,34 @@
+// dicomm._dicomm_c10d: creates the "dicomm" Backend for torch.distributed (the Python side
+// registers it in dicomm/torch_backend.py).
+#include <torch/csrc/utils/pybind.h>
+
+#include "process_group.h"
+
+namespace py = pybind11;
+
+namespace {
+
+dicomm::ProcessGroupDiComm& asDiComm(const c10::intrusive_ptr<c10d::Backend>& backend) {
+  auto* dicomm_backend = dynamic_cast<dicomm::ProcessGroupDiComm*>(backend.get());
+  TORCH_CHECK(dicomm_backend, "expected a dicomm backend, got ", backend->getBackendName());
+  return *dicomm_backend;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_dicomm_c10d, m) {
+  m.doc() = "The dicomm torch.distributed backend (c10d Backend over the DiComm engine)";
+  m.def(
+      "create_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {
+        py::gil_scoped_release release;
+        return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<dicomm::ProcessGroupDiComm>(
+            store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s))));
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
+      "Joins rank `rank` of `size` through `store`; blocks until every peer is connected or `timeout_s` passes.");
+  m.def(
+      "transport_of",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, int peer) { return asDiComm(backend).transportOf(peer); },
+      py::arg("backend"), py::arg("peer"), "The transport (shm, tcp, ibverbs) a dicomm backend uses to reach `peer`.");
+}

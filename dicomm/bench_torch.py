@@ -1,0 +1,201 @@
+"""python -m dicomm.bench --torch: the dicomm torch.distributed backend against gloo, same run.
+
+Measured through the public torch.distributed API, in the same processes for both backends
+(the default group is dicomm, a gloo group spans the same ranks):
+- dist.send/recv ping-pong between two processes: one-way latency is half the median round trip,
+  bandwidth is bytes / one-way latency;
+- batch_isend_irecv: both ranks exchange a tensor in one batch; median time per exchange;
+- all_reduce (sum, float32) over --world processes: median time per call and bus bandwidth
+  2 (n - 1) / n * bytes / time.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+
+P2P_SIZES = [8, 4096, 256 << 10, 4 << 20, 64 << 20]
+QUICK_P2P_SIZES = [4096, 1 << 20]
+ALLREDUCE_SIZES = [4096, 1 << 20, 64 << 20]
+QUICK_ALLREDUCE_SIZES = [1 << 20]
+BYTES_BUDGET = 1 << 30
+
+
+def iterations_for(size: int, quick: bool) -> int:
+    top = 50 if quick else 1000
+    return max(min(top, BYTES_BUDGET // max(size, 1)), 3 if quick else 10)
+
+
+def timed(fn, iterations: int, warmup: int) -> list[float]:
+    times = []
+    for i in range(warmup + iterations):
+        start = time.perf_counter()
+        fn()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def p2p_worker(rank: int, port: int, sizes: list[int], quick: bool, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import dicomm  # noqa: F401
+
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("dicomm", store=dist.PrefixStore("bench-torch-p2p", store), rank=rank, world_size=2)
+    groups = {"dicomm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    peer = 1 - rank
+    rows = []
+    for size in sizes:
+        n = iterations_for(size, quick)
+        for name, group in groups.items():
+            buffer = torch.zeros(size, dtype=torch.uint8)
+            incoming = torch.zeros(size, dtype=torch.uint8)
+
+            def ping_pong():
+                if rank == 0:
+                    dist.send(buffer, peer, group=group)
+                    dist.recv(buffer, peer, group=group)
+                else:
+                    dist.recv(buffer, peer, group=group)
+                    dist.send(buffer, peer, group=group)
+
+            def exchange():
+                ops = [dist.P2POp(dist.isend, buffer, peer, group), dist.P2POp(dist.irecv, incoming, peer, group)]
+                for work in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):
+                    work.wait()
+
+            dist.barrier(group=group)
+            round_trips = timed(ping_pong, n, max(n // 10, 2))
+            dist.barrier(group=group)
+            exchanges = timed(exchange, n, max(n // 10, 2))
+            if rank == 0:
+                one_way = statistics.median(round_trips) / 2
+                rows.append({"test": "send/recv", "backend": name, "bytes": size, "latency_us": one_way * 1e6,
+                             "bandwidth_GBps": size / one_way / 1e9})
+                per_exchange = statistics.median(exchanges)
+                rows.append({"test": "batch_isend_irecv", "backend": name, "bytes": size,
+                             "latency_us": per_exchange * 1e6, "bandwidth_GBps": size / per_exchange / 1e9})
+    if rank == 0:
+        results.put(rows)
+    dist.destroy_process_group()
+
+
+def allreduce_worker(rank: int, world: int, port: int, sizes: list[int], quick: bool, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import dicomm  # noqa: F401
+
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group("dicomm", store=dist.PrefixStore("bench-torch-ar", store), rank=rank, world_size=world)
+    groups = {"dicomm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    rows = []
+    for size in sizes:
+        n = max(min(200 if not quick else 20, (4 << 30) // size), 5 if not quick else 3)
+        for name, group in groups.items():
+            tensor = torch.ones(size // 4, dtype=torch.float32)
+            dist.barrier(group=group)
+            times = timed(lambda: dist.all_reduce(tensor, group=group), n, 2)
+            if rank == 0:
+                t = statistics.median(times)
+                rows.append({"test": f"all_reduce x{world}", "backend": name, "bytes": size, "latency_us": t * 1e6,
+                             "bandwidth_GBps": 2 * (world - 1) / world * size / t / 1e9})
+    if rank == 0:
+        results.put(rows)
+    dist.destroy_process_group()
+
+
+def spawn(target, world: int, *args) -> list[dict]:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=300))
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    if target is p2p_worker:
+        workers = [context.Process(target=target, args=(r, store.port, *args, results)) for r in range(world)]
+    else:
+        workers = [context.Process(target=target, args=(r, world, store.port, *args, results)) for r in range(world)]
+    for w in workers:
+        w.start()
+    rows = results.get(timeout=1800)
+    for w in workers:
+        w.join()
+        if w.exitcode != 0:
+            raise SystemExit(f"benchmark worker exited with code {w.exitcode}")
+    return rows
+
+
+def human(size: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def format_table(rows: list[dict]) -> str:
+    by = {(r["test"], r["backend"], r["bytes"]): r for r in rows}
+    lines = [f"{'test':<18} {'size':>8} {'dicomm us':>11} {'gloo us':>11} {'dicomm GB/s':>12} {'gloo GB/s':>10} "
+             f"{'time dicomm/gloo':>17}"]
+    for test in dict.fromkeys(r["test"] for r in rows):
+        for size in sorted({r["bytes"] for r in rows if r["test"] == test}):
+            ours, gloo = by[(test, "dicomm", size)], by[(test, "gloo", size)]
+            lines.append(f"{test:<18} {human(size):>8} {ours['latency_us']:11.1f} {gloo['latency_us']:11.1f} "
+                         f"{ours['bandwidth_GBps']:12.3f} {gloo['bandwidth_GBps']:10.3f} "
+                         f"{ours['latency_us'] / gloo['latency_us']:17.3f}")
+    return "\n".join(lines)
+
+
+def check_targets(rows: list[dict], world: int) -> list[str]:
+    """The backend issue's targets, each as one PASS/FAIL line (only where measured)."""
+    by = {(r["test"], r["backend"], r["bytes"]): r for r in rows}
+    lines = []
+    small, large = 4096, 64 << 20
+    if ("send/recv", "dicomm", small) in by:
+        ratio = by[("send/recv", "dicomm", small)]["latency_us"] / by[("send/recv", "gloo", small)]["latency_us"]
+        lines.append(f"{'PASS' if ratio <= 0.2 else 'FAIL'} send/recv 4 KiB latency dicomm/gloo = {ratio:.3f} "
+                     "(target <= 0.2)")
+    if ("send/recv", "dicomm", large) in by:
+        ratio = by[("send/recv", "dicomm", large)]["bandwidth_GBps"] / by[("send/recv", "gloo", large)]["bandwidth_GBps"]
+        lines.append(f"{'PASS' if ratio >= 2 else 'FAIL'} send/recv 64 MiB bandwidth dicomm/gloo = {ratio:.2f} "
+                     "(target >= 2)")
+    test = f"all_reduce x{world}"
+    if (test, "dicomm", large) in by:
+        ratio = by[(test, "gloo", large)]["latency_us"] / by[(test, "dicomm", large)]["latency_us"]
+        lines.append(f"{'PASS' if ratio >= 1 else 'FAIL'} all_reduce 64 MiB over {world} processes, speed dicomm/gloo "
+                     f"= {ratio:.2f} (target >= 1)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dicomm.bench --torch", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few sizes and iterations (smoke test)")
+    parser.add_argument("--json", metavar="FILE", help="also write {'rows': [...]} to FILE")
+    parser.add_argument("--sizes", help="comma-separated send/recv sizes in bytes (overrides the default set)")
+    parser.add_argument("--allreduce-sizes", help="comma-separated all_reduce sizes in bytes")
+    parser.add_argument("--world", type=int, default=4, help="processes for all_reduce (default 4)")
+    args = parser.parse_args(argv)
+    p2p_sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (QUICK_P2P_SIZES if args.quick else P2P_SIZES)
+    ar_sizes = ([int(s) for s in args.allreduce_sizes.split(",")] if args.allreduce_sizes
+                else (QUICK_ALLREDUCE_SIZES if args.quick else ALLREDUCE_SIZES))
+    rows = spawn(p2p_worker, 2, p2p_sizes, args.quick) if p2p_sizes else []
+    if ar_sizes and args.world > 1:
+        rows += spawn(allreduce_worker, args.world, ar_sizes, args.quick)
+    print(format_table(rows))
+    print()
+    for line in check_targets(rows, args.world):
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

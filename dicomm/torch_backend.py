@@ -1,0 +1,45 @@
+"""Registers DiComm as the torch.distributed backend "dicomm".
+
+Imported by ``import dicomm`` when torch is installed. After it, ``init_process_group("dicomm")``,
+``new_group(backend="dicomm")`` and per-device strings such as ``"cpu:gloo,dipu:dicomm"`` work.
+The backend serves CPU tensors and, once the PrivateUse1 backend has been renamed (``dipu``),
+that device's tensors too (staged through host memory). Call :func:`register` again after
+renaming PrivateUse1 if ``dicomm`` was imported first.
+"""
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from dicomm import _dicomm_c10d
+
+BACKEND_NAME = "dicomm"
+
+
+def backend_devices() -> list[str]:
+    """Device types the backend takes tensors of: cpu, plus the renamed PrivateUse1 device."""
+    devices = ["cpu"]
+    private_use = torch._C._get_privateuse1_backend_name()
+    if private_use != "privateuseone":
+        devices.append(private_use)
+    return devices
+
+
+def _create_backend(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta):
+    return _dicomm_c10d.create_backend(store, rank, world_size, timeout.total_seconds())
+
+
+def register() -> None:
+    """Registers (or re-registers, picking up a renamed PrivateUse1 device) the backend."""
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=backend_devices())
+
+
+def transport_of(peer: int, group: dist.ProcessGroup | None = None) -> str:
+    """The transport ("shm", "tcp", "ibverbs") the group's dicomm backend uses to reach group rank ``peer``."""
+    group = group or dist.group.WORLD
+    return _dicomm_c10d.transport_of(group._get_backend(torch.device("cpu")), peer)
+
+
+register()
