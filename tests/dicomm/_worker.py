@@ -170,11 +170,23 @@ def stream(rank, world, store_dir, transport, args):
 def peer_killed(rank, world, store_dir, transport, args):
     ep = endpoint(rank, world, store_dir, transport, timeout=60)
     peer = 1 - rank
+    receiver_pid_file = os.path.join(store_dir, "receiver.pid")
     if rank == 0:
         barrier(ep)
-        ep.isend(np.ones(64 << 20, np.uint8), peer, tag=1)
+        with open(receiver_pid_file) as handle:
+            receiver_pid = int(handle.read())
+        # The receiver is stopped while the send starts, so it cannot drain the 64 MiB before this
+        # process dies: what was posted fills the socket buffers (or the ring), the rest never leaves.
+        os.kill(receiver_pid, signal.SIGSTOP)
+        try:
+            ep.isend(np.ones(64 << 20, np.uint8), peer, tag=1)
+        finally:
+            os.kill(receiver_pid, signal.SIGCONT)
         print(json.dumps({"killed": True}), flush=True)
         os._exit(0)  # dies while the 64 MiB message is in flight
+    with open(receiver_pid_file + ".tmp", "w") as handle:
+        handle.write(str(os.getpid()))
+    os.replace(receiver_pid_file + ".tmp", receiver_pid_file)
     buffer = np.zeros(64 << 20, np.uint8)
     handle = ep.irecv(buffer, peer, tag=1)
     barrier(ep)
