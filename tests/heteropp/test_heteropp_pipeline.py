@@ -61,3 +61,10 @@ def test_split_backward_schedule_with_full_tensor_resharding_and_no_prefetch_mat
     # get each gradient whole.
     expected = data["micro_batches"] * (1 + 2) * activation_bytes(data)
     assert sum(r["bytes_sent"] for r in ranks) == STEPS * expected
+
+
+def test_cross_stage_traffic_over_dicomm_matches_reference():
+    data = strategy([("emu-big", 1, 3, True), ("emu-small", 2, 1, False)])
+    records, _ = run_pipeline(data, STEPS, p2p_backend="dicomm")
+    assert len(records) == STEPS
+    assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE

@@ -47,13 +47,3 @@ def test_h2_train_with_a_strategy_and_the_wrong_process_count_is_a_one_line_erro
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert result.stderr.strip().endswith(f"error: {PP2}: needs 2 processes (sum of tp * dp over stages), --nproc is 3")
-
-
-def test_dicomm_p2p_backend_is_refused_in_one_line_while_it_is_not_registered():
-    from h2.errors import UserError
-    from heteropp.groups import check_p2p_backend
-    import torch.distributed as dist
-    if "dicomm" in dist.Backend.backend_list:
-        pytest.skip("DiComm's backend is registered in this build")
-    with pytest.raises(UserError, match="--p2p-backend dicomm: DiComm's torch.distributed backend is not registered"):
-        check_p2p_backend("dicomm")
