@@ -94,17 +94,19 @@ def worker(rank: int, store_port: int, transports: list[str], sizes: list[int], 
         results.put(rows)
 
 
-def run(transports: list[str], sizes: list[int], quick: bool) -> list[dict]:
+def spawn_ranks(target, world: int, args_for_rank, store_timeout_s: float) -> list[dict]:
+    """Run `target(*args_for_rank(rank, store_port), results)` in `world` spawned processes around one
+    TCPStore, and return the rows the ranks put on `results` (the benchmarks' rank 0 puts them all)."""
     import datetime
 
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=120))
+                          timeout=datetime.timedelta(seconds=store_timeout_s))
     context = mp.get_context("spawn")
     results = context.Queue()
-    workers = [context.Process(target=worker, args=(rank, store.port, transports, sizes, quick, results))
-               for rank in range(2)]
+    workers = [context.Process(target=target, args=(*args_for_rank(rank, store.port), results))
+               for rank in range(world)]
     for w in workers:
         w.start()
     rows = results.get(timeout=1800)
@@ -113,6 +115,10 @@ def run(transports: list[str], sizes: list[int], quick: bool) -> list[dict]:
         if w.exitcode != 0:
             raise SystemExit(f"benchmark worker exited with code {w.exitcode}")
     return rows
+
+
+def run(transports: list[str], sizes: list[int], quick: bool) -> list[dict]:
+    return spawn_ranks(worker, 2, lambda rank, port: (rank, port, transports, sizes, quick), store_timeout_s=120)
 
 
 def human(size: int) -> str:

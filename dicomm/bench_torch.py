@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing as mp
 import statistics
 import sys
 import time
+
+from dicomm.bench import human, spawn_ranks
 
 P2P_SIZES = [8, 4096, 256 << 10, 4 << 20, 64 << 20]
 QUICK_P2P_SIZES = [4096, 1 << 20]
@@ -112,31 +113,9 @@ def allreduce_worker(rank: int, world: int, port: int, sizes: list[int], quick: 
 
 
 def spawn(target, world: int, *args) -> list[dict]:
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=300))
-    context = mp.get_context("spawn")
-    results = context.Queue()
     if target is p2p_worker:
-        workers = [context.Process(target=target, args=(r, store.port, *args, results)) for r in range(world)]
-    else:
-        workers = [context.Process(target=target, args=(r, world, store.port, *args, results)) for r in range(world)]
-    for w in workers:
-        w.start()
-    rows = results.get(timeout=1800)
-    for w in workers:
-        w.join()
-        if w.exitcode != 0:
-            raise SystemExit(f"benchmark worker exited with code {w.exitcode}")
-    return rows
-
-
-def human(size: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale} {unit}"
-    return f"{size} B"
+        return spawn_ranks(target, world, lambda rank, port: (rank, port, *args), store_timeout_s=300)
+    return spawn_ranks(target, world, lambda rank, port: (rank, world, port, *args), store_timeout_s=300)
 
 
 def format_table(rows: list[dict]) -> str:

@@ -70,7 +70,7 @@ def _generic(name: str, module, device_type: str):
                 with _device_context(module, index):
                     module.manual_seed(seed)
         return manual_seed_all
-    if name in ("max_memory_reserved", "memory_stats", "reset_accumulated_memory_stats"):
+    if name in ("max_memory_reserved", "memory_stats"):
         if hasattr(accelerator, name):
             return lambda device=None: getattr(accelerator, name)(device_index(device))
     if name == "reset_max_memory_allocated":

@@ -37,9 +37,6 @@ class DeviceTranslator:
             return torch.device(self.device_type, device.index)
         return device
 
-    def is_mapped(self, device) -> bool:
-        return self(device) is not device
-
 
 class DeviceArguments:
     """Installs and removes the wrappers that translate device arguments."""

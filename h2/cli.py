@@ -30,7 +30,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _PIPELINE_PASSTHROUGH = ("steps", "lr", "min_lr", "warmup_steps", "lr_decay_steps", "weight_decay", "grad_clip",
-                         "seed", "seq_len")
+                         "seed", "seq_len", "log_every")
 _NOT_WITH_STRATEGY = ("resume", "overwrite", "device", "dtype", "micro_batch_size", "micro_batches", "model_config")
 
 
@@ -55,8 +55,6 @@ def _train_pipeline(args) -> int:
     for name in _PIPELINE_PASSTHROUGH:
         if getattr(args, name) is not None:
             command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    if args.log_every is not None:
-        command += ["--log-every", str(args.log_every)]
     return subprocess.call(command)
 
 
@@ -68,13 +66,15 @@ def _train(args) -> int:
         return _train_pipeline(args)
     if args.nproc is not None:
         raise UserError("--nproc needs --strategy (a single-device run uses one process)")
+    if args.log_every is not None:
+        raise UserError("--log-every needs --strategy (a single-device run shows a progress bar)")
     model_config = _model_from_args(args)
     if model_config.name == "h2-100b":
         raise UserError("preset 'h2-100b' is for planning only (103 B parameters); train tiny or small here")
     options = {name: getattr(args, name) for name in (
         "steps", "micro_batch_size", "micro_batches", "seq_len", "lr", "min_lr", "warmup_steps",
         "lr_decay_steps", "weight_decay", "grad_clip", "dtype", "seed", "device", "checkpoint_every",
-        "keep_checkpoints", "log_every") if getattr(args, name) is not None}
+        "keep_checkpoints") if getattr(args, name) is not None}
     explicit = frozenset(options)
     config = TrainConfig(**options)
     if args.resume and args.overwrite:
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, help="seed for initialisation and data order (default 0)")
     train.add_argument("--checkpoint-every", type=int, help="checkpoint every N steps, 0 for only at the end (default 100)")
     train.add_argument("--keep-checkpoints", type=int, help="how many checkpoints to keep (default 2)")
-    train.add_argument("--log-every", type=int, help=argparse.SUPPRESS)
+    train.add_argument("--log-every", type=int, help="with --strategy: print a metrics line every N steps")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=_train)
 

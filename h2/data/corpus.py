@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h2.data.tokenizer import ByteTokenizer
 from h2.errors import UserError
 
 DEFAULT_MAX_BYTES = 8 * 2**20
@@ -61,5 +60,4 @@ def load_stdlib_corpus(max_bytes: int = DEFAULT_MAX_BYTES, root: str | None = No
     if len(text) < 1024:
         raise UserError(f"corpus: found only {len(text)} bytes of Python sources under {root}")
     tokens = np.frombuffer(text, dtype=np.uint8)
-    assert ByteTokenizer.vocab_size == 256  # bytes are token ids as they are
     return Corpus(tokens, hashlib.sha256(text).hexdigest()[:16], root)

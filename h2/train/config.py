@@ -32,7 +32,6 @@ class TrainConfig:
     device: str = "cpu"
     checkpoint_every: int = 100     # 0: only at the end
     keep_checkpoints: int = 2
-    log_every: int = 10
 
     def __post_init__(self) -> None:
         checks = [("steps", self.steps >= 1), ("micro_batch_size", self.micro_batch_size >= 1),
@@ -41,7 +40,7 @@ class TrainConfig:
                   ("weight_decay", self.weight_decay >= 0), ("beta1", 0 <= self.beta1 < 1),
                   ("beta2", 0 <= self.beta2 < 1), ("grad_clip", self.grad_clip >= 0),
                   ("checkpoint_every", self.checkpoint_every >= 0),
-                  ("keep_checkpoints", self.keep_checkpoints >= 1), ("log_every", self.log_every >= 1)]
+                  ("keep_checkpoints", self.keep_checkpoints >= 1)]
         if self.seq_len is not None:
             checks.append(("seq_len", self.seq_len >= 1))
         if self.lr_decay_steps is not None:

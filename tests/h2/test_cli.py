@@ -54,3 +54,8 @@ def test_malformed_model_yaml_names_the_file(cli, tmp_path):
 def test_resume_without_a_checkpoint_is_a_clear_error(cli, tmp_path):
     result = cli("h2.cli", "train", "--resume", "--out", str(tmp_path))
     assert result.returncode == 2 and "no checkpoint to resume from" in result.stderr
+
+
+def test_log_every_without_a_strategy_is_refused(cli, tmp_path):
+    result = cli("h2.cli", "train", "--log-every", "5", "--out", str(tmp_path))
+    assert result.returncode == 2 and "--log-every needs --strategy" in result.stderr
