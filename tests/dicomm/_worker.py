@@ -68,15 +68,17 @@ def correctness(rank, world, store_dir, transport, args):
             ok.append(ep.recv(buffer, peer, tag=2) == size and bool((buffer == pattern(size, 7)).all()))
     found["sizes_send_first"] = ok
 
-    # Unaligned views: a buffer starting at an odd address.
-    if rank == 0:
-        backing = np.zeros(100_003, np.uint8)
-        backing[1:] = pattern(100_002)
-        ep.send(backing[1:], peer, tag=3)
-    else:
-        backing = np.zeros(100_003, np.uint8)
-        ep.recv(backing[1:], peer, tag=3)
-        found["unaligned"] = bool((backing[1:] == pattern(100_002)).all())
+    # Unaligned views: buffers starting at an odd address, below and above the shm split size.
+    unaligned_ok = True
+    for size in (100_002, 300_001):
+        backing = np.zeros(size + 1, np.uint8)
+        if rank == 0:
+            backing[1:] = pattern(size)
+            ep.send(backing[1:], peer, tag=3)
+        else:
+            ep.recv(backing[1:], peer, tag=3)
+            unaligned_ok &= bool((backing[1:] == pattern(size)).all())
+    found["unaligned"] = unaligned_ok
 
     # 1,000 outstanding messages in both directions at once, small and a few large.
     count = 1000

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from dicomm import _dicomm_core as core
 
 HEADER = core.FRAME_HEADER_BYTES
-KINDS = ["Hello", "HelloReply", "Data", "ReadyToSend", "ClearToSend", "Done", "Credit"]
+KINDS = ["Hello", "HelloReply", "Data", "ReadyToSend", "ClearToSend", "Done", "Credit", "Pulled"]
 
 
 @settings(max_examples=400, deadline=None)

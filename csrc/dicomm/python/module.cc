@@ -184,7 +184,7 @@ py::dict headerToDict(const FrameHeader& h) {
 }
 
 FrameKind kindFromName(const std::string& name) {
-  for (uint8_t k = uint8_t(FrameKind::Hello); k <= uint8_t(FrameKind::Credit); ++k) {
+  for (uint8_t k = uint8_t(FrameKind::Hello); k <= uint8_t(kLastFrameKind); ++k) {
     if (name == frameKindName(FrameKind(k))) return FrameKind(k);
   }
   throw py::value_error("unknown frame kind '" + name + "'");
@@ -283,6 +283,7 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("tcp_socket_buffer_bytes", &Options::tcp_socket_buffer_bytes)
       .def_readwrite("shm_ring_bytes", &Options::shm_ring_bytes)
       .def_readwrite("shm_eager_bytes", &Options::shm_eager_bytes)
+      .def_readwrite("shm_split_bytes", &Options::shm_split_bytes)
       .def_readwrite("shm_cross_memory_attach", &Options::shm_cross_memory_attach)
       .def_readwrite("max_message_bytes", &Options::max_message_bytes)
       .def("validate", &Options::validate);

@@ -19,7 +19,7 @@ T getLittleEndian(const uint8_t* in) {
 }
 
 bool isKnownKind(uint8_t kind) {
-  return kind >= uint8_t(FrameKind::Hello) && kind <= uint8_t(FrameKind::Credit);
+  return kind >= uint8_t(FrameKind::Hello) && kind <= uint8_t(kLastFrameKind);
 }
 
 bool kindCarriesPayload(FrameKind kind) {
@@ -39,6 +39,7 @@ const char* frameKindName(FrameKind kind) {
     case FrameKind::ClearToSend: return "ClearToSend";
     case FrameKind::Done: return "Done";
     case FrameKind::Credit: return "Credit";
+    case FrameKind::Pulled: return "Pulled";
   }
   return "unknown";
 }

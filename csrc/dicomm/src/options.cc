@@ -61,6 +61,7 @@ Options Options::fromEnvironment() {
   }
   if (auto v = env("DICOMM_SHM_RING_BYTES")) o.shm_ring_bytes = parseCount("DICOMM_SHM_RING_BYTES", v);
   if (auto v = env("DICOMM_SHM_EAGER_BYTES")) o.shm_eager_bytes = parseCount("DICOMM_SHM_EAGER_BYTES", v);
+  if (auto v = env("DICOMM_SHM_SPLIT_BYTES")) o.shm_split_bytes = parseCount("DICOMM_SHM_SPLIT_BYTES", v);
   if (auto v = env("DICOMM_SHM_CMA")) {
     const std::string text = v;
     if (text != "0" && text != "1") throw std::invalid_argument("DICOMM_SHM_CMA=" + text + " is not 0 or 1");

@@ -24,9 +24,12 @@ enum class FrameKind : uint8_t {
   ClearToSend = 5,  // rendezvous: receiver grants remote_address/remote_key for `seq`
   Done = 6,         // rendezvous: sender finished writing message `seq`
   Credit = 7,       // ibverbs: receiver returns `offset` receive slots to the sender
+  Pulled = 8,       // shm rendezvous: receiver finished reading its share of message `seq`
 };
+constexpr FrameKind kLastFrameKind = FrameKind::Pulled;
 
-constexpr uint16_t kFlagRefused = 1;  // HelloReply: setup refused; ClearToSend: receive refused
+constexpr uint16_t kFlagRefused = 1;  // HelloReply: setup refused; ClearToSend: receive refused;
+                                      // Done/Pulled: that side's copy failed
 
 struct FrameHeader {
   FrameKind kind = FrameKind::Data;

@@ -32,11 +32,15 @@ struct Options {
   size_t tcp_socket_buffer_bytes = size_t(4) << 20;  // SO_SNDBUF/SO_RCVBUF; 0 leaves kernel autotuning
   size_t shm_ring_bytes = size_t(4) << 20;
   size_t shm_eager_bytes = size_t(64) << 10;
+  // Cross-memory messages at least this large are copied half by each side at once (the sender
+  // writes the head, the receiver reads the tail): two cores instead of one. 0 never splits.
+  size_t shm_split_bytes = size_t(128) << 10;
   bool shm_cross_memory_attach = true;  // false: large shm messages stream through the ring
   uint64_t max_message_bytes = uint64_t(1) << 40;
 
-  // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN, DICOMM_BIND_ADDR,
-  // DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_TCP_SOCKET_BUFFER_BYTES, DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES, DICOMM_SHM_CMA (0/1),
+  // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN,
+  // DICOMM_BIND_ADDR, DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_TCP_SOCKET_BUFFER_BYTES,
+  // DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES, DICOMM_SHM_SPLIT_BYTES, DICOMM_SHM_CMA (0/1),
   // DICOMM_MAX_MESSAGE_BYTES. A malformed value throws std::invalid_argument naming the variable.
   static Options fromEnvironment();
   // Throws std::invalid_argument naming the first field out of range.

@@ -13,6 +13,7 @@ ShmConnection::ShmConnection(int peer, Socket control, ShmLink link, const Optio
       control_(std::move(control)),
       link_(std::move(link)),
       eager_bytes_(link_.can_write_peer_memory ? options.shm_eager_bytes : SIZE_MAX),
+      split_bytes_(options.shm_split_bytes),
       limits_(options.frameLimits()),
       inbox_(peer, options.frameLimits()) {
   setNonBlocking(control_.fd());
@@ -37,6 +38,7 @@ void ShmConnection::postRecv(const RequestPtr& recv) {
   }
   if (auto g = inbox_.post(recv)) grant(*g);
   pushOutgoing();
+  if (runPulls()) pushOutgoing();
 }
 
 bool ShmConnection::progress() {
@@ -44,6 +46,7 @@ bool ShmConnection::progress() {
   try {
     bool moved = pollIncoming();
     moved |= pushOutgoing();
+    if (runPulls()) moved |= pushOutgoing();
     return moved;
   } catch (const FrameError& e) {
     closeWithError(describe() + " closed: " + e.what());
@@ -70,6 +73,7 @@ bool ShmConnection::pushOutgoing() {
     h.total_bytes = request.capacity();
     if (request.capacity() > eager_bytes_) {
       h.kind = FrameKind::ReadyToSend;
+      h.remote_address = reinterpret_cast<uint64_t>(request.data());
       if (!ring.push(h, nullptr)) goto ring_full;
       awaiting_clear_[out.seq] = out.request;
       outgoing_.pop_front();
@@ -133,6 +137,9 @@ void ShmConnection::onFrame(const FrameHeader& h, uint64_t payload_position) {
     case FrameKind::ClearToSend:
       onClearToSend(h);
       return;
+    case FrameKind::Pulled:
+      onPulled(h);
+      return;
     case FrameKind::Done: {
       RequestPtr recv = inbox_.takeAwaitingDone(h.seq);
       if (h.flags & kFlagRefused) {
@@ -156,11 +163,61 @@ void ShmConnection::grant(const Inbox::Grant& g) {
   cts.total_bytes = g.announcement.total_bytes;
   if (g.fits) {
     cts.remote_address = reinterpret_cast<uint64_t>(g.recv->data());
+    cts.offset = senderShare(g.announcement);
+    if (cts.offset < cts.total_bytes) pulls_.push_back(Pull{g.recv, g.announcement, cts.offset});
     inbox_.awaitDone(cts.seq, g.recv);
   } else {
     cts.flags = kFlagRefused;
   }
   queueControl(cts);
+}
+
+uint64_t ShmConnection::senderShare(const FrameHeader& ready_to_send) const {
+  const uint64_t total = ready_to_send.total_bytes;
+  const bool split = split_bytes_ != 0 && total >= split_bytes_ && link_.can_write_peer_memory &&
+                     ready_to_send.remote_address != 0;
+  constexpr uint64_t kPage = 4096;
+  return split ? (total / 2) & ~(kPage - 1) : total;
+}
+
+bool ShmConnection::runPulls() {
+  if (pulls_.empty()) return false;
+  std::vector<Pull> pulls;
+  pulls.swap(pulls_);
+  for (const Pull& pull : pulls) {
+    FrameHeader pulled;
+    pulled.kind = FrameKind::Pulled;
+    pulled.tag = pull.announcement.tag;
+    pulled.seq = pull.announcement.seq;
+    pulled.total_bytes = pull.announcement.total_bytes;
+    if (!pull.recv->isPending()) {
+      pulled.flags = kFlagRefused;  // failed here meanwhile: its buffer may be gone
+    } else {
+      try {
+        readFromPeer(pull);
+      } catch (const CommError& e) {
+        pulled.flags = kFlagRefused;
+        pull.recv->fail(e.what());
+      }
+    }
+    queueControl(pulled);
+  }
+  return true;
+}
+
+void ShmConnection::onPulled(const FrameHeader& h) {
+  auto found = awaiting_pulled_.find(h.seq);
+  if (found == awaiting_pulled_.end()) {
+    throw FrameError("malformed frame: Pulled for message " + std::to_string(h.seq) + " that is not being read");
+  }
+  RequestPtr send = found->second;
+  awaiting_pulled_.erase(found);
+  if (h.flags & kFlagRefused) {
+    send->fail("rank " + std::to_string(peer_) + " could not read its share of message " + std::to_string(h.seq) +
+               " from this process (process_vm_readv failed)");
+  } else {
+    send->complete(send->capacity());  // no-op when it failed here meanwhile
+  }
 }
 
 void ShmConnection::onClearToSend(const FrameHeader& h) {
@@ -179,6 +236,12 @@ void ShmConnection::onClearToSend(const FrameHeader& h) {
     throw FrameError("malformed frame: ClearToSend for message " + std::to_string(h.seq) + " names " +
                      std::to_string(h.total_bytes) + " bytes, the message has " + std::to_string(send->capacity()));
   }
+  if (h.offset > h.total_bytes) {
+    throw FrameError("malformed frame: ClearToSend for message " + std::to_string(h.seq) + " splits at " +
+                     std::to_string(h.offset) + ", beyond its " + std::to_string(h.total_bytes) + " bytes");
+  }
+  const bool peer_reads_tail = h.offset < h.total_bytes;
+  if (peer_reads_tail) awaiting_pulled_[h.seq] = send;  // its Pulled arrives even if this side fails
   FrameHeader done;
   done.kind = FrameKind::Done;
   done.tag = h.tag;
@@ -198,14 +261,15 @@ void ShmConnection::onClearToSend(const FrameHeader& h) {
     return;
   }
   queueControl(done);
-  send->complete(send->capacity());
+  if (!peer_reads_tail) send->complete(send->capacity());
 }
 
 void ShmConnection::writeToPeer(const Request& send, const FrameHeader& cts) {
+  const size_t share = cts.offset;
   size_t written = 0;
-  while (written < send.capacity()) {
-    iovec local{send.data() + written, send.capacity() - written};
-    iovec remote{reinterpret_cast<void*>(cts.remote_address + written), send.capacity() - written};
+  while (written < share) {
+    iovec local{send.data() + written, share - written};
+    iovec remote{reinterpret_cast<void*>(cts.remote_address + written), share - written};
     const ssize_t n = process_vm_writev(pid_t(link_.peer_pid), &local, 1, &remote, 1, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -213,6 +277,22 @@ void ShmConnection::writeToPeer(const Request& send, const FrameHeader& cts) {
     }
     if (n == 0) throw CommError("process_vm_writev into rank " + std::to_string(peer_) + " made no progress");
     written += size_t(n);
+  }
+}
+
+void ShmConnection::readFromPeer(const Pull& pull) {
+  const size_t share = pull.announcement.total_bytes - pull.from;
+  size_t done = 0;
+  while (done < share) {
+    iovec local{pull.recv->data() + pull.from + done, share - done};
+    iovec remote{reinterpret_cast<void*>(pull.announcement.remote_address + pull.from + done), share - done};
+    const ssize_t n = process_vm_readv(pid_t(link_.peer_pid), &local, 1, &remote, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw CommError("process_vm_readv from rank " + std::to_string(peer_) + " failed: " + std::strerror(errno));
+    }
+    if (n == 0) throw CommError("process_vm_readv from rank " + std::to_string(peer_) + " made no progress");
+    done += size_t(n);
   }
 }
 
@@ -249,6 +329,13 @@ void ShmConnection::expire(Clock::time_point now) {
       it = outgoing_.erase(it);
     }
   }
+  for (auto& [seq, send] : awaiting_pulled_) {
+    if (send->isPending() && send->deadline() <= now) {
+      closeWithError("timed out waiting for rank " + std::to_string(peer_) + " to finish reading message " +
+                     std::to_string(seq));
+      return;
+    }
+  }
   for (auto& [seq, send] : awaiting_clear_) {
     // Stays in the map: a late ClearToSend must still be answered (with a refusal).
     if (send->deadline() <= now) {
@@ -266,6 +353,9 @@ void ShmConnection::closeWithError(const std::string& why) {
   outgoing_.clear();
   for (auto& [seq, send] : awaiting_clear_) send->fail(why);
   awaiting_clear_.clear();
+  for (auto& [seq, send] : awaiting_pulled_) send->fail(why);
+  awaiting_pulled_.clear();
+  pulls_.clear();
   control_out_.clear();
   ::shutdown(control_.fd(), SHUT_RDWR);
 }

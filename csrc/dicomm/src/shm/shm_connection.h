@@ -1,12 +1,17 @@
 // One same-host peer. Small messages travel as Data frames through a shared-memory ring;
-// large ones (above shm_eager_bytes) are written once, directly into the receiver's buffer, with
-// process_vm_writev: ReadyToSend -> ClearToSend(address) -> write -> Done. The TCP socket from
-// setup stays open only to notice the peer's death.
+// large ones (above shm_eager_bytes) are copied once, directly between the two processes' buffers:
+//   sender: ReadyToSend(source address) -> receiver: ClearToSend(destination address, split)
+//   sender writes [0, split) with process_vm_writev, then Done;
+//   receiver reads [split, total) with process_vm_readv at the same time, then Pulled.
+// Below shm_split_bytes (or where the receiver cannot read the sender) split = total and the sender
+// copies everything. A send completes on Pulled (its buffer is read until then), a receive on Done
+// after its own share landed. The TCP socket from setup stays open only to notice the peer's death.
 #pragma once
 
 #include <deque>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "dicomm/inbox.h"
 #include "dicomm/transport.h"
@@ -51,12 +56,24 @@ class ShmConnection : public Connection {
     bool started = false;
   };
 
+  // A granted receive whose tail this side reads from the sender itself.
+  struct Pull {
+    RequestPtr recv;
+    FrameHeader announcement;  // the sender's ReadyToSend: seq, tag, size, source address
+    uint64_t from = 0;         // the receiver's share starts here
+  };
+
   bool pushOutgoing();
   bool pollIncoming();
+  // Reads the shares of granted receives (their ClearToSend went out first) and answers Pulled.
+  bool runPulls();
+  uint64_t senderShare(const FrameHeader& ready_to_send) const;
   void onFrame(const FrameHeader& h, uint64_t payload_position);
   void grant(const Inbox::Grant& g);
   void onClearToSend(const FrameHeader& h);
+  void onPulled(const FrameHeader& h);
   void writeToPeer(const Request& send, const FrameHeader& cts);
+  void readFromPeer(const Pull& pull);
   void queueControl(const FrameHeader& h) { control_out_.push_back(h); }
   std::string describe() const { return "shm connection to rank " + std::to_string(peer_); }
 
@@ -64,11 +81,14 @@ class ShmConnection : public Connection {
   Socket control_;
   ShmLink link_;
   const size_t eager_bytes_;
+  const size_t split_bytes_;
   const FrameLimits limits_;
   Inbox inbox_;
   std::deque<FrameHeader> control_out_;
   std::deque<Outgoing> outgoing_;
   std::map<uint64_t, RequestPtr> awaiting_clear_;
+  std::map<uint64_t, RequestPtr> awaiting_pulled_;  // sends whose tail the receiver is reading
+  std::vector<Pull> pulls_;
   uint64_t next_send_seq_ = 0;
   bool pushed_since_bell_ = false;
   bool closed_ = false;
