@@ -30,7 +30,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _PIPELINE_PASSTHROUGH = ("steps", "lr", "min_lr", "warmup_steps", "lr_decay_steps", "weight_decay", "grad_clip",
-                         "seed", "seq_len", "log_every")
+                         "seed", "seq_len", "log_every", "stage_backend", "resharding", "optimizer_sharding",
+                         "schedule")
 _NOT_WITH_STRATEGY = ("resume", "overwrite", "device", "dtype", "micro_batch_size", "micro_batches", "model_config")
 
 
@@ -45,7 +46,10 @@ def _train_pipeline(args) -> int:
         if value not in (None, False):
             raise UserError(f"--{name.replace('_', '-')} does not apply with --strategy "
                             f"(the strategy file fixes the model and batch shape)")
-    needed = sum(stage.tp for stage in strategy.stages) * strategy.dp
+    from heteropp.groups import check_p2p_backend, check_stage_backend
+    check_p2p_backend(args.p2p_backend)
+    check_stage_backend(args.stage_backend or "auto")
+    needed = strategy.world_size
     nproc = args.nproc or needed
     if nproc != needed:
         raise UserError(f"{args.strategy}: needs {needed} processes (sum of tp * dp over stages), --nproc is {nproc}")
@@ -68,6 +72,9 @@ def _train(args) -> int:
         raise UserError("--nproc needs --strategy (a single-device run uses one process)")
     if args.log_every is not None:
         raise UserError("--log-every needs --strategy (a single-device run shows a progress bar)")
+    for name in ("stage_backend", "resharding", "optimizer_sharding", "schedule"):
+        if getattr(args, name) is not None:
+            raise UserError(f"--{name.replace('_', '-')} needs --strategy (it configures the pipeline)")
     model_config = _model_from_args(args)
     if model_config.name == "h2-100b":
         raise UserError("preset 'h2-100b' is for planning only (103 B parameters); train tiny or small here")
@@ -151,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(torchrun --standalone)")
     train.add_argument("--nproc", type=int, help="processes for --strategy (default: sum of tp * dp over stages)")
     train.add_argument("--p2p-backend", default="gloo", help="with --strategy: backend across stages, gloo or dicomm")
+    train.add_argument("--stage-backend", help="with --strategy: backend of TP/DP groups inside a stage, "
+                                               "auto (default: the chip's, gloo on cpu), gloo or dicomm")
+    train.add_argument("--resharding", choices=["sliced", "full"],
+                       help="with --strategy: between stages, send/recv slices + all-gather (default) or full tensors")
+    train.add_argument("--optimizer-sharding", choices=["none", "zero1"],
+                       help="with --strategy: ZeRO-1 over each stage's data-parallel replicas (default none)")
+    train.add_argument("--schedule", choices=["1f1b", "1f1b-split-backward"],
+                       help="with --strategy: override the strategy's schedule")
     train.add_argument("--out", help="output folder for metrics.jsonl and checkpoints/ (default runs/<model>)")
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     train.add_argument("--overwrite", action="store_true", help="start over in an --out that holds an earlier run")

@@ -1,8 +1,10 @@
 """The process groups one rank needs, created from a Topology.
 
 Inside a stage (one chip type) tensor- and data-parallel groups use the chip's own collective
-backend; traffic that crosses stages (activations, gradients, and the one scalar of the global
-gradient norm) uses the configurable cross-stage backend: "gloo" (default) or "dicomm".
+backend ("auto"), or one named by configuration (`--stage-backend gloo|dicomm`: on one host, dicomm's
+shared memory plays the fast intra-node fabric); traffic that crosses stages (activations, gradients,
+and the one scalar of the global gradient norm) uses the configurable cross-stage backend: "gloo"
+(default) or "dicomm".
 Every rank calls `build_groups` with the same arguments: torch.distributed requires all ranks to
 create every group, members or not, in the same order.
 """
@@ -17,6 +19,7 @@ from h2.errors import UserError
 from heteropp.topology import RankPlace, Topology
 
 P2P_BACKENDS = ("gloo", "dicomm")
+STAGE_BACKENDS = ("auto", "gloo", "dicomm")
 
 
 def chip_backend(chip: str, device_type: str) -> str:
@@ -28,18 +31,26 @@ def chip_backend(chip: str, device_type: str) -> str:
     raise UserError(f"chip '{chip}': no collective backend known for device type '{device_type}'")
 
 
-def check_p2p_backend(name: str) -> str:
-    if name not in P2P_BACKENDS:
-        raise UserError(f"--p2p-backend must be one of {', '.join(P2P_BACKENDS)}, got '{name}'")
+def _check_backend(name: str, flag: str, choices: tuple[str, ...]) -> str:
+    if name not in choices:
+        raise UserError(f"{flag} must be one of {', '.join(choices)}, got '{name}'")
     if name == "dicomm":
         try:
             import dicomm  # noqa: F401  (registers the backend when it is built)
         except ImportError:
             pass
         if "dicomm" not in dist.Backend.backend_list:
-            raise UserError("--p2p-backend dicomm: DiComm's torch.distributed backend is not registered "
-                            "in this build; use --p2p-backend gloo")
+            raise UserError(f"{flag} dicomm: DiComm's torch.distributed backend is not registered "
+                            f"in this build; use {flag} gloo")
     return name
+
+
+def check_p2p_backend(name: str) -> str:
+    return _check_backend(name, "--p2p-backend", P2P_BACKENDS)
+
+
+def check_stage_backend(name: str) -> str:
+    return _check_backend(name, "--stage-backend", STAGE_BACKENDS)
 
 
 @dataclass
@@ -54,20 +65,21 @@ class RankGroups:
     dp_ranks: list[int]
 
 
-def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p_backend: str = "gloo") -> RankGroups:
+def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p_backend: str = "gloo",
+                 stage_backend: str = "auto") -> RankGroups:
     place = topology.place(rank)
     stage = topology.stages[place.stage]
     mine: dict[str, dist.ProcessGroup | None] = {"tp": None, "dp": None, "next": None, "prev": None}
     for info in topology.stages:
-        backend = chip_backend(info.chip, device_type)
-        for d in range(topology.dp):
+        backend = chip_backend(info.chip, device_type) if stage_backend == "auto" else stage_backend
+        for d in range(info.dp):
             members = info.tp_group(d)
             group = dist.new_group(members, backend=backend) if info.tp > 1 else None
             if rank in members:
                 mine["tp"] = group
         for t in range(info.tp):
             members = info.dp_group(t)
-            group = dist.new_group(members, backend=backend) if topology.dp > 1 else None
+            group = dist.new_group(members, backend=backend) if info.dp > 1 else None
             if rank in members:
                 mine["dp"] = group
     for boundary in range(topology.num_stages - 1):

@@ -4,7 +4,7 @@ a count of the bytes this rank sends across stages.
 Sends never block the schedule: they are posted and kept until `wait_sends` at the end of the step.
 Receives are posted when the schedule reaches them and waited for only when their tensor is used,
 so the transfer overlaps whatever compute the schedule places in between. Every message carries a
-tag naming micro-batch, direction and slice, so the pairs match whatever order the wire delivers.
+tag naming micro-batch and direction, so the pairs match whatever order the wire delivers.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import torch
 import torch.distributed as dist
 
 FORWARD, BACKWARD = 0, 1
-_MAX_SLICES = 1 << 8
 
 
-def message_tag(micro_batch: int, direction: int, slice_index: int) -> int:
-    return (micro_batch * 2 + direction) * _MAX_SLICES + slice_index
+def message_tag(micro_batch: int, direction: int) -> int:
+    """Two ranks exchange at most one message per micro-batch and direction (heteropp.topology)."""
+    return micro_batch * 2 + direction
 
 
 class P2P:

@@ -1,13 +1,13 @@
-"""Moving an activation (forward) or its gradient (backward) between adjacent stages whose TP sizes
-may differ, in one of two modes:
+"""Moving an activation (forward) or its gradient (backward) between adjacent stages whose TP sizes and
+data-parallel sizes may differ, in one of two modes:
 
-  "sliced" (send/recv + all-gather, the paper's SR&AG): the tensor, replicated over the sender's TP
-      group, is flattened and cut in n = lcm(a, b) slices; each slice crosses once, sender
-      k // (n / a) to receiver k // (n / b); the receivers all-gather their contiguous blocks inside
-      their TP group. One copy crosses the boundary.
-  "full": each of the b receivers gets the whole tensor from one sender. b copies cross.
+  "sliced" (send/recv + all-gather, the paper's SR&AG): each sender rank sends its block of its
+      replica's sequences to the receivers whose blocks overlap it; the receivers all-gather their
+      blocks inside their TP group. One copy crosses the boundary.
+  "full": every receiver rank gets its replica's whole tensor from the sender replicas holding it.
+      tp_receiver copies cross.
 
-The plan (who sends which slice to whom) comes from the Topology; this module only moves tensors.
+The plan (who sends which elements to whom) comes from the Topology; this module only moves tensors.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from heteropp.p2p import BACKWARD, FORWARD, P2P, message_tag
-from heteropp.topology import SliceTransfer, Topology
+from heteropp.topology import Topology, Transfer, block_size
 
 MODES = ("sliced", "full")
 
@@ -41,46 +41,58 @@ class Resharder:
             raise ValueError(f"resharding mode must be one of {MODES}, got {mode!r}")
         self.topology, self.rank, self.groups, self.p2p, self.mode = topology, rank, groups, p2p, mode
         self.place = topology.place(rank)
+        self.stage = topology.stages[self.place.stage]
+        self._plans: dict[tuple[int, int, int], list[Transfer]] = {}
 
-    def _plan(self, src_stage: int, dst_stage: int) -> list[SliceTransfer]:
-        plan = self.topology.sliced_transfers if self.mode == "sliced" else self.topology.full_transfers
-        return plan(src_stage, dst_stage, self.place.dp_index)
+    def _plan(self, src_stage: int, dst_stage: int, row_numel: int) -> list[Transfer]:
+        key = (src_stage, dst_stage, row_numel)
+        if key not in self._plans:
+            plan = self.topology.sliced_transfers if self.mode == "sliced" else self.topology.full_transfers
+            self._plans[key] = plan(src_stage, dst_stage, row_numel)
+        return self._plans[key]
 
     def _boundary_group(self, other_stage: int):
         return self.groups.next_boundary if other_stage > self.place.stage else self.groups.prev_boundary
 
+    def _check_rows(self, shape: tuple[int, ...]) -> int:
+        if shape[0] != self.stage.micro_batch_size:
+            raise ValueError(f"stage {self.place.stage} holds {self.stage.micro_batch_size} sequences per "
+                             f"micro-batch, got a tensor of shape {tuple(shape)}")
+        return _numel(shape[1:])
+
     def send(self, tensor: torch.Tensor, to_stage: int, micro_batch: int) -> None:
         """Post this rank's part of `tensor` for stage `to_stage` (the next stage: forward; previous: backward)."""
         direction = FORWARD if to_stage > self.place.stage else BACKWARD
+        row_numel = self._check_rows(tuple(tensor.shape))
+        first, _ = self.stage.replica_elements(self.place.dp_index, row_numel)
+        flat = tensor.detach().reshape(-1)
         group = self._boundary_group(to_stage)
-        transfers = [t for t in self._plan(self.place.stage, to_stage) if t.src == self.rank]
-        slices = _flat_slices(tensor.detach(), transfers[0].num_slices) if transfers else []
-        for transfer in transfers:
-            self.p2p.send(slices[transfer.slice_index], transfer.dst, group,
-                          message_tag(micro_batch, direction, transfer.slice_index))
+        for transfer in self._plan(self.place.stage, to_stage, row_numel):
+            if transfer.src == self.rank:
+                self.p2p.send(flat[transfer.start - first:transfer.stop - first], transfer.dst, group,
+                              message_tag(micro_batch, direction))
 
     def post_recv(self, shape: tuple[int, ...], dtype: torch.dtype, from_stage: int, micro_batch: int) -> PendingTensor:
-        """Post the receives of this rank's slices of a tensor of `shape` coming from stage `from_stage`.
+        """Post the receives of this rank's part of a tensor of `shape` coming from stage `from_stage`.
 
-        Slices are received straight into their place in one flat buffer; in sliced mode the
-        receivers' all-gather then fills in the other receivers' blocks.
+        Parts are received straight into their place in one flat buffer (padded to whole TP blocks);
+        in sliced mode the TP group's all-gather then fills in the other ranks' blocks.
         """
         direction = FORWARD if from_stage < self.place.stage else BACKWARD
+        row_numel = self._check_rows(tuple(shape))
+        first, last = self.stage.replica_elements(self.place.dp_index, row_numel)
+        numel = last - first
+        tp, tp_index = self.stage.tp, self.place.tp_index
+        gather = self.mode == "sliced" and tp > 1
+        block = block_size(numel, tp) if gather else numel
+        flat = torch.empty(block * tp if gather else numel, dtype=dtype)
         group = self._boundary_group(from_stage)
-        transfers = [t for t in self._plan(from_stage, self.place.stage) if t.dst == self.rank]
-        num_slices = transfers[0].num_slices
-        numel = _numel(shape)
-        slice_len = -(-numel // num_slices)
-        flat = torch.empty(slice_len * num_slices, dtype=dtype)
-        works = [self.p2p.recv(flat[t.slice_index * slice_len:(t.slice_index + 1) * slice_len], t.src, group,
-                               message_tag(micro_batch, direction, t.slice_index))
-                 for t in transfers]
-        gather = self.mode == "sliced" and len(transfers) < num_slices
+        works = [self.p2p.recv(flat[t.start - first:t.stop - first], t.src, group, message_tag(micro_batch, direction))
+                 for t in self._plan(from_stage, self.place.stage, row_numel) if t.dst == self.rank]
 
         def assemble() -> torch.Tensor:
             if gather:
-                first = transfers[0].slice_index * slice_len
-                mine = flat[first:first + len(transfers) * slice_len].clone()
+                mine = flat[tp_index * block:(tp_index + 1) * block].clone()
                 dist.all_gather_single(flat, mine, group=self.groups.tp)
             return flat[:numel].view(shape)
 
@@ -92,12 +104,3 @@ def _numel(shape) -> int:
     for size in shape:
         count *= size
     return count
-
-
-def _flat_slices(tensor: torch.Tensor, num_slices: int) -> list[torch.Tensor]:
-    flat = tensor.reshape(-1)
-    slice_len = -(-flat.numel() // num_slices)
-    padding = slice_len * num_slices - flat.numel()
-    if padding:
-        flat = torch.cat([flat, flat.new_zeros(padding)])
-    return list(flat.split(slice_len))

@@ -2,7 +2,7 @@
 
 Launched by torchrun (which sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), e.g.
     torchrun --standalone --nproc-per-node 4 -m heteropp.run --strategy S.yaml --steps 20 --out runs/pp
-The strategy's stages need sum(tp) * dp processes. Only the first rank of the last stage writes
+The strategy's stages need the sum of tp * dp over stages processes. Only the first rank of the last stage writes
 metrics.jsonl and prints progress; rank 0 prints the topology.
 """
 
@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
     parser.add_argument("--out", help="output folder for metrics.jsonl (default runs/heteropp)")
     parser.add_argument("--p2p-backend", default="gloo", help="backend for traffic across stages: gloo or dicomm")
+    parser.add_argument("--stage-backend", default="auto",
+                        help="backend of TP/DP groups inside a stage: auto (the chip's: gloo on cpu), gloo or dicomm")
     parser.add_argument("--resharding", default="sliced", choices=["sliced", "full"],
                         help="between stages: send/recv slices + all-gather (default) or full tensors")
     parser.add_argument("--optimizer-sharding", default="none", choices=["none", "zero1"],
@@ -56,13 +58,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from h2.train.config import TrainConfig
     from heteropp.auto.strategy import load_strategy
-    from heteropp.groups import check_p2p_backend
+    from heteropp.groups import check_p2p_backend, check_stage_backend
     from heteropp.trainer import PipelineOptions, PipelineTrainer
 
     strategy = load_strategy(args.strategy)
     check_p2p_backend(args.p2p_backend)
+    check_stage_backend(args.stage_backend)
     if not os.environ.get("WORLD_SIZE"):
-        needed = sum(stage.tp for stage in strategy.stages) * strategy.dp
+        needed = strategy.world_size
         raise UserError(f"{args.strategy}: launch with torchrun --standalone --nproc-per-node {needed} "
                         f"-m heteropp.run ... (RANK/WORLD_SIZE are not set)")
     if args.threads < 1:
@@ -73,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", timeout=timedelta(minutes=5))
     try:
         trainer = PipelineTrainer(strategy, config, args.out or "runs/heteropp",
-                                  PipelineOptions(p2p_backend=args.p2p_backend, resharding=args.resharding,
+                                  PipelineOptions(p2p_backend=args.p2p_backend, stage_backend=args.stage_backend,
+                                                  resharding=args.resharding,
                                                   optimizer_sharding=args.optimizer_sharding,
                                                   prefetch=not args.no_prefetch, schedule=args.schedule),
                                   source=args.strategy)

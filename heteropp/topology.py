@@ -1,26 +1,33 @@
 """Where every global rank sits: its pipeline stage, data-parallel replica and tensor-parallel index,
-the groups inside each stage, and which ranks of adjacent stages exchange which activation slices.
+the groups inside each stage, and which ranks of adjacent stages exchange which activation elements.
 
 Pure Python (no torch): the same arithmetic serves process-group creation, the executor, tests and
-the simulator. Input is a strategy (`dp`, `stages` of `{chip, tp, layers, recompute}`).
+the simulator. Input is a strategy (`dp`, `stages` of `{chip, tp, dp, layers, recompute}`).
 
-Rank layout: stage s owns the consecutive global ranks [base_s, base_s + tp_s * dp). Inside it,
+Rank layout: stage s owns the consecutive global ranks [base_s, base_s + tp_s * dp_s). Inside it,
 replica d owns [base_s + d * tp_s, base_s + (d + 1) * tp_s) as its tensor-parallel group (TP
 neighbours are adjacent ranks, as Megatron places them inside one server); the data-parallel group
-of TP index t is {base_s + d * tp_s + t : d in [0, dp)}.
+of TP index t is {base_s + d * tp_s + t : d in [0, dp_s)}.
 
-Resharding between stage s (TP size a) and s + 1 (TP size b), within one replica: the activation is
-replicated over the sender's TP group and must end replicated over the receiver's. It is cut into
-n = lcm(a, b) equal slices; slice k goes from sender TP index k // (n / a) to receiver TP index
-k // (n / b): every sender sends a contiguous block of n / a slices, every receiver gets a contiguous
-block of n / b, and exactly one copy of the tensor crosses the stage boundary; the receivers then
-all-gather their blocks, which lands every slice in place. Gradients flow back the same way with
-the roles swapped.
+Batch layout: every stage runs the same micro-batches. A micro-batch is R sequences (R = the
+strategy's dp * micro_batch_size); replica d of stage s holds sequences [d * R / dp_s, (d + 1) * R / dp_s).
+Resharding plans address the micro-batch's activation flattened to R * row_numel elements (the
+sequences are its leading dimension, so a replica's rows are one contiguous element range).
+
+Plans between stage s (TP size a, dp_s replicas) and stage s + 1 (TP size b, dp_{s+1} replicas):
+  sliced (send/recv + all-gather): each sender replica's range is cut in a contiguous blocks, one per
+      sender TP rank; each receiver replica's range in b blocks, one per receiver TP rank; every
+      non-empty intersection of a sender block and a receiver block is one message. Exactly one copy
+      of the activation crosses the boundary, every receiver gets its own block, and the receivers
+      then all-gather their blocks inside their TP group.
+  full: every receiver rank gets its replica's whole range, from the sender replicas that hold it
+      (TP index: the receiver's modulo a). b copies cross.
+Between two ranks there is at most one message per micro-batch and direction in either mode.
+Gradients flow back the same way with the roles swapped.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
@@ -33,12 +40,16 @@ class RankPlace:
 
 
 @dataclass(frozen=True)
-class SliceTransfer:
-    """Slice `slice_index` of `num_slices` goes from global rank `src` to global rank `dst`."""
+class Transfer:
+    """Elements [start, stop) of a micro-batch's flattened activation go from global rank `src` to `dst`."""
     src: int
     dst: int
-    slice_index: int
-    num_slices: int
+    start: int
+    stop: int
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,7 @@ class StageInfo:
     recompute: bool
     first_rank: int
     dp: int
+    micro_batch_size: int   # sequences of one micro-batch per replica
 
     @property
     def ranks(self) -> range:
@@ -64,23 +76,44 @@ class StageInfo:
     def dp_group(self, tp_index: int) -> list[int]:
         return [self.rank_of(d, tp_index) for d in range(self.dp)]
 
+    def rows(self, dp_index: int) -> range:
+        """Sequences of a micro-batch that replica `dp_index` holds."""
+        return range(dp_index * self.micro_batch_size, (dp_index + 1) * self.micro_batch_size)
+
+    def replica_elements(self, dp_index: int, row_numel: int) -> tuple[int, int]:
+        rows = self.rows(dp_index)
+        return rows.start * row_numel, rows.stop * row_numel
+
+
+def blocks(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) cut in `parts` blocks of ceil(length / parts) elements (the last ones may be short
+    or empty): the layout an all-gather of equal, padded blocks reassembles in place."""
+    size = block_size(stop - start, parts)
+    return [(min(start + k * size, stop), min(start + (k + 1) * size, stop)) for k in range(parts)]
+
+
+def block_size(length: int, parts: int) -> int:
+    return -(-length // parts)
+
 
 class Topology:
-    def __init__(self, stages: list[StageInfo], dp: int):
+    def __init__(self, stages: list[StageInfo], micro_batch_sequences: int):
         self.stages = stages
-        self.dp = dp
-        self.world_size = sum(stage.tp * dp for stage in stages)
+        self.micro_batch_sequences = micro_batch_sequences
+        self.world_size = sum(stage.tp * stage.dp for stage in stages)
 
     @classmethod
     def from_strategy(cls, strategy) -> "Topology":
         stages, first_rank, first_layer = [], 0, 0
         for index, spec in enumerate(strategy.stages):
+            dp = strategy.stage_dp(index)
             stages.append(StageInfo(index=index, chip=spec.chip, tp=spec.tp,
                                     layers=range(first_layer, first_layer + spec.layers),
-                                    recompute=bool(spec.recompute), first_rank=first_rank, dp=strategy.dp))
-            first_rank += spec.tp * strategy.dp
+                                    recompute=bool(spec.recompute), first_rank=first_rank, dp=dp,
+                                    micro_batch_size=strategy.stage_micro_batch_size(index)))
+            first_rank += spec.tp * dp
             first_layer += spec.layers
-        return cls(stages, strategy.dp)
+        return cls(stages, strategy.micro_batch_sequences)
 
     @property
     def num_stages(self) -> int:
@@ -96,7 +129,7 @@ class Topology:
         raise AssertionError("unreachable: ranks cover the world")
 
     def tp_groups(self) -> list[list[int]]:
-        return [stage.tp_group(d) for stage in self.stages for d in range(self.dp)]
+        return [stage.tp_group(d) for stage in self.stages for d in range(stage.dp)]
 
     def dp_groups(self) -> list[list[int]]:
         return [stage.dp_group(t) for stage in self.stages for t in range(stage.tp)]
@@ -106,26 +139,41 @@ class Topology:
         return list(self.stages[stage].ranks) + list(self.stages[stage + 1].ranks)
 
     # ---- resharding plans -----------------------------------------------------------------
-    def sliced_transfers(self, src_stage: int, dst_stage: int, dp_index: int) -> list[SliceTransfer]:
-        """Send/recv + all-gather: one copy crosses, cut in lcm(a, b) slices (see module doc)."""
+    def sliced_transfers(self, src_stage: int, dst_stage: int, row_numel: int) -> list[Transfer]:
+        """Send/recv + all-gather: one copy crosses (see module doc)."""
         src, dst = self.stages[src_stage], self.stages[dst_stage]
-        n = math.lcm(src.tp, dst.tp)
-        per_sender, per_receiver = n // src.tp, n // dst.tp
-        return [SliceTransfer(src.rank_of(dp_index, k // per_sender), dst.rank_of(dp_index, k // per_receiver), k, n)
-                for k in range(n)]
+        transfers = []
+        for i in range(src.dp):
+            for t, (a0, a1) in enumerate(blocks(*src.replica_elements(i, row_numel), src.tp)):
+                for j in range(dst.dp):
+                    for u, (b0, b1) in enumerate(blocks(*dst.replica_elements(j, row_numel), dst.tp)):
+                        lo, hi = max(a0, b0), min(a1, b1)
+                        if lo < hi:
+                            transfers.append(Transfer(src.rank_of(i, t), dst.rank_of(j, u), lo, hi))
+        return transfers
 
-    def full_transfers(self, src_stage: int, dst_stage: int, dp_index: int) -> list[SliceTransfer]:
-        """Full-tensor mode: every receiver gets the whole tensor from sender (its TP index mod a)."""
+    def full_transfers(self, src_stage: int, dst_stage: int, row_numel: int) -> list[Transfer]:
+        """Full-tensor mode: every receiver rank gets its replica's whole range (see module doc)."""
         src, dst = self.stages[src_stage], self.stages[dst_stage]
-        return [SliceTransfer(src.rank_of(dp_index, j % src.tp), dst.rank_of(dp_index, j), 0, 1)
-                for j in range(dst.tp)]
+        transfers = []
+        for j in range(dst.dp):
+            b0, b1 = dst.replica_elements(j, row_numel)
+            for u in range(dst.tp):
+                for i in range(src.dp):
+                    a0, a1 = src.replica_elements(i, row_numel)
+                    lo, hi = max(a0, b0), min(a1, b1)
+                    if lo < hi:
+                        transfers.append(Transfer(src.rank_of(i, u % src.tp), dst.rank_of(j, u), lo, hi))
+        return transfers
 
     def describe(self, device_note: str = "emulated on cpu") -> str:
         """One line per stage; `device_note` says where the chip really runs."""
         lines = []
         for stage in self.stages:
             recompute = "recompute" if stage.recompute else "no recompute"
+            sequences = "sequence" if stage.micro_batch_size == 1 else "sequences"
             lines.append(f"stage {stage.index}: chip {stage.chip} ({device_note}), tp {stage.tp} x dp {stage.dp}, "
                          f"layers {stage.layers.start}..{stage.layers.stop - 1}, {recompute}, "
-                         f"ranks {stage.ranks.start}..{stage.ranks.stop - 1}")
+                         f"ranks {stage.ranks.start}..{stage.ranks.stop - 1}, "
+                         f"{stage.micro_batch_size} {sequences} per micro-batch per replica")
         return "\n".join(lines)

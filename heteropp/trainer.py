@@ -2,9 +2,10 @@
 each step, reduce gradients over data parallelism, clip by the global norm, and update.
 
 Equivalent, step for step, to the single-device reference trainer (h2.train) on the same data:
-the global batch is dp * micro_batches * micro_batch_size sequences, replica d takes the d-th
-contiguous block, each micro-batch's loss is scaled by 1 / (dp * micro_batches), and the loss
-of a step is the mean over all micro-batches of their mean token cross-entropy.
+the global batch is micro_batches micro-batches of R = dp * micro_batch_size consecutive sequences;
+replica d of a stage with dp_s replicas takes sequences [d * R / dp_s, (d + 1) * R / dp_s) of each
+(heteropp.topology), the last stage scales each replica's micro-batch loss by
+1 / (dp_last * micro_batches), and the loss of a step is the mean token cross-entropy over the batch.
 
 Only the first rank of the last stage writes `metrics.jsonl` (the reference trainer's format).
 """
@@ -28,7 +29,7 @@ from h2.train.lr_schedule import learning_rate
 from h2.train.metrics import MetricsLog
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm
 from heteropp.executor import StageExecutor
-from heteropp.groups import build_groups, check_p2p_backend
+from heteropp.groups import build_groups, check_p2p_backend, check_stage_backend
 from heteropp.p2p import P2P
 from heteropp.resharding import MODES, Resharder
 from heteropp.schedule_actions import stage_actions
@@ -40,6 +41,7 @@ from heteropp.topology import Topology
 @dataclasses.dataclass
 class PipelineOptions:
     p2p_backend: str = "gloo"
+    stage_backend: str = "auto"             # TP/DP groups: the chip's backend, or "gloo" / "dicomm"
     resharding: str = "sliced"              # "sliced" (send/recv + all-gather) or "full"
     optimizer_sharding: str = "none"        # "none" or "zero1"
     prefetch: bool = True                   # post receives one compute action ahead
@@ -62,6 +64,7 @@ class PipelineTrainer:
         if options.resharding not in MODES:
             raise UserError(f"--resharding must be one of {', '.join(MODES)}, got '{options.resharding}'")
         check_p2p_backend(options.p2p_backend)
+        check_stage_backend(options.stage_backend)
         self.strategy, self.options, self.out_dir = strategy, options, out_dir
         self.model_config = strategy.model_config()
         if self.model_config.tie_embeddings and len(strategy.stages) > 1:
@@ -80,7 +83,9 @@ class PipelineTrainer:
         if world_size != self.topology.world_size:
             raise UserError(f"{source}: needs {self.topology.world_size} processes "
                             f"(sum of tp * dp over stages), the launch has {world_size}")
-        self.groups = build_groups(self.topology, self.rank, p2p_backend=options.p2p_backend)
+        self.micro_batch_sequences = self.topology.micro_batch_sequences
+        self.groups = build_groups(self.topology, self.rank, p2p_backend=options.p2p_backend,
+                                   stage_backend=options.stage_backend)
         self.place = self.groups.place
         self.stage_info = self.topology.stages[self.place.stage]
         self.is_last = self.place.stage == self.topology.num_stages - 1
@@ -103,7 +108,7 @@ class PipelineTrainer:
         named = [(name, param) for name, param in stage.named_parameters()]
         self.optimizer = StageOptimizer(named, lr=self.config.lr, betas=(self.config.beta1, self.config.beta2),
                                         weight_decay=self.config.weight_decay, dp_group=self.groups.dp,
-                                        dp_rank=self.place.dp_index, dp_size=self.topology.dp,
+                                        dp_rank=self.place.dp_index, dp_size=self.stage_info.dp,
                                         sharding=options.optimizer_sharding)
         # Each gradient element enters the global norm once: on DP replica 0, and for parameters
         # replicated over TP (norm weights) on TP index 0 only.
@@ -111,7 +116,7 @@ class PipelineTrainer:
                                 for name, _ in named]
         self.p2p = P2P()
         self.resharder = Resharder(self.topology, self.rank, self.groups, self.p2p, mode=options.resharding)
-        activation_shape = (self.config.micro_batch_size, self.config.seq_len, self.model_config.hidden_size)
+        activation_shape = (self.stage_info.micro_batch_size, self.config.seq_len, self.model_config.hidden_size)
         self.executor = StageExecutor(self.stage, stage_index=self.place.stage, num_stages=self.topology.num_stages,
                                       resharder=self.resharder, store=self.store, activation_shape=activation_shape,
                                       prefetch=options.prefetch)
@@ -125,19 +130,25 @@ class PipelineTrainer:
 
     @property
     def global_batch(self) -> int:
-        return self.topology.dp * self.config.micro_batches * self.config.micro_batch_size
+        return self.micro_batch_sequences * self.config.micro_batches
+
+    def _replica_micro_batches(self, batch: torch.Tensor) -> list[torch.Tensor]:
+        """This replica's sequences of each micro-batch of the global `batch`."""
+        rows = self.stage_info.rows(self.place.dp_index)
+        starts = range(0, self.global_batch, self.micro_batch_sequences)
+        return [batch[start + rows.start:start + rows.stop] for start in starts]
 
     def train_step(self) -> dict:
         config = self.config
         started = time.perf_counter()
         lr = learning_rate(self.step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
                            decay_steps=config.lr_decay_steps)
-        batch = self.stream.next_batch(self.global_batch, self.place.dp_index, self.topology.dp)
-        micro_batches = batch.split(config.micro_batch_size)
+        micro_batches = self._replica_micro_batches(self.stream.next_batch(self.global_batch))
         inputs = [mb[:, :-1] for mb in micro_batches]
         targets = [mb[:, 1:] for mb in micro_batches]
         bytes_before = self.p2p.bytes_sent
-        loss_sum = self.executor.run(self.actions, inputs, targets, 1.0 / (self.topology.dp * config.micro_batches))
+        last_stage_dp = self.topology.stages[-1].dp
+        loss_sum = self.executor.run(self.actions, inputs, targets, 1.0 / (last_stage_dp * config.micro_batches))
         self.optimizer.reduce_gradients()
         # One all-reduce over every rank: the squared gradient norm and the bytes sent across stages.
         totals = torch.stack([self.optimizer.local_grad_square_sum(self.counted_in_norm).double(),

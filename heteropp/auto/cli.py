@@ -235,7 +235,7 @@ def _cmd_simulate(args) -> int:
                "tokens_per_chip_s": tokens / sim.iteration_s / report.chips, "schedule": strategy.schedule,
                "micro_batches": strategy.micro_batches, "transfers": sim.transfers, "simulate_s": sim_s,
                "fits": report.fits,
-               "stages": [{"chip": s.chip, "tp": s.tp, "layers": s.layers, "recompute": s.recompute,
+               "stages": [{"chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers, "recompute": s.recompute,
                            "busy_s": busy, "bubble_s": bubble, "update_s": s.update_s,
                            "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB}
                           for s, busy, bubble in zip(report.stages, sim.busy_s, sim.bubble_s)]}
@@ -244,11 +244,11 @@ def _cmd_simulate(args) -> int:
         return 0
     print(f"strategy {args.strategy}: {len(strategy.stages)} stages, dp={strategy.dp}, "
           f"{strategy.micro_batches} micro-batches, schedule {strategy.schedule}")
-    print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'layers':>6} {'busy s':>10} {'bubble s':>10} {'update s':>9} "
-          f"{'memory GB':>10} {'cap GB':>7}")
+    print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'dp':>3} {'layers':>6} {'busy s':>10} {'bubble s':>10} "
+          f"{'update s':>9} {'memory GB':>10} {'cap GB':>7}")
     for s, busy, bubble in zip(report.stages, sim.busy_s, sim.bubble_s):
         flag = "" if s.fits else "  OVER CAPACITY"
-        print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
+        print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
               f"{s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}")
     print(f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
           f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {payload['tokens_per_chip_s']:.2f}")

@@ -1,15 +1,20 @@
 """Scoring one explicit strategy: memory per stage against capacity, the cost model's iteration time,
-and the inputs the simulator needs (per-stage costs, stage-to-stage transfer times)."""
+and the inputs the simulator needs (per-stage costs, stage-to-stage transfer times).
+
+A stage with its own dp (fewer or more replicas than the strategy's dp) gives each replica
+dp * micro_batch_size / dp_stage sequences per micro-batch; its profiled per-micro-batch times and
+activation bytes are scaled by that ratio (first order: per-layer work is linear in the sequences)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from h2.errors import UserError
 from h2.model.config import ModelConfig
 from heteropp.auto.cost import iteration_time_s
 from heteropp.auto.memory import stage_memory_bytes
-from heteropp.auto.profiles import Profile
+from heteropp.auto.profiles import LayerProfile, Profile
 from heteropp.auto.simulator import StageCost
 from heteropp.auto.specs import ClusterSpec, TrainingSpec
 from heteropp.auto.strategy import Strategy
@@ -72,6 +77,19 @@ def check_chips(strategy: Strategy, cluster: ClusterSpec, source: str) -> None:
                             f"{cluster.source} has {available}")
 
 
+def stage_layer_profile(strategy: Strategy, profiles: dict[str, Profile], index: int) -> LayerProfile | None:
+    """Stage `index`'s per-layer profile for the sequences one of its replicas holds per micro-batch."""
+    stage = strategy.stages[index]
+    layer = profiles[stage.chip].layer(stage.tp)
+    ratio = strategy.stage_micro_batch_size(index) / strategy.micro_batch_size
+    if layer is None or ratio == 1:
+        return layer
+    return dataclasses.replace(layer, forward_s=layer.forward_s * ratio, backward_s=layer.backward_s * ratio,
+                               recompute_s=layer.recompute_s * ratio,
+                               activation_bytes=int(layer.activation_bytes * ratio),
+                               recompute_activation_bytes=int(layer.recompute_activation_bytes * ratio))
+
+
 def evaluate_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
                       profiles: dict[str, Profile], source: str = "strategy") -> StrategyReport:
     check_chips(strategy, cluster, source)
@@ -79,29 +97,30 @@ def evaluate_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConf
     reports = []
     for index, stage in enumerate(strategy.stages):
         chip = cluster.chip(stage.chip)
-        profile = profiles[stage.chip]
-        layer = profile.layer(stage.tp)
-        update = profile.update_s(strategy.dp, stage.tp)
+        dp = strategy.stage_dp(index)
+        layer = stage_layer_profile(strategy, profiles, index)
+        update = profiles[stage.chip].update_s(dp, stage.tp)
         if layer is None or update is None:
             raise UserError(f"{source}: field 'stages[{index}]': no profile of chip '{stage.chip}' at tp={stage.tp}, "
-                            f"dp={strategy.dp}")
-        memory = stage_memory_bytes(model, training, layer, dp=strategy.dp, recompute=stage.recompute, position=index,
+                            f"dp={dp}")
+        stage_training = dataclasses.replace(training, micro_batch_size=strategy.stage_micro_batch_size(index))
+        memory = stage_memory_bytes(model, stage_training, layer, dp=dp, recompute=stage.recompute, position=index,
                                     num_stages=num_stages, micro_batches=strategy.micro_batches, layers=stage.layers)
-        reports.append(StageReport(index=index, chip=stage.chip, tp=stage.tp, dp=strategy.dp, layers=stage.layers,
+        reports.append(StageReport(index=index, chip=stage.chip, tp=stage.tp, dp=dp, layers=stage.layers,
                                    recompute=stage.recompute, memory_bytes=memory, capacity_bytes=chip.capacity_bytes,
                                    compute_s=stage.layers * layer.compute_s(stage.recompute),
                                    update_s=stage.layers * update))
     iteration = iteration_time_s([r.compute_s for r in reports], [r.update_s for r in reports],
                                  strategy.micro_batches, training.alpha)
-    chips = sum(stage.tp * strategy.dp for stage in strategy.stages)
-    return StrategyReport(stages=reports, iteration_s=iteration, tokens_per_iteration=training.tokens, chips=chips)
+    return StrategyReport(stages=reports, iteration_s=iteration, tokens_per_iteration=training.tokens,
+                          chips=strategy.world_size)
 
 
 def stage_costs(strategy: Strategy, profiles: dict[str, Profile], report: StrategyReport) -> list[StageCost]:
     """Per-stage costs for the simulator; in the split variant W takes half of the gradient work."""
     costs = []
-    for stage, row in zip(strategy.stages, report.stages):
-        layer = profiles[stage.chip].layer(stage.tp)
+    for index, (stage, row) in enumerate(zip(strategy.stages, report.stages)):
+        layer = stage_layer_profile(strategy, profiles, index)
         forward = stage.layers * layer.forward_s
         backward = stage.layers * (layer.backward_s + (layer.recompute_s if stage.recompute else 0.0))
         costs.append(StageCost(forward_s=forward, backward_s=backward,
@@ -110,15 +129,17 @@ def stage_costs(strategy: Strategy, profiles: dict[str, Profile], report: Strate
 
 
 def transfer_model(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec):
-    """Activation (or gradient) of one micro-batch between neighbouring stages: each of the sender's tp
-    chips sends its 1/tp share over its own NIC (send/recv + all-gather resharding), at the slower
-    side's inter-node bandwidth, plus one latency."""
-    nbytes = training.micro_batch_size * training.seq_len * model.hidden_size * training.activation_bytes_per_element
+    """Activation (or gradient) of one micro-batch between neighbouring stages: one copy of all its
+    sequences crosses (send/recv + all-gather resharding), spread over the chips of the smaller side
+    (tp * dp of them, each with its own NIC), at the slower side's inter-node bandwidth, plus one
+    latency."""
+    nbytes = (strategy.micro_batch_sequences * training.seq_len * model.hidden_size
+              * training.activation_bytes_per_element)
 
     def transfer_s(src: int, dst: int, kind: str, micro_batch: int) -> float:
         a, b = strategy.stages[src], strategy.stages[dst]
         chip_a, chip_b = cluster.chip(a.chip), cluster.chip(b.chip)
-        lanes = min(a.tp, b.tp)
+        lanes = min(a.tp * strategy.stage_dp(src), b.tp * strategy.stage_dp(dst))
         bandwidth = min(chip_a.inter_node_gbps, chip_b.inter_node_gbps) * 1e9
         return nbytes / lanes / bandwidth + max(chip_a.latency_us, chip_b.latency_us) * 1e-6
 

@@ -1,17 +1,24 @@
 """The strategy file: what HeteroAuto writes and HeteroPP reads.
 
-    dp: 4                      # data-parallel replicas of the whole pipeline
-    micro_batches: 32          # per replica per iteration (b); global batch = dp * b * micro_batch_size
-    micro_batch_size: 1        # sequences per micro-batch
+    dp: 4                      # data-parallel replicas of every stage (a stage may set its own)
+    micro_batches: 32          # micro-batches per step (b); global batch = dp * b * micro_batch_size
+    micro_batch_size: 1        # sequences per micro-batch per replica of a stage with `dp` replicas
     seq_len: 4096              # optional; tokens per sequence
     schedule: 1f1b             # or 1f1b-split-backward (zero-bubble style, alpha = 0)
     model: h2-100b             # preset name, or a mapping of ModelConfig fields (with optional `preset`)
     stages:                    # pipeline order
-      - {chip: A, tp: 4, layers: 12, recompute: false}
+      - {chip: A, tp: 2, layers: 8, recompute: true}          # dp 4 (the strategy's)
+      - {chip: A, tp: 4, dp: 2, layers: 6, recompute: false}  # per-stage dp (paper Figure 8)
       - ...
 
-Rank mapping (HeteroPP): stage 0 gets global ranks [0, tp0*dp), stage 1 the next tp1*dp ranks, and so
-on; each stage's chips are tp * dp of its chip type. The layers of all stages sum to the model's.
+Every stage processes the whole global batch each step, as the same `micro_batches` micro-batches of
+dp * micro_batch_size sequences; a stage with its own dp d splits each micro-batch over its d
+replicas (dp * micro_batch_size / d sequences each), so d must divide dp * micro_batch_size.
+HeteroAuto writes one dp for all stages; per-stage dp is for hand-written strategies such as the
+paper's Figure 8 (TP 2/4/2, DP 4/2/2).
+
+Rank mapping (HeteroPP): stage 0 gets global ranks [0, tp0*dp0), stage 1 the next tp1*dp1 ranks, and
+so on; each stage's chips are tp * dp of its chip type. The layers of all stages sum to the model's.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ class StageSpec:
     tp: int
     layers: int
     recompute: bool = False
+    dp: int | None = None  # None: the strategy's dp
 
 
 @dataclass
@@ -58,18 +66,41 @@ class Strategy:
             data = {**PRESETS[base].to_dict(), **data}
         return dataclass_from_mapping(ModelConfig, data, f"{source}: field 'model'")
 
+    def stage_dp(self, index: int) -> int:
+        """Data-parallel replicas of stage `index`: its own dp, else the strategy's."""
+        own = self.stages[index].dp
+        return self.dp if own is None else own
+
+    @property
+    def micro_batch_sequences(self) -> int:
+        """Sequences in one micro-batch, summed over the replicas of any stage."""
+        return self.dp * self.micro_batch_size
+
+    def stage_micro_batch_size(self, index: int) -> int:
+        """Sequences of one micro-batch that one replica of stage `index` processes."""
+        return self.micro_batch_sequences // self.stage_dp(index)
+
+    @property
+    def world_size(self) -> int:
+        return sum(stage.tp * self.stage_dp(index) for index, stage in enumerate(self.stages))
+
+    @property
+    def uniform_dp(self) -> bool:
+        return all(self.stage_dp(index) == self.dp for index in range(len(self.stages)))
+
     def chips_per_type(self) -> dict[str, int]:
         used: dict[str, int] = {}
-        for stage in self.stages:
-            used[stage.chip] = used.get(stage.chip, 0) + stage.tp * self.dp
+        for index, stage in enumerate(self.stages):
+            used[stage.chip] = used.get(stage.chip, 0) + stage.tp * self.stage_dp(index)
         return used
 
     def stage_ranks(self) -> list[range]:
         """Global ranks of each stage: consecutive blocks of tp * dp, in pipeline order."""
         ranks, start = [], 0
-        for stage in self.stages:
-            ranks.append(range(start, start + stage.tp * self.dp))
-            start += stage.tp * self.dp
+        for index, stage in enumerate(self.stages):
+            size = stage.tp * self.stage_dp(index)
+            ranks.append(range(start, start + size))
+            start += size
         return ranks
 
     def validate(self, source: str = "strategy") -> None:
@@ -85,6 +116,12 @@ class Strategy:
                 raise UserError(f"{source}: field 'stages[{index}].tp' must be a power of two, got {stage.tp}")
             if stage.layers <= 0:
                 raise UserError(f"{source}: field 'stages[{index}].layers' must be positive, got {stage.layers}")
+            if stage.dp is not None:
+                if stage.dp <= 0:
+                    raise UserError(f"{source}: field 'stages[{index}].dp' must be positive, got {stage.dp}")
+                if self.micro_batch_sequences % stage.dp:
+                    raise UserError(f"{source}: field 'stages[{index}].dp': {stage.dp} replicas cannot split a "
+                                    f"micro-batch of dp * micro_batch_size = {self.micro_batch_sequences} sequences")
         model = self.model_config(source)
         total = sum(stage.layers for stage in self.stages)
         if total != model.num_layers:
@@ -96,7 +133,8 @@ class Strategy:
             data["seq_len"] = self.seq_len
         data["schedule"] = self.schedule
         data["model"] = self.model
-        data["stages"] = [dataclasses.asdict(stage) for stage in self.stages]
+        data["stages"] = [{key: value for key, value in dataclasses.asdict(stage).items()
+                           if not (key == "dp" and value is None)} for stage in self.stages]
         return data
 
     def save(self, path: str | os.PathLike) -> None:

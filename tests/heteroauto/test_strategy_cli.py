@@ -180,3 +180,46 @@ def test_profile_measures_a_decoder_layer_through_torch(capsys, tmp_path):
     assert profile.source == "measured" and profile.layer(1).forward_s > 0 and profile.layer(1).activation_bytes > 0
     code, out, err = run(capsys, "search", "--cluster", LOCAL, "--profile", path, "--json", "--no-baselines")
     assert code == 0, err
+
+
+FIG8_100B = """dp: 4
+micro_batches: 64
+micro_batch_size: 1
+seq_len: 4096
+model: h2-100b
+stages:
+  - {chip: A, tp: 4, layers: 40, recompute: true}
+  - {chip: A, tp: 8, layers: 32%s}
+  - {chip: B, tp: 8, layers: 24%s}
+"""
+
+
+def simulate_json(capsys, path):
+    code, out, err = run(capsys, "simulate", "--cluster", os.path.join(CLUSTERS, "exp-a-1.yaml"), "--strategy", path,
+                         "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    del result["simulate_s"]  # wall time of the replay
+    return result
+
+
+def test_per_stage_dp_round_trips_and_a_stage_dp_equal_to_the_strategy_dp_changes_nothing(capsys, write):
+    uniform = write("uniform.yaml", FIG8_100B % ("", ""))
+    explicit = write("explicit.yaml", FIG8_100B % (", dp: 4", ", dp: 4"))
+    assert simulate_json(capsys, uniform) == simulate_json(capsys, explicit)
+    strategy = load_strategy(write("fig8.yaml", FIG8_100B % (", dp: 2", ", dp: 2")))
+    assert [strategy.stage_dp(i) for i in range(3)] == [4, 2, 2]
+    strategy.save(write("saved.yaml", ""))
+    assert load_strategy(os.path.join(os.path.dirname(uniform), "saved.yaml")) == strategy
+
+
+def test_a_stage_with_half_the_replicas_does_twice_the_work_per_micro_batch_on_half_the_chips(capsys, write):
+    uniform = simulate_json(capsys, write("uniform.yaml", FIG8_100B % ("", "")))
+    halved = simulate_json(capsys, write("fig8.yaml", FIG8_100B % (", dp: 2", ", dp: 2")))
+    assert [s["dp"] for s in halved["stages"]] == [4, 2, 2]
+    for before, after in zip(uniform["stages"][1:], halved["stages"][1:]):
+        assert after["busy_s"] == pytest.approx(2 * before["busy_s"])
+        assert after["memory_gb"] > before["memory_gb"]
+    assert halved["stages"][0]["busy_s"] == pytest.approx(uniform["stages"][0]["busy_s"])
+    chips = lambda result: result["tokens_per_chip_s"] * result["iteration_s"]  # tokens per chip per iteration
+    assert chips(uniform) / chips(halved) == pytest.approx((16 + 16 + 16) / (16 + 32 + 32))

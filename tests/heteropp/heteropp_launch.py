@@ -46,7 +46,7 @@ def _rank_main(rank: int, world_size: int, port: int, strategy_data: dict, steps
 
 
 def world_size_of(strategy_data: dict) -> int:
-    return sum(stage["tp"] for stage in strategy_data["stages"]) * strategy_data["dp"]
+    return strategy_from_mapping(strategy_data, "test strategy").world_size
 
 
 def run_pipeline(strategy_data: dict, steps: int, **options) -> tuple[list[dict], list[dict]]:

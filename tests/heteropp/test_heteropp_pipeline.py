@@ -1,6 +1,6 @@
 """The pipeline trains exactly like the single-device reference trainer (fp32, same data, 20 steps):
 relative loss difference below 1e-5 at every step, for pipelines whose stages differ in TP size,
-layer count and recompute, with data parallelism, ZeRO-1, both resharding modes and both schedules."""
+data-parallel size, layer count and recompute, with ZeRO-1, both resharding modes and both schedules."""
 
 from __future__ import annotations
 
@@ -14,15 +14,17 @@ STEPS = 20
 TOLERANCE = 1e-5
 
 
-def strategy(stages, *, dp=1, micro_batches=4, model="tiny", schedule="1f1b"):
-    return {"dp": dp, "micro_batches": micro_batches, "micro_batch_size": 2, "seq_len": 32, "schedule": schedule,
-            "model": model,
-            "stages": [{"chip": chip, "tp": tp, "layers": layers, "recompute": recompute}
-                       for chip, tp, layers, recompute in stages]}
+def strategy(stages, *, dp=1, micro_batches=4, model="tiny", schedule="1f1b", micro_batch_size=2):
+    """`stages`: (chip, tp, layers, recompute) or (chip, tp, layers, recompute, stage dp)."""
+    return {"dp": dp, "micro_batches": micro_batches, "micro_batch_size": micro_batch_size, "seq_len": 32,
+            "schedule": schedule, "model": model,
+            "stages": [{"chip": chip, "tp": tp, "layers": layers, "recompute": recompute} | dict(zip(["dp"], rest))
+                       for chip, tp, layers, recompute, *rest in stages]}
 
 
 def activation_bytes(data) -> int:
-    return data["micro_batch_size"] * data["seq_len"] * 64 * 4  # tiny: hidden 64, fp32
+    """One micro-batch's activation, all its sequences (dp * micro_batch_size of them)."""
+    return data["dp"] * data["micro_batch_size"] * data["seq_len"] * 64 * 4  # tiny: hidden 64, fp32
 
 
 def test_pp2_tp_1_then_2_uneven_layers_recompute_on_first_stage_matches_reference():
@@ -41,6 +43,31 @@ def test_figure8_shape_pp3_tp_1_2_1_layers_3_2_1_recompute_first_only_matches_re
                     model={"preset": "tiny", "num_layers": 6})
     records, _ = run_pipeline(data, STEPS)
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
+
+
+def test_figure8_per_stage_dp_2_1_1_with_tp_1_2_1_matches_reference_and_one_copy_crosses_each_boundary():
+    # The paper's Figure 8 (TP 2/4/2, DP 4/2/2, layers 8/6/4, recompute on the first stage) halved
+    # in TP and DP: 2 + 2 + 1 processes; each stage-0 replica holds half of every micro-batch.
+    data = strategy([("chip-a", 1, 3, True, 2), ("chip-a", 2, 2, False, 1), ("chip-b", 1, 1, False, 1)],
+                    dp=2, micro_batch_size=1, model={"preset": "tiny", "num_layers": 6})
+    records, ranks = run_pipeline(data, STEPS, optimizer_sharding="zero1")
+    assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
+    expected = 2 * data["micro_batches"] * 2 * activation_bytes(data)  # 2 boundaries, both directions
+    assert sum(r["bytes_sent"] for r in ranks) == STEPS * expected
+    stage0 = [r for r in ranks if r["stage"] == 0]
+    assert len(stage0) == 2 and 0 < stage0[0]["optimizer_state_elements"] < stage0[0]["parameter_elements"]
+
+
+def test_dp_growing_then_shrinking_with_full_tensors_and_split_backward_matches_reference():
+    data = strategy([("emu-big", 2, 1, False, 1), ("emu-small", 1, 2, True, 2), ("emu-big", 1, 1, False, 1)],
+                    dp=1, micro_batch_size=2, model={"preset": "tiny", "num_layers": 4},
+                    schedule="1f1b-split-backward")
+    records, ranks = run_pipeline(data, STEPS, resharding="full")
+    assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
+    # Full tensors: forward, stage 1's replicas get their halves and stage 2 the whole activation
+    # (one copy each); backward, both TP ranks of stage 0 get the whole gradient, stage 1 its halves.
+    expected = data["micro_batches"] * (1 + 1 + 1 + 2) * activation_bytes(data)
+    assert sum(r["bytes_sent"] for r in ranks) == STEPS * expected
 
 
 def test_dp2_pp2_tp_2_then_1_with_zero1_matches_reference_and_shards_optimizer_state():
@@ -67,4 +94,12 @@ def test_cross_stage_traffic_over_dicomm_matches_reference():
     data = strategy([("emu-big", 1, 3, True), ("emu-small", 2, 1, False)])
     records, _ = run_pipeline(data, STEPS, p2p_backend="dicomm")
     assert len(records) == STEPS
+    assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
+
+
+def test_every_group_over_dicomm_with_per_stage_dp_matches_reference():
+    # TP all-reduces and all-gathers, the DP all-reduce and ZeRO-1 broadcasts on dicomm inside the
+    # stages (shared memory: the fast intra-node fabric on one host), activations across stages too.
+    data = strategy([("chip-a", 2, 2, True, 2), ("chip-b", 1, 2, False, 1)], dp=2, micro_batch_size=1)
+    records, _ = run_pipeline(data, STEPS, p2p_backend="dicomm", stage_backend="dicomm", optimizer_sharding="zero1")
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
