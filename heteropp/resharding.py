@@ -91,9 +91,8 @@ class Resharder:
                  for t in self._plan(from_stage, self.place.stage, row_numel) if t.dst == self.rank]
 
         def assemble() -> torch.Tensor:
-            if gather:
-                mine = flat[tp_index * block:(tp_index + 1) * block].clone()
-                dist.all_gather_single(flat, mine, group=self.groups.tp)
+            if gather:  # in place (NCCL's convention: the input is the output's own slot), no extra copy
+                dist.all_gather_single(flat, flat[tp_index * block:(tp_index + 1) * block], group=self.groups.tp)
             return flat[:numel].view(shape)
 
         return PendingTensor(works, assemble)
