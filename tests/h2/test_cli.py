@@ -59,3 +59,10 @@ def test_resume_without_a_checkpoint_is_a_clear_error(cli, tmp_path):
 def test_log_every_without_a_strategy_is_refused(cli, tmp_path):
     result = cli("h2.cli", "train", "--log-every", "5", "--out", str(tmp_path))
     assert result.returncode == 2 and "--log-every needs --strategy" in result.stderr
+
+
+@pytest.mark.parametrize("flag,value", [("--resharding", "full"), ("--optimizer-sharding", "zero1"),
+                                        ("--schedule", "1f1b"), ("--stage-backend", "gloo")])
+def test_pipeline_flags_without_a_strategy_are_refused(cli, tmp_path, flag, value):
+    result = cli("h2.cli", "train", flag, value, "--out", str(tmp_path))
+    assert result.returncode == 2 and f"{flag} needs --strategy" in result.stderr

@@ -46,3 +46,23 @@ def test_h2_train_with_a_strategy_and_the_wrong_process_count_is_a_one_line_erro
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert result.stderr.strip().endswith(f"error: {PP2}: needs 2 processes (sum of tp * dp over stages), --nproc is 3")
+
+
+def test_h2_train_with_an_unknown_stage_backend_is_refused_before_launching(cli):
+    result = cli("h2.cli", "train", "--strategy", PP2, "--stage-backend", "nccl")
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("error: --stage-backend must be one of auto, gloo, dicomm, got 'nccl'")
+    assert result.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.slow
+def test_h2_train_passes_pipeline_options_through_to_every_rank(tmp_path, cli):
+    out = tmp_path / "fig8-full"
+    result = cli("h2.cli", "train", "--strategy", FIG8, "--steps", "1", "--out", str(out), "--resharding", "full",
+                 "--optimizer-sharding", "zero1", "--stage-backend", "gloo", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(out / "metrics.jsonl") as handle:
+        record = json.loads(handle.readline())
+    # Full tensors over tp 1 -> 2 -> 1: per micro-batch 2 + 1 copies forward, 1 + 2 backward, of a
+    # 2 x 64 x 64 fp32 activation; sliced mode would send 4 copies.
+    assert record["cross_stage_bytes"] == 4 * 6 * 2 * 64 * 64 * 4
