@@ -7,6 +7,21 @@
 #include <cstring>
 
 namespace dicomm {
+namespace {
+
+// The send a rendezvous frame answers; a frame for a message in no such state is malformed.
+RequestPtr takeAwaiting(std::map<uint64_t, RequestPtr>& awaiting, const FrameHeader& h, const char* state) {
+  auto found = awaiting.find(h.seq);
+  if (found == awaiting.end()) {
+    throw FrameError("malformed frame: " + std::string(frameKindName(h.kind)) + " for message " +
+                     std::to_string(h.seq) + " that is not " + state);
+  }
+  RequestPtr send = found->second;
+  awaiting.erase(found);
+  return send;
+}
+
+}  // namespace
 
 ShmConnection::ShmConnection(int peer, Socket control, ShmLink link, const Options& options)
     : peer_(peer),
@@ -206,12 +221,7 @@ bool ShmConnection::runPulls() {
 }
 
 void ShmConnection::onPulled(const FrameHeader& h) {
-  auto found = awaiting_pulled_.find(h.seq);
-  if (found == awaiting_pulled_.end()) {
-    throw FrameError("malformed frame: Pulled for message " + std::to_string(h.seq) + " that is not being read");
-  }
-  RequestPtr send = found->second;
-  awaiting_pulled_.erase(found);
+  RequestPtr send = takeAwaiting(awaiting_pulled_, h, "being read");
   if (h.flags & kFlagRefused) {
     send->fail("rank " + std::to_string(peer_) + " could not read its share of message " + std::to_string(h.seq) +
                " from this process (process_vm_readv failed)");
@@ -221,12 +231,7 @@ void ShmConnection::onPulled(const FrameHeader& h) {
 }
 
 void ShmConnection::onClearToSend(const FrameHeader& h) {
-  auto found = awaiting_clear_.find(h.seq);
-  if (found == awaiting_clear_.end()) {
-    throw FrameError("malformed frame: ClearToSend for message " + std::to_string(h.seq) + " that is not waiting");
-  }
-  RequestPtr send = found->second;
-  awaiting_clear_.erase(found);
+  RequestPtr send = takeAwaiting(awaiting_clear_, h, "waiting");
   if (h.flags & kFlagRefused) {
     send->fail("rank " + std::to_string(peer_) + " refused message " + std::to_string(h.seq) + " of " +
                std::to_string(send->capacity()) + " bytes (its receive buffer is too small)");
@@ -265,33 +270,28 @@ void ShmConnection::onClearToSend(const FrameHeader& h) {
 }
 
 void ShmConnection::writeToPeer(const Request& send, const FrameHeader& cts) {
-  const size_t share = cts.offset;
-  size_t written = 0;
-  while (written < share) {
-    iovec local{send.data() + written, share - written};
-    iovec remote{reinterpret_cast<void*>(cts.remote_address + written), share - written};
-    const ssize_t n = process_vm_writev(pid_t(link_.peer_pid), &local, 1, &remote, 1, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw CommError("process_vm_writev into rank " + std::to_string(peer_) + " failed: " + std::strerror(errno));
-    }
-    if (n == 0) throw CommError("process_vm_writev into rank " + std::to_string(peer_) + " made no progress");
-    written += size_t(n);
-  }
+  copyAcross(CrossCopy::IntoPeer, send.data(), cts.remote_address, cts.offset);
 }
 
 void ShmConnection::readFromPeer(const Pull& pull) {
-  const size_t share = pull.announcement.total_bytes - pull.from;
+  copyAcross(CrossCopy::FromPeer, pull.recv->data() + pull.from, pull.announcement.remote_address + pull.from,
+             pull.announcement.total_bytes - pull.from);
+}
+
+void ShmConnection::copyAcross(CrossCopy direction, uint8_t* local, uint64_t remote, size_t bytes) {
+  const bool into_peer = direction == CrossCopy::IntoPeer;
+  const std::string call = into_peer ? "process_vm_writev into rank " : "process_vm_readv from rank ";
   size_t done = 0;
-  while (done < share) {
-    iovec local{pull.recv->data() + pull.from + done, share - done};
-    iovec remote{reinterpret_cast<void*>(pull.announcement.remote_address + pull.from + done), share - done};
-    const ssize_t n = process_vm_readv(pid_t(link_.peer_pid), &local, 1, &remote, 1, 0);
+  while (done < bytes) {
+    iovec mine{local + done, bytes - done};
+    iovec theirs{reinterpret_cast<void*>(remote + done), bytes - done};
+    const ssize_t n = into_peer ? process_vm_writev(pid_t(link_.peer_pid), &mine, 1, &theirs, 1, 0)
+                                : process_vm_readv(pid_t(link_.peer_pid), &mine, 1, &theirs, 1, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw CommError("process_vm_readv from rank " + std::to_string(peer_) + " failed: " + std::strerror(errno));
+      throw CommError(call + std::to_string(peer_) + " failed: " + std::strerror(errno));
     }
-    if (n == 0) throw CommError("process_vm_readv from rank " + std::to_string(peer_) + " made no progress");
+    if (n == 0) throw CommError(call + std::to_string(peer_) + " made no progress");
     done += size_t(n);
   }
 }

@@ -74,6 +74,9 @@ class ShmConnection : public Connection {
   void onPulled(const FrameHeader& h);
   void writeToPeer(const Request& send, const FrameHeader& cts);
   void readFromPeer(const Pull& pull);
+  enum class CrossCopy { IntoPeer, FromPeer };
+  // `bytes` between this process's `local` and the peer's `remote` address (cross memory attach).
+  void copyAcross(CrossCopy direction, uint8_t* local, uint64_t remote, size_t bytes);
   void queueControl(const FrameHeader& h) { control_out_.push_back(h); }
   std::string describe() const { return "shm connection to rank " + std::to_string(peer_); }
 
