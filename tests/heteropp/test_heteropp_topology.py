@@ -151,3 +151,14 @@ def test_every_send_in_the_action_lists_has_a_matching_receive_on_the_neighbour(
             sent_back = [a.micro_batch for a in lists[stage + 1] if a.kind == "SEND_B"]
             received_back = [a.micro_batch for a in lists[stage] if a.kind == "RECV_B"]
             assert sent_back == received_back == list(range(5))
+
+
+def test_the_shipped_figure8_strategy_is_the_papers_shape():
+    import os
+
+    from heteropp.auto.strategy import load_strategy
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    topo = Topology.from_strategy(load_strategy(os.path.join(root, "configs", "strategies", "local-fig8-exact.yaml")))
+    assert [(s.tp, s.dp, len(s.layers), s.recompute) for s in topo.stages] == [(2, 4, 8, True), (4, 2, 6, False),
+                                                                                (2, 2, 4, False)]
+    assert topo.world_size == 20 and [s.chip for s in topo.stages] == ["emu-a", "emu-a", "emu-b"]
