@@ -31,8 +31,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 _PIPELINE_PASSTHROUGH = ("steps", "lr", "min_lr", "warmup_steps", "lr_decay_steps", "weight_decay", "grad_clip",
                          "seed", "seq_len", "log_every", "stage_backend", "resharding", "optimizer_sharding",
-                         "schedule")
-_NOT_WITH_STRATEGY = ("resume", "overwrite", "device", "dtype", "micro_batch_size", "micro_batches", "model_config")
+                         "schedule", "device")
+_NOT_WITH_STRATEGY = ("resume", "overwrite", "dtype", "micro_batch_size", "micro_batches", "model_config")
 
 
 def _train_pipeline(args) -> int:
@@ -48,7 +48,9 @@ def _train_pipeline(args) -> int:
                             f"(the strategy file fixes the model and batch shape)")
     from heteropp.groups import check_p2p_backend, check_stage_backend
     check_p2p_backend(args.p2p_backend)
-    check_stage_backend(args.stage_backend or "auto")
+    from h2.train.device import resolve_device
+    device_type = resolve_device(args.device or "cpu").type
+    check_stage_backend(args.stage_backend or "auto", device_type)
     needed = strategy.world_size
     nproc = args.nproc or needed
     if nproc != needed:
@@ -170,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     train.add_argument("--overwrite", action="store_true", help="start over in an --out that holds an earlier run")
     train.add_argument("--steps", type=int, help="train until this many optimizer steps in total (default 200)")
-    train.add_argument("--device", help="torch device: cpu (default), cuda, cuda:N, dipu")
+    train.add_argument("--device", help="torch device: cpu (default), cuda, cuda:N, dipu; with --strategy a device "
+                                        "type for every stage")
     train.add_argument("--dtype", choices=["fp32", "bf16"], help="compute precision (default fp32)")
     train.add_argument("--micro-batch-size", type=int, help="sequences per micro-batch (default 8)")
     train.add_argument("--micro-batches", type=int, help="micro-batches accumulated per step (default 1)")

@@ -77,7 +77,7 @@ class StageOptimizer:
 
     def local_grad_square_sum(self, counted: list[bool]) -> torch.Tensor:
         """Sum of squared gradient elements of the parameters this rank counts for the global norm."""
-        total = torch.zeros((), dtype=torch.float32)
+        total = torch.zeros((), dtype=torch.float32, device=self.params[0].device if self.params else "cpu")
         for param, count in zip(self.params, counted):
             if count:
                 total += param.grad.float().pow(2).sum()
@@ -95,7 +95,8 @@ class StageOptimizer:
             mine = [p.data for p, o in zip(self.params, self.owner) if o == replica]
             if not mine:
                 continue
-            flat = _flat(mine) if replica == self.dp_rank else torch.empty(sum(p.numel() for p in mine))
+            flat = (_flat(mine) if replica == self.dp_rank
+                    else torch.empty(sum(p.numel() for p in mine), dtype=mine[0].dtype, device=mine[0].device))
             dist.broadcast(flat, group_src=replica, group=self.dp_group)
             if replica != self.dp_rank:
                 _unflat_into(flat, mine)
@@ -112,7 +113,7 @@ def clip_by_global_norm(norm: torch.Tensor, params: list[nn.Parameter], max_norm
     `local_grad_square_sum`). Returns it as a float.
     """
     if max_norm > 0 and math.isfinite(max_norm):
-        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0).item()  # an fp32 value: same products
         for param in params:
             param.grad.mul_(coefficient)
     return float(norm)

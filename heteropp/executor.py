@@ -40,10 +40,11 @@ class _MicroBatchState:
 class StageExecutor:
     def __init__(self, stage: torch.nn.Module, *, stage_index: int, num_stages: int, resharder: Resharder,
                  store: WeightGradStore | None, activation_shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
-                 prefetch: bool = True):
+                 prefetch: bool = True, device: torch.device | str = "cpu"):
         self.stage, self.index, self.num_stages = stage, stage_index, num_stages
         self.resharder, self.store = resharder, store
         self.activation_shape, self.dtype, self.prefetch = activation_shape, dtype, prefetch
+        self.device = torch.device(device)
         self.is_first, self.is_last = stage_index == 0, stage_index == num_stages - 1
 
     def run(self, actions, tokens: list[torch.Tensor], targets: list[torch.Tensor], loss_scale: float) -> torch.Tensor:
@@ -52,7 +53,7 @@ class StageExecutor:
         split_backward = any(action.kind == "W" for action in actions)
         if split_backward and self.store is None:
             raise ValueError("a schedule with W actions needs the stage built with a WeightGradStore")
-        loss_sum = torch.zeros((), dtype=torch.float32)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         posted: set[int] = set()
         for position, action in enumerate(actions):
             if action.stage != self.index:
@@ -96,10 +97,10 @@ class StageExecutor:
     def _post_receive(self, action, state: _MicroBatchState) -> None:
         if action.kind == "RECV_F":
             state.received_input = self.resharder.post_recv(self.activation_shape, self.dtype, self.index - 1,
-                                                            action.micro_batch)
+                                                            action.micro_batch, device=self.device)
         else:
             state.received_grad = self.resharder.post_recv(self.activation_shape, self.dtype, self.index + 1,
-                                                           action.micro_batch)
+                                                           action.micro_batch, device=self.device)
 
     def _forward(self, state: _MicroBatchState, tokens, targets, loss_scale: float):
         if self.is_first:

@@ -23,12 +23,27 @@ STAGE_BACKENDS = ("auto", "gloo", "dicomm")
 
 
 def chip_backend(chip: str, device_type: str) -> str:
-    """The collective backend for TP/DP inside a stage of `chip`. Emulated chips on CPU use gloo."""
+    """The collective backend for TP/DP inside a stage of `chip`: gloo for chips emulated on CPU, NCCL
+    on CUDA, and DiComm (which stages other devices' tensors through host memory) on a vendor device
+    that ditorch provides, such as dipu."""
     if device_type == "cpu":
         return "gloo"
     if device_type == "cuda":
         return "nccl"
-    raise UserError(f"chip '{chip}': no collective backend known for device type '{device_type}'")
+    try:
+        import dicomm  # noqa: F401  (registers the backend when it is built)
+    except ImportError:
+        pass
+    if "dicomm" in dist.Backend.backend_list:
+        return "dicomm"
+    raise UserError(f"chip '{chip}': no collective backend for device type '{device_type}' "
+                    f"(DiComm's torch.distributed backend is not built)")
+
+
+def p2p_needs_host_staging(p2p_backend: str, device_type: str) -> bool:
+    """Whether cross-stage tensors must be copied through host memory: gloo reads only CPU (and CUDA)
+    tensors; DiComm stages any device's tensors itself."""
+    return p2p_backend == "gloo" and device_type not in ("cpu", "cuda")
 
 
 def _check_backend(name: str, flag: str, choices: tuple[str, ...]) -> str:
@@ -49,8 +64,12 @@ def check_p2p_backend(name: str) -> str:
     return _check_backend(name, "--p2p-backend", P2P_BACKENDS)
 
 
-def check_stage_backend(name: str) -> str:
-    return _check_backend(name, "--stage-backend", STAGE_BACKENDS)
+def check_stage_backend(name: str, device_type: str = "cpu") -> str:
+    _check_backend(name, "--stage-backend", STAGE_BACKENDS)
+    if name == "gloo" and device_type not in ("cpu", "cuda"):
+        raise UserError(f"--stage-backend gloo cannot move {device_type} tensors inside a stage; "
+                        f"use --stage-backend auto or dicomm")
+    return name
 
 
 @dataclass

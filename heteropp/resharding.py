@@ -72,7 +72,8 @@ class Resharder:
                 self.p2p.send(flat[transfer.start - first:transfer.stop - first], transfer.dst, group,
                               message_tag(micro_batch, direction))
 
-    def post_recv(self, shape: tuple[int, ...], dtype: torch.dtype, from_stage: int, micro_batch: int) -> PendingTensor:
+    def post_recv(self, shape: tuple[int, ...], dtype: torch.dtype, from_stage: int, micro_batch: int,
+                  device: torch.device | str = "cpu") -> PendingTensor:
         """Post the receives of this rank's part of a tensor of `shape` coming from stage `from_stage`.
 
         Parts are received straight into their place in one flat buffer (padded to whole TP blocks);
@@ -85,7 +86,7 @@ class Resharder:
         tp, tp_index = self.stage.tp, self.place.tp_index
         gather = self.mode == "sliced" and tp > 1
         block = block_size(numel, tp) if gather else numel
-        flat = torch.empty(block * tp if gather else numel, dtype=dtype)
+        flat = torch.empty(block * tp if gather else numel, dtype=dtype, device=device)
         group = self._boundary_group(from_stage)
         works = [self.p2p.recv(flat[t.start - first:t.stop - first], t.src, group, message_tag(micro_batch, direction))
                  for t in self._plan(from_stage, self.place.stage, row_numel) if t.dst == self.rank]

@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--strategy", required=True, metavar="YAML", help="strategy file (dp, micro-batches, stages)")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
     parser.add_argument("--out", help="output folder for metrics.jsonl (default runs/heteropp)")
+    parser.add_argument("--device", default="cpu",
+                        help="device type of every stage: cpu (default), dipu (through ditorch), cuda; "
+                             "each rank takes the device of its local rank")
     parser.add_argument("--p2p-backend", default="gloo", help="backend for traffic across stages: gloo or dicomm")
     parser.add_argument("--stage-backend", default="auto",
                         help="backend of TP/DP groups inside a stage: auto (the chip's: gloo on cpu), gloo or dicomm")
@@ -77,12 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = PipelineTrainer(strategy, config, args.out or "runs/heteropp",
                                   PipelineOptions(p2p_backend=args.p2p_backend, stage_backend=args.stage_backend,
+                                                  device=args.device,
                                                   resharding=args.resharding,
                                                   optimizer_sharding=args.optimizer_sharding,
                                                   prefetch=not args.no_prefetch, schedule=args.schedule),
                                   source=args.strategy)
         if trainer.rank == 0:
-            print(trainer.topology.describe(), flush=True)
+            where = "emulated on cpu" if trainer.device.type == "cpu" else f"on {trainer.device.type}"
+            print(trainer.topology.describe(device_note=where), flush=True)
         records = []
         while trainer.step < trainer.config.steps:
             record = trainer.train_step()

@@ -29,7 +29,8 @@ from h2.train.lr_schedule import learning_rate
 from h2.train.metrics import MetricsLog
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm
 from heteropp.executor import StageExecutor
-from heteropp.groups import build_groups, check_p2p_backend, check_stage_backend
+from h2.train.device import resolve_device
+from heteropp.groups import build_groups, check_p2p_backend, check_stage_backend, p2p_needs_host_staging
 from heteropp.p2p import P2P
 from heteropp.resharding import MODES, Resharder
 from heteropp.schedule_actions import stage_actions
@@ -41,11 +42,22 @@ from heteropp.topology import Topology
 @dataclasses.dataclass
 class PipelineOptions:
     p2p_backend: str = "gloo"
+    device: str = "cpu"                     # torch device type of every stage: cpu, dipu, cuda, ...
     stage_backend: str = "auto"             # TP/DP groups: the chip's backend, or "gloo" / "dicomm"
     resharding: str = "sliced"              # "sliced" (send/recv + all-gather) or "full"
     optimizer_sharding: str = "none"        # "none" or "zero1"
     prefetch: bool = True                   # post receives one compute action ahead
     schedule: str | None = None             # default: the strategy's
+
+
+def _rank_device(device_type: str, rank: int) -> torch.device:
+    """This rank's device: `device_type`, the local rank's index among the devices of that type."""
+    device = resolve_device(device_type)
+    if device.type == "cpu" or device.index is not None:
+        return device
+    count = getattr(torch, device.type).device_count()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    return torch.device(device.type, local_rank % count)
 
 
 def train_config_for(strategy, config: TrainConfig) -> TrainConfig:
@@ -64,7 +76,6 @@ class PipelineTrainer:
         if options.resharding not in MODES:
             raise UserError(f"--resharding must be one of {', '.join(MODES)}, got '{options.resharding}'")
         check_p2p_backend(options.p2p_backend)
-        check_stage_backend(options.stage_backend)
         self.strategy, self.options, self.out_dir = strategy, options, out_dir
         self.model_config = strategy.model_config()
         if self.model_config.tie_embeddings and len(strategy.stages) > 1:
@@ -84,8 +95,10 @@ class PipelineTrainer:
             raise UserError(f"{source}: needs {self.topology.world_size} processes "
                             f"(sum of tp * dp over stages), the launch has {world_size}")
         self.micro_batch_sequences = self.topology.micro_batch_sequences
-        self.groups = build_groups(self.topology, self.rank, p2p_backend=options.p2p_backend,
-                                   stage_backend=options.stage_backend)
+        self.device = _rank_device(options.device, self.rank)
+        check_stage_backend(options.stage_backend, self.device.type)
+        self.groups = build_groups(self.topology, self.rank, device_type=self.device.type,
+                                   p2p_backend=options.p2p_backend, stage_backend=options.stage_backend)
         self.place = self.groups.place
         self.stage_info = self.topology.stages[self.place.stage]
         self.is_last = self.place.stage == self.topology.num_stages - 1
@@ -102,7 +115,7 @@ class PipelineTrainer:
                          store=self.store)
         if self.stage_info.recompute:
             stage = apply_recompute(stage)
-        self.stage = stage
+        self.stage = stage.to(self.device)
         del model
 
         named = [(name, param) for name, param in stage.named_parameters()]
@@ -114,12 +127,12 @@ class PipelineTrainer:
         # replicated over TP (norm weights) on TP index 0 only.
         self.counted_in_norm = [self.place.dp_index == 0 and (is_tp_sharded(name) or self.place.tp_index == 0)
                                 for name, _ in named]
-        self.p2p = P2P()
+        self.p2p = P2P(stage_through_host=p2p_needs_host_staging(options.p2p_backend, self.device.type))
         self.resharder = Resharder(self.topology, self.rank, self.groups, self.p2p, mode=options.resharding)
         activation_shape = (self.stage_info.micro_batch_size, self.config.seq_len, self.model_config.hidden_size)
         self.executor = StageExecutor(self.stage, stage_index=self.place.stage, num_stages=self.topology.num_stages,
                                       resharder=self.resharder, store=self.store, activation_shape=activation_shape,
-                                      prefetch=options.prefetch)
+                                      prefetch=options.prefetch, device=self.device)
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), self.config.seq_len, seed=self.config.seed)
         self.step, self.elapsed_s = 0, 0.0
         self.metrics = None
@@ -144,14 +157,14 @@ class PipelineTrainer:
         lr = learning_rate(self.step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
                            decay_steps=config.lr_decay_steps)
         micro_batches = self._replica_micro_batches(self.stream.next_batch(self.global_batch))
-        inputs = [mb[:, :-1] for mb in micro_batches]
-        targets = [mb[:, 1:] for mb in micro_batches]
+        inputs = [mb[:, :-1].to(self.device) for mb in micro_batches]
+        targets = [mb[:, 1:].to(self.device) for mb in micro_batches]
         bytes_before = self.p2p.bytes_sent
         last_stage_dp = self.topology.stages[-1].dp
         loss_sum = self.executor.run(self.actions, inputs, targets, 1.0 / (last_stage_dp * config.micro_batches))
         self.optimizer.reduce_gradients()
         # One all-reduce over every rank: the squared gradient norm and the bytes sent across stages.
-        totals = torch.stack([self.optimizer.local_grad_square_sum(self.counted_in_norm).double(),
+        totals = torch.stack([self.optimizer.local_grad_square_sum(self.counted_in_norm).double().cpu(),
                               torch.tensor(float(self.p2p.bytes_sent - bytes_before), dtype=torch.float64)])
         dist.all_reduce(totals, group=self.groups.everyone)
         max_norm = config.grad_clip if config.grad_clip > 0 else math.inf

@@ -7,6 +7,7 @@ the first use of the device. Operators run through the vendor's DIOPI kernels wh
 through the CPU otherwise (see fallback_counts()). Must not import h2, heteropp or dicomm.
 """
 import os
+import sys
 
 import torch
 
@@ -50,6 +51,11 @@ def _register_backend() -> None:
         raise DipuError(f"PrivateUse1 is already registered as '{current}'; dipu cannot take it")
     if current != BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
+        # Collective backends registered before the rename know only "cpu": let DiComm, if it is
+        # already imported, register again so that it takes dipu tensors too.
+        dicomm_backend = sys.modules.get("dicomm.torch_backend")
+        if dicomm_backend is not None:
+            dicomm_backend.register()
     if not hasattr(torch, BACKEND_NAME):
         torch._register_device_module(BACKEND_NAME, _device_module)
     if not hasattr(torch.Tensor, BACKEND_NAME):

@@ -23,3 +23,7 @@ def test_registering_again_after_a_late_rename_adds_the_device():
     code = ("import torch, dicomm; torch.utils.rename_privateuse1_backend('dipu'); "
             "dicomm.torch_backend.register(); " + REPORT)
     assert run(code) == '[["cpu", "dipu"], "dicomm", true]'
+
+
+def test_loading_dipu_after_dicomm_extends_the_backend_to_dipu_by_itself():
+    assert run("import dicomm, ditorch.dipu; " + REPORT) == '[["cpu", "dipu"], "dicomm", true]'

@@ -38,7 +38,9 @@ def _rank_main(rank: int, world_size: int, port: int, strategy_data: dict, steps
         p2p = {"rank": rank, "stage": trainer.place.stage, "bytes_sent": trainer.p2p.bytes_sent,
                "optimizer_state_elements": trainer.optimizer.owned_state_elements(),
                "parameter_elements": sum(p.numel() for p in trainer.optimizer.params),
-               "mean_step_s": sum(r["step_time_s"] for r in records) / len(records)}
+               "mean_step_s": sum(r["step_time_s"] for r in records) / len(records),
+               "parameter_devices": sorted({str(p.device) for p in trainer.optimizer.params}),
+               "tp_backend": dist.get_backend(trainer.groups.tp) if trainer.groups.tp is not None else None}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
             json.dump(p2p, handle)
     finally:

@@ -103,3 +103,14 @@ def test_every_group_over_dicomm_with_per_stage_dp_matches_reference():
     data = strategy([("chip-a", 2, 2, True, 2), ("chip-b", 1, 2, False, 1)], dp=2, micro_batch_size=1)
     records, _ = run_pipeline(data, STEPS, p2p_backend="dicomm", stage_backend="dicomm", optimizer_sharding="zero1")
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
+
+
+@pytest.mark.parametrize("p2p_backend", ["gloo", "dicomm"])
+def test_stages_on_the_dipu_device_match_reference(p2p_backend):
+    # Every stage on the host-emulated vendor device through ditorch's dipu: TP/DP groups on the
+    # chip's backend (DiComm for a vendor device), cross-stage traffic staged through host for gloo.
+    data = strategy([("chip-a", 2, 2, True, 2), ("chip-b", 1, 2, False, 1)], dp=2, micro_batch_size=1)
+    records, ranks = run_pipeline(data, STEPS, device="dipu", p2p_backend=p2p_backend)
+    assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
+    assert {device for r in ranks for device in r["parameter_devices"]} <= {"dipu:0", "dipu:1"}
+    assert {r["tp_backend"] for r in ranks if r["stage"] == 0} == {"dicomm"}

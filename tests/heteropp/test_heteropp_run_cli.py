@@ -66,3 +66,9 @@ def test_h2_train_passes_pipeline_options_through_to_every_rank(tmp_path, cli):
     # Full tensors over tp 1 -> 2 -> 1: per micro-batch 2 + 1 copies forward, 1 + 2 backward, of a
     # 2 x 64 x 64 fp32 activation; sliced mode would send 4 copies.
     assert record["cross_stage_bytes"] == 4 * 6 * 2 * 64 * 64 * 4
+
+
+def test_h2_train_refuses_gloo_inside_stages_on_a_vendor_device_before_launching(cli):
+    result = cli("h2.cli", "train", "--strategy", PP2, "--device", "dipu", "--stage-backend", "gloo")
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
+    assert "--stage-backend gloo cannot move dipu tensors inside a stage" in result.stderr
