@@ -49,8 +49,9 @@ def _train_pipeline(args) -> int:
     from heteropp.groups import check_p2p_backend, check_stage_backend
     check_p2p_backend(args.p2p_backend)
     from h2.train.device import resolve_device
-    device_type = resolve_device(args.device or "cpu").type
-    check_stage_backend(args.stage_backend or "auto", device_type)
+    for stage in strategy.stages:
+        device_type = resolve_device(stage.device or args.device or "cpu").type
+        check_stage_backend(args.stage_backend or "auto", device_type)
     needed = strategy.world_size
     nproc = args.nproc or needed
     if nproc != needed:

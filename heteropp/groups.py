@@ -86,11 +86,13 @@ class RankGroups:
 
 def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p_backend: str = "gloo",
                  stage_backend: str = "auto") -> RankGroups:
+    """`device_type`: the device of stages that do not name their own."""
     place = topology.place(rank)
     stage = topology.stages[place.stage]
     mine: dict[str, dist.ProcessGroup | None] = {"tp": None, "dp": None, "next": None, "prev": None}
     for info in topology.stages:
-        backend = chip_backend(info.chip, device_type) if stage_backend == "auto" else stage_backend
+        stage_device = topology.device_type(info.index, device_type)
+        backend = chip_backend(info.chip, stage_device) if stage_backend == "auto" else stage_backend
         for d in range(info.dp):
             members = info.tp_group(d)
             group = dist.new_group(members, backend=backend) if info.tp > 1 else None

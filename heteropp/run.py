@@ -86,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   prefetch=not args.no_prefetch, schedule=args.schedule),
                                   source=args.strategy)
         if trainer.rank == 0:
-            where = "emulated on cpu" if trainer.device.type == "cpu" else f"on {trainer.device.type}"
-            print(trainer.topology.describe(device_note=where), flush=True)
+            print(trainer.topology.describe(default_device=args.device), flush=True)
         records = []
         while trainer.step < trainer.config.steps:
             record = trainer.train_step()

@@ -62,6 +62,7 @@ class StageInfo:
     first_rank: int
     dp: int
     micro_batch_size: int   # sequences of one micro-batch per replica
+    device: str | None = None  # torch device type, None: the run's default
 
     @property
     def ranks(self) -> range:
@@ -110,7 +111,7 @@ class Topology:
             stages.append(StageInfo(index=index, chip=spec.chip, tp=spec.tp,
                                     layers=range(first_layer, first_layer + spec.layers),
                                     recompute=bool(spec.recompute), first_rank=first_rank, dp=dp,
-                                    micro_batch_size=strategy.stage_micro_batch_size(index)))
+                                    micro_batch_size=strategy.stage_micro_batch_size(index), device=spec.device))
             first_rank += spec.tp * dp
             first_layer += spec.layers
         return cls(stages, strategy.micro_batch_sequences)
@@ -166,13 +167,19 @@ class Topology:
                         transfers.append(Transfer(src.rank_of(i, u % src.tp), dst.rank_of(j, u), lo, hi))
         return transfers
 
-    def describe(self, device_note: str = "emulated on cpu") -> str:
-        """One line per stage; `device_note` says where the chip really runs."""
+    def device_type(self, stage: int, default: str = "cpu") -> str:
+        """The device type stage `stage` runs on: its own, else `default` (a device name's type part)."""
+        return (self.stages[stage].device or default).split(":", 1)[0]
+
+    def describe(self, default_device: str = "cpu") -> str:
+        """One line per stage, saying where its chip really runs."""
         lines = []
         for stage in self.stages:
             recompute = "recompute" if stage.recompute else "no recompute"
             sequences = "sequence" if stage.micro_batch_size == 1 else "sequences"
-            lines.append(f"stage {stage.index}: chip {stage.chip} ({device_note}), tp {stage.tp} x dp {stage.dp}, "
+            device = self.device_type(stage.index, default_device)
+            where = "emulated on cpu" if device == "cpu" else f"on {device}"
+            lines.append(f"stage {stage.index}: chip {stage.chip} ({where}), tp {stage.tp} x dp {stage.dp}, "
                          f"layers {stage.layers.start}..{stage.layers.stop - 1}, {recompute}, "
                          f"ranks {stage.ranks.start}..{stage.ranks.stop - 1}, "
                          f"{stage.micro_batch_size} {sequences} per micro-batch per replica")

@@ -95,9 +95,11 @@ class PipelineTrainer:
             raise UserError(f"{source}: needs {self.topology.world_size} processes "
                             f"(sum of tp * dp over stages), the launch has {world_size}")
         self.micro_batch_sequences = self.topology.micro_batch_sequences
-        self.device = _rank_device(options.device, self.rank)
-        check_stage_backend(options.stage_backend, self.device.type)
-        self.groups = build_groups(self.topology, self.rank, device_type=self.device.type,
+        my_stage = self.topology.place(self.rank).stage
+        self.device = _rank_device(self.topology.stages[my_stage].device or options.device, self.rank)
+        for stage in self.topology.stages:
+            check_stage_backend(options.stage_backend, self.topology.device_type(stage.index, options.device))
+        self.groups = build_groups(self.topology, self.rank, device_type=options.device,
                                    p2p_backend=options.p2p_backend, stage_backend=options.stage_backend)
         self.place = self.groups.place
         self.stage_info = self.topology.stages[self.place.stage]

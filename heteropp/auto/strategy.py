@@ -9,6 +9,7 @@
     stages:                    # pipeline order
       - {chip: A, tp: 2, layers: 8, recompute: true}          # dp 4 (the strategy's)
       - {chip: A, tp: 4, dp: 2, layers: 6, recompute: false}  # per-stage dp (paper Figure 8)
+      - {chip: B, tp: 2, dp: 2, layers: 4, device: dipu}      # HeteroPP: this stage's device type
       - ...
 
 Every stage processes the whole global batch each step, as the same `micro_batches` micro-batches of
@@ -42,7 +43,8 @@ class StageSpec:
     tp: int
     layers: int
     recompute: bool = False
-    dp: int | None = None  # None: the strategy's dp
+    dp: int | None = None      # None: the strategy's dp
+    device: str | None = None  # HeteroPP: torch device type of this stage; None: the run's --device
 
 
 @dataclass
@@ -134,7 +136,7 @@ class Strategy:
         data["schedule"] = self.schedule
         data["model"] = self.model
         data["stages"] = [{key: value for key, value in dataclasses.asdict(stage).items()
-                           if not (key == "dp" and value is None)} for stage in self.stages]
+                           if not (key in ("dp", "device") and value is None)} for stage in self.stages]
         return data
 
     def save(self, path: str | os.PathLike) -> None:

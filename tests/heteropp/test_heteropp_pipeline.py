@@ -114,3 +114,14 @@ def test_stages_on_the_dipu_device_match_reference(p2p_backend):
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
     assert {device for r in ranks for device in r["parameter_devices"]} <= {"dipu:0", "dipu:1"}
     assert {r["tp_backend"] for r in ranks if r["stage"] == 0} == {"dicomm"}
+
+
+def test_a_cpu_stage_feeding_a_dipu_stage_matches_reference():
+    # Two software stacks in one pipeline: stage 0 on the CPU (gloo inside), stage 1 on DiTorch's dipu
+    # device (DiComm inside); activations and gradients cross between host and device memory.
+    data = strategy([("chip-a", 2, 2, True), ("chip-b", 2, 2, False)], dp=1, micro_batch_size=2)
+    data["stages"][1]["device"] = "dipu"
+    records, ranks = run_pipeline(data, STEPS)
+    assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
+    assert [(r["stage"], r["parameter_devices"], r["tp_backend"]) for r in ranks] == [
+        (0, ["cpu"], "gloo"), (0, ["cpu"], "gloo"), (1, ["dipu:0"], "dicomm"), (1, ["dipu:1"], "dicomm")]
