@@ -20,6 +20,16 @@ from heteropp.topology import RankPlace, Topology
 
 P2P_BACKENDS = ("gloo", "dicomm")
 STAGE_BACKENDS = ("auto", "gloo", "dicomm")
+GLOO_DEVICE_TYPES = ("cpu", "cuda")  # the tensors gloo reads itself
+
+
+def dicomm_registered() -> bool:
+    """Whether DiComm's torch.distributed backend is available (importing it registers it)."""
+    try:
+        import dicomm  # noqa: F401
+    except ImportError:
+        pass
+    return "dicomm" in dist.Backend.backend_list
 
 
 def chip_backend(chip: str, device_type: str) -> str:
@@ -30,11 +40,7 @@ def chip_backend(chip: str, device_type: str) -> str:
         return "gloo"
     if device_type == "cuda":
         return "nccl"
-    try:
-        import dicomm  # noqa: F401  (registers the backend when it is built)
-    except ImportError:
-        pass
-    if "dicomm" in dist.Backend.backend_list:
+    if dicomm_registered():
         return "dicomm"
     raise UserError(f"chip '{chip}': no collective backend for device type '{device_type}' "
                     f"(DiComm's torch.distributed backend is not built)")
@@ -43,20 +49,15 @@ def chip_backend(chip: str, device_type: str) -> str:
 def p2p_needs_host_staging(p2p_backend: str, device_type: str) -> bool:
     """Whether cross-stage tensors must be copied through host memory: gloo reads only CPU (and CUDA)
     tensors; DiComm stages any device's tensors itself."""
-    return p2p_backend == "gloo" and device_type not in ("cpu", "cuda")
+    return p2p_backend == "gloo" and device_type not in GLOO_DEVICE_TYPES
 
 
 def _check_backend(name: str, flag: str, choices: tuple[str, ...]) -> str:
     if name not in choices:
         raise UserError(f"{flag} must be one of {', '.join(choices)}, got '{name}'")
-    if name == "dicomm":
-        try:
-            import dicomm  # noqa: F401  (registers the backend when it is built)
-        except ImportError:
-            pass
-        if "dicomm" not in dist.Backend.backend_list:
-            raise UserError(f"{flag} dicomm: DiComm's torch.distributed backend is not registered "
-                            f"in this build; use {flag} gloo")
+    if name == "dicomm" and not dicomm_registered():
+        raise UserError(f"{flag} dicomm: DiComm's torch.distributed backend is not registered "
+                        f"in this build; use {flag} gloo")
     return name
 
 
@@ -66,7 +67,7 @@ def check_p2p_backend(name: str) -> str:
 
 def check_stage_backend(name: str, device_type: str = "cpu") -> str:
     _check_backend(name, "--stage-backend", STAGE_BACKENDS)
-    if name == "gloo" and device_type not in ("cpu", "cuda"):
+    if name == "gloo" and device_type not in GLOO_DEVICE_TYPES:
         raise UserError(f"--stage-backend gloo cannot move {device_type} tensors inside a stage; "
                         f"use --stage-backend auto or dicomm")
     return name

@@ -25,11 +25,11 @@ from h2.data.corpus import Corpus
 from h2.errors import UserError
 from h2.model.transformer import Transformer
 from h2.train.config import TrainConfig
+from h2.train.device import resolve_device
 from h2.train.lr_schedule import learning_rate
 from h2.train.metrics import MetricsLog
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm
 from heteropp.executor import StageExecutor
-from h2.train.device import resolve_device
 from heteropp.groups import build_groups, check_p2p_backend, check_stage_backend, p2p_needs_host_staging
 from heteropp.p2p import P2P
 from heteropp.resharding import MODES, Resharder
@@ -42,7 +42,7 @@ from heteropp.topology import Topology
 @dataclasses.dataclass
 class PipelineOptions:
     p2p_backend: str = "gloo"
-    device: str = "cpu"                     # torch device type of every stage: cpu, dipu, cuda, ...
+    device: str = "cpu"                     # device type of stages that name none: cpu, dipu, cuda, ...
     stage_backend: str = "auto"             # TP/DP groups: the chip's backend, or "gloo" / "dicomm"
     resharding: str = "sliced"              # "sliced" (send/recv + all-gather) or "full"
     optimizer_sharding: str = "none"        # "none" or "zero1"
@@ -95,14 +95,13 @@ class PipelineTrainer:
             raise UserError(f"{source}: needs {self.topology.world_size} processes "
                             f"(sum of tp * dp over stages), the launch has {world_size}")
         self.micro_batch_sequences = self.topology.micro_batch_sequences
-        my_stage = self.topology.place(self.rank).stage
-        self.device = _rank_device(self.topology.stages[my_stage].device or options.device, self.rank)
+        self.place = self.topology.place(self.rank)
+        self.stage_info = self.topology.stages[self.place.stage]
+        self.device = _rank_device(self.stage_info.device or options.device, self.rank)
         for stage in self.topology.stages:
             check_stage_backend(options.stage_backend, self.topology.device_type(stage.index, options.device))
         self.groups = build_groups(self.topology, self.rank, device_type=options.device,
                                    p2p_backend=options.p2p_backend, stage_backend=options.stage_backend)
-        self.place = self.groups.place
-        self.stage_info = self.topology.stages[self.place.stage]
         self.is_last = self.place.stage == self.topology.num_stages - 1
         self.writes_metrics = self.is_last and self.place.dp_index == 0 and self.place.tp_index == 0
 
