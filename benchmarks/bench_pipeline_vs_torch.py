@@ -14,25 +14,16 @@ per-round ratio (the pair of a round ran back to back, under the same outside lo
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import socket
 import sys
-import tempfile
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from local_ranks import run_local_ranks, write_result
 
 STAGES = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def strategy_data(args) -> dict:
@@ -99,17 +90,12 @@ def _rank_main(rank: int, port: int, args, out_path: str) -> None:
         results["ours"].append(_timed(ours.train_step, args.steps))
         results["torch"].append(_timed(torch_step, args.steps))
     if rank == 0:
-        with open(out_path, "w") as handle:
-            json.dump(results, handle)
+        write_result(out_path, results)
     dist.destroy_process_group()
 
 
 def run(args) -> dict:
-    out_path = os.path.join(tempfile.mkdtemp(prefix="bench-pp-"), "result.json")
-    mp.start_processes(_rank_main, args=(_free_port(), args, out_path), nprocs=STAGES, join=True,
-                       start_method="fork")
-    with open(out_path) as handle:
-        results = json.load(handle)
+    results = run_local_ranks(_rank_main, STAGES, args, start_method="fork")
     tokens = args.micro_batches * args.micro_batch_size * args.seq_len
     ratios = sorted(t / o for o, t in zip(results["ours"], results["torch"]))
     return {name: tokens / min(times) for name, times in results.items()} | {

@@ -21,29 +21,20 @@ Bytes are those counted by HeteroPP's P2P layer: everything sent across the stag
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from local_ranks import run_local_ranks, write_result
 
 WORLD = 4
 MODES = ("full", "sliced")
 LAYOUTS = {"uniform": {"p2p_backend": "gloo", "stage_backend": "gloo"},
            "topology": {"p2p_backend": "gloo", "stage_backend": "dicomm"}}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def strategy_data(args) -> dict:
@@ -120,17 +111,12 @@ def _rank_main(rank: int, port: int, args, out_path: str) -> None:
                 entry["step_s"].append((time.perf_counter() - started) / args.steps)
                 entry["bytes"] = record["cross_stage_bytes"]
     if rank == 0:
-        with open(out_path, "w") as handle:
-            json.dump(results, handle)
+        write_result(out_path, results)
     dist.destroy_process_group()
 
 
 def run(args) -> dict:
-    out_path = os.path.join(tempfile.mkdtemp(prefix="bench-reshard-"), "result.json")
-    mp.start_processes(_rank_main, args=(_free_port(), args, out_path), nprocs=WORLD, join=True,
-                       start_method="spawn")
-    with open(out_path) as handle:
-        return json.load(handle)
+    return run_local_ranks(_rank_main, WORLD, args)
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,7 @@
 #include "shm/shm_connection.h"
 
+#include "dicomm/outgoing.h"
+
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -318,16 +320,9 @@ void ShmConnection::expire(Clock::time_point now) {
     closeWithError(*overdue);
     return;
   }
-  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
-    if (it->request->deadline() > now) {
-      ++it;
-    } else if (it->started) {
-      closeWithError("timed out sending a message to rank " + std::to_string(peer_) + " (peer not reading?)");
-      return;
-    } else {
-      it->request->fail("timed out before rank " + std::to_string(peer_) + " accepted the message");
-      it = outgoing_.erase(it);
-    }
+  if (auto overdue = expireOutgoing(outgoing_, now, peer_)) {
+    closeWithError(*overdue);
+    return;
   }
   for (auto& [seq, send] : awaiting_pulled_) {
     if (send->isPending() && send->deadline() <= now) {

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "dicomm/outgoing.h"
+
 namespace dicomm {
 
 TcpConnection::TcpConnection(int peer, Socket socket, int epoll_fd, const Options& options)
@@ -172,17 +174,7 @@ void TcpConnection::expire(Clock::time_point now) {
     closeLocked(*overdue);
     return;
   }
-  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
-    if (it->request->deadline() > now) {
-      ++it;
-    } else if (it->started) {
-      closeLocked("timed out sending a message to rank " + std::to_string(peer_) + " (peer not reading?)");
-      return;
-    } else {
-      it->request->fail("timed out before rank " + std::to_string(peer_) + " accepted the message");
-      it = outgoing_.erase(it);
-    }
-  }
+  if (auto overdue = expireOutgoing(outgoing_, now, peer_)) closeLocked(*overdue);
 }
 
 void TcpConnection::closeWithError(const std::string& why) {
