@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "heteroauto"))
 
 from autohelpers import random_problem  # noqa: E402
-from h2.errors import UserError  # noqa: E402
+from h2.core.errors import UserError  # noqa: E402
 from heteropp.auto.oracle import oracle_search  # noqa: E402
 from heteropp.auto.profiles import profiles_for  # noqa: E402
 from heteropp.auto.search import search  # noqa: E402

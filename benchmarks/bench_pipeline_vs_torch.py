@@ -52,9 +52,9 @@ def _rank_main(rank: int, port: int, args, out_path: str) -> None:
     from h2.model.transformer import Transformer, language_model_loss
     from h2.train import TrainConfig
     from h2.train.trainer import build_adamw
-    from heteropp.auto.strategy import strategy_from_mapping
+    from h2.core.strategy import strategy_from_mapping
     from heteropp.stage import build_stage
-    from heteropp.trainer import PipelineTrainer
+    from h2.train.pipeline import PipelineTrainer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=STAGES,

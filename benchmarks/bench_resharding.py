@@ -74,12 +74,13 @@ def time_transfers(resharder, groups, mib: int) -> tuple[list[float], int]:
 def _rank_main(rank: int, port: int, args, out_path: str) -> None:
     import dicomm  # noqa: F401  (registers the backend)
     from h2.train import TrainConfig
-    from heteropp.auto.strategy import strategy_from_mapping
+    from h2.core.strategy import strategy_from_mapping
     from heteropp.groups import build_groups
     from heteropp.p2p import P2P
     from heteropp.resharding import Resharder
     from heteropp.topology import Topology
-    from heteropp.trainer import PipelineOptions, PipelineTrainer
+    from h2.core.training import PipelineOptions
+    from h2.train.pipeline import PipelineTrainer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,

@@ -15,13 +15,13 @@ import dataclasses
 import os
 import time
 
-from h2.model.config import preset
+from h2.core.model_config import preset
 from heteropp.auto.evaluation import evaluate_strategy, stage_costs, transfer_model
 from heteropp.auto.profiles import profiles_for
 from heteropp.auto.search import search
 from heteropp.auto.simulator import simulate
-from heteropp.auto.specs import load_cluster
-from heteropp.schedule import schedule_actions
+from h2.core.cluster import load_cluster
+from h2.core.schedule import schedule_actions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_SEARCH_S = {"exp-a-1": 0.62, "exp-a-2": 0.62, "exp-b-1": 5.48, "exp-b-2": 5.48, "exp-c-1": 12.29, "exp-c-2": 12.29}

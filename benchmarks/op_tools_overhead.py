@@ -14,7 +14,7 @@ import time
 import torch
 
 from ditorch.op_tools import OpAutoCompare, OpObserve, OpOverflowCheck, OpTimeMeasure
-from h2.model.config import preset
+from h2.core.model_config import preset
 from h2.model.transformer import Transformer, language_model_loss
 
 TOOLS = {

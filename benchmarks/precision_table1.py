@@ -59,7 +59,7 @@ def train(out_dir: str, args, device: str, profile: str | None) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     if profile:
         env["DIPU_HOST_PROFILE"] = profile
-    command = [sys.executable, "-m", "h2.cli", "train", "--preset", args.preset, "--steps", str(args.steps),
+    command = [sys.executable, "-m", "h2", "train", "--preset", args.preset, "--steps", str(args.steps),
                "--seq-len", str(args.seq_len), "--micro-batch-size", str(args.micro_batch_size),
                "--device", device, "--out", out_dir, "--overwrite", "--quiet", "--checkpoint-every", "0"]
     started = time.perf_counter()
@@ -75,7 +75,7 @@ def autocompare_worker() -> None:
 
     import ditorch.dipu  # noqa: F401  registers the device
     from ditorch.op_tools import OpAutoCompare
-    from h2.model.config import preset
+    from h2.core.model_config import preset
     from h2.model.transformer import Transformer, language_model_loss
 
     torch.manual_seed(0)

@@ -3,8 +3,9 @@
 Imported by ``import dicomm`` when torch is installed. After it, ``init_process_group("dicomm")``,
 ``new_group(backend="dicomm")`` and per-device strings such as ``"cpu:gloo,dipu:dicomm"`` work.
 The backend serves CPU tensors and, once the PrivateUse1 backend has been renamed (``dipu``),
-that device's tensors too (staged through host memory). Call :func:`register` again after
-renaming PrivateUse1 if ``dicomm`` was imported first.
+that device's tensors too (staged through host memory). It announces the device types it serves
+to ``h2.core.devices`` (where "which backend serves a device" is decided) and extends itself to a
+device type registered later (``dipu`` imported after ``dicomm``).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from dicomm import _dicomm_c10d
+from h2.core import devices
 
 BACKEND_NAME = "dicomm"
 
@@ -33,7 +35,16 @@ def _create_backend(store: dist.Store, rank: int, world_size: int, timeout: date
 
 def register() -> None:
     """Registers (or re-registers, picking up a renamed PrivateUse1 device) the backend."""
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=backend_devices())
+    served = backend_devices()
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=served)
+    for device_type in served:
+        if device_type != "cpu":
+            devices.serve_device(device_type, BACKEND_NAME)
+
+
+def _on_device_type_registered(device_type: str) -> None:
+    if device_type == torch._C._get_privateuse1_backend_name():
+        register()
 
 
 def transport_of(peer: int, group: dist.ProcessGroup | None = None) -> str:
@@ -43,3 +54,4 @@ def transport_of(peer: int, group: dist.ProcessGroup | None = None) -> str:
 
 
 register()
+devices.on_device_type_registered(_on_device_type_registered)

@@ -9,8 +9,9 @@ ditorch/op_tools/environment.py); without them nothing is hooked.
 
 Owns: vendor adapters (`vendors`), the mappings (`cuda_surface`, `device_args`, `distributed`),
 the DIPU device bindings (`ditorch.dipu`), op-level precision tools (`ditorch.op_tools`), the
-loss-curve precision diff (`ditorch.precision`) and the `ditorch` command (`ditorch.cli`). Must not
-import h2, heteropp or dicomm (dicomm is only probed, by name, as a collective backend).
+loss-curve precision diff (`ditorch.precision`) and the no-edit launcher (`python -m ditorch`). Imports
+only h2.core beside torch: never dicomm (which collective backend serves a device is asked of
+h2.core.devices), heteropp or the rest of h2. The `ditorch` command lives in h2.cli.ditorch.
 """
 
 from ditorch.switch import activate, deactivate, info, use

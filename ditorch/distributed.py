@@ -9,12 +9,13 @@ backend replaces it where it is registered.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
+
+from h2.core import devices
 
 HOST_STAGED_GLOO = "hostgloo"
 
@@ -91,22 +92,17 @@ class HostStagedGloo(dist.ProcessGroup):
 
 
 def register_host_staged_gloo(device_type: str) -> None:
+    """Make hostgloo the fallback backend of `device_type`, used when no faster one serves it."""
     if HOST_STAGED_GLOO not in dist.Backend.backend_list:
         dist.Backend.register_backend(HOST_STAGED_GLOO, HostStagedGloo, devices=[device_type])
-
-
-def _dicomm_available() -> bool:
-    try:
-        importlib.import_module("dicomm")
-    except ImportError:
-        return False
-    return "dicomm" in dist.Backend.backend_list
+    devices.serve_device(device_type, HOST_STAGED_GLOO, fallback=True)
 
 
 def device_collective_backend(adapter) -> str:
-    """The backend that serves the vendor's device tensors (dipu: dicomm if registered, else hostgloo)."""
+    """The backend that serves the vendor's device tensors: for dipu, whatever h2.core.devices says
+    serves it (DiComm where it is installed), else hostgloo; for other vendors, their own library."""
     if adapter.name == "dipu":
-        return "dicomm" if _dicomm_available() else HOST_STAGED_GLOO
+        return devices.collective_backend(adapter.device_type) or HOST_STAGED_GLOO
     return adapter.collective_backend
 
 

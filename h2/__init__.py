@@ -1,9 +1,10 @@
-"""H2, the product: the model, data, single-device reference trainer, launcher and `h2` CLI.
+"""H2: training one LLM across a cluster of accelerators from several vendors.
 
-Owns: `h2.model` (a LLaMA-style decoder and its exact parameter/FLOP/activation accounting),
-`h2.data` (byte-level tokenizer and an offline corpus), `h2.train` (trainer, checkpoints,
-metrics), `h2.cli`. The model stays free of parallelism: HeteroPP applies stages, tensor
-parallelism and recompute to a built model from the outside.
+This package holds the bottom and the top layers of the project (docs/architecture.md):
+`h2.core` (shared by everything: errors and the CLI runner, config loading, model accounting, the
+cluster, strategy and job formats, the schedule IR, device and backend lookup), `h2.model` and
+`h2.data` (above ditorch and dicomm), and the product on top: `h2.train` (trainers) and `h2.cli`
+(every command). Importing `h2` itself loads nothing.
 """
 
 __version__ = "0.1.0"

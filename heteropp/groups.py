@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from h2.errors import UserError
+from h2.core.devices import collective_backend
+from h2.core.errors import UserError
 from heteropp.topology import RankPlace, Topology
 
-P2P_BACKENDS = ("gloo", "dicomm")
-STAGE_BACKENDS = ("auto", "gloo", "dicomm")
 GLOO_DEVICE_TYPES = ("cpu", "cuda")  # the tensors gloo reads itself
 
 
@@ -33,17 +32,14 @@ def dicomm_registered() -> bool:
 
 
 def chip_backend(chip: str, device_type: str) -> str:
-    """The collective backend for TP/DP inside a stage of `chip`: gloo for chips emulated on CPU, NCCL
-    on CUDA, and DiComm (which stages other devices' tensors through host memory) on a vendor device
-    that ditorch provides, such as dipu."""
-    if device_type == "cpu":
-        return "gloo"
-    if device_type == "cuda":
-        return "nccl"
-    if dicomm_registered():
-        return "dicomm"
-    raise UserError(f"chip '{chip}': no collective backend for device type '{device_type}' "
-                    f"(DiComm's torch.distributed backend is not built)")
+    """The collective backend for TP/DP inside a stage of `chip`: what h2.core.devices says serves
+    the device type (gloo for chips emulated on CPU, NCCL on CUDA, DiComm on a vendor device such as
+    dipu where it is built)."""
+    backend = collective_backend(device_type)
+    if backend is None:
+        raise UserError(f"chip '{chip}': no collective backend for device type '{device_type}' "
+                        f"(DiComm's torch.distributed backend is not built)")
+    return backend
 
 
 def p2p_needs_host_staging(p2p_backend: str, device_type: str) -> bool:
@@ -52,9 +48,8 @@ def p2p_needs_host_staging(p2p_backend: str, device_type: str) -> bool:
     return p2p_backend == "gloo" and device_type not in GLOO_DEVICE_TYPES
 
 
-def _check_backend(name: str, flag: str, choices: tuple[str, ...]) -> str:
-    if name not in choices:
-        raise UserError(f"{flag} must be one of {', '.join(choices)}, got '{name}'")
+def _check_available(name: str, flag: str) -> str:
+    """Names were checked with the options (h2.core.training.PipelineOptions); this checks the build."""
     if name == "dicomm" and not dicomm_registered():
         raise UserError(f"{flag} dicomm: DiComm's torch.distributed backend is not registered "
                         f"in this build; use {flag} gloo")
@@ -62,11 +57,11 @@ def _check_backend(name: str, flag: str, choices: tuple[str, ...]) -> str:
 
 
 def check_p2p_backend(name: str) -> str:
-    return _check_backend(name, "--p2p-backend", P2P_BACKENDS)
+    return _check_available(name, "--p2p-backend")
 
 
 def check_stage_backend(name: str, device_type: str = "cpu") -> str:
-    _check_backend(name, "--stage-backend", STAGE_BACKENDS)
+    _check_available(name, "--stage-backend")
     if name == "gloo" and device_type not in GLOO_DEVICE_TYPES:
         raise UserError(f"--stage-backend gloo cannot move {device_type} tensors inside a stage; "
                         f"use --stage-backend auto or dicomm")

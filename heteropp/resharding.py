@@ -15,10 +15,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from h2.core.training import RESHARDING_MODES as MODES
 from heteropp.p2p import BACKWARD, FORWARD, P2P, message_tag
 from heteropp.topology import Topology, Transfer, block_size
-
-MODES = ("sliced", "full")
 
 
 class PendingTensor:

@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from h2.errors import UserError
-from h2.model.config import ModelConfig
+from h2.core.errors import UserError
+from h2.core.model_config import ModelConfig
 
 
 # ---- collectives as autograd functions ---------------------------------------------------------

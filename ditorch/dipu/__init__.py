@@ -4,12 +4,14 @@ Importing this package registers the device: torch.device("dipu"), the torch.dip
 Tensor.dipu() / Tensor.is_dipu and Module.dipu(). The vendor library is chosen by DIPU_VENDOR (a
 vendor name such as "host", or a path to a shared library) or by use_vendor(), and is opened at
 the first use of the device. Operators run through the vendor's DIOPI kernels when it has them and
-through the CPU otherwise (see fallback_counts()). Must not import h2, heteropp or dicomm.
+through the CPU otherwise (see fallback_counts()). Imports only h2.core beside torch; never
+dicomm, heteropp or the rest of h2.
 """
 import os
-import sys
 
 import torch
+
+from h2.core import devices
 
 from ditorch.dipu import _C
 from ditorch.dipu import device as _device_module
@@ -51,11 +53,9 @@ def _register_backend() -> None:
         raise DipuError(f"PrivateUse1 is already registered as '{current}'; dipu cannot take it")
     if current != BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
-        # Collective backends registered before the rename know only "cpu": let DiComm, if it is
-        # already imported, register again so that it takes dipu tensors too.
-        dicomm_backend = sys.modules.get("dicomm.torch_backend")
-        if dicomm_backend is not None:
-            dicomm_backend.register()
+        # Collective backends registered before the rename know only "cpu": they extend
+        # themselves to dipu when told.
+        devices.device_type_registered(BACKEND_NAME)
     if not hasattr(torch, BACKEND_NAME):
         torch._register_device_module(BACKEND_NAME, _device_module)
     if not hasattr(torch.Tensor, BACKEND_NAME):

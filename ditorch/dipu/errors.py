@@ -1,5 +1,11 @@
-"""Errors the dipu package raises for users: one line saying what is wrong."""
+"""Errors the dipu package raises for users: one line saying what is wrong.
+
+A DipuError is a UserError (the command lines print it as one line, exit 2) and, for callers that
+catch the runtime's failures, also a RuntimeError.
+"""
+
+from h2.core.errors import UserError
 
 
-class DipuError(RuntimeError):
+class DipuError(UserError, RuntimeError):
     pass

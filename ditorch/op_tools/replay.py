@@ -1,26 +1,21 @@
-"""`ditorch replay DIR --device X` (python -m ditorch.op_tools.replay): rerun op calls saved by the
-capture tool on a device and compare each output with the saved one. Exit 0 when all match,
-1 when some do not, 2 on bad input."""
+"""Replay (`ditorch replay DIR --device X`): rerun op calls saved by the capture tool on a device and
+compare each output with the saved one. `run_replay` returns 0 when all match, 1 when some do not;
+bad input raises UserError."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import importlib
 import json
 import os
-import sys
 
 import torch
 
 from ditorch.op_tools.capture import CALL_FILE, FORMAT_VERSION, META_FILE, decode_leaves
 from ditorch.op_tools.compare import Comparison, Tolerances, compare_tensors
-from ditorch.op_tools.errors import OneLineParser, UserError, run_cli
 from ditorch.op_tools.op_filter import name_forms
 from ditorch.op_tools.tensors import map_devices, map_tensors, tensors_of
-
-# Device types provided by a Python package that registers the backend on import.
-DEVICE_PROVIDERS = {"dipu": "ditorch.dipu"}
+from h2.core.devices import resolve_device
+from h2.core.errors import UserError
 
 
 @dataclasses.dataclass
@@ -35,22 +30,6 @@ class ReplayResult:
     @property
     def passed(self) -> bool:
         return self.comparison is not None and self.comparison.allclose
-
-
-def resolve_device(name: str) -> torch.device:
-    provider = DEVICE_PROVIDERS.get(name.split(":", 1)[0])
-    if provider:
-        try:
-            importlib.import_module(provider)
-        except ImportError as error:
-            raise UserError(f"--device {name}: its provider {provider} is not available ({error})") from None
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name}: unknown device (try cpu, cuda, dipu)") from None
-    if device.type != "cpu" and not getattr(getattr(torch, device.type, None), "is_available", lambda: False)():
-        raise UserError(f"--device {name}: not available on this machine")
-    return device
 
 
 def call_folders(path: str) -> list[str]:
@@ -135,39 +114,18 @@ def format_results(results: list[ReplayResult], device: torch.device) -> str:
     return "\n".join(lines)
 
 
-def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("capture", metavar="DIR", help="a capture folder (or one call folder inside it)")
-    parser.add_argument("--device", default="cpu", help="device to replay on (default cpu)")
-    parser.add_argument("--rtol", type=float, help="relative tolerance for all outputs (default: per dtype)")
-    parser.add_argument("--atol", type=float, help="absolute tolerance for all outputs (default: per dtype)")
-    parser.set_defaults(handler=run_replay)
-
-
-def run_replay(args: argparse.Namespace) -> int:
-    if (args.rtol is None) != (args.atol is None):
+def run_replay(capture: str, device_name: str = "cpu", rtol: float | None = None,
+               atol: float | None = None) -> int:
+    """Replay every call under `capture` on `device_name` and print the table; 0 when all match, else 1."""
+    if (rtol is None) != (atol is None):
         raise UserError("--rtol and --atol go together")
-    folders = call_folders(args.capture)
-    device = resolve_device(args.device)
+    folders = call_folders(capture)
+    device = resolve_device(device_name)
     tolerances = Tolerances()
-    if args.rtol is not None:
-        if args.rtol < 0 or args.atol < 0:
+    if rtol is not None:
+        if rtol < 0 or atol < 0:
             raise UserError("--rtol and --atol must not be negative")
-        tolerances = Tolerances(per_dtype={dtype: (args.rtol, args.atol) for dtype in tolerances.per_dtype})
+        tolerances = Tolerances(per_dtype={dtype: (rtol, atol) for dtype in tolerances.per_dtype})
     results = [replay_call(folder, device, tolerances) for folder in folders]
     print(format_results(results, device))
     return 0 if all(r.passed for r in results) else 1
-
-
-PROG = "ditorch replay"
-
-
-@run_cli(PROG)
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog=PROG, description="Rerun captured op calls on a device and compare with the capture.")
-    add_replay_arguments(parser)
-    args = parser.parse_args(argv)
-    return args.handler(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

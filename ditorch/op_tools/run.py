@@ -1,6 +1,6 @@
 """`python -m ditorch.op_tools.run script.py [args...]`: run an unmodified script with the op tools
 that DITORCH_* environment variables ask for (see ditorch.op_tools.environment); `-m module` runs
-a module instead of a script."""
+a module instead of a script. `run_program` is also what `python -m ditorch` runs."""
 
 from __future__ import annotations
 
@@ -9,17 +9,15 @@ import sys
 
 from ditorch.op_tools.environment import TOOL_VARIABLES, activate_from_environment, requested
 
-USAGE = "usage: python -m ditorch.op_tools.run [-m module | script.py] [args...]"
 
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def run_program(argv: list[str], prog: str, warn_without_tools: bool = True) -> int:
+    """Run `script.py args...` or `-m module args...` as __main__, with the requested op tools on."""
     if not argv or argv[0] in ("-h", "--help") or (argv[0] == "-m" and len(argv) < 2):
-        print(USAGE + "\nswitch tools on with: " + ", ".join(TOOL_VARIABLES), file=sys.stderr)
+        print(f"usage: {prog} [-m module | script.py] [args...]\nswitch op tools on with: "
+              + ", ".join(TOOL_VARIABLES), file=sys.stderr)
         return 2
-    if not requested():
-        print("ditorch.op_tools.run: warning: no DITORCH_* op tool variable is set; running without tools",
-              file=sys.stderr)
+    if warn_without_tools and not requested():
+        print(f"{prog}: warning: no DITORCH_* op tool variable is set; running without tools", file=sys.stderr)
     activate_from_environment()
     if argv[0] == "-m":
         sys.argv = argv[1:]
@@ -28,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv = argv
         runpy.run_path(argv[0], run_name="__main__")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_program(list(sys.argv[1:] if argv is None else argv), "python -m ditorch.op_tools.run")
 
 
 if __name__ == "__main__":

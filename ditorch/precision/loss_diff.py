@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ditorch.op_tools.errors import UserError
+from h2.core.errors import UserError
 from ditorch.precision.loss_log import LossLog, check_finite
 
 DEFAULT_THRESHOLD = 0.015  # the paper's criterion: MRE < 1.5 %

@@ -9,7 +9,7 @@ import json
 import math
 import os
 
-from ditorch.op_tools.errors import UserError
+from h2.core.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 

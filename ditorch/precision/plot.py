@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ditorch.op_tools.errors import UserError
+from h2.core.errors import UserError
 from ditorch.precision.loss_diff import LossDiff
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h2.errors import UserError
+from h2.core.errors import UserError
 
 DEFAULT_MAX_BYTES = 8 * 2**20
 DOCUMENT_SEPARATOR = "\n\n"

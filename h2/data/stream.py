@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from h2.data.corpus import Corpus
-from h2.errors import UserError
+from h2.core.errors import UserError
 
 
 class SequenceStream:

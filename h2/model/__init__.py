@@ -1,10 +1,12 @@
-"""The H2 model: a LLaMA-style decoder (`Transformer`) and its configuration and accounting.
+"""The H2 model: a LLaMA-style decoder (`Transformer`), free of parallelism (HeteroPP applies stages,
+tensor parallelism and recompute from outside).
 
-`h2.model.config` is pure Python so the planner can use it without torch; the torch modules are
-imported on first use of `Transformer` and friends.
+Its configuration and exact accounting live in h2.core.model_config (pure Python, so the planner
+uses them without torch) and are re-exported here; the torch modules are imported on first use of
+`Transformer` and friends. Imports only h2.core beside torch.
 """
 
-from h2.model.config import PRESETS, ModelConfig, load_model_config, preset, resolve_model
+from h2.core.model_config import PRESETS, ModelConfig, load_model_config, preset, resolve_model
 
 __all__ = ["PRESETS", "ModelConfig", "load_model_config", "preset", "resolve_model",
            "Transformer", "DecoderLayer", "RMSNorm"]

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from h2.model.config import ModelConfig
+from h2.core.model_config import ModelConfig
 
 
 class RMSNorm(nn.Module):

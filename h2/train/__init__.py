@@ -1,10 +1,12 @@
-"""The single-device reference trainer: AdamW, warm-up + cosine LR, clipping, fp32/bf16,
-gradient accumulation, atomic checkpoints with exact resume, JSONL metrics and progress.
+"""The trainers (product layer): the single-device reference trainer (AdamW, warm-up + cosine LR,
+clipping, fp32/bf16, gradient accumulation, atomic checkpoints with exact resume, JSONL metrics and
+progress) and the pipeline trainer that drives a HeteroPP engine on each rank (h2.train.pipeline).
 
-Every parallel run (HeteroPP) is checked against this trainer's loss on the same data.
+Every parallel run (HeteroPP) is checked against the reference trainer's loss on the same data.
+May import every layer below (h2.core, h2.model, h2.data, heteropp); never h2.cli.
 """
 
-from h2.train.config import TrainConfig
+from h2.core.training import TrainConfig
 from h2.train.trainer import Trainer, train
 
 __all__ = ["TrainConfig", "Trainer", "train"]

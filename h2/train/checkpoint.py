@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from h2.errors import UserError
+from h2.core.errors import UserError
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 

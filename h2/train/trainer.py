@@ -15,12 +15,12 @@ import torch
 
 from h2.data import SequenceStream, load_stdlib_corpus
 from h2.data.corpus import Corpus
-from h2.errors import UserError
-from h2.model.config import ModelConfig
+from h2.core.errors import UserError
+from h2.core.model_config import ModelConfig
 from h2.model.transformer import Transformer, language_model_loss
 from h2.train.checkpoint import CheckpointDir
-from h2.train.config import TRAJECTORY_FIELDS, TrainConfig
-from h2.train.device import resolve_device
+from h2.core.training import TRAJECTORY_FIELDS, TrainConfig
+from h2.core.devices import resolve_device
 from h2.train.lr_schedule import learning_rate
 from h2.train.metrics import MetricsLog
 from h2.train.progress import ProgressBar

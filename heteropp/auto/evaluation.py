@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from h2.errors import UserError
-from h2.model.config import ModelConfig
+from h2.core.errors import UserError
+from h2.core.model_config import ModelConfig
 from heteropp.auto.cost import iteration_time_s
 from heteropp.auto.memory import stage_memory_bytes
 from heteropp.auto.profiles import LayerProfile, Profile
 from heteropp.auto.simulator import StageCost
-from heteropp.auto.specs import ClusterSpec, TrainingSpec
-from heteropp.auto.strategy import Strategy
+from h2.core.cluster import ClusterSpec, TrainingSpec
+from h2.core.strategy import Strategy
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from h2.model.config import ModelConfig
+from h2.core.model_config import ModelConfig
 from heteropp.auto.profiles import LayerProfile
-from heteropp.auto.specs import TrainingSpec
+from h2.core.cluster import TrainingSpec
 
 
 def in_flight_micro_batches(position: int, num_stages: int, micro_batches: int) -> int:

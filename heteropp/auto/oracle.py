@@ -13,13 +13,13 @@ import math
 import time
 from typing import Iterator
 
-from h2.errors import UserError
-from h2.model.config import ModelConfig
+from h2.core.errors import UserError
+from h2.core.model_config import ModelConfig
 from heteropp.auto.cost import iteration_time_s
 from heteropp.auto.memory import stage_memory_bytes
 from heteropp.auto.profiles import Profile
 from heteropp.auto.search import Candidate, Group, SearchResult, divisors, split_groups, type_groups
-from heteropp.auto.specs import ClusterSpec, TrainingSpec
+from h2.core.cluster import ClusterSpec, TrainingSpec
 
 DEFAULT_LIMIT = 2_000_000
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 
-from h2.errors import UserError
-from h2.model.config import ModelConfig
+from h2.core.errors import UserError
+from h2.core.model_config import ModelConfig
 from heteropp.auto.profiles import (LayerProfile, Profile, UpdateProfile, activation_entry_bytes, dp_sizes,
                                     tp_collective_s, update_s_per_layer)
-from heteropp.auto.specs import ChipType, TrainingSpec
+from h2.core.cluster import ChipType, TrainingSpec
 
 
 def _synchronize(torch, device) -> None:

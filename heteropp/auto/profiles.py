@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from h2.config_io import dataclass_from_mapping, load_yaml_mapping
-from h2.errors import UserError
-from h2.model.config import ModelConfig
-from heteropp.auto.specs import ChipType, ClusterSpec, TrainingSpec
+from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.errors import UserError
+from h2.core.model_config import ModelConfig
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 
 
 @dataclass(frozen=True)

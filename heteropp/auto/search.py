@@ -19,13 +19,13 @@ import heapq
 import time
 from dataclasses import dataclass
 
-from h2.errors import UserError
-from h2.model.config import PRESETS, ModelConfig
+from h2.core.errors import UserError
+from h2.core.model_config import PRESETS, ModelConfig
 from heteropp.auto.memory import stage_memory_terms_at
 from heteropp.auto.profiles import Profile
 from heteropp.auto.sharding import absorber_bound, lower_bound, shard_layers
-from heteropp.auto.specs import ChipType, ClusterSpec, TrainingSpec
-from heteropp.auto.strategy import StageSpec, Strategy
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
+from h2.core.strategy import StageSpec, Strategy
 
 GIB = 1e9
 _TIE = 1 - 2e-9  # a bound within rounding of the k-th best cannot beat it by more than that: prune ties

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from heteropp.schedule import Action
+from h2.core.schedule import Action
 
 
 @dataclass(frozen=True)

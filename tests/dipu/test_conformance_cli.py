@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ditorch.cli import main
+from h2.cli.ditorch import main
 from ditorch.dipu.conformance import run_conformance
 
 import torch
@@ -14,7 +14,7 @@ QUICK = ["--max-samples", "1", "--dtypes", "float32"]
 
 
 def ditorch(*args, **env):
-    command = [sys.executable, "-c", "import sys; from ditorch.cli import main; sys.exit(main())", *args]
+    command = [sys.executable, "-c", "import sys; from h2.cli.ditorch import main; sys.exit(main())", *args]
     return subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
 
 

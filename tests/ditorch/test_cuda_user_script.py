@@ -58,7 +58,7 @@ def test_ddp_under_torchrun_with_nccl_trains_on_dipu_and_keeps_replicas_equal(tm
 
 
 def test_ditorch_info_names_the_vendor_every_adapter_and_the_mappings():
-    completed = run(["-m", "ditorch", "info", "--json"])
+    completed = run(["-m", "h2.cli.ditorch", "info", "--json"])
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
     assert report["vendor"] == "dipu" and report["cuda_mapped"]

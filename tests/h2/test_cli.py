@@ -8,7 +8,7 @@ from h2.train.metrics import read_metrics
 
 
 def test_train_tiny_200_steps_lowers_loss_by_at_least_30_percent(cli, tmp_path):
-    result = cli("h2.cli", "train", "--preset", "tiny", "--steps", "200", "--device", "cpu", "--out", str(tmp_path))
+    result = cli("h2", "train", "--preset", "tiny", "--steps", "200", "--device", "cpu", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     losses = [r["loss"] for r in read_metrics(tmp_path / "metrics.jsonl")]
     assert len(losses) == 200
@@ -17,7 +17,7 @@ def test_train_tiny_200_steps_lowers_loss_by_at_least_30_percent(cli, tmp_path):
 
 
 def test_model_info_100b_prints_the_parameter_count(cli):
-    result = cli("h2.cli", "model-info", "--preset", "h2-100b", "--json")
+    result = cli("h2", "model-info", "--preset", "h2-100b", "--json")
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["parameters"] == 102_986_424_320
@@ -37,7 +37,7 @@ def test_model_info_100b_prints_the_parameter_count(cli):
 def test_bad_input_is_one_line_and_exit_code_2(cli, tmp_path, args, message):
     if args[0] == "train" and "--out" not in args:
         args = [*args, "--out", str(tmp_path / "run")]
-    result = cli("h2.cli", *args)
+    result = cli("h2", *args)
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -46,23 +46,23 @@ def test_bad_input_is_one_line_and_exit_code_2(cli, tmp_path, args, message):
 def test_malformed_model_yaml_names_the_file(cli, tmp_path):
     bad = tmp_path / "model.yaml"
     bad.write_text("preset: tiny\nhidden_size: big\n")
-    result = cli("h2.cli", "train", "--model-config", str(bad), "--out", str(tmp_path / "run"))
+    result = cli("h2", "train", "--model-config", str(bad), "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert f"{bad}: field 'hidden_size': expected an integer" in result.stderr
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(cli, tmp_path):
-    result = cli("h2.cli", "train", "--resume", "--out", str(tmp_path))
+    result = cli("h2", "train", "--resume", "--out", str(tmp_path))
     assert result.returncode == 2 and "no checkpoint to resume from" in result.stderr
 
 
 def test_log_every_without_a_strategy_is_refused(cli, tmp_path):
-    result = cli("h2.cli", "train", "--log-every", "5", "--out", str(tmp_path))
+    result = cli("h2", "train", "--log-every", "5", "--out", str(tmp_path))
     assert result.returncode == 2 and "--log-every needs --strategy" in result.stderr
 
 
 @pytest.mark.parametrize("flag,value", [("--resharding", "full"), ("--optimizer-sharding", "zero1"),
                                         ("--schedule", "1f1b"), ("--stage-backend", "gloo")])
 def test_pipeline_flags_without_a_strategy_are_refused(cli, tmp_path, flag, value):
-    result = cli("h2.cli", "train", flag, value, "--out", str(tmp_path))
+    result = cli("h2", "train", flag, value, "--out", str(tmp_path))
     assert result.returncode == 2 and f"{flag} needs --strategy" in result.stderr

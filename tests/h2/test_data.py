@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from h2.data import ByteTokenizer, SequenceStream, load_stdlib_corpus
-from h2.errors import UserError
+from h2.core.errors import UserError
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from h2.errors import UserError
+from h2.core.errors import UserError
 from h2.model import DecoderLayer, Transformer, load_model_config, preset, resolve_model
 
 

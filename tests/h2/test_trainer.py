@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from h2.data import load_stdlib_corpus
-from h2.errors import UserError
+from h2.core.errors import UserError
 from h2.model import preset
 from h2.train import TrainConfig, Trainer
 from h2.train import checkpoint as checkpoint_module

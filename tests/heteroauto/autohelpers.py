@@ -3,8 +3,8 @@
 import os
 import random
 
-from h2.model.config import ModelConfig
-from heteropp.auto.specs import ChipType, ClusterSpec, TrainingSpec
+from h2.core.model_config import ModelConfig
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTERS = os.path.join(ROOT, "configs", "clusters")

@@ -2,12 +2,12 @@ import os
 
 import pytest
 
-from h2.errors import UserError
-from h2.model.config import preset
+from h2.core.errors import UserError
+from h2.core.model_config import preset
 from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s
 from heteropp.auto.memory import in_flight_micro_batches, stage_memory_bytes, stage_memory_terms
 from heteropp.auto.profiles import load_profile, profiles_for, save_profile, synthesise_profile
-from heteropp.auto.specs import load_cluster
+from h2.core.cluster import load_cluster
 
 from autohelpers import CLUSTERS
 

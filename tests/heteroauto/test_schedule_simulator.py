@@ -7,12 +7,13 @@ from hypothesis import strategies as st
 
 from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s
 from heteropp.auto.simulator import StageCost, simulate
-from heteropp.schedule import Action, format_schedule, one_f_one_b, one_f_one_b_split_backward
+from h2.core.schedule import Action, format_schedule, one_f_one_b, one_f_one_b_split_backward
 
 
 def test_schedule_planner_and_cli_do_not_import_torch():
     import subprocess
-    code = ("import sys, heteropp.schedule, heteropp.auto.cli, heteropp.auto.search, heteropp.auto.simulator; "
+    code = ("import sys, h2.core, h2.core.schedule, h2.core.cluster, h2.core.strategy, h2.core.training, "
+            "h2.core.devices, h2.cli.heteroauto, heteropp.auto.search, heteropp.auto.simulator; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h2.errors import UserError
-from h2.model.config import preset
+from h2.core.errors import UserError
+from h2.core.model_config import preset
 from heteropp.auto.evaluation import evaluate_strategy
 from heteropp.auto.oracle import oracle_search
 from heteropp.auto.profiles import profiles_for
 from heteropp.auto.search import search
-from heteropp.auto.specs import ChipType, ClusterSpec, TrainingSpec, load_cluster
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster
 
 from autohelpers import CLUSTERS, random_problem, small_model
 

@@ -2,8 +2,8 @@ import os
 
 import pytest
 
-from h2.errors import UserError
-from heteropp.auto.specs import load_cluster, parse_count
+from h2.core.errors import UserError
+from h2.core.cluster import load_cluster, parse_count
 
 from autohelpers import CLUSTERS
 

@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from h2.errors import UserError
-from heteropp.auto.cli import main
-from heteropp.auto.strategy import load_strategy
+from h2.core.errors import UserError
+from h2.cli.heteroauto import main
+from h2.core.strategy import load_strategy
 
 from autohelpers import CLUSTERS, STRATEGIES
 

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from h2.core.strategy import strategy_from_mapping
 from h2.train import TrainConfig, Trainer
-from heteropp.auto.strategy import strategy_from_mapping
 
 
 def free_port() -> int:
@@ -27,20 +27,24 @@ def _rank_main(rank: int, world_size: int, port: int, strategy_data: dict, steps
                options: dict) -> None:
     from datetime import timedelta
 
-    from heteropp.trainer import PipelineOptions, PipelineTrainer
+    from h2.core.training import PipelineOptions
+    from h2.train.pipeline import PipelineTrainer
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=120))
     try:
         strategy = strategy_from_mapping(strategy_data, "test strategy")
-        trainer = PipelineTrainer(strategy, TrainConfig(steps=steps), out_dir, PipelineOptions(**options))
+        options = dict(options)
+        config = TrainConfig(steps=steps, device=options.pop("device", "cpu"))
+        trainer = PipelineTrainer(strategy, config, out_dir, PipelineOptions(**options))
         records = trainer.run()
-        p2p = {"rank": rank, "stage": trainer.place.stage, "bytes_sent": trainer.p2p.bytes_sent,
-               "optimizer_state_elements": trainer.optimizer.owned_state_elements(),
-               "parameter_elements": sum(p.numel() for p in trainer.optimizer.params),
+        engine = trainer.engine
+        p2p = {"rank": rank, "stage": engine.place.stage, "bytes_sent": engine.p2p.bytes_sent,
+               "optimizer_state_elements": engine.optimizer.owned_state_elements(),
+               "parameter_elements": sum(p.numel() for p in engine.optimizer.params),
                "mean_step_s": sum(r["step_time_s"] for r in records) / len(records),
-               "parameter_devices": sorted({str(p.device) for p in trainer.optimizer.params}),
-               "tp_backend": dist.get_backend(trainer.groups.tp) if trainer.groups.tp is not None else None}
+               "parameter_devices": sorted({str(p.device) for p in engine.optimizer.params}),
+               "tp_backend": dist.get_backend(engine.groups.tp) if engine.groups.tp is not None else None}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
             json.dump(p2p, handle)
     finally:

@@ -1,4 +1,4 @@
-"""`h2 train --strategy` (torchrun of `python -m heteropp.run`), as a user launches it; and the one-line errors."""
+"""`h2 train --strategy` (torchrun of `python -m h2.cli.rank`), as a user launches it; and the one-line errors."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ FIG8 = os.path.join(REPO_ROOT, "configs", "strategies", "local-fig8-pp3.yaml")
 
 
 def test_run_without_torchrun_is_a_one_line_error_naming_the_process_count(cli):
-    result = cli("heteropp.run", "--strategy", FIG8, "--steps", "1", env={"WORLD_SIZE": ""})
+    result = cli("h2.cli.rank", "--strategy", FIG8, "--steps", "1", env={"WORLD_SIZE": ""})
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "--nproc-per-node 4" in result.stderr
 
 
 def test_run_with_an_unknown_p2p_backend_is_a_one_line_error(cli):
-    result = cli("heteropp.run", "--strategy", FIG8, "--p2p-backend", "carrier-pigeon", "--steps", "1")
+    result = cli("h2.cli.rank", "--strategy", FIG8, "--p2p-backend", "carrier-pigeon", "--steps", "1")
     assert result.returncode == 2
     assert "--p2p-backend must be one of gloo, dicomm" in result.stderr
 
@@ -31,7 +31,7 @@ PP2 = os.path.join(REPO_ROOT, "configs", "strategies", "local-tiny-pp2.yaml")
 @pytest.mark.slow
 def test_h2_train_with_a_strategy_launches_the_pipeline_on_local_processes(tmp_path, cli):
     out = tmp_path / "pp2"
-    result = cli("h2.cli", "train", "--strategy", PP2, "--steps", "2", "--out", str(out), timeout=240)
+    result = cli("h2", "train", "--strategy", PP2, "--steps", "2", "--out", str(out), timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "stage 1: chip emu-small (emulated on cpu), tp 1 x dp 1, layers 2..3, no recompute" in result.stdout
     with open(out / "metrics.jsonl") as handle:
@@ -42,14 +42,14 @@ def test_h2_train_with_a_strategy_launches_the_pipeline_on_local_processes(tmp_p
 
 
 def test_h2_train_with_a_strategy_and_the_wrong_process_count_is_a_one_line_error(cli):
-    result = cli("h2.cli", "train", "--strategy", PP2, "--nproc", "3")
+    result = cli("h2", "train", "--strategy", PP2, "--nproc", "3")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert result.stderr.strip().endswith(f"error: {PP2}: needs 2 processes (sum of tp * dp over stages), --nproc is 3")
 
 
 def test_h2_train_with_an_unknown_stage_backend_is_refused_before_launching(cli):
-    result = cli("h2.cli", "train", "--strategy", PP2, "--stage-backend", "nccl")
+    result = cli("h2", "train", "--strategy", PP2, "--stage-backend", "nccl")
     assert result.returncode == 2
     assert result.stderr.strip().endswith("error: --stage-backend must be one of auto, gloo, dicomm, got 'nccl'")
     assert result.stderr.strip().count("\n") == 0
@@ -58,7 +58,7 @@ def test_h2_train_with_an_unknown_stage_backend_is_refused_before_launching(cli)
 @pytest.mark.slow
 def test_h2_train_passes_pipeline_options_through_to_every_rank(tmp_path, cli):
     out = tmp_path / "fig8-full"
-    result = cli("h2.cli", "train", "--strategy", FIG8, "--steps", "1", "--out", str(out), "--resharding", "full",
+    result = cli("h2", "train", "--strategy", FIG8, "--steps", "1", "--out", str(out), "--resharding", "full",
                  "--optimizer-sharding", "zero1", "--stage-backend", "gloo", timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(out / "metrics.jsonl") as handle:
@@ -69,6 +69,6 @@ def test_h2_train_passes_pipeline_options_through_to_every_rank(tmp_path, cli):
 
 
 def test_h2_train_refuses_gloo_inside_stages_on_a_vendor_device_before_launching(cli):
-    result = cli("h2.cli", "train", "--strategy", PP2, "--device", "dipu", "--stage-backend", "gloo")
+    result = cli("h2", "train", "--strategy", PP2, "--device", "dipu", "--stage-backend", "gloo")
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "--stage-backend gloo cannot move dipu tensors inside a stage" in result.stderr

@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from heteropp.auto.strategy import strategy_from_mapping
+from h2.core.strategy import strategy_from_mapping
 from heteropp.data_parallel import assign_owners
-from heteropp.schedule import schedule_actions
-from h2.errors import UserError
+from h2.core.schedule import schedule_actions
+from h2.core.errors import UserError
 from heteropp.topology import Topology, blocks
 
 
@@ -156,7 +156,7 @@ def test_every_send_in_the_action_lists_has_a_matching_receive_on_the_neighbour(
 def test_the_shipped_figure8_strategy_is_the_papers_shape():
     import os
 
-    from heteropp.auto.strategy import load_strategy
+    from h2.core.strategy import load_strategy
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     topo = Topology.from_strategy(load_strategy(os.path.join(root, "configs", "strategies", "local-fig8-exact.yaml")))
     assert [(s.tp, s.dp, len(s.layers), s.recompute) for s in topo.stages] == [(2, 4, 8, True), (4, 2, 6, False),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from h2.model.config import preset
+from h2.core.model_config import preset
 from h2.model.transformer import Transformer
 from heteropp.stage import apply_recompute, build_stage
 from heteropp.tensor_parallel import ShardLinear, WeightGradStore, apply_tp

@@ -37,7 +37,7 @@ class Perturb(OpTool):
 
 
 def build_tiny(seed: int = 0):
-    from h2.model.config import preset
+    from h2.core.model_config import preset
     from h2.model.transformer import Transformer
 
     torch.manual_seed(seed)

@@ -9,9 +9,13 @@ import torch
 
 from conftest import build_tiny, tiny_batch, training_step
 from ditorch.op_tools import OpCapture
-from ditorch.op_tools.replay import main as replay
+from h2.cli.ditorch import main as ditorch
 
-MODULE = "ditorch.op_tools.replay"
+MODULE = "h2.cli.ditorch"
+
+
+def replay(argv: list[str]) -> int:
+    return ditorch(["replay", *argv])
 
 
 def in_first_layer(call) -> bool:
@@ -87,6 +91,6 @@ def test_bad_capture_folders_are_rejected_with_exit_2(tmp_path, capsys):
 
 
 def test_bad_input_is_one_line_without_traceback_from_the_command_line(tmp_path, cli):
-    result = cli(MODULE, str(tmp_path / "missing"))
+    result = cli(MODULE, "replay", str(tmp_path / "missing"))
     assert result.returncode == 2 and "no such folder" in result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ditorch.precision.cli import add_precision_diff_parser, add_replay_parser
+from h2.cli.ditorch import add_precision_diff_parser, add_replay_parser
 
 
 def build() -> argparse.ArgumentParser:
@@ -33,7 +33,7 @@ def test_replay_subcommand_is_registered(tmp_path, capsys):
 
 
 def test_ditorch_command_line_has_precision_diff_and_replay(tmp_path, capsys):
-    from ditorch.cli import main as ditorch
+    from h2.cli.ditorch import main as ditorch
 
     reference, perturbed = tmp_path / "r.jsonl", tmp_path / "p.csv"
     reference.write_text("".join(json.dumps({"step": s, "loss": 3.0 - 0.01 * s}) + "\n" for s in range(1, 31)))

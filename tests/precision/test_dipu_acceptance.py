@@ -73,13 +73,13 @@ def test_module_compare_names_the_first_matmul_module_on_lowprec(lowprec_run):
 
 
 def test_calls_captured_on_lowprec_replay_with_a_mismatch_on_the_cpu(lowprec_run, cli, capsys):
-    from ditorch.op_tools.replay import main as replay
+    from h2.cli.ditorch import main as ditorch
 
     _, capture = lowprec_run
-    assert replay([capture, "--device", "cpu"]) == 1
+    assert ditorch(["replay", capture, "--device", "cpu"]) == 1
     out = capsys.readouterr().out
     assert "MISMATCH" in out and "replayed 3 op calls on cpu" in out
-    on_lowprec = cli("ditorch.op_tools.replay", capture, "--device", "dipu", env={"DIPU_HOST_PROFILE": "lowprec"})
+    on_lowprec = cli("h2.cli.ditorch", "replay", capture, "--device", "dipu", env={"DIPU_HOST_PROFILE": "lowprec"})
     assert on_lowprec.returncode == 0, on_lowprec.stdout + on_lowprec.stderr
 
 

@@ -8,12 +8,16 @@ import os
 
 import pytest
 
-from ditorch.op_tools.errors import UserError
-from ditorch.precision.diff import main as precision_diff
+from h2.core.errors import UserError
+from h2.cli.ditorch import main as ditorch
 from ditorch.precision.loss_diff import compare_losses
 from ditorch.precision.loss_log import read_loss_log
 
-MODULE = "ditorch.precision.diff"
+MODULE = "h2.cli.ditorch"
+
+
+def precision_diff(argv: list[str]) -> int:
+    return ditorch(["precision-diff", *argv])
 
 
 def loss_curve(steps: int) -> list[tuple[int, float]]:
@@ -81,7 +85,7 @@ def test_steps_compares_only_the_first_n_reference_steps(reference, tmp_path, ca
 
 
 def test_run_folder_of_the_h2_trainer_is_accepted(tmp_path, capsys):
-    from h2.model.config import preset
+    from h2.core.model_config import preset
     from h2.train import TrainConfig
     from h2.train.trainer import train
 
@@ -115,7 +119,7 @@ def test_malformed_candidate_is_rejected_with_exit_2_and_one_line(tmp_path, cont
     reference = write_jsonl(tmp_path / "r.jsonl", [(1, 3.0), (2, 3.0)])
     candidate = tmp_path / "bad.jsonl"
     candidate.write_text(content)
-    result = cli(MODULE, "--reference", reference, "--candidate", str(candidate))
+    result = cli(MODULE, "precision-diff", "--reference", reference, "--candidate", str(candidate))
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert str(candidate) in result.stderr and message in result.stderr

@@ -1,24 +1,21 @@
 """The `ditorch` command.
 
-  ditorch info          the active vendor, every adapter's probe, devices, versions and active mappings
-  ditorch conformance   OpInfo samples of the DIOPI table's operators on dipu against the CPU
+  ditorch info            the active vendor, every adapter's probe, devices, versions and active mappings
+  ditorch conformance     OpInfo samples of the DIOPI table's operators on dipu against the CPU
   ditorch precision-diff  a run's loss curve against a reference run (MRE; exit 0 pass, 1 fail)
-  ditorch replay        rerun op calls saved by the capture tool on a device and compare
+  ditorch replay          rerun op calls saved by the capture tool on a device and compare
 
 Errors a user can fix are one line on stderr and exit status 2.
 """
+
+from __future__ import annotations
+
 import argparse
+import json
 import os
 import sys
 
-
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
+from h2.core.errors import ArgumentParser, UserError, run_cli
 
 
 def _gib(size: int) -> str:
@@ -39,8 +36,6 @@ def _dipu_lines() -> list[str]:
 
 
 def command_info(args) -> int:
-    import json
-
     import ditorch
 
     report = ditorch.info()
@@ -90,7 +85,7 @@ def _parse_dtypes(text: str):
     for name in text.split(","):
         dtype = getattr(torch, name.strip(), None)
         if not isinstance(dtype, torch.dtype):
-            raise UsageError(f"--dtypes: '{name.strip()}' is not a torch dtype")
+            raise UserError(f"--dtypes: '{name.strip()}' is not a torch dtype")
         dtypes.append(dtype)
     return tuple(dtypes)
 
@@ -116,9 +111,78 @@ def command_conformance(args) -> int:
     return 1 if failed else 0
 
 
+# ---- precision-diff ---------------------------------------------------------------------------------
+def add_precision_diff_arguments(parser: argparse.ArgumentParser) -> None:
+    from ditorch.precision.loss_diff import DEFAULT_THRESHOLD, DEFAULT_WINDOW
+
+    parser.add_argument("--reference", required=True, metavar="REF",
+                        help="reference loss log: metrics.jsonl, a run folder holding one, or a CSV of step,loss")
+    parser.add_argument("--candidate", required=True, metavar="RUN", help="candidate loss log (same forms)")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help=f"pass when MRE < threshold (default {DEFAULT_THRESHOLD}, the H2 paper's 1.5%%)")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help="compare the reference's first N steps (default: all of its steps)")
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW,
+                        help=f"steps per window in the per-window table (default {DEFAULT_WINDOW})")
+    parser.add_argument("--plot", metavar="PNG", help="write both curves and the relative error to this PNG")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+@run_cli("ditorch precision-diff")
+def command_precision_diff(args: argparse.Namespace) -> int:
+    from ditorch.precision.loss_diff import compare_losses, format_report
+    from ditorch.precision.loss_log import read_loss_log
+
+    reference = read_loss_log(args.reference)
+    candidate = read_loss_log(args.candidate)
+    diff = compare_losses(reference, candidate, threshold=args.threshold, steps=args.steps, window=args.window)
+    if args.plot:
+        from ditorch.precision.plot import plot_loss_diff
+        plot_loss_diff(diff, args.plot, reference_label=reference.path, candidate_label=candidate.path)
+    if args.json:
+        print(json.dumps({"reference": reference.path, "candidate": candidate.path, **diff.to_dict(),
+                          "plot": args.plot}))
+    else:
+        print(format_report(diff, reference.path, candidate.path))
+        if args.plot:
+            print(f"plot {args.plot}")
+    return 0 if diff.passed else 1
+
+
+def add_precision_diff_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "precision-diff", help="compare a loss curve with a reference run (the H2 paper's MRE criterion)",
+        description="Compare a candidate run's loss curve with a reference run's. Exit 0 when the mean "
+                    "relative error is below the threshold, 1 when it is not, 2 on bad input.")
+    add_precision_diff_arguments(parser)
+    parser.set_defaults(run=command_precision_diff)
+    return parser
+
+
+# ---- replay -----------------------------------------------------------------------------------------
+@run_cli("ditorch replay")
+def command_replay(args: argparse.Namespace) -> int:
+    from ditorch.op_tools.replay import run_replay
+
+    return run_replay(args.capture, args.device, rtol=args.rtol, atol=args.atol)
+
+
+def add_replay_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "replay", help="rerun op calls saved by the capture tool on a device and compare the outputs",
+        description="Rerun op calls saved by the capture tool (ditorch.op_tools.OpCapture) and compare "
+                    "with the saved outputs. Exit 0 when all match, 1 when some do not, 2 on bad input.")
+    parser.add_argument("capture", metavar="DIR", help="a capture folder (or one call folder inside it)")
+    parser.add_argument("--device", default="cpu", help="device to replay on (default cpu)")
+    parser.add_argument("--rtol", type=float, help="relative tolerance for all outputs (default: per dtype)")
+    parser.add_argument("--atol", type=float, help="absolute tolerance for all outputs (default: per dtype)")
+    parser.set_defaults(run=command_replay)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ditorch", description="DiTorch device tools")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = ArgumentParser(prog="ditorch", description="DiTorch device tools")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     info = commands.add_parser("info", help="vendor, devices, versions and active CUDA mappings")
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(run=command_info)
@@ -129,22 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--dtypes", help="comma-separated dtypes (default: float32,float64,bfloat16,float16,int64,bool)")
     conformance.add_argument("--max-samples", type=int, default=16, help="samples per operator and dtype")
     conformance.set_defaults(run=command_conformance)
-    from ditorch.precision.cli import add_precision_diff_parser, add_replay_parser
     add_precision_diff_parser(commands)
     add_replay_parser(commands)
     return parser
 
 
-def main(argv=None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        return args.run(args)
-    except UsageError as exc:
-        print(f"ditorch: error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:  # DipuError and vendor/profile failures surface as RuntimeError
-        print(f"ditorch: error: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
+@run_cli("ditorch", also=(RuntimeError,))  # vendor and profile failures surface as RuntimeError
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from h2.config_io import dataclass_from_mapping, load_yaml_mapping
-from h2.errors import UserError
+from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.errors import UserError
 
 _SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping, TypeVar
 
 import yaml
 
-from h2.errors import UserError
+from h2.core.errors import UserError
 
 T = TypeVar("T")
 

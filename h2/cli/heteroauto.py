@@ -13,28 +13,23 @@ import json
 import sys
 import time
 
-from h2.errors import UserError, run_cli
-from h2.model.config import ModelConfig, resolve_model
+from h2.core.cluster import ClusterSpec, TrainingSpec, load_cluster, parse_count
+from h2.core.errors import ArgumentParser, UserError, run_cli
+from h2.core.model_config import ModelConfig, resolve_model
+from h2.core.schedule import schedule_actions
+from h2.core.strategy import load_strategy
 from heteropp.auto.evaluation import evaluate_strategy, stage_costs, training_for, transfer_model
 from heteropp.auto.oracle import oracle_search
 from heteropp.auto.profiles import profiles_for, save_profile, synthesise_profile
 from heteropp.auto.search import search
 from heteropp.auto.simulator import simulate
-from heteropp.auto.specs import ClusterSpec, TrainingSpec, load_cluster, parse_count
-from heteropp.auto.strategy import load_strategy
-from heteropp.schedule import schedule_actions
 
 GB = 1e9
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like UserError
-        raise UserError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="heteroauto", description="HeteroAuto: strategy search for heterogeneous pipelines")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = ArgumentParser(prog="heteroauto", description="HeteroAuto: strategy search for heterogeneous pipelines")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
     def problem(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--cluster", required=True, help="cluster YAML (chip types, counts, links, training)")
@@ -280,13 +275,10 @@ def _cmd_profile(args) -> int:
     return 0
 
 
-def _main(argv: list[str] | None = None) -> int:
+@run_cli("heteroauto")
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     return {"search": _cmd_search, "simulate": _cmd_simulate, "profile": _cmd_profile}[args.command](args)
-
-
-_main.prog = "heteroauto"
-main = run_cli(_main)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,9 +31,9 @@ from typing import Literal
 
 import yaml
 
-from h2.config_io import dataclass_from_mapping, load_yaml_mapping
-from h2.errors import UserError
-from h2.model.config import PRESETS, ModelConfig, resolve_model
+from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.errors import UserError
+from h2.core.model_config import PRESETS, ModelConfig, resolve_model
 
 
 

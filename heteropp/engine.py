@@ -1,13 +1,15 @@
-"""The HeteroPP training loop of one rank: build its stage from a strategy, run the schedule's actions
-each step, reduce gradients over data parallelism, clip by the global norm, and update.
+"""One rank's part of a HeteroPP pipeline: its stage built from a strategy, its process groups, and
+one optimizer step (the schedule's actions, the DP gradient reduction, the global-norm clip, the
+update).
 
-Equivalent, step for step, to the single-device reference trainer (h2.train) on the same data:
-the global batch is micro_batches micro-batches of R = dp * micro_batch_size consecutive sequences;
-replica d of a stage with dp_s replicas takes sequences [d * R / dp_s, (d + 1) * R / dp_s) of each
+Equivalent, step for step, to the single-device reference trainer on the same data: the global
+batch is micro_batches micro-batches of R = dp * micro_batch_size consecutive sequences; replica d
+of a stage with dp_s replicas takes sequences [d * R / dp_s, (d + 1) * R / dp_s) of each
 (heteropp.topology), the last stage scales each replica's micro-batch loss by
 1 / (dp_last * micro_batches), and the loss of a step is the mean token cross-entropy over the batch.
 
-Only the first rank of the last stage writes `metrics.jsonl` (the reference trainer's format).
+The data, the learning-rate schedule, metrics and the step loop belong to the trainer that drives
+this engine (h2.train.pipeline).
 """
 
 from __future__ import annotations
@@ -15,42 +17,26 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 
 import torch
 import torch.distributed as dist
 
-from h2.data import SequenceStream, load_stdlib_corpus
-from h2.data.corpus import Corpus
-from h2.errors import UserError
+from h2.core.devices import resolve_device
+from h2.core.errors import UserError
+from h2.core.schedule import stage_actions
+from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.transformer import Transformer
-from h2.train.config import TrainConfig
-from h2.train.device import resolve_device
-from h2.train.lr_schedule import learning_rate
-from h2.train.metrics import MetricsLog
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm
 from heteropp.executor import StageExecutor
 from heteropp.groups import build_groups, check_p2p_backend, check_stage_backend, p2p_needs_host_staging
 from heteropp.p2p import P2P
-from heteropp.resharding import MODES, Resharder
-from heteropp.schedule_actions import stage_actions
+from heteropp.resharding import Resharder
 from heteropp.stage import apply_recompute, build_stage
 from heteropp.tensor_parallel import WeightGradStore, apply_tp, check_tp_divides, is_tp_sharded
 from heteropp.topology import Topology
 
 
-@dataclasses.dataclass
-class PipelineOptions:
-    p2p_backend: str = "gloo"
-    device: str = "cpu"                     # device type of stages that name none: cpu, dipu, cuda, ...
-    stage_backend: str = "auto"             # TP/DP groups: the chip's backend, or "gloo" / "dicomm"
-    resharding: str = "sliced"              # "sliced" (send/recv + all-gather) or "full"
-    optimizer_sharding: str = "none"        # "none" or "zero1"
-    prefetch: bool = True                   # post receives one compute action ahead
-    schedule: str | None = None             # default: the strategy's
-
-
-def _rank_device(device_type: str, rank: int) -> torch.device:
+def rank_device(device_type: str, rank: int) -> torch.device:
     """This rank's device: `device_type`, the local rank's index among the devices of that type."""
     device = resolve_device(device_type)
     if device.type == "cpu" or device.index is not None:
@@ -69,14 +55,19 @@ def train_config_for(strategy, config: TrainConfig) -> TrainConfig:
                                lr_decay_steps=config.lr_decay_steps or config.steps)
 
 
-class PipelineTrainer:
-    def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
-                 corpus: Corpus | None = None, source: str = "strategy"):
+@dataclasses.dataclass
+class StepResult:
+    loss: torch.Tensor          # the step's mean loss (meaningful on the last stage)
+    grad_norm: float
+    cross_stage_bytes: int      # bytes sent across all stage boundaries in this step, summed over ranks
+
+
+class PipelineEngine:
+    def __init__(self, strategy, config: TrainConfig, options: PipelineOptions | None = None,
+                 source: str = "strategy"):
         options = options or PipelineOptions()
-        if options.resharding not in MODES:
-            raise UserError(f"--resharding must be one of {', '.join(MODES)}, got '{options.resharding}'")
         check_p2p_backend(options.p2p_backend)
-        self.strategy, self.options, self.out_dir = strategy, options, out_dir
+        self.strategy, self.options = strategy, options
         self.model_config = strategy.model_config()
         if self.model_config.tie_embeddings and len(strategy.stages) > 1:
             raise UserError(f"{source}: model '{self.model_config.name}' ties embeddings, "
@@ -97,13 +88,15 @@ class PipelineTrainer:
         self.micro_batch_sequences = self.topology.micro_batch_sequences
         self.place = self.topology.place(self.rank)
         self.stage_info = self.topology.stages[self.place.stage]
-        self.device = _rank_device(self.stage_info.device or options.device, self.rank)
+        device_type = self.config.device
+        self.device = rank_device(self.stage_info.device or device_type, self.rank)
         for stage in self.topology.stages:
-            check_stage_backend(options.stage_backend, self.topology.device_type(stage.index, options.device))
-        self.groups = build_groups(self.topology, self.rank, device_type=options.device,
+            stage_device_type = self.topology.device_type(stage.index, device_type)
+            resolve_device(stage_device_type)  # every rank knows every stage's device type (and its backend)
+            check_stage_backend(options.stage_backend, stage_device_type)
+        self.groups = build_groups(self.topology, self.rank, device_type=device_type,
                                    p2p_backend=options.p2p_backend, stage_backend=options.stage_backend)
         self.is_last = self.place.stage == self.topology.num_stages - 1
-        self.writes_metrics = self.is_last and self.place.dp_index == 0 and self.place.tp_index == 0
 
         torch.manual_seed(self.config.seed)
         model = Transformer(self.model_config)
@@ -134,63 +127,40 @@ class PipelineTrainer:
         self.executor = StageExecutor(self.stage, stage_index=self.place.stage, num_stages=self.topology.num_stages,
                                       resharder=self.resharder, store=self.store, activation_shape=activation_shape,
                                       prefetch=options.prefetch, device=self.device)
-        self.stream = SequenceStream(corpus or load_stdlib_corpus(), self.config.seq_len, seed=self.config.seed)
-        self.step, self.elapsed_s = 0, 0.0
-        self.metrics = None
-        if self.writes_metrics and out_dir is not None:
-            os.makedirs(out_dir, exist_ok=True)
-            self.metrics = MetricsLog(out_dir)
-            self.metrics.reset()
 
     @property
     def global_batch(self) -> int:
         return self.micro_batch_sequences * self.config.micro_batches
 
-    def _replica_micro_batches(self, batch: torch.Tensor) -> list[torch.Tensor]:
+    @property
+    def reports_loss(self) -> bool:
+        """Whether this rank holds the step's loss and writes the run's metrics: the first rank of
+        the last stage."""
+        return self.is_last and self.place.dp_index == 0 and self.place.tp_index == 0
+
+    def replica_micro_batches(self, batch: torch.Tensor) -> list[torch.Tensor]:
         """This replica's sequences of each micro-batch of the global `batch`."""
         rows = self.stage_info.rows(self.place.dp_index)
         starts = range(0, self.global_batch, self.micro_batch_sequences)
         return [batch[start + rows.start:start + rows.stop] for start in starts]
 
-    def train_step(self) -> dict:
-        config = self.config
-        started = time.perf_counter()
-        lr = learning_rate(self.step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
-                           decay_steps=config.lr_decay_steps)
-        micro_batches = self._replica_micro_batches(self.stream.next_batch(self.global_batch))
+    def step(self, batch: torch.Tensor, lr: float) -> StepResult:
+        """One optimizer step on the global `batch` (sequences of seq_len + 1 tokens) at learning rate `lr`."""
+        micro_batches = self.replica_micro_batches(batch)
         inputs = [mb[:, :-1].to(self.device) for mb in micro_batches]
         targets = [mb[:, 1:].to(self.device) for mb in micro_batches]
         bytes_before = self.p2p.bytes_sent
         last_stage_dp = self.topology.stages[-1].dp
-        loss_sum = self.executor.run(self.actions, inputs, targets, 1.0 / (last_stage_dp * config.micro_batches))
+        loss_sum = self.executor.run(self.actions, inputs, targets, 1.0 / (last_stage_dp * self.config.micro_batches))
         self.optimizer.reduce_gradients()
         # One all-reduce over every rank: the squared gradient norm and the bytes sent across stages.
         totals = torch.stack([self.optimizer.local_grad_square_sum(self.counted_in_norm).double().cpu(),
                               torch.tensor(float(self.p2p.bytes_sent - bytes_before), dtype=torch.float64)])
         dist.all_reduce(totals, group=self.groups.everyone)
-        max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
         grad_norm = clip_by_global_norm(totals[0].sqrt().float(), self.optimizer.params, max_norm)
         self.optimizer.step(lr)
         self.optimizer.zero_grad()
         if self.is_last and self.groups.dp is not None:
             dist.all_reduce(loss_sum, group=self.groups.dp)
-        step_time = time.perf_counter() - started
-        self.step += 1
-        self.elapsed_s += step_time
-        tokens = self.global_batch * config.seq_len
-        record = {"step": self.step, "loss": float(loss_sum), "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
-                  "tokens_per_s": tokens / step_time, "step_time_s": step_time, "elapsed_s": self.elapsed_s,
-                  "cross_stage_bytes": int(totals[1])}
-        if self.metrics is not None:
-            self.metrics.append(record)
-        return record
-
-    def run(self) -> list[dict]:
-        records = []
-        while self.step < self.config.steps:
-            record = self.train_step()
-            if self.is_last and not math.isfinite(record["loss"]):
-                raise FloatingPointError(f"loss became {record['loss']} at step {record['step']}")
-            records.append(record)
-        return records
-
+        return StepResult(loss=loss_sum, grad_norm=grad_norm, cross_stage_bytes=int(totals[1]))

@@ -17,8 +17,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from h2.config_io import dataclass_from_mapping, load_yaml_mapping
-from h2.errors import UserError
+from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Pipeline schedules as explicit action lists: one ordered list of actions per stage.
 
 The HeteroPP executor runs these lists; the HeteroAuto simulator replays them with costs; tests print
-them. Pure Python: must not import torch.
+them. The schedule IR shared by runtime and planner. Pure Python: must not import torch.
 
 Kinds: F (forward), B (backward; input gradients only in the split variant), W (weight gradients,
 split variant only), SEND_F / RECV_F (activations to / from the next / previous stage), SEND_B /
@@ -11,6 +11,8 @@ RECV_B (gradients to / from the previous / next stage). Sends do not block; rece
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from h2.core.errors import UserError
 
 KINDS = ("F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
 SCHEDULES = ("1f1b", "1f1b-split-backward")
@@ -108,6 +110,13 @@ def schedule_actions(name: str, num_stages: int, micro_batches: int) -> list[lis
     if name == "1f1b-split-backward":
         return one_f_one_b_split_backward(num_stages, micro_batches)
     raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
+
+
+def stage_actions(schedule: str, num_stages: int, micro_batches: int, stage: int) -> list[Action]:
+    """The action list of one stage, with a one-line error for an unknown schedule name."""
+    if schedule not in SCHEDULES:
+        raise UserError(f"unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+    return schedule_actions(schedule, num_stages, micro_batches)[stage]
 
 
 def format_schedule(schedule: list[list[Action]]) -> str:

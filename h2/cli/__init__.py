@@ -1,0 +1,7 @@
+"""The top layer: every command line of the product.
+
+main (`h2`), heteroauto (`heteroauto`), ditorch (`ditorch`), rank (`python -m h2.cli.rank`, one rank
+of a pipeline job under torchrun). Commands parse flags (generated from h2.core's configs where a
+config exists), call the layers below, and report user errors in one line with exit status 2
+(h2.core.errors.run_cli). Nothing imports h2.cli.
+"""

@@ -1,0 +1,91 @@
+"""One rank of a HeteroPP pipeline job, started by torchrun (which sets RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT):
+
+    torchrun --standalone --nproc-per-node 4 -m h2.cli.rank --config job.yaml
+    torchrun --standalone --nproc-per-node 4 -m h2.cli.rank --strategy S.yaml --steps 20 --out runs/pp
+
+`h2 train --strategy` writes the resolved job to a file and passes only `--config`; by hand, the flags
+of `h2 train` work here too and override the file. The strategy's stages need the sum of tp * dp over
+stages processes. Only the first rank of the last stage writes metrics.jsonl and prints progress;
+rank 0 prints the topology.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+from h2.core import flags
+from h2.core.errors import ArgumentParser, UserError, run_cli
+from h2.core.training import PipelineOptions, RunOptions, TrainConfig
+
+JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog="h2.cli.rank", description="One rank of a HeteroPP pipeline job (launch with torchrun).")
+    parser.add_argument("--config", metavar="YAML", help="the job file (h2 train --strategy writes one); flags override it")
+    flags.add_flags(parser.add_argument_group("run"), RunOptions, exclude=("resume", "overwrite", "quiet", "nproc"))
+    flags.add_flags(parser.add_argument_group("training"), TrainConfig)
+    flags.add_flags(parser.add_argument_group("pipeline"), PipelineOptions)
+    return parser
+
+
+def _print_progress(record: dict) -> None:
+    print(f"step {record['step']} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+          f"grad_norm {record['grad_norm']:.3f} {record['tokens_per_s']:,.0f} tokens/s "
+          f"cross-stage {record['cross_stage_bytes']:,} B", flush=True)
+
+
+@run_cli("h2.cli.rank")
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    values = flags.job_values(args.config, JOB_CONFIGS) if args.config else {}
+    for config in JOB_CONFIGS:
+        values.update(flags.given(args, config))
+    run = flags.build(RunOptions, values)
+    if not run.strategy:
+        raise UserError("--strategy (or a --config job file naming one) is required")
+    import torch
+    import torch.distributed as dist
+
+    from h2.core.strategy import load_strategy
+    from h2.train.pipeline import PipelineTrainer
+    from heteropp.groups import check_p2p_backend, check_stage_backend
+
+    strategy = load_strategy(run.strategy)
+    config = flags.build(TrainConfig, values)
+    options = flags.build(PipelineOptions, values)
+    check_p2p_backend(options.p2p_backend)
+    check_stage_backend(options.stage_backend)
+    if not os.environ.get("WORLD_SIZE"):
+        raise UserError(f"{run.strategy}: launch with torchrun --standalone --nproc-per-node {strategy.world_size} "
+                        f"-m h2.cli.rank ... (RANK/WORLD_SIZE are not set)")
+    torch.set_num_threads(options.threads)
+    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
+    try:
+        trainer = PipelineTrainer(strategy, config, run.out or "runs/heteropp", options, source=run.strategy)
+        if trainer.rank == 0:
+            print(trainer.topology.describe(default_device=trainer.config.device), flush=True)
+        records = []
+        while trainer.step < trainer.config.steps:
+            record = trainer.train_step()
+            records.append(record)
+            if trainer.writes_metrics and (record["step"] % options.log_every == 0
+                                           or record["step"] == trainer.config.steps):
+                _print_progress(record)
+        if trainer.writes_metrics and records:
+            tokens = sum(r["tokens"] for r in records)
+            seconds = sum(r["step_time_s"] for r in records)
+            print(f"trained {trainer.model_config.name} with {trainer.topology.num_stages} stages on "
+                  f"{trainer.topology.world_size} processes: {tokens / seconds:,.0f} tokens/s; "
+                  f"metrics {trainer.metrics.path}", flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""The bottom layer: what every other layer shares, and nothing that needs them.
+
+errors (the one user error and CLI runner), config_io and flags (YAML into dataclasses, flags from
+dataclasses, job files), model_config (the model's shape and exact accounting), cluster (the cluster
+file), strategy (the strategy file), schedule (the pipeline schedule IR), training (the job's
+configs), devices (device names, which collective backend serves a device type).
+
+Imports nothing from the project outside h2.core and never torch at module level (the planner runs
+without torch); functions that need torch import it themselves.
+"""

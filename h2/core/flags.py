@@ -1,0 +1,115 @@
+"""Command-line flags generated from config dataclasses, and job files that use the same names.
+
+`add_flags(parser, Config)` adds one flag per field that has help metadata (h2.core.training.option):
+`--field-name` typed from the annotation (int, float, str, a Literal's choices; a bool defaulting to
+False is a switch, one defaulting to True gets `--no-field-name`), with the default in its help. Flags
+default to None, so `given(args, Config)` tells what the user set.
+
+A job file (`--config job.yaml`) is a flat YAML mapping from those field names to values; flags
+given on the command line override it. `job_values(path, configs)` reads and checks one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from typing import Any, Iterable
+
+import yaml
+
+from h2.core.config_io import coerce_field, load_yaml_mapping
+from h2.core.errors import UserError
+
+
+def _flag_fields(config: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(config) if "help" in f.metadata]
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return "--" + f.name.replace("_", "-")
+
+
+def _value_type(annotation: Any) -> tuple[Any, tuple | None]:
+    """(argparse type, choices) of a field annotation; Optional is unwrapped."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(options) == 1:
+            return _value_type(options[0])
+    if origin is typing.Literal:
+        choices = typing.get_args(annotation)
+        return type(choices[0]), choices
+    if annotation in (int, float, str):
+        return annotation, None
+    raise TypeError(f"no flag type for annotation {annotation!r}")
+
+
+def _help(f: dataclasses.Field) -> str:
+    default = f.metadata.get("default_text", f.default)
+    return f.metadata["help"] if default is None else f"{f.metadata['help']} (default {default})"
+
+
+def add_flags(parser: argparse.ArgumentParser, config: type, exclude: Iterable[str] = ()) -> None:
+    """One flag per documented field of dataclass `config`, defaulting to None (not given)."""
+    hints = typing.get_type_hints(config)
+    skipped = set(exclude)
+    for f in _flag_fields(config):
+        if f.name in skipped:
+            continue
+        annotation = hints[f.name]
+        if annotation is bool:
+            if f.default:
+                parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
+                                    default=None, help=f.metadata["help"])
+            else:
+                parser.add_argument(flag_name(f), dest=f.name, action="store_true", default=None,
+                                    help=f.metadata["help"])
+            continue
+        value_type, choices = _value_type(annotation)
+        parser.add_argument(flag_name(f), dest=f.name, type=value_type, choices=choices, default=None,
+                            metavar=f.metadata.get("metavar"), help=_help(f))
+
+
+def field_names(configs: Iterable[type]) -> list[str]:
+    return [f.name for config in configs for f in _flag_fields(config)]
+
+
+def given(args: argparse.Namespace, config: type) -> dict[str, Any]:
+    """The fields of `config` set on the command line."""
+    return {f.name: getattr(args, f.name) for f in _flag_fields(config)
+            if getattr(args, f.name, None) is not None}
+
+
+def job_values(path: str | os.PathLike, configs: Iterable[type]) -> dict[str, Any]:
+    """A job file's values, each checked against its field's type; an unknown key is one line naming
+    the file and the key."""
+    path = os.fspath(path)
+    configs = list(configs)
+    data = load_yaml_mapping(path)
+    fields = {f.name: (config, f) for config in configs for f in _flag_fields(config)}
+    values = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise UserError(f"{path}: unknown key '{key}' (known: {', '.join(fields)})")
+        config, f = fields[key]
+        values[key] = coerce_field(value, typing.get_type_hints(config)[key], f"{path}: key '{key}'")
+    return values
+
+
+def build(config: type, values: dict[str, Any]):
+    """An instance of `config` from the subset of `values` that are its fields."""
+    names = {f.name for f in dataclasses.fields(config)}
+    return config(**{name: value for name, value in values.items() if name in names})
+
+
+def write_job(path: str | os.PathLike, *instances) -> None:
+    """Write the given config instances as one flat job file (read back by `job_values`)."""
+    data: dict[str, Any] = {}
+    for instance in instances:
+        for f in _flag_fields(type(instance)):
+            data[f.name] = getattr(instance, f.name)
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(data, handle, sort_keys=False)

@@ -1,0 +1,140 @@
+"""What a training job is, as plain data: hyper-parameters (`TrainConfig`), pipeline switches
+(`PipelineOptions`) and where and how it runs (`RunOptions`).
+
+Each field's `metadata["help"]` is its flag's help text: the command lines generate their flags
+from these classes (h2.core.flags), and a job file (`--config job.yaml`) uses the same names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from h2.core.errors import UserError
+from h2.core.schedule import SCHEDULES
+
+# Fields that define the run's trajectory: a resumed run must keep them.
+TRAJECTORY_FIELDS = ("micro_batch_size", "micro_batches", "seq_len", "lr", "min_lr", "warmup_steps",
+                     "lr_decay_steps", "weight_decay", "beta1", "beta2", "grad_clip", "dtype", "seed")
+
+
+def option(default, help: str, *, default_text: str | None = None, metavar: str | None = None):
+    """A config field with its flag's help; `default_text` replaces the default in the help."""
+    metadata = {"help": help}
+    if default_text is not None:
+        metadata["default_text"] = default_text
+    if metavar is not None:
+        metadata["metavar"] = metavar
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = option(200, "train until this many optimizer steps in total")
+    micro_batch_size: int = option(8, "sequences per micro-batch")
+    micro_batches: int = option(1, "micro-batches accumulated per step (gradient accumulation)")
+    seq_len: int | None = option(None, "tokens per sequence", default_text="the model's max_seq_len")
+    lr: float = option(3e-3, "peak learning rate")
+    min_lr: float = option(3e-4, "final learning rate of the cosine")
+    warmup_steps: int = option(20, "linear warm-up steps")
+    lr_decay_steps: int | None = option(None, "cosine horizon in steps", default_text="--steps of the first run")
+    weight_decay: float = option(0.1, "AdamW weight decay on matrices")
+    beta1: float = option(0.9, "AdamW beta1")
+    beta2: float = option(0.95, "AdamW beta2")
+    grad_clip: float = option(1.0, "max global gradient norm, 0 to disable")
+    dtype: Literal["fp32", "bf16"] = option("fp32", "compute precision")
+    seed: int = option(0, "seed for initialisation and data order")
+    device: str = option("cpu", "torch device: cpu, cuda, cuda:N, dipu; with --strategy a device type for "
+                                "every stage")
+    checkpoint_every: int = option(100, "checkpoint every N steps, 0 for only at the end")
+    keep_checkpoints: int = option(2, "how many checkpoints to keep")
+
+    def __post_init__(self) -> None:
+        checks = [("steps", self.steps >= 1), ("micro_batch_size", self.micro_batch_size >= 1),
+                  ("micro_batches", self.micro_batches >= 1), ("lr", self.lr > 0),
+                  ("min_lr", 0 <= self.min_lr <= self.lr), ("warmup_steps", self.warmup_steps >= 0),
+                  ("weight_decay", self.weight_decay >= 0), ("beta1", 0 <= self.beta1 < 1),
+                  ("beta2", 0 <= self.beta2 < 1), ("grad_clip", self.grad_clip >= 0),
+                  ("checkpoint_every", self.checkpoint_every >= 0),
+                  ("keep_checkpoints", self.keep_checkpoints >= 1)]
+        if self.seq_len is not None:
+            checks.append(("seq_len", self.seq_len >= 1))
+        if self.lr_decay_steps is not None:
+            checks.append(("lr_decay_steps", self.lr_decay_steps >= 1))
+        for name, ok in checks:
+            if not ok:
+                raise UserError(f"training option '{name}' out of range: {getattr(self, name)!r}")
+        if self.dtype not in ("fp32", "bf16"):
+            raise UserError(f"training option 'dtype' must be fp32 or bf16, got {self.dtype!r}")
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.micro_batches
+
+    def trajectory(self) -> dict:
+        return {name: getattr(self, name) for name in TRAJECTORY_FIELDS}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+P2P_BACKENDS = ("gloo", "dicomm")
+STAGE_BACKENDS = ("auto", "gloo", "dicomm")
+RESHARDING_MODES = ("sliced", "full")
+OPTIMIZER_SHARDING = ("none", "zero1")
+
+
+@dataclass
+class PipelineOptions:
+    """How a HeteroPP pipeline runs (the strategy file says what it runs)."""
+    p2p_backend: str = option("gloo", "backend of traffic across stages: gloo or dicomm")
+    stage_backend: str = option(
+        "auto", "backend of the TP/DP groups inside a stage: auto is the chip's (gloo on cpu, NCCL on cuda, "
+                "DiComm on a vendor device)")
+    resharding: Literal["sliced", "full"] = option(
+        "sliced", "between stages: send/recv slices + all-gather, or full tensors")
+    optimizer_sharding: Literal["none", "zero1"] = option(
+        "none", "ZeRO-1: shard AdamW state over each stage's data-parallel replicas")
+    schedule: Literal["1f1b", "1f1b-split-backward"] | None = option(
+        None, "override the strategy's schedule", default_text="the strategy's")
+    prefetch: bool = option(True, "post receives one compute action ahead (--no-prefetch: only where the "
+                                  "schedule lists them)")
+    threads: int = option(1, "torch intra-op threads per rank")
+    log_every: int = option(1, "print a metrics line every N steps")
+
+    def __post_init__(self) -> None:
+        for name, choices in (("p2p_backend", P2P_BACKENDS), ("stage_backend", STAGE_BACKENDS),
+                              ("resharding", RESHARDING_MODES), ("optimizer_sharding", OPTIMIZER_SHARDING),
+                              ("schedule", (None, *SCHEDULES))):
+            if getattr(self, name) not in choices:
+                choices = [c for c in choices if c is not None]
+                raise UserError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}, "
+                                f"got '{getattr(self, name)}'")
+        for name in ("threads", "log_every"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass
+class RunOptions:
+    """Which model, where its output goes, and how this invocation treats an earlier run."""
+    preset: str | None = option(None, "model preset: tiny, small, h2-100b", default_text="tiny")
+    model_config: str | None = option(None, "a model YAML (fields of ModelConfig, or preset + overrides)",
+                                      metavar="YAML")
+    strategy: str | None = option(None, "a HeteroPP strategy YAML: run the pipeline on local processes "
+                                        "(torchrun --standalone)", metavar="YAML")
+    nproc: int | None = option(None, "processes for --strategy", default_text="sum of tp * dp over stages")
+    out: str | None = option(None, "output folder for metrics.jsonl and checkpoints/", default_text="runs/<model>",
+                             metavar="DIR")
+    resume: bool = option(False, "continue from the latest checkpoint in --out")
+    overwrite: bool = option(False, "start over in an --out that holds an earlier run")
+    quiet: bool = option(False, "no progress bar")
+
+    def __post_init__(self) -> None:
+        if self.preset is not None and self.model_config is not None:
+            raise UserError("give a model as --preset or as --model-config, not both")
+        if self.nproc is not None and self.nproc < 1:
+            raise UserError(f"--nproc must be at least 1, got {self.nproc}")
+        if self.resume and self.overwrite:
+            raise UserError("--resume and --overwrite exclude each other")
