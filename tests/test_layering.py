@@ -1,0 +1,169 @@
+"""The layering of docs/architecture.md: every import points down (or stays inside its own layer).
+
+Imports are read with `ast`, wherever they stand (module level, inside functions, under `if`), and
+so are imports by name: `importlib.import_module("x")`, `__import__("x")` and `sys.modules["x"]`
+or `sys.modules.get("x")` with a literal name.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import textwrap
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("h2", "ditorch", "dicomm", "heteropp")
+
+# Each layer, and the layers it may import besides itself (the most specific name decides a module's
+# layer). Nothing imports h2.cli; h2 itself (h2/__init__.py) imports nothing.
+MAY_IMPORT = {
+    "h2.core": (),
+    "ditorch": ("h2.core",),
+    "dicomm": ("h2.core",),
+    "h2.model": ("h2.core",),
+    "h2.data": ("h2.core",),
+    "heteropp.auto": ("h2.core", "h2.model"),
+    "heteropp": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm"),
+    "h2.train": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp"),
+    "h2.cli": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "heteropp.auto", "h2.train"),
+    "h2.__main__": ("h2.cli",),
+    "h2": (),
+}
+# Layers the planner uses without torch: torch may be imported inside functions only.
+TORCH_FREE_AT_IMPORT = ("h2.core", "heteropp.auto")
+
+
+def layer_of(module: str) -> str | None:
+    matches = [name for name in MAY_IMPORT if module == name or module.startswith(name + ".")]
+    return max(matches, key=len) if matches else None
+
+
+def module_name(root: str, path: str) -> str:
+    relative = os.path.relpath(path, root)[:-len(".py")].split(os.sep)
+    if relative[-1] == "__init__":
+        relative = relative[:-1]
+    return ".".join(relative)
+
+
+def _literal(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def imported_names(tree: ast.AST, module: str, is_package: bool) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for every import in `tree`, by statement or by name."""
+    found: list[tuple[str, int, bool]] = []
+    top_level = {id(node) for node in getattr(tree, "body", [])}
+
+    def at_top(node: ast.AST) -> bool:
+        return id(node) in top_level
+
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno, at_top(node)) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = ".".join(parts[:len(parts) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            found.append((base, node.lineno, at_top(node)))
+            found += [(f"{base}.{alias.name}", node.lineno, at_top(node)) for alias in node.names]
+        elif isinstance(node, ast.Call):
+            function = node.func
+            name = ast.unparse(function)
+            if name in ("importlib.import_module", "import_module", "__import__", "sys.modules.get") and node.args:
+                literal = _literal(node.args[0])
+                if literal:
+                    found.append((literal, node.lineno, False))
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules":
+            literal = _literal(node.slice)
+            if literal:
+                found.append((literal, node.lineno, False))
+    return found
+
+
+def violations(root: str, packages=PACKAGES) -> list[str]:
+    problems = []
+    for package in packages:
+        for folder, _, files in os.walk(os.path.join(root, package)):
+            for file in sorted(files):
+                if not file.endswith(".py"):
+                    continue
+                path = os.path.join(folder, file)
+                module = module_name(root, path)
+                own = layer_of(module)
+                if own is None:
+                    problems.append(f"{path}: module {module} belongs to no layer")
+                    continue
+                with open(path, encoding="utf-8") as handle:
+                    tree = ast.parse(handle.read(), path)
+                for name, line, top in imported_names(tree, module, file == "__init__.py"):
+                    where = f"{os.path.relpath(path, root)}:{line}"
+                    if top and own.startswith(TORCH_FREE_AT_IMPORT) and (name == "torch" or name.startswith("torch.")):
+                        problems.append(f"{where}: {own} imports torch at module level")
+                    if name.split(".")[0] not in PACKAGES or name == "h2":
+                        continue
+                    target = layer_of(name)
+                    if target is None or (target != own and target not in MAY_IMPORT[own]):
+                        problems.append(f"{where}: {module} ({own}) imports {name} ({target})")
+    return sorted(set(problems))
+
+
+def test_every_import_in_the_project_points_down():
+    assert violations(REPO_ROOT) == []
+
+
+def test_every_package_says_what_it_owns_and_must_not_import():
+    for layer in MAY_IMPORT:
+        path = os.path.join(REPO_ROOT, *layer.split("."))
+        init = os.path.join(path, "__init__.py")
+        if not os.path.isfile(init):
+            continue
+        with open(init, encoding="utf-8") as handle:
+            docstring = ast.get_docstring(ast.parse(handle.read()))
+        assert docstring, f"{init} has no docstring"
+
+
+def _tree(tmp_path, files: dict[str, str]) -> str:
+    for relative, text in files.items():
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    for package in PACKAGES:
+        (tmp_path / package).mkdir(exist_ok=True)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("relative, text, expected", [
+    ("h2/core/bad.py", "import heteropp.engine\n", "h2.core.bad (h2.core) imports heteropp.engine (heteropp)"),
+    ("h2/core/bad.py", "def f():\n    from h2.train import trainer\n",
+     "h2.core.bad (h2.core) imports h2.train (h2.train)"),
+    ("ditorch/bad.py", "import dicomm\n", "ditorch.bad (ditorch) imports dicomm (dicomm)"),
+    ("dicomm/bad.py", "from ditorch import dipu\n", "dicomm.bad (dicomm) imports ditorch (ditorch)"),
+    ("ditorch/bad.py", "import importlib\nimportlib.import_module('dicomm.torch_backend')\n",
+     "imports dicomm.torch_backend (dicomm)"),
+    ("ditorch/bad.py", "import sys\nsys.modules.get('dicomm.torch_backend')\n", "imports dicomm.torch_backend (dicomm)"),
+    ("heteropp/bad.py", "from heteropp.auto import search\n", "heteropp.bad (heteropp) imports heteropp.auto"),
+    ("heteropp/auto/bad.py", "from heteropp.engine import PipelineEngine\n",
+     "heteropp.auto.bad (heteropp.auto) imports heteropp.engine (heteropp)"),
+    ("h2/train/bad.py", "from h2.cli import main\n", "h2.train.bad (h2.train) imports h2.cli (h2.cli)"),
+    ("h2/core/bad.py", "import torch\n", "h2.core imports torch at module level"),
+    ("h2/core/sub/bad.py", "from .. import errors\nfrom ...train import trainer\n",
+     "h2.core.sub.bad (h2.core) imports h2.train"),
+])
+def test_an_import_that_points_up_or_sideways_is_found(tmp_path, relative, text, expected):
+    problems = violations(_tree(tmp_path, {relative: text}))
+    assert any(expected in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize("relative, text", [
+    ("h2/cli/ok.py", "import heteropp.auto.search\nimport h2.train.trainer\nimport ditorch\nimport dicomm\n"),
+    ("heteropp/ok.py", "import dicomm\nimport ditorch.dipu\nfrom h2.model import Transformer\n"),
+    ("h2/core/ok.py", "def f():\n    import torch\n"),
+    ("ditorch/ok.py", "from h2.core.errors import UserError\n"),
+])
+def test_an_import_that_points_down_is_allowed(tmp_path, relative, text):
+    assert violations(_tree(tmp_path, {relative: text})) == []
