@@ -12,6 +12,8 @@ import contextlib
 
 import torch
 
+from ditorch.patches import Patches
+
 _ORIGINAL_IS_AVAILABLE = torch.cuda.is_available
 _ORIGINAL_DEVICE_COUNT = torch.cuda.device_count
 
@@ -124,14 +126,11 @@ class CudaSurface:
 
     def __init__(self, vendor_name: str, device_type: str):
         self.vendor_name, self.device_type = vendor_name, device_type
-        self._saved: dict[tuple[object, str], object] = {}
+        self._patches = Patches()
         self.mapped: dict[str, str] = {}
 
     def _replace(self, owner, name: str, value) -> None:
-        key = (owner, name)
-        if key not in self._saved:
-            self._saved[key] = owner.__dict__.get(name, _MISSING) if isinstance(owner, type) else getattr(owner, name, _MISSING)
-        setattr(owner, name, value)
+        self._patches.replace(owner, name, value)
 
     def apply(self) -> None:
         module = getattr(torch, self.device_type)
@@ -171,14 +170,5 @@ class CudaSurface:
         self.mapped["torch.cuda.amp.GradScaler"] = f"torch.amp.GradScaler('{device_type}')"
 
     def undo(self) -> None:
-        for (owner, name), value in reversed(list(self._saved.items())):
-            if value is _MISSING:
-                with contextlib.suppress(AttributeError):
-                    delattr(owner, name)
-            else:
-                setattr(owner, name, value)
-        self._saved.clear()
+        self._patches.undo()
         self.mapped.clear()
-
-
-_MISSING = object()

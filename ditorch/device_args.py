@@ -12,6 +12,8 @@ import functools
 
 import torch
 
+from ditorch.patches import Patches
+
 ALIASES = ("cuda", "device")
 
 FACTORY_FUNCTIONS = (
@@ -44,7 +46,7 @@ class DeviceArguments:
     def __init__(self, device_type: str):
         self.translate = DeviceTranslator(device_type)
         self.device_type = device_type
-        self._saved: list[tuple[object, str, object]] = []
+        self._patches = Patches()
         self.mapped: list[str] = []
 
     def _wrap(self, owner, name: str, make_wrapper) -> None:
@@ -53,9 +55,7 @@ class DeviceArguments:
             return
         wrapper = make_wrapper(original)
         functools.update_wrapper(wrapper, original, assigned=("__name__", "__qualname__", "__doc__"), updated=())
-        own = owner.__dict__.get(name, _INHERITED) if isinstance(owner, type) else original
-        self._saved.append((owner, name, own))
-        setattr(owner, name, wrapper)
+        self._patches.replace(owner, name, wrapper)
         owner_name = getattr(owner, "__name__", str(owner))
         self.mapped.append(f"{owner_name}.{name}")
 
@@ -106,8 +106,7 @@ class DeviceArguments:
 
         self._wrap(torch.Tensor, "cuda", tensor_cuda)
         self._wrap(torch.nn.Module, "cuda", module_cuda)
-        self._saved.append((torch.Tensor, "is_cuda", torch.Tensor.__dict__.get("is_cuda", _INHERITED)))
-        torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cuda", device_type))
+        self._patches.replace(torch.Tensor, "is_cuda", property(lambda self: self.device.type in ("cuda", device_type)))
         self.mapped.append("Tensor.is_cuda")
 
         def load(original):
@@ -135,13 +134,5 @@ class DeviceArguments:
         self._wrap(torch.amp.GradScaler, "__init__", grad_scaler_init)
 
     def undo(self) -> None:
-        for owner, name, original in reversed(self._saved):
-            if original is _INHERITED:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-        self._saved.clear()
+        self._patches.undo()
         self.mapped.clear()
-
-
-_INHERITED = object()

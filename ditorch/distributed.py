@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
+from ditorch.patches import Patches
 from h2.core import devices
 
 HOST_STAGED_GLOO = "hostgloo"
@@ -120,7 +121,7 @@ class DistributedMapping:
     def __init__(self, adapter, device_translator):
         self.adapter = adapter
         self.translate = device_translator
-        self._saved: list[tuple[object, str, object]] = []
+        self._patches = Patches()
         self.backend: str | None = None
 
     def map_backend(self, backend):
@@ -156,13 +157,11 @@ class DistributedMapping:
                     kwargs["device_id"] = torch.device(mapping.translate(kwargs["device_id"]))
                 return original(*args, **kwargs)
 
-            self._saved.append((dist, name, original))
-            setattr(dist, name, wrapper)
+            self._patches.replace(dist, name, wrapper)
 
         wrap("init_process_group", True)
         if hasattr(dist.distributed_c10d, "init_process_group"):
-            self._saved.append((dist.distributed_c10d, "init_process_group", dist.distributed_c10d.init_process_group))
-            dist.distributed_c10d.init_process_group = dist.init_process_group
+            self._patches.replace(dist.distributed_c10d, "init_process_group", dist.init_process_group)
 
         original_new_group = dist.new_group
 
@@ -170,10 +169,7 @@ class DistributedMapping:
         def new_group(ranks=None, timeout=None, backend=None, *args, **kwargs):
             return original_new_group(ranks, timeout, mapping.map_backend(backend), *args, **kwargs)
 
-        self._saved.append((dist, "new_group", original_new_group))
-        dist.new_group = new_group
+        self._patches.replace(dist, "new_group", new_group)
 
     def undo(self) -> None:
-        for owner, name, original in reversed(self._saved):
-            setattr(owner, name, original)
-        self._saved.clear()
+        self._patches.undo()

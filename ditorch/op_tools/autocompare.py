@@ -5,7 +5,6 @@ tolerance is reported with its module path."""
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from typing import TextIO
@@ -15,8 +14,8 @@ import torch
 from ditorch.op_tools.compare import Comparison, Tolerances, compare_tensors
 from ditorch.op_tools.converted_call import written_arguments
 from ditorch.op_tools.op_filter import name_forms
-from ditorch.op_tools.tensors import (STDERR, copy_to, describe_tensors, hidden, map_devices, map_tensors,
-                                      open_output, tensors_of)
+from ditorch.op_tools.tensors import (STDERR, CsvRows, copy_to, describe_tensors, hidden, map_devices, map_tensors,
+                                      tensors_of)
 from ditorch.op_tools.tool import OpCall, OpTool, is_random, returns_alias
 
 # Ops whose result depends on accumulation order or intermediate precision.
@@ -59,20 +58,15 @@ class OpAutoCompare(OpTool):
         self.reference_device = torch.device(reference_device)
         self.raise_on_mismatch = raise_on_mismatch
         self.report = report
-        self.rows: list[dict] = []
+        self.log = CsvRows(csv_path, CSV_FIELDS)
+        self.rows = self.log.rows
         self.first_mismatch: dict | None = None
-        self._csv_file = self._writer = None
 
     def on_start(self) -> None:
-        if self.csv_path:
-            self._csv_file = open_output(self.csv_path)
-            self._writer = csv.DictWriter(self._csv_file, CSV_FIELDS)
-            self._writer.writeheader()
+        self.log.open()
 
     def on_stop(self) -> None:
-        if self._csv_file:
-            self._csv_file.close()
-            self._csv_file = self._writer = None
+        self.log.close()
         if self.report is not None:
             print(self.summary(), file=self.report)
 
@@ -162,10 +156,7 @@ class OpAutoCompare(OpTool):
                        status="ok" if result.allclose else "mismatch")
             if result.note:
                 row["status"] += f": {result.note}"
-        self.rows.append(row)
-        if self._writer:
-            self._writer.writerow(row)
-            self._csv_file.flush()
+        self.log.append(row)
         if row["status"].startswith("mismatch") and self.first_mismatch is None:
             self.first_mismatch = row
             if self.raise_on_mismatch:

@@ -3,6 +3,7 @@ copies that op tools make without being seen by other active tools."""
 
 from __future__ import annotations
 
+import csv
 import os
 import sys
 
@@ -120,3 +121,29 @@ def open_output(path: str):
     """Open a text file for writing, creating its folder."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return open(path, "w", encoding="utf-8", newline="")
+
+
+class CsvRows:
+    """A tool's rows, also written to a CSV file (header first, each row flushed) when a path is given."""
+
+    def __init__(self, path: str | None, fields):
+        self.path, self.fields = path, fields
+        self.rows: list[dict] = []
+        self._file = self._writer = None
+
+    def open(self) -> None:
+        if self.path:
+            self._file = open_output(self.path)
+            self._writer = csv.DictWriter(self._file, self.fields)
+            self._writer.writeheader()
+
+    def append(self, row: dict) -> None:
+        self.rows.append(row)
+        if self._writer:
+            self._writer.writerow(row)
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+            self._file = self._writer = None

@@ -3,12 +3,11 @@ after, written to a CSV; a totals table per op at the end."""
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import time
 from typing import TextIO
 
-from ditorch.op_tools.tensors import STDERR, describe_tensors, device_of, open_output, synchronize
+from ditorch.op_tools.tensors import STDERR, CsvRows, describe_tensors, device_of, synchronize
 from ditorch.op_tools.tool import OpCall, OpTool
 
 CSV_FIELDS = ["index", "op", "phase", "module", "inputs", "device", "time_ms"]
@@ -32,14 +31,11 @@ class OpTimeMeasure(OpTool):
         super().__init__(ops, **filters)
         self.csv_path = csv_path
         self.report = report
-        self.rows: list[dict] = []
-        self._csv_file = self._writer = None
+        self.log = CsvRows(csv_path, CSV_FIELDS)
+        self.rows = self.log.rows
 
     def on_start(self) -> None:
-        if self.csv_path:
-            self._csv_file = open_output(self.csv_path)
-            self._writer = csv.DictWriter(self._csv_file, CSV_FIELDS)
-            self._writer.writeheader()
+        self.log.open()
 
     def handle(self, call: OpCall):
         device = device_of((call.args, call.kwargs))
@@ -50,9 +46,7 @@ class OpTimeMeasure(OpTool):
         elapsed_ms = 1e3 * (time.perf_counter() - started)
         row = {"index": call.index, "op": call.name, "phase": call.phase, "module": call.module,
                "inputs": describe_tensors((call.args, call.kwargs)), "device": str(device), "time_ms": elapsed_ms}
-        self.rows.append(row)
-        if self._writer:
-            self._writer.writerow(row)
+        self.log.append(row)
         return out
 
     def totals(self) -> list[OpTotal]:
@@ -80,9 +74,7 @@ class OpTimeMeasure(OpTool):
         return "\n".join(lines)
 
     def on_stop(self) -> None:
-        if self._csv_file:
-            self._csv_file.close()
-            self._csv_file = self._writer = None
+        self.log.close()
         if self.report is not None:
             print(f"time measure: {len(self.rows)} op calls" + (f", csv {self.csv_path}" if self.csv_path else ""),
                   file=self.report)
