@@ -37,8 +37,8 @@
 
 #include <diopi/diopi.h>
 
-#include "host_device.h"
-#include "tensor_view.h"
+#include "vendor/host/host_device.h"
+#include "vendor/host/ops/tensor_view.h"
 
 namespace dipu::host {
 namespace {
