@@ -8,20 +8,16 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <sstream>
-#include <thread>
-#include <vector>
 
+#include "polling_hub.h"
 #include "shm/shm_connection.h"
 
 namespace dicomm {
 namespace {
 
-constexpr auto kHousekeepingInterval = std::chrono::milliseconds(10);
 constexpr long kParkedSleepNs = 10'000'000;
 constexpr long kWaiterActiveSleepNs = 1'000'000;
 constexpr int kIdleSpinsBeforePark = 64;
@@ -63,31 +59,29 @@ uint64_t requireNumber(const std::map<std::string, std::string>& fields, const s
   }
 }
 
-class ShmHub : public Progress {
+// Polls every shm connection of an endpoint. Its background thread parks on this process's
+// doorbell when idle; peers ring it after writing a frame.
+class ShmHub : public PollingHub {
  public:
   explicit ShmHub(const Options& options) : options_(options) {
     bell_segment_ = SharedSegment::create(uniqueSegmentName("bell"), kBellSegmentBytes);
     bell_ = new (bell_segment_.data()) Bell();
   }
 
-  bool poll() override {
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (!lock.owns_lock()) return false;
-    return progressLocked();
-  }
   void enterActiveWait() override {
-    active_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    PollingHub::enterActiveWait();
     bell_->parked.store(0, std::memory_order_relaxed);
   }
-  void leaveActiveWait() override { active_waiters_.fetch_sub(1, std::memory_order_seq_cst); }
 
-  bool progressLocked() {
-    bool moved = false;
-    for (auto& c : connections_) moved |= c->progress();
-    return moved;
+  void start() override {
+    // Every peer has mapped our doorbell by now (each connect waited for its peer's mapping);
+    // unlinking it earlier would hide it from peers that connect after the first.
+    bell_segment_.unlink();
+    PollingHub::start();
   }
 
-  std::shared_ptr<ShmConnection> connect(PeerSetup& setup) {
+ private:
+  std::shared_ptr<PolledConnection> setUp(PeerSetup& setup) override {
     const std::string who = "rank " + std::to_string(setup.peer.rank);
     ShmLink link;
     const size_t capacity = options_.shm_ring_bytes;
@@ -128,31 +122,11 @@ class ShmHub : public Progress {
     recvFrame(setup.socket.fd(), &ignored, options_.frameLimits(), setup.deadline, who);
     link.inbound_segment.unlink();
 
-    auto connection = std::make_shared<ShmConnection>(setup.peer.rank, std::move(setup.socket), std::move(link), options_);
-    std::lock_guard<std::mutex> lock(mu_);
-    connections_.push_back(connection);
+    auto connection = std::make_shared<ShmConnection>(setup.peer.rank, std::move(link), options_);
+    connection->adoptControlSocket(std::move(setup.socket));
     return connection;
   }
 
-  void start() {
-    // Every peer has mapped our doorbell by now (each connect waited for its peer's mapping);
-    // unlinking it earlier would hide it from peers that connect after the first.
-    bell_segment_.unlink();
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-  }
-
-  void shutdown(const std::string& why) {
-    if (stopping_.exchange(true)) return;
-    bell_->rings.fetch_add(1);
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell_->rings), FUTEX_WAKE, 1, nullptr, nullptr, 0);
-    if (thread_.joinable()) thread_.join();
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& c : connections_) c->closeWithError(why);
-  }
-
-  std::mutex& mutex() { return mu_; }
-
- private:
   static bool probeCrossMemoryWrite(const ShmLink& link, uint64_t peer_probe_address) {
     uint64_t value = kCmaProbeValue;
     iovec local{&value, sizeof(value)};
@@ -163,98 +137,51 @@ class ShmHub : public Progress {
     return control->cma_probe.load() == kCmaProbeValue;
   }
 
-  void housekeeping() {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto now = Clock::now();
-    for (auto& c : connections_) {
-      if (c->checkAlive()) c->expire(now);
+  void pollOrRest() override {
+    if (active_waiters_.load() > 0) {
+      // Waiting threads poll; stay out of their way but keep housekeeping going.
+      const uint32_t waiters = active_waiters_.load();
+      timespec ts{0, kWaiterActiveSleepNs};
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&active_waiters_), FUTEX_WAIT_PRIVATE, waiters, &ts, nullptr, 0);
+      return;
     }
+    if (poll()) {
+      idle_polls_ = 0;
+      return;
+    }
+    if (++idle_polls_ < kIdleSpinsBeforePark) {
+      sched_yield();
+      return;
+    }
+    idle_polls_ = 0;
+    bell_->parked.store(1, std::memory_order_seq_cst);
+    const uint32_t rings = bell_->rings.load(std::memory_order_seq_cst);
+    bool moved;
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      moved = progressLocked();
+    }
+    if (!moved && !stopping() && active_waiters_.load() == 0) sleepOnBell(bell_, rings, kParkedSleepNs);
+    bell_->parked.store(0, std::memory_order_seq_cst);
   }
 
-  void run() {
-    auto next_housekeeping = Clock::now();
-    int idle = 0;
-    while (!stopping_.load()) {
-      if (Clock::now() >= next_housekeeping) {
-        housekeeping();
-        next_housekeeping = Clock::now() + kHousekeepingInterval;
-      }
-      if (active_waiters_.load() > 0) {
-        // Waiting threads poll; stay out of their way but keep housekeeping going.
-        const uint32_t waiters = active_waiters_.load();
-        timespec ts{0, kWaiterActiveSleepNs};
-        syscall(SYS_futex, reinterpret_cast<uint32_t*>(&active_waiters_), FUTEX_WAIT_PRIVATE, waiters, &ts, nullptr, 0);
-        continue;
-      }
-      if (poll()) {
-        idle = 0;
-        continue;
-      }
-      if (++idle < kIdleSpinsBeforePark) {
-        sched_yield();
-        continue;
-      }
-      idle = 0;
-      bell_->parked.store(1, std::memory_order_seq_cst);
-      const uint32_t rings = bell_->rings.load(std::memory_order_seq_cst);
-      bool moved;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        moved = progressLocked();
-      }
-      if (!moved && !stopping_.load() && active_waiters_.load() == 0) sleepOnBell(bell_, rings, kParkedSleepNs);
-      bell_->parked.store(0, std::memory_order_seq_cst);
-    }
+  void wakeBackground() override {
+    bell_->rings.fetch_add(1);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell_->rings), FUTEX_WAKE, 1, nullptr, nullptr, 0);
   }
 
   const Options options_;
   SharedSegment bell_segment_;
   Bell* bell_ = nullptr;
-  std::mutex mu_;
-  std::vector<std::shared_ptr<ShmConnection>> connections_;
-  std::atomic<uint32_t> active_waiters_{0};
-  std::atomic<bool> stopping_{false};
-  std::thread thread_;
-};
-
-// Serialises the user's posts with the hub's polling.
-class LockedShmConnection : public Connection {
- public:
-  LockedShmConnection(std::shared_ptr<ShmHub> hub, std::shared_ptr<ShmConnection> connection)
-      : hub_(std::move(hub)), connection_(std::move(connection)) {}
-  void postSend(const RequestPtr& send) override {
-    std::lock_guard<std::mutex> lock(hub_->mutex());
-    connection_->postSend(send);
-  }
-  void postRecv(const RequestPtr& recv) override {
-    std::lock_guard<std::mutex> lock(hub_->mutex());
-    connection_->postRecv(recv);
-  }
-
- private:
-  std::shared_ptr<ShmHub> hub_;
-  std::shared_ptr<ShmConnection> connection_;
-};
-
-class ShmTransport : public Transport {
- public:
-  explicit ShmTransport(const Options& options) : hub_(std::make_shared<ShmHub>(options)) { allowPeerMemoryWrites(); }
-  ~ShmTransport() override { hub_->shutdown("endpoint closed"); }
-
-  TransportKind kind() const override { return TransportKind::Shm; }
-  std::shared_ptr<Connection> connect(PeerSetup setup) override {
-    return std::make_shared<LockedShmConnection>(hub_, hub_->connect(setup));
-  }
-  void start() override { hub_->start(); }
-  void shutdown(const std::string& why) override { hub_->shutdown(why); }
-  std::shared_ptr<Progress> waiterProgress() override { return hub_; }
-
- private:
-  std::shared_ptr<ShmHub> hub_;
+  int idle_polls_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> makeShmTransport(const Options& options) { return std::make_unique<ShmTransport>(options); }
+std::unique_ptr<Transport> makeShmTransport(const Options& options) {
+  auto hub = std::make_shared<ShmHub>(options);
+  allowPeerMemoryWrites();
+  return std::make_unique<PolledTransport>(TransportKind::Shm, std::move(hub));
+}
 
 }  // namespace dicomm
