@@ -6,11 +6,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 #include <thread>
 
 #include "ibverbs/ibverbs_connection.h"
 #include "polling_hub.h"
+#include "text_fields.h"
 
 namespace dicomm {
 namespace {
@@ -45,23 +45,13 @@ std::string encodeCounter(const IbRemoteCounter& c) {
   return "counter_address=" + std::to_string(c.address) + "\ncounter_rkey=" + std::to_string(c.rkey) + "\n";
 }
 
+const char* const kSetupMessage = "ibverbs setup message";
+
 IbRemoteCounter decodeCounter(const std::string& text) {
+  const TextFields fields = parseTextFields(text);
   IbRemoteCounter c;
-  std::istringstream in(text);
-  std::string line;
-  bool have_address = false, have_key = false;
-  while (std::getline(in, line)) {
-    const auto eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string key = line.substr(0, eq), value = line.substr(eq + 1);
-    try {
-      if (key == "counter_address") c.address = std::stoull(value), have_address = true;
-      if (key == "counter_rkey") c.rkey = uint32_t(std::stoul(value)), have_key = true;
-    } catch (const std::exception&) {
-      throw CommError("ibverbs setup: malformed field " + key);
-    }
-  }
-  if (!have_address || !have_key) throw CommError("ibverbs setup: the peer did not send its credit counter");
+  c.address = uint64_t(requireInteger<CommError>(fields, "counter_address", kSetupMessage));
+  c.rkey = uint32_t(requireInteger<CommError>(fields, "counter_rkey", kSetupMessage));
   return c;
 }
 
@@ -98,8 +88,7 @@ class IbverbsHub : public PollingHub {
     } else {
       std::string text;
       recvFrame(setup.socket.fd(), &text, options_.frameLimits(), setup.deadline, who);
-      const auto eq = text.find('=');
-      const std::string port = eq == std::string::npos ? "" : text.substr(eq + 1, text.find('\n') - eq - 1);
+      const std::string port = requireField<CommError>(parseTextFields(text), "rdma_port", kSetupMessage);
       if (rdma_getaddrinfo(setup.peer.address.c_str(), port.c_str(), &hints, &found.info) != 0) {
         rdmaFailure("rdma_getaddrinfo " + setup.peer.address + ":" + port);
       }

@@ -9,11 +9,11 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <map>
 #include <sstream>
 
 #include "polling_hub.h"
 #include "shm/shm_connection.h"
+#include "text_fields.h"
 
 namespace dicomm {
 namespace {
@@ -30,33 +30,10 @@ void allowPeerMemoryWrites() {
   if (scope >> value && value == 1) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 }
 
-std::map<std::string, std::string> parseFields(const std::string& text) {
-  std::map<std::string, std::string> fields;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto eq = line.find('=');
-    if (eq != std::string::npos) fields[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return fields;
-}
+const char* const kSetupMessage = "shm setup message";
 
-std::string requireField(const std::map<std::string, std::string>& fields, const std::string& name) {
-  auto found = fields.find(name);
-  if (found == fields.end()) throw CommError("shm setup message lacks field '" + name + "'");
-  return found->second;
-}
-
-uint64_t requireNumber(const std::map<std::string, std::string>& fields, const std::string& name) {
-  const std::string text = requireField(fields, name);
-  try {
-    size_t used = 0;
-    const unsigned long long value = std::stoull(text, &used);
-    if (used != text.size()) throw std::invalid_argument(text);
-    return value;
-  } catch (const std::exception&) {
-    throw CommError("shm setup field '" + name + "'='" + text + "' is not a number");
-  }
+uint64_t requireNumber(const TextFields& fields, const std::string& name) {
+  return uint64_t(requireInteger<CommError>(fields, name, kSetupMessage));
 }
 
 // Polls every shm connection of an endpoint. Its background thread parks on this process's
@@ -101,14 +78,14 @@ class ShmHub : public PollingHub {
     sendFrame(setup.socket.fd(), hello, mine.str(), setup.deadline, who);
     std::string theirs_text;
     recvFrame(setup.socket.fd(), &theirs_text, options_.frameLimits(), setup.deadline, who);
-    const auto theirs = parseFields(theirs_text);
+    const auto theirs = parseTextFields(theirs_text);
     const uint64_t peer_capacity = requireNumber(theirs, "ring_bytes");
     if (peer_capacity < 4096 || (peer_capacity & (peer_capacity - 1)) != 0 || peer_capacity > (uint64_t(1) << 30)) {
       throw CommError(who + " announced an invalid shm ring size " + std::to_string(peer_capacity));
     }
-    link.outbound_segment = SharedSegment::open(requireField(theirs, "ring"), ringSegmentBytes(peer_capacity));
+    link.outbound_segment = SharedSegment::open(requireField<CommError>(theirs, "ring", kSetupMessage), ringSegmentBytes(peer_capacity));
     link.outbound = Ring(link.outbound_segment.data(), peer_capacity);
-    link.peer_bell_segment = SharedSegment::open(requireField(theirs, "bell"), kBellSegmentBytes);
+    link.peer_bell_segment = SharedSegment::open(requireField<CommError>(theirs, "bell", kSetupMessage), kBellSegmentBytes);
     link.peer_bell = static_cast<Bell*>(link.peer_bell_segment.data());
     link.peer_pid = setup.peer.pid;
     const uint64_t peer_probe_address = requireNumber(theirs, "probe_address");
