@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-GENERATOR = Path(__file__).resolve().parents[2] / "csrc" / "diopi" / "gen_registration.py"
+GENERATOR = Path(__file__).resolve().parents[2] / "csrc" / "dipu" / "codegen" / "gen_registration.py"
 
 
 @pytest.fixture(scope="module")

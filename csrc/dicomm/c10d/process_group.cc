@@ -144,6 +144,23 @@ void checkRoot(int64_t root, int size, const char* op) {
   TORCH_CHECK(root >= 0 && root < size, "dicomm ", op, ": root rank ", root, " is outside [0, ", size, ")");
 }
 
+// The per-rank tensors of gather (its outputs) and scatter (its inputs), staged on the host with
+// `stage`: the root passes one list of `size` tensors like `local`, the other ranks pass none.
+std::vector<HostTensor> stageRootList(const std::vector<std::vector<at::Tensor>>& lists, bool is_root, int size,
+                                      const at::Tensor& local, const char* op, const char* role,
+                                      HostTensor (*stage)(const at::Tensor&)) {
+  std::vector<HostTensor> staged;
+  if (!is_root) {
+    TORCH_CHECK(lists.empty() || lists[0].empty(), "dicomm ", op, ": only the root passes ", role, " tensors");
+    return staged;
+  }
+  TORCH_CHECK(lists.size() == 1 && lists[0].size() == size_t(size), "dicomm ", op, ": the root needs one list of ",
+              size, " ", role, " tensors");
+  checkSameShape(lists[0], local, op, role);
+  for (const auto& t : lists[0]) staged.push_back(stage(t));
+  return staged;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -435,15 +452,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::gather(std::vector<std::vecto
   checkTensorCount(inputs, "gather");
   checkRoot(opts.rootRank, size_, "gather");
   const int root = int(opts.rootRank);
-  std::vector<HostTensor> slots;
-  if (rank_ == root) {
-    TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == size_t(size_), "dicomm gather: the root needs one list of ",
-                size_, " output tensors");
-    checkSameShape(outputs[0], inputs[0], "gather", "output");
-    for (const auto& t : outputs[0]) slots.push_back(HostTensor::output(t));
-  } else {
-    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "dicomm gather: only the root passes output tensors");
-  }
+  const std::vector<HostTensor> slots =
+      stageRootList(outputs, rank_ == root, size_, inputs[0], "gather", "output", &HostTensor::output);
   HostTensor input = HostTensor::input(inputs[0]);
   return enqueue(c10d::OpType::GATHER, "gather", rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
                  [input, slots, root](CollectiveChannel& channel, Scratch&) {
@@ -460,15 +470,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::scatter(std::vector<at::Tenso
   checkTensorCount(outputs, "scatter");
   checkRoot(opts.rootRank, size_, "scatter");
   const int root = int(opts.rootRank);
-  std::vector<HostTensor> slots;
-  if (rank_ == root) {
-    TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == size_t(size_), "dicomm scatter: the root needs one list of ",
-                size_, " input tensors");
-    checkSameShape(inputs[0], outputs[0], "scatter", "input");
-    for (const auto& t : inputs[0]) slots.push_back(HostTensor::input(t));
-  } else {
-    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "dicomm scatter: only the root passes input tensors");
-  }
+  const std::vector<HostTensor> slots =
+      stageRootList(inputs, rank_ == root, size_, outputs[0], "scatter", "input", &HostTensor::input);
   HostTensor output = HostTensor::output(outputs[0]);
   return enqueue(c10d::OpType::SCATTER, "scatter", outputs, [output, slots, root](CollectiveChannel& channel, Scratch&) {
     std::vector<const void*> pointers;

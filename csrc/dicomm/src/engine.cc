@@ -129,15 +129,20 @@ void Engine::dialLowerRanks(Store& store, const std::string& token, Clock::time_
       throw CommError(name + " answered the setup with a " + frameKindName(reply.kind) + " frame");
     }
     if (reply.flags & kFlagRefused) throw CommError(name + " refused the connection: " + reason);
-    PeerSetup setup;
-    setup.self = self_;
-    setup.peer = peer;
-    setup.initiator = true;
-    setup.socket = std::move(socket);
-    setup.deadline = deadline;
-    connections_[size_t(q)] = transport(kind).connect(std::move(setup));
-    kinds_[size_t(q)] = kind;
+    connectPeer(peer, kind, /*initiator=*/true, std::move(socket), deadline);
   }
+}
+
+void Engine::connectPeer(const PeerDescriptor& peer, TransportKind kind, bool initiator, Socket socket,
+                         Clock::time_point deadline) {
+  PeerSetup setup;
+  setup.self = self_;
+  setup.peer = peer;
+  setup.initiator = initiator;
+  setup.socket = std::move(socket);
+  setup.deadline = deadline;
+  connections_[size_t(peer.rank)] = transport(kind).connect(std::move(setup));
+  kinds_[size_t(peer.rank)] = kind;
 }
 
 void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::time_point deadline) {
@@ -209,14 +214,7 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
     FrameHeader reply;
     reply.kind = FrameKind::HelloReply;
     sendFrame(socket.fd(), reply, "", hello_deadline, "rank " + std::to_string(hello.rank));
-    PeerSetup setup;
-    setup.self = self_;
-    setup.peer = peer;
-    setup.initiator = false;
-    setup.socket = std::move(socket);
-    setup.deadline = deadline;
-    connections_[size_t(hello.rank)] = transport(hello.transport).connect(std::move(setup));
-    kinds_[size_t(hello.rank)] = hello.transport;
+    connectPeer(peer, hello.transport, /*initiator=*/false, std::move(socket), deadline);
     waiting.erase(hello.rank);
   }
 }

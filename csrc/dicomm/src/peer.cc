@@ -3,48 +3,14 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <map>
 #include <sstream>
 
 #include "dicomm/frame.h"
 #include "dicomm/request.h"
+#include "text_fields.h"
 
 namespace dicomm {
 namespace {
-
-std::map<std::string, std::string> parseLines(const std::string& text) {
-  std::map<std::string, std::string> fields;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    fields[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return fields;
-}
-
-template <typename Error>
-const std::string& field(const std::map<std::string, std::string>& fields, const std::string& name,
-                         const std::string& what) {
-  auto found = fields.find(name);
-  if (found == fields.end()) throw Error(what + " lacks field '" + name + "'");
-  return found->second;
-}
-
-template <typename Error>
-long long integerField(const std::map<std::string, std::string>& fields, const std::string& name,
-                       const std::string& what) {
-  const std::string& text = field<Error>(fields, name, what);
-  try {
-    size_t used = 0;
-    const long long value = std::stoll(text, &used);
-    if (used != text.size()) throw std::invalid_argument(text);
-    return value;
-  } catch (const std::exception&) {
-    throw Error(what + " field '" + name + "'='" + text + "' is not an integer");
-  }
-}
 
 std::string readFirstLine(const std::string& path) {
   std::ifstream in(path);
@@ -69,18 +35,18 @@ std::string PeerDescriptor::encode() const {
 }
 
 PeerDescriptor PeerDescriptor::decode(const std::string& text) {
-  const auto fields = parseLines(text);
+  const auto fields = parseTextFields(text);
   const std::string what = "peer descriptor in the store";
   PeerDescriptor d;
-  d.rank = int(integerField<CommError>(fields, "rank", what));
-  d.address = field<CommError>(fields, "address", what);
-  const long long port = integerField<CommError>(fields, "port", what);
+  d.rank = int(requireInteger<CommError>(fields, "rank", what));
+  d.address = requireField<CommError>(fields, "address", what);
+  const long long port = requireInteger<CommError>(fields, "port", what);
   if (port <= 0 || port > 65535) throw CommError(what + " has port " + std::to_string(port));
   d.port = uint16_t(port);
-  d.host_id = field<CommError>(fields, "host_id", what);
-  d.pid = integerField<CommError>(fields, "pid", what);
-  d.ibverbs = integerField<CommError>(fields, "ibverbs", what) != 0;
-  d.ibverbs_device = field<CommError>(fields, "ibverbs_device", what);
+  d.host_id = requireField<CommError>(fields, "host_id", what);
+  d.pid = requireInteger<CommError>(fields, "pid", what);
+  d.ibverbs = requireInteger<CommError>(fields, "ibverbs", what) != 0;
+  d.ibverbs_device = requireField<CommError>(fields, "ibverbs_device", what);
   return d;
 }
 
@@ -98,17 +64,17 @@ std::string Hello::encode() const {
 }
 
 Hello Hello::decode(const std::string& payload) {
-  const auto fields = parseLines(payload);
+  const auto fields = parseTextFields(payload);
   const std::string what = "malformed frame: Hello";
   Hello h;
-  h.rank = int(integerField<FrameError>(fields, "rank", what));
-  const std::string& transport = field<FrameError>(fields, "transport", what);
+  h.rank = int(requireInteger<FrameError>(fields, "rank", what));
+  const std::string& transport = requireField<FrameError>(fields, "transport", what);
   try {
     h.transport = parseTransportName(transport, "Hello transport");
   } catch (const std::invalid_argument& e) {
     throw FrameError(std::string("malformed frame: ") + e.what());
   }
-  h.token = field<FrameError>(fields, "token", what);
+  h.token = requireField<FrameError>(fields, "token", what);
   return h;
 }
 

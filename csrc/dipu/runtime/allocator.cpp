@@ -1,5 +1,6 @@
 #include "allocator.h"
 
+#include <array>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -12,10 +13,17 @@
 namespace dipu {
 namespace {
 
+using c10::CachingAllocator::Stat;
 using c10::CachingAllocator::StatType;
 using c10::CachingDeviceAllocator::DeviceStats;
 
 constexpr auto kAggregate = static_cast<size_t>(StatType::AGGREGATE);
+
+// The device-wide counter of every statistic with current/peak/allocated/freed values.
+std::array<Stat*, 5> aggregate_stats(DeviceStats& stats) {
+  return {&stats.allocated_bytes[kAggregate], &stats.reserved_bytes[kAggregate], &stats.allocation[kAggregate],
+          &stats.segment[kAggregate], &stats.requested_bytes[kAggregate]};
+}
 
 size_t round_block(size_t size) { return (size + kBlockGranularity - 1) / kBlockGranularity * kBlockGranularity; }
 
@@ -85,33 +93,20 @@ class CachingAllocator final : public c10::DeviceAllocator {
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     std::lock_guard lock(mutex_);
-    ensure_devices();
-    check_device(device);
-    return stats_[device];
+    return device_stats(device);
   }
 
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     std::lock_guard lock(mutex_);
-    ensure_devices();
-    check_device(device);
-    DeviceStats& stats = stats_[device];
-    for (auto* stat : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.allocation, &stats.segment,
-                       &stats.requested_bytes}) {
-      (*stat)[kAggregate].reset_accumulated();
-    }
+    DeviceStats& stats = device_stats(device);
+    for (Stat* stat : aggregate_stats(stats)) stat->reset_accumulated();
     stats.num_alloc_retries = 0;
     stats.num_ooms = 0;
   }
 
   void resetPeakStats(c10::DeviceIndex device) override {
     std::lock_guard lock(mutex_);
-    ensure_devices();
-    check_device(device);
-    DeviceStats& stats = stats_[device];
-    for (auto* stat : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.allocation, &stats.segment,
-                       &stats.requested_bytes}) {
-      (*stat)[kAggregate].reset_peak();
-    }
+    for (Stat* stat : aggregate_stats(device_stats(device))) stat->reset_peak();
   }
 
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
@@ -123,6 +118,13 @@ class CachingAllocator final : public c10::DeviceAllocator {
   }
 
  private:
+  // The statistics of `device`, after checking that it exists; the caller holds mutex_.
+  DeviceStats& device_stats(c10::DeviceIndex device) {
+    ensure_devices();
+    check_device(device);
+    return stats_[device];
+  }
+
   struct Block {
     size_t size;
     c10::DeviceIndex device;

@@ -54,6 +54,9 @@ class Engine {
   PeerDescriptor lookUpPeer(Store& store, int rank);
   void dialLowerRanks(Store& store, const std::string& token, Clock::time_point deadline);
   void acceptHigherRanks(Store& store, const std::string& token, Clock::time_point deadline);
+  // Hands a socket whose Hello exchange succeeded to the chosen transport's own setup.
+  void connectPeer(const PeerDescriptor& peer, TransportKind kind, bool initiator, Socket socket,
+                   Clock::time_point deadline);
   Transport& transport(TransportKind kind);
   void checkPeer(int peer, const char* operation) const;
   TransportKind chooseTransport(const PeerDescriptor& peer);

@@ -1,7 +1,7 @@
+// The ibverbs connection: SENDs into pre-posted slots, RDMA WRITE WITH IMMEDIATE for rendezvous.
 #include "ibverbs/ibverbs_connection.h"
 
 #include <arpa/inet.h>
-#include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
@@ -19,12 +19,9 @@ constexpr uint64_t kMaxWriteBytes = uint64_t(1) << 30;
 
 }  // namespace
 
-IbverbsConnection::IbverbsConnection(int peer, rdma_cm_id* id, Socket control, const Options& options)
-    : peer_(peer),
+IbverbsConnection::IbverbsConnection(int peer, rdma_cm_id* id, const Options& options)
+    : PolledConnection("ibverbs", peer, options),
       id_(id),
-      control_(std::move(control)),
-      limits_(options.frameLimits()),
-      inbox_(peer, options.frameLimits()),
       recv_slab_(size_t(kIbRecvSlots) * kIbSlotBytes),
       send_slab_(size_t(kIbSendSlots) * kIbSlotBytes) {
   for (int i = kIbSendSlots - 1; i >= 0; --i) free_send_slots_.push_back(i);
@@ -48,11 +45,6 @@ void IbverbsConnection::prepare() {
     throw CommError(describe() + ": cannot register memory: " + std::strerror(errno));
   }
   for (int slot = 0; slot < kIbRecvSlots; ++slot) postReceive(slot);
-}
-
-void IbverbsConnection::adoptControlSocket(Socket control) {
-  control_ = std::move(control);
-  setNonBlocking(control_.fd());
 }
 
 IbRemoteCounter IbverbsConnection::localCounter() const {
@@ -138,30 +130,8 @@ void IbverbsConnection::reportConsumed(bool force) {
   consumed_reported_ = consumed_;
 }
 
-void IbverbsConnection::postSend(const RequestPtr& send) {
-  if (closed_) {
-    send->fail(failure_);
-    return;
-  }
-  outgoing_.push_back(Outgoing{send, next_send_seq_++});
-  progress();
-}
-
-void IbverbsConnection::postRecv(const RequestPtr& recv) {
-  if (closed_) {
-    if (!inbox_.postFromArrived(recv)) recv->fail(failure_);
-    return;
-  }
-  if (auto g = inbox_.post(recv)) grant(*g);
-  progress();
-}
-
 void IbverbsConnection::grant(const Inbox::Grant& g) {
-  FrameHeader cts;
-  cts.kind = FrameKind::ClearToSend;
-  cts.tag = g.announcement.tag;
-  cts.seq = g.announcement.seq;
-  cts.total_bytes = g.announcement.total_bytes;
+  FrameHeader cts = clearToSend(g.announcement);
   ibv_mr* mr = nullptr;
   if (g.fits) {
     mr = ibv_reg_mr(id_->pd, g.recv->data(), g.recv->capacity(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -189,7 +159,7 @@ bool IbverbsConnection::pushOutgoing() {
     moved = true;
   }
   while (!outgoing_.empty()) {
-    Outgoing& out = outgoing_.front();
+    PolledOutgoing& out = outgoing_.front();
     FrameHeader h;
     h.tag = out.request->tag();
     h.seq = out.seq;
@@ -211,22 +181,8 @@ bool IbverbsConnection::pushOutgoing() {
 }
 
 void IbverbsConnection::onClearToSend(const FrameHeader& h) {
-  auto found = awaiting_clear_.find(h.seq);
-  if (found == awaiting_clear_.end()) {
-    throw FrameError("malformed frame: ClearToSend for message " + std::to_string(h.seq) + " that is not waiting");
-  }
-  RequestPtr send = found->second;
-  awaiting_clear_.erase(found);
-  if (h.flags & kFlagRefused) {
-    send->fail("rank " + std::to_string(peer_) + " refused message " + std::to_string(h.seq) + " of " +
-               std::to_string(send->capacity()) + " bytes (its receive buffer is too small or unregistrable)");
-    return;
-  }
-  if (h.total_bytes != send->capacity()) {
-    throw FrameError("malformed frame: ClearToSend for message " + std::to_string(h.seq) + " names " +
-                     std::to_string(h.total_bytes) + " bytes, the message has " + std::to_string(send->capacity()));
-  }
-  cleared_.push_back(Cleared{send, h});
+  RequestPtr send = takeClearedSend(h, "its receive buffer is too small or unregistrable");
+  if (send) cleared_.push_back(Cleared{send, h});
 }
 
 bool IbverbsConnection::startWrite(const Cleared& cleared) {
@@ -252,20 +208,8 @@ bool IbverbsConnection::startWrite(const Cleared& cleared) {
   return true;
 }
 
-void IbverbsConnection::onFrame(const FrameHeader& h, const uint8_t* payload) {
+void IbverbsConnection::onTransportFrame(const FrameHeader& h) {
   switch (h.kind) {
-    case FrameKind::Data: {
-      uint8_t* destination = inbox_.destination(h);
-      if (destination && h.payload_bytes) std::memcpy(destination, payload, h.payload_bytes);
-      inbox_.landed(h);
-      return;
-    }
-    case FrameKind::ReadyToSend:
-      if (auto g = inbox_.announce(h)) grant(*g);
-      return;
-    case FrameKind::ClearToSend:
-      onClearToSend(h);
-      return;
     case FrameKind::Done: {
       auto found = granted_.find(uint32_t(h.seq));
       if (found == granted_.end()) throw FrameError("malformed frame: Done for a message that was never granted");
@@ -297,7 +241,9 @@ void IbverbsConnection::onReceive(const ibv_wc& wc) {
       throw FrameError("malformed frame: header announces " + std::to_string(h.payload_bytes) + " payload bytes, " +
                        std::to_string(wc.byte_len - kFrameHeaderBytes) + " arrived");
     }
-    onFrame(h, frame + kFrameHeaderBytes);
+    dispatchFrame(h, [&](uint8_t* destination) {
+      std::memcpy(destination, frame + kFrameHeaderBytes, h.payload_bytes);
+    });
   }
   postReceive(slot);
   ++consumed_;
@@ -337,28 +283,14 @@ bool IbverbsConnection::pollCompletions() {
   return moved;
 }
 
-bool IbverbsConnection::progress() {
-  if (closed_) return false;
-  try {
-    bool moved = pollCompletions();
-    reportConsumed(false);
-    moved |= pushOutgoing();
-    return moved;
-  } catch (const std::exception& e) {
-    closeWithError(describe() + " closed: " + e.what());
-  }
-  return true;
+bool IbverbsConnection::advance() {
+  bool moved = pollCompletions();
+  reportConsumed(false);
+  moved |= pushOutgoing();
+  return moved;
 }
 
-bool IbverbsConnection::checkAlive() {
-  if (closed_) return false;
-  char byte;
-  const ssize_t n = ::recv(control_.fd(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
-  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-    progress();  // deliver what the peer sent before it went away
-    closeWithError("rank " + std::to_string(peer_) + " is gone (its control socket closed; peer exited?)");
-    return false;
-  }
+bool IbverbsConnection::keepAlive(bool) {
   try {
     reportConsumed(true);
   } catch (const std::exception& e) {
@@ -368,50 +300,22 @@ bool IbverbsConnection::checkAlive() {
   return true;
 }
 
-void IbverbsConnection::expire(Clock::time_point now) {
-  if (closed_) return;
-  if (auto overdue = inbox_.expire(now)) {
-    closeWithError(*overdue);
-    return;
-  }
+std::optional<std::string> IbverbsConnection::expireTransfers(Clock::time_point now) {
+  if (auto overdue = inbox_.expire(now)) return overdue;
   for (auto& [imm, granted] : granted_) {
     if (granted.recv->deadline() <= now) {
-      closeWithError("timed out waiting for rank " + std::to_string(peer_) + " to write message " +
-                     std::to_string(granted.seq));
-      return;
+      return "timed out waiting for rank " + std::to_string(peer_) + " to write message " + std::to_string(granted.seq);
     }
   }
-  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
-    if (it->request->deadline() > now) {
-      ++it;
-    } else {
-      it->request->fail("timed out before rank " + std::to_string(peer_) + " accepted the message");
-      it = outgoing_.erase(it);
-    }
-  }
-  for (auto& [seq, send] : awaiting_clear_) {
-    if (send->deadline() <= now) {
-      send->fail("timed out waiting for rank " + std::to_string(peer_) + " to post the matching receive");
-    }
-  }
+  return expireSends(now);  // never started: a send leaves whole
 }
 
-void IbverbsConnection::closeWithError(const std::string& why) {
-  if (closed_) return;
-  closed_ = true;
-  failure_ = why;
-  inbox_.failAll(why);
-  for (auto& out : outgoing_) out.request->fail(why);
-  outgoing_.clear();
-  for (auto& [seq, send] : awaiting_clear_) send->fail(why);
-  awaiting_clear_.clear();
+void IbverbsConnection::closeTransfers(const std::string& why) {
   for (auto& cleared : cleared_) cleared.send->fail(why);
   cleared_.clear();
   for (auto& [id, write] : writes_) write.send->fail(why);
   for (auto& [imm, granted] : granted_) granted.recv->fail(why);
-  control_out_.clear();
   if (id_) rdma_disconnect(id_);
-  ::shutdown(control_.fd(), SHUT_RDWR);
 }
 
 }  // namespace dicomm

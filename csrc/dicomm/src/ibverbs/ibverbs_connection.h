@@ -14,8 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "dicomm/inbox.h"
-#include "dicomm/transport.h"
+#include "polled_connection.h"
 
 namespace dicomm {
 
@@ -34,31 +33,18 @@ struct IbRemoteCounter {
   uint32_t rkey = 0;
 };
 
-class IbverbsConnection : public Connection {
+class IbverbsConnection : public PolledConnection {
  public:
   // Takes ownership of `id` (with its QP and CQs).
-  IbverbsConnection(int peer, rdma_cm_id* id, Socket control, const Options& options);
+  IbverbsConnection(int peer, rdma_cm_id* id, const Options& options);
   ~IbverbsConnection() override;
 
   // Registers slabs and posts every receive slot; call before the QP is connected.
   void prepare();
   IbRemoteCounter localCounter() const;
   void setRemoteCounter(const IbRemoteCounter& remote) { remote_counter_ = remote; }
-  // The setup socket stays open only so the peer's death is noticed.
-  void adoptControlSocket(Socket control);
-
-  void postSend(const RequestPtr& send) override;
-  void postRecv(const RequestPtr& recv) override;
-  bool progress();
-  bool checkAlive();
-  void expire(Clock::time_point now);
-  void closeWithError(const std::string& why);
 
  private:
-  struct Outgoing {
-    RequestPtr request;
-    uint64_t seq = 0;
-  };
   struct Write {
     RequestPtr send;
     ibv_mr* mr = nullptr;
@@ -73,25 +59,26 @@ class IbverbsConnection : public Connection {
     uint64_t seq = 0;
   };
 
+  bool advance() override;
+  void pushPosted() override { progress(); }
+  void grant(const Inbox::Grant& g) override;
+  void onClearToSend(const FrameHeader& h) override;
+  void onTransportFrame(const FrameHeader& h) override;
+  std::optional<std::string> expireTransfers(Clock::time_point now) override;
+  void closeTransfers(const std::string& why) override;
+  bool keepAlive(bool bytes_waiting) override;
+
   bool pushOutgoing();
   bool pollCompletions();
   void onReceive(const ibv_wc& wc);
-  void onFrame(const FrameHeader& h, const uint8_t* payload);
-  void onClearToSend(const FrameHeader& h);
   bool startWrite(const Cleared& cleared);  // false: no credit yet
-  void grant(const Inbox::Grant& g);
   bool sendFrame(const FrameHeader& h, const uint8_t* payload);
   void postWrite(const Request& send, uint64_t seq, const FrameHeader& cts, ibv_mr* mr, uint64_t write_id);
   void postReceive(int slot);
   void reportConsumed(bool force);
   uint64_t creditsLeft() const;
-  std::string describe() const { return "ibverbs connection to rank " + std::to_string(peer_); }
 
-  const int peer_;
   rdma_cm_id* id_;
-  Socket control_;
-  const FrameLimits limits_;
-  Inbox inbox_;
   std::vector<uint8_t> recv_slab_;
   std::vector<uint8_t> send_slab_;
   IbCounters counters_{};
@@ -100,19 +87,13 @@ class IbverbsConnection : public Connection {
   ibv_mr* counters_mr_ = nullptr;
   IbRemoteCounter remote_counter_;
   std::vector<int> free_send_slots_;
-  std::deque<FrameHeader> control_out_;
-  std::deque<Outgoing> outgoing_;
-  std::map<uint64_t, RequestPtr> awaiting_clear_;
   std::deque<Cleared> cleared_;
   std::map<uint32_t, Granted> granted_;  // by low 32 bits of seq (the immediate)
   std::map<uint64_t, Write> writes_;
   uint64_t next_write_id_ = 0;
-  uint64_t next_send_seq_ = 0;
   uint64_t frames_sent_ = 0;      // SENDs and WRITE_WITH_IMMs, each consuming one peer slot
   uint64_t consumed_ = 0;         // our slots consumed (and re-posted)
   uint64_t consumed_reported_ = 0;
-  bool closed_ = false;
-  std::string failure_;
 };
 
 }  // namespace dicomm

@@ -4,19 +4,19 @@
 // queues itself and a background thread takes over when nobody waits.
 #include <arpa/inet.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "ibverbs/ibverbs_connection.h"
+#include "polling_hub.h"
+#include "text_fields.h"
 
 namespace dicomm {
 namespace {
 
-constexpr auto kHousekeepingInterval = std::chrono::milliseconds(10);
+constexpr int kIdleYieldsBeforeSleep = 64;
+constexpr auto kIdleSleep = std::chrono::microseconds(50);
 
 struct AddrInfo {
   rdma_addrinfo* info = nullptr;
@@ -45,45 +45,24 @@ std::string encodeCounter(const IbRemoteCounter& c) {
   return "counter_address=" + std::to_string(c.address) + "\ncounter_rkey=" + std::to_string(c.rkey) + "\n";
 }
 
+const char* const kSetupMessage = "ibverbs setup message";
+
 IbRemoteCounter decodeCounter(const std::string& text) {
+  const TextFields fields = parseTextFields(text);
   IbRemoteCounter c;
-  std::istringstream in(text);
-  std::string line;
-  bool have_address = false, have_key = false;
-  while (std::getline(in, line)) {
-    const auto eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string key = line.substr(0, eq), value = line.substr(eq + 1);
-    try {
-      if (key == "counter_address") c.address = std::stoull(value), have_address = true;
-      if (key == "counter_rkey") c.rkey = uint32_t(std::stoul(value)), have_key = true;
-    } catch (const std::exception&) {
-      throw CommError("ibverbs setup: malformed field " + key);
-    }
-  }
-  if (!have_address || !have_key) throw CommError("ibverbs setup: the peer did not send its credit counter");
+  c.address = uint64_t(requireInteger<CommError>(fields, "counter_address", kSetupMessage));
+  c.rkey = uint32_t(requireInteger<CommError>(fields, "counter_rkey", kSetupMessage));
   return c;
 }
 
-class IbverbsHub : public Progress {
+// Polls the completion queues of every ibverbs connection of an endpoint. Its background thread
+// yields, then sleeps briefly, when idle.
+class IbverbsHub : public PollingHub {
  public:
   explicit IbverbsHub(const Options& options) : options_(options) {}
 
-  bool poll() override {
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (!lock.owns_lock()) return false;
-    return progressLocked();
-  }
-  void enterActiveWait() override { active_waiters_.fetch_add(1); }
-  void leaveActiveWait() override { active_waiters_.fetch_sub(1); }
-
-  bool progressLocked() {
-    bool moved = false;
-    for (auto& c : connections_) moved |= c->progress();
-    return moved;
-  }
-
-  std::shared_ptr<IbverbsConnection> connect(PeerSetup& setup) {
+ private:
+  std::shared_ptr<PolledConnection> setUp(PeerSetup& setup) override {
     const std::string who = "rank " + std::to_string(setup.peer.rank);
     ibv_qp_init_attr attr = queuePairAttributes();
     rdma_addrinfo hints{};
@@ -103,19 +82,18 @@ class IbverbsHub : public Progress {
       sendFrame(setup.socket.fd(), h, "rdma_port=" + std::to_string(ntohs(rdma_get_src_port(listen_id))) + "\n",
                 setup.deadline, who);
       if (rdma_get_request(listen_id, &id) != 0) rdmaFailure("rdma_get_request");
-      connection = std::make_shared<IbverbsConnection>(setup.peer.rank, id, Socket(), options_);
+      connection = std::make_shared<IbverbsConnection>(setup.peer.rank, id, options_);
       connection->prepare();
       if (rdma_accept(id, nullptr) != 0) rdmaFailure("rdma_accept");
     } else {
       std::string text;
       recvFrame(setup.socket.fd(), &text, options_.frameLimits(), setup.deadline, who);
-      const auto eq = text.find('=');
-      const std::string port = eq == std::string::npos ? "" : text.substr(eq + 1, text.find('\n') - eq - 1);
+      const std::string port = requireField<CommError>(parseTextFields(text), "rdma_port", kSetupMessage);
       if (rdma_getaddrinfo(setup.peer.address.c_str(), port.c_str(), &hints, &found.info) != 0) {
         rdmaFailure("rdma_getaddrinfo " + setup.peer.address + ":" + port);
       }
       if (rdma_create_ep(&id, found.info, nullptr, &attr) != 0) rdmaFailure("rdma_create_ep");
-      connection = std::make_shared<IbverbsConnection>(setup.peer.rank, id, Socket(), options_);
+      connection = std::make_shared<IbverbsConnection>(setup.peer.rank, id, options_);
       connection->prepare();
       if (rdma_connect(id, nullptr) != 0) rdmaFailure("rdma_connect");
     }
@@ -127,89 +105,23 @@ class IbverbsHub : public Progress {
     recvFrame(setup.socket.fd(), &theirs, options_.frameLimits(), setup.deadline, who);
     connection->setRemoteCounter(decodeCounter(theirs));
     connection->adoptControlSocket(std::move(setup.socket));
-    std::lock_guard<std::mutex> lock(mu_);
-    connections_.push_back(connection);
     return connection;
   }
 
-  void start() {
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-  }
-
-  void shutdown(const std::string& why) {
-    if (stopping_.exchange(true)) return;
-    if (thread_.joinable()) thread_.join();
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& c : connections_) c->closeWithError(why);
-  }
-
-  std::mutex& mutex() { return mu_; }
-
- private:
-  void run() {
-    auto next_housekeeping = Clock::now();
-    int idle = 0;
-    while (!stopping_.load()) {
-      if (Clock::now() >= next_housekeeping) {
-        std::lock_guard<std::mutex> lock(mu_);
-        const auto now = Clock::now();
-        for (auto& c : connections_) {
-          if (c->checkAlive()) c->expire(now);
-        }
-        next_housekeeping = now + kHousekeepingInterval;
-      }
-      if (active_waiters_.load() == 0 && poll()) {
-        idle = 0;
-        continue;
-      }
-      if (++idle < 64) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+  void pollOrRest() override {
+    if (active_waiters_.load() == 0 && poll()) {
+      idle_polls_ = 0;
+      return;
+    }
+    if (++idle_polls_ < kIdleYieldsBeforeSleep) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(kIdleSleep);
     }
   }
 
   const Options options_;
-  std::mutex mu_;
-  std::vector<std::shared_ptr<IbverbsConnection>> connections_;
-  std::atomic<int> active_waiters_{0};
-  std::atomic<bool> stopping_{false};
-  std::thread thread_;
-};
-
-class LockedIbverbsConnection : public Connection {
- public:
-  LockedIbverbsConnection(std::shared_ptr<IbverbsHub> hub, std::shared_ptr<IbverbsConnection> connection)
-      : hub_(std::move(hub)), connection_(std::move(connection)) {}
-  void postSend(const RequestPtr& send) override {
-    std::lock_guard<std::mutex> lock(hub_->mutex());
-    connection_->postSend(send);
-  }
-  void postRecv(const RequestPtr& recv) override {
-    std::lock_guard<std::mutex> lock(hub_->mutex());
-    connection_->postRecv(recv);
-  }
-
- private:
-  std::shared_ptr<IbverbsHub> hub_;
-  std::shared_ptr<IbverbsConnection> connection_;
-};
-
-class IbverbsTransport : public Transport {
- public:
-  explicit IbverbsTransport(const Options& options) : hub_(std::make_shared<IbverbsHub>(options)) {}
-  ~IbverbsTransport() override { hub_->shutdown("endpoint closed"); }
-  TransportKind kind() const override { return TransportKind::Ibverbs; }
-  std::shared_ptr<Connection> connect(PeerSetup setup) override {
-    return std::make_shared<LockedIbverbsConnection>(hub_, hub_->connect(setup));
-  }
-  void start() override { hub_->start(); }
-  void shutdown(const std::string& why) override { hub_->shutdown(why); }
-  std::shared_ptr<Progress> waiterProgress() override { return hub_; }
-
- private:
-  std::shared_ptr<IbverbsHub> hub_;
+  int idle_polls_ = 0;
 };
 
 }  // namespace
@@ -217,7 +129,7 @@ class IbverbsTransport : public Transport {
 std::unique_ptr<Transport> makeIbverbsTransport(const Options& options) {
   const IbverbsProbe probe = probeIbverbs();
   if (!probe.available) throw CommError(probe.message);
-  return std::make_unique<IbverbsTransport>(options);
+  return std::make_unique<PolledTransport>(TransportKind::Ibverbs, std::make_shared<IbverbsHub>(options));
 }
 
 }  // namespace dicomm

@@ -15,9 +15,12 @@
 namespace dicomm {
 namespace {
 
-void* mapShared(int fd, size_t size, const std::string& name) {
+// Maps `size` bytes of the shared-memory file `fd` and closes `fd`, whether or not the mapping worked.
+void* mapSharedAndClose(int fd, size_t size, const std::string& name) {
   void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (data == MAP_FAILED) throw CommError("cannot map shared memory " + name + ": " + std::strerror(errno));
+  const int err = errno;
+  ::close(fd);
+  if (data == MAP_FAILED) throw CommError("cannot map shared memory " + name + ": " + std::strerror(err));
   return data;
 }
 
@@ -65,13 +68,7 @@ SharedSegment SharedSegment::create(const std::string& name, size_t size) {
     throw CommError("cannot size shared memory " + name + " to " + std::to_string(size) + " bytes: " +
                     std::strerror(err) + " (is /dev/shm full?)");
   }
-  try {
-    s.data_ = mapShared(fd, size, name);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  s.data_ = mapSharedAndClose(fd, size, name);
   s.size_ = size;
   return s;
 }
@@ -87,13 +84,7 @@ SharedSegment SharedSegment::open(const std::string& name, size_t size) {
   }
   SharedSegment s;
   s.name_ = name;
-  try {
-    s.data_ = mapShared(fd, size, name);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  s.data_ = mapSharedAndClose(fd, size, name);
   s.size_ = size;
   return s;
 }

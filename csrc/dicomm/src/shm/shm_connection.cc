@@ -1,76 +1,29 @@
+// The shm connection: frames through the rings, rendezvous copies with cross memory attach.
 #include "shm/shm_connection.h"
 
-#include "dicomm/outgoing.h"
-
-#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <cerrno>
 #include <cstring>
 
 namespace dicomm {
-namespace {
 
-// The send a rendezvous frame answers; a frame for a message in no such state is malformed.
-RequestPtr takeAwaiting(std::map<uint64_t, RequestPtr>& awaiting, const FrameHeader& h, const char* state) {
-  auto found = awaiting.find(h.seq);
-  if (found == awaiting.end()) {
-    throw FrameError("malformed frame: " + std::string(frameKindName(h.kind)) + " for message " +
-                     std::to_string(h.seq) + " that is not " + state);
-  }
-  RequestPtr send = found->second;
-  awaiting.erase(found);
-  return send;
-}
-
-}  // namespace
-
-ShmConnection::ShmConnection(int peer, Socket control, ShmLink link, const Options& options)
-    : peer_(peer),
-      control_(std::move(control)),
+ShmConnection::ShmConnection(int peer, ShmLink link, const Options& options)
+    : PolledConnection("shm", peer, options),
       link_(std::move(link)),
       eager_bytes_(link_.can_write_peer_memory ? options.shm_eager_bytes : SIZE_MAX),
-      split_bytes_(options.shm_split_bytes),
-      limits_(options.frameLimits()),
-      inbox_(peer, options.frameLimits()) {
-  setNonBlocking(control_.fd());
-}
+      split_bytes_(options.shm_split_bytes) {}
 
-void ShmConnection::postSend(const RequestPtr& send) {
-  if (closed_) {
-    send->fail(failure_);
-    return;
-  }
-  Outgoing out;
-  out.request = send;
-  out.seq = next_send_seq_++;
-  outgoing_.push_back(std::move(out));
-  pushOutgoing();
-}
-
-void ShmConnection::postRecv(const RequestPtr& recv) {
-  if (closed_) {
-    if (!inbox_.postFromArrived(recv)) recv->fail(failure_);
-    return;
-  }
-  if (auto g = inbox_.post(recv)) grant(*g);
+void ShmConnection::pushPosted() {
   pushOutgoing();
   if (runPulls()) pushOutgoing();
 }
 
-bool ShmConnection::progress() {
-  if (closed_) return false;
-  try {
-    bool moved = pollIncoming();
-    moved |= pushOutgoing();
-    if (runPulls()) moved |= pushOutgoing();
-    return moved;
-  } catch (const FrameError& e) {
-    closeWithError(describe() + " closed: " + e.what());
-  } catch (const std::exception& e) {
-    closeWithError(describe() + " closed: " + e.what());
-  }
-  return true;
+bool ShmConnection::advance() {
+  bool moved = pollIncoming();
+  moved |= pushOutgoing();
+  if (runPulls()) moved |= pushOutgoing();
+  return moved;
 }
 
 bool ShmConnection::pushOutgoing() {
@@ -82,7 +35,7 @@ bool ShmConnection::pushOutgoing() {
     moved = true;
   }
   while (!outgoing_.empty()) {
-    Outgoing& out = outgoing_.front();
+    PolledOutgoing& out = outgoing_.front();
     const Request& request = *out.request;
     FrameHeader h;
     h.tag = request.tag();
@@ -133,27 +86,17 @@ bool ShmConnection::pollIncoming() {
       throw FrameError("malformed frame: " + std::string(frameKindName(h.kind)) + " payload of " +
                        std::to_string(h.payload_bytes) + " bytes overruns the shared ring");
     }
-    onFrame(h, tail + kFrameHeaderBytes);
+    dispatchFrame(h, [&](uint8_t* destination) {
+      ring.copyOut(tail + kFrameHeaderBytes, destination, h.payload_bytes);
+    });
     ring.consume(tail, frameFootprint(h.payload_bytes));
     moved = true;
   }
   return moved;
 }
 
-void ShmConnection::onFrame(const FrameHeader& h, uint64_t payload_position) {
+void ShmConnection::onTransportFrame(const FrameHeader& h) {
   switch (h.kind) {
-    case FrameKind::Data: {
-      uint8_t* destination = inbox_.destination(h);
-      if (destination && h.payload_bytes) link_.inbound.copyOut(payload_position, destination, h.payload_bytes);
-      inbox_.landed(h);
-      return;
-    }
-    case FrameKind::ReadyToSend:
-      if (auto g = inbox_.announce(h)) grant(*g);
-      return;
-    case FrameKind::ClearToSend:
-      onClearToSend(h);
-      return;
     case FrameKind::Pulled:
       onPulled(h);
       return;
@@ -173,11 +116,7 @@ void ShmConnection::onFrame(const FrameHeader& h, uint64_t payload_position) {
 }
 
 void ShmConnection::grant(const Inbox::Grant& g) {
-  FrameHeader cts;
-  cts.kind = FrameKind::ClearToSend;
-  cts.tag = g.announcement.tag;
-  cts.seq = g.announcement.seq;
-  cts.total_bytes = g.announcement.total_bytes;
+  FrameHeader cts = clearToSend(g.announcement);
   if (g.fits) {
     cts.remote_address = reinterpret_cast<uint64_t>(g.recv->data());
     cts.offset = senderShare(g.announcement);
@@ -186,7 +125,7 @@ void ShmConnection::grant(const Inbox::Grant& g) {
   } else {
     cts.flags = kFlagRefused;
   }
-  queueControl(cts);
+  control_out_.push_back(cts);
 }
 
 uint64_t ShmConnection::senderShare(const FrameHeader& ready_to_send) const {
@@ -217,7 +156,7 @@ bool ShmConnection::runPulls() {
         pull.recv->fail(e.what());
       }
     }
-    queueControl(pulled);
+    control_out_.push_back(pulled);
   }
   return true;
 }
@@ -233,16 +172,8 @@ void ShmConnection::onPulled(const FrameHeader& h) {
 }
 
 void ShmConnection::onClearToSend(const FrameHeader& h) {
-  RequestPtr send = takeAwaiting(awaiting_clear_, h, "waiting");
-  if (h.flags & kFlagRefused) {
-    send->fail("rank " + std::to_string(peer_) + " refused message " + std::to_string(h.seq) + " of " +
-               std::to_string(send->capacity()) + " bytes (its receive buffer is too small)");
-    return;
-  }
-  if (h.total_bytes != send->capacity()) {
-    throw FrameError("malformed frame: ClearToSend for message " + std::to_string(h.seq) + " names " +
-                     std::to_string(h.total_bytes) + " bytes, the message has " + std::to_string(send->capacity()));
-  }
+  RequestPtr send = takeClearedSend(h, "its receive buffer is too small");
+  if (!send) return;
   if (h.offset > h.total_bytes) {
     throw FrameError("malformed frame: ClearToSend for message " + std::to_string(h.seq) + " splits at " +
                      std::to_string(h.offset) + ", beyond its " + std::to_string(h.total_bytes) + " bytes");
@@ -256,18 +187,18 @@ void ShmConnection::onClearToSend(const FrameHeader& h) {
   done.total_bytes = h.total_bytes;
   if (!send->isPending()) {
     done.flags = kFlagRefused;  // timed out here meanwhile: the buffer may be gone, do not write
-    queueControl(done);
+    control_out_.push_back(done);
     return;
   }
   try {
     writeToPeer(*send, h);
   } catch (const CommError& e) {
     done.flags = kFlagRefused;
-    queueControl(done);
+    control_out_.push_back(done);
     send->fail(e.what());
     return;
   }
-  queueControl(done);
+  control_out_.push_back(done);
   if (!peer_reads_tail) send->complete(send->capacity());
 }
 
@@ -298,61 +229,30 @@ void ShmConnection::copyAcross(CrossCopy direction, uint8_t* local, uint64_t rem
   }
 }
 
-bool ShmConnection::checkAlive() {
-  if (closed_) return false;
-  char byte;
-  const ssize_t n = ::recv(control_.fd(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
-  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-    progress();  // deliver what the peer wrote before it went away
-    closeWithError("rank " + std::to_string(peer_) + " is gone (its shm control socket closed; peer exited?)");
-    return false;
-  }
-  if (n > 0) {
+bool ShmConnection::keepAlive(bool bytes_waiting) {
+  if (bytes_waiting) {
     closeWithError(describe() + " closed: unexpected bytes on the control socket");
     return false;
   }
   return true;
 }
 
-void ShmConnection::expire(Clock::time_point now) {
-  if (closed_) return;
-  if (auto overdue = inbox_.expire(now)) {
-    closeWithError(*overdue);
-    return;
-  }
-  if (auto overdue = expireOutgoing(outgoing_, now, peer_)) {
-    closeWithError(*overdue);
-    return;
-  }
+std::optional<std::string> ShmConnection::expireTransfers(Clock::time_point now) {
+  if (auto overdue = inbox_.expire(now)) return overdue;
+  if (auto overdue = expireSends(now)) return overdue;
   for (auto& [seq, send] : awaiting_pulled_) {
     if (send->isPending() && send->deadline() <= now) {
-      closeWithError("timed out waiting for rank " + std::to_string(peer_) + " to finish reading message " +
-                     std::to_string(seq));
-      return;
+      return "timed out waiting for rank " + std::to_string(peer_) + " to finish reading message " +
+             std::to_string(seq);
     }
   }
-  for (auto& [seq, send] : awaiting_clear_) {
-    // Stays in the map: a late ClearToSend must still be answered (with a refusal).
-    if (send->deadline() <= now) {
-      send->fail("timed out waiting for rank " + std::to_string(peer_) + " to post the matching receive");
-    }
-  }
+  return std::nullopt;
 }
 
-void ShmConnection::closeWithError(const std::string& why) {
-  if (closed_) return;
-  closed_ = true;
-  failure_ = why;
-  inbox_.failAll(why);
-  for (auto& out : outgoing_) out.request->fail(why);
-  outgoing_.clear();
-  for (auto& [seq, send] : awaiting_clear_) send->fail(why);
-  awaiting_clear_.clear();
+void ShmConnection::closeTransfers(const std::string& why) {
   for (auto& [seq, send] : awaiting_pulled_) send->fail(why);
   awaiting_pulled_.clear();
   pulls_.clear();
-  control_out_.clear();
-  ::shutdown(control_.fd(), SHUT_RDWR);
 }
 
 }  // namespace dicomm

@@ -8,20 +8,16 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <fstream>
-#include <map>
-#include <mutex>
 #include <sstream>
-#include <thread>
-#include <vector>
 
+#include "polling_hub.h"
 #include "shm/shm_connection.h"
+#include "text_fields.h"
 
 namespace dicomm {
 namespace {
 
-constexpr auto kHousekeepingInterval = std::chrono::milliseconds(10);
 constexpr long kParkedSleepNs = 10'000'000;
 constexpr long kWaiterActiveSleepNs = 1'000'000;
 constexpr int kIdleSpinsBeforePark = 64;
@@ -34,60 +30,35 @@ void allowPeerMemoryWrites() {
   if (scope >> value && value == 1) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 }
 
-std::map<std::string, std::string> parseFields(const std::string& text) {
-  std::map<std::string, std::string> fields;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto eq = line.find('=');
-    if (eq != std::string::npos) fields[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return fields;
+const char* const kSetupMessage = "shm setup message";
+
+uint64_t requireNumber(const TextFields& fields, const std::string& name) {
+  return uint64_t(requireInteger<CommError>(fields, name, kSetupMessage));
 }
 
-std::string requireField(const std::map<std::string, std::string>& fields, const std::string& name) {
-  auto found = fields.find(name);
-  if (found == fields.end()) throw CommError("shm setup message lacks field '" + name + "'");
-  return found->second;
-}
-
-uint64_t requireNumber(const std::map<std::string, std::string>& fields, const std::string& name) {
-  const std::string text = requireField(fields, name);
-  try {
-    size_t used = 0;
-    const unsigned long long value = std::stoull(text, &used);
-    if (used != text.size()) throw std::invalid_argument(text);
-    return value;
-  } catch (const std::exception&) {
-    throw CommError("shm setup field '" + name + "'='" + text + "' is not a number");
-  }
-}
-
-class ShmHub : public Progress {
+// Polls every shm connection of an endpoint. Its background thread parks on this process's
+// doorbell when idle; peers ring it after writing a frame.
+class ShmHub : public PollingHub {
  public:
   explicit ShmHub(const Options& options) : options_(options) {
     bell_segment_ = SharedSegment::create(uniqueSegmentName("bell"), kBellSegmentBytes);
     bell_ = new (bell_segment_.data()) Bell();
   }
 
-  bool poll() override {
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (!lock.owns_lock()) return false;
-    return progressLocked();
-  }
   void enterActiveWait() override {
-    active_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    PollingHub::enterActiveWait();
     bell_->parked.store(0, std::memory_order_relaxed);
   }
-  void leaveActiveWait() override { active_waiters_.fetch_sub(1, std::memory_order_seq_cst); }
 
-  bool progressLocked() {
-    bool moved = false;
-    for (auto& c : connections_) moved |= c->progress();
-    return moved;
+  void start() override {
+    // Every peer has mapped our doorbell by now (each connect waited for its peer's mapping);
+    // unlinking it earlier would hide it from peers that connect after the first.
+    bell_segment_.unlink();
+    PollingHub::start();
   }
 
-  std::shared_ptr<ShmConnection> connect(PeerSetup& setup) {
+ private:
+  std::shared_ptr<PolledConnection> setUp(PeerSetup& setup) override {
     const std::string who = "rank " + std::to_string(setup.peer.rank);
     ShmLink link;
     const size_t capacity = options_.shm_ring_bytes;
@@ -107,14 +78,14 @@ class ShmHub : public Progress {
     sendFrame(setup.socket.fd(), hello, mine.str(), setup.deadline, who);
     std::string theirs_text;
     recvFrame(setup.socket.fd(), &theirs_text, options_.frameLimits(), setup.deadline, who);
-    const auto theirs = parseFields(theirs_text);
+    const auto theirs = parseTextFields(theirs_text);
     const uint64_t peer_capacity = requireNumber(theirs, "ring_bytes");
     if (peer_capacity < 4096 || (peer_capacity & (peer_capacity - 1)) != 0 || peer_capacity > (uint64_t(1) << 30)) {
       throw CommError(who + " announced an invalid shm ring size " + std::to_string(peer_capacity));
     }
-    link.outbound_segment = SharedSegment::open(requireField(theirs, "ring"), ringSegmentBytes(peer_capacity));
+    link.outbound_segment = SharedSegment::open(requireField<CommError>(theirs, "ring", kSetupMessage), ringSegmentBytes(peer_capacity));
     link.outbound = Ring(link.outbound_segment.data(), peer_capacity);
-    link.peer_bell_segment = SharedSegment::open(requireField(theirs, "bell"), kBellSegmentBytes);
+    link.peer_bell_segment = SharedSegment::open(requireField<CommError>(theirs, "bell", kSetupMessage), kBellSegmentBytes);
     link.peer_bell = static_cast<Bell*>(link.peer_bell_segment.data());
     link.peer_pid = setup.peer.pid;
     const uint64_t peer_probe_address = requireNumber(theirs, "probe_address");
@@ -128,31 +99,11 @@ class ShmHub : public Progress {
     recvFrame(setup.socket.fd(), &ignored, options_.frameLimits(), setup.deadline, who);
     link.inbound_segment.unlink();
 
-    auto connection = std::make_shared<ShmConnection>(setup.peer.rank, std::move(setup.socket), std::move(link), options_);
-    std::lock_guard<std::mutex> lock(mu_);
-    connections_.push_back(connection);
+    auto connection = std::make_shared<ShmConnection>(setup.peer.rank, std::move(link), options_);
+    connection->adoptControlSocket(std::move(setup.socket));
     return connection;
   }
 
-  void start() {
-    // Every peer has mapped our doorbell by now (each connect waited for its peer's mapping);
-    // unlinking it earlier would hide it from peers that connect after the first.
-    bell_segment_.unlink();
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-  }
-
-  void shutdown(const std::string& why) {
-    if (stopping_.exchange(true)) return;
-    bell_->rings.fetch_add(1);
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell_->rings), FUTEX_WAKE, 1, nullptr, nullptr, 0);
-    if (thread_.joinable()) thread_.join();
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& c : connections_) c->closeWithError(why);
-  }
-
-  std::mutex& mutex() { return mu_; }
-
- private:
   static bool probeCrossMemoryWrite(const ShmLink& link, uint64_t peer_probe_address) {
     uint64_t value = kCmaProbeValue;
     iovec local{&value, sizeof(value)};
@@ -163,98 +114,51 @@ class ShmHub : public Progress {
     return control->cma_probe.load() == kCmaProbeValue;
   }
 
-  void housekeeping() {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto now = Clock::now();
-    for (auto& c : connections_) {
-      if (c->checkAlive()) c->expire(now);
+  void pollOrRest() override {
+    if (active_waiters_.load() > 0) {
+      // Waiting threads poll; stay out of their way but keep housekeeping going.
+      const uint32_t waiters = active_waiters_.load();
+      timespec ts{0, kWaiterActiveSleepNs};
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&active_waiters_), FUTEX_WAIT_PRIVATE, waiters, &ts, nullptr, 0);
+      return;
     }
+    if (poll()) {
+      idle_polls_ = 0;
+      return;
+    }
+    if (++idle_polls_ < kIdleSpinsBeforePark) {
+      sched_yield();
+      return;
+    }
+    idle_polls_ = 0;
+    bell_->parked.store(1, std::memory_order_seq_cst);
+    const uint32_t rings = bell_->rings.load(std::memory_order_seq_cst);
+    bool moved;
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      moved = progressLocked();
+    }
+    if (!moved && !stopping() && active_waiters_.load() == 0) sleepOnBell(bell_, rings, kParkedSleepNs);
+    bell_->parked.store(0, std::memory_order_seq_cst);
   }
 
-  void run() {
-    auto next_housekeeping = Clock::now();
-    int idle = 0;
-    while (!stopping_.load()) {
-      if (Clock::now() >= next_housekeeping) {
-        housekeeping();
-        next_housekeeping = Clock::now() + kHousekeepingInterval;
-      }
-      if (active_waiters_.load() > 0) {
-        // Waiting threads poll; stay out of their way but keep housekeeping going.
-        const uint32_t waiters = active_waiters_.load();
-        timespec ts{0, kWaiterActiveSleepNs};
-        syscall(SYS_futex, reinterpret_cast<uint32_t*>(&active_waiters_), FUTEX_WAIT_PRIVATE, waiters, &ts, nullptr, 0);
-        continue;
-      }
-      if (poll()) {
-        idle = 0;
-        continue;
-      }
-      if (++idle < kIdleSpinsBeforePark) {
-        sched_yield();
-        continue;
-      }
-      idle = 0;
-      bell_->parked.store(1, std::memory_order_seq_cst);
-      const uint32_t rings = bell_->rings.load(std::memory_order_seq_cst);
-      bool moved;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        moved = progressLocked();
-      }
-      if (!moved && !stopping_.load() && active_waiters_.load() == 0) sleepOnBell(bell_, rings, kParkedSleepNs);
-      bell_->parked.store(0, std::memory_order_seq_cst);
-    }
+  void wakeBackground() override {
+    bell_->rings.fetch_add(1);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell_->rings), FUTEX_WAKE, 1, nullptr, nullptr, 0);
   }
 
   const Options options_;
   SharedSegment bell_segment_;
   Bell* bell_ = nullptr;
-  std::mutex mu_;
-  std::vector<std::shared_ptr<ShmConnection>> connections_;
-  std::atomic<uint32_t> active_waiters_{0};
-  std::atomic<bool> stopping_{false};
-  std::thread thread_;
-};
-
-// Serialises the user's posts with the hub's polling.
-class LockedShmConnection : public Connection {
- public:
-  LockedShmConnection(std::shared_ptr<ShmHub> hub, std::shared_ptr<ShmConnection> connection)
-      : hub_(std::move(hub)), connection_(std::move(connection)) {}
-  void postSend(const RequestPtr& send) override {
-    std::lock_guard<std::mutex> lock(hub_->mutex());
-    connection_->postSend(send);
-  }
-  void postRecv(const RequestPtr& recv) override {
-    std::lock_guard<std::mutex> lock(hub_->mutex());
-    connection_->postRecv(recv);
-  }
-
- private:
-  std::shared_ptr<ShmHub> hub_;
-  std::shared_ptr<ShmConnection> connection_;
-};
-
-class ShmTransport : public Transport {
- public:
-  explicit ShmTransport(const Options& options) : hub_(std::make_shared<ShmHub>(options)) { allowPeerMemoryWrites(); }
-  ~ShmTransport() override { hub_->shutdown("endpoint closed"); }
-
-  TransportKind kind() const override { return TransportKind::Shm; }
-  std::shared_ptr<Connection> connect(PeerSetup setup) override {
-    return std::make_shared<LockedShmConnection>(hub_, hub_->connect(setup));
-  }
-  void start() override { hub_->start(); }
-  void shutdown(const std::string& why) override { hub_->shutdown(why); }
-  std::shared_ptr<Progress> waiterProgress() override { return hub_; }
-
- private:
-  std::shared_ptr<ShmHub> hub_;
+  int idle_polls_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> makeShmTransport(const Options& options) { return std::make_unique<ShmTransport>(options); }
+std::unique_ptr<Transport> makeShmTransport(const Options& options) {
+  auto hub = std::make_shared<ShmHub>(options);
+  allowPeerMemoryWrites();
+  return std::make_unique<PolledTransport>(TransportKind::Shm, std::move(hub));
+}
 
 }  // namespace dicomm

@@ -8,17 +8,14 @@
 #include <cerrno>
 #include <cstring>
 
-#include "dicomm/outgoing.h"
-
 namespace dicomm {
 
 TcpConnection::TcpConnection(int peer, Socket socket, int epoll_fd, const Options& options)
-    : peer_(peer),
+    : QueuedConnection(peer, options),
       socket_(std::move(socket)),
       epoll_fd_(epoll_fd),
       chunk_bytes_(options.tcp_chunk_bytes),
       largest_read_threshold_(options.tcp_socket_buffer_bytes / 8),
-      inbox_(peer, options.frameLimits()),
       reader_(inbox_, options.frameLimits()) {
   setNonBlocking(socket_.fd());
   setNoDelay(socket_.fd());
@@ -30,28 +27,16 @@ std::string TcpConnection::describe() const { return "tcp connection to rank " +
 
 void TcpConnection::postSend(const RequestPtr& send) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) {
-    send->fail(failure_);
-    return;
-  }
-  Outgoing out;
-  out.request = send;
-  out.seq = next_send_seq_++;
-  outgoing_.push_back(std::move(out));
-  if (outgoing_.size() == 1) flushLocked();
+  if (queueSend(send) && outgoing_.size() == 1) flushLocked();
 }
 
 void TcpConnection::postRecv(const RequestPtr& recv) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) {
-    if (!inbox_.postFromArrived(recv)) recv->fail(failure_);
-    return;
-  }
-  inbox_.post(recv);
+  if (!finishIfClosed(recv)) inbox_.post(recv);
 }
 
 bool TcpConnection::writeFrontLocked() {
-  Outgoing& out = outgoing_.front();
+  TcpOutgoing& out = outgoing_.front();
   const Request& request = *out.request;
   while (true) {
     if (out.header_sent == kFrameHeaderBytes && out.frame_payload_sent == out.frame_payload) {
@@ -174,7 +159,7 @@ void TcpConnection::expire(Clock::time_point now) {
     closeLocked(*overdue);
     return;
   }
-  if (auto overdue = expireOutgoing(outgoing_, now, peer_)) closeLocked(*overdue);
+  if (auto overdue = expireSends(now)) closeLocked(*overdue);
 }
 
 void TcpConnection::closeWithError(const std::string& why) {
@@ -184,13 +169,9 @@ void TcpConnection::closeWithError(const std::string& why) {
 
 void TcpConnection::closeLocked(const std::string& why) {
   if (closed_) return;
-  closed_ = true;
-  failure_ = why;
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, socket_.fd(), nullptr);
   ::shutdown(socket_.fd(), SHUT_RDWR);
-  inbox_.failAll(why);
-  for (auto& out : outgoing_) out.request->fail(why);
-  outgoing_.clear();
+  closeQueues(why);
 }
 
 }  // namespace dicomm

@@ -3,17 +3,26 @@
 // matched receive buffer. All socket I/O is non-blocking; the transport's epoll thread drives it.
 #pragma once
 
-#include <deque>
 #include <mutex>
 #include <string>
 
 #include "dicomm/frame_stream.h"
-#include "dicomm/inbox.h"
-#include "dicomm/transport.h"
+#include "queued_connection.h"
 
 namespace dicomm {
 
-class TcpConnection : public Connection {
+struct TcpOutgoing {
+  RequestPtr request;
+  uint64_t seq = 0;
+  uint64_t offset = 0;  // payload bytes of the message already handed to the kernel
+  uint8_t header[kFrameHeaderBytes];
+  size_t header_sent = kFrameHeaderBytes;  // == size: no frame in progress
+  uint64_t frame_payload = 0;
+  uint64_t frame_payload_sent = 0;
+  bool started = false;
+};
+
+class TcpConnection : public QueuedConnection<TcpOutgoing> {
  public:
   TcpConnection(int peer, Socket socket, int epoll_fd, const Options& options);
   ~TcpConnection() override;
@@ -28,17 +37,6 @@ class TcpConnection : public Connection {
   void closeWithError(const std::string& why);
 
  private:
-  struct Outgoing {
-    RequestPtr request;
-    uint64_t seq = 0;
-    uint64_t offset = 0;  // payload bytes of the message already handed to the kernel
-    uint8_t header[kFrameHeaderBytes];
-    size_t header_sent = kFrameHeaderBytes;  // == size: no frame in progress
-    uint64_t frame_payload = 0;
-    uint64_t frame_payload_sent = 0;
-    bool started = false;
-  };
-
   // Writes as much as the socket takes; arms EPOLLOUT when it cannot take everything.
   void flushLocked();
   bool writeFrontLocked();  // true when the front message left completely
@@ -47,20 +45,14 @@ class TcpConnection : public Connection {
   void closeLocked(const std::string& why);
   std::string describe() const;
 
-  const int peer_;
   Socket socket_;
   const int epoll_fd_;
   const size_t chunk_bytes_;
   const size_t largest_read_threshold_;  // an eighth of the socket buffer; 0 with kernel autotuning
   std::mutex mu_;
-  Inbox inbox_;
   FrameStreamReader reader_;
-  std::deque<Outgoing> outgoing_;
-  uint64_t next_send_seq_ = 0;
   bool want_write_ = false;
   int read_threshold_ = 1;
-  bool closed_ = false;
-  std::string failure_;
 };
 
 }  // namespace dicomm

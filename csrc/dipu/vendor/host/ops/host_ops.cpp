@@ -37,8 +37,8 @@
 
 #include <diopi/diopi.h>
 
-#include "host_device.h"
-#include "tensor_view.h"
+#include "vendor/host/host_device.h"
+#include "vendor/host/ops/tensor_view.h"
 
 namespace dipu::host {
 namespace {
@@ -75,141 +75,88 @@ std::optional<double> optional_double(const double* value) {
   return value == nullptr ? std::nullopt : std::optional<double>(*value);
 }
 
+// The shape of most kernels: `kernel` writes the one output `out` (viewed first), which then gets
+// the profile's rounding for `function`.
+template <typename Kernel>
+diopiError_t run_into(const char* function, diopiTensorHandle_t out, Kernel&& kernel) {
+  return run([&] {
+    at::Tensor result = view(out);
+    kernel(result);
+    emulate_precision(function, result);
+  });
+}
+
 }  // namespace
 }  // namespace dipu::host
 
 using namespace dipu::host;
 
+// Kernel families that differ only in the ATen operator they run. Each defines the DIOPI function
+// `name` with the signature diopi.h declares for the family.
+
+// out = aten(input)
+#define DEFINE_UNARY(name, aten_out)                                                                 \
+  diopiError_t name(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) { \
+    return run_into(#name, out, [&](at::Tensor& result) { aten_out(result, view(input)); });         \
+  }
+
+// out = aten(input, other)
+#define DEFINE_BINARY(name, aten_out)                                                                     \
+  diopiError_t name(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,        \
+                    diopiConstTensorHandle_t other) {                                                     \
+    return run_into(#name, out, [&](at::Tensor& result) { aten_out(result, view(input), view(other)); }); \
+  }
+
+// out = aten(input, other, alpha)
+#define DEFINE_BINARY_ALPHA(name, aten_out)                                                        \
+  diopiError_t name(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input, \
+                    diopiConstTensorHandle_t other, const diopiScalar_t* alpha) {                  \
+    return run_into(#name, out, [&](at::Tensor& result) {                                          \
+      aten_out(result, view(input), view(other), to_scalar(alpha));                                \
+    });                                                                                            \
+  }
+
+// input.method(other), in place
+#define DEFINE_BINARY_INPLACE(name, method)                                                            \
+  diopiError_t name(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t other) { \
+    return run_into(#name, input, [&](at::Tensor& self) { self.method(view(other)); });                \
+  }
+
 extern "C" {
 
 const char* diopiGetLastError(void) { return last_error.c_str(); }
 
-diopiError_t diopiMm(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                     diopiConstTensorHandle_t mat2) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::mm_out(result, view(input), view(mat2));
-    emulate_precision("diopiMm", result);
-  });
-}
+DEFINE_BINARY(diopiMm, at::mm_out)
+DEFINE_BINARY(diopiBmm, at::bmm_out)
+DEFINE_BINARY(diopiMul, at::mul_out)
+DEFINE_BINARY(diopiDiv, at::div_out)
+DEFINE_BINARY_ALPHA(diopiAdd, at::add_out)
+DEFINE_BINARY_ALPHA(diopiSub, at::sub_out)
+DEFINE_BINARY_INPLACE(diopiMulInp, mul_)
+DEFINE_BINARY_INPLACE(diopiDivInp, div_)
+DEFINE_UNARY(diopiRsqrt, at::rsqrt_out)
+DEFINE_UNARY(diopiSqrt, at::sqrt_out)
+DEFINE_UNARY(diopiExp, at::exp_out)
+DEFINE_UNARY(diopiSilu, at::silu_out)
 
-diopiError_t diopiBmm(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                      diopiConstTensorHandle_t mat2) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::bmm_out(result, view(input), view(mat2));
-    emulate_precision("diopiBmm", result);
-  });
+diopiError_t diopiAddInp(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t other,
+                         const diopiScalar_t* alpha) {
+  return run_into("diopiAddInp", input, [&](at::Tensor& self) { self.add_(view(other), to_scalar(alpha)); });
 }
 
 diopiError_t diopiAddmm(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                         diopiConstTensorHandle_t mat1, diopiConstTensorHandle_t mat2, const diopiScalar_t* beta,
                         const diopiScalar_t* alpha) {
-  return run([&] {
-    at::Tensor result = view(out);
+  return run_into("diopiAddmm", out, [&](at::Tensor& result) {
     at::addmm_out(result, view(input), view(mat1), view(mat2), to_scalar(beta), to_scalar(alpha));
-    emulate_precision("diopiAddmm", result);
   });
 }
 
-diopiError_t diopiAdd(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                      diopiConstTensorHandle_t other, const diopiScalar_t* alpha) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::add_out(result, view(input), view(other), to_scalar(alpha));
-    emulate_precision("diopiAdd", result);
-  });
-}
-
-diopiError_t diopiAddInp(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t other,
-                         const diopiScalar_t* alpha) {
-  return run([&] {
-    at::Tensor self = view(input);
-    self.add_(view(other), to_scalar(alpha));
-    emulate_precision("diopiAddInp", self);
-  });
-}
-
-diopiError_t diopiSub(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                      diopiConstTensorHandle_t other, const diopiScalar_t* alpha) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::sub_out(result, view(input), view(other), to_scalar(alpha));
-    emulate_precision("diopiSub", result);
-  });
-}
-
-diopiError_t diopiMul(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                      diopiConstTensorHandle_t other) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::mul_out(result, view(input), view(other));
-    emulate_precision("diopiMul", result);
-  });
-}
-
-diopiError_t diopiMulInp(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t other) {
-  return run([&] {
-    at::Tensor self = view(input);
-    self.mul_(view(other));
-    emulate_precision("diopiMulInp", self);
-  });
-}
-
-diopiError_t diopiDiv(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                      diopiConstTensorHandle_t other) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::div_out(result, view(input), view(other));
-    emulate_precision("diopiDiv", result);
-  });
-}
-
-diopiError_t diopiDivInp(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t other) {
-  return run([&] {
-    at::Tensor self = view(input);
-    self.div_(view(other));
-    emulate_precision("diopiDivInp", self);
-  });
-}
-
+// Negation and selection are exact on every chip: never rounded.
 diopiError_t diopiNeg(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
   return run([&] {
     at::Tensor result = view(out);
     at::neg_out(result, view(input));
-  });
-}
-
-diopiError_t diopiPowTensorScalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                                  const diopiScalar_t* exponent) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::pow_out(result, view(input), to_scalar(exponent));
-    emulate_precision("diopiPowTensorScalar", result);
-  });
-}
-
-diopiError_t diopiRsqrt(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::rsqrt_out(result, view(input));
-    emulate_precision("diopiRsqrt", result);
-  });
-}
-
-diopiError_t diopiSqrt(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::sqrt_out(result, view(input));
-    emulate_precision("diopiSqrt", result);
-  });
-}
-
-diopiError_t diopiExp(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::exp_out(result, view(input));
-    emulate_precision("diopiExp", result);
   });
 }
 
@@ -218,123 +165,6 @@ diopiError_t diopiWhere(diopiContextHandle_t, diopiTensorHandle_t out, diopiCons
   return run([&] {
     at::Tensor result = view(out);
     at::where_out(result, view(condition), view(input), view(other));
-  });
-}
-
-diopiError_t diopiMaskedFillInp(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t mask,
-                                const diopiScalar_t* value) {
-  return run([&] { view(input).masked_fill_(view(mask), to_scalar(value)); });
-}
-
-diopiError_t diopiFill(diopiContextHandle_t, diopiTensorHandle_t input, const diopiScalar_t* value) {
-  return run([&] { view(input).fill_(to_scalar(value)); });
-}
-
-diopiError_t diopiAddcmul(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                          diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
-                          const diopiScalar_t* value) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::addcmul_out(result, view(input), view(tensor1), view(tensor2), to_scalar(value));
-    emulate_precision("diopiAddcmul", result);
-  });
-}
-
-diopiError_t diopiAddcdiv(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                          diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
-                          const diopiScalar_t* value) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::addcdiv_out(result, view(input), view(tensor1), view(tensor2), to_scalar(value));
-    emulate_precision("diopiAddcdiv", result);
-  });
-}
-
-diopiError_t diopiLerpScalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                             diopiConstTensorHandle_t end, const diopiScalar_t* weight) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::lerp_out(result, view(input), view(end), to_scalar(weight));
-    emulate_precision("diopiLerpScalar", result);
-  });
-}
-
-diopiError_t diopiCopyInp(diopiContextHandle_t, diopiConstTensorHandle_t src, diopiTensorHandle_t dest) {
-  return run([&] { view(dest).copy_(view(src)); });
-}
-
-diopiError_t diopiSilu(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::silu_out(result, view(input));
-    emulate_precision("diopiSilu", result);
-  });
-}
-
-diopiError_t diopiSiluBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
-                               diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input) {
-  return run([&] {
-    at::Tensor result = view(grad_input);
-    at::silu_backward_out(result, view(grad_output), view(input));
-    emulate_precision("diopiSiluBackward", result);
-  });
-}
-
-diopiError_t diopiSoftmax(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                          int64_t dim) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::Tensor self = view(input);
-    at::_softmax_out(result, self, dim, result.scalar_type() != self.scalar_type());
-    emulate_precision("diopiSoftmax", result);
-  });
-}
-
-diopiError_t diopiSoftmaxBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
-                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output,
-                                  int64_t dim) {
-  return run([&] {
-    at::Tensor result = view(grad_input);
-    at::_softmax_backward_data_out(result, view(grad_output), view(output), dim, result.scalar_type());
-    emulate_precision("diopiSoftmaxBackward", result);
-  });
-}
-
-diopiError_t diopiLogSoftmax(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                             int64_t dim) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::Tensor self = view(input);
-    at::_log_softmax_out(result, self, dim, result.scalar_type() != self.scalar_type());
-    emulate_precision("diopiLogSoftmax", result);
-  });
-}
-
-diopiError_t diopiLogSoftmaxBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
-                                     diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output,
-                                     int64_t dim) {
-  return run([&] {
-    at::Tensor result = view(grad_input);
-    at::_log_softmax_backward_data_out(result, view(grad_output), view(output), dim, result.scalar_type());
-    emulate_precision("diopiLogSoftmaxBackward", result);
-  });
-}
-
-diopiError_t diopiSum(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                      diopiSize_t dim, bool keepdim) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::sum_out(result, view(input), to_dims(dim), keepdim);
-    emulate_precision("diopiSum", result);
-  });
-}
-
-diopiError_t diopiMean(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                       diopiSize_t dim, bool keepdim) {
-  return run([&] {
-    at::Tensor result = view(out);
-    at::mean_out(result, view(input), to_dims(dim), keepdim);
-    emulate_precision("diopiMean", result);
   });
 }
 
@@ -357,25 +187,112 @@ diopiError_t diopiCat(diopiContextHandle_t, diopiTensorHandle_t out, const diopi
   });
 }
 
+diopiError_t diopiPowTensorScalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                                  const diopiScalar_t* exponent) {
+  return run_into("diopiPowTensorScalar", out,
+                  [&](at::Tensor& result) { at::pow_out(result, view(input), to_scalar(exponent)); });
+}
+
+diopiError_t diopiMaskedFillInp(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t mask,
+                                const diopiScalar_t* value) {
+  return run([&] { view(input).masked_fill_(view(mask), to_scalar(value)); });
+}
+
+diopiError_t diopiFill(diopiContextHandle_t, diopiTensorHandle_t input, const diopiScalar_t* value) {
+  return run([&] { view(input).fill_(to_scalar(value)); });
+}
+
+diopiError_t diopiCopyInp(diopiContextHandle_t, diopiConstTensorHandle_t src, diopiTensorHandle_t dest) {
+  return run([&] { view(dest).copy_(view(src)); });
+}
+
+diopiError_t diopiAddcmul(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
+                          const diopiScalar_t* value) {
+  return run_into("diopiAddcmul", out, [&](at::Tensor& result) {
+    at::addcmul_out(result, view(input), view(tensor1), view(tensor2), to_scalar(value));
+  });
+}
+
+diopiError_t diopiAddcdiv(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
+                          const diopiScalar_t* value) {
+  return run_into("diopiAddcdiv", out, [&](at::Tensor& result) {
+    at::addcdiv_out(result, view(input), view(tensor1), view(tensor2), to_scalar(value));
+  });
+}
+
+diopiError_t diopiLerpScalar(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                             diopiConstTensorHandle_t end, const diopiScalar_t* weight) {
+  return run_into("diopiLerpScalar", out,
+                  [&](at::Tensor& result) { at::lerp_out(result, view(input), view(end), to_scalar(weight)); });
+}
+
+diopiError_t diopiSiluBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                               diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input) {
+  return run_into("diopiSiluBackward", grad_input,
+                  [&](at::Tensor& result) { at::silu_backward_out(result, view(grad_output), view(input)); });
+}
+
+diopiError_t diopiSoftmax(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          int64_t dim) {
+  return run_into("diopiSoftmax", out, [&](at::Tensor& result) {
+    at::Tensor self = view(input);
+    at::_softmax_out(result, self, dim, result.scalar_type() != self.scalar_type());
+  });
+}
+
+diopiError_t diopiLogSoftmax(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                             int64_t dim) {
+  return run_into("diopiLogSoftmax", out, [&](at::Tensor& result) {
+    at::Tensor self = view(input);
+    at::_log_softmax_out(result, self, dim, result.scalar_type() != self.scalar_type());
+  });
+}
+
+diopiError_t diopiSoftmaxBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output,
+                                  int64_t dim) {
+  return run_into("diopiSoftmaxBackward", grad_input, [&](at::Tensor& result) {
+    at::_softmax_backward_data_out(result, view(grad_output), view(output), dim, result.scalar_type());
+  });
+}
+
+diopiError_t diopiLogSoftmaxBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                                     diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output,
+                                     int64_t dim) {
+  return run_into("diopiLogSoftmaxBackward", grad_input, [&](at::Tensor& result) {
+    at::_log_softmax_backward_data_out(result, view(grad_output), view(output), dim, result.scalar_type());
+  });
+}
+
+diopiError_t diopiSum(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiSize_t dim, bool keepdim) {
+  return run_into("diopiSum", out,
+                  [&](at::Tensor& result) { at::sum_out(result, view(input), to_dims(dim), keepdim); });
+}
+
+diopiError_t diopiMean(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                       diopiSize_t dim, bool keepdim) {
+  return run_into("diopiMean", out,
+                  [&](at::Tensor& result) { at::mean_out(result, view(input), to_dims(dim), keepdim); });
+}
+
 diopiError_t diopiEmbeddingBackward(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t grad,
                                     diopiConstTensorHandle_t indices, int64_t num_weights, int64_t padding_idx,
                                     bool scale_grad_by_freq) {
-  return run([&] {
-    at::Tensor result = view(out);
+  return run_into("diopiEmbeddingBackward", out, [&](at::Tensor& result) {
     result.copy_(at::embedding_dense_backward(view(grad), view(indices), num_weights, padding_idx, scale_grad_by_freq));
-    emulate_precision("diopiEmbeddingBackward", result);
   });
 }
 
 diopiError_t diopiNLLLoss(diopiContextHandle_t, diopiTensorHandle_t out, diopiTensorHandle_t total_weight,
                           diopiConstTensorHandle_t input, diopiConstTensorHandle_t target,
                           diopiConstTensorHandle_t weight, int64_t reduction, int64_t ignore_index) {
-  return run([&] {
-    at::Tensor result = view(out);
+  return run_into("diopiNLLLoss", out, [&](at::Tensor& result) {
     at::Tensor weights_total = view(total_weight);
     at::nll_loss_forward_out(result, weights_total, view(input), view(target), optional_view(weight), reduction,
                              ignore_index);
-    emulate_precision("diopiNLLLoss", result);
   });
 }
 
@@ -383,11 +300,9 @@ diopiError_t diopiNLLLossBackward(diopiContextHandle_t, diopiTensorHandle_t grad
                                   diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
                                   diopiConstTensorHandle_t target, diopiConstTensorHandle_t weight, int64_t reduction,
                                   int64_t ignore_index, diopiConstTensorHandle_t total_weight) {
-  return run([&] {
-    at::Tensor result = view(grad_input);
+  return run_into("diopiNLLLossBackward", grad_input, [&](at::Tensor& result) {
     at::nll_loss_backward_out(result, view(grad_output), view(input), view(target), optional_view(weight), reduction,
                               ignore_index, view(total_weight));
-    emulate_precision("diopiNLLLossBackward", result);
   });
 }
 

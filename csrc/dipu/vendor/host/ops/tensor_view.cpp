@@ -5,7 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "host_device.h"
+#include "vendor/host/host_device.h"
 
 namespace dipu::host {
 namespace {
