@@ -7,6 +7,7 @@ Prints one `step N loss X` line per step and a final `result {...}` JSON line.
 
 import argparse
 import json
+import sys
 import os
 
 import torch
@@ -64,7 +65,8 @@ def main() -> None:
         scaler.step(optimizer)
         scaler.update()
         losses.append(loss.item())
-        print(f"step {step} loss {losses[-1]:.6f}", flush=True)
+        sys.stdout.write(f"step {step} loss {losses[-1]:.6f}\n")
+        sys.stdout.flush()
     end.record()
     torch.cuda.synchronize()
 
@@ -80,7 +82,10 @@ def main() -> None:
         "first_loss": losses[0], "last_loss": losses[-1], "checksum": checksum,
         "rank": dist.get_rank() if distributed else 0,
     }
-    print("result " + json.dumps(result), flush=True)
+    # One write per line: with PYTHONUNBUFFERED print() writes the text and the newline separately,
+    # and two ranks sharing torchrun's stdout could interleave them.
+    sys.stdout.write("result " + json.dumps(result) + "\n")
+    sys.stdout.flush()
     if distributed:
         dist.destroy_process_group()
 
