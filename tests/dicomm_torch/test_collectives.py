@@ -1,7 +1,7 @@
 """Every collective of the dicomm backend over 4 local processes, against closed forms."""
 import pytest
 
-from torch_ranks import run_job
+from torch_jobs import run_job
 
 CHECKS = [
     "barrier_waits_for_the_last_rank",

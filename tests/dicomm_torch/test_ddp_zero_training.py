@@ -1,7 +1,7 @@
 """DistributedDataParallel and ZeroRedundancyOptimizer on the dicomm backend give gloo's parameters."""
 import pytest
 
-from torch_ranks import run_job
+from torch_jobs import run_job
 
 
 @pytest.fixture(scope="module")

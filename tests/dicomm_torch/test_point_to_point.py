@@ -2,7 +2,7 @@
 object collectives built on it."""
 import pytest
 
-from torch_ranks import run_job
+from torch_jobs import run_job
 
 CHECKS = [
     "send_recv_every_dtype",
