@@ -505,3 +505,10 @@ def run_job(job: str, world_size: int, timeout: float = 90, **args) -> list[dict
 def start_job(job: str, world_size: int, **args) -> RankJob:
     """The job's ranks, for a test in which a rank dies on purpose; use it in a `with` block."""
     return start_ranks(main, world_size, (job, args), env={"OMP_NUM_THREADS": "1"})
+
+
+def assert_passed_on_every_rank(ranks: list[dict], name: str) -> None:
+    """Every rank ran the check `name`, and it passed."""
+    for rank, findings in enumerate(ranks):
+        assert name in findings, f"rank {rank} did not run {name}"
+        assert findings[name] is None, f"rank {rank}: {findings[name]}"
