@@ -178,9 +178,6 @@ class RankJob:
             raise RankFailure(self._message([rank], f"did not exit within {timeout:g} s"), [rank])
         return code
 
-    def stderr(self, rank: int) -> str:
-        return _read(self._log(rank, "err"))
-
     # ---- the job -------------------------------------------------------------------------
     def results(self, ranks: Iterable[int] | None = None, timeout: float | None = DEFAULT_TIMEOUT_S) -> list:
         """The return values of `ranks` (default: every started rank), in that order.
@@ -214,7 +211,8 @@ class RankJob:
             if deadline is not None and time.monotonic() > deadline:
                 late = [rank for rank in watched if rank not in outcomes]
                 self.stop(keep_logs=True)
-                message = self._message(late, f"did not finish within {timeout:g} s and {'were' if len(late) > 1 else 'was'} killed")
+                killed = "were killed" if len(late) > 1 else "was killed"
+                message = self._message(late, f"did not finish within {timeout:g} s and {killed}")
                 self._remove()
                 raise RankFailure(message, late)
             time.sleep(pause)
@@ -245,8 +243,11 @@ class RankJob:
         """(True, return value) or (False, what went wrong)."""
         path = os.path.join(self.directory, f"rank{rank}.result")
         if os.path.exists(path):
-            with open(path, "rb") as handle:
-                returned, value = pickle.load(handle)
+            try:
+                with open(path, "rb") as handle:
+                    returned, value = pickle.load(handle)
+            except Exception as error:  # noqa: BLE001  (say so, rather than leave the ranks running)
+                return False, f"returned a value this process cannot unpickle ({type(error).__name__}: {error})"
             if returned and code == 0:
                 return True, value
             if not returned:
@@ -300,14 +301,6 @@ class _Process:
                 return None
         self.process.join(timeout)
         return self.process.exitcode
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read().decode(errors="replace")
-    except FileNotFoundError:
-        return ""
 
 
 def _tail(path: str, lines: int = TAIL_LINES) -> str:
