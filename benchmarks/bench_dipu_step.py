@@ -16,17 +16,17 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "dipu"))
-from tiny_llama import TinyLlama, TinyLlamaConfig  # noqa: E402
+from h2.core.model_config import ModelConfig
+from h2.model import Transformer
+from h2.model.transformer import language_model_loss
 
 
-def make_trainer(device: str, cfg: TinyLlamaConfig, batch: int, seq: int):
+def make_trainer(device: str, cfg: ModelConfig, batch: int, seq: int):
     torch.manual_seed(0)
-    model = TinyLlama(cfg).to(device)
+    model = Transformer(cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=generator).to(device)
@@ -34,7 +34,7 @@ def make_trainer(device: str, cfg: TinyLlamaConfig, batch: int, seq: int):
     def step() -> tuple[float, float]:
         """(wall seconds, process CPU seconds) of one training step."""
         wall, cpu = time.perf_counter(), time.process_time()
-        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss = language_model_loss(model(tokens[:, :-1]), tokens[:, 1:])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -47,8 +47,9 @@ def make_trainer(device: str, cfg: TinyLlamaConfig, batch: int, seq: int):
 def measure(args) -> dict:
     import ditorch.dipu  # noqa: F401  registers dipu with the profile in DIPU_HOST_PROFILE
 
-    cfg = TinyLlamaConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
-                          hidden_dim=4 * args.dim, max_seq_len=args.seq)
+    cfg = ModelConfig(name="bench", vocab_size=args.vocab, hidden_size=args.dim, num_layers=args.layers,
+                      num_heads=args.heads, num_kv_heads=args.heads, intermediate_size=4 * args.dim,
+                      max_seq_len=args.seq)
     steps = {device: make_trainer(device, cfg, args.batch, args.seq) for device in ("cpu", "dipu")}
     for _ in range(args.warmup):
         for step in steps.values():

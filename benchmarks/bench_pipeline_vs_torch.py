@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from local_ranks import run_local_ranks, write_result
+from h2.core.ranks import run_ranks
 
 STAGES = 4
 
@@ -45,7 +45,7 @@ def _timed(step, steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def _rank_main(rank: int, port: int, args, out_path: str) -> None:
+def _rank_main(rank: int, world_size: int, args) -> dict:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     from h2.data import SequenceStream, load_stdlib_corpus
@@ -57,7 +57,7 @@ def _rank_main(rank: int, port: int, args, out_path: str) -> None:
     from h2.train.pipeline import PipelineTrainer
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=STAGES,
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=300))
     strategy = strategy_from_mapping(strategy_data(args), "benchmark strategy")
     config = TrainConfig(steps=10**6, grad_clip=1.0)
@@ -89,13 +89,14 @@ def _rank_main(rank: int, port: int, args, out_path: str) -> None:
     for _ in range(args.rounds):
         results["ours"].append(_timed(ours.train_step, args.steps))
         results["torch"].append(_timed(torch_step, args.steps))
-    if rank == 0:
-        write_result(out_path, results)
     dist.destroy_process_group()
+    return results  # between barriers: every rank times the same steps; rank 0's are reported
 
 
 def run(args) -> dict:
-    results = run_local_ranks(_rank_main, STAGES, args, start_method="fork")
+    # forkserver: the ranks fork from a server that imported torch once, not from this process
+    results = run_ranks(_rank_main, STAGES, (args,), timeout=None, start_method="forkserver",
+                        preload=["torch", "h2.model", "heteropp"])[0]
     tokens = args.micro_batches * args.micro_batch_size * args.seq_len
     ratios = sorted(t / o for o, t in zip(results["ours"], results["torch"]))
     return {name: tokens / min(times) for name, times in results.items()} | {

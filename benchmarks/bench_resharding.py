@@ -29,7 +29,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from local_ranks import run_local_ranks, write_result
+from h2.core.ranks import run_ranks
 
 WORLD = 4
 MODES = ("full", "sliced")
@@ -71,7 +71,7 @@ def time_transfers(resharder, groups, mib: int) -> tuple[list[float], int]:
     return seconds.tolist(), int(sent.item()) // (transfers + 5)
 
 
-def _rank_main(rank: int, port: int, args, out_path: str) -> None:
+def _rank_main(rank: int, world_size: int, args) -> dict:
     import dicomm  # noqa: F401  (registers the backend)
     from h2.train import TrainConfig
     from h2.core.strategy import strategy_from_mapping
@@ -83,7 +83,7 @@ def _rank_main(rank: int, port: int, args, out_path: str) -> None:
     from h2.train.pipeline import PipelineTrainer
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=300))
     strategy = strategy_from_mapping(strategy_data(args), "benchmark strategy")
     config = TrainConfig(steps=10**6)
@@ -111,13 +111,12 @@ def _rank_main(rank: int, port: int, args, out_path: str) -> None:
                 entry = results[f"{layout}/{mode}"]
                 entry["step_s"].append((time.perf_counter() - started) / args.steps)
                 entry["bytes"] = record["cross_stage_bytes"]
-    if rank == 0:
-        write_result(out_path, results)
     dist.destroy_process_group()
+    return results  # every rank's seconds are the slowest rank's (all-reduced); rank 0's are reported
 
 
 def run(args) -> dict:
-    return run_local_ranks(_rank_main, WORLD, args)
+    return run_ranks(_rank_main, WORLD, (args,), timeout=None)[0]
 
 
 def main(argv=None) -> int:

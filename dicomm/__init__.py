@@ -2,7 +2,8 @@
 
 Owns: the Python API over the C++ transports (tcp, shm, ibverbs) and the benchmark
 (python -m dicomm.bench); the torch.distributed "dicomm" backend registration will live here
-too. Must not import h2, heteropp or ditorch. The C++ core (csrc/dicomm) never needs torch:
+too. Must not import heteropp, ditorch or h2 above its bottom layer h2.core (the benchmark launches
+its processes with h2.core.ranks). The C++ core (csrc/dicomm) never needs torch:
 rendezvous takes any object with set/get. Design and configuration: docs/dicomm.md.
 """
 from dicomm.endpoint import CommError, Endpoint, FrameError, Handle, live_requests, probe_ibverbs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from dicomm.endpoint import Endpoint, probe_ibverbs
+from h2.core.ranks import run_ranks
 
 FULL_SIZES = [8, 64, 512, 4096, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [8, 4096, 1 << 20]
@@ -52,11 +53,22 @@ def row(transport: str, size: int, one_way_s: float) -> dict:
             "bandwidth_GBps": size / one_way_s / 1e9 if one_way_s > 0 else 0.0}
 
 
-def worker(rank: int, store_port: int, transports: list[str], sizes: list[int], quick: bool, results) -> None:
+def rendezvous_store(rank: int, world_size: int, timeout_s: float):
+    """The job's torch.distributed TCPStore at MASTER_ADDR:MASTER_PORT (set by h2.core.ranks), hosted by rank 0."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=rank == 0,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def worker(rank: int, world_size: int, transports: list[str], sizes: list[int], quick: bool) -> list[dict] | None:
+    """One of the two ping-pong processes; rank 0 returns every row."""
     import torch
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", store_port, 2, is_master=False, timeout=__import__("datetime").timedelta(seconds=120))
+    store = rendezvous_store(rank, world_size, timeout_s=120)
     peer = 1 - rank
     rows = []
     for transport in transports:
@@ -91,34 +103,12 @@ def worker(rank: int, store_port: int, transports: list[str], sizes: list[int], 
                 if i >= 2:
                     copies.append(time.perf_counter() - start)
             rows.append(row("memcpy", size, statistics.median(copies)))
-        results.put(rows)
-
-
-def spawn_ranks(target, world: int, args_for_rank, store_timeout_s: float) -> list[dict]:
-    """Run `target(*args_for_rank(rank, store_port), results)` in `world` spawned processes around one
-    TCPStore, and return the rows the ranks put on `results` (the benchmarks' rank 0 puts them all)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=store_timeout_s))
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    workers = [context.Process(target=target, args=(*args_for_rank(rank, store.port), results))
-               for rank in range(world)]
-    for w in workers:
-        w.start()
-    rows = results.get(timeout=1800)
-    for w in workers:
-        w.join()
-        if w.exitcode != 0:
-            raise SystemExit(f"benchmark worker exited with code {w.exitcode}")
-    return rows
+        return rows
+    return None
 
 
 def run(transports: list[str], sizes: list[int], quick: bool) -> list[dict]:
-    return spawn_ranks(worker, 2, lambda rank, port: (rank, port, transports, sizes, quick), store_timeout_s=120)
+    return run_ranks(worker, 2, (transports, sizes, quick), timeout=1800)[0]
 
 
 def human(size: int) -> str:
@@ -207,14 +197,19 @@ def main(argv: list[str] | None = None) -> int:
     if "ibverbs" not in available:
         print(probe_ibverbs()["message"])
     rows = run(transports, sizes, args.quick)
-    print(format_table(rows))
-    print()
-    for line in check_targets(rows):
-        print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows}, f, indent=1)
+    report(rows, format_table(rows), check_targets(rows), args.json)
     return 0
+
+
+def report(rows: list[dict], table: str, targets: list[str], json_path: str | None) -> None:
+    """Print the table and the PASS/FAIL lines; with --json, also write {'rows': [...]} to the file."""
+    print(table)
+    print()
+    for line in targets:
+        print(line)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

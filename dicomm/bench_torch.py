@@ -11,13 +11,12 @@ Measured through the public torch.distributed API, in the same processes for bot
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import sys
 import time
 
-from dicomm.bench import human, spawn_ranks
+from dicomm.bench import human, rendezvous_store, report
+from h2.core.ranks import run_ranks
 
 P2P_SIZES = [8, 4096, 256 << 10, 4 << 20, 64 << 20]
 QUICK_P2P_SIZES = [4096, 1 << 20]
@@ -41,14 +40,15 @@ def timed(fn, iterations: int, warmup: int) -> list[float]:
     return times
 
 
-def p2p_worker(rank: int, port: int, sizes: list[int], quick: bool, results) -> None:
+def p2p_worker(rank: int, world: int, sizes: list[int], quick: bool) -> list[dict] | None:
+    """One of the two ping-pong processes; rank 0 returns every row."""
     import torch
     import torch.distributed as dist
 
     import dicomm  # noqa: F401
 
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=datetime.timedelta(seconds=120))
-    dist.init_process_group("dicomm", store=dist.PrefixStore("bench-torch-p2p", store), rank=rank, world_size=2)
+    store = rendezvous_store(rank, world, timeout_s=120)
+    dist.init_process_group("dicomm", store=dist.PrefixStore("bench-torch-p2p", store), rank=rank, world_size=world)
     groups = {"dicomm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     peer = 1 - rank
     rows = []
@@ -82,18 +82,18 @@ def p2p_worker(rank: int, port: int, sizes: list[int], quick: bool, results) -> 
                 per_exchange = statistics.median(exchanges)
                 rows.append({"test": "batch_isend_irecv", "backend": name, "bytes": size,
                              "latency_us": per_exchange * 1e6, "bandwidth_GBps": size / per_exchange / 1e9})
-    if rank == 0:
-        results.put(rows)
     dist.destroy_process_group()
+    return rows if rank == 0 else None
 
 
-def allreduce_worker(rank: int, world: int, port: int, sizes: list[int], quick: bool, results) -> None:
+def allreduce_worker(rank: int, world: int, sizes: list[int], quick: bool) -> list[dict] | None:
+    """One of the all_reduce processes; rank 0 returns every row."""
     import torch
     import torch.distributed as dist
 
     import dicomm  # noqa: F401
 
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=300))
+    store = rendezvous_store(rank, world, timeout_s=300)
     dist.init_process_group("dicomm", store=dist.PrefixStore("bench-torch-ar", store), rank=rank, world_size=world)
     groups = {"dicomm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     rows = []
@@ -107,15 +107,13 @@ def allreduce_worker(rank: int, world: int, port: int, sizes: list[int], quick: 
                 t = statistics.median(times)
                 rows.append({"test": f"all_reduce x{world}", "backend": name, "bytes": size, "latency_us": t * 1e6,
                              "bandwidth_GBps": 2 * (world - 1) / world * size / t / 1e9})
-    if rank == 0:
-        results.put(rows)
     dist.destroy_process_group()
+    return rows if rank == 0 else None
 
 
 def spawn(target, world: int, *args) -> list[dict]:
-    if target is p2p_worker:
-        return spawn_ranks(target, world, lambda rank, port: (rank, port, *args), store_timeout_s=300)
-    return spawn_ranks(target, world, lambda rank, port: (rank, world, port, *args), store_timeout_s=300)
+    """The rows rank 0 of `target` measured over `world` local processes."""
+    return run_ranks(target, world, args, timeout=1800)[0]
 
 
 def format_table(rows: list[dict]) -> str:
@@ -166,13 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = spawn(p2p_worker, 2, p2p_sizes, args.quick) if p2p_sizes else []
     if ar_sizes and args.world > 1:
         rows += spawn(allreduce_worker, args.world, ar_sizes, args.quick)
-    print(format_table(rows))
-    print()
-    for line in check_targets(rows, args.world):
-        print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows}, f, indent=1)
+    report(rows, format_table(rows), check_targets(rows, args.world), args.json)
     return 0
 
 

@@ -3,7 +3,8 @@
 errors (the one user error and CLI runner), config_io and flags (YAML into dataclasses, flags from
 dataclasses, job files), model_config (the model's shape and exact accounting), cluster (the cluster
 file), strategy (the strategy file), schedule (the pipeline schedule IR), training (the job's
-configs), devices (device names, which collective backend serves a device type).
+configs), devices (device names, which collective backend serves a device type), ranks (one function
+run as N local processes: the launcher of the multi-process tests and benchmarks).
 
 Imports nothing from the project outside h2.core and never torch at module level (the planner runs
 without torch); functions that need torch import it themselves.

@@ -1,4 +1,6 @@
-"""Endpoint behaviour that two endpoints in one process can show (setup runs in two threads)."""
+"""Endpoint behaviour that two endpoints in one process can show (setup runs in two threads), and the
+in-process round-trip microbenchmark (pytest-benchmark: run once here; timed with
+python -m pytest tests/dicomm -k benchmark --benchmark-enable)."""
 import tempfile
 import threading
 
@@ -70,3 +72,19 @@ def test_a_read_only_receive_buffer_is_refused(pair):
     a, _ = pair
     with pytest.raises(TypeError, match="writable"):
         a.irecv(b"immutable", 1)
+
+
+def test_benchmark_round_trip_4kib(benchmark, pair):
+    ping, pong = pair
+    outgoing, incoming, echo = np.ones(4096, np.uint8), np.zeros(4096, np.uint8), np.zeros(4096, np.uint8)
+
+    def round_trip():
+        back = ping.irecv(incoming, 1)
+        there = pong.irecv(echo, 0)
+        ping.send(outgoing, 1)
+        there.wait()
+        pong.send(echo, 0)
+        back.wait()
+
+    benchmark(round_trip)
+    assert (incoming == 1).all()

@@ -1,8 +1,6 @@
 """Dead, silent, foreign and malformed peers: every failure is an error, never a hang or crash."""
-import json
 import os
 import socket
-import struct
 import tempfile
 import time
 
@@ -10,12 +8,13 @@ import pytest
 
 import dicomm
 from dicomm import _dicomm_core as core
-from multiproc import finish, run_ranks, start_rank
+from scenarios import run, start
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_peer_killed_mid_message_fails_the_pending_receive_quickly(transport):
-    _, survivor = run_ranks("peer_killed", transport=transport)
+    with start("peer_killed", transport=transport) as job:
+        (survivor,) = job.results(ranks=[1])
     assert survivor["error"], "the receive should have failed"
     assert "rank 0" in survivor["error"]
     assert survivor["seconds"] < 5
@@ -23,27 +22,22 @@ def test_a_peer_killed_mid_message_fails_the_pending_receive_quickly(transport):
 
 @pytest.mark.parametrize("transport, sizes", [("tcp", [100, 10_000, 1 << 20]), ("shm", [100, 10_000])])
 def test_messages_that_arrived_before_the_peer_exited_can_still_be_received(transport, sizes):
-    receiver, _ = run_ranks("send_and_exit", transport=transport, sizes=sizes)
+    with start("send_and_exit", transport=transport, sizes=sizes) as job:
+        (receiver,) = job.results(ranks=[0])
     assert receiver["received"] == [True] * len(sizes)
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_silent_peer_fails_pending_requests_within_the_timeout(transport):
-    store_dir = tempfile.mkdtemp()
-    frozen = start_rank("silent_peer", 0, 2, store_dir, transport, request_timeout=1.0)
-    waiting = start_rank("silent_peer", 1, 2, store_dir, transport, request_timeout=1.0)
-    try:
-        outcome = finish(waiting, timeout=60)
-    finally:
-        frozen.kill()
-        frozen.communicate()
+    with start("silent_peer", transport=transport, request_timeout=1.0) as job:  # the end kills frozen rank 0
+        (outcome,) = job.results(ranks=[1], timeout=60)
     assert "timed out" in outcome["recv"]
     assert "timed out" in outcome["large_send"]
     assert outcome["seconds"] < 4
 
 
 def test_a_peer_presenting_another_jobs_token_is_refused():
-    ours, foreign = run_ranks("token", transport="tcp", tokens=["job-a", "job-b"], connect_timeout=5)
+    ours, foreign = run("token", transport="tcp", tokens=["job-a", "job-b"], connect_timeout=5)
     assert "refused" in foreign["error"] and "job token mismatch" in foreign["error"]
     assert "job token mismatch" in ours["error"]
 
@@ -61,17 +55,17 @@ def hello_frame(rank, token, transport="tcp"):
 
 def test_garbage_sent_to_the_listening_port_is_dropped_and_setup_still_succeeds():
     store_dir = tempfile.mkdtemp()
-    listener = start_rank("echo", 0, 2, store_dir, "tcp", token="t")
-    address, port = read_descriptor(store_dir, 0)
-    with socket.create_connection((address, port)) as s:
-        s.sendall(os.urandom(4096))
-        time.sleep(0.1)
-    with socket.create_connection((address, port)) as s:
-        s.sendall(hello_frame(1, "not-the-token"))
-        s.recv(4096)
-    talker = start_rank("echo", 1, 2, store_dir, "tcp", token="t")
-    result = finish(listener, timeout=60)
-    finish(talker, timeout=60)
+    with start("echo", ranks=[0], store_dir=store_dir, token="t") as listener:
+        address, port = read_descriptor(store_dir, 0)
+        with socket.create_connection((address, port)) as s:
+            s.sendall(os.urandom(4096))
+            time.sleep(0.1)
+        with socket.create_connection((address, port)) as s:
+            s.sendall(hello_frame(1, "not-the-token"))
+            s.recv(4096)
+        with start("echo", ranks=[1], store_dir=store_dir, token="t") as talker:
+            (result,) = listener.results(timeout=60)
+            talker.results(timeout=60)
     assert result["data"] == "hello"
     assert any("dropped a connection" in n and "malformed frame" in n for n in result["notes"])
     assert any("job token mismatch" in n for n in result["notes"])
@@ -102,12 +96,12 @@ def impersonate_rank_1(store_dir, token):
 ])
 def test_a_malformed_or_truncated_frame_closes_the_connection_with_a_clear_error(bad_frame, expected):
     store_dir = tempfile.mkdtemp()
-    victim = start_rank("echo", 0, 2, store_dir, "tcp", token="t", capacity=1000, request_timeout=20)
-    s = impersonate_rank_1(store_dir, "t")
-    s.sendall(bad_frame)
-    time.sleep(0.05)
-    s.close()
-    result = finish(victim, timeout=60)
+    with start("echo", ranks=[0], store_dir=store_dir, token="t", capacity=1000, request_timeout=20) as victim:
+        s = impersonate_rank_1(store_dir, "t")
+        s.sendall(bad_frame)
+        time.sleep(0.05)
+        s.close()
+        (result,) = victim.results(timeout=60)
     assert expected in result["error"]
     assert "\n" not in result["error"]
 
@@ -117,10 +111,10 @@ def test_a_forged_shm_ring_cannot_make_the_receiver_write_out_of_bounds():
     # same decoder guards it, fuzzed in test_frame_fuzz. Here: oversized total through tcp to a
     # small receive is refused without writing past the buffer.
     store_dir = tempfile.mkdtemp()
-    victim = start_rank("echo", 0, 2, store_dir, "tcp", token="t", capacity=8, request_timeout=20)
-    s = impersonate_rank_1(store_dir, "t")
-    s.sendall(core.encode_frame_header("Data", total_bytes=4096, payload_bytes=4096) + b"y" * 4096)
-    time.sleep(0.05)
-    s.close()
-    result = finish(victim, timeout=60)
+    with start("echo", ranks=[0], store_dir=store_dir, token="t", capacity=8, request_timeout=20) as victim:
+        s = impersonate_rank_1(store_dir, "t")
+        s.sendall(core.encode_frame_header("Data", total_bytes=4096, payload_bytes=4096) + b"y" * 4096)
+        time.sleep(0.05)
+        s.close()
+        (result,) = victim.results(timeout=60)
     assert "does not fit the 8-byte receive buffer" in result["error"]

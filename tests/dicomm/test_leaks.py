@@ -1,14 +1,14 @@
 """100,000 messages leave no requests alive and do not grow the process."""
 import pytest
 
-from multiproc import run_ranks
+from scenarios import run
 
 MESSAGES = 100_000
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_hundred_thousand_messages_leak_no_requests_or_memory(transport):
-    for rank in run_ranks("stream", transport=transport, messages=MESSAGES, timeout=180):
+    for rank in run("stream", transport=transport, messages=MESSAGES, timeout=180):
         assert rank["live_requests"] == 0
         rss = {int(k): v for k, v in rank["rss_kib"].items()}
         # From the half-way mark the shm rings have been fully touched, so RSS must stay flat.

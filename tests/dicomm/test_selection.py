@@ -1,5 +1,4 @@
 """Transport selection, overrides, the ibverbs probe and its fallback, and option errors."""
-import os
 import shutil
 import subprocess
 import tempfile
@@ -7,8 +6,7 @@ import tempfile
 import pytest
 
 import dicomm
-from dicomm import _dicomm_core as core
-from multiproc import finish, run_ranks, start_rank
+from scenarios import run
 
 
 def test_the_ibverbs_probe_answers_in_one_line():
@@ -41,7 +39,7 @@ def test_the_ibverbs_probe_agrees_with_pyverbs_where_it_is_installed():
 
 
 def test_auto_selection_uses_shm_on_one_host():
-    listener, dialler = run_ranks("echo", transport="auto", token="t")
+    listener, dialler = run("echo", transport="auto", token="t")
     assert listener.get("data") == "hello", listener
     assert listener["transport"] == dialler["transport"] == "shm"
 
@@ -49,10 +47,7 @@ def test_auto_selection_uses_shm_on_one_host():
 def test_across_hosts_without_rdma_auto_falls_back_to_tcp_and_says_why():
     if dicomm.probe_ibverbs()["available"]:
         pytest.skip("an RDMA device is present: auto would pick ibverbs")
-    store_dir = tempfile.mkdtemp()
-    ranks = [start_rank("echo", r, 2, store_dir, "auto", env={"DICOMM_HOST_ID": f"host-{r}"}, token="t")
-             for r in range(2)]
-    listener, dialler = finish(ranks[0]), finish(ranks[1])
+    listener, dialler = run("echo", transport="auto", env=lambda rank: {"DICOMM_HOST_ID": f"host-{rank}"}, token="t")
     assert listener.get("data") == "hello", listener
     assert listener["transport"] == dialler["transport"] == "tcp"
     assert any("uses tcp" in note and "ibverbs:" in note for note in dialler["notes"])

@@ -1,7 +1,7 @@
 """Two processes exchange messages over each transport that runs here."""
 import pytest
 
-from multiproc import run_ranks
+from scenarios import run
 
 TRANSPORTS = ["tcp", "shm"]
 # shm copies large messages half by each side; "shm-sender-copies" turns that split off, and
@@ -14,7 +14,7 @@ VARIANTS = {"tcp": ("tcp", {}), "shm": ("shm", {}), "shm-sender-copies": ("shm",
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def exchange(request):
     transport, env = VARIANTS[request.param]
-    sender, receiver = run_ranks("correctness", transport=transport, env=env)
+    sender, receiver = run("correctness", transport=transport, env=env)
     return transport, sender, receiver
 
 
@@ -62,19 +62,18 @@ def test_any_torch_distributed_store_drives_rendezvous():
     dist = pytest.importorskip("torch.distributed")
     import datetime
 
-    from _worker import torch_store_exchange
-    from multiproc import finish, start_rank
+    from scenarios import start, torch_store_exchange
 
     store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=30))
-    peer = start_rank("torch_store", 1, 2, "unused", "shm", port=store.port)
-    assert torch_store_exchange(store, 0, "shm")
-    assert finish(peer)["ok"]
+    with start("torch_store", ranks=[1], transport="shm", port=store.port) as peer:  # rank 0 is this process
+        assert torch_store_exchange(store, 0, "shm")
+        assert peer.results()[0]["ok"]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_device_buffers_are_staged_through_host_memory_by_the_copy_hooks(transport):
-    sender, receiver = run_ranks("device_staging", transport=transport)
+    sender, receiver = run("device_staging", transport=transport)
     size = (1 << 20) + 3
     assert sender["copies"]["to_host"] == size
     assert receiver["copies"]["from_host"] == size

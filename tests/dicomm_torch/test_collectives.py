@@ -1,7 +1,7 @@
 """Every collective of the dicomm backend over 4 local processes, against closed forms."""
 import pytest
 
-from torch_ranks import run_job
+from torch_jobs import assert_passed_on_every_rank, run_job
 
 CHECKS = [
     "barrier_waits_for_the_last_rank",
@@ -31,6 +31,4 @@ def ranks():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CHECKS)
 def test_collective(ranks, name):
-    for rank, findings in enumerate(ranks):
-        assert name in findings, f"rank {rank} did not run {name}"
-        assert findings[name] is None, f"rank {rank}: {findings[name]}"
+    assert_passed_on_every_rank(ranks, name)

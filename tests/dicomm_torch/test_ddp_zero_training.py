@@ -1,7 +1,7 @@
 """DistributedDataParallel and ZeroRedundancyOptimizer on the dicomm backend give gloo's parameters."""
 import pytest
 
-from torch_ranks import run_job
+from torch_jobs import assert_passed_on_every_rank, run_job
 
 
 @pytest.fixture(scope="module")
@@ -13,5 +13,4 @@ def ranks():
 @pytest.mark.parametrize("name", ["ddp_with_dicomm_matches_gloo",
                                   "zero_redundancy_optimizer_with_dicomm_matches_plain_adam_over_gloo"])
 def test_training(ranks, name):
-    for rank, findings in enumerate(ranks):
-        assert findings[name] is None, f"rank {rank}: {findings[name]}"
+    assert_passed_on_every_rank(ranks, name)

@@ -1,15 +1,14 @@
 """A dead or silent peer makes pending work fail with an error naming peer and op, never hang."""
 import pytest
 
-from torch_ranks import result_of, run_job, start_ranks
+from torch_jobs import run_job, start_job
 
 
 @pytest.fixture(scope="module")
 def survivor():
-    survivor, killed = start_ranks("killed_peer", world_size=2)
-    findings = result_of(survivor, timeout=60)
-    killed.wait(timeout=30)
-    assert killed.returncode == -9
+    with start_job("killed_peer", world_size=2) as job:
+        (findings,) = job.results(ranks=[0], timeout=60)
+        assert job.wait(1, timeout=30) == -9  # rank 1 killed itself
     return findings
 
 

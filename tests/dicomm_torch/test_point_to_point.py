@@ -2,7 +2,7 @@
 object collectives built on it."""
 import pytest
 
-from torch_ranks import run_job
+from torch_jobs import assert_passed_on_every_rank, run_job
 
 CHECKS = [
     "send_recv_every_dtype",
@@ -29,6 +29,4 @@ def ranks():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CHECKS)
 def test_point_to_point(ranks, name):
-    for rank, findings in enumerate(ranks):
-        assert name in findings, f"rank {rank} did not run {name}"
-        assert findings[name] is None, f"rank {rank}: {findings[name]}"
+    assert_passed_on_every_rank(ranks, name)

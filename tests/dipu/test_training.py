@@ -1,4 +1,4 @@
-"""Acceptance: a LLaMA-shaped model trains on dipu with a loss log bit-identical to the CPU."""
+"""Acceptance: the project's LLaMA-style model (h2.model) trains on dipu with a loss log bit-identical to the CPU."""
 import io
 
 import torch

@@ -65,12 +65,17 @@ def test_uniform_stages_match_the_closed_form(stages, micro_batches, ratio, forw
     assert result.iteration_s == pytest.approx(closed, rel=1e-12)
 
 
+def random_pipeline(seed: int):
+    """(rng, stages 1-6, micro-batches 1-12, forward seconds per stage in 0.1-2) drawn from `seed`."""
+    rng = random.Random(seed)
+    stages, micro_batches = rng.randint(1, 6), rng.randint(1, 12)
+    return rng, stages, micro_batches, [rng.uniform(0.1, 2) for _ in range(stages)]
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.integers(0, 10 ** 9))
 def test_slowest_stage_last_matches_the_closed_form_and_proportional_costs_never_exceed_it(seed):
-    rng = random.Random(seed)
-    stages, micro_batches = rng.randint(1, 6), rng.randint(1, 12)
-    forward = [rng.uniform(0.1, 2) for _ in range(stages)]
+    rng, stages, micro_batches, forward = random_pipeline(seed)
     ratio = rng.uniform(1.0, 3.0)
     proportional = simulate(one_f_one_b(stages, micro_batches), _costs(forward, [ratio * f for f in forward]))
     closed = pipeline_closed_form_s([(1 + ratio) * f for f in forward], micro_batches)
@@ -128,9 +133,7 @@ def test_split_backward_beats_1f1b_on_uniform_stages(stages, micro_batches):
 def test_split_backward_costs_at_most_3_percent_on_uneven_stages(seed):
     # its weight-gradient passes cannot be interrupted, so on uneven stages a drained W can delay a
     # gradient that has just arrived: 2.3 % worst case over 20,000 random pipelines (docs/heteroauto.md)
-    rng = random.Random(seed)
-    stages, micro_batches = rng.randint(1, 6), rng.randint(1, 12)
-    forward = [rng.uniform(0.1, 2) for _ in range(stages)]
+    _, stages, micro_batches, forward = random_pipeline(seed)
     costs = [StageCost(f, 2 * f, weight_grad_s=f) for f in forward]
     plain = simulate(one_f_one_b(stages, micro_batches), costs).iteration_s
     split = simulate(one_f_one_b_split_backward(stages, micro_batches), costs).iteration_s

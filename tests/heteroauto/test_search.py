@@ -55,16 +55,25 @@ def test_searched_strategy_is_valid_and_scores_as_predicted(seed):
     assert report.iteration_s == pytest.approx(found.best.objective_s, rel=1e-9)
 
 
+def searched(seed: int, max_types: int = 3):
+    """A random problem, its profiles, and its single-stage and two-stage (groups of 2) search
+    results; None where no strategy fits the problem."""
+    cluster, model, training = random_problem(random.Random(seed), max_types=max_types)
+    profiles = profiles_for(cluster, model, training)
+    try:
+        single = search(cluster, model, training, profiles, group_size=None)
+    except UserError:
+        return None
+    return (cluster, model, training, profiles), single, search(cluster, model, training, profiles, group_size=2)
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10 ** 9))
 def test_second_stage_pruning_keeps_the_optimum_of_its_space(seed):
-    cluster, model, training = random_problem(random.Random(seed), max_types=2)
-    profiles = profiles_for(cluster, model, training)
-    try:
-        first = search(cluster, model, training, profiles, group_size=None)
-    except UserError:
+    found = searched(seed, max_types=2)
+    if found is None:
         return
-    two = search(cluster, model, training, profiles, group_size=2)
+    (cluster, model, training, profiles), first, two = found
     try:
         space = oracle_search(cluster, model, training, profiles, group_size=2, dp=first.best.dp,
                               monotone_tp=True).best.objective_s
@@ -85,14 +94,10 @@ def test_refining_at_every_dp_recovers_a_grouped_optimum_at_another_dp():
 
 def test_two_stage_search_never_loses_to_its_first_stage():
     for seed in range(40):
-        cluster, model, training = random_problem(random.Random(seed))
-        profiles = profiles_for(cluster, model, training)
-        try:
-            single = search(cluster, model, training, profiles, group_size=None)
-        except UserError:
-            continue
-        two = search(cluster, model, training, profiles, group_size=2)
-        assert two.best.objective_s <= single.best.objective_s * (1 + 1e-12)
+        found = searched(seed)
+        if found is not None:
+            _, single, two = found
+            assert two.best.objective_s <= single.best.objective_s * (1 + 1e-12)
 
 
 def test_top_k_lists_distinct_configurations_best_first():

@@ -37,35 +37,22 @@ def test_counts_accept_binary_suffixes():
 CHIP = "{name: X, count: 8, memory_gb: 32, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}"
 
 
-def test_malformed_yaml_names_file_and_line(write):
-    path = write("c.yaml", "chips: [\n  {name: X\n")
-    with pytest.raises(UserError, match=r"c.yaml: malformed YAML \(line"):
-        load_cluster(path)
-
-
-def test_wrong_field_type_names_file_chip_and_field(write):
-    path = write("c.yaml", "chips:\n  - {name: X, count: many, memory_gb: 32, chips_per_node: 8, tp_max: 8, "
-                           "intra_node_gbps: 100, inter_node_gbps: 10}\n")
-    with pytest.raises(UserError, match=r"c.yaml: chips\[0\]: field 'count': expected an integer"):
-        load_cluster(path)
-
-
-def test_unknown_field_is_refused(write):
-    path = write("c.yaml", f"chips: [{CHIP}]\nchipz: 1\n")
-    with pytest.raises(UserError, match="unknown field 'chipz'"):
-        load_cluster(path)
-
-
-def test_tp_max_beyond_a_node_is_refused(write):
-    path = write("c.yaml", f"chips: [{CHIP.replace('tp_max: 8', 'tp_max: 16')}]\n")
-    with pytest.raises(UserError, match="tp_max"):
-        load_cluster(path)
-
-
-def test_training_batch_must_be_a_multiple_of_the_sequence_length(write):
-    path = write("c.yaml", f"chips: [{CHIP}]\ntraining: {{seq_len: 4096, global_batch_tokens: 1000}}\n")
-    with pytest.raises(UserError, match="training: field 'global_batch_tokens'"):
-        load_cluster(path)
+@pytest.mark.parametrize("text, error", [
+    pytest.param("chips: [\n  {name: X\n", r"c.yaml: malformed YAML \(line", id="malformed_yaml_names_file_and_line"),
+    pytest.param("chips:\n  - {name: X, count: many, memory_gb: 32, chips_per_node: 8, tp_max: 8, "
+                 "intra_node_gbps: 100, inter_node_gbps: 10}\n",
+                 r"c.yaml: chips\[0\]: field 'count': expected an integer",
+                 id="wrong_field_type_names_file_chip_and_field"),
+    pytest.param(f"chips: [{CHIP}]\nchipz: 1\n", "unknown field 'chipz'", id="unknown_field_is_refused"),
+    pytest.param(f"chips: [{CHIP.replace('tp_max: 8', 'tp_max: 16')}]\n", "tp_max",
+                 id="tp_max_beyond_a_node_is_refused"),
+    pytest.param(f"chips: [{CHIP}]\ntraining: {{seq_len: 4096, global_batch_tokens: 1000}}\n",
+                 "training: field 'global_batch_tokens'",
+                 id="training_batch_must_be_a_multiple_of_the_sequence_length"),
+])
+def test_a_bad_cluster_file_is_refused_with_an_error_naming_what_is_wrong(write, text, error):
+    with pytest.raises(UserError, match=error):
+        load_cluster(write("c.yaml", text))
 
 
 def test_chip_spec_can_come_from_a_chip_file(write):

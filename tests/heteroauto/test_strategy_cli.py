@@ -25,17 +25,14 @@ def test_strategy_round_trips(tmp_path):
     assert load_strategy(tmp_path / "s.yaml") == strategy
 
 
-def test_strategy_layers_must_sum_to_the_model(write):
-    path = write("s.yaml", "dp: 1\nmicro_batches: 2\nmicro_batch_size: 1\nmodel: tiny\n"
-                           "stages: [{chip: a, tp: 1, layers: 3}]\n")
-    with pytest.raises(UserError, match=r"s.yaml: field 'stages': layers sum to 3, model 'tiny' has 4"):
-        load_strategy(path)
-
-
-def test_strategy_tp_must_be_a_power_of_two(write):
-    path = write("s.yaml", "dp: 1\nmicro_batches: 2\nmicro_batch_size: 1\nmodel: tiny\n"
-                           "stages: [{chip: a, tp: 3, layers: 4}]\n")
-    with pytest.raises(UserError, match=r"field 'stages\[0\].tp'"):
+@pytest.mark.parametrize("stage, error", [
+    pytest.param("{chip: a, tp: 1, layers: 3}", r"s.yaml: field 'stages': layers sum to 3, model 'tiny' has 4",
+                 id="layers_must_sum_to_the_model"),
+    pytest.param("{chip: a, tp: 3, layers: 4}", r"field 'stages\[0\].tp'", id="tp_must_be_a_power_of_two"),
+])
+def test_a_bad_strategy_file_is_refused_with_an_error_naming_the_field(write, stage, error):
+    path = write("s.yaml", f"dp: 1\nmicro_batches: 2\nmicro_batch_size: 1\nmodel: tiny\nstages: [{stage}]\n")
+    with pytest.raises(UserError, match=error):
         load_strategy(path)
 
 

@@ -4,33 +4,24 @@ the same data, for the tests and benchmarks."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import socket
 import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from h2.core.ranks import run_ranks
 from h2.core.strategy import strategy_from_mapping
 from h2.train import TrainConfig, Trainer
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _rank_main(rank: int, world_size: int, port: int, strategy_data: dict, steps: int, out_dir: str,
-               options: dict) -> None:
+def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_dir: str, options: dict) -> dict:
     from datetime import timedelta
 
     from h2.core.training import PipelineOptions
     from h2.train.pipeline import PipelineTrainer
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=120))
     try:
         strategy = strategy_from_mapping(strategy_data, "test strategy")
@@ -39,14 +30,12 @@ def _rank_main(rank: int, world_size: int, port: int, strategy_data: dict, steps
         trainer = PipelineTrainer(strategy, config, out_dir, PipelineOptions(**options))
         records = trainer.run()
         engine = trainer.engine
-        p2p = {"rank": rank, "stage": engine.place.stage, "bytes_sent": engine.p2p.bytes_sent,
-               "optimizer_state_elements": engine.optimizer.owned_state_elements(),
-               "parameter_elements": sum(p.numel() for p in engine.optimizer.params),
-               "mean_step_s": sum(r["step_time_s"] for r in records) / len(records),
-               "parameter_devices": sorted({str(p.device) for p in engine.optimizer.params}),
-               "tp_backend": dist.get_backend(engine.groups.tp) if engine.groups.tp is not None else None}
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
-            json.dump(p2p, handle)
+        return {"rank": rank, "stage": engine.place.stage, "bytes_sent": engine.p2p.bytes_sent,
+                "optimizer_state_elements": engine.optimizer.owned_state_elements(),
+                "parameter_elements": sum(p.numel() for p in engine.optimizer.params),
+                "mean_step_s": sum(r["step_time_s"] for r in records) / len(records),
+                "parameter_devices": sorted({str(p.device) for p in engine.optimizer.params}),
+                "tp_backend": dist.get_backend(engine.groups.tp) if engine.groups.tp is not None else None}
     finally:
         dist.destroy_process_group()
 
@@ -59,18 +48,13 @@ def run_pipeline(strategy_data: dict, steps: int, **options) -> tuple[list[dict]
     """Train `steps` steps on local processes; returns (metrics records, per-rank summaries)."""
     out_dir = tempfile.mkdtemp(prefix="heteropp-test-")
     world_size = world_size_of(strategy_data)
-    # forkserver: children fork from a clean server process that imported torch once (seconds saved
-    # per process on 2 cores), never from this test process, whose autograd threads (after a backward
-    # on a device such as dipu) make a plain fork unsafe.
-    multiprocessing.set_forkserver_preload(["torch", "h2.model", "heteropp"])
-    mp.start_processes(_rank_main, args=(world_size, free_port(), strategy_data, steps, out_dir, options),
-                       nprocs=world_size, join=True, start_method="forkserver")
+    # forkserver: ranks fork from a clean server process that imported torch once (seconds saved per
+    # process on 2 cores), never from this test process, whose autograd threads (after a backward on
+    # a device such as dipu) make a plain fork unsafe.
+    ranks = run_ranks(_rank_main, world_size, (strategy_data, steps, out_dir, options), timeout=300,
+                      start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
     with open(os.path.join(out_dir, "metrics.jsonl")) as handle:
         records = [json.loads(line) for line in handle if line.strip()]
-    ranks = []
-    for rank in range(world_size):
-        with open(os.path.join(out_dir, f"rank{rank}.json")) as handle:
-            ranks.append(json.load(handle))
     return records, ranks
 
 

@@ -30,12 +30,18 @@ def test_unchanged_training_step_on_cpu_has_no_mismatch_and_covers_both_phases(t
     assert all(row["status"] == "ok" for row in tool.rows), [r for r in tool.rows if r["status"] != "ok"][:3]
 
 
-def test_changed_op_in_one_module_is_the_only_flag_and_the_first_mismatch():
+def compare_with_mm_changed_in(target: str, phase: str) -> tuple[Perturb, OpAutoCompare]:
+    """A training step under autocompare in which the chip changes mm's result in one module and phase."""
     model, tokens = build_tiny(), tiny_batch()
-    target = "Transformer.layers.1.mlp.up_proj"
-    with Perturb("mm", predicate=lambda call: call.module == target and call.phase == "forward") as chip:
+    with Perturb("mm", predicate=lambda call: call.module == target and call.phase == phase) as chip:
         with OpAutoCompare(report=None) as tool:
             training_step(model, tokens)
+    return chip, tool
+
+
+def test_changed_op_in_one_module_is_the_only_flag_and_the_first_mismatch():
+    target = "Transformer.layers.1.mlp.up_proj"
+    chip, tool = compare_with_mm_changed_in(target, "forward")
     assert chip.calls == 1
     assert mismatched(tool) == {("aten.mm.default", "forward", target)}
     first = tool.first_mismatch
@@ -44,11 +50,8 @@ def test_changed_op_in_one_module_is_the_only_flag_and_the_first_mismatch():
 
 
 def test_changed_backward_op_is_reported_with_its_module_path():
-    model, tokens = build_tiny(), tiny_batch()
     target = "Transformer.layers.0.attn.o_proj"
-    with Perturb("mm", predicate=lambda call: call.module == target and call.phase == "backward") as chip:
-        with OpAutoCompare(report=None) as tool:
-            training_step(model, tokens)
+    chip, tool = compare_with_mm_changed_in(target, "backward")
     assert chip.calls == 2  # gradient of the input and of the weight
     assert mismatched(tool) == {("aten.mm.default", "backward", target)}
 

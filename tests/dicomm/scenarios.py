@@ -1,18 +1,20 @@
-"""One rank of a multi-process DiComm test: python _worker.py SCENARIO RANK WORLD STORE_DIR TRANSPORT ARGS_JSON.
+"""The scenarios of the multi-process DiComm tests, and `run`/`start` that launch one on local ranks.
 
-Prints one JSON object (the scenario's findings) as its last line of stdout.
+A scenario is `scenario(rank, world, store_dir, transport, args)`, run on every rank by h2.core.ranks
+(each rank a fresh interpreter with its DICOMM_* environment set before dicomm is imported); what
+it returns is that rank's findings. The ranks meet through a FileStore in `store_dir`.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sys
+import tempfile
 import time
 
 import numpy as np
 
 import dicomm
+from h2.core.ranks import RankJob, run_ranks, start_ranks
 
 SIZES = [0, 1, 4095, 4096, (1 << 20) + 3, 64 << 20]
 
@@ -170,6 +172,7 @@ def stream(rank, world, store_dir, transport, args):
 
 
 def peer_killed(rank, world, store_dir, transport, args):
+    """Rank 0 dies while its 64 MiB message is in flight (it reports nothing); rank 1 reports its receive."""
     ep = endpoint(rank, world, store_dir, transport, timeout=60)
     peer = 1 - rank
     receiver_pid_file = os.path.join(store_dir, "receiver.pid")
@@ -184,7 +187,6 @@ def peer_killed(rank, world, store_dir, transport, args):
             ep.isend(np.ones(64 << 20, np.uint8), peer, tag=1)
         finally:
             os.kill(receiver_pid, signal.SIGCONT)
-        print(json.dumps({"killed": True}), flush=True)
         os._exit(0)  # dies while the 64 MiB message is in flight
     with open(receiver_pid_file + ".tmp", "w") as handle:
         handle.write(str(os.getpid()))
@@ -201,11 +203,11 @@ def peer_killed(rank, world, store_dir, transport, args):
 
 
 def silent_peer(rank, world, store_dir, transport, args):
+    """Rank 0 stops itself for good after setup (it reports nothing); rank 1 reports its pending requests."""
     ep = endpoint(rank, world, store_dir, transport, timeout=args["request_timeout"], connect_timeout=30)
     peer = 1 - rank
     barrier(ep)
     if rank == 0:
-        print(json.dumps({"stopping": True}), flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)  # alive, connections open, never reads or writes again
         return {}
     time.sleep(0.2)
@@ -302,7 +304,6 @@ def send_and_exit(rank, world, store_dir, transport, args):
     if rank == 1:
         for i, size in enumerate(sizes):
             ep.send(pattern(size, i), 0, tag=4)
-        print(json.dumps({}), flush=True)
         os._exit(0)
     time.sleep(0.5)
     received = []
@@ -315,11 +316,16 @@ def send_and_exit(rank, world, store_dir, transport, args):
     return {"received": received}
 
 
-def main():
-    scenario, rank, world, store_dir, transport, args = sys.argv[1:7]
-    result = globals()[scenario](int(rank), int(world), store_dir, transport, json.loads(args))
-    print(json.dumps(result), flush=True)
+def run(scenario: str, world_size: int = 2, transport: str = "tcp", timeout: float = 120, env=None,
+        **args) -> list[dict]:
+    """Every rank's findings, in rank order; `env`: extra variables (or a function of the rank giving them)."""
+    return run_ranks(globals()[scenario], world_size, (tempfile.mkdtemp(prefix="dicomm-test-"), transport, args),
+                     env=env, timeout=timeout)
 
 
-if __name__ == "__main__":
-    main()
+def start(scenario: str, ranks=None, world_size: int = 2, store_dir: str | None = None, transport: str = "tcp",
+          env=None, **args) -> RankJob:
+    """Start `ranks` of a scenario (default all) for a test that kills, freezes or impersonates a rank;
+    use the job in a `with` block and take findings with job.results(ranks)."""
+    return start_ranks(globals()[scenario], world_size,
+                       (store_dir or tempfile.mkdtemp(prefix="dicomm-test-"), transport, args), ranks=ranks, env=env)

@@ -1,15 +1,13 @@
-"""One rank of a dicomm torch.distributed test job: python _torch_worker.py JOB ARGS_JSON.
+"""The dicomm torch.distributed test jobs, and `run_job`/`start_job` that run one on local ranks.
 
-Rank and world size come from env:// variables. Each job runs named checks and prints one JSON
-object {check: null | "error text"} as its last line, so a test can assert on each check.
+Each rank (h2.core.ranks: RANK, WORLD_SIZE and MASTER_* for env:// rendezvous) runs the job's named
+checks and returns {check: None | "error text"}, so a test can assert on each check.
 """
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import signal
-import sys
 import time
 import traceback
 
@@ -18,9 +16,9 @@ import torch.distributed as dist
 
 import dicomm  # noqa: F401  (registers the backend)
 from dicomm.torch_backend import transport_of
+from h2.core.ranks import RankJob, run_ranks, start_ranks
 
-RANK = int(os.environ["RANK"])
-WORLD = int(os.environ["WORLD_SIZE"])
+RANK = WORLD = 0  # set by main() in each rank
 findings: dict = {}
 
 
@@ -488,14 +486,29 @@ def job_timeout(args) -> None:
                 raise AssertionError("completed although the peer never took part")
 
 
-def main() -> None:
-    job, args = sys.argv[1], json.loads(sys.argv[2])
+def main(rank: int, world_size: int, job: str, args: dict) -> dict:
+    """One rank of `job`; its findings. (The rank exits at once after returning: a dead or silent
+    peer cannot make the exit wait for its pending operations.)"""
+    global RANK, WORLD
+    RANK, WORLD = rank, world_size
     globals()[f"job_{job}"](args)
-    print(json.dumps(findings), flush=True)
     if job not in ("killed_peer", "timeout"):
         dist.destroy_process_group()
-    os._exit(0)  # a dead or silent peer must not make exit wait for its pending operations
+    return findings
 
 
-if __name__ == "__main__":
-    main()
+def run_job(job: str, world_size: int, timeout: float = 90, **args) -> list[dict]:
+    """Each rank's findings, in rank order."""
+    return run_ranks(main, world_size, (job, args), env={"OMP_NUM_THREADS": "1"}, timeout=timeout)
+
+
+def start_job(job: str, world_size: int, **args) -> RankJob:
+    """The job's ranks, for a test in which a rank dies on purpose; use it in a `with` block."""
+    return start_ranks(main, world_size, (job, args), env={"OMP_NUM_THREADS": "1"})
+
+
+def assert_passed_on_every_rank(ranks: list[dict], name: str) -> None:
+    """Every rank ran the check `name`, and it passed."""
+    for rank, findings in enumerate(ranks):
+        assert name in findings, f"rank {rank} did not run {name}"
+        assert findings[name] is None, f"rank {rank}: {findings[name]}"
