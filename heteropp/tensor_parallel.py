@@ -106,7 +106,7 @@ class WeightGradStore:
     def run(pending: list) -> None:
         """Accumulate the deferred weight gradients (the W pass; no graph is recorded)."""
         for weight, inputs, grad_output in pending:
-            accumulate_grad(weight, _weight_grad(inputs, grad_output))
+            accumulate_grad(weight, _weight_grad(inputs, grad_output).to(weight.dtype))
 
 
 def _weight_grad(inputs: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
@@ -121,24 +121,31 @@ def accumulate_grad(param: nn.Parameter, grad: torch.Tensor) -> None:
 
 
 class _Linear(torch.autograd.Function):
+    """F.linear whose weight gradient may be deferred. Under autocast the product runs in the
+    autocast dtype (F.linear casts both operands) and so does the backward, each gradient cast back
+    to its operand's dtype, as autograd does through autocast's casts."""
+
     @staticmethod
     def forward(ctx, x, weight, store):
         ctx.save_for_backward(x, weight)
         # The parameter itself: under activation recompute the saved tensors unpack as aliases,
         # and a deferred gradient must land on the parameter the optimizer holds.
         ctx.parameter, ctx.store = weight, store
-        return F.linear(x, weight)
+        output = F.linear(x, weight)
+        ctx.compute_dtype = output.dtype
+        return output
 
     @staticmethod
     def backward(ctx, grad_output):
         x, weight = ctx.saved_tensors
-        grad_input = grad_output.matmul(weight) if ctx.needs_input_grad[0] else None
+        dtype = ctx.compute_dtype
+        grad_input = grad_output.matmul(weight.to(dtype)).to(x.dtype) if ctx.needs_input_grad[0] else None
         grad_weight = None
         if ctx.needs_input_grad[1]:
             if ctx.store is not None and ctx.store.deferring:
-                ctx.store.defer(ctx.parameter, x, grad_output)
+                ctx.store.defer(ctx.parameter, x.to(dtype), grad_output)
             else:
-                grad_weight = _weight_grad(x, grad_output)
+                grad_weight = _weight_grad(x.to(dtype), grad_output).to(weight.dtype)
         return grad_input, grad_weight, None
 
 
@@ -160,14 +167,16 @@ class ShardLinear(nn.Module):
 
 
 class ParallelBlock(nn.Module):
-    """copy_to_tp -> inner (column- then row-parallel shards) -> reduce_from_tp."""
+    """copy_to_tp -> inner (column- then row-parallel shards) -> reduce_from_tp. The partial sums are
+    reduced in the block input's precision (fp32 under bf16 autocast: each rank's bf16 partial sum is
+    rounded once, as the single-device product is)."""
 
     def __init__(self, inner: nn.Module, group):
         super().__init__()
         self.inner, self.group = inner, group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reduce_from_tp(self.inner(copy_to_tp(x, self.group)), self.group)
+        return reduce_from_tp(self.inner(copy_to_tp(x, self.group)).to(x.dtype), self.group)
 
 
 class ColumnParallelHead(nn.Module):
@@ -178,7 +187,9 @@ class ColumnParallelHead(nn.Module):
         self.proj, self.group = ShardLinear(weight, store), group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gather_last_dim(self.proj(copy_to_tp(x, self.group)), self.group)
+        # Gathered in fp32 (exact for bf16 logits): the loss reads them in fp32 anyway, and every
+        # backend gathers fp32.
+        return gather_last_dim(self.proj(copy_to_tp(x, self.group)).float(), self.group)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -243,6 +254,14 @@ def apply_tp(stage: nn.Module, *, tp_index: int, tp_size: int, group, store: Wei
     return stage
 
 
+def split_dim(name: str) -> int | None:
+    """The dimension along which `apply_tp` cuts parameter `name` over the TP group: 0 (rows: the
+    embedding, q/k/v, gate/up, the head), 1 (columns: o, down), None (replicated RMSNorm weights)."""
+    if name.endswith("norm.weight"):
+        return None
+    return 1 if name.endswith(("o_proj.weight", "down_proj.weight")) else 0
+
+
 def is_tp_sharded(name: str) -> bool:
     """Whether the parameter `name` of a TP stage is split across the group (else replicated)."""
-    return not name.endswith("norm.weight")
+    return split_dim(name) is not None

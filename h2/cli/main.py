@@ -20,10 +20,11 @@ from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 
 JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
-# Options a strategy file fixes (the model and batch shape) or a pipeline run does not have yet.
-NOT_WITH_STRATEGY = ("resume", "overwrite", "dtype", "micro_batch_size", "micro_batches", "model_config", "preset")
+# Options a strategy file fixes (the model and batch shape).
+NOT_WITH_STRATEGY = ("micro_batch_size", "micro_batches", "model_config", "preset")
 # Options that only a pipeline has, with why a single-device run refuses each.
 PIPELINE_ONLY = {"nproc": "a single-device run uses one process",
+                 "max_restarts": "a single-device run has no ranks to restart; --resume continues it",
                  "log_every": "a single-device run shows a progress bar",
                  **{name: "it configures the pipeline" for name in flags.field_names([PipelineOptions])
                     if name != "log_every"}}
@@ -56,9 +57,11 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     from h2.core.strategy import load_strategy
     from heteropp.groups import check_p2p_backend, check_stage_backend
 
+    from h2.train.pipeline import pipeline_start
+
     strategy = load_strategy(run.strategy)
     for name in NOT_WITH_STRATEGY:
-        if values.get(name) not in (None, False):
+        if values.get(name) is not None:
             raise UserError(f"{_flag(name)} does not apply with --strategy "
                             f"(the strategy file fixes the model and batch shape)")
     config = flags.build(TrainConfig, values)
@@ -71,13 +74,16 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     nproc = run.nproc or needed
     if nproc != needed:
         raise UserError(f"{run.strategy}: needs {needed} processes (sum of tp * dp over stages), --nproc is {nproc}")
-    rank_run = RunOptions(strategy=run.strategy, out=run.out or "runs/heteropp")
+    out = run.out or "runs/heteropp"
+    explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
+    pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
+                   source=run.strategy)  # refuses what the ranks would, before any starts
     handle, job_path = tempfile.mkstemp(prefix="h2-job-", suffix=".yaml")
     os.close(handle)
     try:
-        flags.write_job(job_path, rank_run, config, options)
+        flags.write_values(job_path, {**values, "strategy": run.strategy, "out": out})
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-                   "-m", "h2.cli.rank", "--config", job_path]
+                   "--max-restarts", str(run.max_restarts or 0), "-m", "h2.cli.rank", "--config", job_path]
         return subprocess.call(command)
     finally:
         os.remove(job_path)
@@ -111,7 +117,7 @@ def _train(args: argparse.Namespace) -> int:
           f"steps {start_step + 1}..{trainer.step}{resumed}; global batch {cfg.global_batch} x {cfg.seq_len} tokens; "
           f"{throughput:,.0f} tokens/s")
     print(summarize_losses(records))
-    print(f"metrics {trainer.metrics.path}; checkpoint {trainer.checkpoints.file_for(trainer.step)}")
+    print(f"metrics {trainer.metrics.path}; checkpoint {trainer.checkpoints.folder(trainer.step)}")
     return 0
 
 

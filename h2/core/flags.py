@@ -105,6 +105,13 @@ def build(config: type, values: dict[str, Any]):
     return config(**{name: value for name, value in values.items() if name in names})
 
 
+def write_values(path: str | os.PathLike, values: dict[str, Any]) -> None:
+    """Write option values (field name -> value, such as `job_values` and `given` return) as a job file:
+    read back, exactly these count as given, the others take their defaults there."""
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(dict(values), handle, sort_keys=False)
+
+
 def write_job(path: str | os.PathLike, *instances) -> None:
     """Write the given config instances as one flat job file (read back by `job_values`)."""
     data: dict[str, Any] = {}
