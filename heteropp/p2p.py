@@ -102,7 +102,7 @@ class LinkPacer:
         while True:
             with self._changed:
                 while not self._due or self._due[0][0] > time.monotonic():
-                    self._changed.wait(max(0.0, self._due[0][0] - time.monotonic()) if self._due else None)
+                    self._changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
                 _, _, send = heapq.heappop(self._due)
             send.release()
 

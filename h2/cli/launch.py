@@ -79,8 +79,7 @@ def _run_nodes(emulated: list[netns.EmulatedNode], ranks: list[list[int]], job_p
             rendezvous = ["--nnodes", str(len(emulated)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                           "--rdzv-id", f"h2-{os.getpid()}", "--rdzv-conf", "is_host=false",
                           "--local-addr", node.address]
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=netns.INTERFACE, DICOMM_ADVERTISE_ADDR=node.address,
-                       DICOMM_HOST_ID=node.namespace, **{KERNEL_SHAPED_ENV: "1"})
+            env = {**os.environ, **node.environment(), KERNEL_SHAPED_ENV: "1"}
             processes.append(subprocess.Popen(node.command(rank_command(len(node_ranks), job_path, rendezvous)),
                                               env=env, start_new_session=True))
         return _wait_all(processes)

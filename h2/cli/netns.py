@@ -109,6 +109,11 @@ class EmulatedNode:
         """`argv` run inside this node's namespace."""
         return ["ip", "netns", "exec", self.namespace, *argv]
 
+    def environment(self) -> dict[str, str]:
+        """Variables for processes on this node: gloo binds its interface, and DiComm advertises its
+        address and treats it as a host of its own (tcp to other nodes, not shared memory)."""
+        return {"GLOO_SOCKET_IFNAME": INTERFACE, "DICOMM_ADVERTISE_ADDR": self.address, "DICOMM_HOST_ID": self.namespace}
+
 
 class EmulatedNetwork:
     """`with EmulatedNetwork(n, bandwidth) as nodes:` n namespaces on one bridge; `bandwidth(i, j)` is

@@ -44,11 +44,11 @@ def test_a_two_node_torchrun_rendezvous_runs_across_the_namespaces_veth_links(tm
     with netns.EmulatedNetwork(2) as nodes:
         before = [tx_bytes(node) for node in nodes]
         endpoint = f"{nodes[0].address}:29500"
-        env = dict(os.environ, GLOO_SOCKET_IFNAME=netns.INTERFACE, OMP_NUM_THREADS="1")
         runs = [subprocess.Popen(node.command([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                                                "--node-rank", str(node.index), "--nproc-per-node", "1",
                                                "--rdzv-backend", "static", "--rdzv-endpoint", endpoint, str(script)]),
-                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                 env={**os.environ, **node.environment()}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
                 for node in nodes]
         outputs = [run.communicate(timeout=240)[0] for run in runs]
         sent = [tx_bytes(node) - b for node, b in zip(nodes, before)]
@@ -109,3 +109,31 @@ def test_namespaces_of_a_launcher_killed_outright_are_removed_by_the_next_networ
     holder.wait(timeout=60)
     with netns.EmulatedNetwork(1):
         assert leftovers(holder.pid) == []
+
+
+DICOMM_PEER = textwrap.dedent("""
+    import sys, dicomm
+    rank = int(sys.argv[1])
+    with dicomm.Endpoint(dicomm.FileStore(sys.argv[2]), rank, 2, connect_timeout=60) as endpoint:
+        buffer = bytearray(5)
+        if rank == 0:
+            endpoint.send(b"hello", 1, tag=1)
+        else:
+            endpoint.recv(buffer, 0, tag=1)
+        print(endpoint.transport(1 - rank), bytes(buffer).decode() if rank else "", flush=True)
+""")
+
+
+def test_dicomm_between_two_nodes_picks_tcp_over_their_veth_link(tmp_path):
+    script = tmp_path / "peer.py"
+    script.write_text(DICOMM_PEER)
+    with netns.EmulatedNetwork(2) as nodes:
+        before = tx_bytes(nodes[0])
+        peers = [subprocess.Popen(node.command([sys.executable, str(script), str(node.index), str(tmp_path)]),
+                                  env={**os.environ, **node.environment()},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for node in nodes]
+        outputs = [peer.communicate(timeout=120)[0] for peer in peers]
+        sent = tx_bytes(nodes[0]) - before
+    assert [line.split() for line in (o.strip().splitlines()[-1] for o in outputs)] == [["tcp"], ["tcp", "hello"]], outputs
+    assert sent > 0

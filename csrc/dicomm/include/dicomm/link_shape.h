@@ -13,7 +13,6 @@ struct LinkShape {
   bool shaped() const;
   // Throws std::invalid_argument naming `what` when the bandwidth is not positive or the latency negative.
   void validate(const std::string& what) const;
-  std::string describe() const;
 };
 
 }  // namespace dicomm
