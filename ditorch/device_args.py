@@ -1,8 +1,9 @@
 """Device arguments written for CUDA ("cuda", "cuda:1", torch.device("cuda"), and the unified
 name "device") translated to the active vendor's device wherever a device is consumed: factory
 functions, the `Tensor.new_*` factories, `Tensor.to/.cuda/.is_cuda`, `Module.to/.cuda`,
-`torch.load(map_location=)`, `torch.autocast`/`torch.amp.autocast`, `torch.amp.GradScaler`, and the
-default device (`with torch.device("cuda"):`, `torch.set_default_device("cuda")`).
+`torch.load(map_location=)`, `torch.autocast`/`torch.amp.autocast` and the autocast state queries
+(`torch.is_autocast_enabled("cuda")`, ...), `torch.amp.GradScaler`, and the default device
+(`with torch.device("cuda"):`, `torch.set_default_device("cuda")`).
 
 Only those entry points are wrapped, so tensor work that never names a device runs untouched.
 """
@@ -141,6 +142,7 @@ class DeviceArguments:
             return __init__
 
         self._wrap(torch.amp.autocast, "__init__", autocast_init)
+        self._wrap_autocast_state()
 
         def grad_scaler_init(original):
             def __init__(self, device="cuda", *args, **kwargs):
@@ -148,6 +150,34 @@ class DeviceArguments:
             return __init__
 
         self._wrap(torch.amp.GradScaler, "__init__", grad_scaler_init)
+
+    def _wrap_autocast_state(self) -> None:
+        """torch's autocast state functions, asked about "cuda", answer for the vendor's device; their
+        legacy forms without a device (which mean CUDA) too."""
+        translate, device_type = self.translate, self.device_type
+
+        def by_device(original):
+            def function(device, *args):
+                return original(translate(device), *args)
+            return function
+
+        def is_autocast_enabled(original):
+            def is_autocast_enabled(*args):
+                return original(translate(args[0]) if args else device_type)
+            return is_autocast_enabled
+
+        def set_autocast_enabled(original):
+            def set_autocast_enabled(*args):
+                return original(translate(args[0]), args[1]) if len(args) == 2 else original(device_type, *args)
+            return set_autocast_enabled
+
+        self._wrap(torch, "is_autocast_enabled", is_autocast_enabled)
+        self._wrap(torch, "set_autocast_enabled", set_autocast_enabled)
+        self._wrap(torch, "get_autocast_dtype", by_device)
+        self._wrap(torch, "set_autocast_dtype", by_device)
+        self._wrap(torch.amp, "is_autocast_available", by_device)
+        original_get_autocast_dtype = torch.get_autocast_dtype
+        self._wrap(torch, "get_autocast_gpu_dtype", lambda original: lambda: original_get_autocast_dtype(device_type))
 
     def undo(self) -> None:
         self._patches.undo()
