@@ -70,6 +70,28 @@ class DecoderOverMemory(nn.Module):
         return self.layer(target, self.memory)
 
 
+class SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x)[0]
+
+
+@pytest.mark.parametrize("layer, shape", [
+    (nn.GroupNorm(2, 4), (2, 4, 5, 5)),
+    (nn.LayerNorm(8), (3, 8)),
+    (nn.InstanceNorm2d(4, affine=True), (2, 4, 5, 5)),
+    (nn.BatchNorm1d(4), (6, 4)),
+    (SelfAttention(), (2, 5, 16)),
+    (nn.GELU("tanh"), (20,)),
+], ids=["group-norm", "layer-norm", "instance-norm", "batch-norm-1d", "multihead-attention", "gelu-tanh"])
+def test_normalization_and_attention_modules_give_the_cpus_bits(layer, shape):
+    torch.manual_seed(0)
+    assert_same_bits(layer, torch.randn(shape))
+
+
 @pytest.mark.parametrize("layer, shape", [
     (nn.LSTM(5, 6, num_layers=2, batch_first=True), (3, 4, 5)),
     (nn.LSTM(5, 6, bidirectional=True, bias=False), (4, 3, 5)),

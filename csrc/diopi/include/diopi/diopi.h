@@ -213,6 +213,16 @@ diopiError_t diopiLayerNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_
                                     diopiConstTensorHandle_t mean, diopiConstTensorHandle_t rstd,
                                     diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias,
                                     diopiSize_t normalized_shape);
+/* input: N, C, ... with C split into `group` groups; mean/rstd: N x group */
+diopiError_t diopiGroupNorm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t save_mean,
+                            diopiTensorHandle_t save_rstd, diopiConstTensorHandle_t input,
+                            diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias, int64_t group,
+                            double eps);
+diopiError_t diopiGroupNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                    diopiTensorHandle_t grad_weight, diopiTensorHandle_t grad_bias,
+                                    diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                    diopiConstTensorHandle_t mean, diopiConstTensorHandle_t rstd,
+                                    diopiConstTensorHandle_t weight, int64_t group);
 /* training: batch statistics, and running_mean/running_var (when given) are updated in place with
  * momentum; otherwise the running statistics normalize. */
 diopiError_t diopiBatchNorm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t save_mean,

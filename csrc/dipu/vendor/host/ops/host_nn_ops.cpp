@@ -16,6 +16,8 @@
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/mse_loss_backward.h>
 #include <ATen/ops/native_batch_norm.h>
+#include <ATen/ops/native_group_norm.h>
+#include <ATen/ops/native_group_norm_backward.h>
 #include <ATen/ops/native_batch_norm_backward.h>
 #include <ATen/ops/native_layer_norm.h>
 #include <ATen/ops/native_layer_norm_backward.h>
@@ -50,6 +52,12 @@ at::ScalarType statistics_type(const at::Tensor& input, const std::optional<at::
 std::optional<at::Tensor> statistics(diopiConstTensorHandle_t saved, at::ScalarType type) {
   if (saved == nullptr) return std::nullopt;
   return view(saved).to(type);
+}
+
+// N, C and the product of the remaining sizes of a group-norm input.
+std::array<int64_t, 3> group_norm_shape(const at::Tensor& input) {
+  int64_t rows = input.size(0) * input.size(1);
+  return {input.size(0), input.size(1), rows == 0 ? 0 : input.numel() / rows};
 }
 
 // The ReLU the CPU runs: clamp_min(x, 0).
@@ -133,6 +141,40 @@ diopiError_t diopiLayerNormBackward(diopiContextHandle_t, diopiTensorHandle_t gr
     store("diopiLayerNormBackward", grad_input, d_input);
     store("diopiLayerNormBackward", grad_weight, d_weight);
     store("diopiLayerNormBackward", grad_bias, d_bias);
+  });
+}
+
+diopiError_t diopiGroupNorm(diopiContextHandle_t, diopiTensorHandle_t out, diopiTensorHandle_t save_mean,
+                            diopiTensorHandle_t save_rstd, diopiConstTensorHandle_t input,
+                            diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias, int64_t group,
+                            double eps) {
+  return run([&] {
+    at::Tensor x = view(input);
+    auto [n, c, hxw] = group_norm_shape(x);
+    auto [result, mean, rstd] =
+        at::native_group_norm(x, optional_view(weight), optional_view(bias), n, c, hxw, group, eps);
+    store("diopiGroupNorm", out, result);
+    store("diopiGroupNorm", save_mean, mean);
+    store("diopiGroupNorm", save_rstd, rstd);
+  });
+}
+
+diopiError_t diopiGroupNormBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
+                                    diopiTensorHandle_t grad_weight, diopiTensorHandle_t grad_bias,
+                                    diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                    diopiConstTensorHandle_t mean, diopiConstTensorHandle_t rstd,
+                                    diopiConstTensorHandle_t weight, int64_t group) {
+  return run([&] {
+    std::array<bool, 3> wanted{grad_input != nullptr, grad_weight != nullptr, grad_bias != nullptr};
+    at::Tensor x = view(input);
+    std::optional<at::Tensor> w = optional_view(weight);
+    at::ScalarType type = statistics_type(x, w);
+    auto [n, c, hxw] = group_norm_shape(x);
+    auto [d_input, d_weight, d_bias] = at::native_group_norm_backward(
+        view(grad_output), x, *statistics(mean, type), *statistics(rstd, type), w, n, c, hxw, group, wanted);
+    store("diopiGroupNormBackward", grad_input, d_input);
+    store("diopiGroupNormBackward", grad_weight, d_weight);
+    store("diopiGroupNormBackward", grad_bias, d_bias);
   });
 }
 
