@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from h2.cli.launch import KERNEL_SHAPED_ENV
+    from h2.core.cluster import load_cluster
+    from h2.core.links import RankLinks, describe_stage_links
     from h2.core.strategy import load_strategy
     from h2.train.pipeline import PipelineTrainer
     from h2.train.watchdog import RankWatchdog
@@ -90,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("WORLD_SIZE"):
         raise UserError(f"{run.strategy}: launch with torchrun --standalone --nproc-per-node {strategy.world_size} "
                         f"-m h2.cli.rank ... (RANK/WORLD_SIZE are not set)")
+    links = None
+    if run.cluster:
+        cluster = load_cluster(run.cluster)
+        links = RankLinks.for_strategy(strategy, cluster, int(os.environ["RANK"]),
+                                       kernel_shaped=os.environ.get(KERNEL_SHAPED_ENV) == "1")
     torch.set_num_threads(options.threads)
     describe = rank_names(Topology.from_strategy(strategy))
     dist.init_process_group("gloo", timeout=timedelta(seconds=options.rank_timeout))
@@ -100,11 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         restarted = attempt > 0 and watchdog.store.check([FOLDER_PREPARED])
         trainer = PipelineTrainer(strategy, config, run.out or "runs/heteropp", options, source=run.strategy,
-                                  resume=run.resume, overwrite=run.overwrite, restarted=restarted, explicit=explicit)
+                                  links=links, resume=run.resume, overwrite=run.overwrite, restarted=restarted,
+                                  explicit=explicit)
         if trainer.writes_metrics:
             watchdog.store.set(FOLDER_PREPARED, "1")
         if trainer.rank == 0:
             print(trainer.topology.describe(default_device=trainer.config.device), flush=True)
+            if links is not None:
+                print(describe_stage_links(strategy, links), flush=True)
             if trainer.resumed_from is not None:
                 how = ("re-sharded from another strategy" if trainer.resharded else "same strategy")
                 print(f"resuming from step {trainer.step} ({trainer.resumed_from.folder}, {how})", flush=True)

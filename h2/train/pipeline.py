@@ -20,6 +20,7 @@ import time
 import torch
 
 from h2.core.errors import UserError
+from h2.core.links import RankLinks
 from h2.core.training import TRAJECTORY_FIELDS, PipelineOptions, TrainConfig
 from h2.data import SequenceStream, load_stdlib_corpus
 from h2.data.corpus import Corpus
@@ -63,8 +64,9 @@ def pipeline_start(strategy, config: TrainConfig, out_dir: str, *, resume: bool 
 
 class PipelineTrainer:
     def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
-                 corpus: Corpus | None = None, source: str = "strategy", *, resume: bool = False,
-                 overwrite: bool = False, restarted: bool = False, explicit: frozenset[str] = frozenset()):
+                 corpus: Corpus | None = None, source: str = "strategy", links: RankLinks | None = None, *,
+                 resume: bool = False, overwrite: bool = False, restarted: bool = False,
+                 explicit: frozenset[str] = frozenset()):
         """`out_dir` None: no metrics, no checkpoints (benchmarks); the other keywords: `pipeline_start`."""
         start = None
         if out_dir is not None:
@@ -72,7 +74,7 @@ class PipelineTrainer:
                                            restarted=restarted, explicit=explicit, source=source)
         checkpoint = start.checkpoint if start else None
         self.strategy = strategy
-        self.engine = PipelineEngine(strategy, config, options, source=source)
+        self.engine = PipelineEngine(strategy, config, options, source=source, links=links)
         self.config = self.engine.config
         self.model_config = self.engine.model_config
         self.topology, self.rank = self.engine.topology, self.engine.rank
