@@ -217,14 +217,16 @@ class CheckpointDir:
 
     def commit(self, step: int, manifest: dict, keep: int) -> str:
         """Complete checkpoint `step` once every shard is written: its manifest, then `latest`, then
-        remove all but the `keep` newest checkpoints up to `step` (and any beyond it, which belong to
-        the future of a run that was resumed from an earlier one)."""
+        remove all but the `keep` newest checkpoints up to `step`, any beyond it (the future of a run
+        that was resumed from an earlier one), and any earlier one left without its manifest (a
+        write that was killed)."""
         folder = self.folder(step)
         text = json.dumps({"format": FORMAT, **manifest}, indent=1).encode() + b"\n"
         atomic_write(os.path.join(folder, MANIFEST), lambda handle: handle.write(text))
         atomic_write(self.pointer, lambda handle: handle.write(os.path.basename(folder).encode() + b"\n"))
-        earlier = [s for s in self.steps() if s <= step]
-        for old in [s for s in self.steps() if s > step] + earlier[:-keep]:
+        complete = [s for s in self.steps() if s <= step and os.path.exists(os.path.join(self.folder(s), MANIFEST))]
+        incomplete = [s for s in self.steps() if s < step and s not in complete]
+        for old in [s for s in self.steps() if s > step] + incomplete + complete[:-keep]:
             if old != step:
                 shutil.rmtree(self.folder(old), ignore_errors=True)
         return folder
