@@ -100,9 +100,13 @@ def main(argv: list[str] | None = None) -> int:
                                        kernel_shaped=os.environ.get(KERNEL_SHAPED_ENV) == "1")
     torch.set_num_threads(options.threads)
     describe = rank_names(Topology.from_strategy(strategy))
-    dist.init_process_group("gloo", timeout=timedelta(seconds=options.rank_timeout))
-    rank, world_size = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    timeout = timedelta(seconds=options.rank_timeout)
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    # torchrun's agent keeps one store across restarts: a restarted attempt must not read the
+    # addresses the previous attempt's ranks published there.
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"h2/attempt/{attempt}/", store), rank=rank,
+                            world_size=world_size, timeout=timeout)
     watchdog = RankWatchdog.connect(rank, world_size, timeout_s=options.rank_timeout, describe=describe,
                                     attempt=attempt).start()
     try:
