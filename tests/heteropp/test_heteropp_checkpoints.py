@@ -106,6 +106,14 @@ def test_a_fresh_pipeline_run_refuses_a_folder_with_checkpoints_unless_overwriti
         pipeline_start(same, TrainConfig(steps=STEPS), checkpointed_at_2, source="s.yaml")
 
 
+def test_overwrite_starts_a_pipeline_run_over_removing_the_checkpoints_and_the_metrics(checkpointed_at_2, tmp_path):
+    out = copy_of(checkpointed_at_2, tmp_path)
+    start, _ = pipeline_start(strategy_from_mapping(ZERO1_PP2, "s.yaml"), TrainConfig(steps=STEPS), out,
+                              overwrite=True, source="s.yaml")
+    start.prepare()
+    assert (CheckpointDir(out).steps(), start.metrics.records()) == ([], [])
+
+
 def test_a_pipeline_checkpoint_is_refused_by_a_single_device_resume_and_says_how(checkpointed_at_2, tmp_path):
     from h2.train.trainer import Trainer
 
