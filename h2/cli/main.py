@@ -55,7 +55,6 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     from h2.cli.launch import launch
     from h2.core.cluster import load_cluster
     from h2.core.devices import resolve_device
-    from h2.core.links import rank_locations
     from h2.core.strategy import load_strategy
     from h2.train.pipeline import pipeline_start
     from heteropp.auto.evaluation import check_chips
@@ -79,7 +78,6 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     cluster = load_cluster(run.cluster) if run.cluster else None
     if cluster is not None:
         check_chips(strategy, cluster, run.strategy)
-        rank_locations(strategy, cluster, run.strategy)
     out = run.out or "runs/heteropp"
     explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
     pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
