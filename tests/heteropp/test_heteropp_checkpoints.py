@@ -145,8 +145,7 @@ def test_a_bf16_pipeline_without_tp_matches_the_bf16_single_device_trainer_withi
 
 def test_a_bf16_pipeline_with_tp_2_computes_the_bf16_single_device_trainers_first_loss_bit_for_bit():
     # The row-parallel partial sums are added before they are rounded to bf16, once, as the
-    # single-device product is. (Later steps differ by up to 3.1e-5: the column-parallel input
-    # gradients are still rounded on each TP rank before the group adds them; docs/heteropp.md.)
+    # single-device product is. (Later steps differ by up to 3.1e-5; docs/heteropp.md, bf16.)
     data = strategy([(1, 2, 1), (2, 2, 1)], micro_batches=4)
     records, _ = run_pipeline(data, 1, train={"dtype": "bf16"})
     assert records[0]["loss"] == run_reference(data, 1, dtype="bf16")[0]["loss"]
