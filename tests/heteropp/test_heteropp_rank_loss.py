@@ -180,4 +180,5 @@ def test_a_frozen_rank_makes_the_other_stop_within_the_timeout_naming_it(tmp_pat
         os.kill(ranks[1], signal.SIGKILL)
     _, stderr = job.communicate(timeout=120)
     assert "rank 1 (stage 1, chip emu-small) stopped responding (no heartbeat for 20 s" in stderr
-    assert TIMEOUT_S <= stopped_after_s < TIMEOUT_S + 5
+    # Silent for the timeout since its last heartbeat, which came up to one beat (1 s) before the freeze.
+    assert TIMEOUT_S - 1 <= stopped_after_s < TIMEOUT_S + 5
