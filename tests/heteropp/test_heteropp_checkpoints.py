@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 
 import pytest
 
 from h2.core.errors import UserError
+from h2.core.ranks import RankFailure, run_ranks
 from h2.core.strategy import strategy_from_mapping
 from h2.core.training import TrainConfig
 from h2.train.checkpoint import MANIFEST, CheckpointDir
 from h2.train.pipeline import pipeline_start
-from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
+from heteropp_launch import _rank_main, max_relative_loss_difference, run_pipeline, run_reference
 
 pytestmark = pytest.mark.slow
 
@@ -131,6 +133,32 @@ def test_a_checkpoint_left_without_its_manifest_by_a_kill_is_skipped_for_the_pre
     records, _ = run_pipeline(ZERO1_PP2, STEPS, out_dir=out, start={"resume": True}, optimizer_sharding="zero1")
     assert trajectory(records) == trajectory(uninterrupted)
     assert checkpoints.steps() == [2, 4]
+
+
+def _killed_renaming_the_manifest(rank: int, world_size: int, step_folder: str, *args):
+    """A rank of `_rank_main` that dies by SIGKILL when it is about to rename `step_folder`'s
+    manifest into place (written to its temporary file, not yet renamed)."""
+    from h2.train import checkpoint
+
+    def replace(src, dst):
+        if dst == os.path.join(step_folder, MANIFEST):
+            os.kill(os.getpid(), signal.SIGKILL)
+        os.rename(src, dst)
+
+    checkpoint.os.replace = replace
+    return _rank_main(rank, world_size, *args)
+
+
+def test_a_rank_killed_while_writing_a_checkpoint_leaves_the_previous_one_to_resume_from(tmp_path, uninterrupted):
+    out = str(tmp_path / "pp")
+    step_4 = CheckpointDir(out).folder(4)
+    with pytest.raises(RankFailure, match="rank 0 of 3"):
+        run_ranks(_killed_renaming_the_manifest, 3, (step_4, ZERO1_PP2, STEPS, out, {"optimizer_sharding": "zero1"},
+                                                       HALF, {}),
+                  timeout=300, start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
+    assert CheckpointDir(out).latest_step() == 2 and not os.path.exists(os.path.join(step_4, MANIFEST))
+    records, _ = run_pipeline(ZERO1_PP2, STEPS, out_dir=out, start={"resume": True}, optimizer_sharding="zero1")
+    assert trajectory(records) == trajectory(uninterrupted)
 
 
 BF16_STEPS = 10
