@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import time
 
 from h2.core import flags
@@ -92,8 +93,7 @@ def _launch(args: argparse.Namespace) -> int:
     supervisor.start(Child("master", master_argv + (["--resume"] if args.resume else []), None,
                            restart_argv=lambda: master_argv + ["--resume"], restart_delay_s=1.0))
     for index in range(config.shards):
-        shard_argv = ["-m", "h2.cli.main", "ps", "shard", "--master", master, "--index", str(index), "--host", host,
-                      "--control-port", str(free_port()), "--data-port", str(free_port())]
+        shard_argv = ["-m", "h2.cli.main", "ps", "shard", "--master", master, "--index", str(index), "--host", host]
         supervisor.start(Child(f"shard-{index}", shard_argv, os.path.join(out, "logs", f"shard-{index}.log"),
                                restart_argv=lambda argv=shard_argv: argv, restart_delay_s=1.0))
     rejoin_after_s = (config.missed_beats + 1) * config.heartbeat_s
@@ -113,6 +113,7 @@ def _launch(args: argparse.Namespace) -> int:
         f"logs in {out}/logs; emulated cluster speeds: "
         + ", ".join(f"{s.id} {s.step_time_s:g} s/step" if s.step_time_s else f"{s.id} unpaced" for s in config.clusters))
     started = time.monotonic()
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while supervisor.running(clusters):
             elapsed = time.monotonic() - started
@@ -134,6 +135,10 @@ def _launch(args: argparse.Namespace) -> int:
         say(f"clusters that failed: {failed} (see {out}/logs)")
         return 1
     return 0
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
 
 
 def _summary(out: str, config, say) -> None:

@@ -49,8 +49,7 @@ class SyncResult:
 class LayerClient:
     """Pushes and pulls named full-model tensors to and from the shards that hold their layers."""
 
-    def __init__(self, routes: list[dict], model: str):
-        layers = model_layers(preset(model))
+    def __init__(self, routes: list[dict], layers: list[Layer]):
         self.routes = {r["index"]: Route(r["index"], layers[r["index"]], r["address"]) for r in routes}
         self.by_name = {route.layer.name: route for route in self.routes.values()}
 
@@ -124,10 +123,15 @@ class ClusterClient:
         self.partition, self.partitions = reply["partition"], reply["partitions"]
         self.inner_steps, self.heartbeat_s = reply["inner_steps"], reply["heartbeat_s"]
         self.model, self.eval_sequences = reply["model"], reply["eval_sequences"]
-        self.layers = LayerClient(reply["routes"], self.model)
+        self.model_layers = model_layers(preset(self.model))
+        self.follow(reply["routes"])
         self.finished = reply["finished"]
         self.needs_rejoin = False
         return reply
+
+    def follow(self, routes: list[dict]) -> None:
+        """Use the shards' current addresses (a restarted shard listens on a new port)."""
+        self.layers = LayerClient(routes, self.model_layers)
 
     def _join_when_ready(self) -> dict:
         deadline = time.monotonic() + GIVE_UP_S
@@ -164,7 +168,10 @@ class ClusterClient:
 
     # ---- the steps of a sync point (the pipeline trainer runs them on different ranks) ----------
     def request_push(self) -> dict:
-        return self.call("RequestPush", base_version=self.version)
+        reply = self.call("RequestPush", base_version=self.version)
+        if "routes" in reply:
+            self.follow(reply["routes"])
+        return reply
 
     def commit(self, ticket: int, tokens: int, loss: float | None) -> dict:
         return self.call("CommitPush", ticket=ticket, tokens=tokens, loss=loss)
@@ -173,6 +180,8 @@ class ClusterClient:
         while True:
             reply = self.call("AwaitRound", ticket=ticket, wait_s=5.0)
             self.finished = reply.get("finished", self.finished)
+            if "routes" in reply:
+                self.follow(reply["routes"])
             if reply["status"] != "pending":
                 return reply
 
@@ -230,6 +239,12 @@ class ClusterClient:
         except (Unreachable, DataFlowError) as error:
             return SyncResult("skipped", self.version, reason=str(error), finished=self.finished)
 
-    def close(self) -> None:
+    def close(self, leave: bool = True) -> None:
+        """Stop beating; with `leave`, tell the master this cluster is done (it is not waited for)."""
         self.stopped.set()
+        if leave:
+            try:
+                self.master.call("Leave", timeout_s=2.0, cluster=self.cluster_id, session=self.session)
+            except (Rejected, Unreachable):
+                pass
         self.master.close()

@@ -131,7 +131,7 @@ class Master:
         self.stopped = threading.Event()
         self.fanout = ThreadPoolExecutor(max_workers=max(2, config.shards), thread_name_prefix="ps-master-fanout")
         handlers = {"Join": self._join, "Beat": self._beat, "RequestPush": self._request_push,
-                    "CommitPush": self._commit_push, "AwaitRound": self._await_round, "Pulled": self._pulled,
+                    "CommitPush": self._commit_push, "AwaitRound": self._await_round, "Pulled": self._pulled, "Leave": self._leave,
                     "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard, "ShardBeat": self._shard_beat,
                     "Status": self._status}
         self.server, self.port = serve(handlers, config.host, port, what="master", max_workers=64)
@@ -230,7 +230,8 @@ class Master:
         # Stagger: concurrent pushers start on different shards.
         offset = pushing % len(shards)
         order = sorted(self.routes(), key=lambda route: ((route["shard"] - offset) % len(shards), route["index"]))
-        return {"status": "push", "ticket": ticket, "order": [route["index"] for route in order]}
+        return {"status": "push", "ticket": ticket, "order": [route["index"] for route in order],
+                "routes": self.routes()}
 
     def _commit_push(self, request: dict) -> dict:
         ticket = int(request["ticket"])
@@ -271,7 +272,16 @@ class Master:
             outcome = self.outcomes.pop(ticket)
             self.pushes.pop(ticket, None)
             return {"status": outcome.status, "version": outcome.version, "round": outcome.round,
-                    "reason": outcome.reason, "finished": self.finished}
+                    "reason": outcome.reason, "finished": self.finished, "routes": self.routes()}
+
+    def _leave(self, request: dict) -> dict:
+        with self.lock:
+            record = self._cluster(request)
+            record.active, record.session = False, ""
+            self.pending = [push for push in self.pending if push.cluster != record.id]
+            self.events.write("leave", f"cluster {record.id} left the run", cluster=record.id)
+            self.changed.notify_all()
+        return {}
 
     def _pulled(self, request: dict) -> dict:
         with self.lock:
@@ -479,9 +489,14 @@ class Master:
                 pass
         except KeyboardInterrupt:
             pass
+        self.close()
+
+    def close(self) -> None:
         self.stopped.set()
         with self.lock:
             self.changed.notify_all()
         self.server.stop(0)
+        for thread in self.threads:
+            thread.join(timeout=5)
         self.events.write("stop", f"stopped at version {self.state.version}, round {self.state.round}",
                           version=self.state.version, round=self.state.round)

@@ -285,6 +285,10 @@ class ShardServer:
                 pass
         except KeyboardInterrupt:
             pass
+        self.close()
+
+    def close(self) -> None:
+        self.stopped.set()
         self.control.stop(0)
         self.data.close()
         log(self.index, f"stopped at version {self.state.version}")

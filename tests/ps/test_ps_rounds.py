@@ -1,0 +1,63 @@
+"""Rounds through the real master and shards (in-process): the reduction to the single-device trainer,
+and the penalty rejecting a NaN push while the other cluster's update proceeds."""
+
+import json
+import math
+import threading
+
+import pytest
+import torch
+
+from h2.core.dips import OuterOptions, PSOptions
+from h2.core.model_config import preset
+from h2.core.training import TrainConfig
+from h2.model.transformer import Transformer
+from h2.ps.client import ClusterClient, Outliers
+from h2.train.ps_sync import run_with_ps
+from h2.train.trainer import Trainer
+from ps_harness import running_ps
+
+STEPS = 6
+
+
+def test_one_cluster_with_h1_and_outer_sgd_lr1_trains_exactly_like_the_single_device_trainer(tmp_path):
+    config = TrainConfig(steps=STEPS, checkpoint_every=0, micro_batch_size=4)
+    reference = Trainer(preset("tiny"), config, str(tmp_path / "reference"), show_progress=False).run()
+    with running_ps(tmp_path / "ps", clusters=("solo",), shards=2, mode="sync", inner_steps=1, eval_sequences=0,
+                    outer=OuterOptions(optimizer="sgd", lr=1.0, momentum=0.0)) as (_, _, address):
+        trainer = Trainer(preset("tiny"), config, str(tmp_path / "cluster"), show_progress=False)
+        records = run_with_ps(trainer, PSOptions(ps=address, cluster_id="solo"), show_progress=False,
+                              log=lambda _: None)
+    assert len(records) == STEPS
+    for ours, theirs in zip(records, reference):
+        assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-5), ours["step"]
+
+
+def model_tensors() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {name: param.detach().clone() for name, param in Transformer(preset("tiny")).named_parameters()}
+
+
+def test_a_nan_push_is_rejected_and_logged_while_the_other_clusters_update_proceeds(tmp_path):
+    with running_ps(tmp_path, clusters=("good", "bad"), mode="dips", grace_s=2.0) as (_, _, address):
+        clients = {cid: ClusterClient(address, cid, log=lambda _: None,
+                                      outliers=Outliers("nan" if cid == "bad" else "none")) for cid in ("good", "bad")}
+        tensors = {cid: model_tensors() for cid in clients}
+        for value in tensors["good"].values():
+            value -= 0.001
+        results = {}
+        threads = [threading.Thread(target=lambda cid=cid: results.__setitem__(
+            cid, clients[cid].sync(tensors[cid], tokens=512, loss=3.0))) for cid in clients]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for client in clients.values():
+            client.close()
+    events = [json.loads(line) for line in open(tmp_path / "rounds.jsonl")]
+    rounds = [event for event in events if event["event"] == "round"]
+    assert (rounds[0]["accepted"], rounds[0]["rejected"]["bad"]["reason"]) == (["good"], "norm is nan")
+    assert (results["good"].status, results["bad"].status) == ("applied", "rejected")
+    assert results["good"].version == 1
+    assert all(torch.isfinite(value).all() for value in tensors["bad"].values())  # it pulled the new version
+    assert math.isfinite(rounds[0]["update_norm"])
