@@ -18,10 +18,11 @@ import sys
 from datetime import timedelta
 
 from h2.core import flags
+from h2.core.dips import PSOptions
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 
-JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
+JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions, PSOptions)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_flags(parser.add_argument_group("run"), RunOptions, exclude=("resume", "overwrite", "quiet", "nproc"))
     flags.add_flags(parser.add_argument_group("training"), TrainConfig)
     flags.add_flags(parser.add_argument_group("pipeline"), PipelineOptions)
+    flags.add_flags(parser.add_argument_group("Di-PS cluster"), PSOptions)
     return parser
 
 
@@ -69,13 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         trainer = PipelineTrainer(strategy, config, run.out or "runs/heteropp", options, source=run.strategy)
         if trainer.rank == 0:
             print(trainer.topology.describe(default_device=trainer.config.device), flush=True)
-        records = []
-        while trainer.step < trainer.config.steps:
-            record = trainer.train_step()
-            records.append(record)
+        ps = flags.build(PSOptions, values)
+
+        def show(record: dict) -> None:
             if trainer.writes_metrics and (record["step"] % options.log_every == 0
                                            or record["step"] == trainer.config.steps):
                 _print_progress(record)
+
+        if ps.ps:
+            from h2.train.ps_pipeline import run_pipeline_with_ps
+            records = run_pipeline_with_ps(trainer, ps, on_step=show)
+        else:
+            records = []
+            while trainer.step < trainer.config.steps:
+                records.append(trainer.train_step())
+                show(records[-1])
         if trainer.writes_metrics and records:
             tokens = sum(r["tokens"] for r in records)
             seconds = sum(r["step_time_s"] for r in records)
