@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 
 from h2.core import flags
 from h2.core.dips import PSOptions, load_dips_config, parse_address
@@ -46,13 +47,43 @@ def _shard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_kill(text: str) -> tuple[str, float]:
+@dataclass
+class Kill:
+    """Fault injection: SIGKILL a process after `seconds`, or once `rounds` rounds are logged."""
+    name: str
+    seconds: float | None = None
+    rounds: int | None = None
+
+    def due(self, elapsed: float, rounds: int) -> bool:
+        return elapsed >= self.seconds if self.seconds is not None else rounds >= self.rounds
+
+
+def _parse_kill(text: str) -> Kill:
     name, _, at = text.partition("@")
     try:
-        seconds = float(at)
+        if at.startswith("r"):
+            return Kill(name, rounds=int(at[1:]))
+        return Kill(name, seconds=float(at))
     except ValueError:
-        raise UserError(f"--kill {text!r}: expected NAME@SECONDS (master, shard-0, cluster-c1)") from None
-    return name, seconds
+        raise UserError(f"--kill {text!r}: expected NAME@SECONDS or NAME@rROUNDS (master, shard-0, cluster-c1)") \
+            from None
+
+
+class RoundCounter:
+    """How many rounds the master has logged (read as the log grows)."""
+
+    def __init__(self, path: str):
+        self.path, self.offset, self.rounds = path, 0, 0
+
+    def count(self) -> int:
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as handle:
+                handle.seek(self.offset)
+                text = handle.read()
+            complete = text[:text.rfind("\n") + 1]
+            self.offset += len(complete.encode("utf-8"))
+            self.rounds += complete.count('"event": "round"')
+        return self.rounds
 
 
 def _cluster_job(config, spec, out: str, master: str, resume: bool) -> list[str]:
@@ -94,7 +125,8 @@ def _launch(args: argparse.Namespace) -> int:
                            restart_argv=lambda: master_argv + ["--resume"], restart_delay_s=1.0))
     for index in range(config.shards):
         shard_argv = ["-m", "h2.cli.main", "ps", "shard", "--master", master, "--index", str(index), "--host", host]
-        supervisor.start(Child(f"shard-{index}", shard_argv, os.path.join(out, "logs", f"shard-{index}.log"),
+        crash = ["--crash-at-round", str(args.shard_crash_at_round)] if index == 0 and args.shard_crash_at_round else []
+        supervisor.start(Child(f"shard-{index}", shard_argv + crash, os.path.join(out, "logs", f"shard-{index}.log"),
                                restart_argv=lambda argv=shard_argv: argv, restart_delay_s=1.0))
     rejoin_after_s = (config.missed_beats + 1) * config.heartbeat_s
     clusters = []
@@ -105,7 +137,7 @@ def _launch(args: argparse.Namespace) -> int:
                                os.path.join(out, "logs", f"{name}.log"),
                                restart_argv=lambda spec=spec: _cluster_job(config, spec, out, master, True),
                                restart_delay_s=rejoin_after_s))
-    unknown = [name for name, _ in kills if name not in supervisor.children]
+    unknown = [kill.name for kill in kills if kill.name not in supervisor.children]
     if unknown:
         supervisor.stop_all()
         raise UserError(f"--kill {unknown[0]}: no such process (have {', '.join(supervisor.children)})")
@@ -113,14 +145,14 @@ def _launch(args: argparse.Namespace) -> int:
         f"logs in {out}/logs; emulated cluster speeds: "
         + ", ".join(f"{s.id} {s.step_time_s:g} s/step" if s.step_time_s else f"{s.id} unpaced" for s in config.clusters))
     started = time.monotonic()
+    rounds = RoundCounter(os.path.join(out, "rounds.jsonl"))
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         while supervisor.running(clusters):
             elapsed = time.monotonic() - started
-            for name, at in list(kills):
-                if elapsed >= at:
-                    supervisor.kill(name)
-                    kills.remove((name, at))
+            for kill in [kill for kill in kills if kill.due(elapsed, rounds.count())]:
+                supervisor.kill(kill.name)
+                kills.remove(kill)
             supervisor.poll()
             if args.time_limit and elapsed > args.time_limit:
                 say(f"time limit {args.time_limit:g} s reached: stopping")
@@ -196,8 +228,10 @@ def add_commands(sub) -> None:
     launch.add_argument("--resume", action="store_true", help="continue the run in the file's out folder")
     launch.add_argument("--overwrite", action="store_true", help="start over in an out folder that holds a run")
     launch.add_argument("--kill", action="append", default=[], metavar="NAME@SECONDS",
-                        help="fault injection: SIGKILL master, shard-I or cluster-ID that many seconds in "
-                             "(repeatable); it is restarted like a scheduler would")
+                        help="fault injection: SIGKILL master, shard-I or cluster-ID that many seconds in, or "
+                             "NAME@rN once N rounds are done (repeatable); it is restarted as a scheduler would")
+    launch.add_argument("--shard-crash-at-round", type=int, default=0, metavar="N",
+                        help="fault injection: shard 0 exits while preparing round N (its first start only)")
     launch.add_argument("--time-limit", type=float, default=0.0, metavar="SECONDS",
                         help="stop the run after this long (0: when every cluster stopped)")
     launch.set_defaults(handler=_launch)

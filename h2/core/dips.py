@@ -57,6 +57,7 @@ class DipsConfig:
     grace_s: float = 1.0                 # mode dips: the window every arrival re-arms
     heartbeat_s: float = 1.0             # clusters and shards beat this often
     missed_beats: int = 3                # ... and are dropped after this many missed beats
+    transfer_timeout_s: float = 30.0     # a layer's push or pull that takes longer fails (the sync point is skipped)
     host: str = "127.0.0.1"              # where the master and the shards listen
     master_port: int = 0                 # the master's gRPC port (0: the launcher picks a free one)
     shards: int = 2                      # shard servers; the model's layers are split over them
@@ -85,6 +86,7 @@ def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
         ("grace_s", config.grace_s >= 0, "must be 0 or positive"),
         ("heartbeat_s", config.heartbeat_s > 0, "must be positive"),
         ("missed_beats", config.missed_beats >= 1, "must be at least 1"),
+        ("transfer_timeout_s", config.transfer_timeout_s > 0, "must be positive"),
         ("master_port", 0 <= config.master_port <= 65535, "must be a TCP port (0: pick a free one)"),
         ("shards", config.shards >= 1, "must be at least 1"),
         ("eval_sequences", config.eval_sequences >= 0, "must be 0 or positive"),

@@ -106,10 +106,12 @@ def build(config: type, values: dict[str, Any]):
 
 
 def write_job(path: str | os.PathLike, *instances) -> None:
-    """Write the given config instances as one flat job file (read back by `job_values`)."""
+    """Write the given config instances as one flat job file (read back by `job_values`). Options left
+    unset (None) are left out, so that reading the file back does not count them as given."""
     data: dict[str, Any] = {}
     for instance in instances:
         for f in _flag_fields(type(instance)):
-            data[f.name] = getattr(instance, f.name)
+            if getattr(instance, f.name) is not None:
+                data[f.name] = getattr(instance, f.name)
     with open(path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(data, handle, sort_keys=False)

@@ -49,7 +49,8 @@ class SyncResult:
 class LayerClient:
     """Pushes and pulls named full-model tensors to and from the shards that hold their layers."""
 
-    def __init__(self, routes: list[dict], layers: list[Layer]):
+    def __init__(self, routes: list[dict], layers: list[Layer], timeout_s: float = 30.0):
+        self.timeout_s = timeout_s
         self.routes = {r["index"]: Route(r["index"], layers[r["index"]], r["address"]) for r in routes}
         self.by_name = {route.layer.name: route for route in self.routes.values()}
 
@@ -60,14 +61,15 @@ class LayerClient:
 
     def push(self, ticket: int, tensors: dict[str, torch.Tensor], layer_names: list[str], order: list[int] | None,
              transform: Callable[[Layer, torch.Tensor], torch.Tensor] | None = None) -> int:
-        return push_layers(self.routes_for(layer_names, order), ticket, tensors, transform=transform)
+        return push_layers(self.routes_for(layer_names, order), ticket, tensors, transform=transform,
+                           timeout_s=self.timeout_s)
 
     def pull(self, version: int, tensors: dict[str, torch.Tensor], layer_names: list[str]) -> int:
         def write(layer: Layer, vector: torch.Tensor) -> None:
             with torch.no_grad():
                 for name, value in unflatten(layer, vector).items():
                     tensors[name].copy_(value)
-        return pull_layers(self.routes_for(layer_names), version, write)
+        return pull_layers(self.routes_for(layer_names), version, write, timeout_s=self.timeout_s)
 
 
 @dataclass
@@ -124,6 +126,7 @@ class ClusterClient:
         self.inner_steps, self.heartbeat_s = reply["inner_steps"], reply["heartbeat_s"]
         self.model, self.eval_sequences = reply["model"], reply["eval_sequences"]
         self.model_layers = model_layers(preset(self.model))
+        self.transfer_timeout_s = reply["transfer_timeout_s"]
         self.follow(reply["routes"])
         self.finished = reply["finished"]
         self.needs_rejoin = False
@@ -131,7 +134,7 @@ class ClusterClient:
 
     def follow(self, routes: list[dict]) -> None:
         """Use the shards' current addresses (a restarted shard listens on a new port)."""
-        self.layers = LayerClient(routes, self.model_layers)
+        self.layers = LayerClient(routes, self.model_layers, self.transfer_timeout_s)
 
     def _join_when_ready(self) -> dict:
         deadline = time.monotonic() + GIVE_UP_S

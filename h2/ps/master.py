@@ -200,7 +200,8 @@ class Master:
             return {"session": record.session, "partition": record.partition, "partitions": len(self.clusters),
                     "inner_steps": self.config.inner_steps, "heartbeat_s": self.config.heartbeat_s,
                     "version": self.state.version, "routes": self.routes(), "model": self.config.model,
-                    "eval_sequences": self.config.eval_sequences, "finished": self.finished}
+                    "eval_sequences": self.config.eval_sequences, "transfer_timeout_s": self.config.transfer_timeout_s,
+                    "finished": self.finished}
 
     def _beat(self, request: dict) -> dict:
         with self.lock:

@@ -5,6 +5,7 @@ and the shards in the paper's deployment).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -28,6 +29,18 @@ class Child:
     reaped: bool = False              # this process's exit was noticed
 
 
+MAX_RESTARTS = 10
+BAD_INPUT = 2   # a child that refused its input will refuse it again: it is not restarted
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: receive SIGTERM when the launcher dies, however it dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class Supervisor:
     def __init__(self, say: Callable[[str], None], env: dict | None = None):
         self.children: dict[str, Child] = {}
@@ -40,7 +53,7 @@ class Supervisor:
         out = open(child.log_path, "a", encoding="utf-8") if child.log_path else None
         try:
             child.process = subprocess.Popen([sys.executable, *argv], stdout=out or None, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=self.env)
+                                             stdin=subprocess.DEVNULL, env=self.env, preexec_fn=_die_with_parent)
         finally:
             if out:
                 out.close()
@@ -64,7 +77,12 @@ class Supervisor:
             if code is not None and not child.reaped:
                 child.reaped = True
                 child.exit_codes.append(code)
-                if code != 0 and child.restart_argv is not None:
+                if code in (0, BAD_INPUT) or child.restart_argv is None:
+                    if code:
+                        self.say(f"{child.name} exited with {code} (see its log): not restarted")
+                elif child.starts > MAX_RESTARTS:
+                    self.say(f"{child.name} exited with {code} after {child.starts} starts: giving up on it")
+                else:
                     child.restart_at = now + child.restart_delay_s
                     self.say(f"{child.name} exited with {code}: restarting it in {child.restart_delay_s:g} s")
             if child.restart_at is not None and now >= child.restart_at:

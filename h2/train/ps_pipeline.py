@@ -53,6 +53,7 @@ class StageSync:
         self.named = list(engine.stage.named_parameters())
         self.layers_range = engine.stage_info.layers
         layers = self.model_layers = model_layers(preset(join["model"]))
+        self.transfer_timeout_s = join["transfer_timeout_s"]
         self.follow(join["routes"])
         self.layer_names = sorted({layer_of(full_name(name, self.layers_range)) for name, _ in self.named})
         by_name = {layer.name: layer for layer in layers}
@@ -62,7 +63,7 @@ class StageSync:
 
     def follow(self, routes: list[dict]) -> None:
         """Use the shards' current addresses."""
-        self.layers = LayerClient(routes, self.model_layers)
+        self.layers = LayerClient(routes, self.model_layers, self.transfer_timeout_s)
 
     def push(self, ticket: int, order: list[int]) -> bool:
         ok = True
@@ -99,7 +100,8 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
         client = ClusterClient(options.ps, options.cluster_id, log=say)
         join = {"routes": [{"index": route.index, "address": route.address} for route in client.layers.routes.values()],
                 "model": client.model, "version": client.version, "inner_steps": client.inner_steps,
-                "partition": client.partition, "partitions": client.partitions}
+                "partition": client.partition, "partitions": client.partitions,
+                "transfer_timeout_s": client.transfer_timeout_s}
     join = _broadcast(join, engine.groups.everyone)
     if options.outlier != "none":
         raise UserError("--outlier is fault injection for single-device clusters, not for --strategy pipelines")

@@ -33,6 +33,20 @@ def test_one_cluster_with_h1_and_outer_sgd_lr1_trains_exactly_like_the_single_de
         assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-5), ours["step"]
 
 
+def test_after_an_outer_sgd_step_of_lr_half_the_cluster_holds_the_midpoint_of_global_and_local(tmp_path):
+    config = TrainConfig(steps=1, checkpoint_every=0, micro_batch_size=4)
+    initial = model_tensors()
+    reference = Trainer(preset("tiny"), config, str(tmp_path / "reference"), show_progress=False)
+    reference.run()
+    with running_ps(tmp_path / "ps", clusters=("solo",), mode="sync", inner_steps=1, eval_sequences=0,
+                    outer=OuterOptions(optimizer="sgd", lr=0.5, momentum=0.0)) as (_, _, address):
+        trainer = Trainer(preset("tiny"), config, str(tmp_path / "cluster"), show_progress=False)
+        run_with_ps(trainer, PSOptions(ps=address, cluster_id="solo"), show_progress=False, log=lambda _: None)
+    trained = dict(reference.model.named_parameters())
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(param.detach(), (initial[name] + trained[name].detach()) / 2, rtol=0, atol=1e-6)
+
+
 def model_tensors() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     return {name: param.detach().clone() for name, param in Transformer(preset("tiny")).named_parameters()}
