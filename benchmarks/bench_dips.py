@@ -49,8 +49,18 @@ def launch(base: dict, mode: str, out: str, outlier: str | None, extra: list[str
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
     finally:
         os.remove(path)
+    return measure(base, mode, out)
+
+
+def measure(base: dict, mode: str, out: str) -> dict:
+    """The run's global loss curve from its logs; time 0 is when the last cluster first joined (the
+    processes' start-up, torch's import on a busy host, is not part of what is emulated)."""
     events = read_jsonl(os.path.join(out, "rounds.jsonl"))
-    start = next(e["time"] for e in events if e["event"] == "start")
+    first_join: dict[str, float] = {}
+    for event in events:
+        if event["event"] == "join":
+            first_join.setdefault(event["cluster"], event["time"])
+    start = max(first_join.values())
     first_seen: dict[int, tuple[float, float]] = {}
     overruns, steps = 0, 0
     for cluster in base["clusters"]:
@@ -83,34 +93,37 @@ def main() -> int:
     parser.add_argument("--target", type=float, help="target loss (default: sync's final loss)")
     parser.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_dips"))
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--report-only", action="store_true", help="no runs: report the runs already in --out")
     args = parser.parse_args()
     with open(args.config, encoding="utf-8") as handle:
         base = yaml.safe_load(handle)
     print(f"{len(base['clusters'])} clusters, emulated step times "
           f"{', '.join(str(c['step_time_s']) for c in base['clusters'])} s, H={base['inner_steps']}, "
           f"{base['tokens']:,} tokens; load {os.getloadavg()[0]:.2f}", flush=True)
+    run = launch if not args.report_only else (lambda base, mode, out, *_: measure(base, mode, out))
     results = {}
     for mode in args.modes.split(","):
-        results[mode] = launch(base, mode, os.path.join(args.out, mode), None)
+        results[mode] = run(base, mode, os.path.join(args.out, mode), None)
         r = results[mode]
         print(f"  ran {mode}: {r['rounds']} rounds, final loss {r['final_loss']:.4f} at {r['final_time_s']:.1f} s; "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
     if args.outliers:
         for mode in ("async", "dips"):
             key = f"{mode}+outliers"
-            results[key] = launch(base, mode, os.path.join(args.out, key), args.outliers)
+            results[key] = run(base, mode, os.path.join(args.out, key), args.outliers)
             r = results[key]
             print(f"  ran {key}: {r['rounds']} rounds, final loss {r['final_loss']:.4f}, {r['rejected']} rejected; "
                   f"load {os.getloadavg()[0]:.2f}", flush=True)
     if args.faults:
-        results["dips+faults"] = launch(base, "dips", os.path.join(args.out, "dips+faults"), None, FAULTS)
+        results["dips+faults"] = run(base, "dips", os.path.join(args.out, "dips+faults"), None, FAULTS)
         r = results["dips+faults"]
         print(f"  ran dips+faults: {r['rounds']} rounds, final loss {r['final_loss']:.4f}; "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
     baseline = results.get("sync")
     target = args.target or baseline["final_loss"]
     base_time = time_to(baseline["curve"], target) if baseline else None
-    print(f"\ntarget held-out loss {target:.4f} (sync's final loss unless --target); times from the master's start")
+    print(f"\ntarget held-out loss {target:.4f} (sync's final loss unless --target); "
+          f"times from the moment every cluster had joined")
     print(f"{'run':<16}{'rounds':>7}{'final loss':>12}{'vs sync':>9}{'time to target':>16}{'speedup':>9}"
           f"{'rejected':>10}{'overruns':>10}")
     for key, r in results.items():

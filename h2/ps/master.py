@@ -23,7 +23,6 @@ import json
 import math
 import os
 import random
-import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +33,7 @@ from h2.core.errors import UserError
 from h2.core.model_config import preset
 from h2.ps import penalty
 from h2.ps.layout import assign_layers, model_layers
-from h2.ps.rpc import Control, Rejected, Unreachable, serve
+from h2.ps.rpc import Control, Rejected, Unreachable, serve, wait_until_stopped
 
 
 @dataclass
@@ -484,12 +483,7 @@ class Master:
                           participants=[push.cluster for push in batch])
 
     def serve_forever(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stopped.set())
-        try:
-            while not self.stopped.wait(0.5):
-                pass
-        except KeyboardInterrupt:
-            pass
+        wait_until_stopped(self.stopped)
         self.close()
 
     def close(self) -> None:

@@ -11,6 +11,8 @@ read, and one that is not a JSON object is refused by name.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -107,3 +109,14 @@ class Control:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def wait_until_stopped(stopped: threading.Event) -> None:
+    """Block a server process's main thread until SIGTERM, Ctrl-C or `stopped` is set."""
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        while not stopped.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    stopped.set()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +28,7 @@ from h2.model.transformer import Transformer
 from h2.ps import outer
 from h2.ps.datapath import LayerServer, Refused
 from h2.ps.layout import Layer, flatten, model_layers
-from h2.ps.rpc import Control, Rejected, Unreachable, serve
+from h2.ps.rpc import Control, Rejected, Unreachable, serve, wait_until_stopped
 
 _SNAPSHOT = re.compile(r"^v(\d+)\.pt$")
 KEEP_SNAPSHOTS = 3
@@ -279,12 +278,7 @@ class ShardServer:
                 "refused_frames": self.data.refused}
 
     def serve_forever(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stopped.set())
-        try:
-            while not self.stopped.wait(0.5):
-                pass
-        except KeyboardInterrupt:
-            pass
+        wait_until_stopped(self.stopped)
         self.close()
 
     def close(self) -> None:

@@ -85,3 +85,10 @@ def test_a_control_request_that_is_not_json_is_refused_by_name(ps):
 def test_a_port_in_use_is_one_line(ps):
     with pytest.raises(UserError, match=rf"^master: cannot listen on 127.0.0.1:{ps[0].port} \(port in use"):
         rpc.serve({}, "127.0.0.1", ps[0].port, what="master")
+
+
+def test_a_control_request_over_4_mib_is_refused_before_it_is_read_and_the_master_keeps_serving(ps):
+    control = Control(ps[2])
+    with pytest.raises(Rejected, match="RESOURCE_EXHAUSTED|larger than max|Received message larger"):
+        control.call("Join", cluster="x" * (5 << 20))
+    assert control.call("Status")["mode"] == "dips"
