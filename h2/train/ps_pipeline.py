@@ -114,6 +114,8 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
     if not stage.pull(join["version"]):
         raise UserError(f"--ps {options.ps}: pulling the global model's version {join['version']} failed")
     pacer = Pacer(options.pace_step_s)
+    if options.pace_step_s:
+        say(f"emulated cluster speed: every step padded to {options.pace_step_s:g} s by sleeping")
     records, tokens, losses = [], 0, []
     try:
         while trainer.step < trainer.config.steps:

@@ -78,6 +78,8 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
         say(f"step {trainer.step}: {result.status} -> version {result.version}{why}; push {result.push_s:.3f} s, "
             f"wait {result.wait_s:.3f} s, pull {result.pull_s:.3f} s{shown}")
 
+    if options.pace_step_s:
+        say(f"emulated cluster speed: every step padded to {options.pace_step_s:g} s by sleeping")
     started = time.perf_counter()
     nbytes = client.pull_all(tensors, client.version)
     record_sync(SyncResult("joined", client.version, pull_s=time.perf_counter() - started, bytes_pulled=nbytes,
