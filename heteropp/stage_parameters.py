@@ -33,7 +33,8 @@ def split_dim(name: str) -> int | None:
     return 1 if any(f".{proj}." in name for proj in _ROW_PARALLEL) else 0
 
 
-def gather_full(named: list[tuple[str, torch.Tensor]], layers: range, tp_group, tp_size: int) -> dict[str, torch.Tensor]:
+def gather_full(named: list[tuple[str, torch.Tensor]], layers: range, tp_group,
+                tp_size: int) -> dict[str, torch.Tensor]:
     """The stage's parameters, whole, by full-model name (every rank of the TP group takes part)."""
     whole = {}
     for name, param in named:

@@ -143,7 +143,8 @@ def _launch(args: argparse.Namespace) -> int:
         raise UserError(f"--kill {unknown[0]}: no such process (have {', '.join(supervisor.children)})")
     say(f"{config.mode} run of {len(clusters)} clusters and {config.shards} shards, master {master}; "
         f"logs in {out}/logs; emulated cluster speeds: "
-        + ", ".join(f"{s.id} {s.step_time_s:g} s/step" if s.step_time_s else f"{s.id} unpaced" for s in config.clusters))
+        + ", ".join(f"{s.id} {s.step_time_s:g} s/step" if s.step_time_s else f"{s.id} unpaced"
+                    for s in config.clusters))
     started = time.monotonic()
     rounds = RoundCounter(os.path.join(out, "rounds.jsonl"))
     signal.signal(signal.SIGTERM, _interrupt)

@@ -228,7 +228,8 @@ class ClusterClient:
                                   bytes_pushed=pushed, finished=self.finished)
             outcome = self.await_round(plan["ticket"])
             waited = time.perf_counter()
-            result = SyncResult(outcome["status"], outcome["version"], outcome.get("round", 0), outcome.get("reason", ""),
+            result = SyncResult(outcome["status"], outcome["version"], outcome.get("round", 0),
+                                outcome.get("reason", ""),
                                 push_s=push_s, wait_s=waited - started - push_s, bytes_pushed=pushed,
                                 finished=self.finished)
             if outcome["status"] in ("applied", "rejected"):

@@ -73,8 +73,8 @@ class LayerServer:
         self.refused = 0
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._io_loop, name="ps-data-io", daemon=True)]
-        self._threads += [threading.Thread(target=self._layer_loop, args=(index,), name=f"ps-layer-{layers[index].name}",
-                                           daemon=True) for index in layers]
+        self._threads += [threading.Thread(target=self._layer_loop, args=(index,),
+                                           name=f"ps-layer-{layers[index].name}", daemon=True) for index in layers]
         for thread in self._threads:
             thread.start()
 
@@ -127,7 +127,8 @@ class LayerServer:
             try:
                 if header.kind == wire.PUSH:
                     if header.nbytes != layer.nbytes:
-                        raise Refused(f"layer {layer.name} holds {layer.nbytes} bytes, the push carries {header.nbytes}")
+                        raise Refused(f"layer {layer.name} holds {layer.nbytes} bytes, "
+                                      f"the push carries {header.nbytes}")
                     self.on_push(header.ticket, layer.name, payload)
                     reply = [wire.Header(wire.OK, index, header.ticket, 0, 0).pack(), b""]
                 else:

@@ -130,9 +130,9 @@ class Master:
         self.stopped = threading.Event()
         self.fanout = ThreadPoolExecutor(max_workers=max(2, config.shards), thread_name_prefix="ps-master-fanout")
         handlers = {"Join": self._join, "Beat": self._beat, "RequestPush": self._request_push,
-                    "CommitPush": self._commit_push, "AwaitRound": self._await_round, "Pulled": self._pulled, "Leave": self._leave,
-                    "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard, "ShardBeat": self._shard_beat,
-                    "Status": self._status}
+                    "CommitPush": self._commit_push, "AwaitRound": self._await_round, "Pulled": self._pulled,
+                    "Leave": self._leave, "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard,
+                    "ShardBeat": self._shard_beat, "Status": self._status}
         self.server, self.port = serve(handlers, config.host, port, what="master", max_workers=64)
         resumed = f", resumed at version {self.state.version} round {self.state.round}" if resume else ""
         self.events.write("start", f"mode {config.mode} on {config.host}:{self.port}, {config.shards} shards, "
@@ -175,14 +175,17 @@ class Master:
         record = self.clusters.get(cid)
         if record is None:
             raise Rejected(f"unknown cluster '{cid}' ({self.source} lists: {', '.join(self.clusters) or 'none'})")
-        if request.get("session") is not None and request["session"] != record.session:
-            raise Rejected(f"cluster '{cid}': session {request['session']} is not current (join again)")
+        if request.get("session") is not None:
+            if request["session"] != record.session:
+                raise Rejected(f"cluster '{cid}': session {request['session']} is not current (join again)")
+            if not record.active:
+                raise Rejected(f"cluster '{cid}' was dropped (missed heartbeats): join again")
         return record
 
     def routes(self) -> list[dict]:
         owner = {name: shard for shard, names in enumerate(self.assignment) for name in names}
-        return [{"index": i, "layer": layer.name, "shard": owner[layer.name], "address": self.shards[owner[layer.name]].data}
-                for i, layer in enumerate(self.layers)]
+        return [{"index": i, "layer": layer.name, "shard": owner[layer.name],
+                 "address": self.shards[owner[layer.name]].data} for i, layer in enumerate(self.layers)]
 
     def _join(self, request: dict) -> dict:
         with self.lock:
@@ -205,8 +208,6 @@ class Master:
     def _beat(self, request: dict) -> dict:
         with self.lock:
             record = self._cluster(request)
-            if not record.active:
-                raise Rejected(f"cluster '{record.id}' was dropped (missed heartbeats): join again")
             record.last_beat = time.monotonic()
             return {"finished": self.finished, "version": self.state.version}
 
@@ -442,7 +443,8 @@ class Master:
         rejected_text = "".join(f", rejected {cid} ({info['reason']})" for cid, info in rejected.items())
         self.events.write(
             "round",
-            f"round {round_id} -> version {version}: {', '.join(verdict.accepted) or 'nobody'} accepted{rejected_text}; "
+            f"round {round_id} -> version {version}: {', '.join(verdict.accepted) or 'nobody'} accepted"
+            f"{rejected_text}; "
             f"staleness {staleness}; update {updated - measured:.3f} s; tokens {self.state.tokens:,}"
             + (" (finished)" if self.finished else ""),
             round=round_id, version=version, mode=self.config.mode, participants=[push.cluster for push in batch],
