@@ -90,9 +90,14 @@ def _cluster_job(config, spec, out: str, master: str, resume: bool) -> list[str]
     folder = os.path.join(out, "clusters", spec.id)
     os.makedirs(folder, exist_ok=True)
     job = os.path.join(folder, "job.yaml")
-    flags.write_job(job, RunOptions(preset=config.model, out=folder, quiet=True), config.train,
-                    PSOptions(ps=master, cluster_id=spec.id, pace_step_s=spec.step_time_s, outlier=spec.outlier,
-                              outlier_every=spec.outlier_every, outlier_scale=spec.outlier_scale))
+    ps = PSOptions(ps=master, cluster_id=spec.id, pace_step_s=spec.step_time_s, outlier=spec.outlier,
+                   outlier_every=spec.outlier_every, outlier_scale=spec.outlier_scale)
+    if spec.strategy:  # a pipeline starts over (it keeps no checkpoint) and pulls the latest version
+        from h2.cli.main import NOT_WITH_STRATEGY
+        flags.write_job(job, RunOptions(strategy=spec.strategy, out=folder), config.train, ps,
+                        exclude=NOT_WITH_STRATEGY)
+        return ["-m", "h2.cli.main", "train", "--config", job]
+    flags.write_job(job, RunOptions(preset=config.model, out=folder, quiet=True), config.train, ps)
     has_checkpoint = os.path.exists(os.path.join(folder, "checkpoints", "latest"))
     return ["-m", "h2.cli.main", "train", "--config", job, "--resume" if resume and has_checkpoint else "--overwrite"]
 

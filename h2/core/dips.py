@@ -41,6 +41,7 @@ class PenaltyOptions:
 class ClusterSpec:
     """One cluster of a local emulated run: its id and how the launcher starts its trainer."""
     id: str
+    strategy: str | None = None  # a HeteroPP strategy file: the cluster is that pipeline (torchrun), else one device
     step_time_s: float = 0.0     # emulated speed: every inner step padded to this many seconds (0: unpaced)
     outlier: Literal["none", "scale", "nan"] = "none"   # fault injection into what it pushes
     outlier_every: int = 1       # ... on every N-th push
@@ -117,6 +118,8 @@ def check_dips_config(config: DipsConfig, source: str) -> DipsConfig:
         seen.add(cluster.id)
         if cluster.step_time_s < 0:
             raise UserError(f"{where}.step_time_s' must be 0 or positive, got {cluster.step_time_s}")
+        if cluster.strategy is not None and cluster.outlier != "none":
+            raise UserError(f"{where}.outlier': fault injection is for single-device clusters, not a strategy's")
         if cluster.outlier_every < 1:
             raise UserError(f"{where}.outlier_every' must be at least 1, got {cluster.outlier_every}")
     return config

@@ -105,13 +105,15 @@ def build(config: type, values: dict[str, Any]):
     return config(**{name: value for name, value in values.items() if name in names})
 
 
-def write_job(path: str | os.PathLike, *instances) -> None:
+def write_job(path: str | os.PathLike, *instances, exclude: Iterable[str] = ()) -> None:
     """Write the given config instances as one flat job file (read back by `job_values`). Options left
-    unset (None) are left out, so that reading the file back does not count them as given."""
+    unset (None), and those named in `exclude`, are left out, so that reading the file back does not
+    count them as given."""
     data: dict[str, Any] = {}
+    skipped = set(exclude)
     for instance in instances:
         for f in _flag_fields(type(instance)):
-            if getattr(instance, f.name) is not None:
+            if getattr(instance, f.name) is not None and f.name not in skipped:
                 data[f.name] = getattr(instance, f.name)
     with open(path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(data, handle, sort_keys=False)

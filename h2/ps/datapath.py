@@ -154,12 +154,35 @@ class Route:
     address: str        # tcp://host:port of the shard that holds it
 
 
-def _dealer(address: str, max_payload: int) -> zmq.Socket:
-    socket = _context().socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.MAXMSGSIZE, max_payload + wire.HEADER.size)
-    socket.connect(address)
-    return socket
+class SocketPool:
+    """Connected DEALER sockets kept between transfers, one per (shard address, reply size limit): a
+    transfer takes one out and puts it back when it went well; a socket whose transfer failed may still
+    receive a stale reply, so it is closed instead."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.idle: dict[tuple[str, int], list[zmq.Socket]] = {}
+
+    def take(self, address: str, max_payload: int) -> zmq.Socket:
+        with self.lock:
+            idle = self.idle.get((address, max_payload))
+            if idle:
+                return idle.pop()
+        socket = _context().socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, max_payload + wire.HEADER.size)
+        socket.connect(address)
+        return socket
+
+    def give_back(self, address: str, max_payload: int, socket: zmq.Socket, healthy: bool) -> None:
+        if not healthy:
+            socket.close(0)
+            return
+        with self.lock:
+            self.idle.setdefault((address, max_payload), []).append(socket)
+
+
+SOCKETS = SocketPool()
 
 
 def _reply(socket: zmq.Socket, route: Route, timeout_s: float, max_payload: int):
@@ -217,7 +240,8 @@ def push_layers(routes: list[Route], ticket: int, tensors: dict[str, torch.Tenso
             pool.put(None)
 
     def send(address: str) -> None:
-        socket = _dealer(address, max_payload)
+        socket = SOCKETS.take(address, max_payload)
+        healthy = False
         try:
             while (item := pools[address].get()) is not None:
                 if abort.is_set():
@@ -226,13 +250,14 @@ def push_layers(routes: list[Route], ticket: int, tensors: dict[str, torch.Tenso
                 header = wire.Header(wire.PUSH, route.index, ticket, 0, route.layer.nbytes)
                 socket.send_multipart([header.pack(), vector.numpy()], copy=False)
                 _reply(socket, route, timeout_s, max_payload)
+            healthy = not abort.is_set()
         except BaseException as error:  # noqa: BLE001 - handed to the caller
             errors.append(error)
             abort.set()
             while pools[address].get() is not None:
                 pass
         finally:
-            socket.close(0)
+            SOCKETS.give_back(address, max_payload, socket, healthy)
 
     workers = [threading.Thread(target=produce, name="ps-serialise")]
     workers += [threading.Thread(target=send, args=(address,), name="ps-push") for address in grouped]
@@ -250,7 +275,8 @@ def pull_layers(routes: list[Route], version: int, write: Callable[[Layer, torch
     max_payload = max(route.layer.nbytes for route in routes)
 
     def receive(address: str) -> None:
-        socket = _dealer(address, max_payload)
+        socket = SOCKETS.take(address, max_payload)
+        healthy = False
         try:
             for route in grouped[address]:
                 socket.send_multipart([wire.Header(wire.PULL, route.index, 0, version, 0).pack(), b""])
@@ -260,10 +286,11 @@ def pull_layers(routes: list[Route], version: int, write: Callable[[Layer, torch
                                         f"{wire.KINDS[header.kind]} of {header.nbytes} bytes at version "
                                         f"{header.version}, expected {route.layer.nbytes} bytes at {version}")
                 received.put((route.layer, torch.frombuffer(bytearray(payload), dtype=WIRE_DTYPE)))
+            healthy = True
         except BaseException as error:  # noqa: BLE001 - handed to the caller
             errors.append(error)
         finally:
-            socket.close(0)
+            SOCKETS.give_back(address, max_payload, socket, healthy)
             received.put(None)
 
     def consume() -> None:
