@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from conftest import REPO_ROOT
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
 
 RUN = """

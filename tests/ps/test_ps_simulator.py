@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from conftest import REPO_ROOT
 from h2.core.errors import UserError
 from h2.ps.simulator import Scenario, SiteCluster, load_scenario, placement, simulate
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAPER = os.path.join(REPO_ROOT, "configs", "dips", "paper-table1.yaml")
 
 
