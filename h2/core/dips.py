@@ -160,8 +160,8 @@ class PSOptions:
             parse_address(self.ps, "--ps")
             if not self.cluster_id:
                 raise UserError("--ps needs --cluster-id (this cluster's id in the run)")
-        elif self.cluster_id or self.outlier != "none":
-            raise UserError("--cluster-id and --outlier need --ps")
+        elif self.cluster_id or self.outlier != "none" or self.pace_step_s:
+            raise UserError("--cluster-id, --outlier and --pace-step-s need --ps")
 
 
 def parse_address(address: str, where: str) -> tuple[str, int]:
