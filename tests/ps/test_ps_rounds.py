@@ -53,7 +53,7 @@ def model_tensors() -> dict[str, torch.Tensor]:
 
 
 def test_a_nan_push_is_rejected_and_logged_while_the_other_clusters_update_proceeds(tmp_path):
-    with running_ps(tmp_path, clusters=("good", "bad"), mode="dips", grace_s=2.0) as (_, _, address):
+    with running_ps(tmp_path, clusters=("good", "bad"), mode="dips", grace_s=5.0) as (_, _, address):
         clients = {cid: ClusterClient(address, cid, log=lambda _: None,
                                       outliers=Outliers("nan" if cid == "bad" else "none")) for cid in ("good", "bad")}
         tensors = {cid: model_tensors() for cid in clients}
