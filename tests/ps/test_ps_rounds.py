@@ -52,7 +52,9 @@ def model_tensors() -> dict[str, torch.Tensor]:
     return {name: param.detach().clone() for name, param in Transformer(preset("tiny")).named_parameters()}
 
 
-def test_a_nan_push_is_rejected_and_logged_while_the_other_clusters_update_proceeds(tmp_path):
+def run_round_with_a_nan_push(tmp_path, tokens: int = 512) -> tuple[list[dict], dict, dict]:
+    """One dips round of clusters "good" and "bad" (which pushes NaN); the round records, the sync
+    results and the tensors each cluster holds afterwards."""
     with running_ps(tmp_path, clusters=("good", "bad"), mode="dips", grace_s=5.0) as (_, _, address):
         clients = {cid: ClusterClient(address, cid, log=lambda _: None,
                                       outliers=Outliers("nan" if cid == "bad" else "none")) for cid in ("good", "bad")}
@@ -61,7 +63,7 @@ def test_a_nan_push_is_rejected_and_logged_while_the_other_clusters_update_proce
             value -= 0.001
         results = {}
         threads = [threading.Thread(target=lambda cid=cid: results.__setitem__(
-            cid, clients[cid].sync(tensors[cid], tokens=512, loss=3.0))) for cid in clients]
+            cid, clients[cid].sync(tensors[cid], tokens=tokens, loss=3.0))) for cid in clients]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -69,9 +71,18 @@ def test_a_nan_push_is_rejected_and_logged_while_the_other_clusters_update_proce
         for client in clients.values():
             client.close()
     events = [json.loads(line) for line in open(tmp_path / "rounds.jsonl")]
-    rounds = [event for event in events if event["event"] == "round"]
+    return [event for event in events if event["event"] == "round"], results, tensors
+
+
+def test_a_nan_push_is_rejected_and_logged_while_the_other_clusters_update_proceeds(tmp_path):
+    rounds, results, tensors = run_round_with_a_nan_push(tmp_path)
     assert (rounds[0]["accepted"], rounds[0]["rejected"]["bad"]["reason"]) == (["good"], "norm is nan")
     assert (results["good"].status, results["bad"].status) == ("applied", "rejected")
     assert results["good"].version == 1
     assert all(torch.isfinite(value).all() for value in tensors["bad"].values())  # it pulled the new version
     assert math.isfinite(rounds[0]["update_norm"])
+
+
+def test_a_rejected_push_counts_its_tokens_toward_the_budget_like_algorithm_1(tmp_path):
+    rounds, _, _ = run_round_with_a_nan_push(tmp_path, tokens=512)
+    assert rounds[0]["tokens"] == 2 * 512
