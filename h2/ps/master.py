@@ -415,12 +415,16 @@ class Master:
                 weights = {str(by_cluster[cid].ticket): weight for cid, weight in verdict.weights.items()}
                 self._on_shards("Prepare", round=round_id, weights=weights, clip=verdict.clip)
                 version = base + 1
-            with self.lock:
-                self.state.version = version
-                self._count_consumed_tokens(batch)
-                self._save_state()
-            if verdict.accepted:
+                with self.lock:
+                    self.state.version = version
+                    for cid in verdict.accepted:
+                        self.clusters[cid].tokens += by_cluster[cid].tokens
+                    self.state.tokens += sum(by_cluster[cid].tokens for cid in verdict.accepted)
+                    self._save_state()
                 self._commit_everywhere(round_id, version)
+            else:
+                with self.lock:
+                    self._save_state()
         except (Rejected, Unreachable) as error:
             self._skip_round(round_id, batch, str(error))
             return
@@ -449,14 +453,6 @@ class Master:
             losses=losses, push_s=push_s, measure_s=round(measured - started, 4),
             update_s=round(updated - measured, 4), bytes_pushed=nbytes * len(batch),
             bytes_to_pull=nbytes * len(batch), tokens=self.state.tokens, finished=self.finished)
-
-    def _count_consumed_tokens(self, judged: list[Push]) -> None:
-        """Algorithm 1 line 15: the budget counts every judged push's tokens, a rejected one's too (its
-        cluster consumed them and goes on from the pulled version); a skipped round's count in the
-        cluster's next push."""
-        for push in judged:
-            self.clusters[push.cluster].tokens += push.tokens
-            self.state.tokens += push.tokens
 
     def _commit_everywhere(self, round_id: int, version: int) -> None:
         """The version is recorded: a shard that misses its Commit loads that version's snapshot (written

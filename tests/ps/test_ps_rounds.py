@@ -83,6 +83,6 @@ def test_a_nan_push_is_rejected_and_logged_while_the_other_clusters_update_proce
     assert math.isfinite(rounds[0]["update_norm"])
 
 
-def test_a_rejected_push_counts_its_tokens_toward_the_budget_like_algorithm_1(tmp_path):
+def test_only_accepted_pushes_count_their_tokens_toward_the_budget(tmp_path):
     rounds, _, _ = run_round_with_a_nan_push(tmp_path, tokens=512)
-    assert rounds[0]["tokens"] == 2 * 512
+    assert rounds[0]["tokens"] == 512
