@@ -16,10 +16,11 @@ import sys
 import tempfile
 
 from h2.core import flags
+from h2.core.dips import PSOptions
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 
-JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
+JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions, PSOptions)
 # Options a strategy file fixes (the model and batch shape).
 NOT_WITH_STRATEGY = ("micro_batch_size", "micro_batches", "model_config", "preset")
 # Options that only a pipeline has, with why a single-device run refuses each.
@@ -101,6 +102,7 @@ def _train(args: argparse.Namespace) -> int:
             raise UserError(f"{_flag(name)} needs --strategy ({reason})")
     from h2.train.trainer import Trainer, summarize_losses
 
+    ps = flags.build(PSOptions, values)
     model_config = _model(run)
     if model_config.name == "h2-100b":
         raise UserError("preset 'h2-100b' is for planning only (103 B parameters); train tiny or small here")
@@ -110,7 +112,11 @@ def _train(args: argparse.Namespace) -> int:
     trainer = Trainer(model_config, config, out_dir, resume=run.resume, overwrite=run.overwrite,
                       explicit=frozenset(options), show_progress=not run.quiet)
     start_step = trainer.step
-    records = trainer.run()
+    if ps.ps:
+        from h2.train.ps_sync import run_with_ps
+        records = run_with_ps(trainer, ps, show_progress=not run.quiet)
+    else:
+        records = trainer.run()
     cfg = trainer.config
     params = sum(p.numel() for p in trainer.model.parameters())
     throughput = (sum(r["tokens"] for r in records) / sum(r["step_time_s"] for r in records)) if records else 0.0
@@ -179,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_flags(train.add_argument_group("run"), RunOptions)
     flags.add_flags(train.add_argument_group("training"), TrainConfig)
     flags.add_flags(train.add_argument_group("pipeline (with --strategy)"), PipelineOptions)
+    flags.add_flags(train.add_argument_group("Di-PS cluster (with --ps)"), PSOptions)
     train.set_defaults(handler=_train)
 
     info = sub.add_parser("model-info", help="parameters, FLOPs and activation memory of a model")
@@ -188,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--tp", type=int, default=1, help="tensor-parallel size for activation bytes (default 1)")
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(handler=_model_info)
+
+    from h2.cli import ps
+    ps.add_commands(sub)
     return parser
 
 

@@ -24,10 +24,11 @@ import sys
 from datetime import timedelta
 
 from h2.core import flags
+from h2.core.dips import PSOptions
 from h2.core.errors import ArgumentParser, UserError, one_line, run_cli
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 
-JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
+JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions, PSOptions)
 # Set in torchrun's store once this job has made its output folder its own: a restarted attempt
 # continues from there instead of applying the fresh-run rule again.
 FOLDER_PREPARED = "h2/job/folder-prepared"
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_flags(parser.add_argument_group("run"), RunOptions, exclude=("quiet", "nproc", "max_restarts"))
     flags.add_flags(parser.add_argument_group("training"), TrainConfig)
     flags.add_flags(parser.add_argument_group("pipeline"), PipelineOptions)
+    flags.add_flags(parser.add_argument_group("Di-PS cluster"), PSOptions)
     return parser
 
 
@@ -123,13 +125,21 @@ def main(argv: list[str] | None = None) -> int:
             if trainer.resumed_from is not None:
                 how = ("re-sharded from another strategy" if trainer.resharded else "same strategy")
                 print(f"resuming from step {trainer.step} ({trainer.resumed_from.folder}, {how})", flush=True)
-        records = []
-        while trainer.step < trainer.config.steps:
-            record = trainer.train_step()
-            records.append(record)
+        ps = flags.build(PSOptions, values)
+
+        def show(record: dict) -> None:
             if trainer.writes_metrics and (record["step"] % options.log_every == 0
                                            or record["step"] == trainer.config.steps):
                 _print_progress(record)
+
+        if ps.ps:
+            from h2.train.ps_pipeline import run_pipeline_with_ps
+            records = run_pipeline_with_ps(trainer, ps, on_step=show)
+        else:
+            records = []
+            while trainer.step < trainer.config.steps:
+                records.append(trainer.train_step())
+                show(records[-1])
         watchdog.stop()
         trainer.engine.barrier()  # no rank leaves (and takes a store or a peer with it) before all are done
         if trainer.writes_metrics and records:

@@ -80,7 +80,9 @@ class PipelineTrainer:
         self.topology, self.rank = self.engine.topology, self.engine.rank
         self.writes_metrics = self.engine.reports_loss
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), self.config.seq_len, seed=self.config.seed)
+        self.out_dir = out_dir
         self.step, self.elapsed_s = 0, 0.0
+        self.data_partition = (0, 1)  # (index, count): a Di-PS cluster reads its own part of every batch
         self.checkpoints = start.checkpoints if start else None
         self.metrics = start.metrics if start and self.writes_metrics else None
         self.resumed_from, self.resharded = checkpoint, False
@@ -148,7 +150,8 @@ class PipelineTrainer:
         started = time.perf_counter()
         lr = learning_rate(self.step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
                            decay_steps=config.lr_decay_steps)
-        result = self.engine.step(self.stream.next_batch(self.engine.global_batch), lr)
+        index, count = self.data_partition
+        result = self.engine.step(self.stream.next_batch(self.engine.global_batch * count, index, count), lr)
         step_time = time.perf_counter() - started
         self.step += 1
         self.elapsed_s += step_time

@@ -58,6 +58,7 @@ class Trainer:
         self.parameter_names = {id(param): name for name, param in self.model.named_parameters()}
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), config.seq_len, seed=config.seed)
         self.step, self.elapsed_s = 0, 0.0
+        self.data_partition = (0, 1)  # (index, count): a Di-PS cluster reads its own part of every batch
         if start.checkpoint is not None:
             self._restore(start.checkpoint)
         start.prepare()
@@ -99,7 +100,8 @@ class Trainer:
                            warmup_steps=config.warmup_steps, decay_steps=config.lr_decay_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batch = self.stream.next_batch(config.global_batch)
+        index, count = self.data_partition
+        batch = self.stream.next_batch(config.global_batch * count, index, count)
         loss_sum = torch.zeros((), device=self.device)
         for micro_batch in batch.split(config.micro_batch_size):
             inputs = micro_batch[:, :-1].to(self.device, non_blocking=True)
