@@ -15,6 +15,7 @@ from h2.core import devices
 
 from ditorch.dipu import _C
 from ditorch.dipu import device as _device_module
+from ditorch.dipu import sharing
 from ditorch.dipu.errors import DipuError
 from ditorch.dipu.fallback import (
     fallback_counts,
@@ -67,3 +68,4 @@ def _register_backend() -> None:
 if not _C._vendor_loaded():
     use_vendor(os.environ.get("DIPU_VENDOR") or "host")
 _register_backend()
+devices.serve_device_memory(BACKEND_NAME, sharing.memory_functions)

@@ -27,6 +27,7 @@ COLLECTIVE_BACKEND_GROUP = "h2.collective_backends"
 
 _served: dict[str, str] = {}          # device type -> preferred backend
 _fallbacks: dict[str, str] = {}       # device type -> backend used when nothing better is served
+_device_memory: dict[str, Callable[[], "dict[str, int] | None"]] = {}  # device type -> its functions
 _device_type_listeners: list[Callable[[str], None]] = []
 _loaded_backend_plugins = False
 
@@ -91,6 +92,19 @@ def collective_backend(device_type: str) -> str | None:
     if device_type not in _served:
         _load_backend_plugins()
     return _served.get(device_type) or _fallbacks.get(device_type)
+
+
+def serve_device_memory(device_type: str, functions: Callable[[], "dict[str, int] | None"]) -> None:
+    """Announce how another layer reaches `device_type` memory without host staging: `functions()`
+    returns the addresses of the C functions of DiComm's device memory ABI (`export`, `open`, `close`,
+    `copy`, `last_error`; docs/dicomm.md), or None when this device's vendor cannot share memory."""
+    _device_memory[device_type] = functions
+
+
+def device_memory(device_type: str) -> "dict[str, int] | None":
+    """The device memory functions announced for `device_type`, or None (then: stage through the host)."""
+    functions = _device_memory.get(device_type)
+    return functions() if functions else None
 
 
 def on_device_type_registered(listener: Callable[[str], None]) -> None:
