@@ -28,6 +28,11 @@ class Endpoint:
     - ``timeout``: seconds after which a pending request fails (dead or silent peer).
     - ``connect_timeout``: seconds allowed for setup (store look-ups and connections).
     - ``prefix``: store key prefix, so several endpoints can share one store.
+    - ``device_memory``: the device memory functions of the buffers passed with ``device=True``
+      (``h2.core.devices.device_memory("dipu")``). With them on both sides of a same-host
+      connection, device buffers move device-direct (one vendor copy, no host staging); elsewhere
+      they are staged through host memory with the vendor's copies. ``device_direct=False`` (or
+      DICOMM_DEVICE_DIRECT=0) always stages: the CPU-mediated baseline.
     - ``**tuning``: any of TUNING_OPTIONS (see docs/dicomm.md for each one's environment variable).
 
     Buffers are bytes-like objects (bytes, bytearray, numpy arrays, memoryviews; receive
@@ -46,6 +51,8 @@ class Endpoint:
         timeout: float | None = None,
         connect_timeout: float | None = None,
         prefix: str | None = None,
+        device_memory: Mapping[str, int] | None = None,
+        device_direct: bool | None = None,
         **tuning: int,
     ):
         options = _core.Options.from_environment()
@@ -61,6 +68,10 @@ class Endpoint:
             options.connect_timeout_s = float(connect_timeout)
         if prefix is not None:
             options.store_prefix = prefix
+        if device_memory is not None:
+            options.set_device_memory(dict(device_memory))
+        if device_direct is not None:
+            options.device_direct = bool(device_direct)
         for name, value in tuning.items():
             if name not in TUNING_OPTIONS:
                 raise TypeError(f"Endpoint() got an unknown option '{name}'")
@@ -87,6 +98,10 @@ class Endpoint:
         """The transport carrying traffic to ``peer``: "tcp", "shm" or "ibverbs"."""
         return self._engine.transport(peer)
 
+    def device_direct(self, peer: int) -> bool:
+        """Whether ``device=True`` buffers to and from ``peer`` move device-direct (no host staging)."""
+        return self._engine.device_direct(peer)
+
     def _track(self, handle: Handle) -> Handle:
         # Keeps each buffer alive until its request finishes, even if the caller drops the handle.
         self._inflight.append(handle)
@@ -100,7 +115,8 @@ class Endpoint:
     def set_copy_hooks(self, to_host: Callable[[int, int, int], None],
                        from_host: Callable[[int, int, int], None]) -> None:
         """How device memory is read and written: each hook is called as ``hook(dst_address,
-        src_address, nbytes)``. Requests with ``device=True`` are then staged through host memory."""
+        src_address, nbytes)``. Requests with ``device=True`` that do not move device-direct are then
+        staged through host memory with these hooks."""
         self._engine.set_copy_hooks(to_host, from_host)
 
     def isend(self, buffer: Any, dst: int, tag: int = 0, *, device: bool = False) -> Handle:
