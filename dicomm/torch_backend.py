@@ -3,7 +3,9 @@
 Imported by ``import dicomm`` when torch is installed. After it, ``init_process_group("dicomm")``,
 ``new_group(backend="dicomm")`` and per-device strings such as ``"cpu:gloo,dipu:dicomm"`` work.
 The backend serves CPU tensors and, once the PrivateUse1 backend has been renamed (``dipu``),
-that device's tensors too (staged through host memory). It announces the device types it serves
+that device's tensors too: point-to-point device-direct where the device announced its memory
+functions (``h2.core.devices.device_memory``) and the peer is on the same host, staged through host
+memory otherwise. It announces the device types it serves
 to ``h2.core.devices`` (where "which backend serves a device" is decided) and extends itself to a
 device type registered later (``dipu`` imported after ``dicomm``).
 """
@@ -30,7 +32,9 @@ def backend_devices() -> list[str]:
 
 
 def _create_backend(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta):
-    return _dicomm_c10d.create_backend(store, rank, world_size, timeout.total_seconds())
+    private_use = torch._C._get_privateuse1_backend_name()
+    device_memory = devices.device_memory(private_use) if private_use != "privateuseone" else None
+    return _dicomm_c10d.create_backend(store, rank, world_size, timeout.total_seconds(), device_memory)
 
 
 def register() -> None:

@@ -20,13 +20,17 @@ PYBIND11_MODULE(_dicomm_c10d, m) {
   m.doc() = "The dicomm torch.distributed backend (c10d Backend over the DiComm engine)";
   m.def(
       "create_backend",
-      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
+         std::optional<std::map<std::string, uintptr_t>> device_memory) {
+        auto memory = device_memory ? dicomm::DeviceMemory::fromAddresses(*device_memory) : nullptr;
         py::gil_scoped_release release;
         return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<dicomm::ProcessGroupDiComm>(
-            store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s))));
+            store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)),
+            std::move(memory)));
       },
-      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
-      "Joins rank `rank` of `size` through `store`; blocks until every peer is connected or `timeout_s` passes.");
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("device_memory") = py::none(),
+      "Joins rank `rank` of `size` through `store`; blocks until every peer is connected or `timeout_s` passes. "
+      "`device_memory`: the functions reaching PrivateUse1 tensors' memory (device-direct point-to-point).");
   m.def(
       "transport_of",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, int peer) { return asDiComm(backend).transportOf(peer); },
