@@ -16,6 +16,7 @@ over the NICs they are equally close to. DICOMM_NIC overrides it: one NIC name f
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from h2.core.errors import UserError
@@ -23,6 +24,7 @@ from h2.core.errors import UserError
 CHIP_CLASSES = ("0x0300", "0x0302", "0x0b40", "0x1200")
 NETWORK_CLASS = "0x0200"
 OVERRIDE_VARIABLE = "DICOMM_NIC"
+PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,11 @@ def _nic_addresses(sysfs: str) -> list[tuple[str, str]]:
             device = os.path.join(class_dir, name, "device")
             if not os.path.exists(device):
                 continue  # virtual interface (lo, bridges)
-            address = os.path.basename(os.path.realpath(device))
-            if folder == "net" and not _read(os.path.join(device, "class")).startswith(NETWORK_CLASS):
+            # The PCI function itself, or the one above a bus of its own (virtio2 under 0000:00:03.0).
+            address = next((part for part in reversed(os.path.realpath(device).split(os.sep))
+                            if PCI_ADDRESS.fullmatch(part)), None)
+            pci_class = _read(os.path.join(sysfs, "bus", "pci", "devices", address or "-", "class"))
+            if address is None or (folder == "net" and not pci_class.startswith(NETWORK_CLASS)):
                 continue
             found.append((name, address))
         if found:

@@ -22,12 +22,13 @@ class FakeSysfs:
         for name, value in (("class", pci_class), ("vendor", vendor), ("numa_node", str(numa_node))):
             with open(os.path.join(device, name), "w") as f:
                 f.write(value + "\n")
-        self._link(os.path.join("bus", "pci", "devices", address), device)
+        self.link(os.path.join("bus", "pci", "devices", address), device)
         for folder, name in (("infiniband", infiniband), ("net", net)):
             if name:
-                self._link(os.path.join("class", folder, name, "device"), device)
+                self.link(os.path.join("class", folder, name, "device"), device)
 
-    def _link(self, relative: str, target: str) -> None:
+    def link(self, relative: str, target: str) -> None:
+        """A symlink at `relative` (below the root) to `target`."""
         link = os.path.join(self.root, relative)
         os.makedirs(os.path.dirname(link), exist_ok=True)
         os.symlink(os.path.relpath(target, os.path.dirname(link)), link)

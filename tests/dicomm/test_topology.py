@@ -78,3 +78,12 @@ def test_dicomm_topology_with_a_bad_override_exits_2_with_one_line(tmp_path, cli
     result = cli("dicomm", "topology", "--sysfs", str(tmp_path), env={"DICOMM_NIC": "9:mlx5_0"})
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "DICOMM_NIC=9:mlx5_0" in result.stderr
+
+
+def test_a_network_interface_behind_a_virtio_device_is_found_at_its_pci_function(tmp_path):
+    tree = FakeSysfs(tmp_path)
+    tree.add(["pci0000:00"], "0000:00:03.0", ETHERNET_CLASS, -1)
+    virtio = tmp_path / "devices" / "pci0000:00" / "0000:00:03.0" / "virtio2"
+    virtio.mkdir()
+    tree.link("class/net/eth0/device", str(virtio))
+    assert [(nic.name, nic.address) for nic in topology.discover(str(tmp_path)).nics] == [("eth0", "0000:00:03.0")]
