@@ -25,8 +25,12 @@ def _vendor_library() -> ctypes.CDLL:
 
 
 def memory_functions() -> dict[str, int] | None:
-    """Addresses of the functions that share dipu memory, or None when the vendor has none."""
-    library = _vendor_library()
+    """Addresses of the functions that share dipu memory, or None when the vendor has none (or
+    cannot be loaded: then nothing reaches dipu memory directly)."""
+    try:
+        library = _vendor_library()
+    except (RuntimeError, OSError):
+        return None
     addresses = {}
     for name, symbol in _ABI_FUNCTIONS.items():
         try:

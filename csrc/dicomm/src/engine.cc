@@ -233,6 +233,13 @@ void Engine::setCopyHooks(CopyHooks hooks) {
   std::atomic_store(&copy_hooks_, std::shared_ptr<const CopyHooks>(std::make_shared<CopyHooks>(std::move(hooks))));
 }
 
+namespace {
+
+// A host buffer for one staged message; left uninitialised, since a copy fills it.
+std::shared_ptr<uint8_t[]> hostStaging(size_t bytes) { return std::shared_ptr<uint8_t[]>(new uint8_t[bytes ? bytes : 1]); }
+
+}  // namespace
+
 std::shared_ptr<const CopyHooks> Engine::stagingHooks(const char* operation) const {
   if (auto hooks = std::atomic_load(&copy_hooks_)) return hooks;
   if (auto device = options_.device_memory) {
@@ -251,13 +258,13 @@ bool Engine::deviceDirect(int peer) const {
 
 RequestPtr Engine::isend(int peer, uint64_t tag, const void* data, size_t size, Memory memory) {
   checkPeer(peer, "isend");
-  std::shared_ptr<std::vector<uint8_t>> staging;
+  std::shared_ptr<uint8_t[]> staging;
   const bool direct = memory == Memory::Device && size > 0 && deviceDirect(peer);
   if (memory == Memory::Device && !direct) {
     const auto hooks = stagingHooks("isend");
-    staging = std::make_shared<std::vector<uint8_t>>(size);
-    if (size) hooks->to_host(staging->data(), data, size);
-    data = staging->data();
+    staging = hostStaging(size);
+    if (size) hooks->to_host(staging.get(), data, size);
+    data = staging.get();
   }
   auto request = std::make_shared<Request>(Direction::Send, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)),
                                            size, Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -272,13 +279,13 @@ RequestPtr Engine::isend(int peer, uint64_t tag, const void* data, size_t size, 
 RequestPtr Engine::irecv(int peer, uint64_t tag, void* data, size_t capacity, Memory memory) {
   checkPeer(peer, "irecv");
   void* target = data;
-  std::shared_ptr<std::vector<uint8_t>> staging;
+  std::shared_ptr<uint8_t[]> staging;
   std::shared_ptr<const CopyHooks> hooks;
   const bool direct = memory == Memory::Device && capacity > 0 && deviceDirect(peer);
   if (memory == Memory::Device && !direct) {
     hooks = stagingHooks("irecv");
-    staging = std::make_shared<std::vector<uint8_t>>(capacity);
-    target = staging->data();
+    staging = hostStaging(capacity);
+    target = staging.get();
   }
   auto request = std::make_shared<Request>(Direction::Recv, peer, tag, static_cast<uint8_t*>(target), capacity,
                                            Clock::now() + std::chrono::duration_cast<Clock::duration>(

@@ -152,6 +152,9 @@ void ShmConnection::onTransportFrame(const FrameHeader& h) {
 void ShmConnection::grant(const Inbox::Grant& g) {
   if (g.announcement.flags & kFlagDeviceRegion) {
     auto region = announced_regions_.find(g.announcement.seq);
+    if (region == announced_regions_.end()) {
+      throw FrameError("malformed frame: device message " + std::to_string(g.announcement.seq) + " has no region");
+    }
     Pull pull{g.recv, g.announcement, 0, region->second};
     announced_regions_.erase(region);
     if (g.fits) {
