@@ -5,6 +5,7 @@ import collections
 from typing import Any, Callable, Mapping
 
 from dicomm import _dicomm_core as _core
+from h2.core.links import Link
 
 CommError = _core.CommError
 FrameError = _core.FrameError
@@ -33,6 +34,10 @@ class Endpoint:
       connection, device buffers move device-direct (one vendor copy, no host staging); elsewhere
       they are staged through host memory with the vendor's copies. ``device_direct=False`` (or
       DICOMM_DEVICE_DIRECT=0) always stages: the CPU-mediated baseline.
+    - ``link``: an emulated link (``h2.core.links.Link``: bandwidth, one-way latency) that paces
+      what this rank sends to every peer; ``peer_links`` overrides it per peer rank. Each message
+      is handed to the transport when it would arrive over that link (docs/dicomm.md, "Link
+      emulation"); DICOMM_LINK_GBPS and DICOMM_LINK_LATENCY_US set ``link`` from the environment.
     - ``**tuning``: any of TUNING_OPTIONS (see docs/dicomm.md for each one's environment variable).
 
     Buffers are bytes-like objects (bytes, bytearray, numpy arrays, memoryviews; receive
@@ -53,6 +58,8 @@ class Endpoint:
         prefix: str | None = None,
         device_memory: Mapping[str, int] | None = None,
         device_direct: bool | None = None,
+        link: Link | None = None,
+        peer_links: Mapping[int, Link] | None = None,
         **tuning: int,
     ):
         options = _core.Options.from_environment()
@@ -72,6 +79,10 @@ class Endpoint:
             options.set_device_memory(dict(device_memory))
         if device_direct is not None:
             options.device_direct = bool(device_direct)
+        if link is not None:
+            options.link = link_shape(link)
+        if peer_links is not None:
+            options.peer_links = {int(peer): link_shape(peer_link) for peer, peer_link in peer_links.items()}
         for name, value in tuning.items():
             if name not in TUNING_OPTIONS:
                 raise TypeError(f"Endpoint() got an unknown option '{name}'")
@@ -101,6 +112,10 @@ class Endpoint:
     def device_direct(self, peer: int) -> bool:
         """Whether ``device=True`` buffers to and from ``peer`` move device-direct (no host staging)."""
         return self._engine.device_direct(peer)
+
+    def link(self, peer: int) -> Link | None:
+        """The emulated link that paces sends to ``peer``; None when they are not paced."""
+        return link_from_shape(self._engine.link(peer))
 
     def _track(self, handle: Handle) -> Handle:
         # Keeps each buffer alive until its request finishes, even if the caller drops the handle.
@@ -142,6 +157,18 @@ class Endpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def link_shape(link: Link) -> "_core.LinkShape":
+    """The C++ core's form of a link (bytes per second, seconds)."""
+    return _core.LinkShape(link.bytes_per_s, link.latency_s)
+
+
+def link_from_shape(shape: "_core.LinkShape") -> Link | None:
+    if not shape.shaped:
+        return None
+    # Back in the units it was given in, without the last bits of unit conversion.
+    return Link(float(f"{shape.bandwidth_bytes_per_s / 1e9:.12g}"), float(f"{shape.latency_s * 1e6:.12g}"))
 
 
 def probe_ibverbs() -> dict:

@@ -30,8 +30,8 @@ def _region(tensor: torch.Tensor, start: int = 0, size: int | None = None) -> tu
 
 
 def _copies() -> dict[str, int]:
-    from ditorch.dipu import sharing
-    return sharing.copy_counts()
+    from ditorch.dipu import memory_ipc
+    return memory_ipc.copy_counts()
 
 
 def _since(before: dict[str, int]) -> dict[str, int]:

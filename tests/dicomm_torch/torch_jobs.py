@@ -490,19 +490,19 @@ def job_dipu_p2p(args) -> None:
     """dipu tensors (the host vendor's discrete profile) through dist.send/recv, counting the vendor's
     copies by kind around the transfers; args["staged"] names the copies expected (none when
     device-direct)."""
-    from ditorch.dipu import sharing
+    from ditorch.dipu import memory_ipc
     init()
     sizes = [1024, 1 << 18]  # float32 elements: 4 KiB and 1 MiB
     sources = [torch.arange(n, dtype=torch.float32).to("dipu") for n in sizes]
     targets = [torch.zeros(n, dtype=torch.float32, device="dipu") for n in sizes]
     dist.barrier()
-    before = sharing.copy_counts()
+    before = memory_ipc.copy_counts()
     for source, target in zip(sources, targets):
         if RANK == 0:
             dist.send(source, 1)
         else:
             dist.recv(target, 0)
-    copies = {kind: count - before[kind] for kind, count in sharing.copy_counts().items()}
+    copies = {kind: count - before[kind] for kind, count in memory_ipc.copy_counts().items()}
 
     @check("dipu_tensors_arrive_intact")
     def _():

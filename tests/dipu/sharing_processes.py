@@ -16,8 +16,8 @@ EXPORTED_BYTES = 8192
 _PRELUDE = """
 import ctypes, json, os, sys
 import ditorch.dipu
-from ditorch.dipu import sharing
-lib = sharing._vendor_library()
+from ditorch.dipu import memory_ipc
+lib = memory_ipc._vendor_library()
 lib.dipuGetLastErrorMessage.restype = ctypes.c_char_p
 def error(status):
     return None if status == 0 else lib.dipuGetLastErrorMessage().decode()

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,11 +26,12 @@ namespace dicomm {
 class ProcessGroupDiComm : public c10d::Backend {
  public:
   // Rendezvous through `store` (the process group's prefixed store); `timeout` bounds setup and
-  // every pending operation.
+  // every pending operation; `peer_links` emulates a link to some group ranks (shaping.h).
   // `device_memory` (may be null) reaches the memory of `device_type` tensors: point-to-point
   // traffic of such tensors then moves device-direct wherever the engine agreed it with the peer.
   ProcessGroupDiComm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                     std::chrono::milliseconds timeout, std::shared_ptr<const DeviceMemory> device_memory = nullptr,
+                     std::chrono::milliseconds timeout, std::map<int, LinkShape> peer_links = {},
+                     std::shared_ptr<const DeviceMemory> device_memory = nullptr,
                      c10::DeviceType device_type = c10::DeviceType::PrivateUse1);
   ~ProcessGroupDiComm() override;
 

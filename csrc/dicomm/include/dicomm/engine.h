@@ -11,6 +11,7 @@
 
 #include "dicomm/options.h"
 #include "dicomm/request.h"
+#include "dicomm/shaping.h"
 #include "dicomm/store.h"
 #include "dicomm/transport.h"
 
@@ -46,6 +47,8 @@ class Engine {
   TransportKind transportOf(int peer) const;
   // Whether Memory::Device requests to `peer` move device-direct (no host staging).
   bool deviceDirect(int peer) const;
+  // The emulated link to `peer` (Options::link, peer_links); not shaped() when there is none.
+  LinkShape linkOf(int peer) const;
   // Notes from setup worth a user's attention (fallbacks, refused connections), one line each.
   const std::vector<std::string>& notes() const { return notes_; }
 
@@ -62,6 +65,7 @@ class Engine {
                    Clock::time_point deadline);
   Transport& transport(TransportKind kind);
   void checkPeer(int peer, const char* operation) const;
+  void requireOtherRank(int peer) const;
   TransportKind chooseTransport(const PeerDescriptor& peer);
   std::shared_ptr<const CopyHooks> stagingHooks(const char* operation) const;
 
@@ -74,6 +78,7 @@ class Engine {
   std::vector<std::shared_ptr<Connection>> connections_;
   std::vector<TransportKind> kinds_;
   std::vector<std::shared_ptr<Progress>> progress_;
+  std::shared_ptr<Pacer> pacer_;  // created with the first shaped connection
   std::vector<std::string> notes_;
   std::shared_ptr<const CopyHooks> copy_hooks_;
   std::atomic<bool> closed_{false};
