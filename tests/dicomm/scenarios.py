@@ -259,9 +259,10 @@ def socket_buffers(rank, world, store_dir, transport, args):
                            check=True).stdout.splitlines()
     mine = f"pid={os.getpid()},"
     buffers = []
-    for line, memory in zip(lines, lines[1:]):
+    for line, next_line in zip(lines, lines[1:] + [""]):
         if mine in line:
-            sizes = dict(re.findall(r"(rb|tb)(\d+)", memory))
+            # ss prints skmem:(...) on the socket's line or, in most versions, the line below it.
+            sizes = dict(re.findall(r"\b(rb|tb)(\d+)", line if "skmem" in line else next_line))
             buffers.append((int(sizes["tb"]), int(sizes["rb"])))
     barrier(ep)
     return {"buffers": buffers}
