@@ -44,10 +44,18 @@ class StageMemoryTerms:
     def bytes(self, layers: int) -> float:
         return self.fixed + layers * self.per_layer
 
-    def max_layers(self, capacity: float) -> int:
-        if capacity < self.fixed + self.per_layer:
+    def max_layers(self, capacity: float, limit: int) -> int:
+        """The most layers (at most `limit`) with bytes(layers) <= capacity, exactly as bytes() rounds."""
+        if self.bytes(1) > capacity:
             return 0
-        return int((capacity - self.fixed) // self.per_layer)
+        if self.per_layer <= 0 or self.bytes(limit) <= capacity:
+            return limit
+        layers = min(limit, int((capacity - self.fixed) // self.per_layer))
+        while layers > 0 and self.bytes(layers) > capacity:
+            layers -= 1
+        while layers < limit and self.bytes(layers + 1) <= capacity:
+            layers += 1
+        return layers
 
 
 def stage_memory_terms(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
