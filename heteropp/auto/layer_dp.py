@@ -73,11 +73,15 @@ class OrderedGroups:
     boundary_send_s: list[dict[tuple[int, int], float]]   # g -> {(tp of g, tp of g + 1): seconds}; last g: {}
     same_type_next: list[bool]                          # g and g + 1 are one chip type (monotone tp)
     monotone_tp: bool = False
+    relaxed: bool = False       # memory caps by the stage's position in its group only (a lower bound)
     tp_values: list[int] = field(default_factory=list)  # every tp any option uses, sorted
 
     def __post_init__(self) -> None:
         self.tp_values = sorted({o.tp for options in self.options for o in options})
-        self.tail_cap = min(self.micro_batches, self.layers)
+        # stages behind matter only through micro-batches in flight; relaxed: not at all
+        self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.layers)
+        self.shapes: dict = {}
+        self.candidates: np.ndarray | None = None
 
     @property
     def fronts(self) -> int:
@@ -90,23 +94,26 @@ class OrderedGroups:
 
 # ---- one group's stages at every tail ----------------------------------------------------------------
 @dataclass
-class GroupStep:
-    """For one option of group g and one front slice: per tail (stages already behind), the most layers
-    the group's stages admit under M (hi), the fixed part of their per-micro-batch terms (ks) and whether
-    every stage admits at least one layer (valid)."""
-    option: Option
-    option_index: int
-    front: int
-    hi: np.ndarray
+class GroupSteps:
+    """Every way to place group g under bound M: per pair (option, front slice) and per tail (stages
+    already behind), the most layers its stages admit (hi), whether each stage admits one (valid), and
+    the fixed part of their per-micro-batch terms (ks, per pair)."""
+    options: list[Option]
+    option_index: np.ndarray   # per pair
+    front: np.ndarray          # per pair: the slice it reads
+    destination: np.ndarray    # per pair: the slice it writes (its tp)
+    pp: np.ndarray
+    compute_s: np.ndarray
     ks: np.ndarray
-    valid: np.ndarray
+    hi: np.ndarray             # (pairs, tails)
+    valid: np.ndarray          # (pairs, tails)
 
 
 def _allowance(option: Option, bound: float, fixed_weight: float, b_minus_alpha: float) -> float:
     """Most layers a stage may hold under bound M: A * k + KW <= M."""
-    weight = b_minus_alpha * option.compute_s + option.update_s
     if bound == INF:
         return INF
+    weight = b_minus_alpha * option.compute_s + option.update_s
     room = bound - fixed_weight
     if room < -abs(bound) * _ROUND:
         return -1.0
@@ -115,90 +122,168 @@ def _allowance(option: Option, bound: float, fixed_weight: float, b_minus_alpha:
     return math.floor(room / weight * (1 + _ROUND) + _ROUND)
 
 
-def group_steps(problem: OrderedGroups, g: int, bound: float) -> list[GroupStep]:
-    """Every (option, front) step of group g under bound M (inf: memory caps only)."""
+def _ends(option: Option, first: bool, last: bool, send: float) -> tuple[float, float]:
+    """(S extra, update extra) of a stage: embedding if first, head if last, twice its send."""
+    extra = (option.first_extra_s if first else 0.0) + (option.last_extra_s if last else 0.0) + 2 * send
+    update = (option.first_update_s if first else 0.0) + (option.last_update_s if last else 0.0)
+    return extra, update
+
+
+def _allowances(bound: float, fixed_weight: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """_allowance over arrays of stage variants."""
+    if bound == INF:
+        return np.full(len(weight), INF)
+    room = bound - fixed_weight
+    with np.errstate(divide="ignore", invalid="ignore"):
+        count = np.floor(room / weight * (1 + _ROUND) + _ROUND)
+    count = np.where(weight <= 0, INF, count)
+    return np.where(room < -abs(bound) * _ROUND, -1.0, count)
+
+
+@dataclass
+class _GroupShape:
+    """What group g's steps are made of, independent of the bound M: per option its inner stages (their
+    caps by distance, the stage range, their fixed weight), its first stage when g is the pipeline's first,
+    and per (option, front) pair the group's last stage."""
+    steps: GroupSteps                  # hi and valid left empty
+    weight: np.ndarray                 # A per option
+    inner_caps: np.ndarray             # (options, depth)
+    inner_far: np.ndarray              # per option: distance offset of the farthest inner stage (0: none)
+    inner_near: np.ndarray
+    inner_fixed: np.ndarray            # KW of an inner stage, per option
+    first_caps: np.ndarray | None      # (options, tails) or None
+    first_fixed: np.ndarray | None
+    pair_weight: np.ndarray
+    edge_caps: np.ndarray              # (pairs, tails)
+    edge_fixed: np.ndarray             # per pair
+
+
+def _shape(problem: OrderedGroups, g: int, tail_cap: int) -> _GroupShape:
     b_minus_alpha = problem.micro_batches - problem.alpha
     first_group = g == 0
-    tails = np.arange(problem.tail_cap + 1)
-    steps = []
-    fronts = [len(problem.tp_values)] if g == len(problem.options) - 1 else range(len(problem.tp_values))
-    for index, option in enumerate(problem.options[g]):
-        pp = option.pp
-
-        def stage_limit(first: bool, last: bool, send: float, position: int) -> tuple[np.ndarray, float]:
-            """Allowance of the group's stage at `position` (1 = its last) at every tail, and its S extra."""
-            extra = (option.first_extra_s if first else 0.0) + (option.last_extra_s if last else 0.0) + 2 * send
-            update = (option.first_update_s if first else 0.0) + (option.last_update_s if last else 0.0)
-            allowance = _allowance(option, bound, b_minus_alpha * extra + update, b_minus_alpha)
-            caps = option.caps.of(first, last)[tails + position]
-            return np.minimum(caps, allowance), extra
-
-        # the stages between the group's last and (when it is the pipeline's first group) its first
-        inner_positions = list(range(2, pp + 1))
-        special_first = first_group and pp >= 2
-        if special_first:
-            inner_positions = inner_positions[:-1]
-        inner_hi = np.zeros(len(tails))
-        inner_ks = 0.0
-        inner_valid = np.ones(len(tails), dtype=bool)
-        if inner_positions:
-            allowance = _allowance(option, bound, b_minus_alpha * 2 * option.inner_send_s, b_minus_alpha)
-            caps = option.caps.middle
-            far, near = inner_positions[-1], inner_positions[0]
-            # caps fall with distance (more micro-batches in flight): sum them by a running total
-            running = np.cumsum(np.minimum(caps, allowance))
-            inner_hi = running[tails + far] - running[tails + near - 1]
-            inner_valid = np.minimum(caps[tails + far], allowance) >= 1
-            inner_ks = len(inner_positions) * 2 * option.inner_send_s
-        if special_first:
-            first_hi, first_ks = stage_limit(True, False, option.inner_send_s, pp)
-            inner_hi = inner_hi + first_hi
-            inner_valid = inner_valid & (first_hi >= 1)
-            inner_ks += first_ks
+    tails = np.zeros(tail_cap + 1, dtype=np.int64) if problem.relaxed else np.arange(tail_cap + 1)
+    options = problem.options[g]
+    last_slice = len(problem.tp_values)
+    fronts = [last_slice] if g == len(problem.options) - 1 else range(last_slice)
+    weight = np.array([b_minus_alpha * o.compute_s + o.update_s for o in options])
+    far, near, inner_fixed, inner_ks = [], [], [], []
+    first_caps, first_fixed, first_ks = [], [], []
+    for option in options:
+        positions = list(range(2, option.pp + 1))
+        if first_group and option.pp >= 2:
+            positions = positions[:-1]
+            extra, update = _ends(option, True, False, option.inner_send_s)
+            first_caps.append(option.caps.first[tails + option.pp])
+            first_fixed.append(b_minus_alpha * extra + update)
+            first_ks.append(extra)
+        else:
+            first_caps.append(np.full(len(tails), INF))
+            first_fixed.append(-INF)
+            first_ks.append(0.0)
+        far.append(positions[-1] if positions else 0)
+        near.append(positions[0] if positions else 1)
+        inner_fixed.append(b_minus_alpha * 2 * option.inner_send_s)
+        inner_ks.append(len(positions) * 2 * option.inner_send_s)
+    pairs, edge_caps, edge_fixed, kss = [], [], [], []
+    for index, option in enumerate(options):
+        edge_first = first_group and option.pp == 1
         for front in fronts:
             front_tp = problem.front_tp(front)
-            if (front_tp is not None and problem.monotone_tp and problem.same_type_next[g]
-                    and option.tp < front_tp):
-                continue
-            if front_tp is not None and (option.tp, front_tp) not in problem.boundary_send_s[g]:
-                continue  # the next group has no option at that tp
-            last_stage_first = first_group and pp == 1
+            if front_tp is not None:
+                if problem.monotone_tp and problem.same_type_next[g] and option.tp < front_tp:
+                    continue
+                if (option.tp, front_tp) not in problem.boundary_send_s[g]:
+                    continue  # the next group has no option at that tp
             send = 0.0 if front_tp is None else problem.boundary_send_s[g][(option.tp, front_tp)]
-            edge_hi, edge_ks = stage_limit(last_stage_first, front_tp is None, send, 1)
-            valid = inner_valid & (edge_hi >= 1)
-            hi = np.where(valid, inner_hi + edge_hi, -1.0)
-            steps.append(GroupStep(option=option, option_index=index, front=front, hi=hi,
-                                   ks=np.full(len(tails), inner_ks + edge_ks), valid=valid))
-    return steps
+            extra, update = _ends(option, edge_first, front_tp is None, send)
+            pairs.append((index, front, problem.tp_values.index(option.tp), option.pp, option.compute_s))
+            edge_caps.append(option.caps.of(edge_first, front_tp is None)[tails + 1])
+            edge_fixed.append(b_minus_alpha * extra + update)
+            kss.append(inner_ks[index] + first_ks[index] + extra)
+    columns = list(zip(*pairs)) if pairs else [[]] * 5
+    index = np.array(columns[0], dtype=np.int64)
+    steps = GroupSteps(options=options, option_index=index, front=np.array(columns[1], dtype=np.int64),
+                       destination=np.array(columns[2], dtype=np.int64), pp=np.array(columns[3], dtype=np.int64),
+                       compute_s=np.array(columns[4], dtype=float), ks=np.array(kss, dtype=float),
+                       hi=np.zeros((len(pairs), len(tails))), valid=np.zeros((len(pairs), len(tails)), dtype=bool))
+    has_first = first_group and any(o.pp >= 2 for o in options)
+    return _GroupShape(steps=steps, weight=weight, inner_caps=np.array([o.caps.middle for o in options]),
+                       inner_far=np.array(far), inner_near=np.array(near), inner_fixed=np.array(inner_fixed),
+                       first_caps=np.array(first_caps) if has_first else None,
+                       first_fixed=np.array(first_fixed) if has_first else None,
+                       pair_weight=weight[index] if len(pairs) else np.zeros(0),
+                       edge_caps=np.array(edge_caps).reshape(len(pairs), len(tails)), edge_fixed=np.array(edge_fixed))
+
+
+def group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int | None = None) -> GroupSteps:
+    """Every (option, front) step of group g under bound M (inf: memory caps only), at tails
+    0..tail_cap (default: the problem's, capped at b)."""
+    tail_cap = problem.tail_cap if tail_cap is None else tail_cap
+    key = (g, tail_cap)
+    shape = problem.shapes.get(key)
+    if shape is None:
+        shape = problem.shapes[key] = _shape(problem, g, tail_cap)
+    steps = shape.steps
+    if not len(steps.pp):
+        return steps
+    tails = np.zeros(tail_cap + 1, dtype=np.int64) if problem.relaxed else np.arange(tail_cap + 1)
+    # inner stages: caps fall with distance (more micro-batches in flight); sum them by a running total
+    limited = np.minimum(shape.inner_caps, _allowances(bound, shape.inner_fixed, shape.weight)[:, None])
+    running = np.concatenate([np.zeros((len(limited), 1)), np.cumsum(limited[:, 1:], axis=1)], axis=1)
+    rows = np.arange(len(limited))[:, None]
+    has_inner = (shape.inner_far > 0)[:, None]
+    inner_hi = np.where(has_inner, running[rows, tails[None, :] + shape.inner_far[:, None]]
+                        - running[rows, tails[None, :] + shape.inner_near[:, None] - 1], 0.0)
+    inner_valid = ~has_inner | (limited[rows, tails[None, :] + shape.inner_far[:, None]] >= 1)
+    if shape.first_caps is not None:
+        first_hi = np.minimum(shape.first_caps, _allowances(bound, shape.first_fixed, shape.weight)[:, None])
+        special = np.isfinite(shape.first_fixed)[:, None]
+        inner_hi = inner_hi + np.where(special, first_hi, 0.0)
+        inner_valid = inner_valid & (~special | (first_hi >= 1))
+    edge_hi = np.minimum(shape.edge_caps, _allowances(bound, shape.edge_fixed, shape.pair_weight)[:, None])
+    hi = inner_hi[steps.option_index] + edge_hi
+    valid = inner_valid[steps.option_index] & (edge_hi >= 1) & (hi >= steps.pp[:, None])
+    return GroupSteps(options=steps.options, option_index=steps.option_index, front=steps.front,
+                      destination=steps.destination, pp=steps.pp, compute_s=steps.compute_s, ks=steps.ks, hi=hi,
+                      valid=valid)
 
 
 # ---- the sum table -------------------------------------------------------------------------------------
-def _window_min(values: np.ndarray, low: int, highs: np.ndarray) -> np.ndarray:
-    """out[r, y] = min(values[r, x] for y - highs[r] <= x <= y - low); inf where the window is empty."""
+def _window_min(values: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.ndarray:
+    """out[r, y] = min(values[r, x] for y - highs[r] <= x <= y - lows[r]); inf where the window is empty."""
     rows, width = values.shape
     pad = width
     padded = np.concatenate([np.full((rows, pad), INF), values], axis=1)
     highs = np.minimum(highs.astype(np.int64), width - 1)
-    lengths = highs - low + 1
-    levels = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
+    lows = lows.astype(np.int64)
+    levels = np.floor(np.log2(np.maximum(highs - lows + 1, 1))).astype(np.int64)
     tables = [padded]
     for level in range(1, int(levels.max()) + 1):
         half = 1 << (level - 1)
         previous = tables[-1]
         tables.append(np.minimum(previous[:, :-half], previous[:, half:]))
     y = np.arange(width)
-    out = np.full((rows, width), INF)
+    out = np.empty((rows, width))
     for level in np.unique(levels):
         chosen = np.nonzero(levels == level)[0]
         table = tables[level][chosen]
+        span = table.shape[1]
+        base = (np.arange(len(chosen)) * span)[:, None]
         start = y[None, :] - highs[chosen, None] + pad
-        end = y[None, :] - low + pad - (1 << level) + 1
-        start = np.clip(start, 0, table.shape[1] - 1)
-        end = np.clip(end, 0, table.shape[1] - 1)
-        found = np.minimum(np.take_along_axis(table, start, axis=1), np.take_along_axis(table, end, axis=1))
-        found[:, y < low] = INF
-        out[chosen] = found
+        end = y[None, :] - lows[chosen, None] + pad - (1 << level) + 1
+        flat = table.ravel()
+        out[chosen] = np.minimum(flat[base + np.clip(start, 0, span - 1)], flat[base + np.clip(end, 0, span - 1)])
+    out[y[None, :] < lows[:, None]] = INF
     return out
+
+
+def _reduce_rows(target: np.ndarray, destinations: np.ndarray, values: np.ndarray, op) -> None:
+    """target[d] = op(target[d], op-reduction of values[destinations == d]) for every row index d."""
+    order = np.argsort(destinations, kind="stable")
+    destinations, values = destinations[order], values[order]
+    starts = np.flatnonzero(np.r_[True, destinations[1:] != destinations[:-1]])
+    reduced = op.reduceat(values, starts, axis=0)
+    target[destinations[starts]] = op(target[destinations[starts]], reduced)
 
 
 @dataclass
@@ -206,7 +291,7 @@ class SumTables:
     """The tables of one bound M, kept to rebuild the plan: tables[s] after s groups from the end."""
     bound: float
     tables: list[np.ndarray]
-    steps: list[list[GroupStep]]
+    steps: list[GroupSteps]
 
     def best(self) -> tuple[float, int, int]:
         """(min sum, front slice, tail) over the full table at exactly L layers."""
@@ -221,27 +306,26 @@ def sum_tables(problem: OrderedGroups, bound: float) -> SumTables:
     table = np.full((fronts, tails, width), INF)
     table[fronts - 1, 0, 0] = 0.0
     tables, all_steps = [table], []
-    positions = np.arange(width)
+    positions = np.arange(width, dtype=float)
     for g in range(len(problem.options) - 1, -1, -1):
         steps = group_steps(problem, g, bound)
         new = np.full((fronts, tails, width), INF)
-        for step in steps:
-            option = step.option
-            rows = np.nonzero(step.valid & np.isfinite(table[step.front]).any(axis=1))[0]
-            rows = rows[step.hi[rows] >= option.pp]
-            if not len(rows):
-                continue
-            shifted = table[step.front][rows] - option.compute_s * positions[None, :]
-            placed = _window_min(shifted, option.pp, step.hi[rows])
-            placed += option.compute_s * positions[None, :] + step.ks[rows, None]
-            j = problem.tp_values.index(option.tp)
-            destinations = np.minimum(rows + option.pp, problem.tail_cap)
-            for destination in np.unique(destinations):
-                merged = placed[destinations == destination].min(axis=0)
-                np.minimum(new[j, destination], merged, out=new[j, destination])
+        reachable = np.isfinite(table).any(axis=2)                       # (fronts, tails)
+        pair, tail = np.nonzero(steps.valid & reachable[steps.front])
+        if len(pair):
+            rate = steps.compute_s[pair][:, None]
+            shifted = table[steps.front[pair], tail] - rate * positions[None, :]
+            placed = _window_min(shifted, steps.pp[pair], steps.hi[pair, tail])
+            placed += rate * positions[None, :] + steps.ks[pair][:, None]
+            destination = steps.destination[pair] * tails + np.minimum(tail + steps.pp[pair], problem.tail_cap)
+            _reduce_rows(new.reshape(fronts * tails, width), destination, placed, np.minimum)
         tables.append(new)
         all_steps.append(steps)
         table = new
+        if not np.isfinite(table).any():
+            break
+    while len(tables) < len(problem.options) + 1:
+        tables.append(np.full((fronts, tails, width), INF))
     return SumTables(bound=bound, tables=tables, steps=all_steps)
 
 
@@ -252,14 +336,15 @@ def most_layers(problem: OrderedGroups, bound: float) -> float:
     most = np.full((fronts, depth), -INF)
     most[fronts - 1, 0] = 0.0
     for g in range(len(problem.options) - 1, -1, -1):
-        new = np.full((fronts, depth), -INF)
-        for step in group_steps_exact_tail(problem, g, bound):
-            pp = step.option.pp
-            reach = most[step.front][: depth - pp] + step.hi[: depth - pp]
-            reach = np.where(step.valid[: depth - pp] & (step.hi[: depth - pp] >= pp), reach, -INF)
-            j = problem.tp_values.index(step.option.tp)
-            np.maximum(new[j, pp:], reach, out=new[j, pp:])
-        most = new
+        steps = group_steps(problem, g, bound, tail_cap=problem.layers)
+        new = np.full(fronts * depth, -INF)
+        pair, tail = np.nonzero(steps.valid & np.isfinite(most[steps.front]))
+        keep = tail + steps.pp[pair] < depth
+        pair, tail = pair[keep], tail[keep]
+        if len(pair):
+            reach = most[steps.front[pair], tail] + steps.hi[pair, tail]
+            np.maximum.at(new, steps.destination[pair] * depth + tail + steps.pp[pair], reach)
+        most = new.reshape(fronts, depth)
         if not np.isfinite(most).any():
             return -INF
     return float(most.max())
@@ -269,18 +354,14 @@ def feasible(problem: OrderedGroups, bound: float) -> bool:
     return most_layers(problem, bound) >= problem.layers
 
 
-def group_steps_exact_tail(problem: OrderedGroups, g: int, bound: float) -> list[GroupStep]:
-    """group_steps over tails 0..L (not capped at b): the feasibility recursion counts stages exactly."""
-    capped = problem.tail_cap
-    problem.tail_cap = problem.layers
-    try:
-        return group_steps(problem, g, bound)
-    finally:
-        problem.tail_cap = capped
-
-
 def bound_candidates(problem: OrderedGroups) -> np.ndarray:
     """Every value A * k + KW a stage's weight can take (k = 1..L), sorted: the bounds worth trying."""
+    if problem.candidates is None:
+        problem.candidates = _bound_candidates(problem)
+    return problem.candidates
+
+
+def _bound_candidates(problem: OrderedGroups) -> np.ndarray:
     b_minus_alpha = problem.micro_batches - problem.alpha
     weights, fixed = [], []
     last = len(problem.options) - 1
@@ -320,43 +401,41 @@ def rebuild(problem: OrderedGroups, solved: SumTables) -> list[PlacedGroup]:
         found = _find_source(problem, solved.steps[s], previous, front, tail, layers, value)
         if found is None:
             raise AssertionError("dynamic programme: no source state reproduces the optimum")
-        step, source_tail, group_layers, source_value = found
-        allowances = _stage_allowances(problem, g, step, source_tail, solved.bound)
-        placed.append(PlacedGroup(option=step.option, stage_layers=_spread(group_layers, allowances)))
-        front, tail, layers, value = step.front, source_tail, layers - group_layers, source_value
+        pair, source_tail, group_layers, source_value = found
+        steps = solved.steps[s]
+        option, source_front = steps.options[int(steps.option_index[pair])], int(steps.front[pair])
+        allowances = _stage_allowances(problem, g, option, source_front, source_tail, solved.bound)
+        placed.append(PlacedGroup(option=option, stage_layers=_spread(group_layers, allowances)))
+        front, tail, layers, value = source_front, source_tail, layers - group_layers, source_value
     return placed
 
 
-def _find_source(problem, steps, previous, front, tail, layers, value):
+def _find_source(problem, steps: GroupSteps, previous, front, tail, layers, value):
     tolerance = 1e-9 * max(1.0, abs(value))
-    target_tp = problem.front_tp(front)
-    for step in steps:
-        option = step.option
-        if option.tp != target_tp:
-            continue
+    for pair in np.nonzero(steps.destination == front)[0]:
+        pp, rate, source_front = int(steps.pp[pair]), float(steps.compute_s[pair]), int(steps.front[pair])
         for source_tail in range(problem.tail_cap + 1):
-            if min(source_tail + option.pp, problem.tail_cap) != tail or not step.valid[source_tail]:
+            if min(source_tail + pp, problem.tail_cap) != tail or not steps.valid[pair, source_tail]:
                 continue
-            high = int(min(step.hi[source_tail], layers))
-            for group_layers in range(option.pp, high + 1):
-                before = previous[step.front, source_tail, layers - group_layers]
-                if abs(before + option.compute_s * group_layers + step.ks[source_tail] - value) <= tolerance:
-                    return step, source_tail, group_layers, float(before)
+            for group_layers in range(pp, int(min(steps.hi[pair, source_tail], layers)) + 1):
+                before = previous[source_front, source_tail, layers - group_layers]
+                if abs(before + rate * group_layers + steps.ks[pair] - value) <= tolerance:
+                    return pair, source_tail, group_layers, float(before)
     return None
 
 
-def _stage_allowances(problem: OrderedGroups, g: int, step: GroupStep, tail: int, bound: float) -> list[int]:
+def _stage_allowances(problem: OrderedGroups, g: int, option: Option, front: int, tail: int,
+                      bound: float) -> list[int]:
     """Each stage's allowance (pipeline order within the group) at this tail."""
-    option, b_minus_alpha = step.option, problem.micro_batches - problem.alpha
-    front_tp = problem.front_tp(step.front)
+    b_minus_alpha = problem.micro_batches - problem.alpha
+    front_tp = problem.front_tp(front)
     result = []
     for position in range(option.pp, 0, -1):
         first = g == 0 and position == option.pp
         last = position == 1 and front_tp is None
         send = (0.0 if last else problem.boundary_send_s[g][(option.tp, front_tp)] if position == 1
                 else option.inner_send_s)
-        extra = (option.first_extra_s if first else 0.0) + (option.last_extra_s if last else 0.0) + 2 * send
-        update = (option.first_update_s if first else 0.0) + (option.last_update_s if last else 0.0)
+        extra, update = _ends(option, first, last, send)
         allowance = _allowance(option, bound, b_minus_alpha * extra + update, b_minus_alpha)
         result.append(int(min(option.caps.of(first, last)[tail + position], allowance)))
     return result

@@ -25,6 +25,7 @@ work left (the plan is within best / bound - 1 of the optimum).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -38,7 +39,7 @@ from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig
 from h2.core.strategy import StageSpec, Strategy
 from heteropp.auto.evaluation import evaluate_strategy
-from heteropp.auto.memory import stage_memory_terms_at
+from heteropp.auto.memory import stage_caps, stage_memory_terms_at
 from heteropp.auto.profiles import Profile
 from heteropp.auto.stage_terms import check_cost_model, embedding_terms, head_terms, transfer_s
 from heteropp.auto import layer_dp
@@ -208,18 +209,18 @@ class _TimeUp(Exception):
 # ---- one problem ---------------------------------------------------------------------------------------
 @dataclass
 class _Item:
-    """One (dp, grouping): its groups per type, their options, and lower bounds for every plan in it:
-    on the max term (cover_s), on the sum of per-micro-batch stage terms (floor_sum_s), and on T."""
+    """One (dp, grouping): its groups per type and their options."""
     dp: int
     groups: dict[str, list[Group]]
     options: dict[tuple[str, int], list[Option]]
-    cover_s: float = 0.0
-    floor_sum_s: float = 0.0
-    lower_bound_s: float = 0.0
-    orders_left: int = 0
+    lower_bound_s: float = 0.0          # below every plan of the item (order-free relaxation)
+    pending: list = field(default_factory=list)   # (lower bound, kind, key, least M, floor) of work not done yet
+    problems: dict = field(default_factory=dict)  # ordered problems built so far
 
 
 class Planner:
+    """Options of every group, ordered problems (exact or relaxed) of one (dp, grouping, stage order)."""
+
     def __init__(self, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile],
                  *, cost_model: str = "full", monotone_tp: bool = False):
         self.cluster, self.model, self.training, self.profiles = cluster, model, training, profiles
@@ -229,6 +230,8 @@ class Planner:
         self.evaluated = 0
         self.bounded = 0
         self._sends: dict = {}
+        self._options: dict = {}
+        self._caps: dict = {}
 
     @property
     def full(self) -> bool:
@@ -236,11 +239,14 @@ class Planner:
 
     # ---- options of one group --------------------------------------------------------------------------
     def group_options(self, group: Group, dp: int) -> list[Option]:
+        key = (group.chip.name, group.count, dp)
+        if key not in self._options:
+            self._options[key] = self._group_options(group, dp)
+        return self._options[key]
+
+    def _group_options(self, group: Group, dp: int) -> list[Option]:
         chip, profile = group.chip, self.profiles[group.chip.name]
         total_layers = self.model.num_layers
-        micro_batches = self.training.micro_batch_units // dp
-        depth = 2 * total_layers + 2
-        in_flight = np.minimum(np.arange(depth), micro_batches)
         options = []
         for tp in chip.tp_sizes():
             if group.count % (tp * dp):
@@ -259,44 +265,41 @@ class Planner:
                                     micro_batch_size=self.training.micro_batch_size) if self.full else None
             last = head_terms(self.model, self.training, chip, profile, layer, dp=dp,
                               micro_batch_size=self.training.micro_batch_size) if self.full else None
-            inner_send = self.send_s(chip, tp, chip, tp, dp)
             for recompute in (False, True):
-                caps = self._caps(chip, layer, dp, recompute, in_flight, total_layers)
-                if not recompute and min(c[depth - 1] for c in (caps.middle, caps.first, caps.last)) >= total_layers:
-                    options.append(self._option(tp, recompute, pp, layer, update, caps, first, last, inner_send))
+                caps = self.caps(chip, layer, dp, recompute)
+                options.append(Option(
+                    tp=tp, recompute=recompute, pp=pp, compute_s=layer.compute_s(recompute), update_s=update, caps=caps,
+                    first_extra_s=first.forward_s + first.backward_s if first else 0.0,
+                    first_update_s=first.update_s if first else 0.0,
+                    last_extra_s=last.forward_s + last.backward_s if last else 0.0,
+                    last_update_s=last.update_s if last else 0.0, inner_send_s=self.send_s(chip, tp, chip, tp, dp)))
+                if not recompute and min(c[-1] for c in (caps.middle, caps.first, caps.last)) >= total_layers:
                     break  # recompute would only cost time: every stage already holds every layer
-                options.append(self._option(tp, recompute, pp, layer, update, caps, first, last, inner_send))
         return options
 
-    def _option(self, tp, recompute, pp, layer, update, caps, first, last, inner_send) -> Option:
-        return Option(tp=tp, recompute=recompute, pp=pp, compute_s=layer.compute_s(recompute), update_s=update,
-                      caps=caps, first_extra_s=first.forward_s + first.backward_s if first else 0.0,
-                      first_update_s=first.update_s if first else 0.0,
-                      last_extra_s=last.forward_s + last.backward_s if last else 0.0,
-                      last_update_s=last.update_s if last else 0.0, inner_send_s=inner_send)
-
-    def _caps(self, chip: ChipType, layer, dp: int, recompute: bool, in_flight: np.ndarray, limit: int):
-        def caps_for(first: bool, last: bool) -> np.ndarray:
-            values = np.zeros(len(in_flight))
-            memo: dict[int, int] = {}
-            for d in range(1, len(in_flight)):
-                held = int(in_flight[d])
-                if held not in memo:
-                    terms = stage_memory_terms_at(self.model, self.training, layer, dp=dp, recompute=recompute,
-                                                  in_flight=held, first=first, last=last)
-                    memo[held] = terms.max_layers(chip.capacity_bytes, limit)
-                    if memo[held] < 1 and held == 1:
-                        where = "the first stage" if first else "the last stage" if last else "a middle stage"
-                        self.infeasible.note_overflow(terms.bytes(1) / chip.capacity_bytes, (
-                            f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} "
-                            f"tp={layer.tp} recompute={'on' if recompute else 'off'}, {where}) needs "
-                            f"{terms.bytes(1) / GB:.1f} GB per chip for one layer, capacity "
-                            f"{chip.capacity_bytes / GB:.1f} GB"))
-                values[d] = memo[held]
-            return values
-
-        return StageVariantCaps(middle=caps_for(False, False), first=caps_for(True, False),
-                                last=caps_for(False, True), both=caps_for(True, True))
+    def caps(self, chip: ChipType, layer, dp: int, recompute: bool) -> StageVariantCaps:
+        key = (chip.name, layer.tp, dp, recompute)
+        if key in self._caps:
+            return self._caps[key]
+        total = self.model.num_layers
+        in_flight = np.minimum(np.arange(2 * total + 2), self.training.micro_batch_units // dp)
+        in_flight[0] = 1   # distance 0 is never read
+        variants = {}
+        for first, last in ((False, False), (True, False), (False, True), (True, True)):
+            variants[(first, last)] = stage_caps(self.model, self.training, layer, dp=dp, recompute=recompute,
+                                                 in_flight=in_flight, first=first, last=last,
+                                                 capacity=chip.capacity_bytes, limit=total)
+            if variants[(first, last)][1] < 1:
+                terms = stage_memory_terms_at(self.model, self.training, layer, dp=dp, recompute=recompute,
+                                              in_flight=1, first=first, last=last)
+                where = "the first stage" if first else "the last stage" if last else "a middle stage"
+                self.infeasible.note_overflow(terms.bytes(1) / chip.capacity_bytes, (
+                    f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} "
+                    f"tp={layer.tp} recompute={'on' if recompute else 'off'}, {where}) needs "
+                    f"{terms.bytes(1) / GB:.1f} GB per chip for one layer, capacity {chip.capacity_bytes / GB:.1f} GB"))
+        self._caps[key] = StageVariantCaps(middle=variants[(False, False)], first=variants[(True, False)],
+                                           last=variants[(False, True)], both=variants[(True, True)])
+        return self._caps[key]
 
     def send_s(self, chip_a: ChipType, tp_a: int, chip_b: ChipType, tp_b: int, dp: int) -> float:
         """One micro-batch between stages (0 under the paper's model)."""
@@ -309,7 +312,7 @@ class Planner:
             self._sends[key] = occupancy + latency
         return self._sends[key]
 
-    # ---- items, orders, bounds -----------------------------------------------------------------------
+    # ---- items and their ordered problems --------------------------------------------------------------
     def item(self, dp: int, groups: dict[str, list[Group]]) -> _Item | None:
         options: dict[tuple[str, int], list[Option]] = {}
         for name, type_list in groups.items():
@@ -323,53 +326,34 @@ class Planner:
             self.infeasible.depth = (f"no feasible strategy: every configuration has more pipeline stages than the "
                                      f"model's {self.model.num_layers} layers")
             return None
-        item = _Item(dp=dp, groups=groups, options=options)
-        item.cover_s = self.cover_bound(item)
-        item.floor_sum_s = self.floor_sum(item)
-        item.lower_bound_s = (item.cover_s + self.training.alpha * item.floor_sum_s) * _TIE
-        return item
+        return _Item(dp=dp, groups=groups, options=options)
 
-    def cover_bound(self, item: _Item) -> float:
-        """A bound below every plan's max term: the least M whose continuous cover of the layers (every group
-        at its best option, stages at their largest memory cap, no end or transfer terms) reaches L."""
-        total, alpha = self.model.num_layers, self.training.alpha
-        b_minus_alpha = self.training.micro_batch_units // item.dp - alpha
-        groups = [item.options[(name, group.count)] for name, type_list in item.groups.items() for group in type_list]
-        if sum(min(o.pp for o in options) for options in groups) > total:
-            return math.inf
+    def ordered(self, item: _Item, order: tuple[str, ...], *, relaxed: bool = False, free_ends: bool = False,
+                free_first: bool = False) -> tuple[OrderedGroups, list[Group], float]:
+        key = (order, relaxed, free_ends, free_first)
+        if key not in item.problems:
+            item.problems[key] = self._ordered(item, order, relaxed=relaxed, free_ends=free_ends, free_first=free_first)
+        return item.problems[key]
 
-        def cover(bound: float) -> float:
-            held = 0.0
-            for options in groups:
-                held += max(o.pp * min(o.caps.middle[1], bound / w if (w := b_minus_alpha * o.compute_s + o.update_s)
-                                       > 0 else math.inf) for o in options)
-            return held
+    def _ordered(self, item: _Item, order: tuple[str, ...], *, relaxed: bool, free_ends: bool,
+                 free_first: bool) -> tuple[OrderedGroups, list[Group], float]:
+        """The problem of one stage order, its groups, and a constant to add to the sum of stage terms.
 
-        if cover(math.inf) < total:
-            return math.inf
-        low, high = 0.0, 1.0
-        while cover(high) < total:
-            high *= 2
-        for _ in range(60):
-            middle = (low + high) / 2
-            low, high = (low, middle) if cover(middle) >= total else (middle, high)
-        return low
-
-    def floor_sum(self, item: _Item) -> float:
-        """A bound below every plan's sum of per-micro-batch stage terms: each type's fewest stages at its
-        cheapest layer time, the other layers at the cheapest of all, the cheapest embedding and head."""
-        every = [o for name, type_list in item.groups.items() for g in type_list for o in item.options[(name, g.count)]]
-        stages = cheapest = 0.0
-        for name, type_list in item.groups.items():
-            least = sum(min(o.pp for o in item.options[(name, g.count)]) for g in type_list)
-            stages += least
-            cheapest += least * min(o.compute_s for g in type_list for o in item.options[(name, g.count)])
-        ends = (min(o.first_extra_s for o in every) + min(o.last_extra_s for o in every)) if self.full else 0.0
-        return (cheapest + (self.model.num_layers - stages) * min(o.compute_s for o in every) + ends) * _TIE
-
-    def ordered(self, item: _Item, order: tuple[str, ...]) -> tuple[OrderedGroups, list[Group]]:
+        relaxed: memory caps by position in the group only, type boundaries at the cheapest transfer of any
+        pair of types; free_ends / free_first: the head and embedding (or the embedding only) leave the
+        stage weights and join the sum as the cheapest of any type. Each relaxation only lowers the cost, so
+        the result bounds every order that agrees with the parts kept."""
         groups = [group for name in order for group in item.groups[name]]
         options = [item.options[(group.chip.name, group.count)] for group in groups]
+        constant = 0.0
+        every = [o for group_options in item.options.values() for o in group_options]
+        if free_ends or free_first:
+            constant += min(o.first_extra_s for o in every)
+            if free_ends:
+                constant += min(o.last_extra_s for o in every)
+            options = [[dataclasses.replace(o, first_extra_s=0.0, first_update_s=0.0,
+                                            **({"last_extra_s": 0.0, "last_update_s": 0.0} if free_ends else {}))
+                        for o in group_options] for group_options in options]
         boundary, same = [], []
         for g, group in enumerate(groups):
             if g == len(groups) - 1:
@@ -377,13 +361,35 @@ class Planner:
                 same.append(False)
                 continue
             following = groups[g + 1]
-            boundary.append({(a.tp, b.tp): self.send_s(group.chip, a.tp, following.chip, b.tp, item.dp)
+            same_type = following.chip.name == group.chip.name
+            boundary.append({(a.tp, b.tp): self._boundary_send(item, group, a.tp, following, b.tp, relaxed and not same_type)
                              for a in options[g] for b in options[g + 1]})
-            same.append(following.chip.name == group.chip.name)
+            same.append(same_type)
         problem = OrderedGroups(micro_batches=self.training.micro_batch_units // item.dp, alpha=self.training.alpha,
                                 layers=self.model.num_layers, options=options, boundary_send_s=boundary,
-                                same_type_next=same, monotone_tp=self.monotone_tp)
-        return problem, groups
+                                same_type_next=same, monotone_tp=self.monotone_tp, relaxed=relaxed)
+        return problem, groups, constant
+
+    def _boundary_send(self, item: _Item, group: Group, tp_a: int, following: Group, tp_b: int, cheapest: bool) -> float:
+        if not cheapest:
+            return self.send_s(group.chip, tp_a, following.chip, tp_b, item.dp)
+        key = ("cheapest", tp_a, tp_b, item.dp)
+        if key not in self._sends:
+            chips = self.cluster.chips
+            self._sends[key] = min(self.send_s(a, tp_a, b, tp_b, item.dp) for a in chips for b in chips
+                                   if a.name != b.name)
+        return self._sends[key]
+
+
+def _covers(split: _Item, whole: _Item) -> bool:
+    """Whether every plan of the whole-type item is also one of the split item: each type's groups offer
+    every (tp, recompute) the whole type does."""
+    for name, (group,) in whole.groups.items():
+        wanted = {(o.tp, o.recompute) for o in whole.options[(name, group.count)]}
+        for part in split.groups[name]:
+            if not wanted <= {(o.tp, o.recompute) for o in split.options[(name, part.count)]}:
+                return False
+    return True
 
 
 def _orders(cluster: ClusterSpec) -> list[tuple[str, ...]]:
@@ -392,95 +398,191 @@ def _orders(cluster: ClusterSpec) -> list[tuple[str, ...]]:
     return [paper] + [order for order in itertools.permutations(paper) if order != paper]
 
 
-# ---- the search ----------------------------------------------------------------------------------------
+# ---- solving one problem: min over bounds M of M + alpha * sum(M) --------------------------------------
 class _Search:
-    def __init__(self, planner: Planner, top_k: int, deadline: float | None,
-                 progress: Callable[[Progress], None] | None, started: float):
-        self.planner, self.top_k, self.deadline, self.progress = planner, top_k, deadline, progress
-        self.started = started
+    def __init__(self, planner: Planner, top_k: int, gap: float, time_limit_s: float | None,
+                 progress: Callable[[Progress], None] | None):
+        self.planner, self.top_k, self.gap = planner, top_k, gap
+        self.started_cpu = time.process_time()
+        self.started = time.perf_counter()
+        self.time_limit_s, self.progress = time_limit_s, progress
         self.top: list[Plan] = []          # best first, one per (dp, grouping, order)
+        self.items: list[_Item] = []
         self.items_done = self.orders_done = 0
-        self.items = 0
-        self.pending_bound = math.inf
-        self._last_report = started
+        self._last_report = self.started
 
     def threshold(self) -> float:
-        return self.top[self.top_k - 1].objective_s if len(self.top) >= self.top_k else math.inf
+        """What a plan must beat to matter: the k-th best, shrunk by the accepted gap."""
+        if len(self.top) < self.top_k:
+            return math.inf
+        return self.top[self.top_k - 1].objective_s / (1 + self.gap) * _TIE
 
     def offer(self, plan: Plan) -> None:
         self.top.append(plan)
         self.top.sort(key=lambda p: p.objective_s)
         del self.top[self.top_k:]
 
-    def tick(self, lower_bound: float) -> None:
-        now = time.perf_counter()
-        if self.deadline is not None and now > self.deadline:
+    def lower_bound(self) -> float:
+        pending = [bound for item in self.items for bound, *_ in item.pending]
+        return min(pending, default=math.inf)
+
+    def tick(self) -> None:
+        if self.time_limit_s is not None and time.process_time() - self.started_cpu > self.time_limit_s:
             raise _TimeUp
+        now = time.perf_counter()
         if self.progress is not None and now - self._last_report >= 1.0:
             self._last_report = now
-            best = self.top[0].objective_s if self.top else math.inf
-            self.progress(Progress(items_done=self.items_done, items=self.items, orders_done=self.orders_done,
-                                   best_s=best, lower_bound_s=lower_bound, elapsed_s=now - self.started))
+            self.progress(Progress(items_done=self.items_done, items=len(self.items), orders_done=self.orders_done,
+                                   best_s=self.top[0].objective_s if self.top else math.inf,
+                                   lower_bound_s=min(self.lower_bound(), self.top[0].objective_s if self.top else math.inf),
+                                   elapsed_s=now - self.started))
 
-    # one (dp, grouping, order): min over bounds M of M + alpha * sum(M)
-    def solve_order(self, item: _Item, order: tuple[str, ...]) -> None:
-        planner = self.planner
-        problem, groups = planner.ordered(item, order)
-        alpha = problem.alpha
-        threshold = self.threshold()
-        candidates = layer_dp.bound_candidates(problem)
-        highest = candidates[-1] if not math.isfinite(threshold) else threshold - alpha * item.floor_sum_s
-        usable = candidates[candidates <= highest * (1 + 1e-12)] if math.isfinite(highest) else candidates
-        if not len(usable) or not layer_dp.feasible(problem, float(usable[-1])):
-            planner.bounded += 1
-            if not math.isfinite(threshold):
-                held = layer_dp.most_layers(problem, math.inf)
-                if held >= 0:
-                    planner.infeasible.note_cover(held / problem.layers, self._cover_message(item, order, held))
-            return
-        low, high = 0, len(usable) - 1
-        while low < high:                                  # the least bound that fits every layer
-            self.tick(item.lower_bound_s)
+    def least_bound(self, problem: OrderedGroups, candidates: np.ndarray) -> int | None:
+        """Index of the least candidate M under which every layer fits (None: not even the last)."""
+        if not len(candidates) or not layer_dp.feasible(problem, float(candidates[-1])):
+            return None
+        low, step = 0, 1
+        while not layer_dp.feasible(problem, float(candidates[min(low + step - 1, len(candidates) - 1)])):
+            self.tick()                                     # gallop up from the start, then bisect
+            low, step = low + step, step * 2
+        high = min(low + step - 1, len(candidates) - 1)
+        while low < high:
+            self.tick()
             middle = (low + high) // 2
-            if layer_dp.feasible(problem, float(usable[middle])):
+            if layer_dp.feasible(problem, float(candidates[middle])):
                 high = middle
             else:
                 low = middle + 1
+        return low
+
+    def candidates(self, problem: OrderedGroups, start: float, floor_sum: float) -> np.ndarray:
+        """The M worth trying: from `start` (a proved least M) to what can still beat the threshold."""
+        values = layer_dp.bound_candidates(problem)
+        values = values[values >= start * (1 - 1e-12)]
+        threshold = self.threshold()
+        if math.isfinite(threshold):
+            values = values[values + problem.alpha * floor_sum < threshold]
+        return values
+
+    def bound(self, problem: OrderedGroups, start: float, floor_sum: float) -> tuple[float, float]:
+        """(least M that fits, least M + alpha * floor): a lower bound on the problem's cost; inf when it
+        cannot beat the threshold."""
+        candidates = self.candidates(problem, start, floor_sum)
+        low = self.least_bound(problem, candidates)
+        if low is None:
+            return math.inf, math.inf
+        least = float(candidates[low])
+        return least, least + problem.alpha * floor_sum
+
+    def solve(self, problem: OrderedGroups, relaxed: OrderedGroups, *, start: float,
+              floor_sum: float) -> tuple[float, float | None]:
+        """(min over M of M + alpha * sum(M), the M that gives it), skipping what cannot beat the threshold.
+
+        sum(M) falls as M grows, so M_low + alpha * sum(M_high) bounds every M in between; ranges are split
+        in halves, first bounded by the relaxed problem's sum (cheap, never above the exact one), and
+        evaluated exactly only where that bound can still win."""
+        alpha = problem.alpha
+        candidates = self.candidates(problem, start, floor_sum)
+        low = self.least_bound(problem, candidates)
+        if low is None:
+            return math.inf, None
         best = {"value": math.inf, "bound": None}
 
-        def evaluate(index: int) -> float:
-            self.tick(item.lower_bound_s)
-            bound = float(usable[index])
-            planner.evaluated += 1
+        def exact(index: int) -> float:
+            self.tick()
+            bound = float(candidates[index])
+            self.planner.evaluated += 1
             total = layer_dp.sum_tables(problem, bound).best()[0]
-            value = bound + alpha * total
-            if value < best["value"]:
-                best["value"], best["bound"] = value, bound
+            if bound + alpha * total < best["value"]:
+                best["value"], best["bound"] = bound + alpha * total, bound
             return total
 
         def limit() -> float:
-            return min(self.threshold(), best["value"])
+            return min(self.threshold(), best["value"]) * _TIE
 
-        first = evaluate(low)
-        if alpha > 0 and len(usable) - 1 > low:
-            last = evaluate(len(usable) - 1)
-            stack = [(low, len(usable) - 1, first, last)]
-            while stack:
-                lo, hi, sum_lo, sum_hi = stack.pop()
-                if hi - lo <= 1 or sum_lo <= sum_hi * (1 + 1e-12) or \
-                        usable[lo + 1] + alpha * sum_hi >= limit() * _TIE:
-                    if hi - lo > 1:
-                        planner.bounded += 1
-                    continue
-                middle = (lo + hi) // 2
-                sum_middle = evaluate(middle)
-                stack += [(middle, hi, sum_middle, sum_hi), (lo, middle, sum_lo, sum_middle)]
-        if best["bound"] is None or best["value"] >= self.threshold() * _TIE:
+        first = exact(low)
+        if alpha == 0:
+            return best["value"], best["bound"]
+        # (lo, hi): the candidates strictly between are open; the sums at lo and hi are exact or lower bounds
+        stack = [(low, len(candidates), first, True, floor_sum, False)]   # hi: a sentinel at the floor
+        while stack:
+            lo, hi, sum_lo, lo_exact, sum_hi, hi_exact = stack.pop()
+            if hi - lo <= 1:
+                continue
+            if candidates[lo + 1] + alpha * sum_hi >= limit() or (
+                    lo_exact and hi_exact and sum_lo <= sum_hi * (1 + 1e-12)):
+                self.planner.bounded += 1
+                continue
+            middle = (lo + hi) // 2
+            self.tick()
+            lower = max(sum_hi, layer_dp.sum_tables(relaxed, float(candidates[middle])).best()[0])
+            if candidates[lo + 1] + alpha * lower >= limit():     # (lo, middle] cannot win
+                self.planner.bounded += 1
+                stack.append((middle, hi, lower, False, sum_hi, hi_exact))
+                continue
+            sum_middle = exact(middle)
+            stack += [(middle, hi, sum_middle, True, sum_hi, hi_exact), (lo, middle, sum_lo, lo_exact, sum_middle, True)]
+        return best["value"], best["bound"]
+
+    def floor(self, problem: OrderedGroups) -> float:
+        """The least sum of stage terms at any M (the sum tables with memory the only limit)."""
+        self.tick()
+        self.planner.evaluated += 1
+        return layer_dp.sum_tables(problem, math.inf).best()[0]
+
+    # ---- one item: relaxed bounds first, exact orders last ---------------------------------------------
+    def bound_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
+        """Every order at once: memory caps by position in the group, cheapest type boundaries, head and
+        embedding as the cheapest of any type (the order of the types then no longer matters)."""
+        problem, _, constant = self.planner.ordered(item, orders[0], relaxed=True, free_ends=True)
+        floor = self.floor(problem) + constant
+        least, bound = self.bound(problem, 0.0, floor)
+        item.lower_bound_s = bound
+        if math.isfinite(bound):
+            item.pending = [(bound, "last", name, least, floor) for name in item.groups]
+        else:
+            self.planner.bounded += 1
+
+    def run_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
+        planner = self.planner
+        while item.pending:
+            item.pending.sort(key=lambda entry: entry[0])
+            bound, kind, key, start, floor = item.pending[0]
+            if bound >= self.threshold():
+                planner.bounded += len(item.pending)
+                item.pending = []
+                break
+            self.tick()
+            item.pending.pop(0)
+            if kind == "last":   # the orders ending in type `key`: head placed, embedding still free
+                order = next(o for o in orders if o[-1] == key)
+                problem, _, constant = planner.ordered(item, order, relaxed=True, free_first=True)
+                floor = max(floor, self.floor(problem) + constant)
+                least, tighter = self.bound(problem, start, floor)
+                if math.isfinite(tighter):
+                    item.pending += [(max(bound, tighter), "order", o, least, floor) for o in orders if o[-1] == key]
+                else:
+                    planner.bounded += 1
+            elif kind == "order":   # the order's least M exactly (memory at every position), its floor relaxed
+                relaxed, _, constant = planner.ordered(item, key, relaxed=True)
+                floor = max(floor, self.floor(relaxed) + constant)
+                least, tighter = self.bound(planner.ordered(item, key)[0], start, floor)
+                if math.isfinite(tighter):
+                    item.pending.append((max(bound, tighter), "exact", key, least, floor))
+                else:
+                    planner.bounded += 1
+            else:
+                self.solve_exact(item, key, start, floor)
+                self.orders_done += 1
+
+    def solve_exact(self, item: _Item, order: tuple[str, ...], start: float, floor: float) -> None:
+        problem, groups, _ = self.planner.ordered(item, order)
+        relaxed, _, constant = self.planner.ordered(item, order, relaxed=True)
+        value, bound = self.solve(problem, relaxed, start=start, floor_sum=floor)
+        if bound is None or value >= self.threshold():
             return
-        solved = layer_dp.sum_tables(problem, best["bound"])
-        placed = layer_dp.rebuild(problem, solved)
-        plan = self._plan(item, groups, placed)
-        self.offer(plan)
+        placed = layer_dp.rebuild(problem, layer_dp.sum_tables(problem, bound))
+        self.offer(self._plan(item, groups, placed))
 
     def _plan(self, item: _Item, groups: list[Group], placed: list[layer_dp.PlacedGroup]) -> Plan:
         planner = self.planner
@@ -490,48 +592,32 @@ class _Search:
                     stage_layers=tuple(tuple(p.stage_layers) for p in placed))
         report = evaluate_strategy(plan.to_strategy(planner.model, planner.training), planner.cluster, planner.model,
                                    planner.training, planner.profiles, cost_model=planner.cost_model)
-        return Plan(**{**plan.__dict__, "objective_s": report.iteration_s})
-
-    def _cover_message(self, item: _Item, order: tuple[str, ...], held: float) -> str:
-        return (f"no feasible strategy: memory: the closest configuration (dp={item.dp}, stage order "
-                f"{' > '.join(order)}, {sum(len(g) for g in item.groups.values())} groups) holds at most "
-                f"{int(held)} of the model's {self.planner.model.num_layers} layers within memory")
+        return dataclasses.replace(plan, objective_s=report.iteration_s)
 
 
 def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile], *,
            cost_model: str = "full", top_k: int = 1, group_size: int | None = 128, dp: int | None = None,
-           monotone_tp: bool = False, time_limit_s: float | None = None,
+           monotone_tp: bool = False, gap: float = 0.0, time_limit_s: float | None = None,
            progress: Callable[[Progress], None] | None = None) -> SearchResult:
-    """The best plan of the space (module docstring); top_k: the best plans of distinct (dp, grouping,
-    stage order); time_limit_s: stop then and return the best so far with its proved bound."""
-    started, started_cpu = time.perf_counter(), time.process_time()
+    """The best plan of the space (module docstring). top_k: the best plans of distinct (dp, grouping,
+    stage order); gap: stop proving once no plan can be more than this fraction faster; time_limit_s: CPU
+    seconds, then the best plan so far with the bound proved."""
     planner = Planner(cluster, model, training, profiles, cost_model=cost_model, monotone_tp=monotone_tp)
-    deadline = started + time_limit_s if time_limit_s is not None else None
-    run = _Search(planner, top_k, deadline, progress, started)
-    items = []
-    for grouping in groupings(cluster, group_size):
-        for dp_value in batch_dp_values(cluster, training, dp):
-            item = planner.item(dp_value, grouping)
-            if item is not None and math.isfinite(item.lower_bound_s):
-                items.append(item)
-    items.sort(key=lambda i: i.lower_bound_s)
+    run = _Search(planner, top_k, gap, time_limit_s, progress)
     orders = _orders(cluster)
-    run.items = len(items)
-    for item in items:
-        item.orders_left = len(orders)
     optimal = True
     try:
-        for item in items:
-            if item.lower_bound_s >= run.threshold() * _TIE:
-                planner.bounded += 1
-                run.items_done += 1
-                item.orders_left = 0
-                continue
-            for order in orders:
-                run.tick(item.lower_bound_s)
-                run.solve_order(item, order)
-                item.orders_left -= 1
-                run.orders_done += 1
+        for dp_value in batch_dp_values(cluster, training, dp):
+            items = [planner.item(dp_value, grouping) for grouping in groupings(cluster, group_size)]
+            if len(items) == 2 and items[0] is not None and items[1] is not None and _covers(items[1], items[0]):
+                items = items[1:]   # every whole-type plan is a split plan with one tp per type
+            run.items += [item for item in items if item is not None]
+        for item in run.items:
+            run.tick()
+            run.bound_item(item, orders)
+        run.items.sort(key=lambda i: i.lower_bound_s)
+        for item in run.items:
+            run.run_item(item, orders)
             run.items_done += 1
     except _TimeUp:
         optimal = False
@@ -540,10 +626,8 @@ def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, pro
             raise UserError(f"--time-limit {time_limit_s:g}: no feasible plan found within the time limit")
         raise UserError(planner.infeasible.reason())
     best = run.top[0]
-    if optimal:
-        lower = best.objective_s
-    else:
-        lower = min([best.objective_s] + [i.lower_bound_s for i in items if i.orders_left > 0])
+    unexplored = [i.lower_bound_s for i in run.items if not i.pending and i.lower_bound_s == 0.0] if not optimal else []
+    lower = min([best.objective_s / (1 + gap), run.lower_bound()] + unexplored)
     return SearchResult(best=best, top=list(run.top), evaluated=planner.evaluated, bounded=planner.bounded,
-                        search_s=time.perf_counter() - started, search_cpu_s=time.process_time() - started_cpu,
-                        lower_bound_s=lower, optimal=optimal, orders=len(items) * len(orders))
+                        search_s=time.perf_counter() - run.started, search_cpu_s=time.process_time() - run.started_cpu,
+                        lower_bound_s=lower, optimal=optimal and gap == 0, orders=len(orders))
