@@ -159,7 +159,8 @@ class SearchResult:
     search_cpu_s: float
     lower_bound_s: float    # proved: no plan of the space is faster
     optimal: bool           # False when the time limit stopped the search
-    orders: int = 0         # stage orders of the space (over every dp and grouping)
+    orders: int = 0         # stage orders of the space
+    timed_out: bool = False
 
     @property
     def gap(self) -> float:
@@ -216,6 +217,7 @@ class _Item:
     lower_bound_s: float = 0.0          # below every plan of the item (order-free relaxation)
     pending: list = field(default_factory=list)   # (lower bound, kind, key, least M, floor) of work not done yet
     problems: dict = field(default_factory=dict)  # ordered problems built so far
+    bounded: bool = False
 
 
 class Planner:
@@ -537,7 +539,7 @@ class _Search:
         problem, _, constant = self.planner.ordered(item, orders[0], relaxed=True, free_ends=True)
         floor = self.floor(problem) + constant
         least, bound = self.bound(problem, 0.0, floor)
-        item.lower_bound_s = bound
+        item.lower_bound_s, item.bounded = bound, True
         if math.isfinite(bound):
             item.pending = [(bound, "last", name, least, floor) for name in item.groups]
         else:
@@ -626,8 +628,9 @@ def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, pro
             raise UserError(f"--time-limit {time_limit_s:g}: no feasible plan found within the time limit")
         raise UserError(planner.infeasible.reason())
     best = run.top[0]
-    unexplored = [i.lower_bound_s for i in run.items if not i.pending and i.lower_bound_s == 0.0] if not optimal else []
-    lower = min([best.objective_s / (1 + gap), run.lower_bound()] + unexplored)
+    unbounded = [0.0 for item in run.items if not item.bounded]   # not even bounded: nothing proved
+    lower = min([best.objective_s / (1 + gap), run.lower_bound()] + unbounded)
     return SearchResult(best=best, top=list(run.top), evaluated=planner.evaluated, bounded=planner.bounded,
                         search_s=time.perf_counter() - run.started, search_cpu_s=time.process_time() - run.started_cpu,
-                        lower_bound_s=lower, optimal=optimal and gap == 0, orders=len(orders))
+                        lower_bound_s=lower, optimal=optimal and gap == 0, orders=len(orders),
+                        timed_out=not optimal)
