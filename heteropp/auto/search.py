@@ -330,32 +330,32 @@ class Planner:
             return None
         return _Item(dp=dp, groups=groups, options=options)
 
-    def ordered(self, item: _Item, order: tuple[str, ...], *, relaxed: bool = False, free_ends: bool = False,
-                free_first: bool = False) -> tuple[OrderedGroups, list[Group], float]:
-        key = (order, relaxed, free_ends, free_first)
+    def ordered(self, item: _Item, order: tuple[str, ...], level: str = "exact") -> tuple[OrderedGroups, list[Group], float]:
+        """The problem of one stage order at a level of relaxation, its groups, and a constant to add to
+        the sum of stage terms. Levels, each a relaxation of the one before (only lowers the cost):
+          exact: the cost model;
+          order: memory caps by the stage's position in its group only (not in the pipeline);
+          last:  also the embedding off the first stage (its time the cheapest of any type, in the sum)
+                 and a type boundary's transfer the cheapest to any other type: the same for every order
+                 with this last type;
+          item:  also the head off the last stage and type boundaries free (the cheapest transfer of any
+                 pair in the sum): the same for every order."""
+        key = (order, level)
         if key not in item.problems:
-            item.problems[key] = self._ordered(item, order, relaxed=relaxed, free_ends=free_ends, free_first=free_first)
+            item.problems[key] = self._ordered(item, order, level)
         return item.problems[key]
 
-    def _ordered(self, item: _Item, order: tuple[str, ...], *, relaxed: bool, free_ends: bool,
-                 free_first: bool) -> tuple[OrderedGroups, list[Group], float]:
-        """The problem of one stage order, its groups, and a constant to add to the sum of stage terms.
-
-        relaxed: memory caps by position in the group only, type boundaries at the cheapest transfer of any
-        pair of types; free_ends / free_first: the head and embedding (or the embedding only) leave the
-        stage weights and join the sum as the cheapest of any type. Each relaxation only lowers the cost, so
-        the result bounds every order that agrees with the parts kept."""
+    def _ordered(self, item: _Item, order: tuple[str, ...], level: str) -> tuple[OrderedGroups, list[Group], float]:
         groups = [group for name in order for group in item.groups[name]]
         options = [item.options[(group.chip.name, group.count)] for group in groups]
-        constant = 0.0
         every = [o for group_options in item.options.values() for o in group_options]
-        if free_ends or free_first:
+        constant = 0.0
+        if level in ("last", "item"):
             constant += min(o.first_extra_s for o in every)
-            if free_ends:
+            if level == "item":
                 constant += min(o.last_extra_s for o in every)
-            options = [[dataclasses.replace(o, first_extra_s=0.0, first_update_s=0.0,
-                                            **({"last_extra_s": 0.0, "last_update_s": 0.0} if free_ends else {}))
-                        for o in group_options] for group_options in options]
+                constant += 2 * (len(order) - 1) * self._cheapest_crossing(item)
+            options = [[_without_ends(o, head_too=level == "item") for o in group_options] for group_options in options]
         boundary, same = [], []
         for g, group in enumerate(groups):
             if g == len(groups) - 1:
@@ -364,23 +364,41 @@ class Planner:
                 continue
             following = groups[g + 1]
             same_type = following.chip.name == group.chip.name
-            boundary.append({(a.tp, b.tp): self._boundary_send(item, group, a.tp, following, b.tp, relaxed and not same_type)
-                             for a in options[g] for b in options[g + 1]})
+            sends = {}
+            for a in options[g]:
+                for b in options[g + 1]:
+                    if same_type or level in ("exact", "order"):
+                        sends[(a.tp, b.tp)] = self.send_s(group.chip, a.tp, following.chip, b.tp, item.dp)
+                    else:
+                        sends[(a.tp, b.tp)] = 0.0 if level == "item" else self._cheapest_from(item, group.chip, a.tp)
+            boundary.append(sends)
             same.append(same_type)
         problem = OrderedGroups(micro_batches=self.training.micro_batch_units // item.dp, alpha=self.training.alpha,
                                 layers=self.model.num_layers, options=options, boundary_send_s=boundary,
-                                same_type_next=same, monotone_tp=self.monotone_tp, relaxed=relaxed)
+                                same_type_next=same, monotone_tp=self.monotone_tp, relaxed=level != "exact")
         return problem, groups, constant
 
-    def _boundary_send(self, item: _Item, group: Group, tp_a: int, following: Group, tp_b: int, cheapest: bool) -> float:
-        if not cheapest:
-            return self.send_s(group.chip, tp_a, following.chip, tp_b, item.dp)
-        key = ("cheapest", tp_a, tp_b, item.dp)
-        if key not in self._sends:
-            chips = self.cluster.chips
-            self._sends[key] = min(self.send_s(a, tp_a, b, tp_b, item.dp) for a in chips for b in chips
-                                   if a.name != b.name)
-        return self._sends[key]
+    def _cheapest_from(self, item: _Item, chip: ChipType, tp: int) -> float:
+        """The cheapest transfer from a stage of `chip` at `tp` to a stage of any other type."""
+        return min(self.send_s(chip, tp, other.chip, option.tp, item.dp)
+                   for name, groups in item.groups.items() if name != chip.name
+                   for other in groups for option in item.options[(name, other.count)])
+
+    def _cheapest_crossing(self, item: _Item) -> float:
+        """The cheapest transfer between stages of two different types."""
+        return min((self._cheapest_from(item, groups[0].chip, option.tp)
+                    for name, groups in item.groups.items() for option in item.options[(name, groups[0].count)]),
+                   default=0.0) if len(item.groups) > 1 else 0.0
+
+
+def _without_ends(option: Option, head_too: bool) -> Option:
+    """The option with the embedding (and head_too: the head) taken off its end stages: no time, and
+    the memory of a middle stage, so that which type holds the ends no longer matters."""
+    caps = option.caps
+    caps = StageVariantCaps(middle=caps.middle, first=caps.middle, last=caps.middle if head_too else caps.last,
+                            both=caps.middle if head_too else caps.last)
+    ends = {"last_extra_s": 0.0, "last_update_s": 0.0} if head_too else {}
+    return dataclasses.replace(option, first_extra_s=0.0, first_update_s=0.0, caps=caps, **ends)
 
 
 def _covers(split: _Item, whole: _Item) -> bool:
@@ -536,7 +554,7 @@ class _Search:
     def bound_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
         """Every order at once: memory caps by position in the group, cheapest type boundaries, head and
         embedding as the cheapest of any type (the order of the types then no longer matters)."""
-        problem, _, constant = self.planner.ordered(item, orders[0], relaxed=True, free_ends=True)
+        problem, _, constant = self.planner.ordered(item, orders[0], "item")
         floor = self.floor(problem) + constant
         least, bound = self.bound(problem, 0.0, floor)
         item.lower_bound_s, item.bounded = bound, True
@@ -558,7 +576,7 @@ class _Search:
             item.pending.pop(0)
             if kind == "last":   # the orders ending in type `key`: head placed, embedding still free
                 order = next(o for o in orders if o[-1] == key)
-                problem, _, constant = planner.ordered(item, order, relaxed=True, free_first=True)
+                problem, _, constant = planner.ordered(item, order, "last")
                 floor = max(floor, self.floor(problem) + constant)
                 least, tighter = self.bound(problem, start, floor)
                 if math.isfinite(tighter):
@@ -566,7 +584,7 @@ class _Search:
                 else:
                     planner.bounded += 1
             elif kind == "order":   # the order's least M exactly (memory at every position), its floor relaxed
-                relaxed, _, constant = planner.ordered(item, key, relaxed=True)
+                relaxed, _, constant = planner.ordered(item, key, "order")
                 floor = max(floor, self.floor(relaxed) + constant)
                 least, tighter = self.bound(planner.ordered(item, key)[0], start, floor)
                 if math.isfinite(tighter):
@@ -579,7 +597,7 @@ class _Search:
 
     def solve_exact(self, item: _Item, order: tuple[str, ...], start: float, floor: float) -> None:
         problem, groups, _ = self.planner.ordered(item, order)
-        relaxed, _, constant = self.planner.ordered(item, order, relaxed=True)
+        relaxed, _, constant = self.planner.ordered(item, order, "order")
         value, bound = self.solve(problem, relaxed, start=start, floor_sum=floor)
         if bound is None or value >= self.threshold():
             return

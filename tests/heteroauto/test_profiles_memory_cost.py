@@ -88,8 +88,8 @@ def test_recompute_lets_more_layers_fit(exp_c):
     training = exp_c.training
     layer = synthesise_profile(exp_c.chip("B"), MODEL, training).layer(4)
     args = dict(dp=4, position=0, num_stages=16, micro_batches=128)
-    plain = stage_memory_terms(MODEL, training, layer, recompute=False, **args).max_layers(exp_c.chip("B").capacity_bytes)
-    recompute = stage_memory_terms(MODEL, training, layer, recompute=True, **args).max_layers(exp_c.chip("B").capacity_bytes)
+    plain = stage_memory_terms(MODEL, training, layer, recompute=False, **args).max_layers(exp_c.chip("B").capacity_bytes, 96)
+    recompute = stage_memory_terms(MODEL, training, layer, recompute=True, **args).max_layers(exp_c.chip("B").capacity_bytes, 96)
     assert recompute > plain
 
 
