@@ -106,21 +106,22 @@ class Strategy:
         return ranks
 
     def validate(self, source: str = "strategy") -> None:
-        for name in ("dp", "micro_batches", "micro_batch_size"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"{source}: field '{name}' must be positive, got {getattr(self, name)}")
-        if self.seq_len is not None and self.seq_len <= 0:
-            raise UserError(f"{source}: field 'seq_len' must be positive, got {self.seq_len}")
+        for name, high in (("dp", 1 << 24), ("micro_batches", 1 << 40), ("micro_batch_size", 1 << 24)):
+            if not 0 < getattr(self, name) <= high:
+                raise UserError(f"{source}: field '{name}' must be between 1 and {high}, got {getattr(self, name)}")
+        if self.seq_len is not None and not 0 < self.seq_len <= 1 << 24:
+            raise UserError(f"{source}: field 'seq_len' must be between 1 and {1 << 24}, got {self.seq_len}")
         if not self.stages:
             raise UserError(f"{source}: field 'stages' must list at least one stage")
         for index, stage in enumerate(self.stages):
-            if stage.tp <= 0 or stage.tp & (stage.tp - 1):
-                raise UserError(f"{source}: field 'stages[{index}].tp' must be a power of two, got {stage.tp}")
+            if not 0 < stage.tp <= 1 << 10 or stage.tp & (stage.tp - 1):
+                raise UserError(f"{source}: field 'stages[{index}].tp' must be a power of two up to 1024, got {stage.tp}")
             if stage.layers <= 0:
                 raise UserError(f"{source}: field 'stages[{index}].layers' must be positive, got {stage.layers}")
             if stage.dp is not None:
-                if stage.dp <= 0:
-                    raise UserError(f"{source}: field 'stages[{index}].dp' must be positive, got {stage.dp}")
+                if not 0 < stage.dp <= 1 << 24:
+                    raise UserError(f"{source}: field 'stages[{index}].dp' must be between 1 and {1 << 24}, "
+                                    f"got {stage.dp}")
                 if self.micro_batch_sequences % stage.dp:
                     raise UserError(f"{source}: field 'stages[{index}].dp': {stage.dp} replicas cannot split a "
                                     f"micro-batch of dp * micro_batch_size = {self.micro_batch_sequences} sequences")

@@ -37,6 +37,7 @@ import numpy as np
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig
+from h2.core.numbers import divisors
 from h2.core.strategy import StageSpec, Strategy
 from heteropp.auto.evaluation import evaluate_strategy
 from heteropp.auto.memory import stage_caps, stage_memory_terms_at
@@ -46,31 +47,11 @@ from heteropp.auto import layer_dp
 from heteropp.auto.layer_dp import Option, OrderedGroups, StageVariantCaps
 
 GB = 1e9
+MAX_LAYERS = 1024   # the sum tables are (tp, stages, layers) arrays: quadratic in the layers
 _TIE = 1 - 2e-9  # a bound within rounding of the incumbent cannot beat it by more than that: prune ties
 
 
 # ---- the space -----------------------------------------------------------------------------------------
-def prime_factors(n: int) -> dict[int, int]:
-    factors: dict[int, int] = {}
-    p = 2
-    while p * p <= n:
-        while n % p == 0:
-            factors[p] = factors.get(p, 0) + 1
-            n //= p
-        p += 1 if p == 2 else 2
-    if n > 1:
-        factors[n] = factors.get(n, 0) + 1
-    return factors
-
-
-def divisors(n: int) -> list[int]:
-    """Every divisor of n, sorted, from its factorisation (no scan over 1..n)."""
-    result = [1]
-    for prime, power in prime_factors(n).items():
-        result = [d * prime ** e for d in result for e in range(power + 1)]
-    return sorted(result)
-
-
 @dataclass(frozen=True)
 class Group:
     chip: ChipType
@@ -560,8 +541,15 @@ class _Search:
         item.lower_bound_s, item.bounded = bound, True
         if math.isfinite(bound):
             item.pending = [(bound, "last", name, least, floor) for name in item.groups]
-        else:
-            self.planner.bounded += 1
+            return
+        self.planner.bounded += 1
+        if not math.isfinite(self.threshold()):  # nothing fits: say how close the paper's order came
+            held = layer_dp.most_layers(self.planner.ordered(item, orders[0])[0], math.inf)
+            if held >= 0:
+                self.planner.infeasible.note_cover(held / self.planner.model.num_layers, (
+                    f"no feasible strategy: memory: the closest configuration (dp={item.dp}, stage order "
+                    f"{' > '.join(orders[0])}, {sum(len(g) for g in item.groups.values())} groups) holds at most "
+                    f"{int(held)} of the model's {self.planner.model.num_layers} layers within memory"))
 
     def run_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
         planner = self.planner
@@ -622,6 +610,9 @@ def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, pro
     """The best plan of the space (module docstring). top_k: the best plans of distinct (dp, grouping,
     stage order); gap: stop proving once no plan can be more than this fraction faster; time_limit_s: CPU
     seconds, then the best plan so far with the bound proved."""
+    if model.num_layers > MAX_LAYERS:
+        raise UserError(f"model '{model.name}': field 'num_layers': the planner takes at most {MAX_LAYERS} layers, "
+                        f"got {model.num_layers}")
     planner = Planner(cluster, model, training, profiles, cost_model=cost_model, monotone_tp=monotone_tp)
     run = _Search(planner, top_k, gap, time_limit_s, progress)
     orders = _orders(cluster)

@@ -15,7 +15,8 @@ from heteropp.auto import search as search_module
 from heteropp.auto.evaluation import evaluate_strategy
 from heteropp.auto.oracle import oracle_search
 from heteropp.auto.profiles import profiles_for
-from heteropp.auto.search import divisors, search
+from h2.core.numbers import divisors
+from heteropp.auto.search import search
 
 from autohelpers import CLUSTERS, random_problem, small_model
 
