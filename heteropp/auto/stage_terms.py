@@ -16,7 +16,7 @@ Cost models:
     hidden: HeteroPP reduces gradients after the step's last backward, heteropp/data_parallel.py);
   * the transfer of one micro-batch's activation (forward) and gradient (backward) to the next stage:
     one copy of the micro-batch crosses, spread over the smaller side's tp x dp chips, at the link
-    class between the two stages (link_between), plus the link's latency.
+    class between the two stages (link_between_stages), plus the link's latency.
 
 Must not import the search or the runtime; pure Python.
 """
@@ -26,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
+from h2.core import links
 from h2.core.errors import UserError
+from h2.core.links import Link
 from h2.core.model_config import ModelConfig
 from heteropp.auto.memory import layer_shard_params
 from heteropp.auto.profiles import LayerProfile, Profile, ring_allreduce_s
@@ -63,37 +65,13 @@ class StageTerms:
         return self.send_occupancy_s + self.send_latency_s
 
 
-@dataclass(frozen=True)
-class Link:
-    gbps: float
-    latency_us: float
-
-
-def _link_class(cluster: ClusterSpec, name: str) -> Link | None:
-    """A link class of the cluster file (intra_node, inter_node, inter_type, inter_site) when it has one."""
-    links = getattr(cluster, "links", None)
-    entry = getattr(links, name, None) if links is not None else None
-    if entry is None and isinstance(links, dict):
-        entry = links.get(name)
-    if entry is None:
-        return None
-    gbps = getattr(entry, "gbps", None) or getattr(entry, "bandwidth_gbps", None)
-    latency = getattr(entry, "latency_us", None)
-    if gbps is None or latency is None:
-        return None
-    return Link(gbps=float(gbps), latency_us=float(latency))
-
-
-def link_between(cluster: ClusterSpec, chip_a: ChipType, chip_b: ChipType) -> Link:
-    """The link between two adjacent stages, per chip: stages of one type sit on different nodes
-    (inter_node), stages of two types on different kinds of node (inter_type). Without link classes in
-    the cluster file: the slower of the two chips' inter_node_gbps and the larger latency_us."""
-    same = chip_a.name == chip_b.name
-    declared = _link_class(cluster, "inter_node" if same else "inter_type")
-    if declared is not None:
-        return declared
-    return Link(gbps=min(chip_a.inter_node_gbps, chip_b.inter_node_gbps),
-                latency_us=max(chip_a.latency_us, chip_b.latency_us))
+def link_between_stages(cluster: ClusterSpec, chip_a: ChipType, chip_b: ChipType) -> Link:
+    """The link between two adjacent stages, per chip type (the search places no ranks on nodes):
+    stages of one type sit on different nodes (inter_node), stages of two types on different kinds of
+    node (inter_type); the cluster file's `links:` section when it sets the class, else the chips'
+    own fields (h2.core.links)."""
+    second_node = 1 if chip_a.name == chip_b.name else 0
+    return links.link_between(cluster, links.Location(chip_a.name, 0), links.Location(chip_b.name, second_node))[1]
 
 
 def micro_batch_activation_bytes(model: ModelConfig, training: TrainingSpec, sequences: int) -> float:
@@ -105,9 +83,9 @@ def transfer_s(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
                chip_a: ChipType, lanes_a: int, chip_b: ChipType, lanes_b: int) -> tuple[float, float]:
     """(link occupancy, latency) of one micro-batch of `sequences` between stages of lanes_a and lanes_b
     (tp x dp) chips: one copy crosses, spread over the smaller side's chips, each with its own NIC."""
-    link = link_between(cluster, chip_a, chip_b)
-    occupancy = micro_batch_activation_bytes(model, training, sequences) / min(lanes_a, lanes_b) / (link.gbps * 1e9)
-    return occupancy, link.latency_us * 1e-6
+    link = link_between_stages(cluster, chip_a, chip_b)
+    occupancy = micro_batch_activation_bytes(model, training, sequences) / min(lanes_a, lanes_b) / link.bytes_per_s
+    return occupancy, link.latency_s
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s, pipelin
 from heteropp.auto.evaluation import evaluate_strategy, strategy_terms
 from heteropp.auto.memory import in_flight_micro_batches, stage_memory_bytes, stage_memory_terms
 from heteropp.auto.profiles import load_profile, profiles_for, save_profile, synthesise_profile
-from heteropp.auto.stage_terms import Link, link_between
+from h2.core.links import Link, links_from_mapping
+from heteropp.auto.stage_terms import link_between_stages
 from h2.core.cluster import load_cluster
 
 from autohelpers import CLUSTERS
@@ -150,18 +151,17 @@ def test_a_transfer_moves_one_micro_batch_over_the_smaller_side(exp_c):
     assert full[1].send_s == 0
 
 
-class Links:
-    inter_node = Link(gbps=100.0, latency_us=2.0)
-    inter_type = Link(gbps=1.0, latency_us=50.0)
-
-
 def test_link_classes_of_the_cluster_file_price_transfers_when_present(exp_c):
-    with_links = dataclasses.replace(exp_c)
-    object.__setattr__(with_links, "links", Links())
-    assert link_between(with_links, exp_c.chip("A"), exp_c.chip("B")) == Links.inter_type
-    assert link_between(with_links, exp_c.chip("A"), exp_c.chip("A")) == Links.inter_node
-    assert link_between(exp_c, exp_c.chip("A"), exp_c.chip("B")) == Link(gbps=10.0, latency_us=10.0)
+    section = links_from_mapping({"inter_node": {"bandwidth_gbps": 100, "latency_us": 2},
+                                  "inter_type": {"bandwidth_gbps": 1, "latency_us": 50}}, "c.yaml")
+    with_links = dataclasses.replace(exp_c, links=section)
+    assert link_between_stages(with_links, exp_c.chip("A"), exp_c.chip("B")) == Link(1, 50)
+    assert link_between_stages(with_links, exp_c.chip("A"), exp_c.chip("A")) == Link(100, 2)
     assert terms_of(exp_c, "full", cluster=with_links)[0].send_latency_s == pytest.approx(50e-6)
+
+
+def test_without_link_classes_the_chips_fields_price_transfers(exp_c):
+    assert link_between_stages(exp_c, exp_c.chip("A"), exp_c.chip("B")) == Link(10, 10)
 
 
 def test_the_cost_model_charges_each_boundary_twice_to_its_upstream_stage(exp_c):
