@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 
@@ -100,8 +101,9 @@ def _problem(args, default_model: ModelConfig | None = None,
         model = resolve_model(args.model)
     elif default_model is not None:
         model = default_model
-    elif cluster.model is not None:
-        model = resolve_model(cluster.model)
+    elif cluster.model is not None:   # a model file named in the cluster file is relative to it, as chip files are
+        relative = cluster.model.endswith((".yaml", ".yml")) and not os.path.isabs(cluster.model)
+        model = resolve_model(os.path.join(os.path.dirname(cluster.source), cluster.model) if relative else cluster.model)
     else:
         raise UserError(f"{args.cluster}: no field 'model' and no --model given")
     base = dataclasses.asdict(cluster.training) if cluster.training else {"seq_len": model.max_seq_len}

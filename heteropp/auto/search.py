@@ -571,10 +571,18 @@ class _Search:
                     item.pending += [(max(bound, tighter), "order", o, least, floor) for o in orders if o[-1] == key]
                 else:
                     planner.bounded += 1
-            elif kind == "order":   # the order's least M exactly (memory at every position), its floor relaxed
+            elif kind == "order":   # the order's least M exactly (memory at every position), its sum relaxed
                 relaxed, _, constant = planner.ordered(item, key, "order")
                 floor = max(floor, self.floor(relaxed) + constant)
                 least, tighter = self.bound(planner.ordered(item, key)[0], start, floor)
+                if math.isfinite(tighter) and math.isfinite(self.threshold()):
+                    # a plan that can still win has M <= threshold - alpha * floor, so its sum is at least
+                    # the relaxed sum there (the sum only falls as M grows)
+                    highest = (self.threshold() - relaxed.alpha * floor) * (1 + 1e-12)
+                    if highest >= least:
+                        self.tick()
+                        floor = max(floor, layer_dp.sum_tables(relaxed, highest).best()[0] + constant)
+                        tighter = least + relaxed.alpha * floor
                 if math.isfinite(tighter):
                     item.pending.append((max(bound, tighter), "exact", key, least, floor))
                 else:
