@@ -250,31 +250,37 @@ def group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int | No
 
 # ---- the sum table -------------------------------------------------------------------------------------
 def _window_min(values: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.ndarray:
-    """out[r, y] = min(values[r, x] for y - highs[r] <= x <= y - lows[r]); inf where the window is empty."""
+    """out[r, y] = min(values[r, x] for y - highs[r] <= x <= y - lows[r]); inf where the window is empty.
+
+    A sparse table per row (level l: minima of 2^l consecutive values), rows sorted by the level their
+    window needs so each level is built only for the rows that need it; a window is the minimum of two
+    overlapping blocks, read as whole row slices."""
     rows, width = values.shape
-    pad = width
-    padded = np.concatenate([np.full((rows, pad), INF), values], axis=1)
     highs = np.minimum(highs.astype(np.int64), width - 1)
     lows = lows.astype(np.int64)
     levels = np.floor(np.log2(np.maximum(highs - lows + 1, 1))).astype(np.int64)
-    tables = [padded]
-    for level in range(1, int(levels.max()) + 1):
-        half = 1 << (level - 1)
-        previous = tables[-1]
-        tables.append(np.minimum(previous[:, :-half], previous[:, half:]))
-    y = np.arange(width)
+    order = np.argsort(-levels, kind="stable")
+    levels, highs, lows = levels[order], highs[order], lows[order]
+    table = np.concatenate([np.full((rows, width), INF), values[order]], axis=1)   # x at column width + x
     out = np.empty((rows, width))
-    for level in np.unique(levels):
-        chosen = np.nonzero(levels == level)[0]
-        table = tables[level][chosen]
-        span = table.shape[1]
-        base = (np.arange(len(chosen)) * span)[:, None]
-        start = y[None, :] - highs[chosen, None] + pad
-        end = y[None, :] - lows[chosen, None] + pad - (1 << level) + 1
-        flat = table.ravel()
-        out[chosen] = np.minimum(flat[base + np.clip(start, 0, span - 1)], flat[base + np.clip(end, 0, span - 1)])
-    out[y[None, :] < lows[:, None]] = INF
-    return out
+    for level in range(int(levels[0]) + 1 if rows else 0):
+        if level:   # level l from level l - 1, only for the rows whose windows need it
+            half = 1 << (level - 1)
+            table = np.minimum(table[:int(np.searchsorted(-levels, -level, side="right")), :-half],
+                               table[:int(np.searchsorted(-levels, -level, side="right")), half:])
+        start = int(np.searchsorted(-levels, -level, side="left"))
+        stop = int(np.searchsorted(-levels, -level, side="right"))
+        if start == stop:
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(table[start:stop], width, axis=1)
+        picked, last_window = np.arange(stop - start), windows.shape[1] - 1
+        first = windows[picked, np.clip(width - highs[start:stop], 0, last_window)]
+        last = windows[picked, np.clip(width - lows[start:stop] - (1 << level) + 1, 0, last_window)]
+        out[start:stop] = np.minimum(first, last)
+    out[np.arange(width)[None, :] < lows[:, None]] = INF
+    result = np.empty_like(out)
+    result[order] = out
+    return result
 
 
 def _reduce_rows(target: np.ndarray, destinations: np.ndarray, values: np.ndarray, op) -> None:
