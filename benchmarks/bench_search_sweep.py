@@ -70,8 +70,9 @@ def run_point(types: int, chips: int, layers: int, time_limit: float | None) -> 
         outcome = {"iteration_s": result.best.objective_s, "optimal": result.optimal, "gap": result.gap,
                    "dp": result.best.dp, "stages": sum(result.best.pps), "order": "".join(result.best.order),
                    "evaluated": result.evaluated}
-    except UserError as error:
-        outcome = {"error": str(error)[:80], "optimal": True, "gap": 0.0}
+    except UserError as error:   # infeasible (proved), or no plan within the time limit (nothing proved)
+        proved = "time limit" not in str(error)
+        outcome = {"error": str(error)[:80], "optimal": proved, "gap": 0.0 if proved else math.inf}
     return {"types": types, "chips": chips, "layers": layers, "counts": [c.count for c in spec.chips],
             "cpu_s": time.process_time() - started, **outcome}
 
