@@ -50,6 +50,8 @@ def check_range(value: float, low: float, high: float, where: str, name: str) ->
     """One line naming the field when a number is not finite or lies outside [low, high]."""
     if low == 0 and value < 0:
         raise UserError(f"{where}: field '{name}' must not be negative, got {value}")
+    if low > 0 and value <= 0:
+        raise UserError(f"{where}: field '{name}' must be positive, got {value}")
     if not (math.isfinite(value) and low <= value <= high):
         raise UserError(f"{where}: field '{name}' must be between {low:g} and {high:g}, got {value}")
 

@@ -107,10 +107,9 @@ class Strategy:
 
     def validate(self, source: str = "strategy") -> None:
         for name, high in (("dp", 1 << 24), ("micro_batches", 1 << 40), ("micro_batch_size", 1 << 24)):
-            if not 0 < getattr(self, name) <= high:
-                raise UserError(f"{source}: field '{name}' must be between 1 and {high}, got {getattr(self, name)}")
-        if self.seq_len is not None and not 0 < self.seq_len <= 1 << 24:
-            raise UserError(f"{source}: field 'seq_len' must be between 1 and {1 << 24}, got {self.seq_len}")
+            _check_count(source, name, getattr(self, name), high)
+        if self.seq_len is not None:
+            _check_count(source, "seq_len", self.seq_len, 1 << 24)
         if not self.stages:
             raise UserError(f"{source}: field 'stages' must list at least one stage")
         for index, stage in enumerate(self.stages):
@@ -119,9 +118,7 @@ class Strategy:
             if stage.layers <= 0:
                 raise UserError(f"{source}: field 'stages[{index}].layers' must be positive, got {stage.layers}")
             if stage.dp is not None:
-                if not 0 < stage.dp <= 1 << 24:
-                    raise UserError(f"{source}: field 'stages[{index}].dp' must be between 1 and {1 << 24}, "
-                                    f"got {stage.dp}")
+                _check_count(source, f"stages[{index}].dp", stage.dp, 1 << 24)
                 if self.micro_batch_sequences % stage.dp:
                     raise UserError(f"{source}: field 'stages[{index}].dp': {stage.dp} replicas cannot split a "
                                     f"micro-batch of dp * micro_batch_size = {self.micro_batch_sequences} sequences")
@@ -159,3 +156,10 @@ def strategy_from_mapping(data: dict, source: str) -> Strategy:
 def load_strategy(path: str | os.PathLike) -> Strategy:
     path = os.fspath(path)
     return strategy_from_mapping(load_yaml_mapping(path), path)
+
+
+def _check_count(source: str, name: str, value: int, high: int) -> None:
+    if value <= 0:
+        raise UserError(f"{source}: field '{name}' must be positive, got {value}")
+    if value > high:
+        raise UserError(f"{source}: field '{name}' must be at most {high}, got {value}")
