@@ -150,12 +150,13 @@ class DistributedMapping:
 
             @functools.wraps(original)
             def wrapper(*args, **kwargs):
-                if args and args[0] is not None:
-                    args = (mapping.map_backend(args[0]), *args[1:])
-                elif kwargs.get("backend") is not None:
-                    kwargs["backend"] = mapping.map_backend(kwargs["backend"])
-                else:  # no backend: torch picks NCCL for CUDA, so the vendor's
-                    args, kwargs = args[1:], {**kwargs, "backend": mapping.backend}
+                given = args[0] if args else kwargs.get("backend")
+                # no backend: torch picks NCCL for CUDA, so the vendor's backend here
+                backend = mapping.backend if given is None else mapping.map_backend(given)
+                if args:
+                    args = (backend, *args[1:])
+                else:
+                    kwargs["backend"] = backend
                 if translate_device_id and kwargs.get("device_id") is not None:
                     kwargs["device_id"] = torch.device(mapping.translate(kwargs["device_id"]))
                 return original(*args, **kwargs)
