@@ -14,6 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
+from torch.distributed import device_mesh
 
 from ditorch.patches import Patches
 from h2.core import devices
@@ -149,10 +150,13 @@ class DistributedMapping:
 
             @functools.wraps(original)
             def wrapper(*args, **kwargs):
+                given = args[0] if args else kwargs.get("backend")
+                # no backend: torch picks NCCL for CUDA, so the vendor's backend here
+                backend = mapping.backend if given is None else mapping.map_backend(given)
                 if args:
-                    args = (mapping.map_backend(args[0]), *args[1:])
-                if "backend" in kwargs:
-                    kwargs["backend"] = mapping.map_backend(kwargs["backend"])
+                    args = (backend, *args[1:])
+                else:
+                    kwargs["backend"] = backend
                 if translate_device_id and kwargs.get("device_id") is not None:
                     kwargs["device_id"] = torch.device(mapping.translate(kwargs["device_id"]))
                 return original(*args, **kwargs)
@@ -160,8 +164,37 @@ class DistributedMapping:
             self._patches.replace(dist, name, wrapper)
 
         wrap("init_process_group", True)
-        if hasattr(dist.distributed_c10d, "init_process_group"):
-            self._patches.replace(dist.distributed_c10d, "init_process_group", dist.init_process_group)
+        for module in (dist.distributed_c10d, device_mesh):  # init_device_mesh initialises the world itself
+            if hasattr(module, "init_process_group"):
+                self._patches.replace(module, "init_process_group", dist.init_process_group)
+
+        original_get_backend = dist.get_backend
+
+        @functools.wraps(original_get_backend)
+        def get_backend(group=None):
+            """A group made for "nccl" answers "nccl", as on CUDA (scripts compare it)."""
+            backend = original_get_backend(group)
+            return "nccl" if backend == mapping.backend else backend
+
+        self._patches.replace(dist, "get_backend", get_backend)
+        if self.adapter.name == "dipu":
+            self._dtensor_random_as_on_a_cpu_mesh()
+
+    def _dtensor_random_as_on_a_cpu_mesh(self) -> None:
+        """DTensor's offset-based random tracker needs a Philox generator (seed + offset) and dipu's is
+        the CPU's mt19937 (so that dipu draws what the CPU draws): on a dipu mesh, random DTensor ops run
+        as on a CPU mesh (each rank draws its local part; DTensor warns) instead of asserting."""
+        from torch.distributed.tensor import _dispatch, _random
+
+        original = _random.is_rng_supported_mesh
+        device_type = self.adapter.device_type
+
+        @functools.wraps(original)
+        def is_rng_supported_mesh(device_mesh):
+            return device_mesh.device_type not in (device_type, "cuda") and original(device_mesh)
+
+        for module in (_random, _dispatch):
+            self._patches.replace(module, "is_rng_supported_mesh", is_rng_supported_mesh)
 
         original_new_group = dist.new_group
 

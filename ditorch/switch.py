@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ditorch.compile import CompileMapping
 from ditorch.cuda_surface import CudaSurface
 from ditorch.device_args import DeviceArguments
 from ditorch.distributed import DistributedMapping
@@ -25,6 +26,7 @@ class SwitchState:
     surface: CudaSurface | None = None
     device_args: DeviceArguments | None = None
     distributed: DistributedMapping | None = None
+    compile: CompileMapping | None = None
 
     @property
     def mapped(self) -> bool:
@@ -35,10 +37,10 @@ STATE = SwitchState()
 
 
 def _unmap() -> None:
-    for part in (STATE.distributed, STATE.device_args, STATE.surface):
+    for part in (STATE.compile, STATE.distributed, STATE.device_args, STATE.surface):
         if part is not None:
             part.undo()
-    STATE.surface = STATE.device_args = STATE.distributed = None
+    STATE.surface = STATE.device_args = STATE.distributed = STATE.compile = None
 
 
 def _map_onto(adapter: VendorAdapter) -> None:
@@ -48,6 +50,8 @@ def _map_onto(adapter: VendorAdapter) -> None:
     STATE.device_args.apply()
     STATE.distributed = DistributedMapping(adapter, STATE.device_args.translate)
     STATE.distributed.apply()
+    STATE.compile = CompileMapping(adapter.device_type)
+    STATE.compile.apply()
 
 
 def activate(vendor: str | None = None) -> VendorAdapter | None:

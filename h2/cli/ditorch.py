@@ -4,6 +4,7 @@
   ditorch conformance     OpInfo samples of the DIOPI table's operators on dipu against the CPU
   ditorch precision-diff  a run's loss curve against a reference run (MRE; exit 0 pass, 1 fail)
   ditorch replay          rerun op calls saved by the capture tool on a device and compare
+  ditorch run             run an unmodified CUDA script (or -m module) on this node's accelerator
 
 Errors a user can fix are one line on stderr and exit status 2.
 """
@@ -180,6 +181,24 @@ def add_replay_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+# ---- run ------------------------------------------------------------------------------------------
+def command_run(args: argparse.Namespace) -> int:
+    from ditorch.op_tools.run import run_program
+
+    return run_program(args.program, "ditorch run", warn_without_tools=False)
+
+
+def add_run_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "run", help="run an unmodified CUDA-written script on this node's accelerator (as python -m ditorch)",
+        description="Run script.py (or -m module) with its arguments as if its first line were `import "
+                    "ditorch`; Python processes it starts (torchrun workers, spawned children) import ditorch "
+                    "too. DITORCH_* variables switch op tools on.")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py|-m module [args]")
+    parser.set_defaults(run=command_run)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="ditorch", description="DiTorch device tools")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
@@ -195,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.set_defaults(run=command_conformance)
     add_precision_diff_parser(commands)
     add_replay_parser(commands)
+    add_run_parser(commands)
     return parser
 
 
