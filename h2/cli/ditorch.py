@@ -1,7 +1,8 @@
 """The `ditorch` command.
 
   ditorch info            the active vendor, every adapter's probe, devices, versions and active mappings
-  ditorch conformance     OpInfo samples of the DIOPI table's operators on dipu against the CPU
+  ditorch conformance     OpInfo samples of the DIOPI table's operators (and, with --fallback, of every
+                          op_db operator) on dipu against the CPU
   ditorch precision-diff  a run's loss curve against a reference run (MRE; exit 0 pass, 1 fail)
   ditorch replay          rerun op calls saved by the capture tool on a device and compare
 
@@ -96,19 +97,88 @@ def command_conformance(args) -> int:
     import ditorch.dipu as dipu
     if args.vendor:
         dipu.use_vendor(args.vendor)  # before the device's first use, which opens the vendor
+        os.environ["DIPU_VENDOR"] = dipu.resolve_vendor(args.vendor)  # for the worker processes
     from ditorch.dipu import conformance
 
+    if args.max_samples < 1:
+        raise UserError(f"--max-samples must be at least 1, got {args.max_samples}")
+    for path in (args.json, args.markdown):
+        _check_writable(path)  # before a run that can take minutes
     dtypes = _parse_dtypes(args.dtypes) if args.dtypes else conformance.DEFAULT_DTYPES
-    ops = [name.strip() for name in args.ops.split(",")] if args.ops else None
+    wanted = {name.strip() for name in args.ops.split(",")} if args.ops else None
+    table = dipu.diopi_table()
+    checks = conformance.table_checks(table, wanted)
+    if args.fallback:
+        checks += conformance.fallback_checks(conformance.load_op_db(), wanted)
+    if wanted is not None and not checks:
+        where = "DIOPI table entry or OpInfo" if args.fallback else "DIOPI table entry"
+        raise UserError(f"no {where} matches {', '.join(sorted(wanted))}")
+    degradation = conformance.profile_degradation() if dipu.vendor_name() == "host" else conformance.Degradation()
 
-    print(f"conformance of vendor {dipu.vendor_name()} (profile {conformance.profile_name()}) against the CPU")
-    results = conformance.run_conformance(ops=ops, dtypes=dtypes, max_samples=args.max_samples)
+    print(f"conformance of vendor {dipu.vendor_name()} (profile {conformance.profile_name()}) against the CPU: "
+          f"{len(checks)} checks, up to {args.max_samples} samples per dtype")
+    results = conformance.run_isolated(checks, dtypes, args.max_samples, progress=_conformance_progress)
     for result in results:
-        print(conformance.format_result(result))
-    failed = [r for r in results if not r.passed]
-    print(f"summary: {len(results) - len(failed)} passed, {len(failed)} failed of {len(results)} table entries"
-          + (f"; failed: {', '.join(r.entry.aten for r in failed)}" if failed else ""))
-    return 1 if failed else 0
+        if result.check.aten or result.status != "pass" or args.verbose:
+            print(conformance.format_result(result))
+    _print_conformance_summary(results, degradation)
+    totals = conformance.summary(results)
+    if args.json:
+        _write_output(args.json, json.dumps({"vendor": dipu.vendor_name(), "profile": conformance.profile_name(),
+                                             "degrades": sorted(degradation.functions),
+                                             "summary": totals, "results": [r.to_dict() for r in results]}, indent=1))
+    if args.markdown:
+        _write_output(args.markdown, conformance.format_markdown(results, degradation))
+    return 1 if totals["failed"] else 0
+
+
+def _conformance_progress(done: int, total: int, result) -> None:
+    if done == total or done % 50 == 0:
+        print(f"[conformance] {done}/{total} checks", file=sys.stderr, flush=True)
+
+
+def _print_conformance_summary(results, degradation) -> None:
+    from ditorch.dipu import conformance
+
+    table = [r for r in results if r.check.aten]
+    failed = [r for r in table if r.status == "fail"]
+    if table:
+        print(f"summary: {len(table) - len(failed)} passed, {len(failed)} failed of {len(table)} table checks"
+              + (f"; failed: {', '.join(r.check.aten for r in failed)}" if failed else ""))
+    sweep = [r for r in results if not r.check.aten]
+    if sweep:
+        counts = {status: sum(r.status == status for r in sweep) for status in ("pass", "fail", "skip")}
+        through_fallback = [r for r in sweep if "fallback" in r.path]
+        print(f"op_db sweep: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} not compared "
+              f"of {len(sweep)} checks; {len(through_fallback)} reached the CPU fallback, "
+              f"{sum(r.status == 'pass' for r in through_fallback)} of them passed")
+    if degradation.functions:
+        failed_all = {r.check.label for r in results if r.status == "fail"}
+        degraded = {r.check.label for r in results if r.degraded}
+        verdict = "exactly the degraded checks fail" if failed_all == degraded else (
+            f"failed but not degraded: {', '.join(sorted(failed_all - degraded)) or 'none'}; "
+            f"degraded but passed: {', '.join(sorted(degraded - failed_all)) or 'none'}")
+        print(f"profile {conformance.profile_name()} rounds {', '.join(sorted(degradation.functions))} to "
+              f"{degradation.mantissa_bits} mantissa bits: {len(degraded)} checks reach them; {verdict}")
+
+
+def _check_writable(path: str | None) -> None:
+    folder = os.path.dirname(os.path.abspath(path)) if path and path != "-" else None
+    if folder and not os.path.isdir(folder):
+        raise UserError(f"{path}: cannot write (no folder {folder})")
+    if folder and not os.access(folder, os.W_OK):
+        raise UserError(f"{path}: cannot write (folder {folder} is not writable)")
+
+
+def _write_output(path: str, text: str) -> None:
+    if path == "-":
+        print(text)
+        return
+    try:
+        with open(path, "w") as handle:
+            handle.write(text + "\n")
+    except OSError as error:
+        raise UserError(f"{path}: cannot write ({error.strerror or error})") from None
 
 
 # ---- precision-diff ---------------------------------------------------------------------------------
@@ -192,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--ops", help="comma-separated ATen or OpInfo names (default: the whole table)")
     conformance.add_argument("--dtypes", help="comma-separated dtypes (default: float32,float64,bfloat16,float16,int64,bool)")
     conformance.add_argument("--max-samples", type=int, default=16, help="samples per operator and dtype")
+    conformance.add_argument("--fallback", action="store_true",
+                             help="also sweep every OpInfo of torch's op_db (forward and backward), which covers "
+                                  "the ops that run through the CPU fallback")
+    conformance.add_argument("--json", metavar="FILE", help="write every result and the summary as JSON ('-': stdout)")
+    conformance.add_argument("--markdown", metavar="FILE", help="write the summary tables as Markdown ('-': stdout)")
+    conformance.add_argument("--verbose", action="store_true", help="print passing op_db checks too")
     conformance.set_defaults(run=command_conformance)
     add_precision_diff_parser(commands)
     add_replay_parser(commands)
