@@ -184,10 +184,22 @@ def _write_output(path: str, text: str) -> None:
 # ---- precision-diff ---------------------------------------------------------------------------------
 def add_precision_diff_arguments(parser: argparse.ArgumentParser) -> None:
     from ditorch.precision.loss_diff import DEFAULT_THRESHOLD, DEFAULT_WINDOW
+    from ditorch.precision.loss_log import FORMATS
 
     parser.add_argument("--reference", required=True, metavar="REF",
-                        help="reference loss log: metrics.jsonl, a run folder holding one, or a CSV of step,loss")
+                        help="reference loss log: h2 metrics.jsonl or run folder, JSONL, CSV (W&B exports too), a "
+                             "Megatron-LM, torchtitan or nanoGPT log, a TensorBoard event file or run folder")
     parser.add_argument("--candidate", required=True, metavar="RUN", help="candidate loss log (same forms)")
+    for role in ("reference", "candidate"):
+        parser.add_argument(f"--{role}-format", choices=FORMATS, default="auto",
+                            help=f"format of the {role} log (default: recognised from the file)")
+        parser.add_argument(f"--{role}-key", metavar="NAME",
+                            help=f"the {role}'s loss column, field or TensorBoard tag (default: the first of loss, "
+                                 f"lm loss, train/loss, ... it has)")
+        parser.add_argument(f"--{role}-tokens-per-step", type=int, metavar="N",
+                            help=f"tokens the {role} consumes per step, for --align tokens (default: what its log says)")
+    parser.add_argument("--align", choices=("step", "tokens"), default="step",
+                        help="pair steps by number (default) or by consumed tokens, when the batch sizes differ")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help=f"pass when MRE < threshold (default {DEFAULT_THRESHOLD}, the H2 paper's 1.5%%)")
     parser.add_argument("--steps", type=int, metavar="N",
@@ -198,22 +210,34 @@ def add_precision_diff_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
+def _read_curve(args: argparse.Namespace, role: str):
+    from ditorch.precision.loss_log import read_loss_log
+
+    log = read_loss_log(getattr(args, role), getattr(args, f"{role}_format"), getattr(args, f"{role}_key"))
+    tokens_per_step = getattr(args, f"{role}_tokens_per_step")
+    if tokens_per_step is not None:
+        if tokens_per_step < 1:
+            raise UserError(f"--{role}-tokens-per-step must be at least 1, got {tokens_per_step}")
+        log = log.with_tokens_per_step(tokens_per_step)
+    return log
+
+
 @run_cli("ditorch precision-diff")
 def command_precision_diff(args: argparse.Namespace) -> int:
     from ditorch.precision.loss_diff import compare_losses, format_report
-    from ditorch.precision.loss_log import read_loss_log
 
-    reference = read_loss_log(args.reference)
-    candidate = read_loss_log(args.candidate)
-    diff = compare_losses(reference, candidate, threshold=args.threshold, steps=args.steps, window=args.window)
+    reference, candidate = _read_curve(args, "reference"), _read_curve(args, "candidate")
+    diff = compare_losses(reference, candidate, threshold=args.threshold, steps=args.steps, window=args.window,
+                          align=args.align)
     if args.plot:
         from ditorch.precision.plot import plot_loss_diff
         plot_loss_diff(diff, args.plot, reference_label=reference.path, candidate_label=candidate.path)
     if args.json:
-        print(json.dumps({"reference": reference.path, "candidate": candidate.path, **diff.to_dict(),
-                          "plot": args.plot}))
+        print(json.dumps({"reference": reference.path, "candidate": candidate.path,
+                          "reference_format": reference.format, "candidate_format": candidate.format,
+                          **diff.to_dict(), "plot": args.plot}))
     else:
-        print(format_report(diff, reference.path, candidate.path))
+        print(format_report(diff, reference.path, candidate.path, reference.format, candidate.format))
         if args.plot:
             print(f"plot {args.plot}")
     return 0 if diff.passed else 1
