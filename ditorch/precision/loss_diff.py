@@ -92,13 +92,13 @@ def aligned_by_tokens(reference: LossLog, candidate: LossLog, steps: int | None 
     """(reference step, candidate step, tokens) for each requested reference step that ends at a token
     count a candidate step also ends at; the candidate must reach the last requested step's count."""
     wanted = requested_steps(reference, steps)
+    needed = reference.consumed_tokens(wanted[-1], "reference")
     by_tokens: dict[int, int] = {}
     for step in sorted(candidate.steps):
         tokens = candidate.consumed_tokens(step, "candidate")
         if tokens in by_tokens:
             raise UserError(f"{candidate.where(step)}: steps {by_tokens[tokens]} and {step} both end at {tokens} tokens")
         by_tokens[tokens] = step
-    needed = reference.consumed_tokens(wanted[-1], "reference")
     reached = max(by_tokens)
     if reached < needed:
         raise UserError(f"{candidate.path}: the curve ends at {reached} tokens (step {by_tokens[reached]}), but the "
