@@ -3,6 +3,7 @@
   ditorch info            the active vendor, every adapter's probe, devices, versions and active mappings
   ditorch conformance     OpInfo samples of the DIOPI table's operators (and, with --fallback, of every
                           op_db operator) on dipu against the CPU
+  ditorch compat          which torch.cuda APIs, distributed entry points and torch features work here
   ditorch precision-diff  a run's loss curve against a reference run (MRE; exit 0 pass, 1 fail)
   ditorch replay          rerun op calls saved by the capture tool on a device and compare
 
@@ -12,6 +13,7 @@ Errors a user can fix are one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -181,6 +183,31 @@ def _write_output(path: str, text: str) -> None:
         raise UserError(f"{path}: cannot write ({error.strerror or error})") from None
 
 
+def command_compat(args) -> int:
+    import ditorch
+    from ditorch import compat
+
+    _check_writable(args.markdown)
+    probes = [p for p in compat.PROBES if not args.area or p[0] in args.area.split(",")]
+    if not probes:
+        raise UserError(f"--area: no probes in '{args.area}' (areas: {', '.join(dict.fromkeys(p[0] for p in compat.PROBES))})")
+    device = ditorch.info()["device_type"] or "cpu"
+
+    def progress(done, total, result):
+        print(f"[compat] {done}/{total} {result.api}: {'works' if result.works else 'fails'}", file=sys.stderr, flush=True)
+
+    results = compat.run_probes(probes, progress=progress)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+    else:
+        for r in results:
+            print(f"{'works' if r.works else 'FAILS':<6} {r.area:<12} {r.api}" + (f"  ({r.detail})" if r.detail else ""))
+        print(f"summary: {sum(r.works for r in results)} of {len(results)} probes work on {device}")
+    if args.markdown:
+        _write_output(args.markdown, compat.format_markdown(results, device))
+    return 0
+
+
 # ---- precision-diff ---------------------------------------------------------------------------------
 def add_precision_diff_arguments(parser: argparse.ArgumentParser) -> None:
     from ditorch.precision.loss_diff import DEFAULT_THRESHOLD, DEFAULT_WINDOW
@@ -293,6 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--markdown", metavar="FILE", help="write the summary tables as Markdown ('-': stdout)")
     conformance.add_argument("--verbose", action="store_true", help="print passing op_db checks too")
     conformance.set_defaults(run=command_conformance)
+    compat = commands.add_parser("compat", help="which torch.cuda APIs, distributed entry points and torch features "
+                                                 "a CUDA script can use here after `import ditorch`")
+    compat.add_argument("--area", help="comma-separated areas to probe (default: all)")
+    compat.add_argument("--json", action="store_true", help="print the results as JSON")
+    compat.add_argument("--markdown", metavar="FILE", help="write the results as a Markdown table ('-': stdout)")
+    compat.set_defaults(run=command_compat)
     add_precision_diff_parser(commands)
     add_replay_parser(commands)
     return parser
