@@ -155,6 +155,13 @@ PROBES: list[tuple[str, str, str]] = [
         w = torch.load(buffer)["w"]; result = str(w.device)
         assert w.is_cuda, w.device
     """),
+    ("checkpoints", "torch.distributed.checkpoint save and load of a cuda state dict", """
+        import tempfile, torch.distributed.checkpoint as dcp
+        folder = tempfile.mkdtemp(); model = torch.nn.Linear(4, 4).cuda()
+        dcp.save(model.state_dict(), checkpoint_id=folder)
+        loaded = torch.nn.Linear(4, 4).cuda().state_dict(); dcp.load(loaded, checkpoint_id=folder)
+        assert torch.equal(loaded["weight"].cpu(), model.weight.detach().cpu())
+    """),
     ("distributed", 'init_process_group("nccl"), all_reduce', """
         import torch.distributed as dist
         dist.init_process_group("nccl"); x = torch.ones(2, device="cuda"); dist.all_reduce(x); result = dist.get_backend()
@@ -186,6 +193,22 @@ PROBES: list[tuple[str, str, str]] = [
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)).cuda()
         fully_shard(model); model(torch.ones(2, 4, device="cuda")).sum().backward(); dist.destroy_process_group()
     """),
+    ("distributed", "FSDP(model, device_id=torch.cuda.current_device())", """
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        dist.init_process_group("nccl"); model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+        fsdp = FullyShardedDataParallel(model, device_id=torch.cuda.current_device())
+        fsdp(torch.ones(2, 4, device="cuda")).sum().backward(); dist.destroy_process_group()
+    """),
+    ("distributed", "tensor parallel: parallelize_module(ColwiseParallel, RowwiseParallel)", """
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        dist.init_process_group("nccl"); mesh = init_device_mesh("cuda", (1,))
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).cuda()
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        model(torch.ones(2, 4, device="cuda")).sum().backward(); dist.destroy_process_group()
+    """),
     ("distributed", "DTensor: distribute_tensor, random init under the RNG tracker", """
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
@@ -213,7 +236,9 @@ def run_probe(rank: int, world_size: int, code: str) -> tuple[bool, str]:
     namespace = {"torch": torch}
     try:
         exec(textwrap.dedent(code), namespace)  # noqa: S102  the probe catalogue above, nothing from outside
-    except Exception as error:  # the user would see this error
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # the user would see this error (DCP's CheckpointException is a BaseException)
         return False, describe(error)
     return True, str(namespace.get("result", ""))
 
@@ -226,6 +251,8 @@ def describe(error: BaseException) -> str:
         frame = traceback.extract_tb(error.__traceback__)[-1]
         return f"{type(error).__name__} raised in {'/'.join(frame.filename.split('/')[-3:])}:{frame.lineno}"
     text = " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    if any(line.startswith("Traceback") for line in lines[1:]):  # an error that carries its cause's traceback
+        text += f" ({lines[-1]})"
     return f"{type(error).__name__}: {text}"
 
 
@@ -247,6 +274,6 @@ def run_probes(probes=PROBES, timeout: float = 120, progress=None) -> list[Probe
 def format_markdown(results: list[ProbeResult], device: str) -> str:
     lines = ["| area | what the script calls | on " + device + " | what the user sees |", "|---|---|---|---|"]
     for r in results:
-        detail = r.detail.replace("|", "\\|")
+        detail = (r.detail if len(r.detail) <= 200 else r.detail[:200] + " ...").replace("|", "\\|")
         lines.append(f"| {r.area} | `{r.api}` | {'works' if r.works else '**fails**'} | {detail} |")
     return "\n".join(lines)

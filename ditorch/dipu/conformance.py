@@ -37,7 +37,7 @@ from ditorch.dipu import _C
 from ditorch.dipu.errors import DipuError
 from ditorch.dipu.table import TableEntry, diopi_table
 
-DEFAULT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.complex64, torch.int64, torch.bool)
+DEFAULT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool)
 MODES = ("forward", "inplace", "out", "backward")
 PROFILE_DIR = Path(_C.__file__).resolve().parent / "host_profiles"
 
@@ -193,7 +193,9 @@ class CheckResult:
 
     @property
     def path(self) -> str:
-        """Which device path the compared samples took."""
+        """Which device path the compared samples took ("-" when none ran to the end)."""
+        if not self.samples:
+            return "-"
         if self.diopi_calls and self.fallback_calls:
             return "diopi+fallback"
         return "diopi" if self.diopi_calls else "fallback" if self.fallback_calls else "native"
@@ -533,9 +535,10 @@ def format_markdown(results: list[CheckResult], degradation: Degradation) -> str
         if lines:
             lines.append("")
         lines += ["| path taken on dipu | checks | samples | pass | fail | not compared |", "|---|---|---|---|---|---|"]
-        for path in ("fallback", "diopi+fallback", "diopi", "native"):
+        for path in ("fallback", "diopi+fallback", "diopi", "native", "-"):
             group = [r for r in sweep if r.path == path]
-            lines.append(f"| {path} | {len(group)} | {sum(r.samples for r in group)} | "
+            label = "no sample ran to the end" if path == "-" else path
+            lines.append(f"| {label} | {len(group)} | {sum(r.samples for r in group)} | "
                          f"{sum(r.status == 'pass' for r in group)} | {sum(r.status == 'fail' for r in group)} | "
                          f"{sum(r.status == 'skip' for r in group)} |")
         lines += ["", "| OpInfo check | path | samples | pass | known difference |", "|---|---|---|---|---|"]
