@@ -23,10 +23,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -434,13 +436,14 @@ def _signal_name(returncode: int) -> str:
 
 
 WORKER = (sys.executable, "-W", "ignore", "-m", "ditorch.dipu.conformance", "--worker")
+CHECK_TIMEOUT_S = 600.0
 
 
 def run_isolated(checks: list[Check], dtypes=DEFAULT_DTYPES, max_samples: int = 16,
-                 progress=None, worker=WORKER) -> list[CheckResult]:
+                 progress=None, worker=WORKER, timeout: float = CHECK_TIMEOUT_S) -> list[CheckResult]:
     """Run the checks in worker processes (same vendor and profile, from the environment); a check
-    that kills its worker is a failed result naming the signal, and the rest go on in a new one.
-    `progress(done, total, result)` is called after each check."""
+    that kills its worker, or runs longer than `timeout` seconds, is a failed result saying so, and
+    the rest go on in a new worker. `progress(done, total, result)` is called after each check."""
     results: list[CheckResult] = []
     while len(results) < len(checks):
         remaining = checks[len(results):]
@@ -451,8 +454,19 @@ def run_isolated(checks: list[Check], dtypes=DEFAULT_DTYPES, max_samples: int = 
                                        stderr=errors, text=True)
             process.stdin.write(json.dumps(job))
             process.stdin.close()
-            started = len(results)
-            for line in process.stdout:
+            lines: queue.Queue = queue.Queue()
+            threading.Thread(target=lambda: [lines.put(line) for line in process.stdout] + [lines.put(None)],
+                             daemon=True).start()
+            started, timed_out = len(results), False
+            while True:
+                try:
+                    line = lines.get(timeout=timeout)
+                except queue.Empty:
+                    timed_out = True
+                    process.kill()
+                    break
+                if line is None:
+                    break
                 results.append(CheckResult.from_dict(json.loads(line)))
                 if progress:
                     progress(len(results), len(checks), results[-1])
@@ -460,9 +474,10 @@ def run_isolated(checks: list[Check], dtypes=DEFAULT_DTYPES, max_samples: int = 
             errors.seek(0)
             stderr = errors.read()
         if len(results) < len(checks):
-            if returncode >= 0 and len(results) == started:  # died before its first check: not a kernel crash
+            if not timed_out and returncode >= 0 and len(results) == started:  # died before its first check
                 raise DipuError(f"conformance worker failed: {stderr.strip().splitlines()[-1] if stderr.strip() else returncode}")
-            results.append(CheckResult(checks[len(results)], error=f"crashed the process ({_signal_name(returncode)})"))
+            why = f"ran longer than {timeout:g} s" if timed_out else f"crashed the process ({_signal_name(returncode)})"
+            results.append(CheckResult(checks[len(results)], error=why))
             if progress:
                 progress(len(results), len(checks), results[-1])
     return results

@@ -76,6 +76,8 @@ job = json.loads(sys.stdin.read())
 for opinfo, mode, aten, diopi in job["checks"]:
     if opinfo == "crashes":
         os.kill(os.getpid(), signal.SIGSEGV)
+    if opinfo == "hangs":
+        signal.pause()
     print(json.dumps({"opinfo": opinfo, "mode": mode, "aten": aten, "diopi": diopi, "dtypes": {"float32":
           {"passed": 1, "failed": 0, "first_failure": ""}}, "diopi_calls": 0, "fallback_calls": 1,
           "degraded": False, "not_compared": "", "declared": "", "error": ""}), flush=True)
@@ -87,6 +89,13 @@ def test_a_check_that_kills_its_worker_fails_with_the_signal_and_the_sweep_goes_
     results = conformance.run_isolated(checks, worker=(sys.executable, "-c", CRASHING_WORKER))
     assert [(r.check.opinfo, r.status, r.error) for r in results] == [
         ("first", "pass", ""), ("crashes", "fail", "crashed the process (SIGSEGV)"), ("last", "pass", "")]
+
+
+def test_a_check_that_outlasts_the_timeout_fails_and_the_sweep_goes_on():
+    checks = [Check("hangs", "forward"), Check("last", "forward")]
+    results = conformance.run_isolated(checks, worker=(sys.executable, "-c", CRASHING_WORKER), timeout=3)
+    assert [(r.check.opinfo, r.status, r.error) for r in results] == [
+        ("hangs", "fail", "ran longer than 3 s"), ("last", "pass", "")]
 
 
 def test_conformance_can_select_operators_and_dtypes():
