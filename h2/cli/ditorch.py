@@ -104,6 +104,8 @@ def command_conformance(args) -> int:
 
     if args.max_samples < 1:
         raise UserError(f"--max-samples must be at least 1, got {args.max_samples}")
+    if not args.check_timeout > 0:
+        raise UserError(f"--check-timeout must be a positive number of seconds, got {args.check_timeout}")
     for path in (args.json, args.markdown):
         _check_writable(path)  # before a run that can take minutes
     dtypes = _parse_dtypes(args.dtypes) if args.dtypes else conformance.DEFAULT_DTYPES
@@ -119,7 +121,8 @@ def command_conformance(args) -> int:
 
     print(f"conformance of vendor {dipu.vendor_name()} (profile {conformance.profile_name()}) against the CPU: "
           f"{len(checks)} checks, up to {args.max_samples} samples per dtype")
-    results = conformance.run_isolated(checks, dtypes, args.max_samples, progress=_conformance_progress)
+    results = conformance.run_isolated(checks, dtypes, args.max_samples, progress=_conformance_progress,
+                                       timeout=args.check_timeout)
     for result in results:
         if result.check.aten or result.status != "pass" or args.verbose:
             print(conformance.format_result(result))
@@ -319,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--json", metavar="FILE", help="write every result and the summary as JSON ('-': stdout)")
     conformance.add_argument("--markdown", metavar="FILE", help="write the summary tables as Markdown ('-': stdout)")
     conformance.add_argument("--verbose", action="store_true", help="print passing op_db checks too")
+    conformance.add_argument("--check-timeout", type=float, default=600.0, metavar="SECONDS",
+                             help="a check running longer fails and the sweep goes on (default 600)")
     conformance.set_defaults(run=command_conformance)
     compat = commands.add_parser("compat", help="which torch.cuda APIs, distributed entry points and torch features "
                                                  "a CUDA script can use here after `import ditorch`")

@@ -118,6 +118,7 @@ def test_info_lists_the_dipu_vendor_and_devices():
     (["conformance", "--ops", "nosuchop"], "ditorch: error: no DIOPI table entry matches nosuchop"),
     (["conformance", "--fallback", "--ops", "nosuchop"], "ditorch: error: no DIOPI table entry or OpInfo matches nosuchop"),
     (["conformance", "--max-samples", "0"], "ditorch: error: --max-samples must be at least 1, got 0"),
+    (["conformance", "--check-timeout", "0"], "ditorch: error: --check-timeout must be a positive number of seconds"),
     (["conformance", "--ops", "mm", "--json", "/nonexistent/r.json", "--max-samples", "1", "--dtypes", "float32"],
      "ditorch: error: /nonexistent/r.json: cannot write"),
     (["frobnicate"], "ditorch: error: argument command: invalid choice"),
