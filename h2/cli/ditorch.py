@@ -93,7 +93,31 @@ def _parse_dtypes(text: str):
     return tuple(dtypes)
 
 
+def _saved_conformance(path: str):
+    """The results and the profile's degradation of an earlier run's --json file."""
+    from ditorch.dipu import conformance
+
+    try:
+        with open(path) as handle:
+            saved = json.load(handle)
+        results = [conformance.CheckResult.from_dict(r) for r in saved["results"]]
+    except OSError as error:
+        raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{path}: not a ditorch conformance --json file ({error})") from None
+    degradation = conformance.profile_degradation(saved["profile"]) if saved.get("degrades") else conformance.Degradation()
+    return saved, results, degradation
+
+
 def command_conformance(args) -> int:
+    if args.from_json:
+        from ditorch.dipu import conformance
+
+        _check_writable(args.markdown)
+        saved, results, degradation = _saved_conformance(args.from_json)
+        print(f"conformance of vendor {saved['vendor']} (profile {saved['profile']}) against the CPU, "
+              f"as saved in {args.from_json}: {len(results)} checks")
+        return _report_conformance(args, results, degradation, saved["vendor"], saved["profile"])
     if args.profile:
         os.environ["DIPU_HOST_PROFILE"] = args.profile
     import ditorch.dipu as dipu
@@ -123,13 +147,19 @@ def command_conformance(args) -> int:
           f"{len(checks)} checks, up to {args.max_samples} samples per dtype")
     results = conformance.run_isolated(checks, dtypes, args.max_samples, progress=_conformance_progress,
                                        timeout=args.check_timeout)
+    return _report_conformance(args, results, degradation, dipu.vendor_name(), conformance.profile_name())
+
+
+def _report_conformance(args, results, degradation, vendor: str, profile: str) -> int:
+    from ditorch.dipu import conformance
+
     for result in results:
         if result.check.aten or result.status != "pass" or args.verbose:
             print(conformance.format_result(result))
-    _print_conformance_summary(results, degradation)
+    _print_conformance_summary(results, degradation, profile)
     totals = conformance.summary(results)
     if args.json:
-        _write_output(args.json, json.dumps({"vendor": dipu.vendor_name(), "profile": conformance.profile_name(),
+        _write_output(args.json, json.dumps({"vendor": vendor, "profile": profile,
                                              "degrades": sorted(degradation.functions),
                                              "summary": totals, "results": [r.to_dict() for r in results]}, indent=1))
     if args.markdown:
@@ -142,7 +172,7 @@ def _conformance_progress(done: int, total: int, result) -> None:
         print(f"[conformance] {done}/{total} checks", file=sys.stderr, flush=True)
 
 
-def _print_conformance_summary(results, degradation) -> None:
+def _print_conformance_summary(results, degradation, profile: str) -> None:
     from ditorch.dipu import conformance
 
     table = [r for r in results if r.check.aten]
@@ -163,7 +193,7 @@ def _print_conformance_summary(results, degradation) -> None:
         verdict = "exactly the degraded checks fail" if failed_all == degraded else (
             f"failed but not degraded: {', '.join(sorted(failed_all - degraded)) or 'none'}; "
             f"degraded but passed: {', '.join(sorted(degraded - failed_all)) or 'none'}")
-        print(f"profile {conformance.profile_name()} rounds {', '.join(sorted(degradation.functions))} to "
+        print(f"profile {profile} rounds {', '.join(sorted(degradation.functions))} to "
               f"{degradation.mantissa_bits} mantissa bits: {len(degraded)} checks reach them; {verdict}")
 
 
@@ -322,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--json", metavar="FILE", help="write every result and the summary as JSON ('-': stdout)")
     conformance.add_argument("--markdown", metavar="FILE", help="write the summary tables as Markdown ('-': stdout)")
     conformance.add_argument("--verbose", action="store_true", help="print passing op_db checks too")
+    conformance.add_argument("--from-json", metavar="FILE",
+                             help="report the results an earlier run saved with --json, without running anything")
     conformance.add_argument("--check-timeout", type=float, default=600.0, metavar="SECONDS",
                              help="a check running longer fails and the sweep goes on (default 600)")
     conformance.set_defaults(run=command_conformance)

@@ -52,6 +52,14 @@ def test_reduced_precision_failures_are_explained_by_the_profile_in_the_markdown
     assert rows["`add.Tensor`"].endswith("| 1 | 1 |  |")
 
 
+def test_a_saved_run_is_reported_again_without_running(tmp_path, capsys):
+    saved = tmp_path / "run.json"
+    assert main(["conformance", "--ops", "mm,add", *QUICK, "--json", str(saved)]) == 0
+    first = capsys.readouterr().out.splitlines()
+    assert main(["conformance", "--from-json", str(saved)]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == first[1:]
+
+
 def test_fallback_sweep_records_the_path_each_op_took():
     results = conformance.run_isolated([Check("cumsum", "forward"), Check("mm", "forward")],
                                        dtypes=(torch.float32,), max_samples=1)
@@ -118,6 +126,7 @@ def test_info_lists_the_dipu_vendor_and_devices():
     (["conformance", "--ops", "nosuchop"], "ditorch: error: no DIOPI table entry matches nosuchop"),
     (["conformance", "--fallback", "--ops", "nosuchop"], "ditorch: error: no DIOPI table entry or OpInfo matches nosuchop"),
     (["conformance", "--max-samples", "0"], "ditorch: error: --max-samples must be at least 1, got 0"),
+    (["conformance", "--from-json", "/nonexistent/run.json"], "ditorch: error: /nonexistent/run.json: cannot read"),
     (["conformance", "--check-timeout", "0"], "ditorch: error: --check-timeout must be a positive number of seconds"),
     (["conformance", "--ops", "mm", "--json", "/nonexistent/r.json", "--max-samples", "1", "--dtypes", "float32"],
      "ditorch: error: /nonexistent/r.json: cannot write"),
