@@ -20,6 +20,7 @@ goes on with the next check.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ditorch.dipu import _C
 from ditorch.dipu.errors import DipuError
@@ -167,7 +169,7 @@ class CheckResult:
     dtypes: dict = field(default_factory=dict)  # dtype name -> DtypeResult
     diopi_calls: int = 0        # DIOPI kernel calls made by the compared samples on dipu
     fallback_calls: int = 0     # CPU fallback calls made by them
-    degraded: bool = False      # a sample reached a kernel the profile rounds, in a dtype it changes
+    degraded: bool = False      # a sample reached a kernel the profile rounds, in a dtype it changes, with a non-empty output
     not_compared: str = ""      # why no sample was compared (OpInfo declares the output nondeterministic, ...)
     declared: str = ""          # what PyTorch's own compare-with-CPU test declares about the op
     error: str = ""             # the check could not run (a crash, samples that cannot be made on dipu)
@@ -286,6 +288,23 @@ class Counters:
         return sum(delta.values()), fallback_calls, reached_entry, reached_rounded
 
 
+class RoundedOutputs(TorchDispatchMode):
+    """Sees whether a call of a rounded operator produced any element (rounding an empty output
+    changes nothing)."""
+
+    def __init__(self, rounded: set[str]):
+        super().__init__()
+        self.rounded, self.nonempty = rounded, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        schema = func._schema
+        name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+        if name in self.rounded or schema.name in self.rounded:
+            self.nonempty |= any(t.numel() > 0 for t in tensors_in(out))
+        return out
+
+
 def compare(op, sample, mode: str, check: Check, seed: int, rounded: set[str]):
     """(reason or None, diopi calls, fallback calls, reached a rounded kernel): reason is None when
     the sample does not count (the CPU rejects it, or it does not reach the entry's kernel), '' when
@@ -296,12 +315,15 @@ def compare(op, sample, mode: str, check: Check, seed: int, rounded: set[str]):
     except Exception:
         return None, 0, 0, False  # the CPU rejects it too: not a sample for this mode
     counters = Counters(check.aten, rounded)
+    spy = RoundedOutputs(rounded)
     try:
-        actual = evaluate(op, mode, sample, seed)
+        with spy if rounded else contextlib.nullcontext():
+            actual = evaluate(op, mode, sample, seed)
     except Exception as exc:
         diopi, fallback, _, reached_rounded = counters.since()
-        return f"raised {first_line(exc)}", diopi, fallback, reached_rounded
+        return f"raised {first_line(exc)}", diopi, fallback, reached_rounded and spy.nonempty
     diopi, fallback, reached_entry, reached_rounded = counters.since()
+    reached_rounded = reached_rounded and spy.nonempty
     if not reached_entry:
         return None, 0, 0, False
     try:

@@ -8,7 +8,7 @@ import pytest
 
 from h2.cli.ditorch import main
 from ditorch.dipu import conformance, diopi_table
-from ditorch.dipu.conformance import Check, run_conformance
+from ditorch.dipu.conformance import Check, CheckResult, run_conformance
 
 import torch
 
@@ -52,6 +52,23 @@ def test_reduced_precision_failures_are_explained_by_the_profile_in_the_markdown
     assert rows["`add.Tensor`"].endswith("| 1 | 1 |  |")
 
 
+def saved_run(path, profile, failing: dict) -> str:
+    """A --json file whose checks `failing` maps to their degraded flag."""
+    results = [CheckResult(Check(name, "forward"), {"float32": conformance.DtypeResult(0, 1, "differs")},
+                           fallback_calls=1, degraded=degraded).to_dict() for name, degraded in failing.items()]
+    path.write_text(json.dumps({"vendor": "host", "profile": profile, "degrades": ["diopiMm"] if profile == "lowprec" else [],
+                                "results": results}))
+    return str(path)
+
+
+def test_the_profile_verdict_leaves_out_the_checks_the_baseline_fails_too(tmp_path, capsys):
+    baseline = saved_run(tmp_path / "default.json", "default", {"conv2d": False})
+    lowprec = saved_run(tmp_path / "lowprec.json", "lowprec", {"conv2d": False, "matmul": True})
+    main(["conformance", "--from-json", lowprec, "--baseline", baseline])
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith(
+        "1 checks reach them; exactly the degraded checks fail (of the checks the baseline passes; it fails 1)")
+
+
 def test_a_saved_run_is_reported_again_without_running(tmp_path, capsys):
     saved = tmp_path / "run.json"
     assert main(["conformance", "--ops", "mm,add", *QUICK, "--json", str(saved)]) == 0
@@ -69,7 +86,7 @@ def test_fallback_sweep_records_the_path_each_op_took():
 
 def test_lowprec_fallback_sweep_fails_exactly_the_ops_that_reach_a_rounded_kernel(tmp_path):
     report = tmp_path / "sweep.json"
-    ditorch("conformance", "--profile", "lowprec", "--fallback", "--ops", "matmul,einsum,cumsum,tanh",
+    ditorch("conformance", "--profile", "lowprec", "--fallback", "--ops", "matmul,einsum,cumsum,tanh,cholesky_solve",
             "--max-samples", "3", "--dtypes", "float32", "--json", str(report))
     results = [r for r in json.loads(report.read_text())["results"] if r["aten"] is None]
     failed = {(r["opinfo"], r["mode"]) for r in results if r["status"] == "fail"}
