@@ -24,6 +24,7 @@ JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
 NOT_WITH_STRATEGY = ("resume", "overwrite", "dtype", "micro_batch_size", "micro_batches", "model_config", "preset")
 # Options that only a pipeline has, with why a single-device run refuses each.
 PIPELINE_ONLY = {"nproc": "a single-device run uses one process",
+                 "cluster": "it places a pipeline's ranks and paces its links",
                  "log_every": "a single-device run shows a progress bar",
                  **{name: "it configures the pipeline" for name in flags.field_names([PipelineOptions])
                     if name != "log_every"}}
@@ -49,11 +50,13 @@ def job_from_args(args: argparse.Namespace) -> dict:
 
 
 def _train_pipeline(values: dict, run: RunOptions) -> int:
-    """`h2 train --strategy S`: a HeteroPP run on local processes, launched with torchrun --standalone."""
-    import subprocess
-
+    """`h2 train --strategy S [--cluster C]`: a HeteroPP run on local processes (h2.cli.launch)."""
+    from h2.cli.launch import launch
+    from h2.core.cluster import load_cluster
     from h2.core.devices import resolve_device
+    from h2.core.links import rank_locations
     from h2.core.strategy import load_strategy
+    from heteropp.auto.evaluation import check_chips
     from heteropp.groups import check_p2p_backend, check_stage_backend
 
     strategy = load_strategy(run.strategy)
@@ -71,14 +74,16 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     nproc = run.nproc or needed
     if nproc != needed:
         raise UserError(f"{run.strategy}: needs {needed} processes (sum of tp * dp over stages), --nproc is {nproc}")
-    rank_run = RunOptions(strategy=run.strategy, out=run.out or "runs/heteropp")
+    cluster = load_cluster(run.cluster) if run.cluster else None
+    if cluster is not None:
+        check_chips(strategy, cluster, run.strategy)
+        rank_locations(strategy, cluster, run.strategy)
+    rank_run = RunOptions(strategy=run.strategy, out=run.out or "runs/heteropp", cluster=run.cluster)
     handle, job_path = tempfile.mkstemp(prefix="h2-job-", suffix=".yaml")
     os.close(handle)
     try:
         flags.write_job(job_path, rank_run, config, options)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-                   "-m", "h2.cli.rank", "--config", job_path]
-        return subprocess.call(command)
+        return launch(strategy, cluster, job_path, run.strategy)
     finally:
         os.remove(job_path)
 
@@ -174,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=_train)
 
     info = sub.add_parser("model-info", help="parameters, FLOPs and activation memory of a model")
-    flags.add_flags(info, RunOptions, exclude=("strategy", "nproc", "out", "resume", "overwrite", "quiet"))
+    flags.add_flags(info, RunOptions, exclude=("strategy", "nproc", "cluster", "out", "resume", "overwrite", "quiet"))
     info.add_argument("--seq-len", type=int, help="sequence length (default: the model's max_seq_len)")
     info.add_argument("--micro-batch-size", type=int, default=1, help="for activation bytes (default 1)")
     info.add_argument("--tp", type=int, default=1, help="tensor-parallel size for activation bytes (default 1)")

@@ -11,6 +11,7 @@ import math
 import os
 import time
 
+from h2.core.links import RankLinks
 from h2.core.training import PipelineOptions, TrainConfig
 from h2.data import SequenceStream, load_stdlib_corpus
 from h2.data.corpus import Corpus
@@ -21,8 +22,8 @@ from heteropp.engine import PipelineEngine
 
 class PipelineTrainer:
     def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
-                 corpus: Corpus | None = None, source: str = "strategy"):
-        self.engine = PipelineEngine(strategy, config, options, source=source)
+                 corpus: Corpus | None = None, source: str = "strategy", links: RankLinks | None = None):
+        self.engine = PipelineEngine(strategy, config, options, source=source, links=links)
         self.config = self.engine.config
         self.model_config = self.engine.model_config
         self.topology, self.rank = self.engine.topology, self.engine.rank
