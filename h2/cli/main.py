@@ -54,7 +54,6 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     from h2.cli.launch import launch
     from h2.core.cluster import load_cluster
     from h2.core.devices import resolve_device
-    from h2.core.links import rank_locations
     from h2.core.strategy import load_strategy
     from heteropp.auto.evaluation import check_chips
     from heteropp.groups import check_p2p_backend, check_stage_backend
@@ -77,7 +76,6 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     cluster = load_cluster(run.cluster) if run.cluster else None
     if cluster is not None:
         check_chips(strategy, cluster, run.strategy)
-        rank_locations(strategy, cluster, run.strategy)
     rank_run = RunOptions(strategy=run.strategy, out=run.out or "runs/heteropp", cluster=run.cluster)
     handle, job_path = tempfile.mkstemp(prefix="h2-job-", suffix=".yaml")
     os.close(handle)
