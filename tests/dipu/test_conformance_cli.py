@@ -95,6 +95,15 @@ def test_lowprec_fallback_sweep_fails_exactly_the_ops_that_reach_a_rounded_kerne
     assert failed == degraded
 
 
+def test_a_rounded_kernel_that_a_cpp_kernel_calls_degrades_the_check(tmp_path):
+    report = tmp_path / "bilinear.json"  # bilinear's bmm is called inside _trilinear, unseen by Python
+    ditorch("conformance", "--profile", "lowprec", "--fallback", "--ops", "nn.functional.bilinear",
+            "--max-samples", "3", "--dtypes", "float32", "--json", str(report))
+    results = {(r["opinfo"], r["mode"]): r for r in json.loads(report.read_text())["results"]}
+    forward = results[("nn.functional.bilinear", "forward")]
+    assert (forward["status"], forward["degraded"]) == ("fail", True)
+
+
 CRASHING_WORKER = """
 import json, os, signal, sys
 job = json.loads(sys.stdin.read())
