@@ -1,55 +1,52 @@
-"""Reading a training loss log: the h2 trainer's metrics.jsonl, a run folder holding one, or a CSV
-of step,loss (with or without a header). Errors name the file and line."""
+"""Reading a training loss curve from where users keep it: the h2 trainer's metrics.jsonl (or its
+run folder), JSONL and CSV (W&B exports among them), Megatron-LM, torchtitan and nanoGPT logs, and
+TensorBoard event files (a file or a run's folder). The format is recognised from the file, or
+named. Errors name the file and the line (or event)."""
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import json
 import math
 import os
 
 from h2.core.errors import UserError
+from ditorch.precision import log_formats, tfevents
 
 METRICS_FILE = "metrics.jsonl"
+FORMATS = ("auto", *log_formats.FORMATS)
 
 
 @dataclasses.dataclass(frozen=True)
 class LossLog:
     path: str
     losses: dict[int, float]  # step -> loss, in the file's order
-    lines: dict[int, int]  # step -> line number, for messages
+    lines: dict[int, int]  # step -> line (or event) number, for messages
+    format: str = "jsonl"
+    tokens: dict[int, int] = dataclasses.field(default_factory=dict)  # step -> tokens consumed through it, where the log says
+    tokens_per_step: int | None = None  # where the log (or the user) says
+    unit: str = "line"
 
     @property
     def steps(self) -> list[int]:
         return list(self.losses)
 
     def where(self, step: int) -> str:
-        return f"{self.path}:{self.lines[step]}"
+        return f"{self.path}:{self.lines[step]}" if self.unit == "line" else f"{self.path}: event {self.lines[step]}"
 
+    def with_tokens_per_step(self, tokens_per_step: int) -> "LossLog":
+        """The same curve with its token count taken from a constant tokens per step."""
+        return dataclasses.replace(self, tokens={}, tokens_per_step=tokens_per_step)
 
-def _parse_step(value, where: str) -> int:
-    if isinstance(value, bool):
-        raise UserError(f"{where}: step {value!r} is not an integer")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return _parse_step(float(value) if "." in value or "e" in value.lower() else int(value), where)
-        except ValueError:
-            pass
-    raise UserError(f"{where}: step {value!r} is not an integer")
-
-
-def _parse_loss(value, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise UserError(f"{where}: loss {value!r} is not a number")
-    try:
-        return float(value)
-    except ValueError:
-        raise UserError(f"{where}: loss {value!r} is not a number") from None
+    def consumed_tokens(self, step: int, role: str) -> int:
+        """Tokens consumed through `step`: from the log's own count, else from the tokens per step
+        (a curve that has a step 0 counts its steps from 0)."""
+        if step in self.tokens:
+            return self.tokens[step]
+        if self.tokens_per_step is None:
+            raise UserError(f"{self.path}: --align tokens needs the tokens per step, which this {self.format} "
+                            f"log does not state; pass --{role}-tokens-per-step N")
+        first = 0 if 0 in self.losses else 1
+        return (step - first + 1) * self.tokens_per_step
 
 
 def _read_text(path: str) -> list[str]:
@@ -57,81 +54,61 @@ def _read_text(path: str) -> list[str]:
         with open(path, encoding="utf-8") as handle:
             return handle.read().splitlines()
     except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file (expected JSONL or CSV)") from None
+        raise UserError(f"{path}: not a text file (expected JSONL, CSV, a training log or TensorBoard events)") from None
     except OSError as error:
         raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
 
 
-def _jsonl_records(path: str, lines: list[str]):
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise UserError(f"{where}: not valid JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise UserError(f"{where}: expected a JSON object with 'step' and 'loss'")
-        for field in ("step", "loss"):
-            if field not in record:
-                raise UserError(f"{where}: field '{field}' missing")
-        yield number, _parse_step(record["step"], where), _parse_loss(record["loss"], where)
-
-
-def _is_header(row: list[str]) -> bool:
-    try:
-        [float(cell) for cell in row]
-        return False
-    except ValueError:
+def _looks_like_events(path: str) -> bool:
+    if "tfevents" in os.path.basename(path):
         return True
+    try:
+        with open(path, "rb") as handle:
+            return tfevents.is_event_file(handle.read(12))
+    except OSError as error:
+        raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
 
 
-def _csv_records(path: str, lines: list[str]):
-    rows = [(number, row) for number, row in enumerate(csv.reader(lines), start=1)
-            if row and any(cell.strip() for cell in row)]
-    step_column, loss_column = 0, 1
-    if rows and _is_header(rows[0][1]):
-        header = [cell.strip().lower() for cell in rows[0][1]]
-        for field in ("step", "loss"):
-            if field not in header:
-                raise UserError(f"{path}:{rows[0][0]}: CSV header has no '{field}' column (columns: {', '.join(header)})")
-        step_column, loss_column = header.index("step"), header.index("loss")
-        rows = rows[1:]
-    for number, row in rows:
-        where = f"{path}:{number}"
-        if len(row) <= max(step_column, loss_column):
-            raise UserError(f"{where}: expected step,loss, got {','.join(row)!r}")
-        yield number, _parse_step(row[step_column].strip(), where), _parse_loss(row[loss_column].strip(), where)
-
-
-def _resolve(path: str) -> str:
+def _records(path: str, form: str, key: str | None) -> log_formats.Records:
     if os.path.isdir(path):
         metrics = os.path.join(path, METRICS_FILE)
-        if not os.path.isfile(metrics):
-            raise UserError(f"{path}: a folder without {METRICS_FILE} (pass the log file or a run folder)")
-        return metrics
+        if form in ("auto", "h2", "jsonl") and os.path.isfile(metrics):
+            return log_formats.read_jsonl(metrics, _read_text(metrics), key)
+        files = log_formats.event_files(path) if form in ("auto", "tensorboard") else []
+        if files:
+            return log_formats.read_tensorboard(files, key)
+        raise UserError(f"{path}: a folder without {METRICS_FILE} or TensorBoard event files "
+                        f"(pass the log file or a run folder)")
     if not os.path.exists(path):
         raise UserError(f"{path}: no such file or folder")
-    return path
-
-
-def read_loss_log(path: str) -> LossLog:
-    """Steps and losses of a log. Non-finite losses are kept (the comparison rejects them where it uses them)."""
-    path = _resolve(path)
+    if form == "tensorboard" or (form == "auto" and _looks_like_events(path)):
+        return log_formats.read_tensorboard([path], key)
     lines = _read_text(path)
-    first = next((line.strip() for line in lines if line.strip()), "")
-    is_jsonl = path.endswith((".jsonl", ".json")) or first.startswith("{")
-    records = _jsonl_records(path, lines) if is_jsonl else _csv_records(path, lines)
+    if form == "auto":
+        form = log_formats.detect_text_format(path, lines)
+    return log_formats.TEXT_READERS[form](path, lines, key)
+
+
+def read_loss_log(path: str, form: str = "auto", key: str | None = None) -> LossLog:
+    """Steps and losses of a log. Non-finite losses are kept (the comparison rejects them where it
+    uses them). `form` names the format (`auto`: recognise it); `key` the loss column, field or tag."""
+    if form not in FORMATS:
+        raise UserError(f"unknown log format '{form}' (one of {', '.join(FORMATS)})")
+    records = _records(path, form, key)
+    shown = os.path.join(path, METRICS_FILE) if records.format in ("h2", "jsonl") and os.path.isdir(path) else path
     losses: dict[int, float] = {}
-    line_of: dict[int, int] = {}
-    for number, step, loss in records:
+    position: dict[int, int] = {}
+    tokens: dict[int, int] = {}
+    for at, step, loss, consumed in records.rows:
         if step in losses:
-            raise UserError(f"{path}:{number}: step {step} appears twice (first on line {line_of[step]})")
-        losses[step], line_of[step] = loss, number
+            raise UserError(f"{shown}:{at}: step {step} appears twice (first on line {position[step]})")
+        losses[step], position[step] = loss, at
+        if consumed is not None:
+            tokens[step] = consumed
     if not losses:
-        raise UserError(f"{path}: no loss records")
-    return LossLog(path, losses, line_of)
+        raise UserError(f"{shown}: no loss records" + ("" if records.format in ("h2", "jsonl", "csv")
+                                                      else f" (read as a {records.format} log)"))
+    return LossLog(shown, losses, position, records.format, tokens, records.tokens_per_step, records.unit)
 
 
 def check_finite(log: LossLog, steps: list[int], role: str) -> None:

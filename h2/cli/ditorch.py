@@ -1,7 +1,9 @@
 """The `ditorch` command.
 
   ditorch info            the active vendor, every adapter's probe, devices, versions and active mappings
-  ditorch conformance     OpInfo samples of the DIOPI table's operators on dipu against the CPU
+  ditorch conformance     OpInfo samples of the DIOPI table's operators (and, with --fallback, of every
+                          op_db operator) on dipu against the CPU
+  ditorch compat          which torch.cuda APIs, distributed entry points and torch features work here
   ditorch precision-diff  a run's loss curve against a reference run (MRE; exit 0 pass, 1 fail)
   ditorch replay          rerun op calls saved by the capture tool on a device and compare
   ditorch run             run an unmodified CUDA script (or -m module) on this node's accelerator
@@ -12,6 +14,7 @@ Errors a user can fix are one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -91,34 +94,179 @@ def _parse_dtypes(text: str):
     return tuple(dtypes)
 
 
+def _saved_conformance(path: str):
+    """The results and the profile's degradation of an earlier run's --json file."""
+    from ditorch.dipu import conformance
+
+    try:
+        with open(path) as handle:
+            saved = json.load(handle)
+        results = [conformance.CheckResult.from_dict(r) for r in saved["results"]]
+    except OSError as error:
+        raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{path}: not a ditorch conformance --json file ({error})") from None
+    degradation = conformance.profile_degradation(saved["profile"]) if saved.get("degrades") else conformance.Degradation()
+    return saved, results, degradation
+
+
 def command_conformance(args) -> int:
+    if args.from_json:
+        from ditorch.dipu import conformance
+
+        _check_writable(args.markdown)
+        saved, results, degradation = _saved_conformance(args.from_json)
+        print(f"conformance of vendor {saved['vendor']} (profile {saved['profile']}) against the CPU, "
+              f"as saved in {args.from_json}: {len(results)} checks")
+        return _report_conformance(args, results, degradation, saved["vendor"], saved["profile"])
     if args.profile:
         os.environ["DIPU_HOST_PROFILE"] = args.profile
     import ditorch.dipu as dipu
     if args.vendor:
         dipu.use_vendor(args.vendor)  # before the device's first use, which opens the vendor
+        os.environ["DIPU_VENDOR"] = dipu.resolve_vendor(args.vendor)  # for the worker processes
     from ditorch.dipu import conformance
 
+    if args.max_samples < 1:
+        raise UserError(f"--max-samples must be at least 1, got {args.max_samples}")
+    if not args.check_timeout > 0:
+        raise UserError(f"--check-timeout must be a positive number of seconds, got {args.check_timeout}")
+    for path in (args.json, args.markdown):
+        _check_writable(path)  # before a run that can take minutes
     dtypes = _parse_dtypes(args.dtypes) if args.dtypes else conformance.DEFAULT_DTYPES
-    ops = [name.strip() for name in args.ops.split(",")] if args.ops else None
+    wanted = {name.strip() for name in args.ops.split(",")} if args.ops else None
+    table = dipu.diopi_table()
+    checks = conformance.table_checks(table, wanted)
+    if args.fallback:
+        checks += conformance.fallback_checks(conformance.load_op_db(), wanted)
+    if wanted is not None and not checks:
+        where = "DIOPI table entry or OpInfo" if args.fallback else "DIOPI table entry"
+        raise UserError(f"no {where} matches {', '.join(sorted(wanted))}")
+    degradation = conformance.profile_degradation() if dipu.vendor_name() == "host" else conformance.Degradation()
 
-    print(f"conformance of vendor {dipu.vendor_name()} (profile {conformance.profile_name()}) against the CPU")
-    results = conformance.run_conformance(ops=ops, dtypes=dtypes, max_samples=args.max_samples)
+    print(f"conformance of vendor {dipu.vendor_name()} (profile {conformance.profile_name()}) against the CPU: "
+          f"{len(checks)} checks, up to {args.max_samples} samples per dtype")
+    results = conformance.run_isolated(checks, dtypes, args.max_samples, progress=_conformance_progress,
+                                       timeout=args.check_timeout)
+    return _report_conformance(args, results, degradation, dipu.vendor_name(), conformance.profile_name())
+
+
+def _report_conformance(args, results, degradation, vendor: str, profile: str) -> int:
+    from ditorch.dipu import conformance
+
     for result in results:
-        print(conformance.format_result(result))
-    failed = [r for r in results if not r.passed]
-    print(f"summary: {len(results) - len(failed)} passed, {len(failed)} failed of {len(results)} table entries"
-          + (f"; failed: {', '.join(r.entry.aten for r in failed)}" if failed else ""))
-    return 1 if failed else 0
+        if result.check.aten or result.status != "pass" or args.verbose:
+            print(conformance.format_result(result))
+    baseline = _saved_conformance(args.baseline)[1] if args.baseline else None
+    _print_conformance_summary(results, degradation, profile, baseline)
+    totals = conformance.summary(results)
+    if args.json:
+        _write_output(args.json, json.dumps({"vendor": vendor, "profile": profile,
+                                             "degrades": sorted(degradation.functions),
+                                             "summary": totals, "results": [r.to_dict() for r in results]}, indent=1))
+    if args.markdown:
+        _write_output(args.markdown, conformance.format_markdown(results, degradation))
+    return 1 if totals["failed"] else 0
+
+
+def _conformance_progress(done: int, total: int, result) -> None:
+    if done == total or done % 50 == 0:
+        print(f"[conformance] {done}/{total} checks", file=sys.stderr, flush=True)
+
+
+def _print_conformance_summary(results, degradation, profile: str, baseline=None) -> None:
+    from ditorch.dipu import conformance
+
+    table = [r for r in results if r.check.aten]
+    failed = [r for r in table if r.status == "fail"]
+    if table:
+        print(f"summary: {len(table) - len(failed)} passed, {len(failed)} failed of {len(table)} table checks"
+              + (f"; failed: {', '.join(r.check.aten for r in failed)}" if failed else ""))
+    sweep = [r for r in results if not r.check.aten]
+    if sweep:
+        counts = {status: sum(r.status == status for r in sweep) for status in ("pass", "fail", "skip")}
+        through_fallback = [r for r in sweep if "fallback" in r.path]
+        print(f"op_db sweep: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} not compared "
+              f"of {len(sweep)} checks; {len(through_fallback)} reached the CPU fallback, "
+              f"{sum(r.status == 'pass' for r in through_fallback)} of them passed")
+    if degradation.functions:
+        failed_all = {r.check.label for r in results if r.status == "fail"}
+        degraded = {r.check.label for r in results if r.degraded}
+        against = ""
+        if baseline is not None:  # checks the exact profile fails too say nothing about this profile
+            failing_anyway = {r.check.label for r in baseline if r.status == "fail"}
+            failed_all, degraded = failed_all - failing_anyway, degraded - failing_anyway
+            against = f" (of the checks the baseline passes; it fails {len(failing_anyway)})"
+        verdict = f"exactly the degraded checks fail{against}" if failed_all == degraded else (
+            f"failed{against} but not degraded: {', '.join(sorted(failed_all - degraded)) or 'none'}; "
+            f"degraded but passed: {', '.join(sorted(degraded - failed_all)) or 'none'}")
+        print(f"profile {profile} rounds {', '.join(sorted(degradation.functions))} to "
+              f"{degradation.mantissa_bits} mantissa bits: {len(degraded)} checks reach them; {verdict}")
+
+
+def _check_writable(path: str | None) -> None:
+    folder = os.path.dirname(os.path.abspath(path)) if path and path != "-" else None
+    if folder and not os.path.isdir(folder):
+        raise UserError(f"{path}: cannot write (no folder {folder})")
+    if folder and not os.access(folder, os.W_OK):
+        raise UserError(f"{path}: cannot write (folder {folder} is not writable)")
+
+
+def _write_output(path: str, text: str) -> None:
+    if path == "-":
+        print(text)
+        return
+    try:
+        with open(path, "w") as handle:
+            handle.write(text + "\n")
+    except OSError as error:
+        raise UserError(f"{path}: cannot write ({error.strerror or error})") from None
+
+
+def command_compat(args) -> int:
+    import ditorch
+    from ditorch import compat
+
+    _check_writable(args.markdown)
+    probes = [p for p in compat.PROBES if not args.area or p[0] in args.area.split(",")]
+    if not probes:
+        raise UserError(f"--area: no probes in '{args.area}' (areas: {', '.join(dict.fromkeys(p[0] for p in compat.PROBES))})")
+    device = ditorch.info()["device_type"] or "cpu"
+
+    def progress(done, total, result):
+        print(f"[compat] {done}/{total} {result.api}: {'works' if result.works else 'fails'}", file=sys.stderr, flush=True)
+
+    results = compat.run_probes(probes, progress=progress)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+    else:
+        for r in results:
+            print(f"{'works' if r.works else 'FAILS':<6} {r.area:<12} {r.api}" + (f"  ({r.detail})" if r.detail else ""))
+        print(f"summary: {sum(r.works for r in results)} of {len(results)} probes work on {device}")
+    if args.markdown:
+        _write_output(args.markdown, compat.format_markdown(results, device))
+    return 0
 
 
 # ---- precision-diff ---------------------------------------------------------------------------------
 def add_precision_diff_arguments(parser: argparse.ArgumentParser) -> None:
     from ditorch.precision.loss_diff import DEFAULT_THRESHOLD, DEFAULT_WINDOW
+    from ditorch.precision.loss_log import FORMATS
 
     parser.add_argument("--reference", required=True, metavar="REF",
-                        help="reference loss log: metrics.jsonl, a run folder holding one, or a CSV of step,loss")
+                        help="reference loss log: h2 metrics.jsonl or run folder, JSONL, CSV (W&B exports too), a "
+                             "Megatron-LM, torchtitan or nanoGPT log, a TensorBoard event file or run folder")
     parser.add_argument("--candidate", required=True, metavar="RUN", help="candidate loss log (same forms)")
+    for role in ("reference", "candidate"):
+        parser.add_argument(f"--{role}-format", choices=FORMATS, default="auto",
+                            help=f"format of the {role} log (default: recognised from the file)")
+        parser.add_argument(f"--{role}-key", metavar="NAME",
+                            help=f"the {role}'s loss column, field or TensorBoard tag (default: the first of loss, "
+                                 f"lm loss, train/loss, ... it has)")
+        parser.add_argument(f"--{role}-tokens-per-step", type=int, metavar="N",
+                            help=f"tokens the {role} consumes per step, for --align tokens (default: what its log says)")
+    parser.add_argument("--align", choices=("step", "tokens"), default="step",
+                        help="pair steps by number (default) or by consumed tokens, when the batch sizes differ")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help=f"pass when MRE < threshold (default {DEFAULT_THRESHOLD}, the H2 paper's 1.5%%)")
     parser.add_argument("--steps", type=int, metavar="N",
@@ -129,22 +277,34 @@ def add_precision_diff_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
+def _read_curve(args: argparse.Namespace, role: str):
+    from ditorch.precision.loss_log import read_loss_log
+
+    log = read_loss_log(getattr(args, role), getattr(args, f"{role}_format"), getattr(args, f"{role}_key"))
+    tokens_per_step = getattr(args, f"{role}_tokens_per_step")
+    if tokens_per_step is not None:
+        if tokens_per_step < 1:
+            raise UserError(f"--{role}-tokens-per-step must be at least 1, got {tokens_per_step}")
+        log = log.with_tokens_per_step(tokens_per_step)
+    return log
+
+
 @run_cli("ditorch precision-diff")
 def command_precision_diff(args: argparse.Namespace) -> int:
     from ditorch.precision.loss_diff import compare_losses, format_report
-    from ditorch.precision.loss_log import read_loss_log
 
-    reference = read_loss_log(args.reference)
-    candidate = read_loss_log(args.candidate)
-    diff = compare_losses(reference, candidate, threshold=args.threshold, steps=args.steps, window=args.window)
+    reference, candidate = _read_curve(args, "reference"), _read_curve(args, "candidate")
+    diff = compare_losses(reference, candidate, threshold=args.threshold, steps=args.steps, window=args.window,
+                          align=args.align)
     if args.plot:
         from ditorch.precision.plot import plot_loss_diff
         plot_loss_diff(diff, args.plot, reference_label=reference.path, candidate_label=candidate.path)
     if args.json:
-        print(json.dumps({"reference": reference.path, "candidate": candidate.path, **diff.to_dict(),
-                          "plot": args.plot}))
+        print(json.dumps({"reference": reference.path, "candidate": candidate.path,
+                          "reference_format": reference.format, "candidate_format": candidate.format,
+                          **diff.to_dict(), "plot": args.plot}))
     else:
-        print(format_report(diff, reference.path, candidate.path))
+        print(format_report(diff, reference.path, candidate.path, reference.format, candidate.format))
         if args.plot:
             print(f"plot {args.plot}")
     return 0 if diff.passed else 1
@@ -211,7 +371,25 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--ops", help="comma-separated ATen or OpInfo names (default: the whole table)")
     conformance.add_argument("--dtypes", help="comma-separated dtypes (default: float32,float64,bfloat16,float16,int64,bool)")
     conformance.add_argument("--max-samples", type=int, default=16, help="samples per operator and dtype")
+    conformance.add_argument("--fallback", action="store_true",
+                             help="also sweep every OpInfo of torch's op_db (forward and backward), which covers "
+                                  "the ops that run through the CPU fallback")
+    conformance.add_argument("--json", metavar="FILE", help="write every result and the summary as JSON ('-': stdout)")
+    conformance.add_argument("--markdown", metavar="FILE", help="write the summary tables as Markdown ('-': stdout)")
+    conformance.add_argument("--verbose", action="store_true", help="print passing op_db checks too")
+    conformance.add_argument("--baseline", metavar="FILE",
+                             help="an exact profile's --json: the profile's verdict leaves out the checks that fail there too")
+    conformance.add_argument("--from-json", metavar="FILE",
+                             help="report the results an earlier run saved with --json, without running anything")
+    conformance.add_argument("--check-timeout", type=float, default=600.0, metavar="SECONDS",
+                             help="a check running longer fails and the sweep goes on (default 600)")
     conformance.set_defaults(run=command_conformance)
+    compat = commands.add_parser("compat", help="which torch.cuda APIs, distributed entry points and torch features "
+                                                 "a CUDA script can use here after `import ditorch`")
+    compat.add_argument("--area", help="comma-separated areas to probe (default: all)")
+    compat.add_argument("--json", action="store_true", help="print the results as JSON")
+    compat.add_argument("--markdown", metavar="FILE", help="write the results as a Markdown table ('-': stdout)")
+    compat.set_defaults(run=command_compat)
     add_precision_diff_parser(commands)
     add_replay_parser(commands)
     add_run_parser(commands)

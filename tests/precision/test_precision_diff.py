@@ -138,7 +138,7 @@ def test_steps_beyond_the_reference_are_rejected(reference):
 
 def test_csv_header_must_name_step_and_loss(tmp_path, reference):
     candidate = tmp_path / "c.csv"
-    candidate.write_text("iteration,value\n1,3.0\n")
+    candidate.write_text("when,value\n1,3.0\n")
     with pytest.raises(UserError, match="CSV header has no 'step' column"):
         read_loss_log(str(candidate))
 
