@@ -14,6 +14,7 @@ this engine (h2.train.pipeline).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -55,6 +56,9 @@ def train_config_for(strategy, config: TrainConfig) -> TrainConfig:
                                lr_decay_steps=config.lr_decay_steps or config.steps)
 
 
+PACING_FIELDS = ("kernels", "late_kernels", "emulated_s", "overrun_s")
+
+
 @dataclasses.dataclass
 class StepResult:
     loss: torch.Tensor          # the step's mean loss (meaningful on the last stage)
@@ -64,8 +68,11 @@ class StepResult:
 
 class PipelineEngine:
     def __init__(self, strategy, config: TrainConfig, options: PipelineOptions | None = None,
-                 source: str = "strategy"):
+                 source: str = "strategy", chip_labels: dict[str, str] | None = None):
+        """`chip_labels`: how outputs name each chip type (e.g. 'emu-slow (emulated: 0.05x a host core,
+        80 MB)'); the chip's name where absent."""
         options = options or PipelineOptions()
+        self.chip_labels = dict(chip_labels or {})
         check_p2p_backend(options.p2p_backend)
         self.strategy, self.options = strategy, options
         self.model_config = strategy.model_config()
@@ -109,7 +116,8 @@ class PipelineEngine:
                          store=self.store)
         if self.stage_info.recompute:
             stage = apply_recompute(stage)
-        self.stage = stage.to(self.device)
+        with self.on_chip():
+            self.stage = stage.to(self.device)
         del model
 
         named = [(name, param) for name, param in stage.named_parameters()]
@@ -129,6 +137,46 @@ class PipelineEngine:
                                       prefetch=options.prefetch, device=self.device)
 
     @property
+    def chip_label(self) -> str:
+        return self.chip_labels.get(self.stage_info.chip, self.stage_info.chip)
+
+    @contextlib.contextmanager
+    def on_chip(self):
+        """Work on this rank's chip: running out of its memory raises torch.OutOfMemoryError naming the
+        stage and the chip, as the first line of the device's own message."""
+        try:
+            yield
+        except torch.OutOfMemoryError as error:
+            detail = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
+            raise torch.OutOfMemoryError(f"stage {self.place.stage}, chip {self.chip_label}, rank {self.rank} on "
+                                         f"{self.device}: {detail}") from None
+
+    def device_report(self) -> list[dict]:
+        """Per stage, over its ranks (every rank must call this): the largest peak of device memory
+        allocated by tensors (None on devices without memory statistics), and, on an emulating
+        device, the kernels it paced, their emulated seconds, and how many were late (overrun_s: by
+        how much in all; a late kernel's time depended on the host's load)."""
+        module = getattr(torch, self.device.type, None)
+        peak = module.max_memory_allocated(self.device) if hasattr(module, "max_memory_allocated") else -1
+        pacing = getattr(module, "pacing_stats", lambda: None)() or {}
+        stages = self.topology.num_stages
+        peaks = torch.full((stages,), -1.0, dtype=torch.float64)
+        peaks[self.place.stage] = float(peak)
+        sums = torch.zeros((stages, 4), dtype=torch.float64)
+        sums[self.place.stage] = torch.tensor([float(pacing.get(key, 0.0)) for key in PACING_FIELDS],
+                                              dtype=torch.float64)
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=self.groups.everyone)
+        dist.all_reduce(sums, group=self.groups.everyone)
+        report = []
+        for stage in self.topology.stages:
+            row = {"stage": stage.index, "chip": stage.chip,
+                   "peak_allocated_bytes": None if peaks[stage.index] < 0 else int(peaks[stage.index])}
+            row.update({key: (int(value) if key.endswith("kernels") else float(value))
+                        for key, value in zip(PACING_FIELDS, sums[stage.index].tolist())})
+            report.append(row)
+        return report
+
+    @property
     def global_batch(self) -> int:
         return self.micro_batch_sequences * self.config.micro_batches
 
@@ -146,6 +194,10 @@ class PipelineEngine:
 
     def step(self, batch: torch.Tensor, lr: float) -> StepResult:
         """One optimizer step on the global `batch` (sequences of seq_len + 1 tokens) at learning rate `lr`."""
+        with self.on_chip():
+            return self._step(batch, lr)
+
+    def _step(self, batch: torch.Tensor, lr: float) -> StepResult:
         micro_batches = self.replica_micro_batches(batch)
         inputs = [mb[:, :-1].to(self.device) for mb in micro_batches]
         targets = [mb[:, 1:].to(self.device) for mb in micro_batches]

@@ -24,6 +24,7 @@ JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
 NOT_WITH_STRATEGY = ("resume", "overwrite", "dtype", "micro_batch_size", "micro_batches", "model_config", "preset")
 # Options that only a pipeline has, with why a single-device run refuses each.
 PIPELINE_ONLY = {"nproc": "a single-device run uses one process",
+                 "cluster": "it says which chip each rank of a pipeline runs as",
                  "log_every": "a single-device run shows a progress bar",
                  **{name: "it configures the pipeline" for name in flags.field_names([PipelineOptions])
                     if name != "log_every"}}
@@ -64,6 +65,11 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     config = flags.build(TrainConfig, values)
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
+    if run.cluster:
+        from h2.cli.cluster_job import check_job
+        from h2.core.cluster import load_cluster
+
+        strategy = check_job(strategy, load_cluster(run.cluster), run.strategy, options.threads)
     for stage in strategy.stages:
         device_type = resolve_device(stage.device or config.device).type
         check_stage_backend(options.stage_backend, device_type)
@@ -71,7 +77,7 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     nproc = run.nproc or needed
     if nproc != needed:
         raise UserError(f"{run.strategy}: needs {needed} processes (sum of tp * dp over stages), --nproc is {nproc}")
-    rank_run = RunOptions(strategy=run.strategy, out=run.out or "runs/heteropp")
+    rank_run = RunOptions(strategy=run.strategy, out=run.out or "runs/heteropp", cluster=run.cluster)
     handle, job_path = tempfile.mkstemp(prefix="h2-job-", suffix=".yaml")
     os.close(handle)
     try:
@@ -174,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=_train)
 
     info = sub.add_parser("model-info", help="parameters, FLOPs and activation memory of a model")
-    flags.add_flags(info, RunOptions, exclude=("strategy", "nproc", "out", "resume", "overwrite", "quiet"))
+    flags.add_flags(info, RunOptions, exclude=("strategy", "nproc", "cluster", "out", "resume", "overwrite", "quiet"))
     info.add_argument("--seq-len", type=int, help="sequence length (default: the model's max_seq_len)")
     info.add_argument("--micro-batch-size", type=int, default=1, help="for activation bytes (default 1)")
     info.add_argument("--tp", type=int, default=1, help="tensor-parallel size for activation bytes (default 1)")

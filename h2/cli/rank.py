@@ -6,8 +6,18 @@ MASTER_PORT):
 
 `h2 train --strategy` writes the resolved job to a file and passes only `--config`; by hand, the flags
 of `h2 train` work here too and override the file. The strategy's stages need the sum of tp * dp over
-stages processes. Only the first rank of the last stage writes metrics.jsonl and prints progress;
-rank 0 prints the topology.
+stages processes. Only the first rank of the last stage writes metrics.jsonl and stage_report.json
+(per stage: peak device memory, emulated kernel time and how much of it the host made late) and
+prints progress; rank 0 prints the topology.
+
+With `--cluster C` each rank runs as its stage's chip type of C: a chip with an `emulation:` section
+is emulated on the dipu device (its vendor profile is written to OUT/emulated-chips/), after the
+trust rule of h2.core.emulation was checked for the ranks of this host. Running out of the chip's
+memory ends the rank with one line naming the stage and the chip (exit status 1).
+
+A rank ends with os._exit once its output is flushed: an autograd device thread may still be
+releasing its last graph when the interpreter shuts down, which aborts the process
+(pytorch/pytorch#38228) and would turn a finished run into a failed one.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import sys
 from datetime import timedelta
 
 from h2.core import flags
-from h2.core.errors import ArgumentParser, UserError, run_cli
+from h2.core.errors import ArgumentParser, UserError, one_line, run_cli
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 
 JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
@@ -63,12 +73,22 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("WORLD_SIZE"):
         raise UserError(f"{run.strategy}: launch with torchrun --standalone --nproc-per-node {strategy.world_size} "
                         f"-m h2.cli.rank ... (RANK/WORLD_SIZE are not set)")
+    out = run.out or "runs/heteropp"
+    labels = None
+    if run.cluster:
+        from h2.cli.cluster_job import check_job, chip_labels, host_ranks_of_this_process, open_rank_chip
+        from h2.core.cluster import load_cluster
+
+        cluster = load_cluster(run.cluster)
+        strategy = check_job(strategy, cluster, run.strategy, options.threads, host_ranks_of_this_process())
+        open_rank_chip(strategy, cluster, int(os.environ["RANK"]), os.path.join(out, "emulated-chips"))
+        labels = chip_labels(cluster)
     torch.set_num_threads(options.threads)
     dist.init_process_group("gloo", timeout=timedelta(minutes=5))
     try:
-        trainer = PipelineTrainer(strategy, config, run.out or "runs/heteropp", options, source=run.strategy)
+        trainer = PipelineTrainer(strategy, config, out, options, source=run.strategy, chip_labels=labels)
         if trainer.rank == 0:
-            print(trainer.topology.describe(default_device=trainer.config.device), flush=True)
+            print(trainer.topology.describe(default_device=trainer.config.device, chip_labels=labels), flush=True)
         records = []
         while trainer.step < trainer.config.steps:
             record = trainer.train_step()
@@ -76,16 +96,35 @@ def main(argv: list[str] | None = None) -> int:
             if trainer.writes_metrics and (record["step"] % options.log_every == 0
                                            or record["step"] == trainer.config.steps):
                 _print_progress(record)
+        report = trainer.stage_report()
         if trainer.writes_metrics and records:
             tokens = sum(r["tokens"] for r in records)
             seconds = sum(r["step_time_s"] for r in records)
             print(f"trained {trainer.model_config.name} with {trainer.topology.num_stages} stages on "
                   f"{trainer.topology.world_size} processes: {tokens / seconds:,.0f} tokens/s; "
                   f"metrics {trainer.metrics.path}", flush=True)
+            _print_stage_report(report, labels or {})
+    except torch.OutOfMemoryError as error:
+        print(f"h2.cli.rank: error: {one_line(error)}", file=sys.stderr, flush=True)
+        return 1
     finally:
         dist.destroy_process_group()
     return 0
 
 
+def _print_stage_report(report: list[dict], labels: dict[str, str]) -> None:
+    for row in report:
+        if row["peak_allocated_bytes"] is None:
+            continue
+        late = (f", {row['late_kernels']:,} of {row['kernels']:,} kernels late by {row['overrun_s']:.3f} s "
+                f"in all ({row['overrun_s'] / row['emulated_s']:.2%} of the emulated kernel time)"
+                if row["kernels"] else "")
+        print(f"stage {row['stage']} ({labels.get(row['chip'], row['chip'])}): peak memory "
+              f"{row['peak_allocated_bytes'] / 1e6:.2f} MB{late}", flush=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

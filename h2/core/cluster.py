@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.emulation import ChipEmulation
 from h2.core.errors import UserError
 
 _SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
@@ -49,9 +50,14 @@ class ChipType:
     tp_efficiency_per_doubling: float = 1.0
     memory_bandwidth_gbps: float = 1600.0
     emulated: bool = False
+    emulation: ChipEmulation | None = None   # what the DIPU host vendor emulates (h2.core.emulation)
 
     def validate(self, source: str) -> None:
         where = f"{source}: chip '{self.name}'"
+        if self.emulation is not None:
+            if not self.emulated:
+                raise UserError(f"{where}: field 'emulated' is false but the chip has an 'emulation' section")
+            self.emulation.validate(where)
         for name in ("count", "chips_per_node", "tp_max"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{where}: field '{name}' must be positive, got {getattr(self, name)}")
@@ -182,6 +188,8 @@ def _load_chip(entry: dict, base_dir: str, where: str) -> ChipType:
         base = load_yaml_mapping(path)
         merged = {**base, **merged}
         where = f"{where} (from {path})"
+    if merged.get("emulation") is not None:
+        merged.setdefault("emulated", True)
     return dataclass_from_mapping(ChipType, merged, where)
 
 

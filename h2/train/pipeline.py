@@ -7,6 +7,7 @@ Only the first rank of the last stage writes `metrics.jsonl` (the reference trai
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -21,8 +22,8 @@ from heteropp.engine import PipelineEngine
 
 class PipelineTrainer:
     def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
-                 corpus: Corpus | None = None, source: str = "strategy"):
-        self.engine = PipelineEngine(strategy, config, options, source=source)
+                 corpus: Corpus | None = None, source: str = "strategy", chip_labels: dict[str, str] | None = None):
+        self.engine = PipelineEngine(strategy, config, options, source=source, chip_labels=chip_labels)
         self.config = self.engine.config
         self.model_config = self.engine.model_config
         self.topology, self.rank = self.engine.topology, self.engine.rank
@@ -51,6 +52,16 @@ class PipelineTrainer:
         if self.metrics is not None:
             self.metrics.append(record)
         return record
+
+    def stage_report(self) -> list[dict]:
+        """Per stage: peak device memory and emulated kernel pacing (PipelineEngine.device_report);
+        every rank calls it, the metrics rank also writes it to `stage_report.json` beside the metrics."""
+        report = self.engine.device_report()
+        if self.metrics is not None:
+            path = os.path.join(os.path.dirname(self.metrics.path), "stage_report.json")
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump(report, handle, indent=1)
+        return report
 
     def run(self) -> list[dict]:
         records = []

@@ -15,8 +15,12 @@ const Profile& device_profile();
 // The address kernels read and write for device address ptr; throws when ptr is not device memory.
 void* kernel_view(const void* ptr);
 
-// Slows the enclosing kernel down to the profile's relative speed: on destruction it waits until
-// (elapsed / relative_speed) has passed since construction.
+// Holds the enclosing kernel to the emulated chip's time: the CPU time the calling thread spent in
+// it, divided by the profile's relative speed (a chip at 0.25 takes 4x the host core's work time).
+// On destruction it waits until that time has passed since construction; a kernel the host could
+// not finish in time (its thread waited for a core) is counted late, with its overrun. Measuring the
+// thread's CPU time rather than the wall clock keeps the emulated time independent of how many
+// processes share the host's cores, as long as the waiting fits in the slack (1/speed - 1) x work.
 class PacedKernel {
  public:
   PacedKernel();
@@ -26,6 +30,7 @@ class PacedKernel {
 
  private:
   std::chrono::steady_clock::time_point start_;
+  std::chrono::nanoseconds start_cpu_;
 };
 
 }  // namespace dipu::host

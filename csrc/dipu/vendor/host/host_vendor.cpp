@@ -7,7 +7,9 @@
 #include <map>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <ctime>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -107,13 +109,42 @@ void* kernel_view(const void* ptr) {
   return view;
 }
 
-PacedKernel::PacedKernel() : start_(std::chrono::steady_clock::now()) {}
+namespace {
+
+std::chrono::nanoseconds thread_cpu_time() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
+}
+
+struct PacingStats {
+  std::atomic<uint64_t> kernels{0};
+  std::atomic<uint64_t> late_kernels{0};
+  std::atomic<int64_t> emulated_ns{0};
+  std::atomic<int64_t> overrun_ns{0};
+};
+
+PacingStats pacing_stats;
+
+}  // namespace
+
+PacedKernel::PacedKernel() : start_(std::chrono::steady_clock::now()), start_cpu_(thread_cpu_time()) {}
 
 PacedKernel::~PacedKernel() {
   double speed = state().profile.relative_speed;
   if (speed >= 1.0) return;
-  auto elapsed = std::chrono::steady_clock::now() - start_;
-  auto target = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(elapsed / speed);
+  auto work = thread_cpu_time() - start_cpu_;
+  auto emulated = std::chrono::duration_cast<std::chrono::nanoseconds>(work / speed);
+  auto target = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(emulated);
+  auto now = std::chrono::steady_clock::now();
+  pacing_stats.kernels.fetch_add(1, std::memory_order_relaxed);
+  pacing_stats.emulated_ns.fetch_add(emulated.count(), std::memory_order_relaxed);
+  if (now > target) {
+    pacing_stats.late_kernels.fetch_add(1, std::memory_order_relaxed);
+    pacing_stats.overrun_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(now - target).count(),
+                                      std::memory_order_relaxed);
+    return;
+  }
   std::this_thread::sleep_until(target);
 }
 
@@ -285,6 +316,15 @@ dipuError_t dipuEventQuery(dipuEvent_t) { return dipuSuccess; }
 dipuError_t dipuEventElapsedTime(float* milliseconds, dipuEvent_t start, dipuEvent_t end) {
   if (!start->recorded || !end->recorded) return fail(dipuErrorInvalidValue, "event was never recorded");
   *milliseconds = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  return dipuSuccess;
+}
+
+dipuError_t dipuGetPacingStats(dipuPacingStats_t* stats) {
+  auto& source = dipu::host::pacing_stats;
+  stats->kernels = source.kernels.load(std::memory_order_relaxed);
+  stats->late_kernels = source.late_kernels.load(std::memory_order_relaxed);
+  stats->emulated_s = static_cast<double>(source.emulated_ns.load(std::memory_order_relaxed)) * 1e-9;
+  stats->overrun_s = static_cast<double>(source.overrun_ns.load(std::memory_order_relaxed)) * 1e-9;
   return dipuSuccess;
 }
 
