@@ -1,8 +1,13 @@
-"""`heteroauto`: search a strategy, simulate one, or profile a chip type.
+"""`heteroauto`: search a strategy, simulate one, or profile chip types.
 
     heteroauto search   --cluster C [--model M] [--gbs-tokens 4M] [--alpha A] [--out S.yaml] [--json] [--top K] [--exhaustive]
     heteroauto simulate --strategy S --cluster C [--json]
-    heteroauto profile  --cluster C --chip NAME [--model M] [--device cpu] [--synthesise] --out P.yaml
+    heteroauto profile  --cluster C [--chip NAME] [--model M] [--device cpu] [--synthesise] [--out-dir D | --out P.yaml]
+
+`profile` measures by running the runtime's stage code on TP ranks of each chip (heteropp.profiling;
+an emulated chip on its emulated dipu device) and writes one profile file per chip type into the
+profile folder (default profiles/<cluster name>/), reusing a file measured for the same chip entry,
+model and micro-batch shape unless --force; `search` and `simulate` read that folder with --profiles.
 """
 
 from __future__ import annotations
@@ -10,17 +15,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
-from h2.core.cluster import ClusterSpec, TrainingSpec, load_cluster, parse_count
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster, parse_count
+from h2.core.emulation import describe_chip
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.model_config import ModelConfig, resolve_model
 from h2.core.schedule import schedule_actions
 from h2.core.strategy import load_strategy
 from heteropp.auto.evaluation import evaluate_strategy, stage_costs, training_for, transfer_model
 from heteropp.auto.oracle import oracle_search
-from heteropp.auto.profiles import profiles_for, save_profile, synthesise_profile
+from heteropp.auto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
+                                    synthesise_profile)
 from heteropp.auto.search import search
 from heteropp.auto.simulator import simulate
 
@@ -42,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--no-zero1", action="store_true", help="replicate optimizer states over dp")
         sub.add_argument("--profile", action="append", default=[], metavar="FILE",
                          help="measured profile of one chip type (repeatable); others are synthesised")
+        sub.add_argument("--profiles", metavar="DIR",
+                         help="a folder `heteroauto profile` wrote: the profile of every chip type found there")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
 
     search_cmd = commands.add_parser("search", help="find the best strategy")
@@ -64,13 +74,18 @@ def _parser() -> argparse.ArgumentParser:
     simulate_cmd.add_argument("--strategy", required=True)
     simulate_cmd.add_argument("--no-transfers", action="store_true", help="stage-to-stage transfers take no time")
 
-    profile_cmd = commands.add_parser("profile", help="profile one chip type (measured through torch, or synthesised)")
+    profile_cmd = commands.add_parser("profile", help="profile the cluster's chip types (measured by running TP ranks "
+                                                     "of each, or synthesised)")
     problem(profile_cmd)
-    profile_cmd.add_argument("--chip", required=True, help="chip type of the cluster to profile")
-    profile_cmd.add_argument("--device", default="cpu", help="torch device to measure on (cpu, dipu, ...)")
+    profile_cmd.add_argument("--chip", help="only this chip type (default: every chip type of the cluster)")
+    profile_cmd.add_argument("--device", default="cpu",
+                             help="torch device of chips without emulation (cpu, dipu, ...); an emulated chip runs "
+                                  "on its emulated dipu device")
     profile_cmd.add_argument("--synthesise", action="store_true", help="derive from the spec sheet instead of measuring")
-    profile_cmd.add_argument("--repeats", type=int, default=3, help="timed repetitions per measurement")
-    profile_cmd.add_argument("--out", required=True)
+    profile_cmd.add_argument("--repeats", type=int, default=5, help="timed rounds per measurement (median)")
+    profile_cmd.add_argument("--out-dir", metavar="DIR", help="profile folder (default profiles/<cluster name>)")
+    profile_cmd.add_argument("--out", metavar="FILE", help="with --chip: write this file instead of DIR/<chip>.yaml")
+    profile_cmd.add_argument("--force", action="store_true", help="measure again even where a profile is up to date")
     return parser
 
 
@@ -137,9 +152,29 @@ def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, gro
     return result_tokens_per_s / total, baselines
 
 
+def _profile_paths(args, cluster: ClusterSpec) -> list[str]:
+    """--profile files, then the files of the --profiles folder that name one of the cluster's chip types."""
+    paths = list(args.profile)
+    if args.profiles is not None:
+        if not os.path.isdir(args.profiles):
+            raise UserError(f"--profiles {args.profiles}: no such folder (heteroauto profile --cluster {args.cluster} "
+                            f"writes one)")
+        named = {os.path.abspath(path) for path in paths}
+        for chip in cluster.chips:
+            path = os.path.join(args.profiles, f"{chip.name}.yaml")
+            if os.path.exists(path) and os.path.abspath(path) not in named:
+                paths.append(path)
+    return paths
+
+
+def _profiles(args, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec):
+    """The chip types' profiles: --profile files and the --profiles folder, synthesised for the rest."""
+    return profiles_for(cluster, model, training, _profile_paths(args, cluster))
+
+
 def _cmd_search(args) -> int:
     cluster, model, training = _problem(args)
-    profiles = profiles_for(cluster, model, training, args.profile)
+    profiles = _profiles(args, cluster, model, training)
     if args.top < 1:
         raise UserError("--top: must be at least 1")
     if args.group_size < 0:
@@ -217,7 +252,7 @@ def _cmd_simulate(args) -> int:
     training = training_for(strategy, training)
     if args.alpha is None:
         training = dataclasses.replace(training, alpha=0.0 if strategy.schedule == "1f1b-split-backward" else 1.0)
-    profiles = profiles_for(cluster, model, training, args.profile)
+    profiles = _profiles(args, cluster, model, training)
     report = evaluate_strategy(strategy, cluster, model, training, profiles, source=args.strategy)
     schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
     costs = stage_costs(strategy, profiles, report)
@@ -250,28 +285,94 @@ def _cmd_simulate(args) -> int:
     return 0
 
 
-# ---- profile -------------------------------------------------------------------------------------
+# ---- profile ------------------------------------------------------------------------------------
+def _profile_targets(args, cluster: ClusterSpec) -> list[tuple[ChipType, str]]:
+    """(chip type, profile file) for each chip type to profile."""
+    if args.out is not None and args.chip is None:
+        raise UserError("--out names one profile file: give --chip too (or --out-dir for every chip type)")
+    folder = args.out_dir or os.path.join("profiles", cluster.name)
+    chips = [cluster.chip(args.chip)] if args.chip is not None else list(cluster.chips)
+    return [(chip, args.out if args.out is not None else os.path.join(folder, f"{chip.name}.yaml")) for chip in chips]
+
+
+def _cached(path: str, chip: ChipType, model: ModelConfig, training: TrainingSpec):
+    """The profile at `path` if it was measured for exactly this chip entry, model and shape."""
+    if not os.path.exists(path):
+        return None
+    try:
+        profile = load_profile(path)
+    except UserError:
+        return None
+    return profile if profile.fingerprint == profile_fingerprint(chip, model, training) else None
+
+
+def _measure(chips: list[tuple[ChipType, str]], model: ModelConfig, training: TrainingSpec, args) -> dict:
+    """Measure every (chip, TP size) on TP ranks, with one progress bar over them all."""
+    from h2.train.progress import ProgressBar
+    from heteropp.profiling import measure_tp  # imports torch
+
+    dtype = "bfloat16" if training.activation_bytes_per_element == 2 else "float32"
+    jobs = [(chip, path, tp) for chip, path in chips for tp in chip.tp_sizes()]
+    bar = ProgressBar(len(jobs))
+    bar.update(0, chip=jobs[0][0].name if jobs else "-")
+    measured: dict[str, list[dict]] = {}
+    for done, (chip, path, tp) in enumerate(jobs, start=1):
+        directory = os.path.join(os.path.dirname(os.path.abspath(path)), "emulated-chips")
+        measurement = measure_tp(chip, model, tp, micro_batch_size=training.micro_batch_size,
+                                 seq_len=training.seq_len, dtype=dtype, device=args.device, repeats=args.repeats,
+                                 directory=directory)
+        measured.setdefault(chip.name, []).append(dataclasses.asdict(measurement))
+        bar.update(done, chip=f"{chip.name} tp {tp}")
+    return measured
+
+
+def _print_profile(profile, chip: ChipType, path: str, how: str) -> None:
+    where = describe_chip(chip) + (f", device {profile.device}" if profile.device else "")
+    state = f"up to date in {path}" if how == "cached" else f"wrote {path}"
+    print(f"profile of chip {where}: {profile.source}, {state}")
+    for line in profile.assumptions[-1:] if profile.source == "measured" else ():
+        print(f"  {line}")
+    formula = {entry.tp: entry for entry in profile.formula_layers}
+    header = f"{'tp':>3} {'fwd ms':>9} {'bwd ms':>9} {'recomp ms':>9} {'act MB':>8} {'act MB rc':>9}"
+    print(header + (f" | {'formula from tp 1: fwd ms':>25} {'bwd ms':>9} {'measured/formula':>16}" if formula else ""))
+    for entry in profile.layers:
+        line = (f"{entry.tp:>3} {entry.forward_s * 1e3:>9.2f} {entry.backward_s * 1e3:>9.2f} "
+                f"{entry.recompute_s * 1e3:>9.2f} {entry.activation_bytes / 1e6:>8.3f} "
+                f"{entry.recompute_activation_bytes / 1e6:>9.3f}")
+        if entry.tp in formula:
+            derived = formula[entry.tp]
+            ratio = entry.compute_s(False) / derived.compute_s(False)
+            line += f" | {derived.forward_s * 1e3:>25.2f} {derived.backward_s * 1e3:>9.2f} {ratio:>16.2f}"
+        print(line)
+
+
 def _cmd_profile(args) -> int:
     cluster, model, training = _problem(args)
-    chip = cluster.chip(args.chip)
     if args.repeats < 1:
         raise UserError("--repeats: must be at least 1")
+    targets = _profile_targets(args, cluster)
     if args.synthesise:
-        profile = synthesise_profile(chip, model, training)
+        profiles = {chip.name: synthesise_profile(chip, model, training) for chip, _ in targets}
+        how = {chip.name: "synthesised" for chip, _ in targets}
     else:
-        from heteropp.auto.profiler import measure_profile  # imports torch
-        profile = measure_profile(chip, model, training, device=args.device, repeats=args.repeats)
-    save_profile(profile, args.out)
+        profiles = {} if args.force else {chip.name: _cached(path, chip, model, training) for chip, path in targets}
+        profiles = {name: profile for name, profile in profiles.items() if profile is not None}
+        how = {name: "cached" for name in profiles}
+        missing = [(chip, path) for chip, path in targets if chip.name not in profiles]
+        for name, measurements in _measure(missing, model, training, args).items() if missing else ():
+            chip = cluster.chip(name)
+            profiles[name] = measured_profile(chip, model, training, measurements, device=args.device,
+                                              repeats=args.repeats)
+            how[name] = "measured"
+    for chip, path in targets:
+        if how[chip.name] != "cached":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            save_profile(profiles[chip.name], path)
     if args.json:
-        print(json.dumps(profile.to_dict()))
+        print(json.dumps({chip.name: profiles[chip.name].to_dict() for chip, _ in targets}))
         return 0
-    print(f"profile of chip {chip.name} ({profile.source}{', device ' + profile.device if profile.device else ''}) "
-          f"for {model.name}, seq_len {training.seq_len}, micro-batch {training.micro_batch_size}:")
-    print(f"{'tp':>3} {'fwd ms':>10} {'bwd ms':>10} {'recomp ms':>10} {'act MB':>9} {'act MB (recomp)':>16}")
-    for entry in profile.layers:
-        print(f"{entry.tp:>3} {entry.forward_s * 1e3:>10.3f} {entry.backward_s * 1e3:>10.3f} {entry.recompute_s * 1e3:>10.3f} "
-              f"{entry.activation_bytes / 1e6:>9.3f} {entry.recompute_activation_bytes / 1e6:>16.3f}")
-    print(f"wrote {args.out}")
+    for chip, path in targets:
+        _print_profile(profiles[chip.name], chip, path, how[chip.name])
     return 0
 
 

@@ -30,7 +30,7 @@ class StageReport:
     recompute: bool
     memory_bytes: float
     capacity_bytes: float
-    compute_s: float   # per micro-batch: layers * (t_fwd + t_bwd + r * t_recomp)
+    compute_s: float   # per micro-batch: layers * (t_fwd + t_bwd + r * t_recomp), plus the measured stage ends
     update_s: float
 
     @property
@@ -90,6 +90,23 @@ def stage_layer_profile(strategy: Strategy, profiles: dict[str, Profile], index:
                                recompute_activation_bytes=int(layer.recompute_activation_bytes * ratio))
 
 
+def stage_end_s(strategy: Strategy, profiles: dict[str, Profile], index: int) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch that stage `index` computes besides its layers: the
+    embedding on the first stage, the final norm, head and loss on the last, where its chip's profile
+    measured them (a synthesised profile has none: the paper's model counts layers only)."""
+    stage = strategy.stages[index]
+    end = profiles[stage.chip].stage_end(stage.tp)
+    if end is None:
+        return 0.0, 0.0
+    forward = backward = 0.0
+    if index == 0:
+        forward, backward = forward + end.embedding_forward_s, backward + end.embedding_backward_s
+    if index == len(strategy.stages) - 1:
+        forward, backward = forward + end.head_forward_s, backward + end.head_backward_s
+    ratio = strategy.stage_micro_batch_size(index) / strategy.micro_batch_size
+    return forward * ratio, backward * ratio
+
+
 def evaluate_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
                       profiles: dict[str, Profile], source: str = "strategy") -> StrategyReport:
     check_chips(strategy, cluster, source)
@@ -108,7 +125,8 @@ def evaluate_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConf
                                     num_stages=num_stages, micro_batches=strategy.micro_batches, layers=stage.layers)
         reports.append(StageReport(index=index, chip=stage.chip, tp=stage.tp, dp=dp, layers=stage.layers,
                                    recompute=stage.recompute, memory_bytes=memory, capacity_bytes=chip.capacity_bytes,
-                                   compute_s=stage.layers * layer.compute_s(stage.recompute),
+                                   compute_s=stage.layers * layer.compute_s(stage.recompute)
+                                   + sum(stage_end_s(strategy, profiles, index)),
                                    update_s=stage.layers * update))
     iteration = iteration_time_s([r.compute_s for r in reports], [r.update_s for r in reports],
                                  strategy.micro_batches, training.alpha)
@@ -121,8 +139,9 @@ def stage_costs(strategy: Strategy, profiles: dict[str, Profile], report: Strate
     costs = []
     for index, (stage, row) in enumerate(zip(strategy.stages, report.stages)):
         layer = stage_layer_profile(strategy, profiles, index)
-        forward = stage.layers * layer.forward_s
-        backward = stage.layers * (layer.backward_s + (layer.recompute_s if stage.recompute else 0.0))
+        end_forward, end_backward = stage_end_s(strategy, profiles, index)
+        forward = stage.layers * layer.forward_s + end_forward
+        backward = stage.layers * (layer.backward_s + (layer.recompute_s if stage.recompute else 0.0)) + end_backward
         costs.append(StageCost(forward_s=forward, backward_s=backward,
                                weight_grad_s=stage.layers * layer.backward_s / 2, update_s=row.update_s))
     return costs

@@ -15,12 +15,15 @@ const Profile& device_profile();
 // The address kernels read and write for device address ptr; throws when ptr is not device memory.
 void* kernel_view(const void* ptr);
 
-// Holds the enclosing kernel to the emulated chip's time: the CPU time the calling thread spent in
-// it, divided by the profile's relative speed (a chip at 0.25 takes 4x the host core's work time).
-// On destruction it waits until that time has passed since construction; a kernel the host could
-// not finish in time (its thread waited for a core) is counted late, with its overrun. Measuring the
-// thread's CPU time rather than the wall clock keeps the emulated time independent of how many
-// processes share the host's cores, as long as the waiting fits in the slack (1/speed - 1) x work.
+// The emulated chip's clock. The host runs every kernel at once (its results exist when the call
+// returns) but the chip is busy for the CPU time the kernel's thread spent, divided by the profile's
+// relative speed (a chip at 0.25 takes 4x the host core's work time); kernels queue on the device's
+// timeline as on a real accelerator, where the host launches ahead and waits only to read results.
+// So the host waits (sleeps until the device's timeline has caught up) at the points where a real
+// host waits for its device: a copy to host memory, a device or stream synchronisation, an event
+// synchronisation. The host's own delays (being scheduled late on a busy machine, framework overhead
+// between kernels) are hidden as long as it stays ahead of the chip; a kernel whose thread waited for
+// a core longer than the slack (1/speed - 1) x its work is counted late, with its overrun.
 class PacedKernel {
  public:
   PacedKernel();
@@ -32,5 +35,10 @@ class PacedKernel {
   std::chrono::steady_clock::time_point start_;
   std::chrono::nanoseconds start_cpu_;
 };
+
+// When the current device's queued work ends on the emulated timeline (now, when it is idle).
+std::chrono::steady_clock::time_point device_idle_at();
+// Sleeps until the current device's queued work has ended.
+void wait_for_device();
 
 }  // namespace dipu::host
