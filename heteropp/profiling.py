@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from h2.core.cluster import ChipType
+from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from h2.core.ranks import run_ranks
 from h2.model.transformer import Transformer, language_model_loss
@@ -171,6 +172,49 @@ def _adamw_update(params: list[torch.nn.Parameter]):
     return update
 
 
+def _measure_layer(timed: _Timer, layer, hidden, grad) -> dict:
+    """Times and memory of one layer, then its optimizer update; frees its gradients and state."""
+    recomputed = RecomputedLayer(layer)
+
+    def forward():
+        layer(hidden)
+
+    def forward_backward(module=layer):
+        module(hidden).backward(grad)
+
+    forward_s, backward_s = timed.pair(forward, forward_backward)
+    _, recompute_s = timed.pair(forward_backward, lambda: forward_backward(recomputed))
+    activation_bytes = kept_bytes(layer, hidden)
+    recompute_bytes = kept_bytes(recomputed, hidden)
+    workspace = _workspace_bytes(timed.device, layer, hidden, grad, activation_bytes)
+    update_s = timed(_adamw_update(list(layer.parameters())))
+    hidden.grad = None
+    return {"forward_s": forward_s, "backward_s": backward_s, "recompute_s": recompute_s,
+            "activation_bytes": activation_bytes, "recompute_activation_bytes": recompute_bytes,
+            "workspace_bytes": workspace, "update_s": update_s}
+
+
+def _measure_stage_ends(timed: _Timer, shard, hidden, grad, tokens) -> dict:
+    """Embedding (first stage) and final norm + head + loss (last stage), each on the device alone."""
+    embedding = shard(True, range(0, 0), False)
+
+    def embedding_forward():
+        return embedding(tokens)
+
+    embedding_forward_s, embedding_backward_s = timed.pair(embedding_forward,
+                                                           lambda: embedding_forward().backward(grad))
+    del embedding
+    head = shard(False, range(0, 0), True)
+
+    def head_forward():
+        return language_model_loss(head(hidden), tokens)
+
+    head_forward_s, head_backward_s = timed.pair(head_forward, lambda: head_forward().backward())
+    hidden.grad = None
+    return {"embedding_forward_s": embedding_forward_s, "embedding_backward_s": embedding_backward_s,
+            "head_forward_s": head_forward_s, "head_backward_s": head_backward_s}
+
+
 def _measure_rank(rank: int, world_size: int, chip: ChipType, model: ModelConfig, micro_batch_size: int,
                   seq_len: int, dtype_name: str, device_type: str, repeats: int, directory: str) -> dict:
     """One TP rank of `measure_tp` (runs in its own process)."""
@@ -197,49 +241,19 @@ def _measure_rank(rank: int, world_size: int, chip: ChipType, model: ModelConfig
             stage = build_stage(full, layers, first=first, last=last)
             return apply_tp(stage, tp_index=rank, tp_size=world_size, group=group, store=None).to(device, dtype)
 
-        layer_stage = shard(False, range(0, 1), False)
-        layer = layer_stage.layers[0]
-        recomputed = RecomputedLayer(layer)
         shape = (micro_batch_size, seq_len, model.hidden_size)
         generator = torch.Generator().manual_seed(1)
         hidden = torch.randn(shape, generator=generator).to(device, dtype).requires_grad_()
         grad = torch.randn(shape, generator=generator).to(device, dtype)
-
-        def forward():
-            layer(hidden)
-
-        def forward_backward(module=layer):
-            module(hidden).backward(grad)
-
-        forward_s, backward_s = timed.pair(forward, forward_backward)
-        _, recompute_s = timed.pair(forward_backward, lambda: forward_backward(recomputed))
-        activation_bytes = kept_bytes(layer, hidden)
-        recompute_bytes = kept_bytes(recomputed, hidden)
-        workspace = _workspace_bytes(device, layer, hidden, grad, activation_bytes)
-        update_s = timed(_adamw_update(list(layer.parameters())))
-
         tokens = torch.randint(0, model.vocab_size, shape[:2], generator=generator).to(device)
-        embed_stage = shard(True, range(0, 0), False)
-        embed_grad = grad
-
-        def embedding_forward():
-            return embed_stage(tokens)
-
-        embedding_forward_s, embedding_backward_s = timed.pair(
-            embedding_forward, lambda: embedding_forward().backward(embed_grad))
-        head_stage = shard(False, range(0, 0), True)
-
-        def head_forward():
-            return language_model_loss(head_stage(hidden), tokens)
-
-        head_forward_s, head_backward_s = timed.pair(head_forward, lambda: head_forward().backward())
+        try:
+            measured = _measure_layer(timed, shard(False, range(0, 1), False).layers[0], hidden, grad)
+            measured.update(_measure_stage_ends(timed, shard, hidden, grad, tokens))
+        except torch.OutOfMemoryError as error:
+            return {"out_of_memory": str(error).strip().splitlines()[0]}
         pacing = getattr(getattr(torch, device.type, None), "pacing_stats", lambda: None)() or {}
         late = pacing.get("overrun_s", 0.0) / pacing["emulated_s"] if pacing.get("emulated_s") else 0.0
-        return dataclasses.asdict(TPMeasurement(
-            tp=world_size, forward_s=forward_s, backward_s=backward_s, recompute_s=recompute_s,
-            activation_bytes=activation_bytes, recompute_activation_bytes=recompute_bytes, workspace_bytes=workspace,
-            update_s=update_s, embedding_forward_s=embedding_forward_s, embedding_backward_s=embedding_backward_s,
-            head_forward_s=head_forward_s, head_backward_s=head_backward_s, device=str(device), late_fraction=late))
+        return dataclasses.asdict(TPMeasurement(tp=world_size, device=str(device), late_fraction=late, **measured))
     finally:
         dist.destroy_process_group()
 
@@ -248,11 +262,15 @@ def measure_tp(chip: ChipType, model: ModelConfig, tp: int, *, micro_batch_size:
                dtype: str = "float32", device: str = "cpu", repeats: int = 3, directory: str) -> TPMeasurement:
     """Measure `chip` at TP size `tp` on `tp` local ranks (`device`: where a chip without emulation
     runs; an emulated chip runs on its emulated dipu device, its vendor profile written to
-    `directory`). Raises UserError when the model cannot be split `tp` ways."""
+    `directory`). Raises UserError when the model cannot be split `tp` ways or one layer does not fit."""
     check_tp_divides(model, tp, f"chip '{chip.name}': tp {tp}")
     os.makedirs(directory, exist_ok=True)
     results = run_ranks(_measure_rank, tp, (chip, model, micro_batch_size, seq_len, dtype, device, repeats, directory),
                         timeout=TIMEOUT_S, start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
+    for result in results:
+        if "out_of_memory" in result:
+            raise UserError(f"chip '{chip.name}': field 'memory_gb': one layer of model '{model.name}' at tp {tp} with "
+                            f"its optimizer state does not fit to be profiled ({result['out_of_memory']})")
     # Every rank of the group reports the same times (the slowest rank's); memory is per rank: take the largest.
     merged = dict(results[0])
     for key in ("activation_bytes", "recompute_activation_bytes", "workspace_bytes"):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 
 from h2.core.cluster import ClusterSpec
-from h2.core.emulation import check_core_share, describe_chip, emulated_stage_devices, host_cores, rank_chips
+from h2.core.emulation import (busy_host_warning, check_core_share, describe_chip, emulated_stage_devices, host_cores,
+                               rank_chips)
 from h2.core.errors import UserError
 from h2.core.strategy import Strategy
 from heteropp.auto.evaluation import check_chips
@@ -32,6 +33,14 @@ def check_job(strategy: Strategy, cluster: ClusterSpec, source: str, threads: in
                             f"thread that runs them; run the ranks of cluster {cluster.source} with --threads 1")
         check_core_share(chips, host_cores(), cluster.source)
     return strategy
+
+
+def host_warning(strategy: Strategy, cluster: ClusterSpec) -> str | None:
+    """The launcher's warning when the host is already busy (all of the job's ranks run here)."""
+    chips = rank_chips(strategy, cluster)
+    if not any(chip.emulation is not None for chip in chips):
+        return None
+    return busy_host_warning(chips, host_cores())
 
 
 def host_ranks_of_this_process() -> range:

@@ -66,10 +66,14 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
     if run.cluster:
-        from h2.cli.cluster_job import check_job
+        from h2.cli.cluster_job import check_job, host_warning
         from h2.core.cluster import load_cluster
 
-        strategy = check_job(strategy, load_cluster(run.cluster), run.strategy, options.threads)
+        cluster = load_cluster(run.cluster)
+        strategy = check_job(strategy, cluster, run.strategy, options.threads)
+        warning = host_warning(strategy, cluster)
+        if warning:
+            print(f"h2: warning: {warning}", file=sys.stderr, flush=True)
     for stage in strategy.stages:
         device_type = resolve_device(stage.device or config.device).type
         check_stage_backend(options.stage_backend, device_type)

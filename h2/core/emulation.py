@@ -106,6 +106,22 @@ def check_core_share(chips: list[ChipType], cores: int, where: str, what: str = 
                         f"emulated times would depend on the host's load; lower the speeds or run fewer ranks here")
 
 
+def busy_host_warning(chips: list[ChipType], cores: int) -> str | None:
+    """A warning when other processes already keep this host's cores busy (its 1-minute load average),
+    so that the emulated chips may get less than their share: the rule covers the job's own ranks
+    only, and a late kernel is counted (stage_report.json) rather than prevented."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    claimed = sum(core_share(chip) for chip in chips)
+    if load + claimed <= cores:
+        return None
+    return (f"the host's load average is {load:.1f} on {cores} cores before the job's {len(chips)} ranks "
+            f"(claiming {claimed:.2g} cores) start: emulated kernels may run late when the host cannot give "
+            f"them their share (stage_report.json counts late kernel time)")
+
+
 def rank_chips(strategy: Strategy, cluster: ClusterSpec, ranks: range | None = None) -> list[ChipType]:
     """The chip type of each rank in `ranks` (default: all) under the strategy's rank layout."""
     chips = []

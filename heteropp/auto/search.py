@@ -175,8 +175,8 @@ class Planner:
                          else f"a stage with {in_flight} micro-batches in flight")
                 self.infeasible.note_overflow(terms.bytes(1) / chip.capacity_bytes, (
                     f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} tp={tp} "
-                    f"recompute={'on' if recompute else 'off'}, {where}) needs {terms.bytes(1) / GIB:.1f} GB per "
-                    f"chip for one layer, capacity {chip.capacity_bytes / GIB:.1f} GB"))
+                    f"recompute={'on' if recompute else 'off'}, {where}) needs {terms.bytes(1) / GIB:.3g} GB per "
+                    f"chip for one layer, capacity {chip.capacity_bytes / GIB:.3g} GB"))
         return cap
 
     def options_at(self, group: Group, g: int, dp: int, micro_batches: int, tp: int, pp: int, tail: int,
