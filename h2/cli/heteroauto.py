@@ -20,7 +20,7 @@ import sys
 import time
 
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster, parse_count
-from h2.core.emulation import describe_chip
+from h2.core.emulation import check_core_share, describe_chip, host_cores
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.model_config import ModelConfig, resolve_model
 from h2.core.schedule import schedule_actions
@@ -355,6 +355,9 @@ def _cmd_profile(args) -> int:
         profiles = {chip.name: synthesise_profile(chip, model, training) for chip, _ in targets}
         how = {chip.name: "synthesised" for chip, _ in targets}
     else:
+        for chip, _ in targets:  # one measurement runs tp_max ranks of the chip at once
+            check_core_share([chip] * chip.tp_max, host_cores(), cluster.source,
+                             f"profiling ranks of chip '{chip.name}' at tp {chip.tp_max}")
         profiles = {} if args.force else {chip.name: _cached(path, chip, model, training) for chip, path in targets}
         profiles = {name: profile for name, profile in profiles.items() if profile is not None}
         how = {name: "cached" for name in profiles}
