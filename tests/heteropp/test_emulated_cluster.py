@@ -131,3 +131,12 @@ def test_the_planners_choice_on_measured_profiles_runs_with_each_chips_speed_in_
     # The same work takes 4x the emulated kernel time on the 4x slower chip: per layer, big / small ~ 4.
     per_layer = {chip: report[chip]["emulated_s"] / layers[chip] for chip in layers}
     assert 2.5 < per_layer["emu-big"] / per_layer["emu-small"] < 6
+
+
+def test_a_job_file_names_the_cluster_as_the_flag_does(tmp_path):
+    chips = {name: {**spec, "relative_speed": 0.4} for name, spec in CHIPS.items()}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"strategy": write_strategy(tmp_path), "cluster": write_cluster(tmp_path, chips),
+                                   "steps": 1, "out": str(tmp_path / "run")}))
+    line = one_line_error(h2_train("--config", str(job), cores="0"))
+    assert "cluster.yaml: field 'emulation.relative_speed': the 2 ranks on this host claim 0.8 cores" in line
