@@ -36,8 +36,9 @@ class PacedKernel {
   std::chrono::nanoseconds start_cpu_;
 };
 
-// When the current device's queued work ends on the emulated timeline (now, when it is idle).
+// When the current device's queued work ends on the emulated timeline (in the past when it is idle).
 std::chrono::steady_clock::time_point device_idle_at();
+bool device_busy();
 // Sleeps until the current device's queued work has ended.
 void wait_for_device();
 

@@ -144,7 +144,12 @@ Timeline& timeline(int32_t device) {
 std::chrono::steady_clock::time_point device_idle_at() {
   Timeline& line = timeline(current_device);
   std::lock_guard lock(line.mutex);
-  return std::max(line.idle_at, std::chrono::steady_clock::now());
+  return line.idle_at;
+}
+
+bool device_busy() {
+  auto now = std::chrono::steady_clock::now();
+  return device_idle_at() > now;
 }
 
 void wait_for_device() { std::this_thread::sleep_until(device_idle_at()); }
@@ -333,9 +338,7 @@ dipuError_t dipuStreamSynchronize(dipuStream_t) {
   return dipuSuccess;
 }
 
-dipuError_t dipuStreamQuery(dipuStream_t) {
-  return dipu::host::device_idle_at() > std::chrono::steady_clock::now() ? dipuErrorNotReady : dipuSuccess;
-}
+dipuError_t dipuStreamQuery(dipuStream_t) { return dipu::host::device_busy() ? dipuErrorNotReady : dipuSuccess; }
 
 dipuError_t dipuStreamWaitEvent(dipuStream_t, dipuEvent_t) { return dipuSuccess; }
 
@@ -350,7 +353,8 @@ dipuError_t dipuEventDestroy(dipuEvent_t event) {
 }
 
 dipuError_t dipuEventRecord(dipuEvent_t event, dipuStream_t) {
-  event->time = dipu::host::device_idle_at();  // the device reaches the event after its queued work
+  // The device reaches the event after its queued work.
+  event->time = std::max(std::chrono::steady_clock::now(), dipu::host::device_idle_at());
   event->recorded = true;
   return dipuSuccess;
 }
@@ -361,7 +365,8 @@ dipuError_t dipuEventSynchronize(dipuEvent_t event) {
 }
 
 dipuError_t dipuEventQuery(dipuEvent_t event) {
-  return event->time > std::chrono::steady_clock::now() ? dipuErrorNotReady : dipuSuccess;
+  auto now = std::chrono::steady_clock::now();
+  return event->time > now ? dipuErrorNotReady : dipuSuccess;
 }
 
 dipuError_t dipuEventElapsedTime(float* milliseconds, dipuEvent_t start, dipuEvent_t end) {
