@@ -5,6 +5,7 @@ import collections
 from typing import Any, Callable, Mapping
 
 from dicomm import _dicomm_core as _core
+from h2.core.links import Link
 
 CommError = _core.CommError
 FrameError = _core.FrameError
@@ -28,6 +29,10 @@ class Endpoint:
     - ``timeout``: seconds after which a pending request fails (dead or silent peer).
     - ``connect_timeout``: seconds allowed for setup (store look-ups and connections).
     - ``prefix``: store key prefix, so several endpoints can share one store.
+    - ``link``: an emulated link (``h2.core.links.Link``: bandwidth, one-way latency) that paces
+      what this rank sends to every peer; ``peer_links`` overrides it per peer rank. Each message
+      is handed to the transport when it would arrive over that link (docs/dicomm.md, "Link
+      emulation"); DICOMM_LINK_GBPS and DICOMM_LINK_LATENCY_US set ``link`` from the environment.
     - ``**tuning``: any of TUNING_OPTIONS (see docs/dicomm.md for each one's environment variable).
 
     Buffers are bytes-like objects (bytes, bytearray, numpy arrays, memoryviews; receive
@@ -46,6 +51,8 @@ class Endpoint:
         timeout: float | None = None,
         connect_timeout: float | None = None,
         prefix: str | None = None,
+        link: Link | None = None,
+        peer_links: Mapping[int, Link] | None = None,
         **tuning: int,
     ):
         options = _core.Options.from_environment()
@@ -61,6 +68,10 @@ class Endpoint:
             options.connect_timeout_s = float(connect_timeout)
         if prefix is not None:
             options.store_prefix = prefix
+        if link is not None:
+            options.link = link_shape(link)
+        if peer_links is not None:
+            options.peer_links = {int(peer): link_shape(peer_link) for peer, peer_link in peer_links.items()}
         for name, value in tuning.items():
             if name not in TUNING_OPTIONS:
                 raise TypeError(f"Endpoint() got an unknown option '{name}'")
@@ -86,6 +97,10 @@ class Endpoint:
     def transport(self, peer: int) -> str:
         """The transport carrying traffic to ``peer``: "tcp", "shm" or "ibverbs"."""
         return self._engine.transport(peer)
+
+    def link(self, peer: int) -> Link | None:
+        """The emulated link that paces sends to ``peer``; None when they are not paced."""
+        return link_from_shape(self._engine.link(peer))
 
     def _track(self, handle: Handle) -> Handle:
         # Keeps each buffer alive until its request finishes, even if the caller drops the handle.
@@ -126,6 +141,18 @@ class Endpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def link_shape(link: Link) -> "_core.LinkShape":
+    """The C++ core's form of a link (bytes per second, seconds)."""
+    return _core.LinkShape(link.bytes_per_s, link.latency_s)
+
+
+def link_from_shape(shape: "_core.LinkShape") -> Link | None:
+    if not shape.shaped:
+        return None
+    # Back in the units it was given in, without the last bits of unit conversion.
+    return Link(float(f"{shape.bandwidth_bytes_per_s / 1e9:.12g}"), float(f"{shape.latency_s * 1e6:.12g}"))
 
 
 def probe_ibverbs() -> dict:

@@ -9,13 +9,15 @@ device type registered later (``dipu`` imported after ``dicomm``).
 """
 from __future__ import annotations
 
-import datetime
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
 
 from dicomm import _dicomm_c10d
 from h2.core import devices
+from h2.core.links import Link
 
 BACKEND_NAME = "dicomm"
 
@@ -29,14 +31,34 @@ def backend_devices() -> list[str]:
     return devices
 
 
-def _create_backend(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta):
-    return _dicomm_c10d.create_backend(store, rank, world_size, timeout.total_seconds())
+@dataclass(frozen=True)
+class GroupOptions:
+    """A dicomm group's options (``new_group(..., backend="dicomm", pg_options=GroupOptions(...))``):
+    ``links`` maps global ranks to the emulated link (h2.core.links.Link) that paces what this rank
+    sends to each of them (docs/dicomm.md, "Link emulation")."""
+    links: Mapping[int, Link] = field(default_factory=dict)
+
+
+def _create_backend(common, options: GroupOptions | None):
+    """torch.distributed's extended creator call: `common` carries the store, group rank and size,
+    timeout and the group's global ranks; `options` is the group's pg_options."""
+    global_ranks = list(common.global_ranks_in_group) or list(range(common.group_size))
+    peer_links = {}
+    if options is not None:
+        if not isinstance(options, GroupOptions):
+            raise TypeError(f"dicomm: pg_options must be dicomm.torch_backend.GroupOptions, got {type(options).__name__}")
+        for group_rank, global_rank in enumerate(global_ranks):
+            link = options.links.get(global_rank)
+            if link is not None and group_rank != common.group_rank:
+                peer_links[group_rank] = (link.bytes_per_s, link.latency_s)
+    return _dicomm_c10d.create_backend(common.store, common.group_rank, common.group_size,
+                                       common.timeout.total_seconds(), peer_links)
 
 
 def register() -> None:
     """Registers (or re-registers, picking up a renamed PrivateUse1 device) the backend."""
     served = backend_devices()
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=served)
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=served)
     for device_type in served:
         if device_type != "cpu":
             devices.serve_device(device_type, BACKEND_NAME)

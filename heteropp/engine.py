@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from h2.core.devices import resolve_device
 from h2.core.errors import UserError
+from h2.core.links import RankLinks
 from h2.core.schedule import stage_actions
 from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.transformer import Transformer
@@ -68,9 +69,12 @@ class StepResult:
 
 class PipelineEngine:
     def __init__(self, strategy, config: TrainConfig, options: PipelineOptions | None = None,
-                 source: str = "strategy", chip_labels: dict[str, str] | None = None):
-        """`chip_labels`: how outputs name each chip type (e.g. 'emu-slow (emulated: 0.05x a host core,
-        80 MB)'); the chip's name where absent."""
+                 source: str = "strategy", links: RankLinks | None = None,
+                 chip_labels: dict[str, str] | None = None):
+        """`links`: this rank's emulated link to every other rank (h2.core.links); its sends across
+        stages are paced to them (gloo: in P2P; dicomm: in DiComm's shaping layer). `chip_labels`: how
+        outputs name each chip type (e.g. 'emu-slow (emulated: 0.02x a host core, 120 MB)'); the chip's
+        name where absent."""
         options = options or PipelineOptions()
         self.chip_labels = dict(chip_labels or {})
         check_p2p_backend(options.p2p_backend)
@@ -102,7 +106,8 @@ class PipelineEngine:
             resolve_device(stage_device_type)  # every rank knows every stage's device type (and its backend)
             check_stage_backend(options.stage_backend, stage_device_type)
         self.groups = build_groups(self.topology, self.rank, device_type=device_type,
-                                   p2p_backend=options.p2p_backend, stage_backend=options.stage_backend)
+                                   p2p_backend=options.p2p_backend, stage_backend=options.stage_backend,
+                                   links=links)
         self.is_last = self.place.stage == self.topology.num_stages - 1
 
         torch.manual_seed(self.config.seed)
@@ -129,7 +134,8 @@ class PipelineEngine:
         # replicated over TP (norm weights) on TP index 0 only.
         self.counted_in_norm = [self.place.dp_index == 0 and (is_tp_sharded(name) or self.place.tp_index == 0)
                                 for name, _ in named]
-        self.p2p = P2P(stage_through_host=p2p_needs_host_staging(options.p2p_backend, self.device.type))
+        self.p2p = P2P(stage_through_host=p2p_needs_host_staging(options.p2p_backend, self.device.type),
+                       link_to=links.to if links is not None and options.p2p_backend == "gloo" else None)
         self.resharder = Resharder(self.topology, self.rank, self.groups, self.p2p, mode=options.resharding)
         activation_shape = (self.stage_info.micro_batch_size, self.config.seq_len, self.model_config.hidden_size)
         self.executor = StageExecutor(self.stage, stage_index=self.place.stage, num_stages=self.topology.num_stages,

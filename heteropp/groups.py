@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from h2.core.devices import collective_backend
 from h2.core.errors import UserError
+from h2.core.links import RankLinks
 from heteropp.topology import RankPlace, Topology
 
 GLOO_DEVICE_TYPES = ("cpu", "cuda")  # the tensors gloo reads itself
@@ -80,9 +81,19 @@ class RankGroups:
     dp_ranks: list[int]
 
 
+def group_options(backend: str, members: list[int], links: RankLinks | None):
+    """A dicomm group's pg_options: the emulated link from this rank to each member, which DiComm's
+    shaping layer applies; None for other backends (gloo's cross-stage sends are paced in P2P)."""
+    if backend != "dicomm" or links is None:
+        return None
+    from dicomm.torch_backend import GroupOptions
+    return GroupOptions(links={peer: links.to(peer) for peer in members if peer != links.rank})
+
+
 def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p_backend: str = "gloo",
-                 stage_backend: str = "auto") -> RankGroups:
-    """`device_type`: the device of stages that do not name their own."""
+                 stage_backend: str = "auto", links: RankLinks | None = None) -> RankGroups:
+    """`device_type`: the device of stages that do not name their own; `links`: this rank's emulated
+    links, applied by DiComm to the groups it serves."""
     place = topology.place(rank)
     stage = topology.stages[place.stage]
     mine: dict[str, dist.ProcessGroup | None] = {"tp": None, "dp": None, "next": None, "prev": None}
@@ -91,21 +102,25 @@ def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p
         backend = chip_backend(info.chip, stage_device) if stage_backend == "auto" else stage_backend
         for d in range(info.dp):
             members = info.tp_group(d)
-            group = dist.new_group(members, backend=backend) if info.tp > 1 else None
+            group = (dist.new_group(members, backend=backend, pg_options=group_options(backend, members, links))
+                     if info.tp > 1 else None)
             if rank in members:
                 mine["tp"] = group
         for t in range(info.tp):
             members = info.dp_group(t)
-            group = dist.new_group(members, backend=backend) if info.dp > 1 else None
+            group = (dist.new_group(members, backend=backend, pg_options=group_options(backend, members, links))
+                     if info.dp > 1 else None)
             if rank in members:
                 mine["dp"] = group
     for boundary in range(topology.num_stages - 1):
-        group = dist.new_group(topology.boundary_ranks(boundary), backend=p2p_backend)
+        members = topology.boundary_ranks(boundary)
+        group = dist.new_group(members, backend=p2p_backend, pg_options=group_options(p2p_backend, members, links))
         if boundary == place.stage:
             mine["next"] = group
         if boundary + 1 == place.stage:
             mine["prev"] = group
-    everyone = dist.new_group(list(range(topology.world_size)), backend=p2p_backend)
+    world = list(range(topology.world_size))
+    everyone = dist.new_group(world, backend=p2p_backend, pg_options=group_options(p2p_backend, world, links))
     return RankGroups(place=place, tp=mine["tp"], dp=mine["dp"], next_boundary=mine["next"],
                       prev_boundary=mine["prev"], everyone=everyone,
                       tp_ranks=stage.tp_group(place.dp_index), dp_ranks=stage.dp_group(place.tp_index))

@@ -9,12 +9,25 @@ tag naming micro-batch and direction, so the pairs match whatever order the wire
 With `stage_through_host` (a cross-stage backend that cannot read the stages' device memory, such
 as gloo for dipu tensors) sends copy to host first and receives land in host buffers that are
 copied into place when waited for.
+
+With `link_to` (the emulated link to each peer, h2.core.links.RankLinks.to) every send is paced: a
+`LinkPacer` thread posts it when it would arrive over its link (max(previous arrival, now +
+latency) + bytes / bandwidth), so a pipeline on gloo sees its slow links; the schedule still never
+waits for a send. The DiComm backend paces in its own shaping layer instead (no `link_to` here then).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import threading
+import time
+from typing import Callable
+
 import torch
 import torch.distributed as dist
+
+from h2.core.links import ArrivalClock, Link
 
 FORWARD, BACKWARD = 0, 1
 
@@ -38,18 +51,79 @@ class _StagedRecv:
         return True
 
 
+class _PacedSend:
+    """A send the pacer posts later; `wait()` waits for the posting, then for the send."""
+
+    def __init__(self, post: Callable[[], dist.Work]):
+        self._post = post
+        self._posted = threading.Event()
+        self._work: dist.Work | None = None
+        self._error: BaseException | None = None
+
+    def release(self) -> None:
+        try:
+            self._work = self._post()
+        except BaseException as error:  # handed to the waiting thread
+            self._error = error
+        self._posted.set()
+
+    def wait(self) -> bool:
+        self._posted.wait()
+        if self._error is not None:
+            raise self._error
+        return self._work.wait()
+
+
+class LinkPacer:
+    """One thread that posts each send at its arrival time over the link to its destination."""
+
+    def __init__(self, link_to: Callable[[int], Link]):
+        self._link_to = link_to
+        self._clocks: dict[int, ArrivalClock] = {}
+        self._due: list[tuple[float, int, _PacedSend]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def post(self, post: Callable[[], dist.Work], dst: int, nbytes: int) -> _PacedSend:
+        send = _PacedSend(post)
+        with self._changed:
+            clock = self._clocks.get(dst)
+            if clock is None:
+                clock = self._clocks[dst] = ArrivalClock(self._link_to(dst))
+            heapq.heappush(self._due, (clock.arrival(time.monotonic(), nbytes), next(self._order), send))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="heteropp-link-pacer", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+        return send
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, _, send = heapq.heappop(self._due)
+            send.release()
+
+
 class P2P:
-    def __init__(self, stage_through_host: bool = False):
+    def __init__(self, stage_through_host: bool = False, link_to: Callable[[int], Link] | None = None):
+        """`link_to(peer)`: the emulated link to global rank `peer`, which paces the sends (h2.core.links
+        RankLinks.to); None: unpaced."""
         self.stage_through_host = stage_through_host
         self.bytes_sent = 0
         self.messages_sent = 0
-        self._pending_sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._pacer = LinkPacer(link_to) if link_to is not None else None
+        self._pending_sends: list[tuple[dist.Work | _PacedSend, torch.Tensor]] = []
 
     def send(self, tensor: torch.Tensor, dst: int, group, tag: int) -> None:
         tensor = (tensor.cpu() if self.stage_through_host else tensor).contiguous()
-        work = dist.isend(tensor, dst=dst, group=group, tag=tag)
+        post = lambda: dist.isend(tensor, dst=dst, group=group, tag=tag)  # noqa: E731
+        nbytes = tensor.numel() * tensor.element_size()
+        work = self._pacer.post(post, dst, nbytes) if self._pacer is not None else post()
         self._pending_sends.append((work, tensor))
-        self.bytes_sent += tensor.numel() * tensor.element_size()
+        self.bytes_sent += nbytes
         self.messages_sent += 1
 
     def recv(self, buffer: torch.Tensor, src: int, group, tag: int):

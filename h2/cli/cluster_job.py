@@ -14,6 +14,7 @@ from h2.core.cluster import ClusterSpec
 from h2.core.emulation import (busy_host_warning, check_core_share, describe_chip, emulated_stage_devices, host_cores,
                                rank_chips)
 from h2.core.errors import UserError
+from h2.core.links import rank_locations
 from h2.core.strategy import Strategy
 from heteropp.auto.evaluation import check_chips
 from heteropp.emulated_chip import open_emulated_chip
@@ -25,6 +26,7 @@ def check_job(strategy: Strategy, cluster: ClusterSpec, source: str, threads: in
     after checking that the cluster has its chips and that the ranks on this host (`host_ranks`,
     default all) keep the emulation trustworthy. Raises a one-line UserError naming file and field."""
     check_chips(strategy, cluster, source)
+    rank_locations(strategy, cluster, source)  # every node's ranks fit its chips_per_node
     strategy = emulated_stage_devices(strategy, cluster, source)
     chips = rank_chips(strategy, cluster, host_ranks)
     if any(chip.emulation is not None for chip in chips):

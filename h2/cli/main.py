@@ -24,7 +24,7 @@ JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
 NOT_WITH_STRATEGY = ("resume", "overwrite", "dtype", "micro_batch_size", "micro_batches", "model_config", "preset")
 # Options that only a pipeline has, with why a single-device run refuses each.
 PIPELINE_ONLY = {"nproc": "a single-device run uses one process",
-                 "cluster": "it says which chip each rank of a pipeline runs as",
+                 "cluster": "it says which chip each rank of a pipeline runs as and paces its links",
                  "log_every": "a single-device run shows a progress bar",
                  **{name: "it configures the pipeline" for name in flags.field_names([PipelineOptions])
                     if name != "log_every"}}
@@ -50,9 +50,9 @@ def job_from_args(args: argparse.Namespace) -> dict:
 
 
 def _train_pipeline(values: dict, run: RunOptions) -> int:
-    """`h2 train --strategy S`: a HeteroPP run on local processes, launched with torchrun --standalone."""
-    import subprocess
-
+    """`h2 train --strategy S [--cluster C]`: a HeteroPP run on local processes (h2.cli.launch)."""
+    from h2.cli.launch import launch
+    from h2.core.cluster import load_cluster
     from h2.core.devices import resolve_device
     from h2.core.strategy import load_strategy
     from heteropp.groups import check_p2p_backend, check_stage_backend
@@ -65,9 +65,9 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     config = flags.build(TrainConfig, values)
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
+    cluster = None
     if run.cluster:
         from h2.cli.cluster_job import check_job, host_warning
-        from h2.core.cluster import load_cluster
 
         cluster = load_cluster(run.cluster)
         strategy = check_job(strategy, cluster, run.strategy, options.threads)
@@ -86,9 +86,7 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     os.close(handle)
     try:
         flags.write_job(job_path, rank_run, config, options)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-                   "-m", "h2.cli.rank", "--config", job_path]
-        return subprocess.call(command)
+        return launch(strategy, cluster, job_path, run.strategy)
     finally:
         os.remove(job_path)
 

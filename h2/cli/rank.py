@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from h2.cli.launch import KERNEL_SHAPED_ENV
+    from h2.core.cluster import load_cluster
+    from h2.core.links import RankLinks, describe_stage_links
     from h2.core.strategy import load_strategy
     from h2.train.pipeline import PipelineTrainer
     from heteropp.groups import check_p2p_backend, check_stage_backend
@@ -74,21 +77,25 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{run.strategy}: launch with torchrun --standalone --nproc-per-node {strategy.world_size} "
                         f"-m h2.cli.rank ... (RANK/WORLD_SIZE are not set)")
     out = run.out or "runs/heteropp"
-    labels = None
+    labels = links = None
     if run.cluster:
         from h2.cli.cluster_job import check_job, chip_labels, host_ranks_of_this_process, open_rank_chip
-        from h2.core.cluster import load_cluster
 
         cluster = load_cluster(run.cluster)
         strategy = check_job(strategy, cluster, run.strategy, options.threads, host_ranks_of_this_process())
         open_rank_chip(strategy, cluster, int(os.environ["RANK"]), os.path.join(out, "emulated-chips"))
         labels = chip_labels(cluster)
+        links = RankLinks.for_strategy(strategy, cluster, int(os.environ["RANK"]),
+                                       kernel_shaped=os.environ.get(KERNEL_SHAPED_ENV) == "1")
     torch.set_num_threads(options.threads)
     dist.init_process_group("gloo", timeout=timedelta(minutes=5))
     try:
-        trainer = PipelineTrainer(strategy, config, out, options, source=run.strategy, chip_labels=labels)
+        trainer = PipelineTrainer(strategy, config, out, options, source=run.strategy, links=links,
+                                  chip_labels=labels)
         if trainer.rank == 0:
             print(trainer.topology.describe(default_device=trainer.config.device, chip_labels=labels), flush=True)
+            if links is not None:
+                print(describe_stage_links(strategy, links), flush=True)
         records = []
         while trainer.step < trainer.config.steps:
             record = trainer.train_step()

@@ -1,7 +1,8 @@
 """Cluster and training specs: what the planner is given, validated on load.
 
 A cluster file lists chip types (inline, or `from: chips/x.yaml` relative to the cluster file,
-plus `count`) and may carry a `training` section (global batch, sequence length, ...).
+plus `count`) and may carry a `training` section (global batch, sequence length, ...) and a `links`
+section (bandwidth and latency per link class; h2.core.links).
 Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, TFLOPS in 10^12/s.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.emulation import ChipEmulation
 from h2.core.errors import UserError
+from h2.core.links import LinkSection, links_from_mapping
 
 _SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
 
@@ -156,6 +158,7 @@ class ClusterSpec:
     training: TrainingSpec | None = None
     model: str | None = None
     source: str = "cluster"
+    links: LinkSection = LinkSection()
 
     def chip(self, name: str) -> ChipType:
         for chip in self.chips:
@@ -206,7 +209,7 @@ def training_from_mapping(mapping: dict, source: str) -> TrainingSpec:
 def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     path = os.fspath(path)
     data = load_yaml_mapping(path)
-    known = {"name", "chips", "training", "model", "description"}
+    known = {"name", "chips", "training", "model", "description", "links"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise UserError(f"{path}: unknown field '{unknown[0]}' (known: {', '.join(sorted(known))})")
@@ -237,4 +240,5 @@ def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     name = data.get("name", os.path.splitext(os.path.basename(path))[0])
     if not isinstance(name, str):
         raise UserError(f"{path}: field 'name': expected a string, got {name!r}")
-    return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path)
+    links = links_from_mapping(data["links"], path) if data.get("links") is not None else LinkSection()
+    return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path, links=links)

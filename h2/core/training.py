@@ -125,9 +125,10 @@ class RunOptions:
     strategy: str | None = option(None, "a HeteroPP strategy YAML: run the pipeline on local processes "
                                         "(torchrun --standalone)", metavar="YAML")
     nproc: int | None = option(None, "processes for --strategy", default_text="sum of tp * dp over stages")
-    cluster: str | None = option(None, "a cluster YAML for --strategy: each rank runs as its stage's chip type, "
-                                       "emulated on the dipu device where the chip has an `emulation:` section",
-                                 metavar="YAML")
+    cluster: str | None = option(None, "a cluster YAML for --strategy: each rank runs as its stage's chip type "
+                                       "(emulated on the dipu device where the chip has an `emulation:` section), "
+                                       "cross-stage traffic is paced to its link classes, and a cluster of several "
+                                       "nodes runs each node in its own network namespace (when root)", metavar="YAML")
     out: str | None = option(None, "output folder for metrics.jsonl and checkpoints/", default_text="runs/<model>",
                              metavar="DIR")
     resume: bool = option(False, "continue from the latest checkpoint in --out")

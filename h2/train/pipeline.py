@@ -12,6 +12,7 @@ import math
 import os
 import time
 
+from h2.core.links import RankLinks
 from h2.core.training import PipelineOptions, TrainConfig
 from h2.data import SequenceStream, load_stdlib_corpus
 from h2.data.corpus import Corpus
@@ -22,8 +23,9 @@ from heteropp.engine import PipelineEngine
 
 class PipelineTrainer:
     def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
-                 corpus: Corpus | None = None, source: str = "strategy", chip_labels: dict[str, str] | None = None):
-        self.engine = PipelineEngine(strategy, config, options, source=source, chip_labels=chip_labels)
+                 corpus: Corpus | None = None, source: str = "strategy", links: RankLinks | None = None,
+                 chip_labels: dict[str, str] | None = None):
+        self.engine = PipelineEngine(strategy, config, options, source=source, links=links, chip_labels=chip_labels)
         self.config = self.engine.config
         self.model_config = self.engine.model_config
         self.topology, self.rank = self.engine.topology, self.engine.rank

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from h2.core.errors import UserError
+from h2.core.links import rank_locations, stage_link
 from h2.core.model_config import ModelConfig
 from heteropp.auto.cost import iteration_time_s
 from heteropp.auto.memory import stage_memory_bytes
@@ -150,16 +151,18 @@ def stage_costs(strategy: Strategy, profiles: dict[str, Profile], report: Strate
 def transfer_model(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec):
     """Activation (or gradient) of one micro-batch between neighbouring stages: one copy of all its
     sequences crosses (send/recv + all-gather resharding), spread over the chips of the smaller side
-    (tp * dp of them, each with its own NIC), at the slower side's inter-node bandwidth, plus one
-    latency."""
+    (tp * dp of them, each with its own link), at the slowest link class between the two stages' ranks
+    (h2.core.links: the cluster's `links:` section, else the chips' own fields), plus its latency."""
     nbytes = (strategy.micro_batch_sequences * training.seq_len * model.hidden_size
               * training.activation_bytes_per_element)
+    locations = rank_locations(strategy, cluster)
+    links = {}
 
     def transfer_s(src: int, dst: int, kind: str, micro_batch: int) -> float:
         a, b = strategy.stages[src], strategy.stages[dst]
-        chip_a, chip_b = cluster.chip(a.chip), cluster.chip(b.chip)
         lanes = min(a.tp * strategy.stage_dp(src), b.tp * strategy.stage_dp(dst))
-        bandwidth = min(chip_a.inter_node_gbps, chip_b.inter_node_gbps) * 1e9
-        return nbytes / lanes / bandwidth + max(chip_a.latency_us, chip_b.latency_us) * 1e-6
+        if (src, dst) not in links:
+            links[src, dst] = stage_link(strategy, cluster, locations, src, dst)
+        return links[src, dst].seconds(nbytes / lanes)
 
     return transfer_s

@@ -144,3 +144,29 @@ def test_a_schedule_that_waits_for_a_message_never_sent_is_reported():
     schedule = [[Action("F", 0, 0)], [Action("RECV_F", 1, 0), Action("F", 1, 0)]]
     with pytest.raises(ValueError, match="deadlocks"):
         simulate(schedule, _costs([1.0, 1.0], [1.0, 1.0]))
+
+
+TWO_TYPES = ("chips:\n"
+             "  - {name: A, count: 8, memory_gb: 1, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n"
+             "  - {name: B, count: 8, memory_gb: 1, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n")
+
+
+@pytest.mark.parametrize("links, bandwidth_gbps, latency_us", [
+    pytest.param("", 10, 10, id="without_links_the_chips_inter_node_fields"),
+    pytest.param("links:\n  inter_type: {bandwidth_gbps: 0.5, latency_us: 300}\n", 0.5, 300,
+                 id="the_clusters_inter_type_link"),
+])
+def test_the_simulators_transfer_between_chip_types_crosses_the_inter_type_link(write, links, bandwidth_gbps, latency_us):
+    from h2.core.cluster import TrainingSpec, load_cluster
+    from h2.core.model_config import preset
+    from h2.core.strategy import strategy_from_mapping
+    from heteropp.auto.evaluation import training_for, transfer_model
+    cluster = load_cluster(write("c.yaml", TWO_TYPES + links))
+    strategy = strategy_from_mapping({"dp": 1, "micro_batches": 4, "micro_batch_size": 2, "seq_len": 64, "model": "tiny",
+                                      "stages": [{"chip": "A", "tp": 2, "layers": 2}, {"chip": "B", "tp": 1, "layers": 2}]},
+                                     "s.yaml")
+    model = preset("tiny")
+    training = training_for(strategy, TrainingSpec(seq_len=64, global_batch_sequences=8, micro_batch_size=2))
+    activation_bytes = 2 * 64 * model.hidden_size * training.activation_bytes_per_element
+    expected = activation_bytes / (bandwidth_gbps * 1e9) + latency_us * 1e-6   # one lane: B has tp 1
+    assert transfer_model(strategy, cluster, model, training)(0, 1, "F", 0) == pytest.approx(expected)

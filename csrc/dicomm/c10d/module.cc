@@ -2,6 +2,9 @@
 // registers it in dicomm/torch_backend.py).
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
+#include <utility>
+
 #include "process_group.h"
 
 namespace py = pybind11;
@@ -20,13 +23,19 @@ PYBIND11_MODULE(_dicomm_c10d, m) {
   m.doc() = "The dicomm torch.distributed backend (c10d Backend over the DiComm engine)";
   m.def(
       "create_backend",
-      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
+         const std::map<int, std::pair<double, double>>& peer_links) {
+        std::map<int, dicomm::LinkShape> shapes;
+        for (const auto& [peer, link] : peer_links) shapes[peer] = dicomm::LinkShape{link.first, link.second};
         py::gil_scoped_release release;
         return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<dicomm::ProcessGroupDiComm>(
-            store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s))));
+            store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)),
+            std::move(shapes)));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
-      "Joins rank `rank` of `size` through `store`; blocks until every peer is connected or `timeout_s` passes.");
+      py::arg("peer_links") = std::map<int, std::pair<double, double>>(),
+      "Joins rank `rank` of `size` through `store`; blocks until every peer is connected or `timeout_s` passes. "
+      "`peer_links`: {group rank: (bytes per second, one-way latency in seconds)} of emulated links.");
   m.def(
       "transport_of",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, int peer) { return asDiComm(backend).transportOf(peer); },

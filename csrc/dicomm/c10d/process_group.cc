@@ -187,14 +187,16 @@ class C10dStore : public Store {
 }  // namespace
 
 ProcessGroupDiComm::ProcessGroupDiComm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       std::chrono::milliseconds timeout)
+                                       std::chrono::milliseconds timeout, std::map<int, LinkShape> peer_links)
     : Backend(rank, size) {
   dicomm::Options options = dicomm::Options::fromEnvironment();
+  for (auto& [peer, link] : peer_links) options.peer_links[peer] = link;
   options.timeout_s = std::chrono::duration<double>(timeout).count();
   options.connect_timeout_s = options.timeout_s;
   options.store_prefix = "dicomm";
   C10dStore rendezvous(store);
   try {
+    options.validate();
     engine_ = std::make_unique<Engine>(rendezvous, rank, size, options);
   } catch (const std::exception& e) {
     throwBackendError("dicomm: rank " + std::to_string(rank) + " of " + std::to_string(size) +

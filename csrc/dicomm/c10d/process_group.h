@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,8 +26,9 @@ class ProcessGroupDiComm : public c10d::Backend {
  public:
   // Rendezvous through `store` (the process group's prefixed store); `timeout` bounds setup and
   // every pending operation.
+  // every pending operation; `peer_links` emulates a link to some group ranks (shaping.h).
   ProcessGroupDiComm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout, std::map<int, LinkShape> peer_links = {});
   ~ProcessGroupDiComm() override;
 
   const std::string getBackendName() const override { return "dicomm"; }

@@ -157,6 +157,7 @@ class PyEngine {
     engine_->setCopyHooks(std::move(hooks));
   }
   std::string transport(int peer) const { return transportName(engine_->transportOf(peer)); }
+  LinkShape link(int peer) const { return engine_->linkOf(peer); }
   std::vector<std::string> notes() const { return engine_->notes(); }
   void close() {
     py::gil_scoped_release release;
@@ -268,6 +269,30 @@ PYBIND11_MODULE(_dicomm_core, m) {
     }
   });
 
+  py::class_<LinkShape>(m, "LinkShape")
+      .def(py::init<>())
+      .def(py::init([](double bandwidth_bytes_per_s, double latency_s) {
+             return LinkShape{bandwidth_bytes_per_s, latency_s};
+           }),
+           py::arg("bandwidth_bytes_per_s"), py::arg("latency_s"))
+      .def_readwrite("bandwidth_bytes_per_s", &LinkShape::bandwidth_bytes_per_s)
+      .def_readwrite("latency_s", &LinkShape::latency_s)
+      .def_property_readonly("shaped", &LinkShape::shaped);
+
+  m.def(
+      "arrival_times",
+      [](const LinkShape& shape, const std::vector<std::pair<double, size_t>>& posts) {
+        ArrivalClock clock(shape);
+        std::vector<double> arrivals;
+        for (const auto& [posted_s, bytes] : posts) {
+          const Clock::time_point posted(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(posted_s)));
+          arrivals.push_back(std::chrono::duration<double>(clock.arrival(posted, bytes).time_since_epoch()).count());
+        }
+        return arrivals;
+      },
+      py::arg("shape"), py::arg("posts"),
+      "The shaping layer's arrival rule: for (posted at s, bytes) messages in order, when each arrives (s).");
+
   py::class_<Options>(m, "Options")
       .def(py::init<>())
       .def_static("from_environment", &Options::fromEnvironment)
@@ -286,6 +311,8 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("shm_split_bytes", &Options::shm_split_bytes)
       .def_readwrite("shm_cross_memory_attach", &Options::shm_cross_memory_attach)
       .def_readwrite("max_message_bytes", &Options::max_message_bytes)
+      .def_readwrite("link", &Options::link)
+      .def_readwrite("peer_links", &Options::peer_links)
       .def("validate", &Options::validate);
 
   py::class_<Handle>(m, "Handle")
@@ -306,6 +333,7 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def("irecv", &PyEngine::irecv, py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0, py::arg("device") = false)
       .def("set_copy_hooks", &PyEngine::setCopyHooks, py::arg("to_host"), py::arg("from_host"))
       .def("transport", &PyEngine::transport)
+      .def("link", &PyEngine::link)
       .def("notes", &PyEngine::notes)
       .def("close", &PyEngine::close)
       .def_property_readonly("rank", &PyEngine::rank)

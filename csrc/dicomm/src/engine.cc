@@ -141,7 +141,13 @@ void Engine::connectPeer(const PeerDescriptor& peer, TransportKind kind, bool in
   setup.initiator = initiator;
   setup.socket = std::move(socket);
   setup.deadline = deadline;
-  connections_[size_t(peer.rank)] = transport(kind).connect(std::move(setup));
+  std::shared_ptr<Connection> connection = transport(kind).connect(std::move(setup));
+  const LinkShape link = options_.linkFor(peer.rank);
+  if (link.shaped()) {
+    if (!pacer_) pacer_ = std::make_shared<Pacer>();
+    connection = std::make_shared<ShapedConnection>(std::move(connection), link, pacer_);
+  }
+  connections_[size_t(peer.rank)] = std::move(connection);
   kinds_[size_t(peer.rank)] = kind;
 }
 
@@ -283,16 +289,26 @@ RequestPtr Engine::irecv(int peer, uint64_t tag, void* data, size_t capacity, Me
   return request;
 }
 
-TransportKind Engine::transportOf(int peer) const {
+void Engine::requireOtherRank(int peer) const {
   if (peer < 0 || peer >= world_size_ || peer == rank_) {
     throw std::invalid_argument("peer " + std::to_string(peer) + " is not another rank in [0, " +
                                 std::to_string(world_size_) + ")");
   }
+}
+
+TransportKind Engine::transportOf(int peer) const {
+  requireOtherRank(peer);
   return kinds_[size_t(peer)];
+}
+
+LinkShape Engine::linkOf(int peer) const {
+  requireOtherRank(peer);
+  return options_.linkFor(peer);
 }
 
 void Engine::close() {
   if (closed_.exchange(true)) return;
+  if (pacer_) pacer_->shutdown("endpoint closed");
   for (auto& [kind, t] : transports_) t->shutdown("endpoint closed");
 }
 

@@ -1,5 +1,6 @@
 #include "dicomm/options.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -25,6 +26,16 @@ double parseSeconds(const char* name, const char* text) {
   const double value = std::strtod(text, &end);
   if (end == text || *end != '\0' || !(value > 0)) {
     throw std::invalid_argument(std::string(name) + "=" + text + " is not a positive number of seconds");
+  }
+  return value;
+}
+
+double parseNumber(const char* name, const char* text, bool zero_allowed) {
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !std::isfinite(value) || value < 0 || (!zero_allowed && value == 0)) {
+    throw std::invalid_argument(std::string(name) + "=" + text + " is not a " +
+                                (zero_allowed ? "non-negative" : "positive") + " number");
   }
   return value;
 }
@@ -68,6 +79,8 @@ Options Options::fromEnvironment() {
     o.shm_cross_memory_attach = text == "1";
   }
   if (auto v = env("DICOMM_MAX_MESSAGE_BYTES")) o.max_message_bytes = parseCount("DICOMM_MAX_MESSAGE_BYTES", v);
+  if (auto v = env("DICOMM_LINK_GBPS")) o.link.bandwidth_bytes_per_s = parseNumber("DICOMM_LINK_GBPS", v, false) * 1e9;
+  if (auto v = env("DICOMM_LINK_LATENCY_US")) o.link.latency_s = parseNumber("DICOMM_LINK_LATENCY_US", v, true) * 1e-6;
   return o;
 }
 
@@ -93,6 +106,8 @@ void Options::validate() const {
     throw std::invalid_argument("shm ring size must be a power of two in [64 KiB, 1 GiB], got " +
                                 std::to_string(shm_ring_bytes));
   }
+  link.validate("link");
+  for (auto& [peer, shape] : peer_links) shape.validate("link to peer " + std::to_string(peer));
   if (shm_eager_bytes > shm_ring_bytes / 4) {
     throw std::invalid_argument("shm eager size " + std::to_string(shm_eager_bytes) +
                                 " exceeds a quarter of the ring (" + std::to_string(shm_ring_bytes) + ")");
@@ -102,6 +117,11 @@ void Options::validate() const {
 std::string Options::transportFor(int peer) const {
   auto found = peer_transport.find(peer);
   return found == peer_transport.end() ? transport : found->second;
+}
+
+LinkShape Options::linkFor(int peer) const {
+  auto found = peer_links.find(peer);
+  return found == peer_links.end() ? link : found->second;
 }
 
 FrameLimits Options::frameLimits() const {

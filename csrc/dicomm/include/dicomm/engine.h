@@ -11,6 +11,7 @@
 
 #include "dicomm/options.h"
 #include "dicomm/request.h"
+#include "dicomm/shaping.h"
 #include "dicomm/store.h"
 #include "dicomm/transport.h"
 
@@ -43,6 +44,8 @@ class Engine {
   // Required before the first Memory::Device request.
   void setCopyHooks(CopyHooks hooks);
   TransportKind transportOf(int peer) const;
+  // The emulated link to `peer` (Options::link, peer_links); not shaped() when there is none.
+  LinkShape linkOf(int peer) const;
   // Notes from setup worth a user's attention (fallbacks, refused connections), one line each.
   const std::vector<std::string>& notes() const { return notes_; }
 
@@ -59,6 +62,7 @@ class Engine {
                    Clock::time_point deadline);
   Transport& transport(TransportKind kind);
   void checkPeer(int peer, const char* operation) const;
+  void requireOtherRank(int peer) const;
   TransportKind chooseTransport(const PeerDescriptor& peer);
 
   const int rank_;
@@ -70,6 +74,7 @@ class Engine {
   std::vector<std::shared_ptr<Connection>> connections_;
   std::vector<TransportKind> kinds_;
   std::vector<std::shared_ptr<Progress>> progress_;
+  std::shared_ptr<Pacer> pacer_;  // created with the first shaped connection
   std::vector<std::string> notes_;
   std::shared_ptr<const CopyHooks> copy_hooks_;
   std::atomic<bool> closed_{false};

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dicomm/frame.h"
+#include "dicomm/link_shape.h"
 
 namespace dicomm {
 
@@ -37,15 +38,19 @@ struct Options {
   size_t shm_split_bytes = size_t(128) << 10;
   bool shm_cross_memory_attach = true;  // false: large shm messages stream through the ring
   uint64_t max_message_bytes = uint64_t(1) << 40;
+  LinkShape link;                            // emulated link to every peer (default: none)
+  std::map<int, LinkShape> peer_links;       // per-peer override of `link`
 
   // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN,
   // DICOMM_BIND_ADDR, DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_TCP_SOCKET_BUFFER_BYTES,
   // DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES, DICOMM_SHM_SPLIT_BYTES, DICOMM_SHM_CMA (0/1),
-  // DICOMM_MAX_MESSAGE_BYTES. A malformed value throws std::invalid_argument naming the variable.
+  // DICOMM_MAX_MESSAGE_BYTES, DICOMM_LINK_GBPS and DICOMM_LINK_LATENCY_US (`link`). A malformed value
+  // throws std::invalid_argument naming the variable.
   static Options fromEnvironment();
   // Throws std::invalid_argument naming the first field out of range.
   void validate() const;
   std::string transportFor(int peer) const;
+  LinkShape linkFor(int peer) const;
   FrameLimits frameLimits() const;
 };
 

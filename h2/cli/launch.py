@@ -1,0 +1,136 @@
+"""Starting a pipeline job's ranks: one local torchrun (`--standalone`), or, for a cluster whose
+ranks sit on several nodes, one torchrun per emulated node, each in its own network namespace
+(h2.cli.netns), meeting through torchrun's multi-node rendezvous (`--nnodes`, `--rdzv-backend c10d`,
+`--rdzv-endpoint`), so torchrun, gloo and DiComm's TCP cross real (veth) interfaces.
+
+The rendezvous store is served by a small process of its own in node 0's namespace, which outlives
+every node's torchrun (a store inside node 0's torchrun would vanish while the other nodes still
+pass its exit barrier). Nodes join with their own address (`--local-addr`); the rendezvous ranks
+nodes by it, and node k's address sorts k-th (h2.cli.netns), so node k holds the k-th block of
+global ranks, as the strategy's placement says.
+
+Without root or iproute2 every node's ranks run on loopback; the link pacing of h2.core.links still
+applies (P2P for gloo, DiComm's shaping layer), and one line says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from h2.core.cluster import ClusterSpec
+from h2.core.errors import UserError
+from h2.core.links import Location, link_between, nodes_of, rank_locations
+from h2.core.strategy import Strategy
+from h2.cli import netns
+
+RENDEZVOUS_PORT = 29500
+# Set for every rank started in a namespace: the kernel shapes the bandwidth between nodes, the
+# pacing layers add only the latency there (h2.core.links.RankLinks).
+KERNEL_SHAPED_ENV = "H2_LINKS_KERNEL_SHAPED"
+_STOP_GRACE_S = 10.0
+
+
+def rank_command(nproc: int, job_path: str, rendezvous: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *rendezvous, "--nproc-per-node", str(nproc),
+            "-m", "h2.cli.rank", "--config", job_path]
+
+
+def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str) -> int:
+    """Runs the job's ranks until they finish; returns the exit status (the first failure's)."""
+    nodes = nodes_of(rank_locations(strategy, cluster, source)) if cluster is not None else []
+    if len(nodes) <= 1:
+        return subprocess.call(rank_command(strategy.world_size, job_path, ["--standalone"]))
+    missing = netns.missing_requirements()
+    if missing:
+        print(f"h2: {len(nodes)} emulated nodes on loopback, not network namespaces ({'; '.join(missing)}): "
+              f"links paced by the pacing layers only", flush=True)
+        return subprocess.call(rank_command(strategy.world_size, job_path, ["--standalone"]))
+    locations = [location for location, _ in nodes]
+
+    def bandwidth(i: int, j: int) -> float:
+        return link_between(cluster, locations[i], locations[j])[1].bytes_per_s
+
+    network = netns.EmulatedNetwork(len(nodes), bandwidth)
+    with network as emulated:
+        print(f"h2: {len(nodes)} emulated nodes in {network.describe()}; bandwidth between nodes shaped by the "
+              f"kernel (tc htb), latency by the pacing layers; {describe_nodes(nodes)}", flush=True)
+        return _run_nodes(emulated, [ranks for _, ranks in nodes], job_path)
+
+
+def describe_nodes(nodes: list[tuple[Location, list[int]]]) -> str:
+    return ", ".join(f"node {k} = {location.describe()} (emulated) ranks {ranks[0]}..{ranks[-1]}"
+                     for k, (location, ranks) in enumerate(nodes))
+
+
+def _run_nodes(emulated: list[netns.EmulatedNode], ranks: list[list[int]], job_path: str) -> int:
+    endpoint = f"{emulated[0].address}:{RENDEZVOUS_PORT}"
+    store = subprocess.Popen(emulated[0].command([sys.executable, "-c", _STORE_SERVER, emulated[0].address,
+                                                  str(RENDEZVOUS_PORT)]),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    processes = []
+    try:
+        if store.stdout.readline().strip() != "ready":
+            raise UserError(f"the rendezvous store at {endpoint} in {emulated[0].namespace} did not start")
+        for node, node_ranks in zip(emulated, ranks):
+            rendezvous = ["--nnodes", str(len(emulated)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                          "--rdzv-id", f"h2-{os.getpid()}", "--rdzv-conf", "is_host=false",
+                          "--local-addr", node.address]
+            env = {**os.environ, **node.environment(), KERNEL_SHAPED_ENV: "1"}
+            processes.append(subprocess.Popen(node.command(rank_command(len(node_ranks), job_path, rendezvous)),
+                                              env=env, start_new_session=True))
+        return _wait_all(processes)
+    finally:
+        _stop(processes)
+        store.stdin.close()   # the store server exits at end of input
+        try:
+            store.wait(_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _stop([store])
+
+
+# Serves a TCPStore at argv[1]:argv[2] until its standard input ends (the launcher closes it, or dies).
+_STORE_SERVER = """\
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True, wait_for_workers=False, timeout=timedelta(hours=1))
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def _wait_all(processes: list[subprocess.Popen]) -> int:
+    """The first non-zero exit status (the others are stopped then), else 0."""
+    while True:
+        statuses = [process.poll() for process in processes]
+        failed = [status for status in statuses if status not in (None, 0)]
+        if failed:
+            return failed[0]
+        if all(status == 0 for status in statuses):
+            return 0
+        time.sleep(0.1)
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    """SIGINT to each node's torchrun (it stops its ranks), SIGKILL after a grace period."""
+    running = [process for process in processes if process.poll() is None]
+    for process in running:
+        _signal_group(process, signal.SIGINT)
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for process in running:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:  # already gone
+        pass
