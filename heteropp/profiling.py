@@ -2,8 +2,9 @@
 
 For a TP size t, `measure_tp` starts t local ranks (h2.core.ranks), each opening its device as the
 chip (the emulated dipu device for a chip with an `emulation:` section, h2.core.emulation), with
-the chip's collective backend inside the TP group, and times on one micro-batch (the planner's
-micro_batch_size x seq_len):
+the chip's collective backend inside the TP group (paced to the cluster's intra-node link where that
+backend paces, as in a pipeline), and times on one micro-batch (the planner's micro_batch_size x
+seq_len):
   - one decoder layer as HeteroPP runs it (heteropp.stage + heteropp.tensor_parallel): forward,
     forward + backward (backward = the difference), and the same layer under activation recompute
     (recompute = its extra time);
@@ -32,13 +33,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from h2.core.cluster import ChipType
+from h2.core.cluster import ChipType, ClusterSpec
 from h2.core.errors import UserError
+from h2.core.links import Location, RankLinks
 from h2.core.model_config import ModelConfig
 from h2.core.ranks import run_ranks
 from h2.model.transformer import Transformer, language_model_loss
 from heteropp.emulated_chip import open_emulated_chip
-from heteropp.groups import chip_backend
+from heteropp.groups import chip_backend, group_options
 from heteropp.stage import RecomputedLayer, build_stage
 from heteropp.tensor_parallel import apply_tp, check_tp_divides
 
@@ -216,7 +218,8 @@ def _measure_stage_ends(timed: _Timer, shard, hidden, grad, tokens) -> dict:
 
 
 def _measure_rank(rank: int, world_size: int, chip: ChipType, model: ModelConfig, micro_batch_size: int,
-                  seq_len: int, dtype_name: str, device_type: str, repeats: int, directory: str) -> dict:
+                  seq_len: int, dtype_name: str, device_type: str, repeats: int, directory: str,
+                  cluster: ClusterSpec | None) -> dict:
     """One TP rank of `measure_tp` (runs in its own process)."""
     from datetime import timedelta
 
@@ -230,8 +233,13 @@ def _measure_rank(rank: int, world_size: int, chip: ChipType, model: ModelConfig
         device = torch.device(device.type, rank % getattr(torch, device.type).device_count())
     dist.init_process_group("gloo", timeout=timedelta(seconds=TIMEOUT_S))
     try:
-        group = (dist.new_group(list(range(world_size)), backend=chip_backend(chip.name, device.type))
-                 if world_size > 1 else None)
+        group = None
+        if world_size > 1:
+            ranks, backend = list(range(world_size)), chip_backend(chip.name, device.type)
+            # A TP group sits in one node: its traffic crosses the cluster's intra-node link (h2.core.links).
+            links = (RankLinks(cluster, [Location(chip.name, 0)] * world_size, rank) if cluster is not None
+                     else None)
+            group = dist.new_group(ranks, backend=backend, pg_options=group_options(backend, ranks, links))
         dtype = getattr(torch, dtype_name)
         timed = _Timer(device, group, repeats)
         torch.manual_seed(0)
@@ -259,13 +267,17 @@ def _measure_rank(rank: int, world_size: int, chip: ChipType, model: ModelConfig
 
 
 def measure_tp(chip: ChipType, model: ModelConfig, tp: int, *, micro_batch_size: int, seq_len: int,
-               dtype: str = "float32", device: str = "cpu", repeats: int = 3, directory: str) -> TPMeasurement:
+               dtype: str = "float32", device: str = "cpu", repeats: int = 3, directory: str,
+               cluster: ClusterSpec | None = None) -> TPMeasurement:
     """Measure `chip` at TP size `tp` on `tp` local ranks (`device`: where a chip without emulation
     runs; an emulated chip runs on its emulated dipu device, its vendor profile written to
-    `directory`). Raises UserError when the model cannot be split `tp` ways or one layer does not fit."""
+    `directory`). With the chip's `cluster`, the TP group's traffic is paced to the cluster's
+    intra-node link where the chip's backend paces (DiComm). Raises UserError when the model cannot be
+    split `tp` ways or one layer does not fit."""
     check_tp_divides(model, tp, f"chip '{chip.name}': tp {tp}")
     os.makedirs(directory, exist_ok=True)
-    results = run_ranks(_measure_rank, tp, (chip, model, micro_batch_size, seq_len, dtype, device, repeats, directory),
+    results = run_ranks(_measure_rank, tp, (chip, model, micro_batch_size, seq_len, dtype, device, repeats, directory,
+                                            cluster),
                         timeout=TIMEOUT_S, start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
     for result in results:
         if "out_of_memory" in result:

@@ -295,7 +295,7 @@ def _profile_targets(args, cluster: ClusterSpec) -> list[tuple[ChipType, str]]:
     return [(chip, args.out if args.out is not None else os.path.join(folder, f"{chip.name}.yaml")) for chip in chips]
 
 
-def _cached(path: str, chip: ChipType, model: ModelConfig, training: TrainingSpec):
+def _cached(path: str, cluster: ClusterSpec, chip: ChipType, model: ModelConfig, training: TrainingSpec):
     """The profile at `path` if it was measured for exactly this chip entry, model and shape."""
     if not os.path.exists(path):
         return None
@@ -303,10 +303,11 @@ def _cached(path: str, chip: ChipType, model: ModelConfig, training: TrainingSpe
         profile = load_profile(path)
     except UserError:
         return None
-    return profile if profile.fingerprint == profile_fingerprint(chip, model, training) else None
+    return profile if profile.fingerprint == profile_fingerprint(cluster, chip, model, training) else None
 
 
-def _measure(chips: list[tuple[ChipType, str]], model: ModelConfig, training: TrainingSpec, args) -> dict:
+def _measure(cluster: ClusterSpec, chips: list[tuple[ChipType, str]], model: ModelConfig, training: TrainingSpec,
+             args) -> dict:
     """Measure every (chip, TP size) on TP ranks, with one progress bar over them all."""
     from h2.train.progress import ProgressBar
     from heteropp.profiling import measure_tp  # imports torch
@@ -320,7 +321,7 @@ def _measure(chips: list[tuple[ChipType, str]], model: ModelConfig, training: Tr
         directory = os.path.join(os.path.dirname(os.path.abspath(path)), "emulated-chips")
         measurement = measure_tp(chip, model, tp, micro_batch_size=training.micro_batch_size,
                                  seq_len=training.seq_len, dtype=dtype, device=args.device, repeats=args.repeats,
-                                 directory=directory)
+                                 directory=directory, cluster=cluster)
         measured.setdefault(chip.name, []).append(dataclasses.asdict(measurement))
         bar.update(done, chip=f"{chip.name} tp {tp}")
     return measured
@@ -358,13 +359,14 @@ def _cmd_profile(args) -> int:
         for chip, _ in targets:  # one measurement runs tp_max ranks of the chip at once
             check_core_share([chip] * chip.tp_max, host_cores(), cluster.source,
                              f"profiling ranks of chip '{chip.name}' at tp {chip.tp_max}")
-        profiles = {} if args.force else {chip.name: _cached(path, chip, model, training) for chip, path in targets}
+        profiles = {} if args.force else {chip.name: _cached(path, cluster, chip, model, training)
+                                             for chip, path in targets}
         profiles = {name: profile for name, profile in profiles.items() if profile is not None}
         how = {name: "cached" for name in profiles}
         missing = [(chip, path) for chip, path in targets if chip.name not in profiles]
-        for name, measurements in _measure(missing, model, training, args).items() if missing else ():
+        for name, measurements in _measure(cluster, missing, model, training, args).items() if missing else ():
             chip = cluster.chip(name)
-            profiles[name] = measured_profile(chip, model, training, measurements, device=args.device,
+            profiles[name] = measured_profile(cluster, chip, model, training, measurements, device=args.device,
                                               repeats=args.repeats)
             how[name] = "measured"
     for chip, path in targets:

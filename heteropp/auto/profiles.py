@@ -17,6 +17,7 @@ from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
+from h2.core.links import Link, Location, link_between
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def check_profile_matches(profile: Profile, source: str, cluster: ClusterSpec, m
     if profile.model != model.name:
         raise UserError(f"{source}: field 'model': profiled for '{profile.model}', planning for '{model.name}'")
     if profile.fingerprint is not None and profile.fingerprint != profile_fingerprint(
-            cluster.chip(profile.chip), model, training):
+            cluster, cluster.chip(profile.chip), model, training):
         raise UserError(f"{source}: field 'fingerprint': measured for another entry of chip '{profile.chip}', model or "
                         f"micro-batch shape than cluster {cluster.source} gives now; run heteroauto profile again")
 
@@ -239,23 +240,32 @@ def profiles_for(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpe
     return {chip.name: loaded.get(chip.name) or synthesise_profile(chip, model, training) for chip in cluster.chips}
 
 
-def profile_fingerprint(chip: ChipType, model: ModelConfig, training: TrainingSpec) -> str:
-    """What a measured profile depends on: the chip type's whole entry (emulation included), the
-    model and the micro-batch shape and precision. A cached profile with another fingerprint is stale."""
+def intra_node_link(cluster: ClusterSpec, chip: ChipType) -> Link:
+    """The link a TP group of `chip` uses (one node): the cluster's intra_node class over the chip's own."""
+    node = Location(chip.name, 0)
+    return link_between(cluster, node, node)[1]
+
+
+def profile_fingerprint(cluster: ClusterSpec, chip: ChipType, model: ModelConfig, training: TrainingSpec) -> str:
+    """What a measured profile depends on: the chip type's whole entry (emulation included) and its
+    intra-node link, the model, and the micro-batch shape and precision. A cached profile with another
+    fingerprint is stale."""
     import hashlib
     import json
 
-    basis = {"chip": dataclasses.asdict(chip), "model": model.to_dict(), "seq_len": training.seq_len,
+    basis = {"chip": dataclasses.asdict(chip), "link": dataclasses.asdict(intra_node_link(cluster, chip)),
+             "model": model.to_dict(), "seq_len": training.seq_len,
              "micro_batch_size": training.micro_batch_size, "bytes": training.activation_bytes_per_element}
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def formula_layer(measured_tp1: LayerProfile, model: ModelConfig, training: TrainingSpec, chip: ChipType,
-                  tp: int) -> LayerProfile:
+                  tp: int, link: Link) -> LayerProfile:
     """A layer at `tp` derived from its tp = 1 measurement as the spec-sheet synthesis does: compute
     split over tp at the chip's efficiency per doubling, plus two ring all-reduces per pass over the
-    intra-node link; activation memory scaled by the model's tp-sharded accounting."""
-    collective = tp_collective_s(model, training, chip, tp)
+    intra-node `link`; activation memory scaled by the model's tp-sharded accounting."""
+    nbytes = training.micro_batch_size * training.seq_len * model.hidden_size * training.activation_bytes_per_element
+    collective = ring_allreduce_s(nbytes, tp, link.bandwidth_gbps, link.latency_us)
     slowdown = tp * chip.tp_compute_efficiency(tp)
     full_tp, _ = activation_entry_bytes(model, training, tp)
     full_tp1, _ = activation_entry_bytes(model, training, 1)
@@ -267,8 +277,8 @@ def formula_layer(measured_tp1: LayerProfile, model: ModelConfig, training: Trai
                         workspace_bytes=int(measured_tp1.workspace_bytes / tp))
 
 
-def measured_profile(chip: ChipType, model: ModelConfig, training: TrainingSpec, measurements: list[dict], *,
-                     device: str, repeats: int) -> Profile:
+def measured_profile(cluster: ClusterSpec, chip: ChipType, model: ModelConfig, training: TrainingSpec,
+                     measurements: list[dict], *, device: str, repeats: int) -> Profile:
     """A profile from the runtime's measurements (heteropp.profiling.TPMeasurement as dicts), one per
     TP size of the chip. Data-parallel sizes above 1 are derived: the measured update divided over dp
     under ZeRO-1, plus the gradient all-reduce over the inter-node link (not measured here)."""
@@ -286,7 +296,8 @@ def measured_profile(chip: ChipType, model: ModelConfig, training: TrainingSpec,
         for dp in dp_sizes(chip, tp):
             update.append(UpdateProfile(dp=dp, tp=tp, seconds_per_layer=update_s_per_layer(
                 model, training, chip, dp, tp, optimizer_s_at_dp1=m["update_s"])))
-    formula = [formula_layer(layers[0], model, training, chip, tp) for tp in sorted(by_tp)] if 1 in by_tp else []
+    link = intra_node_link(cluster, chip)
+    formula = [formula_layer(layers[0], model, training, chip, tp, link) for tp in sorted(by_tp)] if 1 in by_tp else []
     late = max(m["late_fraction"] for m in measurements)
     where = (f"emulated chip (relative speed {chip.emulation.relative_speed:g} of a host core, "
              f"{chip.memory_gb:g} GB) on the dipu device" if chip.emulation else f"torch device '{device}'")
@@ -305,4 +316,4 @@ def measured_profile(chip: ChipType, model: ModelConfig, training: TrainingSpec,
     return Profile(chip=chip.name, model=model.name, seq_len=training.seq_len,
                    micro_batch_size=training.micro_batch_size, layers=layers, update=update, source="measured",
                    device="dipu (emulated)" if chip.emulation else device, assumptions=assumptions,
-                   stage_ends=ends, formula_layers=formula, fingerprint=profile_fingerprint(chip, model, training))
+                   stage_ends=ends, formula_layers=formula, fingerprint=profile_fingerprint(cluster, chip, model, training))

@@ -125,18 +125,18 @@ def hetero():
 
 def test_a_measured_profile_keeps_every_tp_size_as_measured_and_the_formula_beside_it(hetero):
     chip = hetero.chip("emu-fast")
-    profile = measured_profile(chip, preset("small"), hetero.training, [measurement(1), measurement(2, forward_s=0.009)],
+    profile = measured_profile(hetero, chip, preset("small"), hetero.training, [measurement(1), measurement(2, forward_s=0.009)],
                                device="cpu", repeats=3)
     assert profile.layer(2).forward_s == 0.009 and profile.layer(2).workspace_bytes == 500_000
     formula = {entry.tp: entry for entry in profile.formula_layers}
     assert formula[2].forward_s == pytest.approx(0.010 / 2 + 2 * tp_collective_s(preset("small"), hetero.training,
                                                                                   chip, 2))
-    assert profile.fingerprint == profile_fingerprint(chip, preset("small"), hetero.training)
+    assert profile.fingerprint == profile_fingerprint(hetero, chip, preset("small"), hetero.training)
 
 
 def test_a_profile_measured_for_another_chip_entry_is_refused(hetero, tmp_path):
     chip = hetero.chip("emu-fast")
-    profile = measured_profile(chip, preset("small"), hetero.training, [measurement(1)], device="cpu", repeats=1)
+    profile = measured_profile(hetero, chip, preset("small"), hetero.training, [measurement(1)], device="cpu", repeats=1)
     path = tmp_path / "emu-fast.yaml"
     save_profile(profile, path)
     faster = dataclasses.replace(hetero, chips=(dataclasses.replace(chip, memory_gb=1.0),) + hetero.chips[1:])
@@ -147,7 +147,7 @@ def test_a_profile_measured_for_another_chip_entry_is_refused(hetero, tmp_path):
 def test_measured_stage_ends_count_on_the_first_and_last_stage_only(hetero):
     model, training = preset("small"), hetero.training
     profiles = profiles_for(hetero, model, training)
-    profiles["emu-fast"] = measured_profile(hetero.chip("emu-fast"), model, training, [measurement(1)],
+    profiles["emu-fast"] = measured_profile(hetero, hetero.chip("emu-fast"), model, training, [measurement(1)],
                                             device="cpu", repeats=1)
     strategy = strategy_from_mapping({"dp": 1, "micro_batches": 8, "micro_batch_size": 1, "seq_len": 128,
                                       "model": "small", "stages": [
@@ -163,7 +163,7 @@ def test_measured_stage_ends_count_on_the_first_and_last_stage_only(hetero):
 
 def test_a_measured_backward_workspace_is_held_once_per_stage(hetero):
     model, training = preset("small"), hetero.training
-    layer = measured_profile(hetero.chip("emu-fast"), model, training, [measurement(1)], device="cpu",
+    layer = measured_profile(hetero, hetero.chip("emu-fast"), model, training, [measurement(1)], device="cpu",
                              repeats=1).layer(1)
     args = dict(dp=1, recompute=False, position=1, num_stages=3, micro_batches=8)
     with_workspace = stage_memory_terms(model, training, layer, **args)
