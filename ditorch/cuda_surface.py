@@ -12,6 +12,7 @@ import contextlib
 
 import torch
 
+from ditorch.device_args import DeviceTranslator
 from ditorch.patches import Patches
 
 _ORIGINAL_IS_AVAILABLE = torch.cuda.is_available
@@ -37,6 +38,40 @@ DIRECT_NAMES = (
     "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream", "device",
     "is_initialized", "init", "get_arch_list",
 )
+
+
+# Where each name takes a device (positionally, or as the keyword `device`): every form torch accepts
+# there ("cuda", "cuda:1", torch.device("cuda", 1), an int) is translated to the vendor's device.
+DEVICE_ARGUMENT_POSITION = {
+    **dict.fromkeys((
+        "set_device", "synchronize", "get_device_properties", "get_device_name", "get_device_capability",
+        "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+        "reset_peak_memory_stats", "reset_max_memory_allocated", "memory_stats", "mem_get_info",
+        "get_rng_state", "Stream", "current_stream", "default_stream", "device"), 0),
+    "set_rng_state": 1,
+}
+
+
+def _with_device_translated(original, position: int, translate):
+    """`original` (a function or a class) with its device argument translated."""
+    def translated(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if len(args) > position:
+            args = (*args[:position], translate(args[position]), *args[position + 1:])
+        elif "device" in kwargs:
+            kwargs = {**kwargs, "device": translate(kwargs["device"])}
+        return args, kwargs
+
+    if isinstance(original, type):
+        def __new__(cls, *args, **kwargs):
+            args, kwargs = translated(args, kwargs)
+            return original(*args, **kwargs)  # an instance of original: its own __init__ has run
+        return type(original.__name__, (original,), {"__new__": __new__, "__doc__": original.__doc__})
+
+    def call(*args, **kwargs):
+        args, kwargs = translated(args, kwargs)
+        return original(*args, **kwargs)
+    call.__name__, call.__doc__ = original.__name__, original.__doc__
+    return call
 
 
 def _unsupported(name: str, vendor: str):
@@ -134,6 +169,7 @@ class CudaSurface:
 
     def apply(self) -> None:
         module = getattr(torch, self.device_type)
+        translate = DeviceTranslator(self.device_type)
         for name in DIRECT_NAMES:
             if hasattr(module, name):
                 replacement, source = getattr(module, name), f"torch.{self.device_type}.{name}"
@@ -141,6 +177,8 @@ class CudaSurface:
                 replacement = _generic(name, module, self.device_type)
                 source = "generic (ditorch)" if replacement else "unsupported"
                 replacement = replacement or _unsupported(name, self.vendor_name)
+            if name in DEVICE_ARGUMENT_POSITION and source != "unsupported":
+                replacement = _with_device_translated(replacement, DEVICE_ARGUMENT_POSITION[name], translate)
             self._replace(torch.cuda, name, replacement)
             self.mapped[f"torch.cuda.{name}"] = source
         self._map_amp()

@@ -1,7 +1,9 @@
 """Device arguments written for CUDA ("cuda", "cuda:1", torch.device("cuda"), and the unified
 name "device") translated to the active vendor's device wherever a device is consumed: factory
-functions, `Tensor.to/.cuda/.is_cuda`, `Module.to/.cuda`, `torch.load(map_location=)`,
-`torch.autocast`/`torch.amp.autocast`, and `torch.amp.GradScaler`.
+functions, the `Tensor.new_*` factories, `Tensor.to/.cuda/.is_cuda`, `Module.to/.cuda`,
+`torch.load(map_location=)`, `torch.autocast`/`torch.amp.autocast` and the autocast state queries
+(`torch.is_autocast_enabled("cuda")`, ...), `torch.amp.GradScaler`, and the default device
+(`with torch.device("cuda"):`, `torch.set_default_device("cuda")`).
 
 Only those entry points are wrapped, so tensor work that never names a device runs untouched.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.utils._device
 
 from ditorch.patches import Patches
 
@@ -22,6 +25,7 @@ FACTORY_FUNCTIONS = (
     "randint_like", "randperm", "arange", "range", "linspace", "logspace", "eye", "tril_indices",
     "triu_indices", "normal", "scalar_tensor", "sparse_coo_tensor", "frombuffer", "empty_permuted",
 )
+TENSOR_FACTORY_METHODS = ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")
 
 
 class DeviceTranslator:
@@ -71,8 +75,21 @@ class DeviceArguments:
                 return original(*args, **kwargs)
             return factory
 
+        # torch's default-device mode (`with torch.device(...)`) caches the factory functions it
+        # intercepts on first use: fill the cache with torch's own before they are wrapped, or the
+        # mode would not recognise them (and `with torch.device("meta")` would make CPU tensors).
+        torch.utils._device._device_constructors()
         for name in FACTORY_FUNCTIONS:
             self._wrap(torch, name, with_device_kwarg)
+        for name in TENSOR_FACTORY_METHODS:
+            self._wrap(torch.Tensor, name, with_device_kwarg)
+
+        def default_device_init(original):
+            def __init__(self, device):
+                return original(self, translate(device))
+            return __init__
+
+        self._wrap(torch.utils._device.DeviceContext, "__init__", default_device_init)
 
         def tensor_to(original):
             def to(self, *args, **kwargs):
@@ -125,6 +142,7 @@ class DeviceArguments:
             return __init__
 
         self._wrap(torch.amp.autocast, "__init__", autocast_init)
+        self._wrap_autocast_state()
 
         def grad_scaler_init(original):
             def __init__(self, device="cuda", *args, **kwargs):
@@ -132,6 +150,34 @@ class DeviceArguments:
             return __init__
 
         self._wrap(torch.amp.GradScaler, "__init__", grad_scaler_init)
+
+    def _wrap_autocast_state(self) -> None:
+        """torch's autocast state functions, asked about "cuda", answer for the vendor's device; their
+        legacy forms without a device (which mean CUDA) too."""
+        translate, device_type = self.translate, self.device_type
+
+        def by_device(original):
+            def function(device, *args):
+                return original(translate(device), *args)
+            return function
+
+        def is_autocast_enabled(original):
+            def is_autocast_enabled(*args):
+                return original(translate(args[0]) if args else device_type)
+            return is_autocast_enabled
+
+        def set_autocast_enabled(original):
+            def set_autocast_enabled(*args):
+                return original(translate(args[0]), args[1]) if len(args) == 2 else original(device_type, *args)
+            return set_autocast_enabled
+
+        self._wrap(torch, "is_autocast_enabled", is_autocast_enabled)
+        self._wrap(torch, "set_autocast_enabled", set_autocast_enabled)
+        self._wrap(torch, "get_autocast_dtype", by_device)
+        self._wrap(torch, "set_autocast_dtype", by_device)
+        self._wrap(torch.amp, "is_autocast_available", by_device)
+        original_get_autocast_dtype = torch.get_autocast_dtype
+        self._wrap(torch, "get_autocast_gpu_dtype", lambda original: lambda: original_get_autocast_dtype(device_type))
 
     def undo(self) -> None:
         self._patches.undo()

@@ -15,6 +15,8 @@ from h2.core import devices
 
 from ditorch.dipu import _C
 from ditorch.dipu import device as _device_module
+from ditorch.dipu import at_exit as _at_exit
+from ditorch.dipu import sharing as _sharing
 from ditorch.dipu.errors import DipuError
 from ditorch.dipu.fallback import (
     fallback_counts,
@@ -67,3 +69,5 @@ def _register_backend() -> None:
 if not _C._vendor_loaded():
     use_vendor(os.environ.get("DIPU_VENDOR") or "host")
 _register_backend()
+_at_exit.register()
+_sharing.refuse_device_tensors_in_pickles()

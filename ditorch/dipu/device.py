@@ -37,7 +37,8 @@ def is_initialized() -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a child process forked after the device was first used (it may not use the device)."""
+    return _C._in_bad_fork()
 
 
 def device_count() -> int:

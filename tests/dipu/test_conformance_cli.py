@@ -24,13 +24,13 @@ def last_line(text: str) -> str:
 
 def test_every_table_entry_conforms_under_the_default_profile(capsys):
     assert main(["conformance", *QUICK]) == 0
-    assert last_line(capsys.readouterr().out) == "summary: 38 passed, 0 failed of 38 table entries"
+    assert last_line(capsys.readouterr().out) == "summary: 69 passed, 0 failed of 69 table entries"
 
 
 def test_reduced_precision_profile_fails_exactly_the_matmul_entries():
     result = ditorch("conformance", "--profile", "lowprec", *QUICK)
     assert result.returncode == 1, result.stderr
-    assert last_line(result.stdout) == "summary: 35 passed, 3 failed of 38 table entries; failed: mm, bmm, addmm"
+    assert last_line(result.stdout) == "summary: 66 passed, 3 failed of 69 table entries; failed: mm, bmm, addmm"
     assert "Mismatched elements" in result.stdout
 
 

@@ -29,8 +29,23 @@ def test_an_entry_becomes_a_registered_kernel_with_a_cpp_meta_function(generator
     assert "function(call.context(), call.output(out), call.input(self), call.input(mat2))" in source
 
 
+def test_an_operator_torch_gives_no_meta_kernel_takes_the_shims_shape_function(generator, tmp_path):
+    source = generate_from(generator, tmp_path, "- aten: _thnn_fused_gru_cell\n"
+                           "  diopi: diopiGruCell(ctx, out0, out1, input_gates, hidden_gates, hx, input_bias, hidden_bias)\n"
+                           "  meta: shim\n")
+    assert "dipu::aten::meta::_thnn_fused_gru_cell(meta_input_gates, meta_hidden_gates, meta_hx" in source
+
+
+def test_a_string_argument_reaches_the_vendor_as_text(generator, tmp_path):
+    source = generate_from(generator, tmp_path, "- aten: gelu\n  diopi: diopiGelu(ctx, out, self, approximate)\n")
+    assert "call.input(self), call.string(approximate))" in source
+
+
 @pytest.mark.parametrize("entry, message", [
     ("- aten: no_such_op\n  diopi: diopiFoo(ctx, out, self)\n", "does not exist"),
+    ("- aten: _thnn_fused_gru_cell\n  diopi: diopiGruCell(ctx, out0, out1, input_gates, hidden_gates, hx)\n",
+     "has no Meta kernel"),
+    ("- aten: mm\n  diopi: diopiMm(ctx, out, self, mat2)\n  meta: cpu\n", "meta: 'cpu' is not understood"),
     ("- aten: linear\n  diopi: diopiLinear(ctx, out, input, weight)\n", "is CompositeImplicitAutograd"),
     ("- aten: mm\n  diopi: diopiMm(ctx, out, self, mat3)\n", "'mat3' is neither an argument nor an output"),
 ])

@@ -187,7 +187,7 @@ const diopiConstTensorHandle_t* Call::inputs(const at::ITensorListRef& tensors) 
   return handles.data();
 }
 
-diopiTensorHandle_t Call::output(const at::Tensor& tensor) { return describe(tensor); }
+diopiTensorHandle_t Call::output(const at::Tensor& tensor) { return tensor.defined() ? describe(tensor) : nullptr; }
 
 const diopiScalar_t* Call::scalar(const at::Scalar& value) {
   diopiScalar_t& scalar = scalars_.emplace_back();
@@ -222,7 +222,10 @@ const double* Call::optional_double(std::optional<double> value) {
   return &doubles_.emplace_back(*value);
 }
 
+const char* Call::string(c10::string_view value) { return strings_.emplace_back(value).c_str(); }
+
 at::Tensor Call::empty_like(const at::Tensor& meta) {
+  if (!meta.defined()) return {};
   return at::empty_strided(meta.sizes(), meta.strides(), meta.options().device(device_));
 }
 

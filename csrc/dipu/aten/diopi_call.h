@@ -66,13 +66,16 @@ class Call {
   diopiConstTensorHandle_t input(const at::Tensor& tensor);
   diopiConstTensorHandle_t input(const std::optional<at::Tensor>& tensor);
   const diopiConstTensorHandle_t* inputs(const at::ITensorListRef& tensors);
+  // nullptr for an undefined output: the vendor skips it.
   diopiTensorHandle_t output(const at::Tensor& tensor);
   const diopiScalar_t* scalar(const at::Scalar& value);
   diopiSize_t size(at::OptionalIntArrayRef values);
   diopiSize_t size(c10::SymIntArrayRef values);
   const double* optional_double(std::optional<double> value);
+  const char* string(c10::string_view value);
 
-  // A device tensor shaped like the Meta kernel's result.
+  // A device tensor shaped like the Meta kernel's result (undefined when the Meta kernel leaves
+  // that result out, as backward operators do for outputs their mask does not ask for).
   at::Tensor empty_like(const at::Tensor& meta);
   // Resizes an out= argument to the shape its Meta kernel gave it.
   void resize_output(const at::Tensor& out, const at::Tensor& meta_out);
@@ -95,6 +98,7 @@ class Call {
   std::deque<std::vector<diopiConstTensorHandle_t>> tensor_lists_;
   std::deque<diopiScalar_t> scalars_;
   std::deque<double> doubles_;
+  std::deque<std::string> strings_;
 };
 
 // The argument as the operator's Meta kernel should see it: same metadata on the meta device;

@@ -1,5 +1,5 @@
 // Operators every dipu tensor needs natively, never through the fallback: allocation, views,
-// resizing, storage rebinding and reading a scalar.
+// resizing, storage rebinding, reading a scalar, and whether a tensor may take over another's data.
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -127,9 +127,24 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
+bool dense_on_cpu_or_dipu(const at::Tensor& tensor) {
+  return tensor.layout() == c10::kStrided && (tensor.device().is_cpu() || tensor.device().is_privateuseone()) &&
+         !tensor.is_mkldnn() && !tensor.is_nested();
+}
+
+// Module.to("dipu") / .cuda() move a Parameter by handing it the moved data (`param.data = moved`)
+// when this says the two may share one tensor object, as torch says for dense CPU and CUDA tensors;
+// otherwise it makes new Parameter objects, orphaning an optimizer built before the move and untying
+// tied weights.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense_on_cpu_or_dipu(self) && dense_on_cpu_or_dipu(from));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("resize_", TORCH_FN(resize_));

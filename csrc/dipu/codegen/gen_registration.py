@@ -44,14 +44,23 @@ def load_schema(aten_name: str) -> FunctionSchema:
     return FunctionSchema.parse(text)
 
 
-def check_registrable(aten_name: str) -> None:
+# The table's `meta: shim` takes output shapes from the shim's own shape function,
+# dipu::aten::meta::<operator> (csrc/dipu/aten/meta_kernels.h), for operators only non-CPU devices
+# reach, whose Meta kernel torch lacks or gets wrong.
+SHIM_META = "shim"
+
+
+def check_registrable(aten_name: str, meta: str | None = None) -> None:
     load_schema(aten_name)
     full = f"aten::{aten_name}"
     has = lambda key: torch._C._dispatch_has_kernel_for_dispatch_key(full, key)
     if has("CompositeImplicitAutograd") and not has("CPU"):
         raise TableError(f"'{aten_name}' is CompositeImplicitAutograd: register the operators it decomposes into")
-    if not has("Meta"):
-        raise TableError(f"'{aten_name}' has no Meta kernel, so its output shapes cannot be computed")
+    if meta not in (None, SHIM_META):
+        raise TableError(f"meta: '{meta}' is not understood (the only value is '{SHIM_META}')")
+    if meta != SHIM_META and not has("Meta"):
+        raise TableError(f"'{aten_name}' has no Meta kernel, so its output shapes cannot be computed "
+                         f"(write one in csrc/dipu/aten/meta_kernels.h and mark the entry `meta: {SHIM_META}`)")
 
 
 def is_tensor(ty) -> bool:
@@ -82,7 +91,7 @@ def diopi_argument(token: str, arguments: dict, outputs: set) -> str:
         return f"call.output({token})"
     argument = arguments.get(token)
     if argument is None:
-        if re.fullmatch(r"[A-Za-z_]\w*", token):
+        if re.fullmatch(r"[A-Za-z_]\w*", token) and token not in ("true", "false"):
             raise TableError(f"'{token}' is neither an argument nor an output of the operator")
         return token  # a C++ expression written in the table
     ty = argument.type
@@ -95,6 +104,8 @@ def diopi_argument(token: str, arguments: dict, outputs: set) -> str:
     text = str(ty)
     if text == "Scalar":
         return f"call.scalar({token})"
+    if text == "str":
+        return f"call.string({token})"
     if text.startswith("int[") or text.startswith("SymInt["):
         return f"call.size({token})"
     if text == "SymInt":
@@ -120,10 +131,13 @@ def meta_argument(argument) -> str:
     return argument.name
 
 
-def meta_function(schema: FunctionSchema) -> tuple[str, str | None]:
+def meta_function(schema: FunctionSchema, meta: str | None = None) -> tuple[str, str | None]:
     """The C++ Meta kernel (at::meta::...) and its header when torch exports one, else the
-    dispatcher's Meta entry, which torch may have replaced with a slower Python registration."""
+    dispatcher's Meta entry, which torch may have replaced with a slower Python registration (or
+    or the shim's own shape function, for `meta: shim`)."""
     name = schema.name.name
+    if meta == SHIM_META:
+        return f"dipu::aten::meta::{schema.name.unambiguous_name()}", None
     header = ops_header(str(name.base))
     function = f"{name.base}_outf" if schema.arguments.out else f"{name.base}{'_' if name.inplace else ''}"
     text = header.read_text() if header.is_file() else ""
@@ -161,7 +175,7 @@ def result_expression(schema: FunctionSchema, signature: DispatcherSignature, ou
 
 def generate_wrapper(entry: dict) -> Kernel:
     aten_name = entry["aten"]
-    check_registrable(aten_name)
+    check_registrable(aten_name, entry.get("meta"))
     schema = load_schema(aten_name)
     signature = DispatcherSignature.from_schema(schema)
     wrapper_name = f"diopi_{schema.name.unambiguous_name()}"
@@ -185,7 +199,7 @@ def generate_wrapper(entry: dict) -> Kernel:
     ]
     for a in tensor_args:
         lines.append(f"    auto meta_{a.name} = dipu::diopi::to_meta({a.name});")
-    meta, meta_header = meta_function(schema)
+    meta, meta_header = meta_function(schema, entry.get("meta"))
     meta_call = f"{meta}({', '.join(meta_argument(a) for a in schema.arguments.flat_all)})"
     if len(outputs) == 1:
         lines.append(f"    auto {outputs[0]} = call.empty_like({meta_call});")
@@ -244,6 +258,7 @@ def render(table_path: str, kernels: list) -> str:
         "",
         '#include "aten/cpu_fallback.h"',
         '#include "aten/diopi_call.h"',
+        '#include "aten/meta_kernels.h"',
         "",
         "namespace {",
         "",

@@ -88,6 +88,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_vendor_path", &dipu::set_vendor_path);
   m.def("_vendor_path", &dipu::vendor_path);
   m.def("_vendor_loaded", &dipu::vendor_loaded);
+  m.def("_in_bad_fork", &dipu::in_bad_fork);
   m.def("_vendor_name", [] { return std::string(dipu::vendor().vendor_name()); });
   m.def("_device_count", [] { return static_cast<int>(dipu::device_count()); });
   m.def("_current_device", [] { return static_cast<int>(dipu::current_device()); });

@@ -1,6 +1,7 @@
 #include "vendor.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <mutex>
@@ -16,6 +17,17 @@ void* library = nullptr;
 std::atomic<bool> loaded{false};
 VendorApi api;
 bool accessible = true;
+
+// A child forked after the device was first used inherits the vendor's state, not its device: its
+// memory writes would stay in the child (copy-on-write) and a real vendor's context is not
+// fork-safe. Such a child may not use the device, as CUDA forbids it.
+std::atomic<bool> forked_after_load{false};
+
+void mark_forked_child() {
+  if (loaded.load()) forked_after_load.store(true);
+}
+
+const bool fork_handler_installed = [] { return pthread_atfork(nullptr, nullptr, &mark_forked_child) == 0; }();
 
 template <typename Function>
 void bind(Function& slot, const char* name) {
@@ -79,6 +91,9 @@ void set_vendor_path(const std::string& path) {
 }
 
 const VendorApi& vendor() {
+  TORCH_CHECK(!forked_after_load.load(std::memory_order_relaxed),
+              "dipu cannot be used in a process forked after the device was first used; start worker processes "
+              "with the 'spawn' start method (as CUDA requires)");
   if (loaded.load(std::memory_order_acquire)) return api;
   std::lock_guard lock(vendor_mutex);
   if (!loaded.load(std::memory_order_relaxed)) open_library();
@@ -86,6 +101,8 @@ const VendorApi& vendor() {
 }
 
 bool vendor_loaded() { return loaded.load(std::memory_order_acquire); }
+
+bool in_bad_fork() { return forked_after_load.load(); }
 
 const std::string& vendor_path() { return chosen_path; }
 

@@ -45,6 +45,8 @@ void set_vendor_path(const std::string& path);
 // Opens the chosen library now if not done yet; returns its runtime API.
 const VendorApi& vendor();
 bool vendor_loaded();
+// True in a child forked after the device was first used; vendor() refuses such a child.
+bool in_bad_fork();
 const std::string& vendor_path();
 // The vendor's export of a DIOPI function, or nullptr when it does not implement it.
 void* vendor_symbol(const char* name);

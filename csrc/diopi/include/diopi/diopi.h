@@ -182,6 +182,128 @@ diopiError_t diopiFlashAttentionBackward(diopiContextHandle_t ctx, diopiTensorHa
                                          double dropout_p, bool is_causal, diopiConstTensorHandle_t attn_mask,
                                          const double* scale);
 
+/* Activations (grad_output-first backward functions take the forward's input, or its output where
+ * named so) */
+diopiError_t diopiRelu(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input);
+diopiError_t diopiReluInp(diopiContextHandle_t ctx, diopiTensorHandle_t input);
+diopiError_t diopiThresholdBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                    diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                    const diopiScalar_t* threshold);
+/* approximate: "none" (erf) or "tanh" */
+diopiError_t diopiGelu(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                       const char* approximate);
+diopiError_t diopiGeluBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                               diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                               const char* approximate);
+diopiError_t diopiTanh(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input);
+diopiError_t diopiTanhBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                               diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output);
+diopiError_t diopiSigmoid(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input);
+diopiError_t diopiSigmoidBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output);
+
+/* Normalization. Backward outputs may be NULL: the caller does not need that gradient. */
+diopiError_t diopiLayerNorm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t save_mean,
+                            diopiTensorHandle_t save_invstd, diopiConstTensorHandle_t input,
+                            diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias,
+                            diopiSize_t normalized_shape, double eps);
+diopiError_t diopiLayerNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                    diopiTensorHandle_t grad_weight, diopiTensorHandle_t grad_bias,
+                                    diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                    diopiConstTensorHandle_t mean, diopiConstTensorHandle_t rstd,
+                                    diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias,
+                                    diopiSize_t normalized_shape);
+/* input: N, C, ... with C split into `group` groups; mean/rstd: N x group */
+diopiError_t diopiGroupNorm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t save_mean,
+                            diopiTensorHandle_t save_rstd, diopiConstTensorHandle_t input,
+                            diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias, int64_t group,
+                            double eps);
+diopiError_t diopiGroupNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                    diopiTensorHandle_t grad_weight, diopiTensorHandle_t grad_bias,
+                                    diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                    diopiConstTensorHandle_t mean, diopiConstTensorHandle_t rstd,
+                                    diopiConstTensorHandle_t weight, int64_t group);
+/* training: batch statistics, and running_mean/running_var (when given) are updated in place with
+ * momentum; otherwise the running statistics normalize. */
+diopiError_t diopiBatchNorm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t save_mean,
+                            diopiTensorHandle_t save_invstd, diopiConstTensorHandle_t input,
+                            diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias,
+                            diopiConstTensorHandle_t running_mean, diopiConstTensorHandle_t running_var,
+                            bool training, double momentum, double eps);
+diopiError_t diopiBatchNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                    diopiTensorHandle_t grad_weight, diopiTensorHandle_t grad_bias,
+                                    diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                    diopiConstTensorHandle_t weight, diopiConstTensorHandle_t running_mean,
+                                    diopiConstTensorHandle_t running_var, diopiConstTensorHandle_t save_mean,
+                                    diopiConstTensorHandle_t save_invstd, bool training, double eps);
+
+/* Convolution, 1-3 spatial dimensions, direct or transposed (weight: out, in/groups, k... when direct;
+ * in, out/groups, k... when transposed). Backward outputs may be NULL. */
+diopiError_t diopiConvolution(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                              diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias, diopiSize_t stride,
+                              diopiSize_t padding, diopiSize_t dilation, bool transposed,
+                              diopiSize_t output_padding, int64_t groups);
+diopiError_t diopiConvolutionBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                      diopiTensorHandle_t grad_weight, diopiTensorHandle_t grad_bias,
+                                      diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                      diopiConstTensorHandle_t weight, diopiSize_t stride, diopiSize_t padding,
+                                      diopiSize_t dilation, bool transposed, diopiSize_t output_padding,
+                                      int64_t groups);
+
+/* Pooling (indices: int64 positions within each plane) */
+diopiError_t diopiMaxPool2dWithIndices(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t indices,
+                                       diopiConstTensorHandle_t input, diopiSize_t kernel_size, diopiSize_t stride,
+                                       diopiSize_t padding, diopiSize_t dilation, bool ceil_mode);
+diopiError_t diopiMaxPool2dWithIndicesBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                               diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                               diopiSize_t kernel_size, diopiSize_t stride, diopiSize_t padding,
+                                               diopiSize_t dilation, bool ceil_mode,
+                                               diopiConstTensorHandle_t indices);
+diopiError_t diopiAdaptiveAvgPool2d(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                                    diopiSize_t output_size);
+diopiError_t diopiAdaptiveAvgPool2dBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                            diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input);
+
+/* Recurrent cells (rows: batch; gates: 4 hidden-sized blocks i, f, g, o for LSTM, 3 blocks r, z, n
+ * for GRU). input_gates and hidden_gates are the two matrix products; the biases (both NULL or both
+ * given) are added here. The workspace keeps what the backward needs: LSTM the four activated gates
+ * (rows x 4H), GRU r, z, n, hx and the hidden n-gate with its bias (rows x 5H). */
+diopiError_t diopiLstmCell(diopiContextHandle_t ctx, diopiTensorHandle_t hy, diopiTensorHandle_t cy,
+                           diopiTensorHandle_t workspace, diopiConstTensorHandle_t input_gates,
+                           diopiConstTensorHandle_t hidden_gates, diopiConstTensorHandle_t cx,
+                           diopiConstTensorHandle_t input_bias, diopiConstTensorHandle_t hidden_bias);
+/* grad_hy or grad_cy may be NULL (zero); grad_bias may be NULL (no bias). */
+diopiError_t diopiLstmCellBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_gates,
+                                   diopiTensorHandle_t grad_cx, diopiTensorHandle_t grad_bias,
+                                   diopiConstTensorHandle_t grad_hy, diopiConstTensorHandle_t grad_cy,
+                                   diopiConstTensorHandle_t cx, diopiConstTensorHandle_t cy,
+                                   diopiConstTensorHandle_t workspace);
+diopiError_t diopiGruCell(diopiContextHandle_t ctx, diopiTensorHandle_t hy, diopiTensorHandle_t workspace,
+                          diopiConstTensorHandle_t input_gates, diopiConstTensorHandle_t hidden_gates,
+                          diopiConstTensorHandle_t hx, diopiConstTensorHandle_t input_bias,
+                          diopiConstTensorHandle_t hidden_bias);
+/* grad_input_bias and grad_hidden_bias may be NULL (no bias). */
+diopiError_t diopiGruCellBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input_gates,
+                                  diopiTensorHandle_t grad_hidden_gates, diopiTensorHandle_t grad_hx,
+                                  diopiTensorHandle_t grad_input_bias, diopiTensorHandle_t grad_hidden_bias,
+                                  diopiConstTensorHandle_t grad_hy, diopiConstTensorHandle_t workspace);
+
+/* Mean squared error (reduction: 0 none, 1 mean, 2 sum) */
+diopiError_t diopiMSELoss(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          diopiConstTensorHandle_t target, int64_t reduction);
+diopiError_t diopiMSELossBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                  diopiConstTensorHandle_t target, int64_t reduction);
+
+/* Dropout backward: grad_output * mask * scale */
+diopiError_t diopiDropoutBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t mask, double scale);
+
+/* Logical reductions and tests (out: bool; dim.len == -1: all dimensions) */
+diopiError_t diopiAll(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiSize_t dim, bool keepdim);
+diopiError_t diopiIsNegInf(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input);
+
 #ifdef __cplusplus
 }
 #endif

@@ -32,99 +32,17 @@
 #include <ATen/ops/sum.h>
 #include <ATen/ops/where.h>
 
-#include <string>
 #include <vector>
 
 #include <diopi/diopi.h>
 
-#include "vendor/host/host_device.h"
-#include "vendor/host/ops/tensor_view.h"
-
-namespace dipu::host {
-namespace {
-
-thread_local std::string last_error;
-
-// Runs one kernel: paced to the profile's speed, exceptions turned into diopiErrorOccurred.
-template <typename Kernel>
-diopiError_t run(Kernel&& kernel) {
-  try {
-    PacedKernel paced;
-    kernel();
-    return diopiSuccess;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return diopiErrorOccurred;
-  }
-}
-
-// Applies the profile's output rounding when it lists this DIOPI function.
-void emulate_precision(const char* function, const at::Tensor& output) {
-  const Profile& profile = device_profile();
-  if (profile.round_output_ops.count(function) != 0) round_mantissa(output, profile.round_output_mantissa_bits);
-}
-
-at::Tensor view(diopiConstTensorHandle_t operand) { return tensor_view(operand); }
-
-std::optional<at::Tensor> optional_view(diopiConstTensorHandle_t operand) {
-  if (operand == nullptr) return std::nullopt;
-  return tensor_view(operand);
-}
-
-std::optional<double> optional_double(const double* value) {
-  return value == nullptr ? std::nullopt : std::optional<double>(*value);
-}
-
-// The shape of most kernels: `kernel` writes the one output `out` (viewed first), which then gets
-// the profile's rounding for `function`.
-template <typename Kernel>
-diopiError_t run_into(const char* function, diopiTensorHandle_t out, Kernel&& kernel) {
-  return run([&] {
-    at::Tensor result = view(out);
-    kernel(result);
-    emulate_precision(function, result);
-  });
-}
-
-}  // namespace
-}  // namespace dipu::host
+#include "vendor/host/ops/kernel_runner.h"
 
 using namespace dipu::host;
 
-// Kernel families that differ only in the ATen operator they run. Each defines the DIOPI function
-// `name` with the signature diopi.h declares for the family.
-
-// out = aten(input)
-#define DEFINE_UNARY(name, aten_out)                                                                 \
-  diopiError_t name(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input) { \
-    return run_into(#name, out, [&](at::Tensor& result) { aten_out(result, view(input)); });         \
-  }
-
-// out = aten(input, other)
-#define DEFINE_BINARY(name, aten_out)                                                                     \
-  diopiError_t name(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,        \
-                    diopiConstTensorHandle_t other) {                                                     \
-    return run_into(#name, out, [&](at::Tensor& result) { aten_out(result, view(input), view(other)); }); \
-  }
-
-// out = aten(input, other, alpha)
-#define DEFINE_BINARY_ALPHA(name, aten_out)                                                        \
-  diopiError_t name(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input, \
-                    diopiConstTensorHandle_t other, const diopiScalar_t* alpha) {                  \
-    return run_into(#name, out, [&](at::Tensor& result) {                                          \
-      aten_out(result, view(input), view(other), to_scalar(alpha));                                \
-    });                                                                                            \
-  }
-
-// input.method(other), in place
-#define DEFINE_BINARY_INPLACE(name, method)                                                            \
-  diopiError_t name(diopiContextHandle_t, diopiTensorHandle_t input, diopiConstTensorHandle_t other) { \
-    return run_into(#name, input, [&](at::Tensor& self) { self.method(view(other)); });                \
-  }
-
 extern "C" {
 
-const char* diopiGetLastError(void) { return last_error.c_str(); }
+const char* diopiGetLastError(void) { return last_error().c_str(); }
 
 DEFINE_BINARY(diopiMm, at::mm_out)
 DEFINE_BINARY(diopiBmm, at::bmm_out)
