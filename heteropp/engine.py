@@ -36,6 +36,7 @@ from heteropp.resharding import Resharder
 from heteropp.stage import apply_recompute, build_stage
 from heteropp.tensor_parallel import WeightGradStore, apply_tp, check_tp_divides, is_tp_sharded
 from heteropp.topology import Topology
+from heteropp.tracing import SpanRecorder, span
 
 
 def rank_device(device_type: str, rank: int) -> torch.device:
@@ -119,8 +120,10 @@ class PipelineEngine:
         stage = build_stage(model, self.stage_info.layers, first=self.place.stage == 0, last=self.is_last)
         stage = apply_tp(stage, tp_index=self.place.tp_index, tp_size=self.stage_info.tp, group=self.groups.tp,
                          store=self.store)
+        self.recorder = (SpanRecorder(self.rank, f"stage {self.place.stage}, {self.chip_label}", self.device)
+                         if options.trace else None)
         if self.stage_info.recompute:
-            stage = apply_recompute(stage)
+            stage = apply_recompute(stage, self.recorder)
         with self.on_chip():
             self.stage = stage.to(self.device)
         del model
@@ -140,7 +143,7 @@ class PipelineEngine:
         activation_shape = (self.stage_info.micro_batch_size, self.config.seq_len, self.model_config.hidden_size)
         self.executor = StageExecutor(self.stage, stage_index=self.place.stage, num_stages=self.topology.num_stages,
                                       resharder=self.resharder, store=self.store, activation_shape=activation_shape,
-                                      prefetch=options.prefetch, device=self.device)
+                                      prefetch=options.prefetch, device=self.device, recorder=self.recorder)
 
     @property
     def chip_label(self) -> str:
@@ -182,6 +185,14 @@ class PipelineEngine:
             report.append(row)
         return report
 
+    def write_trace(self) -> str | None:
+        """This rank's spans so far to OPTIONS.trace/rank-<r>.json (a traced run); the file."""
+        if self.recorder is None:
+            return None
+        path = os.path.join(self.options.trace, f"rank-{self.rank}.json")
+        self.recorder.write(path)
+        return path
+
     @property
     def global_batch(self) -> int:
         return self.micro_batch_sequences * self.config.micro_batches
@@ -209,16 +220,23 @@ class PipelineEngine:
         targets = [mb[:, 1:].to(self.device) for mb in micro_batches]
         bytes_before = self.p2p.bytes_sent
         last_stage_dp = self.topology.stages[-1].dp
+        if self.recorder is not None:
+            self.recorder.step += 1
         loss_sum = self.executor.run(self.actions, inputs, targets, 1.0 / (last_stage_dp * self.config.micro_batches))
-        self.optimizer.reduce_gradients()
+        with span(self.recorder if self.stage_info.dp > 1 else None, "gradients over dp", "all-reduce",
+                  ranks=self.stage_info.dp):
+            self.optimizer.reduce_gradients()
         # One all-reduce over every rank: the squared gradient norm and the bytes sent across stages.
-        totals = torch.stack([self.optimizer.local_grad_square_sum(self.counted_in_norm).double().cpu(),
-                              torch.tensor(float(self.p2p.bytes_sent - bytes_before), dtype=torch.float64)])
-        dist.all_reduce(totals, group=self.groups.everyone)
+        with span(self.recorder, "gradient norm", "all-reduce", ranks=self.topology.world_size):
+            totals = torch.stack([self.optimizer.local_grad_square_sum(self.counted_in_norm).double().cpu(),
+                                  torch.tensor(float(self.p2p.bytes_sent - bytes_before), dtype=torch.float64)])
+            dist.all_reduce(totals, group=self.groups.everyone)
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
-        grad_norm = clip_by_global_norm(totals[0].sqrt().float(), self.optimizer.params, max_norm)
-        self.optimizer.step(lr)
-        self.optimizer.zero_grad()
+        with span(self.recorder, "clip and update", "optimizer"):
+            grad_norm = clip_by_global_norm(totals[0].sqrt().float(), self.optimizer.params, max_norm)
+            self.optimizer.step(lr)
+            self.optimizer.zero_grad()
         if self.is_last and self.groups.dp is not None:
-            dist.all_reduce(loss_sum, group=self.groups.dp)
+            with span(self.recorder, "loss over dp", "all-reduce", ranks=self.stage_info.dp):
+                dist.all_reduce(loss_sum, group=self.groups.dp)
         return StepResult(loss=loss_sum, grad_norm=grad_norm, cross_stage_bytes=int(totals[1]))

@@ -1,7 +1,7 @@
 """`heteroauto`: search a strategy, simulate one, or profile chip types.
 
     heteroauto search   --cluster C [--model M] [--gbs-tokens 4M] [--alpha A] [--out S.yaml] [--json] [--top K] [--exhaustive]
-    heteroauto simulate --strategy S --cluster C [--json]
+    heteroauto simulate --strategy S --cluster C [--json] [--trace FILE]
     heteroauto profile  --cluster C [--chip NAME] [--model M] [--device cpu] [--synthesise] [--out-dir D | --out P.yaml]
 
 `profile` measures by running the runtime's stage code on TP ranks of each chip (heteropp.profiling;
@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     problem(simulate_cmd)
     simulate_cmd.add_argument("--strategy", required=True)
     simulate_cmd.add_argument("--no-transfers", action="store_true", help="stage-to-stage transfers take no time")
+    simulate_cmd.add_argument("--trace", metavar="FILE",
+                              help="write the predicted schedule as a Chrome/Perfetto trace (one track per stage)")
 
     profile_cmd = commands.add_parser("profile", help="profile the cluster's chip types (measured by running TP ranks "
                                                      "of each, or synthesised)")
@@ -258,8 +260,10 @@ def _cmd_simulate(args) -> int:
     costs = stage_costs(strategy, profiles, report)
     transfer = (lambda *a: 0.0) if args.no_transfers else transfer_model(strategy, cluster, model, training)
     started = time.perf_counter()
-    sim = simulate(schedule, costs, transfer)
+    sim = simulate(schedule, costs, transfer, keep_timeline=args.trace is not None)
     sim_s = time.perf_counter() - started
+    if args.trace is not None:
+        write_simulated_trace(args.trace, sim, report, strategy.schedule)
     tokens = training.tokens
     payload = {"iteration_s": sim.iteration_s, "cost_model_iteration_s": report.iteration_s,
                "tokens_per_chip_s": tokens / sim.iteration_s / report.chips, "schedule": strategy.schedule,
@@ -283,6 +287,14 @@ def _cmd_simulate(args) -> int:
     print(f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
           f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {payload['tokens_per_chip_s']:.2f}")
     return 0
+
+
+def write_simulated_trace(path: str, sim, report, schedule: str) -> None:
+    from h2.core.trace import write_trace
+    from heteropp.auto.simulator import trace_events
+
+    labels = [f"{s.chip} tp {s.tp} dp {s.dp}, {s.layers} layers" for s in report.stages]
+    write_trace(path, trace_events(sim, labels, schedule == "1f1b-split-backward"), {"source": "predicted"})
 
 
 # ---- profile ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The `h2` command: `h2 train` and `h2 model-info`.
+"""The `h2` command: `h2 train`, `h2 model-info`, and `h2 run` with its steps (h2.cli.run).
 
 `h2 train`'s options are generated from the job's config classes (h2.core.training: RunOptions,
 TrainConfig, PipelineOptions); `--config job.yaml` reads the same names from a file and flags given
@@ -49,8 +49,9 @@ def job_from_args(args: argparse.Namespace) -> dict:
     return values
 
 
-def _train_pipeline(values: dict, run: RunOptions) -> int:
-    """`h2 train --strategy S [--cluster C]`: a HeteroPP run on local processes (h2.cli.launch)."""
+def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None = None) -> int:
+    """`h2 train --strategy S [--cluster C]`: a HeteroPP run on local processes (h2.cli.launch); with
+    `hosts` (number of hosts, rendezvous endpoint) this host's share of the ranks joins the others."""
     from h2.cli.launch import launch
     from h2.core.cluster import load_cluster
     from h2.core.devices import resolve_device
@@ -86,7 +87,7 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     os.close(handle)
     try:
         flags.write_job(job_path, rank_run, config, options)
-        return launch(strategy, cluster, job_path, run.strategy)
+        return launch(strategy, cluster, job_path, run.strategy, hosts)
     finally:
         os.remove(job_path)
 
@@ -188,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--tp", type=int, default=1, help="tensor-parallel size for activation bytes (default 1)")
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(handler=_model_info)
+
+    from h2.cli import run
+    run.add_parsers(sub)
     return parser
 
 

@@ -43,10 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_progress(record: dict) -> None:
+def _print_progress(record: dict, topology, memory: list[dict]) -> None:
+    """The step's loss and throughput; per chip type the tokens/s each of its chips carries (the job's
+    tokens/s times the type's share of the layers, over its chips); per stage the peak device memory."""
+    layers, chips = {}, {}
+    for stage in topology.stages:
+        layers[stage.chip] = layers.get(stage.chip, 0) + len(stage.layers)
+        chips[stage.chip] = chips.get(stage.chip, 0) + len(stage.ranks)
+    total_layers = sum(layers.values())
+    per_chip = " ".join(f"{name} {record['tokens_per_s'] * layers[name] / total_layers / chips[name]:,.1f}"
+                        for name in layers)
+    peaks = " ".join(f"{row['stage']}:{row['peak_allocated_bytes'] / 1e6:.1f}"
+                     for row in memory if row["peak_allocated_bytes"] is not None)
     print(f"step {record['step']} loss {record['loss']:.4f} lr {record['lr']:.2e} "
           f"grad_norm {record['grad_norm']:.3f} {record['tokens_per_s']:,.0f} tokens/s "
-          f"cross-stage {record['cross_stage_bytes']:,} B", flush=True)
+          f"(per chip: {per_chip}) cross-stage {record['cross_stage_bytes']:,} B"
+          + (f" peak MB per stage {peaks}" if peaks else ""), flush=True)
 
 
 @run_cli("h2.cli.rank")
@@ -100,10 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         while trainer.step < trainer.config.steps:
             record = trainer.train_step()
             records.append(record)
-            if trainer.writes_metrics and (record["step"] % options.log_every == 0
-                                           or record["step"] == trainer.config.steps):
-                _print_progress(record)
+            if record["step"] % options.log_every == 0 or record["step"] == trainer.config.steps:
+                memory = trainer.engine.device_report()  # a collective: every rank takes part
+                if trainer.writes_metrics:
+                    _print_progress(record, trainer.topology, memory)
         report = trainer.stage_report()
+        trace = trainer.engine.write_trace()
+        if trace is not None and trainer.rank == 0:
+            print(f"trace of every rank in {os.path.dirname(trace)} (rank-<r>.json)", flush=True)
         if trainer.writes_metrics and records:
             tokens = sum(r["tokens"] for r in records)
             seconds = sum(r["step_time_s"] for r in records)

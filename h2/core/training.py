@@ -102,6 +102,8 @@ class PipelineOptions:
                                   "schedule lists them)")
     threads: int = option(1, "torch intra-op threads per rank")
     log_every: int = option(1, "print a metrics line every N steps")
+    trace: str | None = option(None, "write a Chrome/Perfetto trace of every rank's spans (forward, backward, "
+                                     "recompute, send, recv, all-reduce) to DIR/rank-<r>.json", metavar="DIR")
 
     def __post_init__(self) -> None:
         for name, choices in (("p2p_backend", P2P_BACKENDS), ("stage_backend", STAGE_BACKENDS),
