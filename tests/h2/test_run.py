@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -114,7 +115,7 @@ def test_run_prints_the_plan_with_predicted_step_time_and_memory(finished_run):
 
 def test_run_shows_progress_with_tokens_per_chip_type_and_memory_per_stage(finished_run):
     result, _, _ = finished_run
-    progress = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    progress = [line for line in result.stdout.splitlines() if re.match(r"step \d+ loss ", line)]
     assert len(progress) == 3, result.stdout
     assert "per chip: emu-big" in progress[-1] and "peak MB per stage 0:" in progress[-1]
 
