@@ -11,10 +11,12 @@ One run, every step through the product's own command lines, as a user runs them
      possible, the extra ones on the earlier stages, which have the larger memories), simulated too;
   4. `h2 train --strategy S --cluster C` of both: the median step time after `--warmup` steps, each
      stage's peak device memory and how much of its emulated kernel time the host made late
-     (stage_report.json).
+     (stage_report.json), each chip's emulated kernel seconds and its ranks' host CPU.
 It prints predicted against measured step time (ratios to the cost model and to the simulator), per
-stage the memory model against the measured peak, the measured speed-up of the plan over the uniform
-split, and the machine's load before and after (uptime). The figures are the emulated chips'; the
+stage the memory model against the measured peak and the simulator's busy time of each chip against
+the emulated kernel time it ran (with the host cores its ranks used: a step longer than predicted on
+chips that did the predicted work means the host did not feed them), the measured speed-up of the
+plan over the uniform split, and the machine's load before and after (uptime). The figures are the emulated chips'; the
 acceptance targets it checks: within 15 % of the simulator, within 20 % of the cost model, memory
 within 15 %, speed-up >= 1.3 (each line says PASS or FAIL).
 """
@@ -76,6 +78,25 @@ def train(cluster: str, strategy: str, out: str, steps: int, warmup: int) -> dic
         report = json.load(handle)
     return {"step_s": statistics.median(r["step_time_s"] for r in records[warmup:]),
             "steps": [r["step_time_s"] for r in records], "stages": report}
+
+
+def chip_work(results: dict) -> None:
+    """Per stage, the work on each of its chips per step: what the simulator schedules (profiled
+    compute, busy_s) against the emulated kernel seconds the chip really ran (stage_report.json,
+    per rank and step), and the host CPU its ranks spent in steps as cores. Where the chips did the
+    predicted work but the step took longer, the host did not feed them: its ranks could not get
+    the host cores they needed."""
+    for name, result in results.items():
+        steps = result["measured"]["steps"]
+        wall = sum(steps)
+        for model_row, measured_row in zip(result["predicted"]["stages"], result["measured"]["stages"]):
+            chips = model_row["tp"] * model_row["dp"]
+            measured = measured_row["emulated_s"] / chips / len(steps)
+            host = measured_row.get("host_cpu_s", 0.0) / wall
+            print(f"{name:<9} {measured_row['stage']:>5} {measured_row['chip']:>9} {model_row['busy_s']:>28.3f} "
+                  f"{measured:>9.3f} {measured / model_row['busy_s']:>18.3f} {host:>15.2f}")
+        claimed = sum(row.get("host_cpu_s", 0.0) for row in result["measured"]["stages"]) / wall
+        print(f"{name:<9} all ranks: {claimed:.2f} host cores used in steps")
 
 
 def verdict(ok: bool) -> str:
@@ -140,6 +161,10 @@ def main() -> int:
             memory_ratios.append(measured_mb / model_mb)
             print(f"{name:<9} {measured_row['stage']:>5} {measured_row['chip']:>9} {model_mb:>9.2f} {measured_mb:>11.2f} "
                   f"{measured_mb / model_mb:>14.3f} {late:>16.2%}")
+
+    print(f"\n{'strategy':<9} {'stage':>5} {'chip':>9} {'chip busy s/step: simulator':>28} {'measured':>9} "
+          f"{'measured/simulator':>18} {'host cores used':>15}")
+    chip_work(results)
 
     plan, uniform = results["planned"], results["uniform"]
     speedup = uniform["measured"]["step_s"] / plan["measured"]["step_s"]

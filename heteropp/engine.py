@@ -160,19 +160,20 @@ class PipelineEngine:
             raise torch.OutOfMemoryError(f"stage {self.place.stage}, chip {self.chip_label}, rank {self.rank} on "
                                          f"{self.device}: {detail}") from None
 
-    def device_report(self) -> list[dict]:
+    def device_report(self, host_cpu_s: float = 0.0) -> list[dict]:
         """Per stage, over its ranks (every rank must call this): the largest peak of device memory
         allocated by tensors (None on devices without memory statistics), and, on an emulating
         device, the kernels it paced, their emulated seconds, and how many were late (overrun_s: by
-        how much in all; a late kernel's time depended on the host's load)."""
+        how much in all; a late kernel's time depended on the host's load); and the host CPU seconds
+        its ranks spent (`host_cpu_s`, what each rank passes: the host work the stage needed)."""
         module = getattr(torch, self.device.type, None)
         peak = module.max_memory_allocated(self.device) if hasattr(module, "max_memory_allocated") else -1
         pacing = getattr(module, "pacing_stats", lambda: None)() or {}
         stages = self.topology.num_stages
         peaks = torch.full((stages,), -1.0, dtype=torch.float64)
         peaks[self.place.stage] = float(peak)
-        sums = torch.zeros((stages, 4), dtype=torch.float64)
-        sums[self.place.stage] = torch.tensor([float(pacing.get(key, 0.0)) for key in PACING_FIELDS],
+        sums = torch.zeros((stages, len(PACING_FIELDS) + 1), dtype=torch.float64)
+        sums[self.place.stage] = torch.tensor([float(pacing.get(key, 0.0)) for key in PACING_FIELDS] + [host_cpu_s],
                                               dtype=torch.float64)
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=self.groups.everyone)
         dist.all_reduce(sums, group=self.groups.everyone)
@@ -182,6 +183,7 @@ class PipelineEngine:
                    "peak_allocated_bytes": None if peaks[stage.index] < 0 else int(peaks[stage.index])}
             row.update({key: (int(value) if key.endswith("kernels") else float(value))
                         for key, value in zip(PACING_FIELDS, sums[stage.index].tolist())})
+            row["host_cpu_s"] = float(sums[stage.index, -1])
             report.append(row)
         return report
 

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trained {trainer.model_config.name} with {trainer.topology.num_stages} stages on "
                   f"{trainer.topology.world_size} processes: {tokens / seconds:,.0f} tokens/s; "
                   f"metrics {trainer.metrics.path}", flush=True)
-            _print_stage_report(report, labels or {})
+            _print_stage_report(report, labels or {}, trainer.elapsed_s)
     except torch.OutOfMemoryError as error:
         print(f"h2.cli.rank: error: {one_line(error)}", file=sys.stderr, flush=True)
         return 1
@@ -135,15 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _print_stage_report(report: list[dict], labels: dict[str, str]) -> None:
+def _print_stage_report(report: list[dict], labels: dict[str, str], elapsed_s: float) -> None:
     for row in report:
         if row["peak_allocated_bytes"] is None:
             continue
         late = (f", {row['late_kernels']:,} of {row['kernels']:,} kernels late by {row['overrun_s']:.3f} s "
                 f"in all ({row['overrun_s'] / row['emulated_s']:.2%} of the emulated kernel time)"
                 if row["kernels"] else "")
+        host = f"; its ranks used {row['host_cpu_s'] / elapsed_s:.2f} host cores in steps" if elapsed_s > 0 else ""
         print(f"stage {row['stage']} ({labels.get(row['chip'], row['chip'])}): peak memory "
-              f"{row['peak_allocated_bytes'] / 1e6:.2f} MB{late}", flush=True)
+              f"{row['peak_allocated_bytes'] / 1e6:.2f} MB{late}{host}", flush=True)
 
 
 if __name__ == "__main__":

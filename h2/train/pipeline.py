@@ -32,6 +32,7 @@ class PipelineTrainer:
         self.writes_metrics = self.engine.reports_loss
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), self.config.seq_len, seed=self.config.seed)
         self.step, self.elapsed_s = 0, 0.0
+        self.host_cpu_s = 0.0           # this process's CPU time inside steps: the host work its chip needed
         self.metrics = None
         if self.writes_metrics and out_dir is not None:
             os.makedirs(out_dir, exist_ok=True)
@@ -40,11 +41,12 @@ class PipelineTrainer:
 
     def train_step(self) -> dict:
         config = self.config
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         lr = learning_rate(self.step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
                            decay_steps=config.lr_decay_steps)
         result = self.engine.step(self.stream.next_batch(self.engine.global_batch), lr)
         step_time = time.perf_counter() - started
+        self.host_cpu_s += time.process_time() - cpu_started
         self.step += 1
         self.elapsed_s += step_time
         tokens = self.engine.global_batch * config.seq_len
@@ -56,9 +58,10 @@ class PipelineTrainer:
         return record
 
     def stage_report(self) -> list[dict]:
-        """Per stage: peak device memory and emulated kernel pacing (PipelineEngine.device_report);
-        every rank calls it, the metrics rank also writes it to `stage_report.json` beside the metrics."""
-        report = self.engine.device_report()
+        """Per stage: peak device memory, emulated kernel pacing and the host CPU its ranks spent in
+        steps (PipelineEngine.device_report); every rank calls it, the metrics rank also writes it to
+        `stage_report.json` beside the metrics."""
+        report = self.engine.device_report(self.host_cpu_s)
         if self.metrics is not None:
             path = os.path.join(os.path.dirname(self.metrics.path), "stage_report.json")
             with open(path, "w", encoding="utf-8") as handle:
