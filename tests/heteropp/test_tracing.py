@@ -46,3 +46,12 @@ def test_a_written_trace_is_chrome_trace_event_json(tmp_path):
     write_trace(str(path), trace_events(result, ["a", "b"], split_backward=False))
     data = json.loads(path.read_text())
     assert all({"name", "ph", "pid", "tid"} <= set(e) for e in data["traceEvents"])
+
+
+def test_heteroauto_simulate_writes_its_predicted_step_as_a_trace_with_one_track_per_stage(cli, tmp_path):
+    path = tmp_path / "predicted.json"
+    result = cli("h2.cli.heteroauto", "simulate", "--cluster", "configs/clusters/local-emulated.yaml",
+                 "--strategy", "configs/strategies/local-tiny-pp2.yaml", "--trace", str(path))
+    assert result.returncode == 0, result.stderr
+    events = json.loads(path.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}
