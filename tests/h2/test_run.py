@@ -82,6 +82,12 @@ def test_an_out_folder_holding_a_run_is_refused_without_overwrite(cli, tmp_path)
     assert folder_state(out) == before
 
 
+def test_several_hosts_without_a_rendezvous_endpoint_is_one_line(cli, tmp_path):
+    result = cli("h2", "run", "--cluster", write_cluster(tmp_path), "--out", str(tmp_path / "out"), "--nnodes", "2")
+    assert "--nnodes 2 needs --rdzv-endpoint" in one_line(result)
+    assert not (tmp_path / "out").exists()
+
+
 def test_check_of_a_folder_without_a_plan_is_one_line(cli, tmp_path):
     result = cli("h2", "check", "--run", str(tmp_path))
     assert "no plan.json" in one_line(result)
