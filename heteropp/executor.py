@@ -11,11 +11,17 @@ The list (from heteropp.schedule, the same one `heteroauto simulate` replays) is
 Receives are waited for only when a compute action uses them. With `prefetch`, the receives listed
 after a compute action and before the next one are posted before that compute starts, so they
 arrive while it runs (the fine-grained overlap of P2P and compute).
+
+With `autocast` (bf16) the stage's forward runs under torch.autocast, as the reference trainer runs
+its model: parameters, optimizer state and the residual stream that crosses stages stay fp32 (the
+master weights), matrix products run in bf16, the loss is computed in fp32.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import contextlib
 
 import torch
 
@@ -40,8 +46,9 @@ class _MicroBatchState:
 class StageExecutor:
     def __init__(self, stage: torch.nn.Module, *, stage_index: int, num_stages: int, resharder: Resharder,
                  store: WeightGradStore | None, activation_shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
-                 prefetch: bool = True, device: torch.device | str = "cpu"):
+                 prefetch: bool = True, device: torch.device | str = "cpu", autocast: torch.dtype | None = None):
         self.stage, self.index, self.num_stages = stage, stage_index, num_stages
+        self.autocast = autocast
         self.resharder, self.store = resharder, store
         self.activation_shape, self.dtype, self.prefetch = activation_shape, dtype, prefetch
         self.device = torch.device(device)
@@ -108,13 +115,19 @@ class StageExecutor:
         else:
             x = state.received_input.wait().requires_grad_()
             state.received_input = None
-        output = self.stage(x)
+        with self._compute_precision():
+            output = self.stage(x)
         state.stage_input = x
         if self.is_last:
             state.stage_output = language_model_loss(output, targets) * loss_scale
             return state.stage_output.detach()
         state.stage_output = output
         return None
+
+    def _compute_precision(self):
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast)
 
     def _backward(self, state: _MicroBatchState, split_backward: bool) -> None:
         if self.is_last:
