@@ -9,9 +9,9 @@ Two local processes per path; for each link, and unshaped (the baseline: what th
 takes, measured in the same run):
   latency    half the median round trip of an 8-byte ping-pong (both directions cross the link);
   bandwidth  K messages of S bytes sent back to back, S chosen so one takes 10 ms on the link;
-             S over the median time between two arrivals (robust to a receiver descheduled for a
-             while, after which queued messages arrive in a burst). Unshaped, messages arrive in
-             bursts by nature: there the bytes after the first over the time from first to last.
+             S over the slope of a least-squares line through the arrival times (each message's
+             arrival against its index: a late first or last arrival moves it less than it moves
+             the first-to-last span).
 Prints configured, measured and their ratio, and PASS where the ratio is within 10%. The shaping
 layers pace on top of the host path, whose own latency adds to the configured one (the baseline
 column shows how much).
@@ -59,7 +59,7 @@ def plan(link: Link | None, seconds: float) -> dict:
         return {"rounds": 500, "message_bytes": BASELINE_MESSAGE_BYTES, "messages": 40}
     round_trip = 2 * link.seconds(PING_BYTES)
     message_bytes = max(4096, int(link.bytes_per_s * MESSAGE_SECONDS))
-    return {"rounds": int(min(500, max(10, seconds / max(round_trip, 1e-5)))), "message_bytes": message_bytes,
+    return {"rounds": int(min(500, max(20, seconds / max(round_trip, 1e-5)))), "message_bytes": message_bytes,
             "messages": int(max(10, seconds / MESSAGE_SECONDS))}
 
 
@@ -126,8 +126,8 @@ def latency_s(path, rank: int, rounds: int) -> float:
     return statistics.median(round_trips) / 2 if rank == 0 else math.nan
 
 
-def bandwidth_bytes_per_s(path, rank: int, message_bytes: int, messages: int, paced: bool, window: int = 4) -> float:
-    """Rank 0 sends `messages` back to back; rank 1 times the gaps between arrivals."""
+def bandwidth_bytes_per_s(path, rank: int, message_bytes: int, messages: int, window: int = 4) -> float:
+    """Rank 0 sends `messages` back to back; rank 1 fits a line through their arrival times."""
     if rank == 0:
         message = path.buffer(message_bytes)
         sends = [path.isend(message, tag=3) for _ in range(messages)]
@@ -147,9 +147,7 @@ def bandwidth_bytes_per_s(path, rank: int, message_bytes: int, messages: int, pa
     done = path.isend(path.buffer(1), tag=4)
     if done is not None:
         done.wait()
-    if paced:
-        return message_bytes / statistics.median(b - a for a, b in zip(arrivals, arrivals[1:]))
-    return (messages - 1) * message_bytes / (arrivals[-1] - arrivals[0])
+    return message_bytes / statistics.linear_regression(range(messages), arrivals).slope
 
 
 def _measure_path(rank: int, world_size: int, path_name: str, links: list, seconds: float, store_dir: str) -> list:
@@ -167,7 +165,7 @@ def _measure_path(rank: int, world_size: int, path_name: str, links: list, secon
                 else DiCommPath(rank, store_dir, path_name, link, index))
         shape = plan(link, seconds)
         one_way = latency_s(path, rank, shape["rounds"])
-        bandwidth = bandwidth_bytes_per_s(path, rank, shape["message_bytes"], shape["messages"], link is not None)
+        bandwidth = bandwidth_bytes_per_s(path, rank, shape["message_bytes"], shape["messages"])
         path.close()
         results.append({"latency_s": one_way, "bandwidth_bytes_per_s": bandwidth, **shape})
     if path_name == "gloo":

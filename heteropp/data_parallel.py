@@ -75,13 +75,9 @@ class StageOptimizer:
         dist.all_reduce(flat, group=self.dp_group)
         _unflat_into(flat, grads)
 
-    def local_grad_square_sum(self, counted: list[bool]) -> torch.Tensor:
-        """Sum of squared gradient elements of the parameters this rank counts for the global norm."""
-        total = torch.zeros((), dtype=torch.float32, device=self.params[0].device if self.params else "cpu")
-        for param, count in zip(self.params, counted):
-            if count:
-                total += param.grad.float().pow(2).sum()
-        return total
+    def grad_norms(self, counted: list[bool]) -> list[torch.Tensor]:
+        """The L2 norm of the gradient of each parameter this rank counts for the global norm."""
+        return [torch.linalg.vector_norm(param.grad) for param, count in zip(self.params, counted) if count]
 
     def step(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -110,7 +106,7 @@ def clip_by_global_norm(norm: torch.Tensor, params: list[nn.Parameter], max_norm
     """Scale `params`' gradients by min(1, max_norm / (norm + 1e-6)), torch's clip_grad_norm_ formula.
 
     `norm` is the norm over every stage and shard (each element counted once in the world; see
-    `local_grad_square_sum`). Returns it as a float.
+    PipelineEngine.step). Returns it as a float.
     """
     if max_norm > 0 and math.isfinite(max_norm):
         coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0).item()  # an fp32 value: same products

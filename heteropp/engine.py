@@ -33,8 +33,8 @@ from heteropp.executor import StageExecutor
 from heteropp.groups import build_groups, check_p2p_backend, check_stage_backend, p2p_needs_host_staging
 from heteropp.p2p import P2P
 from heteropp.resharding import Resharder
-from heteropp.stage import apply_recompute, build_stage
-from heteropp.tensor_parallel import WeightGradStore, apply_tp, check_tp_divides, is_tp_sharded
+from heteropp.stage import apply_recompute, build_stage, model_parameter_name
+from heteropp.tensor_parallel import WeightGradStore, apply_tp, check_tp_divides, is_tp_sharded, split_dim
 from heteropp.topology import Topology
 from heteropp.tracing import SpanRecorder, span
 
@@ -88,8 +88,6 @@ class PipelineEngine:
         if self.config.seq_len > self.model_config.max_seq_len:
             raise UserError(f"{source}: seq_len {self.config.seq_len} exceeds the model's max_seq_len "
                             f"{self.model_config.max_seq_len}")
-        if self.config.dtype != "fp32":
-            raise UserError("HeteroPP runs fp32 only here (bf16 autocast is not wired into stages yet)")
         self.topology = Topology.from_strategy(strategy)
         for stage in self.topology.stages:
             check_tp_divides(self.model_config, stage.tp, f"{source}: field 'stages[{stage.index}].tp'")
@@ -113,6 +111,9 @@ class PipelineEngine:
 
         torch.manual_seed(self.config.seed)
         model = Transformer(self.model_config)
+        # The global gradient norm is taken as torch's clip_grad_norm_ takes it on the whole model:
+        # the norm of every parameter's gradient norm, in the model's parameter order.
+        self.norm_slot = {name: slot for slot, (name, _) in enumerate(model.named_parameters())}
         schedule = options.schedule or strategy.schedule
         self.actions = stage_actions(schedule, self.topology.num_stages, self.config.micro_batches, self.place.stage)
         splits_backward = any(action.kind == "W" for action in self.actions)
@@ -128,7 +129,8 @@ class PipelineEngine:
             self.stage = stage.to(self.device)
         del model
 
-        named = [(name, param) for name, param in stage.named_parameters()]
+        # Parameters go by their names in the whole model, which a checkpoint's shards share.
+        named = [(model_parameter_name(name, self.stage_info.layers), param) for name, param in stage.named_parameters()]
         self.optimizer = StageOptimizer(named, lr=self.config.lr, betas=(self.config.beta1, self.config.beta2),
                                         weight_decay=self.config.weight_decay, dp_group=self.groups.dp,
                                         dp_rank=self.place.dp_index, dp_size=self.stage_info.dp,
@@ -137,13 +139,27 @@ class PipelineEngine:
         # replicated over TP (norm weights) on TP index 0 only.
         self.counted_in_norm = [self.place.dp_index == 0 and (is_tp_sharded(name) or self.place.tp_index == 0)
                                 for name, _ in named]
+        self.counted_slots = torch.tensor([self.norm_slot[name] for (name, _), counted in zip(named, self.counted_in_norm)
+                                           if counted], dtype=torch.long)
         self.p2p = P2P(stage_through_host=p2p_needs_host_staging(options.p2p_backend, self.device.type),
                        link_to=links.to if links is not None and options.p2p_backend == "gloo" else None)
         self.resharder = Resharder(self.topology, self.rank, self.groups, self.p2p, mode=options.resharding)
         activation_shape = (self.stage_info.micro_batch_size, self.config.seq_len, self.model_config.hidden_size)
         self.executor = StageExecutor(self.stage, stage_index=self.place.stage, num_stages=self.topology.num_stages,
                                       resharder=self.resharder, store=self.store, activation_shape=activation_shape,
-                                      prefetch=options.prefetch, device=self.device, recorder=self.recorder)
+                                      prefetch=options.prefetch, device=self.device, recorder=self.recorder,
+                                      autocast=torch.bfloat16 if self.config.dtype == "bf16" else None)
+
+    def parameter_pieces(self) -> list[tuple[str, torch.nn.Parameter, int | None]]:
+        """(name in the whole model, this rank's tensor, the dimension along which TP cuts it or None
+        where this rank holds it whole) for every parameter of the rank's stage."""
+        tp = self.stage_info.tp
+        return [(name, param, split_dim(name) if tp > 1 else None)
+                for name, param in zip(self.optimizer.names, self.optimizer.params)]
+
+    def barrier(self) -> None:
+        """Return once every rank has called this (one all-reduce of a host scalar over all ranks)."""
+        dist.all_reduce(torch.zeros(1), group=self.groups.everyone)
 
     @property
     def chip_label(self) -> str:
@@ -228,17 +244,22 @@ class PipelineEngine:
         with span(self.recorder if self.stage_info.dp > 1 else None, "gradients over dp", "all-reduce",
                   ranks=self.stage_info.dp):
             self.optimizer.reduce_gradients()
-        # One all-reduce over every rank: the squared gradient norm and the bytes sent across stages.
+        # One all-reduce over every rank: each model parameter's squared gradient norm (summed over
+        # its TP pieces, exact in float64 for a whole tensor) and the bytes sent across stages.
         with span(self.recorder, "gradient norm", "all-reduce", ranks=self.topology.world_size):
-            totals = torch.stack([self.optimizer.local_grad_square_sum(self.counted_in_norm).double().cpu(),
-                                  torch.tensor(float(self.p2p.bytes_sent - bytes_before), dtype=torch.float64)])
+            totals = torch.zeros(len(self.norm_slot) + 1, dtype=torch.float64)
+            norms = self.optimizer.grad_norms(self.counted_in_norm)
+            if norms:
+                totals.index_add_(0, self.counted_slots, torch.stack(norms).double().cpu().square())
+            totals[-1] = float(self.p2p.bytes_sent - bytes_before)
             dist.all_reduce(totals, group=self.groups.everyone)
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
         with span(self.recorder, "clip and update", "optimizer"):
-            grad_norm = clip_by_global_norm(totals[0].sqrt().float(), self.optimizer.params, max_norm)
+            global_norm = torch.linalg.vector_norm(totals[:-1].sqrt().float())
+            grad_norm = clip_by_global_norm(global_norm, self.optimizer.params, max_norm)
             self.optimizer.step(lr)
             self.optimizer.zero_grad()
         if self.is_last and self.groups.dp is not None:
             with span(self.recorder, "loss over dp", "all-reduce", ranks=self.stage_info.dp):
                 dist.all_reduce(loss_sum, group=self.groups.dp)
-        return StepResult(loss=loss_sum, grad_norm=grad_norm, cross_stage_bytes=int(totals[1]))
+        return StepResult(loss=loss_sum, grad_norm=grad_norm, cross_stage_bytes=int(totals[-1]))

@@ -11,11 +11,17 @@ The list (from heteropp.schedule, the same one `heteroauto simulate` replays) is
 Receives are waited for only when a compute action uses them. With `prefetch`, the receives listed
 after a compute action and before the next one are posted before that compute starts, so they
 arrive while it runs (the fine-grained overlap of P2P and compute).
+
+With `autocast` (bf16) the stage's forward runs under torch.autocast, as the reference trainer runs
+its model: parameters, optimizer state and the residual stream that crosses stages stay fp32 (the
+master weights), matrix products run in bf16, the loss is computed in fp32.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import contextlib
 
 import torch
 
@@ -41,10 +47,13 @@ class _MicroBatchState:
 class StageExecutor:
     def __init__(self, stage: torch.nn.Module, *, stage_index: int, num_stages: int, resharder: Resharder,
                  store: WeightGradStore | None, activation_shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
-                 prefetch: bool = True, device: torch.device | str = "cpu", recorder: SpanRecorder | None = None):
-        """`recorder`: where each action's span goes when the run is traced (heteropp.tracing)."""
+                 prefetch: bool = True, device: torch.device | str = "cpu", recorder: SpanRecorder | None = None,
+                 autocast: torch.dtype | None = None):
+        """`recorder`: where each action's span goes when the run is traced (heteropp.tracing);
+        `autocast`: the dtype the stage's forward computes in (torch.autocast), None for its own."""
         self.stage, self.index, self.num_stages = stage, stage_index, num_stages
         self.recorder = recorder
+        self.autocast = autocast
         self.resharder, self.store = resharder, store
         self.activation_shape, self.dtype, self.prefetch = activation_shape, dtype, prefetch
         self.device = torch.device(device)
@@ -118,13 +127,19 @@ class StageExecutor:
                 x = state.received_input.wait().requires_grad_()
             state.received_input = None
         with span(self.recorder, f"F{micro_batch}", "forward", micro_batch=micro_batch):
-            output = self.stage(x)
+            with self._compute_precision():
+                output = self.stage(x)
             state.stage_input = x
             if self.is_last:
                 state.stage_output = language_model_loss(output, targets) * loss_scale
                 return state.stage_output.detach()
             state.stage_output = output
         return None
+
+    def _compute_precision(self):
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast)
 
     def _backward(self, state: _MicroBatchState, split_backward: bool, micro_batch: int) -> None:
         if self.is_last:

@@ -92,10 +92,10 @@ class WeightGradStore:
 
     def __init__(self):
         self.deferring = False
-        self._pending: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor]] = []
+        self._pending: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor, torch.dtype | None]] = []
 
-    def defer(self, weight, inputs, grad_output) -> None:
-        self._pending.append((weight, inputs, grad_output))
+    def defer(self, weight, inputs, grad_output, rounding: torch.dtype | None = None) -> None:
+        self._pending.append((weight, inputs, grad_output, rounding))
 
     def take(self) -> list:
         pending, self._pending = self._pending, []
@@ -105,12 +105,21 @@ class WeightGradStore:
     @torch.no_grad()
     def run(pending: list) -> None:
         """Accumulate the deferred weight gradients (the W pass; no graph is recorded)."""
-        for weight, inputs, grad_output in pending:
-            accumulate_grad(weight, _weight_grad(inputs, grad_output))
+        for weight, inputs, grad_output, rounding in pending:
+            accumulate_grad(weight, _rounded(_weight_grad(inputs, grad_output), rounding).to(weight.dtype))
 
 
 def _weight_grad(inputs: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
     return grad_output.reshape(-1, grad_output.shape[-1]).t().mm(inputs.reshape(-1, inputs.shape[-1]))
+
+
+def _rounded(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return tensor if dtype is None else tensor.to(dtype)
+
+
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    device_type = x.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
 def accumulate_grad(param: nn.Parameter, grad: torch.Tensor) -> None:
@@ -121,36 +130,57 @@ def accumulate_grad(param: nn.Parameter, grad: torch.Tensor) -> None:
 
 
 class _Linear(torch.autograd.Function):
+    """F.linear whose weight gradient may be deferred. Under autocast the product runs in the
+    autocast dtype (F.linear casts both operands) and so does the backward, each gradient cast back
+    to its operand's dtype, as autograd does through autocast's casts. With `rounding` (autocast
+    off, `x` already rounded to it) the weight is rounded to `rounding` and the product computed in
+    fp32: a GEMM of `rounding` operands with fp32 accumulation and output; the weight gradient is
+    rounded to `rounding` as autocast's would be."""
+
     @staticmethod
-    def forward(ctx, x, weight, store):
+    def forward(ctx, x, weight, store, rounding=None):
         ctx.save_for_backward(x, weight)
         # The parameter itself: under activation recompute the saved tensors unpack as aliases,
         # and a deferred gradient must land on the parameter the optimizer holds.
-        ctx.parameter, ctx.store = weight, store
-        return F.linear(x, weight)
+        ctx.parameter, ctx.store, ctx.rounding = weight, store, rounding
+        output = F.linear(x, weight if rounding is None else weight.to(rounding).float())
+        ctx.compute_dtype = output.dtype
+        return output
 
     @staticmethod
     def backward(ctx, grad_output):
         x, weight = ctx.saved_tensors
-        grad_input = grad_output.matmul(weight) if ctx.needs_input_grad[0] else None
+        dtype, rounding = ctx.compute_dtype, ctx.rounding
+        operand = weight.to(dtype) if rounding is None else weight.to(rounding).float()
+        grad_input = grad_output.matmul(operand).to(x.dtype) if ctx.needs_input_grad[0] else None
         grad_weight = None
         if ctx.needs_input_grad[1]:
             if ctx.store is not None and ctx.store.deferring:
-                ctx.store.defer(ctx.parameter, x, grad_output)
+                ctx.store.defer(ctx.parameter, x.to(dtype), grad_output, rounding)
             else:
-                grad_weight = _weight_grad(x, grad_output)
-        return grad_input, grad_weight, None
+                grad_weight = _rounded(_weight_grad(x.to(dtype), grad_output), rounding).to(weight.dtype)
+        return grad_input, grad_weight, None, None
 
 
 class ShardLinear(nn.Module):
-    """A bias-free linear holding one shard (or all) of a weight [out, in]."""
+    """A bias-free linear holding one shard (or all) of a weight [out, in]. `partial_sums`: its
+    outputs are partial sums that the TP group adds up (row-parallel); under autocast they are then
+    left unrounded (the operands rounded, the product in fp32, as a low-precision GEMM with fp32
+    output), so the sum is rounded once, after the reduction, as the single-device product is."""
 
-    def __init__(self, weight: torch.Tensor, store: WeightGradStore | None):
+    def __init__(self, weight: torch.Tensor, store: WeightGradStore | None, partial_sums: bool = False):
         super().__init__()
         self.weight = nn.Parameter(weight.detach().clone())
-        self.store = store
+        self.store, self.partial_sums = store, partial_sums
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rounding = _autocast_dtype(x) if self.partial_sums else None
+        if rounding is not None:
+            with torch.autocast(x.device.type, enabled=False):
+                x = x.to(rounding).float()
+                if self.store is None:
+                    return F.linear(x, self.weight.to(rounding).float())
+                return _Linear.apply(x, self.weight, self.store, rounding)
         if self.store is None:  # no split-backward schedule: torch's own linear and backward
             return F.linear(x, self.weight)
         return _Linear.apply(x, self.weight, self.store)
@@ -160,14 +190,17 @@ class ShardLinear(nn.Module):
 
 
 class ParallelBlock(nn.Module):
-    """copy_to_tp -> inner (column- then row-parallel shards) -> reduce_from_tp."""
+    """copy_to_tp -> inner (column- then row-parallel shards) -> reduce_from_tp. The partial sums are
+    reduced in fp32; under autocast the sum is then rounded to the autocast dtype once, where the
+    single-device product is rounded (the row-parallel shards leave their partial sums unrounded)."""
 
     def __init__(self, inner: nn.Module, group):
         super().__init__()
         self.inner, self.group = inner, group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reduce_from_tp(self.inner(copy_to_tp(x, self.group)), self.group)
+        total = reduce_from_tp(self.inner(copy_to_tp(x, self.group)).float(), self.group)
+        return _rounded(total, _autocast_dtype(x)).to(x.dtype)
 
 
 class ColumnParallelHead(nn.Module):
@@ -178,7 +211,9 @@ class ColumnParallelHead(nn.Module):
         self.proj, self.group = ShardLinear(weight, store), group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gather_last_dim(self.proj(copy_to_tp(x, self.group)), self.group)
+        # Gathered in fp32 (exact for bf16 logits): the loss reads them in fp32 anyway, and every
+        # backend gathers fp32.
+        return gather_last_dim(self.proj(copy_to_tp(x, self.group)).float(), self.group)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -231,10 +266,10 @@ def apply_tp(stage: nn.Module, *, tp_index: int, tp_size: int, group, store: Wei
         attn.q_proj = ShardLinear(_rows(attn.q_proj.weight, t, n), store)
         attn.k_proj = ShardLinear(_rows(attn.k_proj.weight, t, n), store)
         attn.v_proj = ShardLinear(_rows(attn.v_proj.weight, t, n), store)
-        attn.o_proj = ShardLinear(_columns(attn.o_proj.weight, t, n), store)
+        attn.o_proj = ShardLinear(_columns(attn.o_proj.weight, t, n), store, partial_sums=group is not None)
         mlp.gate_proj = ShardLinear(_rows(mlp.gate_proj.weight, t, n), store)
         mlp.up_proj = ShardLinear(_rows(mlp.up_proj.weight, t, n), store)
-        mlp.down_proj = ShardLinear(_columns(mlp.down_proj.weight, t, n), store)
+        mlp.down_proj = ShardLinear(_columns(mlp.down_proj.weight, t, n), store, partial_sums=group is not None)
         if group is not None:
             layer.attn = ParallelBlock(attn, group)
             layer.mlp = ParallelBlock(mlp, group)
@@ -243,6 +278,14 @@ def apply_tp(stage: nn.Module, *, tp_index: int, tp_size: int, group, store: Wei
     return stage
 
 
+def split_dim(name: str) -> int | None:
+    """The dimension along which `apply_tp` cuts parameter `name` over the TP group: 0 (rows: the
+    embedding, q/k/v, gate/up, the head), 1 (columns: o, down), None (replicated RMSNorm weights)."""
+    if name.endswith("norm.weight"):
+        return None
+    return 1 if name.endswith(("o_proj.weight", "down_proj.weight")) else 0
+
+
 def is_tp_sharded(name: str) -> bool:
     """Whether the parameter `name` of a TP stage is split across the group (else replicated)."""
-    return not name.endswith("norm.weight")
+    return split_dim(name) is not None

@@ -22,8 +22,9 @@ if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
   echo "[bootstrap] installing torch==$torch_version"
   "${pip[@]}" "torch==$torch_version"
 fi
-build_and_test_deps=(numpy pyyaml "pybind11>=2.12" "scikit-build-core>=0.10" ninja pytest pytest-benchmark hypothesis expecttest matplotlib)
-if ! "$py" -c "import numpy, yaml, pybind11, scikit_build_core, ninja, pytest, pytest_benchmark, hypothesis, expecttest, matplotlib" 2>/dev/null; then
+# grpcio and pyzmq (Di-PS's control and data flow) do not depend on torch.
+build_and_test_deps=(numpy pyyaml "pybind11>=2.12" "scikit-build-core>=0.10" ninja pytest pytest-benchmark hypothesis expecttest matplotlib "grpcio>=1.60" "pyzmq>=25")
+if ! "$py" -c "import numpy, yaml, pybind11, scikit_build_core, ninja, pytest, pytest_benchmark, hypothesis, expecttest, matplotlib, grpc, zmq" 2>/dev/null; then
   echo "[bootstrap] installing build and test dependencies"
   "${pip[@]}" "${build_and_test_deps[@]}"
 fi

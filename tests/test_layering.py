@@ -26,8 +26,10 @@ MAY_IMPORT = {
     "h2.data": ("h2.core",),
     "heteropp.auto": ("h2.core",),
     "heteropp": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm"),
-    "h2.train": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp"),
-    "h2.cli": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "heteropp.auto", "h2.train"),
+    "h2.ps": ("h2.core", "h2.model", "h2.data"),
+    "h2.train": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "h2.ps"),
+    "h2.cli": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "heteropp.auto", "h2.ps",
+               "h2.train"),
     "h2.__main__": ("h2.cli",),
     "h2": (),
 }

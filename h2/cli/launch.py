@@ -34,31 +34,34 @@ KERNEL_SHAPED_ENV = "H2_LINKS_KERNEL_SHAPED"
 _STOP_GRACE_S = 10.0
 
 
-def rank_command(nproc: int, job_path: str, rendezvous: list[str]) -> list[str]:
+def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts: int = 0) -> list[str]:
+    """torchrun restarts every rank of the job up to `max_restarts` times after one fails."""
     return [sys.executable, "-m", "torch.distributed.run", *rendezvous, "--nproc-per-node", str(nproc),
-            "-m", "h2.cli.rank", "--config", job_path]
+            "--max-restarts", str(max_restarts), "-m", "h2.cli.rank", "--config", job_path]
 
 
 def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str,
-           hosts: tuple[int, str] | None = None) -> int:
+           hosts: tuple[int, str] | None = None, max_restarts: int = 0) -> int:
     """Runs the job's ranks until they finish; returns the exit status (the first failure's). With
     `hosts` = (N, HOST:PORT) this host runs 1/N of the ranks and meets the other hosts' torchruns at
-    that rendezvous endpoint (torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT)."""
+    that rendezvous endpoint (torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT).
+    torchrun restarts every rank up to `max_restarts` times after one fails."""
     if hosts is not None and hosts[0] > 1:
         count, endpoint = hosts
         if strategy.world_size % count:
             raise UserError(f"{source}: {strategy.world_size} ranks do not split evenly over --nnodes {count}")
         rendezvous = ["--nnodes", str(count), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                       "--rdzv-id", "h2-" + os.path.basename(source)]
-        return subprocess.call(rank_command(strategy.world_size // count, job_path, rendezvous))
+        return subprocess.call(rank_command(strategy.world_size // count, job_path, rendezvous, max_restarts))
     nodes = nodes_of(rank_locations(strategy, cluster, source)) if cluster is not None else []
+    standalone = rank_command(strategy.world_size, job_path, ["--standalone"], max_restarts)
     if len(nodes) <= 1:
-        return subprocess.call(rank_command(strategy.world_size, job_path, ["--standalone"]))
+        return subprocess.call(standalone)
     missing = netns.missing_requirements()
     if missing:
         print(f"h2: {len(nodes)} emulated nodes on loopback, not network namespaces ({'; '.join(missing)}): "
               f"links paced by the pacing layers only", flush=True)
-        return subprocess.call(rank_command(strategy.world_size, job_path, ["--standalone"]))
+        return subprocess.call(standalone)
     locations = [location for location, _ in nodes]
 
     def bandwidth(i: int, j: int) -> float:
@@ -68,7 +71,7 @@ def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sourc
     with network as emulated:
         print(f"h2: {len(nodes)} emulated nodes in {network.describe()}; bandwidth between nodes shaped by the "
               f"kernel (tc htb), latency by the pacing layers; {describe_nodes(nodes)}", flush=True)
-        return _run_nodes(emulated, [ranks for _, ranks in nodes], job_path)
+        return _run_nodes(emulated, [ranks for _, ranks in nodes], job_path, max_restarts)
 
 
 def describe_nodes(nodes: list[tuple[Location, list[int]]]) -> str:
@@ -76,7 +79,8 @@ def describe_nodes(nodes: list[tuple[Location, list[int]]]) -> str:
                      for k, (location, ranks) in enumerate(nodes))
 
 
-def _run_nodes(emulated: list[netns.EmulatedNode], ranks: list[list[int]], job_path: str) -> int:
+def _run_nodes(emulated: list[netns.EmulatedNode], ranks: list[list[int]], job_path: str,
+               max_restarts: int) -> int:
     endpoint = f"{emulated[0].address}:{RENDEZVOUS_PORT}"
     store = subprocess.Popen(emulated[0].command([sys.executable, "-c", _STORE_SERVER, emulated[0].address,
                                                   str(RENDEZVOUS_PORT)]),
@@ -90,7 +94,8 @@ def _run_nodes(emulated: list[netns.EmulatedNode], ranks: list[list[int]], job_p
                           "--rdzv-id", f"h2-{os.getpid()}", "--rdzv-conf", "is_host=false",
                           "--local-addr", node.address]
             env = {**os.environ, **node.environment(), KERNEL_SHAPED_ENV: "1"}
-            processes.append(subprocess.Popen(node.command(rank_command(len(node_ranks), job_path, rendezvous)),
+            processes.append(subprocess.Popen(node.command(rank_command(len(node_ranks), job_path, rendezvous,
+                                                                       max_restarts)),
                                               env=env, start_new_session=True))
         return _wait_all(processes)
     finally:

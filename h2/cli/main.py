@@ -16,14 +16,16 @@ import sys
 import tempfile
 
 from h2.core import flags
+from h2.core.dips import PSOptions
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 
-JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
-# Options a strategy file fixes (the model and batch shape) or a pipeline run does not have yet.
-NOT_WITH_STRATEGY = ("resume", "overwrite", "dtype", "micro_batch_size", "micro_batches", "model_config", "preset")
+JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions, PSOptions)
+# Options a strategy file fixes (the model and batch shape).
+NOT_WITH_STRATEGY = ("micro_batch_size", "micro_batches", "model_config", "preset")
 # Options that only a pipeline has, with why a single-device run refuses each.
 PIPELINE_ONLY = {"nproc": "a single-device run uses one process",
+                 "max_restarts": "a single-device run has no ranks to restart; --resume continues it",
                  "cluster": "it says which chip each rank of a pipeline runs as and paces its links",
                  "log_every": "a single-device run shows a progress bar",
                  **{name: "it configures the pipeline" for name in flags.field_names([PipelineOptions])
@@ -56,11 +58,12 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     from h2.core.cluster import load_cluster
     from h2.core.devices import resolve_device
     from h2.core.strategy import load_strategy
+    from h2.train.pipeline import pipeline_start
     from heteropp.groups import check_p2p_backend, check_stage_backend
 
     strategy = load_strategy(run.strategy)
     for name in NOT_WITH_STRATEGY:
-        if values.get(name) not in (None, False):
+        if values.get(name) is not None:
             raise UserError(f"{_flag(name)} does not apply with --strategy "
                             f"(the strategy file fixes the model and batch shape)")
     config = flags.build(TrainConfig, values)
@@ -82,12 +85,15 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     nproc = run.nproc or needed
     if nproc != needed:
         raise UserError(f"{run.strategy}: needs {needed} processes (sum of tp * dp over stages), --nproc is {nproc}")
-    rank_run = RunOptions(strategy=run.strategy, out=run.out or "runs/heteropp", cluster=run.cluster)
+    out = run.out or "runs/heteropp"
+    explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
+    pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
+                   source=run.strategy)  # refuses what the ranks would, before any starts
     handle, job_path = tempfile.mkstemp(prefix="h2-job-", suffix=".yaml")
     os.close(handle)
     try:
-        flags.write_job(job_path, rank_run, config, options)
-        return launch(strategy, cluster, job_path, run.strategy, hosts)
+        flags.write_values(job_path, {**values, "strategy": run.strategy, "out": out})
+        return launch(strategy, cluster, job_path, run.strategy, hosts, max_restarts=run.max_restarts or 0)
     finally:
         os.remove(job_path)
 
@@ -102,6 +108,7 @@ def _train(args: argparse.Namespace) -> int:
             raise UserError(f"{_flag(name)} needs --strategy ({reason})")
     from h2.train.trainer import Trainer, summarize_losses
 
+    ps = flags.build(PSOptions, values)
     model_config = _model(run)
     if model_config.name == "h2-100b":
         raise UserError("preset 'h2-100b' is for planning only (103 B parameters); train tiny or small here")
@@ -111,7 +118,11 @@ def _train(args: argparse.Namespace) -> int:
     trainer = Trainer(model_config, config, out_dir, resume=run.resume, overwrite=run.overwrite,
                       explicit=frozenset(options), show_progress=not run.quiet)
     start_step = trainer.step
-    records = trainer.run()
+    if ps.ps:
+        from h2.train.ps_sync import run_with_ps
+        records = run_with_ps(trainer, ps, show_progress=not run.quiet)
+    else:
+        records = trainer.run()
     cfg = trainer.config
     params = sum(p.numel() for p in trainer.model.parameters())
     throughput = (sum(r["tokens"] for r in records) / sum(r["step_time_s"] for r in records)) if records else 0.0
@@ -120,7 +131,7 @@ def _train(args: argparse.Namespace) -> int:
           f"steps {start_step + 1}..{trainer.step}{resumed}; global batch {cfg.global_batch} x {cfg.seq_len} tokens; "
           f"{throughput:,.0f} tokens/s")
     print(summarize_losses(records))
-    print(f"metrics {trainer.metrics.path}; checkpoint {trainer.checkpoints.file_for(trainer.step)}")
+    print(f"metrics {trainer.metrics.path}; checkpoint {trainer.checkpoints.folder(trainer.step)}")
     return 0
 
 
@@ -180,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_flags(train.add_argument_group("run"), RunOptions)
     flags.add_flags(train.add_argument_group("training"), TrainConfig)
     flags.add_flags(train.add_argument_group("pipeline (with --strategy)"), PipelineOptions)
+    flags.add_flags(train.add_argument_group("Di-PS cluster (with --ps)"), PSOptions)
     train.set_defaults(handler=_train)
 
     info = sub.add_parser("model-info", help="parameters, FLOPs and activation memory of a model")
@@ -190,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(handler=_model_info)
 
-    from h2.cli import run
+    from h2.cli import ps, run
+    ps.add_commands(sub)
     run.add_parsers(sub)
     return parser
 

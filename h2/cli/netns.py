@@ -17,6 +17,7 @@ hold no process. Needs root and iproute2 (`ip`, `tc`): `missing_requirements()` 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
@@ -36,14 +37,24 @@ HOSTS_DIR = "/etc/netns"
 _NAMESPACE = re.compile(r"^h2n-(\d+)-(\d+)$")
 
 
+@functools.cache
 def missing_requirements() -> list[str]:
-    """What this machine lacks for network namespaces, one phrase each; empty when nothing is missing."""
+    """What this machine lacks for network namespaces, one phrase each; empty when nothing is missing.
+    As root with iproute2 it creates and deletes one namespace (a container may forbid it)."""
     missing = []
     if os.geteuid() != 0:
         missing.append(f"not root (uid {os.geteuid()})")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             missing.append(f"'{tool}' (iproute2) not found")
+    if not missing:
+        probe = f"h2n-{os.getpid()}-probe"
+        created = _run(["ip", "netns", "add", probe], check=False)
+        if created.returncode != 0:
+            reason = (created.stderr.strip().splitlines() or ["no reason given"])[0]
+            missing.append(f"cannot create a network namespace: {reason}")
+        else:
+            _run(["ip", "netns", "delete", probe], check=False)
     return missing
 
 

@@ -3,12 +3,18 @@ MASTER_PORT):
 
     torchrun --standalone --nproc-per-node 4 -m h2.cli.rank --config job.yaml
     torchrun --standalone --nproc-per-node 4 -m h2.cli.rank --strategy S.yaml --steps 20 --out runs/pp
+    torchrun --standalone --nproc-per-node 4 --max-restarts 1 -m h2.cli.rank --strategy S.yaml --out runs/pp
 
-`h2 train --strategy` writes the resolved job to a file and passes only `--config`; by hand, the flags
-of `h2 train` work here too and override the file. The strategy's stages need the sum of tp * dp over
-stages processes. Only the first rank of the last stage writes metrics.jsonl and stage_report.json
-(per stage: peak device memory, emulated kernel time and how much of it the host made late) and
-prints progress; rank 0 prints the topology.
+`h2 train --strategy` writes the options the user gave to a job file and passes only `--config`; by
+hand, the flags of `h2 train` work here too and override the file. The strategy's stages need the
+sum of tp * dp over stages processes. Only the first rank of the last stage writes metrics.jsonl and
+stage_report.json (per stage: peak device memory, emulated kernel time and how much of it the host made
+late, host CPU spent in steps) and prints progress; rank 0 prints the topology. Every rank writes its checkpoint shard (h2.train.pipeline).
+
+Every rank watches the others (h2.train.watchdog): a rank that dies or stops responding for
+`--rank-timeout` seconds ends every other rank, each with one line naming it, its stage and chip.
+When torchrun restarts the job after such a failure (`--max-restarts`), the ranks continue from the
+job's last checkpoint, or start over if it has none yet.
 
 With `--cluster C` each rank runs as its stage's chip type of C: a chip with an `emulation:` section
 is emulated on the dipu device (its vendor profile is written to OUT/emulated-chips/), after the
@@ -28,18 +34,23 @@ import sys
 from datetime import timedelta
 
 from h2.core import flags
+from h2.core.dips import PSOptions
 from h2.core.errors import ArgumentParser, UserError, one_line, run_cli
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 
-JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions)
+JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions, PSOptions)
+# Set in torchrun's store once this job has made its output folder its own: a restarted attempt
+# continues from there instead of applying the fresh-run rule again.
+FOLDER_PREPARED = "h2/job/folder-prepared"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="h2.cli.rank", description="One rank of a HeteroPP pipeline job (launch with torchrun).")
     parser.add_argument("--config", metavar="YAML", help="the job file (h2 train --strategy writes one); flags override it")
-    flags.add_flags(parser.add_argument_group("run"), RunOptions, exclude=("resume", "overwrite", "quiet", "nproc"))
+    flags.add_flags(parser.add_argument_group("run"), RunOptions, exclude=("quiet", "nproc", "max_restarts"))
     flags.add_flags(parser.add_argument_group("training"), TrainConfig)
     flags.add_flags(parser.add_argument_group("pipeline"), PipelineOptions)
+    flags.add_flags(parser.add_argument_group("Di-PS cluster"), PSOptions)
     return parser
 
 
@@ -61,6 +72,21 @@ def _print_progress(record: dict, topology, memory: list[dict]) -> None:
           + (f" peak MB per stage {peaks}" if peaks else ""), flush=True)
 
 
+def rank_names(topology):
+    """'rank 3 (stage 1, chip B)' for every rank of `topology`."""
+    def describe(rank: int) -> str:
+        stage = topology.stages[topology.place(rank).stage]
+        return f"rank {rank} (stage {stage.index}, chip {stage.chip})"
+    return describe
+
+
+def _is_communication_error(error: BaseException) -> bool:
+    """Errors a collective raises when a peer is gone (gloo: 'Connection closed by peer', timeouts)."""
+    import torch.distributed as dist
+
+    return isinstance(error, (dist.DistError, RuntimeError)) and not isinstance(error, UserError)
+
+
 @run_cli("h2.cli.rank")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -78,11 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     from h2.core.links import RankLinks, describe_stage_links
     from h2.core.strategy import load_strategy
     from h2.train.pipeline import PipelineTrainer
+    from h2.train.watchdog import RankWatchdog
     from heteropp.groups import check_p2p_backend, check_stage_backend
+    from heteropp.topology import Topology
 
     strategy = load_strategy(run.strategy)
     config = flags.build(TrainConfig, values)
     options = flags.build(PipelineOptions, values)
+    explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
     check_p2p_backend(options.p2p_backend)
     check_stage_backend(options.stage_backend)
     if not os.environ.get("WORLD_SIZE"):
@@ -100,26 +129,52 @@ def main(argv: list[str] | None = None) -> int:
         links = RankLinks.for_strategy(strategy, cluster, int(os.environ["RANK"]),
                                        kernel_shaped=os.environ.get(KERNEL_SHAPED_ENV) == "1")
     torch.set_num_threads(options.threads)
-    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
+    describe = rank_names(Topology.from_strategy(strategy))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    timeout = timedelta(seconds=options.rank_timeout)
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    # torchrun's agent keeps one store across restarts: a restarted attempt must not read the
+    # addresses the previous attempt's ranks published there.
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"h2/attempt/{attempt}/", store), rank=rank,
+                            world_size=world_size, timeout=timeout)
+    watchdog = RankWatchdog.connect(rank, world_size, timeout_s=options.rank_timeout, describe=describe,
+                                    attempt=attempt).start()
     try:
+        restarted = attempt > 0 and watchdog.store.check([FOLDER_PREPARED])
         trainer = PipelineTrainer(strategy, config, out, options, source=run.strategy, links=links,
-                                  chip_labels=labels)
+                                  chip_labels=labels, resume=run.resume, overwrite=run.overwrite,
+                                  restarted=restarted, explicit=explicit)
+        if trainer.writes_metrics:
+            watchdog.store.set(FOLDER_PREPARED, "1")
         if trainer.rank == 0:
             print(trainer.topology.describe(default_device=trainer.config.device, chip_labels=labels), flush=True)
             if links is not None:
                 print(describe_stage_links(strategy, links), flush=True)
-        records = []
-        while trainer.step < trainer.config.steps:
-            record = trainer.train_step()
-            records.append(record)
+            if trainer.resumed_from is not None:
+                how = ("re-sharded from another strategy" if trainer.resharded else "same strategy")
+                print(f"resuming from step {trainer.step} ({trainer.resumed_from.folder}, {how})", flush=True)
+        ps = flags.build(PSOptions, values)
+
+        def show(record: dict) -> None:
             if record["step"] % options.log_every == 0 or record["step"] == trainer.config.steps:
                 memory = trainer.engine.device_report()  # a collective: every rank takes part
                 if trainer.writes_metrics:
                     _print_progress(record, trainer.topology, memory)
+
+        if ps.ps:
+            from h2.train.ps_pipeline import run_pipeline_with_ps
+            records = run_pipeline_with_ps(trainer, ps, on_step=show)
+        else:
+            records = []
+            while trainer.step < trainer.config.steps:
+                records.append(trainer.train_step())
+                show(records[-1])
         report = trainer.stage_report()
         trace = trainer.engine.write_trace()
         if trace is not None and trainer.rank == 0:
             print(f"trace of every rank in {os.path.dirname(trace)} (rank-<r>.json)", flush=True)
+        watchdog.stop()
+        trainer.engine.barrier()  # no rank leaves (and takes a store or a peer with it) before all are done
         if trainer.writes_metrics and records:
             tokens = sum(r["tokens"] for r in records)
             seconds = sum(r["step_time_s"] for r in records)
@@ -128,8 +183,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"metrics {trainer.metrics.path}", flush=True)
             _print_stage_report(report, labels or {}, trainer.elapsed_s)
     except torch.OutOfMemoryError as error:
+        watchdog.report(f"{describe(rank)} failed: {one_line(error)}")
         print(f"h2.cli.rank: error: {one_line(error)}", file=sys.stderr, flush=True)
         return 1
+    except Exception as error:
+        if _is_communication_error(error):
+            watchdog.stop_on_loss(within_s=options.rank_timeout)  # names the lost rank and exits, if one is
+        watchdog.report(f"{describe(rank)} failed: {one_line(error)}")
+        raise
     finally:
         dist.destroy_process_group()
     return 0

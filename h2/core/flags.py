@@ -105,11 +105,22 @@ def build(config: type, values: dict[str, Any]):
     return config(**{name: value for name, value in values.items() if name in names})
 
 
-def write_job(path: str | os.PathLike, *instances) -> None:
-    """Write the given config instances as one flat job file (read back by `job_values`)."""
+def write_values(path: str | os.PathLike, values: dict[str, Any]) -> None:
+    """Write option values (field name -> value, such as `job_values` and `given` return) as a job file:
+    read back, exactly these count as given, the others take their defaults there."""
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(dict(values), handle, sort_keys=False)
+
+
+def write_job(path: str | os.PathLike, *instances, exclude: Iterable[str] = ()) -> None:
+    """Write the given config instances as one flat job file (read back by `job_values`). Options left
+    unset (None), and those named in `exclude`, are left out, so that reading the file back does not
+    count them as given."""
     data: dict[str, Any] = {}
+    skipped = set(exclude)
     for instance in instances:
         for f in _flag_fields(type(instance)):
-            data[f.name] = getattr(instance, f.name)
+            if getattr(instance, f.name) is not None and f.name not in skipped:
+                data[f.name] = getattr(instance, f.name)
     with open(path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(data, handle, sort_keys=False)

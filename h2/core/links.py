@@ -119,11 +119,11 @@ def _override_from_mapping(data, where: str, extra: tuple[str, ...] = ()) -> Lin
     if unknown:
         raise UserError(f"{where}: unknown field '{unknown[0]}' (known: {', '.join(_LINK_FIELDS + extra)})")
     values = {name: _number(data[name], f"{where}: field '{name}'") for name in _LINK_FIELDS if name in data}
-    check_link_values(where, **values)
+    _check_link_values(where, **values)
     return LinkOverride(**values)
 
 
-def check_link_values(where: str, bandwidth_gbps: float | None = None, latency_us: float | None = None) -> None:
+def _check_link_values(where: str, bandwidth_gbps: float | None = None, latency_us: float | None = None) -> None:
     """A bandwidth must be positive and finite, a latency finite and not negative; else a UserError
     naming `where` and the field."""
     if bandwidth_gbps is not None and not (bandwidth_gbps > 0 and math.isfinite(bandwidth_gbps)):

@@ -104,6 +104,9 @@ class PipelineOptions:
     log_every: int = option(1, "print a metrics line every N steps")
     trace: str | None = option(None, "write a Chrome/Perfetto trace of every rank's spans (forward, backward, "
                                      "recompute, send, recv, all-reduce) to DIR/rank-<r>.json", metavar="DIR")
+    rank_timeout: float = option(
+        300.0, "seconds after which a rank that stopped responding (or a collective that did not complete) "
+               "counts as lost: every other rank stops, naming it; a rank that died is named at once")
 
     def __post_init__(self) -> None:
         for name, choices in (("p2p_backend", P2P_BACKENDS), ("stage_backend", STAGE_BACKENDS),
@@ -116,6 +119,8 @@ class PipelineOptions:
         for name in ("threads", "log_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not self.rank_timeout > 0:
+            raise UserError(f"--rank-timeout must be positive, got {self.rank_timeout}")
 
 
 @dataclass
@@ -135,6 +140,9 @@ class RunOptions:
                              metavar="DIR")
     resume: bool = option(False, "continue from the latest checkpoint in --out")
     overwrite: bool = option(False, "start over in an --out that holds an earlier run")
+    max_restarts: int | None = option(
+        None, "with --strategy: after a rank fails, restart the job's ranks from the last checkpoint up to N "
+              "times (torchrun's elastic restarts)", default_text="0")
     quiet: bool = option(False, "no progress bar")
 
     def __post_init__(self) -> None:
@@ -142,5 +150,7 @@ class RunOptions:
             raise UserError("give a model as --preset or as --model-config, not both")
         if self.nproc is not None and self.nproc < 1:
             raise UserError(f"--nproc must be at least 1, got {self.nproc}")
+        if self.max_restarts is not None and self.max_restarts < 0:
+            raise UserError(f"--max-restarts must be at least 0, got {self.max_restarts}")
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite exclude each other")

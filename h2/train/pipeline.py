@@ -1,8 +1,15 @@
-"""The training loop of one HeteroPP rank: data, learning-rate schedule and metrics around the
-runtime's PipelineEngine (heteropp.engine), which owns the stage, its groups and one optimizer step.
+"""The training loop of one HeteroPP rank: data, learning-rate schedule, metrics and checkpoints around
+the runtime's PipelineEngine (heteropp.engine), which owns the stage, its groups and one optimizer step.
 
 Only the first rank of the last stage writes `metrics.jsonl` (the reference trainer's format plus
-`cross_stage_bytes`).
+`cross_stage_bytes`). Checkpoints are the reference trainer's format (h2.train.checkpoint): every
+rank writes its shard (its stage's parameters, TP pieces named as in the whole model, the optimizer
+state it owns, ZeRO-1 shards included, and its RNG states); once all are on disk rank 0 completes
+the checkpoint with the manifest (strategy, step, data position, hyper-parameters). The output
+folder follows the reference trainer's rule (h2.train.run_state). A resumed run under the same
+strategy continues bit for bit; under another strategy with the same model, sequence length and
+global batch (layers moved between stages, other TP or DP sizes, ZeRO-1 on or off) each rank
+assembles its pieces from the old shards; anything else is refused in one line.
 """
 
 from __future__ import annotations
@@ -12,39 +19,143 @@ import math
 import os
 import time
 
+import torch
+
+from h2.core.errors import UserError
 from h2.core.links import RankLinks
-from h2.core.training import PipelineOptions, TrainConfig
+from h2.core.training import TRAJECTORY_FIELDS, PipelineOptions, TrainConfig
 from h2.data import SequenceStream, load_stdlib_corpus
 from h2.data.corpus import Corpus
+from h2.train.checkpoint import (Checkpoint, cut, json_value, load_optimizer_state_by_name, optimizer_state_by_name,
+                                 piece_layout, rng_state, set_rng_state)
 from h2.train.lr_schedule import learning_rate
-from h2.train.metrics import MetricsLog
-from heteropp.engine import PipelineEngine
+from h2.train.run_state import PIPELINE, RunStart
+from heteropp.engine import PipelineEngine, train_config_for
+
+# The strategy fixes the batch shape; a resumed pipeline keeps the other hyper-parameters.
+PIPELINE_TRAJECTORY = tuple(name for name in TRAJECTORY_FIELDS if name not in ("micro_batch_size", "micro_batches"))
+
+
+def _check_batch_shape(strategy, config: TrainConfig, checkpoint: Checkpoint, source: str) -> None:
+    """A resumed pipeline must draw the same sequences per step as the run it continues."""
+    saved = checkpoint.manifest
+    seq_len = train_config_for(strategy, config).seq_len
+    if seq_len != saved["seq_len"]:
+        raise UserError(f"{source}: seq_len {seq_len} differs from the checkpoint's {saved['seq_len']} "
+                        f"({checkpoint.folder}); a resumed run keeps its sequence length")
+    global_batch = strategy.micro_batch_sequences * strategy.micro_batches
+    if global_batch != saved["global_batch"]:
+        raise UserError(f"{source}: a step of {global_batch} sequences (dp * micro_batch_size * micro_batches = "
+                        f"{strategy.dp} * {strategy.micro_batch_size} * {strategy.micro_batches}) differs from the "
+                        f"checkpoint's {saved['global_batch']} ({checkpoint.folder}); a resumed run keeps its batch")
+
+
+def pipeline_start(strategy, config: TrainConfig, out_dir: str, *, resume: bool = False, overwrite: bool = False,
+                   restarted: bool = False, explicit: frozenset[str] = frozenset(),
+                   source: str = "strategy") -> tuple[RunStart, TrainConfig]:
+    """Where a pipeline run starts in `out_dir` and the config it runs with, every refusal made
+    (h2.train.run_state); nothing in the folder has changed yet. `restarted`: this job's ranks were
+    restarted after a failure."""
+    start = RunStart(out_dir, resume=resume, overwrite=overwrite, restarted=restarted)
+    start.check_continues(PIPELINE, strategy.model_config(source))
+    config = start.adopt_trajectory(config, explicit, PIPELINE_TRAJECTORY)
+    if start.checkpoint is not None:
+        _check_batch_shape(strategy, config, start.checkpoint, source)
+    return start, config
 
 
 class PipelineTrainer:
     def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
                  corpus: Corpus | None = None, source: str = "strategy", links: RankLinks | None = None,
-                 chip_labels: dict[str, str] | None = None):
+                 chip_labels: dict[str, str] | None = None, *,
+                 resume: bool = False, overwrite: bool = False, restarted: bool = False,
+                 explicit: frozenset[str] = frozenset()):
+        """`out_dir` None: no metrics, no checkpoints (benchmarks); the other keywords: `pipeline_start`."""
+        start = None
+        if out_dir is not None:
+            start, config = pipeline_start(strategy, config, out_dir, resume=resume, overwrite=overwrite,
+                                           restarted=restarted, explicit=explicit, source=source)
+        checkpoint = start.checkpoint if start else None
+        self.strategy = strategy
         self.engine = PipelineEngine(strategy, config, options, source=source, links=links, chip_labels=chip_labels)
         self.config = self.engine.config
         self.model_config = self.engine.model_config
         self.topology, self.rank = self.engine.topology, self.engine.rank
         self.writes_metrics = self.engine.reports_loss
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), self.config.seq_len, seed=self.config.seed)
+        self.out_dir = out_dir
         self.step, self.elapsed_s = 0, 0.0
         self.host_cpu_s = 0.0           # this process's CPU time inside steps: the host work its chip needed
-        self.metrics = None
-        if self.writes_metrics and out_dir is not None:
-            os.makedirs(out_dir, exist_ok=True)
-            self.metrics = MetricsLog(out_dir)
-            self.metrics.reset()
+        self.data_partition = (0, 1)  # (index, count): a Di-PS cluster reads its own part of every batch
+        self.checkpoints = start.checkpoints if start else None
+        self.metrics = start.metrics if start and self.writes_metrics else None
+        self.resumed_from, self.resharded = checkpoint, False
+        self._layouts = {name: piece_layout(dim, self.engine.place.tp_index, self.engine.stage_info.tp)
+                         if dim is not None else piece_layout(None)
+                         for name, _, dim in self.engine.parameter_pieces()}
+        self._parameter_names = {id(param): name for name, param, _ in self.engine.parameter_pieces()}
+        if checkpoint is not None:
+            self._restore(checkpoint)
+        if start is not None and self.writes_metrics:
+            start.prepare()
 
+    # ---- checkpoints -----------------------------------------------------------------------
+    def _same_layout(self, checkpoint: Checkpoint) -> bool:
+        return checkpoint.manifest.get("strategy") == json_value(self.strategy.to_dict())
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        with torch.no_grad():
+            for name, param, _ in self.engine.parameter_pieces():
+                param.copy_(cut(checkpoint.parameter(name), self._layouts[name]))
+
+        def owned_state(name: str) -> dict:
+            return {key: cut(value, self._layouts[name]) if torch.is_tensor(value) and value.dim() else value
+                    for key, value in checkpoint.optimizer_state(name).items()}
+
+        load_optimizer_state_by_name(self.engine.optimizer.optimizer, self._parameter_names, owned_state)
+        self.stream.load_state_dict(checkpoint.manifest["data"])
+        self.step, self.elapsed_s = checkpoint.step, float(checkpoint.manifest["elapsed_s"])
+        if self._same_layout(checkpoint):
+            set_rng_state(checkpoint.shard(self.rank)["rng"])
+        else:  # no rank of the old layout corresponds to this one: a seeded stream of its own
+            self.resharded = True
+            torch.manual_seed(self.config.seed + 1_000_003 * (self.step + 1) + self.rank)
+
+    def _shard(self) -> dict:
+        parameters = {name: param.detach() for name, param, _ in self.engine.parameter_pieces()}
+        place = self.engine.place
+        return {"place": {"rank": self.rank, "stage": place.stage, "dp_index": place.dp_index,
+                          "tp_index": place.tp_index},
+                "parameters": parameters, "layout": self._layouts,
+                "optimizer": optimizer_state_by_name(self.engine.optimizer.optimizer, self._parameter_names),
+                "rng": rng_state()}
+
+    def _manifest(self) -> dict:
+        return {"kind": PIPELINE, "step": self.step, "elapsed_s": self.elapsed_s,
+                "world_size": self.topology.world_size, "model_config": self.model_config.to_dict(),
+                "train_config": self.config.to_dict(), "data": self.stream.state_dict(),
+                "global_batch": self.engine.global_batch, "seq_len": self.config.seq_len,
+                "strategy": json_value(self.strategy.to_dict()),
+                "optimizer_sharding": self.engine.options.optimizer_sharding,
+                "ranks": [{"rank": rank, "stage": place.stage, "chip": self.topology.stages[place.stage].chip,
+                           "dp_index": place.dp_index, "tp_index": place.tp_index}
+                          for rank, place in ((r, self.topology.place(r)) for r in range(self.topology.world_size))]}
+
+    def save_checkpoint(self) -> None:
+        """Every rank writes its shard; once all are on disk, rank 0 writes the manifest (the commit)."""
+        self.checkpoints.write_shard(self.step, self.rank, self._shard())
+        self.engine.barrier()
+        if self.rank == 0:
+            self.checkpoints.commit(self.step, self._manifest(), keep=self.config.keep_checkpoints)
+
+    # ---- the loop --------------------------------------------------------------------------
     def train_step(self) -> dict:
         config = self.config
         started, cpu_started = time.perf_counter(), time.process_time()
         lr = learning_rate(self.step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
                            decay_steps=config.lr_decay_steps)
-        result = self.engine.step(self.stream.next_batch(self.engine.global_batch), lr)
+        index, count = self.data_partition
+        result = self.engine.step(self.stream.next_batch(self.engine.global_batch * count, index, count), lr)
         step_time = time.perf_counter() - started
         self.host_cpu_s += time.process_time() - cpu_started
         self.step += 1
@@ -55,6 +166,9 @@ class PipelineTrainer:
                   "elapsed_s": self.elapsed_s, "cross_stage_bytes": result.cross_stage_bytes}
         if self.metrics is not None:
             self.metrics.append(record)
+        every = config.checkpoint_every
+        if self.checkpoints is not None and (self.step == config.steps or (every and self.step % every == 0)):
+            self.save_checkpoint()
         return record
 
     def stage_report(self) -> list[dict]:
@@ -76,4 +190,3 @@ class PipelineTrainer:
                 raise FloatingPointError(f"loss became {record['loss']} at step {record['step']}")
             records.append(record)
         return records
-

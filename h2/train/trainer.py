@@ -5,9 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
-import random
-import sys
 import time
 
 import numpy as np
@@ -18,12 +15,13 @@ from h2.data.corpus import Corpus
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from h2.model.transformer import Transformer, language_model_loss
-from h2.train.checkpoint import CheckpointDir
-from h2.core.training import TRAJECTORY_FIELDS, TrainConfig
+from h2.train.checkpoint import (load_optimizer_state_by_name, optimizer_state_by_name, piece_layout, rng_state,
+                                 set_rng_state)
+from h2.core.training import TrainConfig
 from h2.core.devices import resolve_device
 from h2.train.lr_schedule import learning_rate
-from h2.train.metrics import MetricsLog
 from h2.train.progress import ProgressBar
+from h2.train.run_state import SINGLE_DEVICE, RunStart
 
 
 def build_adamw(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
@@ -35,52 +33,16 @@ def build_adamw(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
 
 
-def _prepare_out_dir(out_dir: str) -> None:
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        probe = os.path.join(out_dir, f".write_test.{os.getpid()}")
-        with open(probe, "w") as handle:
-            handle.write("ok")
-        os.remove(probe)
-    except OSError as error:
-        raise UserError(f"output folder '{out_dir}' is not writable ({error.strerror or error})") from None
-
-
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 class Trainer:
     def __init__(self, model_config: ModelConfig, config: TrainConfig, out_dir: str, *,
                  resume: bool = False, overwrite: bool = False, explicit: frozenset[str] = frozenset(),
                  corpus: Corpus | None = None, show_progress: bool = True):
-        _prepare_out_dir(out_dir)
         self.out_dir = out_dir
-        self.checkpoints = CheckpointDir(out_dir)
-        self.metrics = MetricsLog(out_dir)
-        if not resume and self.checkpoints.steps():
-            if not overwrite:
-                raise UserError(f"output folder '{out_dir}' holds checkpoints of an earlier run: "
-                                f"pass --resume to continue it or --overwrite to start over")
-            self.checkpoints.remove_all()
+        start = RunStart(out_dir, resume=resume, overwrite=overwrite)
+        start.check_continues(SINGLE_DEVICE, model_config)
+        config = start.adopt_trajectory(config, explicit)
+        self.checkpoints, self.metrics = start.checkpoints, start.metrics
         self.show_progress = show_progress
-        checkpoint = self.checkpoints.load_latest() if resume else None
-        if checkpoint is not None:
-            config = self._adopt_trajectory(config, checkpoint, explicit)
-            if checkpoint["model_config"] != model_config.to_dict():
-                raise UserError(f"{self.checkpoints.path}: checkpoint was trained with model "
-                                f"'{checkpoint['model_config']['name']}', which differs from '{model_config.name}'")
         if config.lr_decay_steps is None:
             config = dataclasses.replace(config, lr_decay_steps=config.steps)
         if config.seq_len is None:
@@ -93,42 +55,38 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.model = Transformer(model_config).to(self.device)
         self.optimizer = build_adamw(self.model, config)
+        self.parameter_names = {id(param): name for name, param in self.model.named_parameters()}
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), config.seq_len, seed=config.seed)
         self.step, self.elapsed_s = 0, 0.0
-        if checkpoint is not None:
-            self._restore(checkpoint)
-            self.metrics.truncate_after(self.step)
-        else:
-            self.metrics.reset()
+        self.data_partition = (0, 1)  # (index, count): a Di-PS cluster reads its own part of every batch
+        if start.checkpoint is not None:
+            self._restore(start.checkpoint)
+        start.prepare()
 
-    @staticmethod
-    def _adopt_trajectory(config: TrainConfig, checkpoint: dict, explicit: frozenset[str]) -> TrainConfig:
-        saved = checkpoint["train_config"]
-        for name in TRAJECTORY_FIELDS:
-            if name in explicit and getattr(config, name) != saved[name]:
-                raise UserError(f"--{name.replace('_', '-')} {getattr(config, name)} differs from the checkpoint's "
-                                f"{saved[name]}; a resumed run keeps its hyper-parameters")
-        return dataclasses.replace(config, **{name: saved[name] for name in TRAJECTORY_FIELDS})
+    def _restore(self, checkpoint) -> None:
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                param.copy_(checkpoint.parameter(name))
+        load_optimizer_state_by_name(self.optimizer, self.parameter_names, checkpoint.optimizer_state)
+        self.stream.load_state_dict(checkpoint.manifest["data"])
+        set_rng_state(checkpoint.shard(0)["rng"])
+        self.step = checkpoint.step
+        self.elapsed_s = checkpoint.manifest["elapsed_s"]
 
-    def _restore(self, checkpoint: dict) -> None:
-        self.model.load_state_dict(checkpoint["model"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.stream.load_state_dict(checkpoint["data"])
-        _set_rng_state(checkpoint["rng"])
-        self.step = checkpoint["step"]
-        self.elapsed_s = checkpoint["elapsed_s"]
+    def _shard(self) -> dict:
+        parameters = {name: param.detach() for name, param in self.model.named_parameters()}
+        return {"parameters": parameters, "layout": {name: piece_layout(None) for name in parameters},
+                "optimizer": optimizer_state_by_name(self.optimizer, self.parameter_names), "rng": rng_state()}
 
-    def _state(self) -> dict:
-        return {"step": self.step, "elapsed_s": self.elapsed_s, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "data": self.stream.state_dict(),
-                "lr_schedule": {"step": self.step, "lr": self.config.lr, "min_lr": self.config.min_lr,
-                                "warmup_steps": self.config.warmup_steps,
-                                "decay_steps": self.config.lr_decay_steps},
-                "rng": _rng_state(), "model_config": self.model_config.to_dict(),
-                "train_config": self.config.to_dict()}
+    def _manifest(self) -> dict:
+        return {"kind": SINGLE_DEVICE, "step": self.step, "elapsed_s": self.elapsed_s, "world_size": 1,
+                "model_config": self.model_config.to_dict(), "train_config": self.config.to_dict(),
+                "data": self.stream.state_dict(), "global_batch": self.config.global_batch,
+                "seq_len": self.config.seq_len}
 
     def save_checkpoint(self) -> str:
-        return self.checkpoints.save(self.step, self._state(), keep=self.config.keep_checkpoints)
+        self.checkpoints.write_shard(self.step, 0, self._shard())
+        return self.checkpoints.commit(self.step, self._manifest(), keep=self.config.keep_checkpoints)
 
     def _autocast(self):
         if self.config.dtype == "bf16":
@@ -142,7 +100,8 @@ class Trainer:
                            warmup_steps=config.warmup_steps, decay_steps=config.lr_decay_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batch = self.stream.next_batch(config.global_batch)
+        index, count = self.data_partition
+        batch = self.stream.next_batch(config.global_batch * count, index, count)
         loss_sum = torch.zeros((), device=self.device)
         for micro_batch in batch.split(config.micro_batch_size):
             inputs = micro_batch[:, :-1].to(self.device, non_blocking=True)

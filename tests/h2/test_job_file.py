@@ -75,6 +75,13 @@ def test_a_written_job_reads_back_to_the_same_configs(tmp_path):
     assert flags.build(PipelineOptions, values) == options
 
 
+def test_a_written_job_leaves_unset_options_out(tmp_path):
+    path = tmp_path / "job.yaml"
+    flags.write_job(path, TrainConfig(seq_len=None, lr=0.01))
+    values = flags.job_values(path, (TrainConfig,))
+    assert "seq_len" not in values and values["lr"] == 0.01
+
+
 def test_job_values_refuse_a_file_that_is_not_a_mapping(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("- steps\n")

@@ -148,8 +148,15 @@ def test_a_bad_link_field_is_one_error_naming_file_and_field(cluster_file, links
         load_cluster(cluster_file(links))
 
 
-def test_a_negative_chip_latency_is_refused_naming_the_chip(tmp_path):
+@pytest.mark.parametrize("old, new, error", [
+    pytest.param("latency_us: 5", "latency_us: -5", "field 'latency_us' must not be negative", id="negative_latency"),
+    pytest.param("inter_node_gbps: 10", "inter_node_gbps: -10", "field 'inter_node_gbps' must be positive",
+                 id="negative_inter_node_bandwidth"),
+    pytest.param("intra_node_gbps: 100", "intra_node_gbps: 0", "field 'intra_node_gbps' must be positive",
+                 id="zero_intra_node_bandwidth"),
+])
+def test_a_bad_chip_link_field_is_refused_naming_the_chip(tmp_path, old, new, error):
     path = tmp_path / "c.yaml"
-    path.write_text(f"chips: [{FAST.replace('latency_us: 5', 'latency_us: -5')}]\n")
-    with pytest.raises(UserError, match=r"c.yaml: chip 'F': field 'latency_us' must not be negative"):
+    path.write_text(f"chips: [{FAST.replace(old, new)}]\n")
+    with pytest.raises(UserError, match=f"c.yaml: chip 'F': {error}"):
         load_cluster(str(path))

@@ -1,5 +1,7 @@
+import dataclasses
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -46,14 +48,14 @@ def test_two_n_steps_equal_n_steps_resume_n_more(tmp_path, corpus):
 
 def test_resume_discards_metrics_logged_after_the_checkpoint(tmp_path, corpus):
     run(tmp_path, corpus, steps=6, checkpoint_every=3, keep_checkpoints=5)
-    os.remove(tmp_path / "checkpoints" / "step_00000006.pt")
-    (tmp_path / "checkpoints" / "latest").write_text("step_00000003.pt\n")
+    shutil.rmtree(tmp_path / "checkpoints" / "step_00000006")
+    (tmp_path / "checkpoints" / "latest").write_text("step_00000003\n")
     trainer, _ = run(tmp_path, corpus, resume=True, steps=3)
     assert trainer.step == 3
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("fail_on_call", [1, 2])
+@pytest.mark.parametrize("fail_on_call", [1, 2, 3])  # the shard's rename, the manifest's, the pointer's
 def test_interrupted_checkpoint_write_leaves_the_previous_one_loadable(tmp_path, corpus, monkeypatch, fail_on_call):
     trainer, _ = run(tmp_path, corpus, steps=2)
     calls = []
@@ -70,15 +72,14 @@ def test_interrupted_checkpoint_write_leaves_the_previous_one_loadable(tmp_path,
     with pytest.raises(KeyboardInterrupt):
         trainer.save_checkpoint()
     monkeypatch.undo()
-    state = checkpoint_module.CheckpointDir(str(tmp_path)).load_latest()
-    assert state["step"] == 2
-    assert not [name for name in os.listdir(tmp_path / "checkpoints") if ".tmp." in name]
+    assert checkpoint_module.CheckpointDir(str(tmp_path)).load_latest().step == 2
+    assert not [path for path in (tmp_path / "checkpoints").rglob("*") if ".tmp." in path.name]
 
 
 def test_torn_checkpoint_file_is_reported_not_crashed_on(tmp_path, corpus):
     run(tmp_path, corpus, steps=2)
-    (tmp_path / "checkpoints" / "step_00000002.pt").write_bytes(b"PK\x03\x04 torn")
-    with pytest.raises(UserError, match="unreadable checkpoint"):
+    (tmp_path / "checkpoints" / "step_00000002" / "rank_00000.pt").write_bytes(b"PK\x03\x04 torn")
+    with pytest.raises(UserError, match="unreadable checkpoint shard"):
         run(tmp_path, corpus, resume=True, steps=4)
 
 
@@ -112,6 +113,35 @@ def test_fresh_run_refuses_a_folder_with_checkpoints_unless_overwriting(tmp_path
                       corpus=corpus, show_progress=False)
     trainer.run()
     assert checkpoint_module.CheckpointDir(str(tmp_path)).steps() == [1]
+
+
+def test_fresh_run_refuses_a_folder_with_logged_metrics_and_no_checkpoint(tmp_path, corpus):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    with pytest.raises(UserError, match=r"holds the metrics of an earlier run \(1 step logged, no checkpoint\)"):
+        run(tmp_path, corpus, steps=1)
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 5.0}\n'
+
+
+def test_a_resume_killed_while_dropping_later_metrics_leaves_the_old_log_whole(tmp_path, corpus, monkeypatch):
+    run(tmp_path, corpus, steps=4, checkpoint_every=2, keep_checkpoints=5)
+    shutil.rmtree(tmp_path / "checkpoints" / "step_00000004")
+    (tmp_path / "checkpoints" / "latest").write_text("step_00000002\n")
+    before = (tmp_path / "metrics.jsonl").read_text()
+
+    def killed_before_rename(src, dst):
+        raise KeyboardInterrupt("simulated kill")
+
+    monkeypatch.setattr(checkpoint_module.os, "replace", killed_before_rename)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, corpus, resume=True, steps=4)
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_resume_refuses_a_checkpoint_of_another_model_naming_the_difference(tmp_path, corpus):
+    run(tmp_path, corpus, steps=1)
+    other = dataclasses.replace(preset("tiny"), num_layers=2)
+    with pytest.raises(UserError, match=r"checkpoint is of model 'tiny', this run's model is 'tiny' \(num_layers 4 vs 2\)"):
+        Trainer(other, TrainConfig(steps=2, micro_batch_size=4), str(tmp_path), resume=True, corpus=corpus)
 
 
 def test_warmup_then_cosine_to_min_lr():

@@ -15,7 +15,8 @@ from h2.core.strategy import strategy_from_mapping
 from h2.train import TrainConfig, Trainer
 
 
-def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_dir: str, options: dict) -> dict:
+def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_dir: str, options: dict,
+               train: dict, start: dict) -> dict:
     from datetime import timedelta
 
     from h2.core.training import PipelineOptions
@@ -26,8 +27,9 @@ def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_
     try:
         strategy = strategy_from_mapping(strategy_data, "test strategy")
         options = dict(options)
-        config = TrainConfig(steps=steps, device=options.pop("device", "cpu"))
-        trainer = PipelineTrainer(strategy, config, out_dir, PipelineOptions(**options))
+        config = TrainConfig(steps=steps, device=options.pop("device", "cpu"), **train)
+        trainer = PipelineTrainer(strategy, config, out_dir, PipelineOptions(**options), source="test strategy",
+                                  **start)
         records = trainer.run()
         stage_report = trainer.stage_report()
         engine = trainer.engine
@@ -46,25 +48,29 @@ def world_size_of(strategy_data: dict) -> int:
     return strategy_from_mapping(strategy_data, "test strategy").world_size
 
 
-def run_pipeline(strategy_data: dict, steps: int, **options) -> tuple[list[dict], list[dict]]:
-    """Train `steps` steps on local processes; returns (metrics records, per-rank summaries)."""
-    out_dir = tempfile.mkdtemp(prefix="heteropp-test-")
+def run_pipeline(strategy_data: dict, steps: int, *, out_dir: str | None = None, train: dict | None = None,
+                 start: dict | None = None, **options) -> tuple[list[dict], list[dict]]:
+    """Train up to step `steps` on local processes; returns (metrics records, per-rank summaries).
+    `out_dir`: the run's folder (default: a new one); `train`: more TrainConfig fields; `start`: the
+    PipelineTrainer's run-folder keywords (resume, overwrite, explicit); `options`: PipelineOptions."""
+    out_dir = out_dir or tempfile.mkdtemp(prefix="heteropp-test-")
     world_size = world_size_of(strategy_data)
     # forkserver: ranks fork from a clean server process that imported torch once (seconds saved per
     # process on 2 cores), never from this test process, whose autograd threads (after a backward on
     # a device such as dipu) make a plain fork unsafe.
-    ranks = run_ranks(_rank_main, world_size, (strategy_data, steps, out_dir, options), timeout=300,
+    ranks = run_ranks(_rank_main, world_size, (strategy_data, steps, out_dir, options, train or {}, start or {}),
+                      timeout=300,
                       start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
     with open(os.path.join(out_dir, "metrics.jsonl")) as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     return records, ranks
 
 
-def run_reference(strategy_data: dict, steps: int) -> list[dict]:
+def run_reference(strategy_data: dict, steps: int, dtype: str = "fp32") -> list[dict]:
     """The single-device trainer on the same global batches: dp * micro_batches micro-batches a step."""
     strategy = strategy_from_mapping(strategy_data, "test strategy")
     model = strategy.model_config()
-    config = TrainConfig(steps=steps, micro_batch_size=strategy.micro_batch_size,
+    config = TrainConfig(steps=steps, dtype=dtype, micro_batch_size=strategy.micro_batch_size,
                          micro_batches=strategy.micro_batches * strategy.dp,
                          seq_len=strategy.seq_len or model.max_seq_len)
     threads = torch.get_num_threads()

@@ -1,0 +1,248 @@
+"""`h2 ps`: the Di-PS processes, each started by one command, and a local launcher for a whole run.
+
+    h2 ps master --config configs/dips/local-4.yaml            # the control flow (gRPC)
+    h2 ps shard --master HOST:PORT --index 0                   # one shard server (ZeroMQ data flow)
+    h2 train --preset tiny --ps HOST:PORT --cluster-id c0      # one cluster (any h2 training job)
+    h2 ps launch --config configs/dips/local-4.yaml            # all of them on this machine
+    h2 ps simulate --clusters configs/dips/paper-table1.yaml   # the outer loop at the paper's scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+
+from h2.core import flags
+from h2.core.dips import PSOptions, load_dips_config, parse_address
+from h2.core.errors import ArgumentParser, UserError
+from h2.core.ranks import free_port
+from h2.core.training import RunOptions
+
+
+def _master(args: argparse.Namespace) -> int:
+    from h2.ps.master import Master
+
+    config = load_dips_config(args.config)
+    port = config.master_port if args.port is None else args.port
+    Master(config, args.config, port=port, resume=args.resume).serve_forever()
+    return 0
+
+
+def _shard(args: argparse.Namespace) -> int:
+    from h2.ps.shard import ShardServer
+
+    parse_address(args.master, "--master")
+    for name in ("control_port", "data_port"):
+        if not 0 <= getattr(args, name) <= 65535:
+            raise UserError(f"--{name.replace('_', '-')} must be a TCP port, got {getattr(args, name)}")
+    if args.index < 0:
+        raise UserError(f"--index must be 0 or positive, got {args.index}")
+    ShardServer(args.master, args.index, args.host, args.control_port, args.data_port,
+                crash_at_round=args.crash_at_round).serve_forever()
+    return 0
+
+
+@dataclass
+class Kill:
+    """Fault injection: SIGKILL a process after `seconds`, or once `rounds` rounds are logged."""
+    name: str
+    seconds: float | None = None
+    rounds: int | None = None
+
+    def due(self, elapsed: float, rounds: int) -> bool:
+        return elapsed >= self.seconds if self.seconds is not None else rounds >= self.rounds
+
+
+def _parse_kill(text: str) -> Kill:
+    name, _, at = text.partition("@")
+    try:
+        if at.startswith("r"):
+            return Kill(name, rounds=int(at[1:]))
+        return Kill(name, seconds=float(at))
+    except ValueError:
+        raise UserError(f"--kill {text!r}: expected NAME@SECONDS or NAME@rROUNDS (master, shard-0, cluster-c1)") \
+            from None
+
+
+class RoundCounter:
+    """How many rounds the master has logged (read as the log grows)."""
+
+    def __init__(self, path: str):
+        self.path, self.offset, self.rounds = path, 0, 0
+
+    def count(self) -> int:
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as handle:
+                handle.seek(self.offset)
+                text = handle.read()
+            complete = text[:text.rfind("\n") + 1]
+            self.offset += len(complete.encode("utf-8"))
+            self.rounds += complete.count('"event": "round"')
+        return self.rounds
+
+
+def _cluster_job(config, spec, out: str, master: str, resume: bool) -> list[str]:
+    folder = os.path.join(out, "clusters", spec.id)
+    os.makedirs(folder, exist_ok=True)
+    job = os.path.join(folder, "job.yaml")
+    ps = PSOptions(ps=master, cluster_id=spec.id, pace_step_s=spec.step_time_s, outlier=spec.outlier,
+                   outlier_every=spec.outlier_every, outlier_scale=spec.outlier_scale)
+    if spec.strategy:  # a pipeline starts over (it keeps no checkpoint) and pulls the latest version
+        from h2.cli.main import NOT_WITH_STRATEGY
+        flags.write_job(job, RunOptions(strategy=spec.strategy, out=folder), config.train, ps,
+                        exclude=NOT_WITH_STRATEGY)
+        return ["-m", "h2.cli.main", "train", "--config", job]
+    flags.write_job(job, RunOptions(preset=config.model, out=folder, quiet=True), config.train, ps)
+    has_checkpoint = os.path.exists(os.path.join(folder, "checkpoints", "latest"))
+    return ["-m", "h2.cli.main", "train", "--config", job, "--resume" if resume and has_checkpoint else "--overwrite"]
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from h2.ps.supervisor import Child, Supervisor
+
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite exclude each other")
+    config = load_dips_config(args.config)
+    if not config.clusters:
+        raise UserError(f"{args.config}: field 'clusters' lists no cluster to launch")
+    kills = [_parse_kill(text) for text in args.kill]
+    out = config.out
+    state = os.path.join(out, "master", "state.json")
+    if os.path.exists(state) and not (args.resume or args.overwrite):
+        raise UserError(f"{out} holds an earlier run: pass --resume to continue it or --overwrite to start over")
+    if args.resume and not os.path.exists(state):
+        raise UserError(f"{state}: no run to resume")
+    if args.overwrite and os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    host = config.host
+    port = config.master_port or free_port()
+    master = f"{host}:{port}"
+    say = lambda message: print(f"[launch] {message}", flush=True)  # noqa: E731
+    supervisor = Supervisor(say, env={"OMP_NUM_THREADS": "1"})
+    master_argv = ["-m", "h2.cli.main", "ps", "master", "--config", args.config, "--port", str(port)]
+    supervisor.start(Child("master", master_argv + (["--resume"] if args.resume else []), None,
+                           restart_argv=lambda: master_argv + ["--resume"], restart_delay_s=1.0))
+    for index in range(config.shards):
+        shard_argv = ["-m", "h2.cli.main", "ps", "shard", "--master", master, "--index", str(index), "--host", host]
+        crash = ["--crash-at-round", str(args.shard_crash_at_round)] if index == 0 and args.shard_crash_at_round else []
+        supervisor.start(Child(f"shard-{index}", shard_argv + crash, os.path.join(out, "logs", f"shard-{index}.log"),
+                               restart_argv=lambda argv=shard_argv: argv, restart_delay_s=1.0))
+    rejoin_after_s = (config.missed_beats + 1) * config.heartbeat_s
+    clusters = []
+    for spec in config.clusters:
+        name = f"cluster-{spec.id}"
+        clusters.append(name)
+        supervisor.start(Child(name, _cluster_job(config, spec, out, master, args.resume),
+                               os.path.join(out, "logs", f"{name}.log"),
+                               restart_argv=lambda spec=spec: _cluster_job(config, spec, out, master, True),
+                               restart_delay_s=rejoin_after_s))
+    unknown = [kill.name for kill in kills if kill.name not in supervisor.children]
+    if unknown:
+        supervisor.stop_all()
+        raise UserError(f"--kill {unknown[0]}: no such process (have {', '.join(supervisor.children)})")
+    say(f"{config.mode} run of {len(clusters)} clusters and {config.shards} shards, master {master}; "
+        f"logs in {out}/logs; emulated cluster speeds: "
+        + ", ".join(f"{s.id} {s.step_time_s:g} s/step" if s.step_time_s else f"{s.id} unpaced"
+                    for s in config.clusters))
+    started = time.monotonic()
+    rounds = RoundCounter(os.path.join(out, "rounds.jsonl"))
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while supervisor.running(clusters):
+            elapsed = time.monotonic() - started
+            for kill in [kill for kill in kills if kill.due(elapsed, rounds.count())]:
+                supervisor.kill(kill.name)
+                kills.remove(kill)
+            supervisor.poll()
+            if args.time_limit and elapsed > args.time_limit:
+                say(f"time limit {args.time_limit:g} s reached: stopping")
+                break
+            time.sleep(0.2)
+    finally:
+        supervisor.stop_all()
+    failed = {name: child.exit_codes[-1] for name, child in supervisor.children.items()
+              if name in clusters and child.exit_codes and child.exit_codes[-1] != 0}
+    _summary(out, config, say)
+    if failed:
+        say(f"clusters that failed: {failed} (see {out}/logs)")
+        return 1
+    return 0
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def _summary(out: str, config, say) -> None:
+    rounds_path = os.path.join(out, "rounds.jsonl")
+    events = []
+    if os.path.exists(rounds_path):
+        with open(rounds_path, encoding="utf-8") as handle:
+            events = [json.loads(line) for line in handle if line.strip()]
+    rounds = [e for e in events if e["event"] == "round"]
+    counted = {kind: sum(1 for e in events if e["event"] == kind) for kind in ("skip", "drop", "shard_lost", "start")}
+    version = rounds[-1]["version"] if rounds else 0
+    say(f"{len(rounds)} rounds, final version {version}; skipped rounds {counted['skip']}, dropped clusters "
+        f"{counted['drop']}, lost shards {counted['shard_lost']}, master starts {counted['start']}")
+    for spec in config.clusters:
+        path = os.path.join(out, "clusters", spec.id, "ps.jsonl")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                syncs = [json.loads(line) for line in handle if line.strip()]
+            scored = [s for s in syncs if s.get("eval_loss") is not None]
+            if scored:
+                say(f"cluster {spec.id}: {len(syncs)} sync points, last pulled version {scored[-1]['version']} "
+                    f"scores held-out loss {scored[-1]['eval_loss']:.4f}")
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from h2.ps.simulator import load_scenario, report, simulate
+
+    scenario = load_scenario(args.clusters)
+    print(report(scenario, simulate(scenario, rounds=args.rounds)))
+    return 0
+
+
+def add_commands(sub) -> None:
+    ps = sub.add_parser("ps", help="Di-PS: asynchronous multi-cluster training through a parameter server")
+    commands = ps.add_subparsers(dest="ps_command", required=True, parser_class=ArgumentParser)
+
+    master = commands.add_parser("master", help="the master (control flow: clusters, rounds, heartbeats, penalty)")
+    master.add_argument("--config", required=True, metavar="YAML", help="the Di-PS run file (configs/dips/*.yaml)")
+    master.add_argument("--port", type=int, help="gRPC port (default: the run file's master_port)")
+    master.add_argument("--resume", action="store_true", help="continue from <out>/master/state.json")
+    master.set_defaults(handler=_master)
+
+    shard = commands.add_parser("shard", help="one shard server (its layers and their outer optimizer)")
+    shard.add_argument("--master", required=True, metavar="HOST:PORT", help="the master's address")
+    shard.add_argument("--index", type=int, required=True, help="which shard of the run this is")
+    shard.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    shard.add_argument("--control-port", type=int, default=0, help="gRPC port (default: any free port)")
+    shard.add_argument("--data-port", type=int, default=0, help="ZeroMQ port (default: any free port)")
+    shard.add_argument("--crash-at-round", type=int, default=0, metavar="N",
+                       help="fault injection: exit abruptly while preparing round N (0: never)")
+    shard.set_defaults(handler=_shard)
+
+    launch = commands.add_parser("launch", help="a whole emulated multi-cluster run on this machine")
+    launch.add_argument("--config", required=True, metavar="YAML", help="the Di-PS run file")
+    launch.add_argument("--resume", action="store_true", help="continue the run in the file's out folder")
+    launch.add_argument("--overwrite", action="store_true", help="start over in an out folder that holds a run")
+    launch.add_argument("--kill", action="append", default=[], metavar="NAME@SECONDS",
+                        help="fault injection: SIGKILL master, shard-I or cluster-ID that many seconds in, or "
+                             "NAME@rN once N rounds are done (repeatable); it is restarted as a scheduler would")
+    launch.add_argument("--shard-crash-at-round", type=int, default=0, metavar="N",
+                        help="fault injection: shard 0 exits while preparing round N (its first start only)")
+    launch.add_argument("--time-limit", type=float, default=0.0, metavar="SECONDS",
+                        help="stop the run after this long (0: when every cluster stopped)")
+    launch.set_defaults(handler=_launch)
+
+    sim = commands.add_parser("simulate", help="the outer loop at the paper's scale: PS overhead per round")
+    sim.add_argument("--clusters", required=True, metavar="YAML", help="clusters, throughputs and links")
+    sim.add_argument("--rounds", type=int, default=20, help="outer rounds to simulate (default 20)")
+    sim.set_defaults(handler=_simulate)

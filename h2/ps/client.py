@@ -1,0 +1,254 @@
+"""A cluster's side of a Di-PS run: join, heartbeat, and the sync point every H inner steps.
+
+`ClusterClient` speaks to the master (control flow) and owns the heartbeat thread; `LayerClient`
+moves layers to and from the shards (data flow) and is all that a pipeline rank other than the
+cluster's first needs. One sync point (`ClusterClient.sync` for a single process; the pipeline
+trainer calls the same steps across its ranks):
+
+    request a push ticket -> push the layers -> commit (tokens consumed, mean loss) ->
+    await the round -> pull the version it names (applied or rejected) -> report the pull
+
+A round the master skips, a push or commit the PS refuses, or a PS that does not answer makes the
+cluster skip this sync point and go on training from its own parameters; if the master dropped it
+(missed heartbeats) or restarted, it joins again and pulls the latest version.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from h2.core.errors import UserError
+from h2.core.model_config import preset
+from h2.ps.datapath import DataFlowError, Route, pull_layers, push_layers
+from h2.ps.layout import Layer, model_layers, unflatten
+from h2.ps.rpc import Control, Rejected, Unreachable
+
+GIVE_UP_S = 120.0
+
+
+@dataclass
+class SyncResult:
+    status: str                  # applied | rejected | skipped
+    version: int
+    round: int = 0
+    reason: str = ""
+    push_s: float = 0.0
+    wait_s: float = 0.0
+    pull_s: float = 0.0
+    bytes_pushed: int = 0
+    bytes_pulled: int = 0
+    finished: bool = False
+
+
+class LayerClient:
+    """Pushes and pulls named full-model tensors to and from the shards that hold their layers."""
+
+    def __init__(self, routes: list[dict], layers: list[Layer], timeout_s: float = 30.0):
+        self.timeout_s = timeout_s
+        self.routes = {r["index"]: Route(r["index"], layers[r["index"]], r["address"]) for r in routes}
+        self.by_name = {route.layer.name: route for route in self.routes.values()}
+
+    def routes_for(self, layer_names: list[str], order: list[int] | None = None) -> list[Route]:
+        wanted = set(layer_names)
+        indices = order if order is not None else sorted(self.routes)
+        return [self.routes[i] for i in indices if self.routes[i].layer.name in wanted]
+
+    def push(self, ticket: int, tensors: dict[str, torch.Tensor], layer_names: list[str], order: list[int] | None,
+             transform: Callable[[Layer, torch.Tensor], torch.Tensor] | None = None) -> int:
+        return push_layers(self.routes_for(layer_names, order), ticket, tensors, transform=transform,
+                           timeout_s=self.timeout_s)
+
+    def pull(self, version: int, tensors: dict[str, torch.Tensor], layer_names: list[str]) -> int:
+        def write(layer: Layer, vector: torch.Tensor) -> None:
+            with torch.no_grad():
+                for name, value in unflatten(layer, vector).items():
+                    tensors[name].copy_(value)
+        return pull_layers(self.routes_for(layer_names), version, write, timeout_s=self.timeout_s)
+
+
+@dataclass
+class Outliers:
+    """Fault injection: on every `every`-th push, push base - scale * (base - local) (or NaN)."""
+    kind: str = "none"
+    every: int = 1
+    scale: float = 100.0
+    pushes: int = 0
+    base: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def remember(self, layers: list[Layer], tensors: dict[str, torch.Tensor]) -> None:
+        if self.kind == "scale":
+            self.base = {name: tensors[name].detach().to("cpu", torch.float32).clone()
+                         for layer in layers for name, _ in layer.params}
+
+    def transform_for_this_push(self) -> Callable[[Layer, torch.Tensor], torch.Tensor] | None:
+        self.pushes += 1
+        if self.kind == "none" or self.pushes % self.every:
+            return None
+        if self.kind == "nan":
+            return lambda layer, vector: torch.full_like(vector, math.nan)
+
+        def scaled(layer: Layer, vector: torch.Tensor) -> torch.Tensor:
+            base = torch.cat([self.base[name].reshape(-1) for name, _ in layer.params])
+            return base - self.scale * (base - vector)
+        return scaled
+
+
+class ClusterClient:
+    def __init__(self, address: str, cluster_id: str, *, log: Callable[[str], None] = print,
+                 outliers: Outliers | None = None):
+        self.address, self.cluster_id, self.log = address, cluster_id, log
+        self.master = Control(address)
+        self.outliers = outliers or Outliers()
+        self.needs_rejoin = False
+        self.finished = False
+        self.stopped = threading.Event()
+        self.join()
+        self.beat = threading.Thread(target=self._beat_loop, name="ps-cluster-beat", daemon=True)
+        self.beat.start()
+
+    def join(self) -> dict:
+        try:
+            reply = self.master.call_until("Join", give_up_s=GIVE_UP_S, retry_s=0.5, cluster=self.cluster_id)
+        except Rejected as error:
+            if "not ready" in str(error):
+                return self._join_when_ready()
+            raise UserError(f"--ps {self.address}: {error}") from None
+        except Unreachable:
+            raise UserError(f"--ps {self.address}: the master did not answer for {GIVE_UP_S:g} s") from None
+        self.session, self.version = reply["session"], reply["version"]
+        self.partition, self.partitions = reply["partition"], reply["partitions"]
+        self.inner_steps, self.heartbeat_s = reply["inner_steps"], reply["heartbeat_s"]
+        self.model, self.eval_sequences = reply["model"], reply["eval_sequences"]
+        self.model_layers = model_layers(preset(self.model))
+        self.transfer_timeout_s = reply["transfer_timeout_s"]
+        self.follow(reply["routes"])
+        self.finished = reply["finished"]
+        self.needs_rejoin = False
+        return reply
+
+    def follow(self, routes: list[dict]) -> None:
+        """Use the shards' current addresses (a restarted shard listens on a new port)."""
+        self.layers = LayerClient(routes, self.model_layers, self.transfer_timeout_s)
+
+    def _join_when_ready(self) -> dict:
+        deadline = time.monotonic() + GIVE_UP_S
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                return self.join()
+            except UserError:
+                continue
+        raise UserError(f"--ps {self.address}: the run did not become ready in {GIVE_UP_S:g} s")
+
+    def _beat_loop(self) -> None:
+        unreachable_since = None
+        while not self.stopped.wait(self.heartbeat_s):
+            try:
+                reply = self.master.call("Beat", timeout_s=max(1.0, self.heartbeat_s), cluster=self.cluster_id,
+                                         session=self.session)
+                self.finished = reply["finished"]
+                if unreachable_since is not None:
+                    self.log(f"master is back after {time.monotonic() - unreachable_since:.1f} s")
+                    unreachable_since = None
+            except Rejected as error:
+                if not self.needs_rejoin:
+                    self.log(f"{error}: joining again at the next sync point")
+                self.needs_rejoin = True
+            except Unreachable:
+                if unreachable_since is None:
+                    unreachable_since = time.monotonic()
+                    self.log("master unreachable: training on, retrying")
+
+    def call(self, method: str, **request) -> dict:
+        return self.master.call_until(method, give_up_s=GIVE_UP_S, cluster=self.cluster_id, session=self.session,
+                                      **request)
+
+    # ---- the steps of a sync point (the pipeline trainer runs them on different ranks) ----------
+    def request_push(self) -> dict:
+        reply = self.call("RequestPush", base_version=self.version)
+        if "routes" in reply:
+            self.follow(reply["routes"])
+        return reply
+
+    def commit(self, ticket: int, tokens: int, loss: float | None) -> dict:
+        return self.call("CommitPush", ticket=ticket, tokens=tokens, loss=loss)
+
+    def await_round(self, ticket: int) -> dict:
+        while True:
+            reply = self.call("AwaitRound", ticket=ticket, wait_s=5.0)
+            self.finished = reply.get("finished", self.finished)
+            if "routes" in reply:
+                self.follow(reply["routes"])
+            if reply["status"] != "pending":
+                return reply
+
+    def report_pull(self, version: int, pull_s: float, nbytes: int) -> None:
+        try:
+            self.call("Pulled", version=version, pull_s=pull_s, bytes=nbytes)
+        except (Rejected, Unreachable):
+            pass
+
+    # ---- one process holding the whole model -----------------------------------------------------
+    def pull_all(self, tensors: dict[str, torch.Tensor], version: int) -> int:
+        names = [route.layer.name for route in self.layers.routes.values()]
+        nbytes = self.layers.pull(version, tensors, names)
+        self.version = version
+        self.outliers.remember(list(self.layers.by_name[n].layer for n in names), tensors)
+        return nbytes
+
+    def rejoin_and_pull(self, tensors: dict[str, torch.Tensor]) -> SyncResult:
+        reply = self.join()
+        started = time.perf_counter()
+        nbytes = self.pull_all(tensors, reply["version"])
+        return SyncResult("rejoined", reply["version"], pull_s=time.perf_counter() - started, bytes_pulled=nbytes,
+                          finished=self.finished)
+
+    def sync(self, tensors: dict[str, torch.Tensor], tokens: int, loss: float | None) -> SyncResult:
+        """One sync point for a process that holds every layer (`tensors`: full-model names)."""
+        try:
+            if self.needs_rejoin:
+                return self.rejoin_and_pull(tensors)
+            started = time.perf_counter()
+            plan = self.request_push()
+            if plan["status"] != "push":
+                return SyncResult("skipped", self.version, reason=plan["reason"], finished=self.finished)
+            names = [route.layer.name for route in self.layers.routes.values()]
+            pushed = self.layers.push(plan["ticket"], tensors, names, plan["order"],
+                                      self.outliers.transform_for_this_push())
+            committed = self.commit(plan["ticket"], tokens, loss)
+            push_s = time.perf_counter() - started
+            if committed["status"] != "committed":
+                return SyncResult("skipped", self.version, reason=committed["reason"], push_s=push_s,
+                                  bytes_pushed=pushed, finished=self.finished)
+            outcome = self.await_round(plan["ticket"])
+            waited = time.perf_counter()
+            result = SyncResult(outcome["status"], outcome["version"], outcome.get("round", 0),
+                                outcome.get("reason", ""),
+                                push_s=push_s, wait_s=waited - started - push_s, bytes_pushed=pushed,
+                                finished=self.finished)
+            if outcome["status"] in ("applied", "rejected"):
+                result.bytes_pulled = self.pull_all(tensors, outcome["version"])
+                result.pull_s = time.perf_counter() - waited
+                self.report_pull(outcome["version"], result.pull_s, result.bytes_pulled)
+            return result
+        except Rejected as error:
+            self.needs_rejoin = True
+            return SyncResult("skipped", self.version, reason=str(error), finished=self.finished)
+        except (Unreachable, DataFlowError) as error:
+            return SyncResult("skipped", self.version, reason=str(error), finished=self.finished)
+
+    def close(self, leave: bool = True) -> None:
+        """Stop beating; with `leave`, tell the master this cluster is done (it is not waited for)."""
+        self.stopped.set()
+        if leave:
+            try:
+                self.master.call("Leave", timeout_s=2.0, cluster=self.cluster_id, session=self.session)
+            except (Rejected, Unreachable):
+                pass
+        self.master.close()

@@ -1,0 +1,499 @@
+"""The master: the control flow of a Di-PS run (Algorithm 1). It holds no model bytes: cluster ids,
+sessions and consumed tokens, push tickets, shard addresses and versions, heartbeats, the penalty's
+statistics, and the log of rounds and events.
+
+A cluster's sync point, as the master sees it:
+  RequestPush -> a ticket, announced to every shard (the cluster then pushes its layers to them)
+  CommitPush  -> two-stage commit: every shard confirms it holds the ticket's layers; the push joins
+                 the pending round and, in modes async and dips, re-arms the window (grace_s; 0 in async)
+  AwaitRound  -> once the window closes (sync: once every active cluster committed) the round runs:
+                 Measure on every shard -> the penalty's verdict -> Prepare -> the committed version
+                 is recorded -> Commit; the answer names the version to pull (or why it was skipped)
+A shard that fails or is missing during a round makes the round skipped: its pushes are forgotten,
+the participants pull the version they had and go on training. A cluster that misses `missed_beats`
+heartbeats is dropped (its pending push with it) and may join again; a shard that misses them is
+marked lost until it registers again (the launcher restarts it from its snapshot). The master's own
+state (version, round, penalty statistics, tokens) is written to `master/state.json` after every
+round, so a restarted master goes on where it stopped; shards and clusters re-register by themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from h2.core.dips import DipsConfig
+from h2.core.errors import UserError
+from h2.core.model_config import preset
+from h2.ps import penalty
+from h2.ps.layout import assign_layers, model_layers
+from h2.ps.rpc import Control, Rejected, Unreachable, serve, wait_until_stopped
+
+
+@dataclass
+class ClusterRecord:
+    id: str
+    partition: int
+    session: str = ""
+    active: bool = False
+    last_beat: float = 0.0
+    tokens: int = 0
+
+
+@dataclass
+class ShardRecord:
+    index: int
+    control: Control | None = None
+    data: str = ""
+    alive: bool = False
+    last_beat: float = 0.0
+    version: int = -1
+
+
+@dataclass
+class Push:
+    ticket: int
+    cluster: str
+    base_version: int
+    issued: float
+    tokens: int = 0
+    loss: float | None = None
+    committed: float = 0.0
+
+
+@dataclass
+class Outcome:
+    status: str            # applied | rejected | skipped | dropped
+    version: int
+    round: int
+    reason: str = ""
+
+
+@dataclass
+class MasterState:
+    """What the master writes after every round and reads back when restarted."""
+    version: int = 0
+    round: int = 0
+    tokens: int = 0
+    penalty: dict = field(default_factory=lambda: penalty.PenaltyState().to_dict())
+    cluster_tokens: dict = field(default_factory=dict)
+
+
+def _try(function, *args, **kwargs):
+    try:
+        return function(*args, **kwargs)
+    except (Rejected, Unreachable) as error:
+        return error
+
+
+class EventLog:
+    """`rounds.jsonl`: one JSON object per round and per event; each also printed as one console line."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lock = threading.Lock()
+
+    def write(self, event: str, console: str, **fields) -> None:
+        record = {"event": event, "time": time.time(), **fields}
+        with self.lock:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+            print(f"[master] {console}", flush=True)
+
+
+class Master:
+    def __init__(self, config: DipsConfig, source: str, *, port: int, resume: bool = False):
+        self.config, self.source = config, source
+        self.layers = model_layers(preset(config.model))
+        self.assignment = assign_layers(self.layers, config.shards)
+        self.dir = os.path.join(config.out, "master")
+        os.makedirs(self.dir, exist_ok=True)
+        self.state_path = os.path.join(self.dir, "state.json")
+        self.state = self._load_state(resume)
+        self.penalty = penalty.PenaltyState.from_dict(self.state.penalty)
+        self.events = EventLog(os.path.join(config.out, "rounds.jsonl"))
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.clusters = {spec.id: ClusterRecord(spec.id, index, tokens=self.state.cluster_tokens.get(spec.id, 0))
+                         for index, spec in enumerate(config.clusters)}
+        self.shards = {index: ShardRecord(index) for index in range(config.shards)}
+        self.pushes: dict[int, Push] = {}
+        self.pending: list[Push] = []
+        self.outcomes: dict[int, Outcome] = {}
+        self.window_closes = math.inf
+        self.stopped = threading.Event()
+        self.fanout = ThreadPoolExecutor(max_workers=max(2, config.shards), thread_name_prefix="ps-master-fanout")
+        handlers = {"Join": self._join, "Beat": self._beat, "RequestPush": self._request_push,
+                    "CommitPush": self._commit_push, "AwaitRound": self._await_round, "Pulled": self._pulled,
+                    "Leave": self._leave, "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard,
+                    "ShardBeat": self._shard_beat, "Status": self._status}
+        self.server, self.port = serve(handlers, config.host, port, what="master", max_workers=64)
+        resumed = f", resumed at version {self.state.version} round {self.state.round}" if resume else ""
+        self.events.write("start", f"mode {config.mode} on {config.host}:{self.port}, {config.shards} shards, "
+                                   f"H={config.inner_steps}{resumed}", mode=config.mode, port=self.port,
+                          version=self.state.version, round=self.state.round)
+        self.threads = [threading.Thread(target=self._driver, name="ps-rounds", daemon=True),
+                        threading.Thread(target=self._monitor, name="ps-heartbeats", daemon=True)]
+        for thread in self.threads:
+            thread.start()
+
+    # ---- state on disk -----------------------------------------------------------------------------
+    def _load_state(self, resume: bool) -> MasterState:
+        if not resume:
+            return MasterState()
+        if not os.path.exists(self.state_path):
+            raise UserError(f"{self.state_path}: no master state to resume from")
+        try:
+            with open(self.state_path, encoding="utf-8") as handle:
+                return MasterState(**json.load(handle))
+        except (json.JSONDecodeError, TypeError) as error:
+            raise UserError(f"{self.state_path}: unreadable master state ({error})") from None
+
+    def _save_state(self) -> None:
+        self.state.penalty = self.penalty.to_dict()
+        self.state.cluster_tokens = {cid: record.tokens for cid, record in self.clusters.items()}
+        temporary = f"{self.state_path}.tmp"
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(self.state.__dict__, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.state_path)
+
+    @property
+    def finished(self) -> bool:
+        return 0 < self.config.tokens <= self.state.tokens
+
+    # ---- clusters ----------------------------------------------------------------------------------
+    def _cluster(self, request: dict) -> ClusterRecord:
+        cid = str(request["cluster"])
+        record = self.clusters.get(cid)
+        if record is None:
+            raise Rejected(f"unknown cluster '{cid}' ({self.source} lists: {', '.join(self.clusters) or 'none'})")
+        if request.get("session") is not None:
+            if request["session"] != record.session:
+                raise Rejected(f"cluster '{cid}': session {request['session']} is not current (join again)")
+            if not record.active:
+                raise Rejected(f"cluster '{cid}' was dropped (missed heartbeats): join again")
+        return record
+
+    def routes(self) -> list[dict]:
+        owner = {name: shard for shard, names in enumerate(self.assignment) for name in names}
+        return [{"index": i, "layer": layer.name, "shard": owner[layer.name],
+                 "address": self.shards[owner[layer.name]].data} for i, layer in enumerate(self.layers)]
+
+    def _join(self, request: dict) -> dict:
+        with self.lock:
+            record = self._cluster({"cluster": request["cluster"]})
+            if not all(shard.alive for shard in self.shards.values()):
+                raise Rejected("the run is not ready: not every shard has registered yet")
+            rejoin = bool(record.session)
+            record.session = f"{random.getrandbits(48):x}"
+            record.active, record.last_beat = True, time.monotonic()
+            self.events.write("join", f"cluster {record.id} {'rejoined' if rejoin else 'joined'}; it starts from "
+                                      f"version {self.state.version}", cluster=record.id, version=self.state.version,
+                              rejoin=rejoin)
+            self.changed.notify_all()
+            return {"session": record.session, "partition": record.partition, "partitions": len(self.clusters),
+                    "inner_steps": self.config.inner_steps, "heartbeat_s": self.config.heartbeat_s,
+                    "version": self.state.version, "routes": self.routes(), "model": self.config.model,
+                    "eval_sequences": self.config.eval_sequences, "transfer_timeout_s": self.config.transfer_timeout_s,
+                    "finished": self.finished}
+
+    def _beat(self, request: dict) -> dict:
+        with self.lock:
+            record = self._cluster(request)
+            record.last_beat = time.monotonic()
+            return {"finished": self.finished, "version": self.state.version}
+
+    def _request_push(self, request: dict) -> dict:
+        with self.lock:
+            record = self._cluster(request)
+            record.last_beat = time.monotonic()
+            lost = [shard.index for shard in self.shards.values() if not shard.alive]
+            if lost:
+                return {"status": "skip", "reason": f"shard {lost[0]} is lost"}
+            ticket = random.getrandbits(62)
+            pushing = sum(1 for push in self.pushes.values() if not push.committed)
+            self.pushes[ticket] = Push(ticket, record.id, int(request["base_version"]), time.monotonic())
+            shards = list(self.shards.values())
+        try:
+            list(self.fanout.map(lambda shard: shard.control.call("Expect", ticket=ticket), shards))
+        except (Rejected, Unreachable) as error:
+            with self.lock:
+                self.pushes.pop(ticket, None)
+            return {"status": "skip", "reason": f"announcing the push failed: {error}"}
+        # Stagger: concurrent pushers start on different shards.
+        offset = pushing % len(shards)
+        order = sorted(self.routes(), key=lambda route: ((route["shard"] - offset) % len(shards), route["index"]))
+        return {"status": "push", "ticket": ticket, "order": [route["index"] for route in order],
+                "routes": self.routes()}
+
+    def _commit_push(self, request: dict) -> dict:
+        ticket = int(request["ticket"])
+        with self.lock:
+            record = self._cluster(request)
+            push = self.pushes.get(ticket)
+            if push is None or push.cluster != record.id:
+                raise Rejected(f"cluster '{record.id}': ticket {ticket} is unknown (master restarted or push dropped)")
+            shards = list(self.shards.values())
+        try:
+            missing = [reply["missing"] for reply in self.fanout.map(
+                lambda shard: shard.control.call("Holds", tickets=[ticket]), shards)]
+        except (Rejected, Unreachable) as error:
+            return {"status": "skip", "reason": f"commit check failed: {error}"}
+        incomplete = [f"shard {shard.index}: {', '.join(m[str(ticket)])}" for shard, m in zip(shards, missing) if m]
+        if incomplete:
+            return {"status": "skip", "reason": f"push incomplete ({incomplete[0]})"}
+        with self.lock:
+            push.tokens, push.loss, push.committed = int(request["tokens"]), request.get("loss"), time.monotonic()
+            self.pending.append(push)
+            self.window_closes = push.committed + self.config.window_s
+            self.changed.notify_all()
+        return {"status": "committed"}
+
+    def _await_round(self, request: dict) -> dict:
+        ticket = int(request["ticket"])
+        deadline = time.monotonic() + min(float(request.get("wait_s", 5.0)), 30.0)
+        with self.lock:
+            self._cluster(request)
+            while ticket not in self.outcomes:
+                if ticket not in self.pushes:
+                    return {"status": "skipped", "version": self.state.version, "round": self.state.round,
+                            "reason": "unknown ticket (master restarted?)", "finished": self.finished}
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return {"status": "pending", "finished": self.finished}
+                self.changed.wait(remaining)
+            outcome = self.outcomes.pop(ticket)
+            self.pushes.pop(ticket, None)
+            return {"status": outcome.status, "version": outcome.version, "round": outcome.round,
+                    "reason": outcome.reason, "finished": self.finished, "routes": self.routes()}
+
+    def _leave(self, request: dict) -> dict:
+        with self.lock:
+            record = self._cluster(request)
+            record.active, record.session = False, ""
+            self.pending = [push for push in self.pending if push.cluster != record.id]
+            self.events.write("leave", f"cluster {record.id} left the run", cluster=record.id)
+            self.changed.notify_all()
+        return {}
+
+    def _pulled(self, request: dict) -> dict:
+        with self.lock:
+            record = self._cluster(request)
+        self.events.write("pull", f"cluster {record.id} pulled version {request['version']} in "
+                                  f"{float(request['pull_s']):.3f} s", cluster=record.id,
+                          version=int(request["version"]), pull_s=float(request["pull_s"]),
+                          bytes=int(request.get("bytes", 0)))
+        return {}
+
+    # ---- shards ------------------------------------------------------------------------------------
+    def _shard(self, request: dict) -> ShardRecord:
+        index = int(request["index"])
+        if index not in self.shards:
+            raise Rejected(f"unknown shard {index} ({self.source} has shards 0..{self.config.shards - 1})")
+        return self.shards[index]
+
+    def _shard_plan(self, request: dict) -> dict:
+        shard = self._shard(request)
+        o = self.config.outer
+        return {"layers": self.assignment[shard.index], "model": self.config.model, "seed": self.config.seed,
+                "version": self.state.version, "heartbeat_s": self.config.heartbeat_s,
+                "outer": {"optimizer": o.optimizer, "lr": o.lr, "momentum": o.momentum},
+                "snapshot_dir": os.path.join(self.config.out, "shards", f"shard-{shard.index}")}
+
+    def _register_shard(self, request: dict) -> dict:
+        with self.lock:
+            shard = self._shard(request)
+            version = int(request["version"])
+            if version != self.state.version:  # it missed a commit (or the master restarted mid-round)
+                return {"reload": self.state.version}
+            if shard.control is not None:
+                shard.control.close()
+            shard.control, shard.data = Control(str(request["control"])), str(request["data"])
+            was_lost = shard.version >= 0
+            shard.alive, shard.last_beat, shard.version = True, time.monotonic(), version
+            self.events.write("shard", f"shard {shard.index} {'re' if was_lost else ''}registered at version {version}",
+                              shard=shard.index, version=version, rejoin=was_lost)
+            self.changed.notify_all()
+        return {"version": self.state.version}
+
+    def _shard_beat(self, request: dict) -> dict:
+        with self.lock:
+            shard = self._shard(request)
+            if not shard.alive:
+                raise Rejected(f"shard {shard.index} is not registered here: register again")
+            shard.last_beat = time.monotonic()
+        return {}
+
+    def _status(self, request: dict) -> dict:
+        with self.lock:
+            return {"mode": self.config.mode, "version": self.state.version, "round": self.state.round,
+                    "tokens": self.state.tokens, "finished": self.finished,
+                    "clusters": {cid: {"active": r.active, "tokens": r.tokens} for cid, r in self.clusters.items()},
+                    "shards": {str(i): {"alive": s.alive, "data": s.data} for i, s in self.shards.items()},
+                    "pending": [push.cluster for push in self.pending]}
+
+    # ---- heartbeats --------------------------------------------------------------------------------
+    def _monitor(self) -> None:
+        limit = self.config.missed_beats * self.config.heartbeat_s
+        while not self.stopped.wait(self.config.heartbeat_s / 2):
+            now = time.monotonic()
+            with self.lock:
+                for record in self.clusters.values():
+                    if record.active and now - record.last_beat > limit:
+                        record.active = False
+                        dropped = [push for push in self.pending if push.cluster == record.id]
+                        self.pending = [push for push in self.pending if push.cluster != record.id]
+                        for push in list(self.pushes.values()):
+                            if push.cluster == record.id:
+                                self.pushes.pop(push.ticket)
+                        self.events.write("drop", f"cluster {record.id} dropped: missed {self.config.missed_beats} "
+                                                  f"heartbeats ({len(dropped)} pending push dropped)",
+                                          cluster=record.id, pending_dropped=len(dropped))
+                        self.changed.notify_all()
+                for shard in self.shards.values():
+                    if shard.alive and now - shard.last_beat > limit:
+                        shard.alive = False
+                        self.events.write("shard_lost", f"shard {shard.index} lost: missed "
+                                                        f"{self.config.missed_beats} heartbeats", shard=shard.index)
+                        self.changed.notify_all()
+
+    # ---- rounds ------------------------------------------------------------------------------------
+    def _round_ready(self) -> bool:
+        if not self.pending:
+            return False
+        if self.config.mode == "sync":
+            active = {cid for cid, record in self.clusters.items() if record.active}
+            return active <= {push.cluster for push in self.pending}
+        return time.monotonic() >= self.window_closes
+
+    def _driver(self) -> None:
+        while not self.stopped.is_set():
+            with self.lock:
+                while not self._round_ready() and not self.stopped.is_set():
+                    timeout = self.window_closes - time.monotonic() if self.pending else 1.0
+                    self.changed.wait(max(0.01, min(timeout, 1.0)))
+                if self.stopped.is_set():
+                    return
+                batch, self.pending = self.pending, []
+                self.window_closes = math.inf
+                self.state.round += 1
+                round_id = self.state.round
+            self._run_round(round_id, batch)
+
+    def _on_shards(self, method: str, **request) -> list[dict]:
+        shards = list(self.shards.values())
+        if not all(shard.alive for shard in shards):
+            lost = next(shard.index for shard in shards if not shard.alive)
+            raise Unreachable(f"shard {lost} is lost")
+        return list(self.fanout.map(lambda shard: shard.control.call(method, timeout_s=60.0, **request), shards))
+
+    def _run_round(self, round_id: int, batch: list[Push]) -> None:
+        started = time.monotonic()
+        tickets = [push.ticket for push in batch]
+        by_cluster = {push.cluster: push for push in batch}
+        base = self.state.version
+        try:
+            grams_by_ticket = [reply["gram"] for reply in self._on_shards("Measure", tickets=tickets)]
+            names = {str(push.ticket): push.cluster for push in batch}
+            grams = [{names[a]: {names[b]: value for b, value in row.items()} for a, row in gram.items()}
+                     for gram in grams_by_ticket]
+            p = self.config.penalty
+            verdict = penalty.judge(self.penalty, grams, {push.cluster: push.tokens for push in batch},
+                                    alpha=p.alpha, beta=p.beta, clip_norm=p.clip_norm, warmup_scores=p.warmup_scores,
+                                    penalize=self.config.uses_penalty)
+            measured = time.monotonic()
+            version = base
+            if verdict.accepted:
+                weights = {str(by_cluster[cid].ticket): weight for cid, weight in verdict.weights.items()}
+                self._on_shards("Prepare", round=round_id, weights=weights, clip=verdict.clip)
+                version = base + 1
+                with self.lock:
+                    self.state.version = version
+                    for cid in verdict.accepted:
+                        self.clusters[cid].tokens += by_cluster[cid].tokens
+                    self.state.tokens += sum(by_cluster[cid].tokens for cid in verdict.accepted)
+                    self._save_state()
+                self._commit_everywhere(round_id, version)
+            else:
+                with self.lock:
+                    self._save_state()
+        except (Rejected, Unreachable) as error:
+            self._skip_round(round_id, batch, str(error))
+            return
+        self._forget(tickets)
+        updated = time.monotonic()
+        with self.lock:
+            for push in batch:
+                status = "rejected" if push.cluster in verdict.rejected else "applied"
+                self.outcomes[push.ticket] = Outcome(status, version, round_id, verdict.rejected.get(push.cluster, ""))
+            self.changed.notify_all()
+        nbytes = sum(layer.nbytes for layer in self.layers)
+        rejected = {cid: {"reason": why, "score": verdict.scores[cid]} for cid, why in verdict.rejected.items()}
+        staleness = {push.cluster: base - push.base_version for push in batch}
+        push_s = {push.cluster: round(push.committed - push.issued, 4) for push in batch}
+        losses = {push.cluster: push.loss for push in batch}
+        rejected_text = "".join(f", rejected {cid} ({info['reason']})" for cid, info in rejected.items())
+        self.events.write(
+            "round",
+            f"round {round_id} -> version {version}: {', '.join(verdict.accepted) or 'nobody'} accepted"
+            f"{rejected_text}; "
+            f"staleness {staleness}; update {updated - measured:.3f} s; tokens {self.state.tokens:,}"
+            + (" (finished)" if self.finished else ""),
+            round=round_id, version=version, mode=self.config.mode, participants=[push.cluster for push in batch],
+            accepted=verdict.accepted, rejected=rejected, norms=verdict.norms, scores=verdict.scores,
+            weights=verdict.weights, update_norm=verdict.update_norm, clip=verdict.clip, staleness=staleness,
+            losses=losses, push_s=push_s, measure_s=round(measured - started, 4),
+            update_s=round(updated - measured, 4), bytes_pushed=nbytes * len(batch),
+            bytes_to_pull=nbytes * len(batch), tokens=self.state.tokens, finished=self.finished)
+
+    def _commit_everywhere(self, round_id: int, version: int) -> None:
+        """The version is recorded: a shard that misses its Commit loads that version's snapshot (written
+        in Prepare) when it registers again, so the round stands."""
+        for shard, outcome in zip(self.shards.values(), self.fanout.map(
+                lambda shard: _try(shard.control.call, "Commit", round=round_id), list(self.shards.values()))):
+            if isinstance(outcome, Exception):
+                with self.lock:
+                    shard.alive = False
+                self.events.write("shard_lost", f"shard {shard.index} missed the commit of version {version} "
+                                                f"({outcome}): it reloads that snapshot when it registers again",
+                                  shard=shard.index, version=version)
+
+    def _forget(self, tickets: list[int], round_id: int | None = None) -> None:
+        for shard in list(self.shards.values()):
+            if shard.alive and shard.control is not None:
+                try:
+                    shard.control.call("Forget", tickets=tickets, round=round_id)
+                except (Rejected, Unreachable):
+                    pass
+
+    def _skip_round(self, round_id: int, batch: list[Push], reason: str) -> None:
+        self._forget([push.ticket for push in batch], round_id)
+        with self.lock:
+            for push in batch:
+                self.outcomes[push.ticket] = Outcome("skipped", self.state.version, round_id, reason)
+            self.changed.notify_all()
+        self.events.write("skip", f"round {round_id} skipped: {reason}; {', '.join(p.cluster for p in batch)} "
+                                  f"keep training from their own parameters", round=round_id, reason=reason,
+                          participants=[push.cluster for push in batch])
+
+    def serve_forever(self) -> None:
+        wait_until_stopped(self.stopped)
+        self.close()
+
+    def close(self) -> None:
+        self.stopped.set()
+        with self.lock:
+            self.changed.notify_all()
+        self.server.stop(0)
+        for thread in self.threads:
+            thread.join(timeout=5)
+        self.events.write("stop", f"stopped at version {self.state.version}, round {self.state.round}",
+                          version=self.state.version, round=self.state.round)

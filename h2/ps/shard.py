@@ -1,0 +1,288 @@
+"""A shard server: its layers of the global model and their outer-optimizer state, served on the data
+flow (ZeroMQ, h2.ps.datapath) and driven by the master on the control flow (gRPC, h2.ps.rpc).
+
+Lifecycle: ask the master for its plan (which layers, which model, the committed version), load that
+version's snapshot (or build version 0 from the run's seed), open the data flow, register, then beat.
+A round on the shard: the master announces each push's ticket (`Expect`); clusters push layers;
+`Holds` answers the two-stage commit's check; `Measure` returns the Gram matrix of the pseudo-
+gradients Δ_j = θ - θ_j of its layers (θ: the global model now, Algorithm 1); `Prepare` computes the
+next version out of place (weighted average, clip, outer step; one thread per layer) and writes its
+snapshot; `Commit` makes it current, `Abort` forgets it. The previous version stays pullable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from h2.core.dips import OuterOptions
+from h2.core.errors import UserError
+from h2.core.model_config import preset
+from h2.model.transformer import Transformer
+from h2.ps import outer
+from h2.ps.datapath import LayerServer, Refused
+from h2.ps.layout import Layer, flatten, model_layers
+from h2.ps.rpc import Control, Rejected, Unreachable, serve, wait_until_stopped
+
+_SNAPSHOT = re.compile(r"^v(\d+)\.pt$")
+KEEP_SNAPSHOTS = 3
+
+
+def log(index: int, message: str) -> None:
+    print(f"[shard {index}] {message}", flush=True)
+
+
+class ShardState:
+    """The layers' parameters, momentum and staged pushes, with snapshots on disk."""
+
+    def __init__(self, index: int, layers: list[Layer], options: OuterOptions, snapshot_dir: str):
+        self.index, self.layers, self.options = index, {layer.name: layer for layer in layers}, options
+        self.snapshot_dir = snapshot_dir
+        os.makedirs(snapshot_dir, exist_ok=True)
+        self.lock = threading.Lock()
+        self.version = 0
+        self.params: dict[str, torch.Tensor] = {}
+        self.momentum: dict[str, torch.Tensor | None] = {name: None for name in self.layers}
+        self.previous: tuple[int, dict[str, torch.Tensor]] | None = None
+        self.staged: dict[int, dict[str, torch.Tensor]] = {}
+        self.measured: dict[int, dict[str, torch.Tensor]] = {}
+        self.prepared: dict | None = None
+        self.threads = ThreadPoolExecutor(max_workers=max(1, len(layers)), thread_name_prefix="ps-layer-math")
+
+    # ---- versions on disk -----------------------------------------------------------------------
+    def snapshot_path(self, version: int) -> str:
+        return os.path.join(self.snapshot_dir, f"v{version:06d}.pt")
+
+    def snapshots(self) -> list[int]:
+        return sorted(int(m.group(1)) for name in os.listdir(self.snapshot_dir) if (m := _SNAPSHOT.match(name)))
+
+    def start(self, version: int, model_name: str, seed: int) -> None:
+        """Load snapshot `version`, or build version 0 from the run's seed."""
+        if version in self.snapshots():
+            saved = torch.load(self.snapshot_path(version), weights_only=True)
+            self.params = {name: saved["params"][name] for name in self.layers}
+            self.momentum = {name: saved["momentum"].get(name) for name in self.layers}
+        elif version == 0:
+            torch.manual_seed(seed)
+            tensors = dict(Transformer(preset(model_name)).named_parameters())
+            self.params = {name: flatten(layer, tensors) for name, layer in self.layers.items()}
+            self._write(0, self.params, self.momentum)
+        else:
+            raise UserError(f"{self.snapshot_dir}: no snapshot of version {version} (have {self.snapshots()})")
+        self.version = version
+
+    def _write(self, version: int, params: dict, momentum: dict) -> None:
+        path = self.snapshot_path(version)
+        temporary = f"{path}.tmp{os.getpid()}"
+        torch.save({"version": version, "params": params,
+                    "momentum": {k: v for k, v in momentum.items() if v is not None}}, temporary)
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        for old in self.snapshots()[:-KEEP_SNAPSHOTS]:
+            os.remove(self.snapshot_path(old))
+
+    # ---- data flow ------------------------------------------------------------------------------
+    def on_push(self, ticket: int, layer: str, payload: memoryview) -> None:
+        with self.lock:
+            staging = self.staged.get(ticket)
+            if staging is None:
+                raise Refused(f"push from an unknown cluster: ticket {ticket} was not issued by the master "
+                              f"(or its round is over)")
+            vector = staging.get(layer)
+            if vector is None:
+                vector = staging[layer] = torch.empty(self.layers[layer].numel, dtype=torch.float32)
+        vector.numpy()[:] = np.frombuffer(payload, dtype=np.float32)
+
+    def on_pull(self, layer: str, version: int) -> tuple[int, torch.Tensor]:
+        with self.lock:
+            if version == self.version:
+                return version, self.params[layer]
+            if self.previous is not None and self.previous[0] == version:
+                return version, self.previous[1][layer]
+            raise Refused(f"version {version} of layer {layer} is not held (current {self.version})")
+
+    # ---- control flow ---------------------------------------------------------------------------
+    def expect(self, ticket: int) -> None:
+        with self.lock:
+            self.staged.setdefault(ticket, {})
+
+    def missing(self, tickets: list[int]) -> dict[str, list[str]]:
+        with self.lock:
+            return {str(t): [name for name in self.layers if name not in self.staged.get(t, {})] for t in tickets
+                    if t not in self.staged or len(self.staged[t]) < len(self.layers)}
+
+    def measure(self, tickets: list[int]) -> dict[str, dict[str, float]]:
+        """<Δ_j, Δ_k> over this shard's layers, Δ_j = θ - θ_j, for every pair of tickets."""
+        with self.lock:
+            for ticket in tickets:
+                if ticket not in self.staged or len(self.staged[ticket]) < len(self.layers):
+                    raise Rejected(f"shard {self.index}: ticket {ticket} is not complete here")
+            staged = {t: self.staged[t] for t in tickets}
+            params = dict(self.params)
+
+        def layer_gram(name: str) -> tuple[dict[int, torch.Tensor], np.ndarray]:
+            deltas = {t: params[name] - staged[t][name] for t in tickets}
+            stacked = torch.stack([deltas[t] for t in tickets]).double()
+            return deltas, (stacked @ stacked.T).numpy()
+
+        results = list(self.threads.map(layer_gram, list(self.layers)))
+        gram = sum(r[1] for r in results)
+        with self.lock:
+            self.measured = {t: {name: results[i][0][t] for i, name in enumerate(self.layers)} for t in tickets}
+        return {str(a): {str(b): float(gram[i, j]) for j, b in enumerate(tickets)} for i, a in enumerate(tickets)}
+
+    def prepare(self, round_id: int, weights: dict[int, float], clip: float) -> int:
+        with self.lock:
+            if not self.measured or set(weights) - set(self.measured):
+                raise Rejected(f"shard {self.index}: round {round_id} was not measured here")
+            measured, params, momentum = self.measured, dict(self.params), dict(self.momentum)
+
+        def layer_step(name: str):
+            average = sum(weight * measured[t][name] for t, weight in weights.items())
+            return outer.stepped(self.options, params[name], momentum[name], clip * average)
+
+        results = dict(zip(self.layers, self.threads.map(layer_step, list(self.layers))))
+        new_params = {name: result[0] for name, result in results.items()}
+        new_momentum = {name: result[1] for name, result in results.items()}
+        version = self.version + 1
+        self._write(version, new_params, new_momentum)
+        with self.lock:
+            self.prepared = {"round": round_id, "version": version, "params": new_params, "momentum": new_momentum}
+        return version
+
+    def commit(self, round_id: int) -> int:
+        with self.lock:
+            if self.prepared is None or self.prepared["round"] != round_id:
+                raise Rejected(f"shard {self.index}: round {round_id} was not prepared here")
+            self.previous = (self.version, self.params)
+            self.params, self.momentum = self.prepared["params"], self.prepared["momentum"]
+            self.version = self.prepared["version"]
+            self.prepared = None
+            self.measured = {}
+            return self.version
+
+    def forget(self, tickets: list[int], round_id: int | None = None) -> None:
+        """Drop staged pushes (and a prepared round that was abandoned)."""
+        with self.lock:
+            for ticket in tickets:
+                self.staged.pop(ticket, None)
+                self.measured.pop(ticket, None)
+            if round_id is not None and self.prepared is not None and self.prepared["round"] == round_id:
+                path = self.snapshot_path(self.prepared["version"])
+                self.prepared = None
+                if os.path.exists(path):
+                    os.remove(path)
+
+
+class ShardServer:
+    """One shard process: its state, its data flow, its control endpoint and its heartbeat."""
+
+    def __init__(self, master: str, index: int, host: str, control_port: int, data_port: int,
+                 crash_at_round: int = 0):
+        self.index, self.host, self.crash_at_round = index, host, crash_at_round
+        self.master = Control(master)
+        self.stopped = threading.Event()
+        log(index, f"asking master {master} for its plan")
+        try:
+            plan = self.master.call_until("ShardPlan", give_up_s=120, index=index)
+        except Rejected as error:
+            raise UserError(str(error)) from None
+        except Unreachable:
+            raise UserError(f"shard {index}: master {master} did not answer for 120 s") from None
+        self.heartbeat_s = plan["heartbeat_s"]
+        all_layers = model_layers(preset(plan["model"]))
+        mine = [layer for layer in all_layers if layer.name in plan["layers"]]
+        self.state = ShardState(index, mine, OuterOptions(**plan["outer"]), plan["snapshot_dir"])
+        self.model, self.seed = plan["model"], plan["seed"]
+        self.state.start(plan["version"], self.model, self.seed)
+        indices = {all_layers.index(layer): layer for layer in mine}
+        self.data = LayerServer(host, data_port, indices, on_push=self.state.on_push, on_pull=self.state.on_pull)
+        handlers = {"Expect": self._expect, "Holds": self._holds, "Measure": self._measure, "Prepare": self._prepare,
+                    "Commit": self._commit, "Forget": self._forget, "Status": self._status}
+        self.control, self.control_port = serve(handlers, host, control_port, what=f"shard {index} control flow")
+        self._register()
+        log(index, f"serving {', '.join(layer.name for layer in mine)} at version {self.state.version}: "
+                   f"data tcp://{host}:{self.data.port}, control {host}:{self.control_port}")
+        self.beat = threading.Thread(target=self._beat_loop, name="ps-shard-beat", daemon=True)
+        self.beat.start()
+
+    def _register(self) -> None:
+        while True:
+            reply = self.master.call_until("RegisterShard", give_up_s=120, index=self.index,
+                                           control=f"{self.host}:{self.control_port}",
+                                           data=f"tcp://{self.host}:{self.data.port}", version=self.state.version)
+            if "reload" not in reply:
+                return
+            log(self.index, f"the run is at version {reply['reload']}, this shard at {self.state.version}: "
+                            f"loading that snapshot")
+            with self.state.lock:
+                self.state.prepared = None
+                self.state.start(int(reply["reload"]), self.model, self.seed)
+
+    def _beat_loop(self) -> None:
+        unreachable_since = None
+        while not self.stopped.wait(self.heartbeat_s):
+            try:
+                self.master.call("ShardBeat", timeout_s=max(1.0, self.heartbeat_s), index=self.index,
+                                 version=self.state.version)
+                if unreachable_since is not None:
+                    log(self.index, f"master is back after {time.monotonic() - unreachable_since:.1f} s")
+                    unreachable_since = None
+            except Rejected:  # the master restarted and does not know this shard: register again
+                log(self.index, "master does not know this shard (restarted?): registering again")
+                try:
+                    self._register()
+                except (Rejected, Unreachable) as error:
+                    log(self.index, f"registering failed: {error}")
+            except Unreachable:
+                if unreachable_since is None:
+                    unreachable_since = time.monotonic()
+                    log(self.index, "master unreachable: retrying")
+
+    # ---- control handlers ------------------------------------------------------------------------
+    def _expect(self, request: dict) -> dict:
+        self.state.expect(int(request["ticket"]))
+        return {}
+
+    def _holds(self, request: dict) -> dict:
+        return {"missing": self.state.missing([int(t) for t in request["tickets"]])}
+
+    def _measure(self, request: dict) -> dict:
+        return {"gram": self.state.measure([int(t) for t in request["tickets"]])}
+
+    def _prepare(self, request: dict) -> dict:
+        round_id = int(request["round"])
+        if round_id == self.crash_at_round:
+            log(self.index, f"fault injection: exiting while preparing round {round_id}")
+            os._exit(3)
+        weights = {int(t): float(w) for t, w in request["weights"].items()}
+        return {"version": self.state.prepare(round_id, weights, float(request["clip"]))}
+
+    def _commit(self, request: dict) -> dict:
+        return {"version": self.state.commit(int(request["round"]))}
+
+    def _forget(self, request: dict) -> dict:
+        round_id = request.get("round")
+        self.state.forget([int(t) for t in request["tickets"]], None if round_id is None else int(round_id))
+        return {}
+
+    def _status(self, request: dict) -> dict:
+        return {"index": self.index, "version": self.state.version, "layers": list(self.state.layers),
+                "refused_frames": self.data.refused}
+
+    def serve_forever(self) -> None:
+        wait_until_stopped(self.stopped)
+        self.close()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.control.stop(0)
+        self.data.close()
+        log(self.index, f"stopped at version {self.state.version}")

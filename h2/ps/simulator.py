@@ -1,0 +1,176 @@
+"""The outer loop at the paper's scale, simulated: clusters of given throughput push, wait for the
+window, the shards update, the participants pull; it reports the PS's overhead per round.
+
+A scenario (configs/dips/paper-table1.yaml) names the clusters (peak PFLOPS, how many workers talk to
+the PS at once), the inter-site bandwidth matrix B (Gbps, B[i][j]: CPU servers at site i to cluster
+j), the model size, the shards and their update rate. The PS is placed at argmax_i B_iᵀ p (p: the
+clusters' training throughputs, Di-PS section 3.1). Per cluster: step time = tokens_per_step *
+6 * parameters / (PFLOPS * mfu); a push moves the model's bytes at min(link * workers, the shards'
+ingress shared by every transfer in flight); the update takes bytes / (shards * update_gbps); a pull
+is a push backwards. Events are processed in time order (Algorithm 1's window: every commit re-arms
+it). Nothing here runs a model: it is arithmetic on the scenario's numbers.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.errors import UserError
+
+
+@dataclass
+class SiteCluster:
+    name: str
+    pflops: float
+    workers: int = 1             # pipeline stages that push and pull in parallel
+
+
+@dataclass
+class Scenario:
+    parameters: float
+    clusters: list[SiteCluster]
+    bandwidth_gbps: list[list[float]]
+    bytes_per_parameter: int = 4
+    tokens_per_step: int = 4_194_304
+    mfu: float = 0.4
+    inner_steps: int = 64
+    shards: int = 16
+    shard_nic_gbps: float = 25.0
+    update_gbps: float = 2.0      # bytes of model a shard's CPU optimizer updates per second (Gbit/s)
+    grace_s: float = 60.0
+
+    @property
+    def model_bytes(self) -> float:
+        return self.parameters * self.bytes_per_parameter
+
+    def step_s(self, cluster: SiteCluster) -> float:
+        return self.tokens_per_step * 6 * self.parameters / (cluster.pflops * 1e15 * self.mfu)
+
+
+def load_scenario(path: str) -> Scenario:
+    scenario = dataclass_from_mapping(Scenario, load_yaml_mapping(path), path)
+    n = len(scenario.clusters)
+    if n == 0:
+        raise UserError(f"{path}: field 'clusters' is empty")
+    if len(scenario.bandwidth_gbps) != n or any(len(row) != n for row in scenario.bandwidth_gbps):
+        raise UserError(f"{path}: field 'bandwidth_gbps' must be {n} x {n} (one row and column per cluster)")
+    for name in ("parameters", "mfu", "shards", "shard_nic_gbps", "update_gbps", "inner_steps", "tokens_per_step"):
+        if getattr(scenario, name) <= 0:
+            raise UserError(f"{path}: field '{name}' must be positive, got {getattr(scenario, name)}")
+    return scenario
+
+
+def placement(scenario: Scenario) -> int:
+    """argmax_i of B_iᵀ p: the site whose links, weighted by each cluster's throughput, carry the most."""
+    throughput = [1.0 / scenario.step_s(c) for c in scenario.clusters]
+    scores = [sum(scenario.bandwidth_gbps[i][j] * throughput[j] for j in range(len(throughput)))
+              for i in range(len(throughput))]
+    return max(range(len(scores)), key=scores.__getitem__)
+
+
+@dataclass
+class RoundReport:
+    round: int
+    participants: list[str]
+    push_s: dict[str, float]
+    update_s: float
+    pull_s: dict[str, float]
+
+
+@dataclass
+class ClusterReport:
+    name: str
+    step_s: float
+    rounds: int = 0
+    compute_s: float = 0.0
+    push_s: float = 0.0
+    wait_s: float = 0.0
+    pull_s: float = 0.0
+
+    @property
+    def overhead(self) -> float:
+        spent = self.compute_s + self.push_s + self.wait_s + self.pull_s
+        return (self.push_s + self.wait_s + self.pull_s) / spent if spent else 0.0
+
+
+@dataclass
+class Simulation:
+    site: int
+    rounds: list[RoundReport] = field(default_factory=list)
+    clusters: dict[str, ClusterReport] = field(default_factory=dict)
+
+
+def _transfer_s(scenario: Scenario, cluster_index: int, site: int, concurrent: int) -> float:
+    cluster = scenario.clusters[cluster_index]
+    link = scenario.bandwidth_gbps[site][cluster_index] * cluster.workers
+    shard_share = scenario.shards * scenario.shard_nic_gbps / max(1, concurrent)
+    return scenario.model_bytes * 8 / (min(link, shard_share) * 1e9)
+
+
+def simulate(scenario: Scenario, rounds: int = 20) -> Simulation:
+    site = placement(scenario)
+    sim = Simulation(site, clusters={c.name: ClusterReport(c.name, scenario.step_s(c)) for c in scenario.clusters})
+    update_s = scenario.model_bytes * 8 / (scenario.shards * scenario.update_gbps * 1e9)
+    events: list[tuple[float, int, str, int]] = []   # (time, order, kind, cluster index)
+    order = 0
+    for index, cluster in enumerate(scenario.clusters):
+        compute = scenario.inner_steps * scenario.step_s(cluster)
+        sim.clusters[cluster.name].compute_s += compute
+        heapq.heappush(events, (compute, order := order + 1, "computed", index))
+    in_flight, pending, window_closes, busy_until = 0, [], None, 0.0
+    pushed_at: dict[int, float] = {}
+    while events and len(sim.rounds) < rounds:
+        now, _, kind, index = heapq.heappop(events)
+        name = scenario.clusters[index].name
+        if kind == "computed":
+            in_flight += 1
+            push = _transfer_s(scenario, index, site, in_flight)
+            sim.clusters[name].push_s += push
+            pushed_at[index] = now
+            heapq.heappush(events, (now + push, order := order + 1, "committed", index))
+        elif kind == "committed":
+            in_flight -= 1
+            pending.append((index, now - pushed_at[index]))
+            window_closes = now + scenario.grace_s
+            heapq.heappush(events, (window_closes, order := order + 1, "window", -1))
+        elif kind == "window" and pending and window_closes is not None and now >= window_closes:
+            start = max(now, busy_until)
+            busy_until = start + update_s
+            batch, pending, window_closes = pending, [], None
+            pulls = {}
+            for member, push in batch:
+                member_name = scenario.clusters[member].name
+                pull = _transfer_s(scenario, member, site, len(batch))
+                pulls[member_name] = pull
+                report = sim.clusters[member_name]
+                report.wait_s += busy_until - (pushed_at[member] + push)
+                report.pull_s += pull
+                report.rounds += 1
+                compute = scenario.inner_steps * scenario.step_s(scenario.clusters[member])
+                report.compute_s += compute
+                heapq.heappush(events, (busy_until + pull + compute, order := order + 1, "computed", member))
+            sim.rounds.append(RoundReport(len(sim.rounds) + 1, [scenario.clusters[m].name for m, _ in batch],
+                                          {scenario.clusters[m].name: p for m, p in batch}, update_s, pulls))
+    return sim
+
+
+def report(scenario: Scenario, sim: Simulation) -> str:
+    gb = scenario.model_bytes / 1e9
+    lines = [f"model {scenario.parameters / 1e9:.0f} B parameters = {gb:.0f} GB per push and per pull; "
+             f"{scenario.shards} shards x {scenario.shard_nic_gbps:g} Gbps; H = {scenario.inner_steps}; "
+             f"PS placed at {scenario.clusters[sim.site].name}'s site (argmax of B_i^T p)",
+             f"{'round':>5}  {'participants':<28}{'push s (max)':>13}{'update s':>10}{'pull s (max)':>13}"]
+    for r in sim.rounds:
+        lines.append(f"{r.round:>5}  {', '.join(r.participants):<28}{max(r.push_s.values()):>13.0f}"
+                     f"{r.update_s:>10.0f}{max(r.pull_s.values()):>13.0f}")
+    lines.append(f"{'cluster':<9}{'step s':>8}{'rounds':>8}{'push s':>9}{'wait s':>9}{'pull s':>9}{'overhead':>10}")
+    for c in sim.clusters.values():
+        n = max(c.rounds, 1)
+        lines.append(f"{c.name:<9}{c.step_s:>8.1f}{c.rounds:>8}{c.push_s / n:>9.0f}{c.wait_s / n:>9.0f}"
+                     f"{c.pull_s / n:>9.0f}{100 * c.overhead:>9.1f}%")
+    total = sum(c.push_s + c.wait_s + c.pull_s for c in sim.clusters.values())
+    spent = total + sum(c.compute_s for c in sim.clusters.values())
+    lines.append(f"PS overhead over all clusters: {100 * total / spent:.1f}% of their time (simulated)")
+    return "\n".join(lines)
