@@ -172,6 +172,10 @@ def check_targets(rows: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--device" or a.startswith("--device=") for a in argv):  # device tensors (dicomm/bench_device.py)
+        from dicomm.bench_device import main as device_main
+
+        return device_main(argv)
     if "--torch" in argv:  # the torch.distributed backend against gloo (dicomm/bench_torch.py)
         from dicomm.bench_torch import main as torch_main
 

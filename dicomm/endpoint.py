@@ -29,6 +29,11 @@ class Endpoint:
     - ``timeout``: seconds after which a pending request fails (dead or silent peer).
     - ``connect_timeout``: seconds allowed for setup (store look-ups and connections).
     - ``prefix``: store key prefix, so several endpoints can share one store.
+    - ``device_memory``: the device memory functions of the buffers passed with ``device=True``
+      (``h2.core.devices.device_memory("dipu")``). With them on both sides of a same-host
+      connection, device buffers move device-direct (one vendor copy, no host staging); elsewhere
+      they are staged through host memory with the vendor's copies. ``device_direct=False`` (or
+      DICOMM_DEVICE_DIRECT=0) always stages: the CPU-mediated baseline.
     - ``link``: an emulated link (``h2.core.links.Link``: bandwidth, one-way latency) that paces
       what this rank sends to every peer; ``peer_links`` overrides it per peer rank. Each message
       is handed to the transport when it would arrive over that link (docs/dicomm.md, "Link
@@ -51,6 +56,8 @@ class Endpoint:
         timeout: float | None = None,
         connect_timeout: float | None = None,
         prefix: str | None = None,
+        device_memory: Mapping[str, int] | None = None,
+        device_direct: bool | None = None,
         link: Link | None = None,
         peer_links: Mapping[int, Link] | None = None,
         **tuning: int,
@@ -68,6 +75,10 @@ class Endpoint:
             options.connect_timeout_s = float(connect_timeout)
         if prefix is not None:
             options.store_prefix = prefix
+        if device_memory is not None:
+            options.set_device_memory(dict(device_memory))
+        if device_direct is not None:
+            options.device_direct = bool(device_direct)
         if link is not None:
             options.link = link_shape(link)
         if peer_links is not None:
@@ -98,6 +109,10 @@ class Endpoint:
         """The transport carrying traffic to ``peer``: "tcp", "shm" or "ibverbs"."""
         return self._engine.transport(peer)
 
+    def device_direct(self, peer: int) -> bool:
+        """Whether ``device=True`` buffers to and from ``peer`` move device-direct (no host staging)."""
+        return self._engine.device_direct(peer)
+
     def link(self, peer: int) -> Link | None:
         """The emulated link that paces sends to ``peer``; None when they are not paced."""
         return link_from_shape(self._engine.link(peer))
@@ -115,7 +130,8 @@ class Endpoint:
     def set_copy_hooks(self, to_host: Callable[[int, int, int], None],
                        from_host: Callable[[int, int, int], None]) -> None:
         """How device memory is read and written: each hook is called as ``hook(dst_address,
-        src_address, nbytes)``. Requests with ``device=True`` are then staged through host memory."""
+        src_address, nbytes)``. Requests with ``device=True`` that do not move device-direct are then
+        staged through host memory with these hooks."""
         self._engine.set_copy_hooks(to_host, from_host)
 
     def isend(self, buffer: Any, dst: int, tag: int = 0, *, device: bool = False) -> Handle:

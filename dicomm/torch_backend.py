@@ -3,7 +3,9 @@
 Imported by ``import dicomm`` when torch is installed. After it, ``init_process_group("dicomm")``,
 ``new_group(backend="dicomm")`` and per-device strings such as ``"cpu:gloo,dipu:dicomm"`` work.
 The backend serves CPU tensors and, once the PrivateUse1 backend has been renamed (``dipu``),
-that device's tensors too (staged through host memory). It announces the device types it serves
+that device's tensors too: point-to-point device-direct where the device announced its memory
+functions (``h2.core.devices.device_memory``) and the peer is on the same host, staged through host
+memory otherwise. It announces the device types it serves
 to ``h2.core.devices`` (where "which backend serves a device" is decided) and extends itself to a
 device type registered later (``dipu`` imported after ``dicomm``).
 """
@@ -51,8 +53,10 @@ def _create_backend(common, options: GroupOptions | None):
             link = options.links.get(global_rank)
             if link is not None and group_rank != common.group_rank:
                 peer_links[group_rank] = (link.bytes_per_s, link.latency_s)
+    private_use = torch._C._get_privateuse1_backend_name()
+    device_memory = devices.device_memory(private_use) if private_use != "privateuseone" else None
     return _dicomm_c10d.create_backend(common.store, common.group_rank, common.group_size,
-                                       common.timeout.total_seconds(), peer_links)
+                                       common.timeout.total_seconds(), peer_links, device_memory)
 
 
 def register() -> None:

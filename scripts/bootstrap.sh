@@ -11,6 +11,25 @@ venv="${H2_VENV:-$root/.venv}"
 torch_version="${H2_TORCH_VERSION:-2.13.0}"
 python="${PYTHON:-python3}"
 
+# System packages: the rdma-core headers and libraries, so the ibverbs transport always compiles,
+# and pyverbs, which the tests use to cross-check DiComm's RDMA probe. Installed only as root (CI and
+# the development machines are root); otherwise say what was skipped and build without them.
+system_packages=(libibverbs-dev librdmacm-dev rdma-core python3-pyverbs)
+missing_packages=()
+for package in "${system_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing_packages+=("$package")
+done
+if [ "${#missing_packages[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "[bootstrap] installing system packages: ${missing_packages[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing_packages[@]}" >/dev/null
+  else
+    echo "[bootstrap] skipped system packages ${missing_packages[*]} (needs root and apt-get):" \
+         "the ibverbs transport is not compiled and the pyverbs cross-check is skipped"
+  fi
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
   echo "[bootstrap] creating virtual environment $venv"
   "$python" -m venv "$venv"
@@ -30,3 +49,4 @@ if ! "$py" -c "import numpy, yaml, pybind11, scikit_build_core, ninja, pytest, p
 fi
 echo "[bootstrap] building and installing h2 (editable)"
 "${pip[@]}" --no-build-isolation --no-deps --editable "$root"
+"$py" -c "import dicomm; print('[bootstrap] dicomm', dicomm.probe_ibverbs()['message'])"

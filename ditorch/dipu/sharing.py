@@ -1,7 +1,8 @@
 """dipu tensors and other processes: refused in one line rather than failing deep in pickling.
 
-This vendor interface has no way to hand device memory to another process, so a dipu tensor sent to
-a worker (torch.multiprocessing, hogwild-style training after `share_memory()`) is refused when it is
+Pickling has no way to hand device memory to another process (the vendor's memory handles,
+ditorch.dipu.memory_ipc, serve DiComm's transfers only), so a dipu tensor sent to a worker
+(torch.multiprocessing, hogwild-style training after `share_memory()`) is refused when it is
 pickled, naming what to do instead. (`share_memory_()` on a dipu tensor is a no-op, as for CUDA.)
 """
 

@@ -1,7 +1,7 @@
 """`heteroauto`: search a strategy, simulate one, or profile chip types.
 
-    heteroauto search   --cluster C [--model M] [--gbs-tokens 4M] [--alpha A] [--out S.yaml] [--json] [--top K] [--exhaustive]
-    heteroauto simulate --strategy S --cluster C [--json] [--trace FILE]
+    heteroauto search   --cluster C [--model M] [--cost-model full|paper] [--time-limit S] [--out S.yaml] [--json] [--exhaustive]
+    heteroauto simulate --strategy S --cluster C [--cost-model full|paper] [--json] [--trace FILE]
     heteroauto profile  --cluster C [--chip NAME] [--model M] [--device cpu] [--synthesise] [--out-dir D | --out P.yaml]
 
 `profile` measures by running the runtime's stage code on TP ranks of each chip (heteropp.profiling;
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -25,14 +26,17 @@ from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.model_config import ModelConfig, resolve_model
 from h2.core.schedule import schedule_actions
 from h2.core.strategy import load_strategy
-from heteropp.auto.evaluation import evaluate_strategy, stage_costs, training_for, transfer_model
+from heteropp.auto import paper_search
+from heteropp.auto.evaluation import evaluate_strategy, training_for
 from heteropp.auto.oracle import oracle_search
 from heteropp.auto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
                                     synthesise_profile)
-from heteropp.auto.search import search
+from heteropp.auto.search import Progress, search
 from heteropp.auto.simulator import simulate
+from heteropp.auto.stage_terms import COST_MODELS
 
 GB = 1e9
+MAX_REPLAY_MICRO_BATCHES = 1 << 16
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,17 +57,29 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--profiles", metavar="DIR",
                          help="a folder `heteroauto profile` wrote: the profile of every chip type found there")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
+        sub.add_argument("--cost-model", choices=COST_MODELS, default="full",
+                         help="full: with embedding, head, stage-to-stage transfers (default); paper: the H2 paper's")
 
     search_cmd = commands.add_parser("search", help="find the best strategy")
     problem(search_cmd)
     search_cmd.add_argument("--out", help="write the best strategy here (YAML)")
-    search_cmd.add_argument("--top", type=int, default=1, help="also list the K best configurations")
+    search_cmd.add_argument("--search", choices=("exact", "paper"),
+                            help="exact: every dp, stage order and tp sequence, a layer count per stage (default); "
+                                 "paper: the paper's procedure and shortcuts (default with --cost-model paper)")
+    search_cmd.add_argument("--top", type=int, default=1, help="also list the K best plans (distinct dp, grouping, order)")
     search_cmd.add_argument("--exhaustive", action="store_true", help="the oracle: enumerate the whole space")
     search_cmd.add_argument("--group-size", type=int, default=128,
-                            help="two-stage refinement: chips per sub-group of a type (0: single stage)")
+                            help="chips per group of a type, each with its own tp and recompute (0: whole types)")
     search_cmd.add_argument("--dp", type=int, help="fix the data-parallel size instead of searching it")
+    search_cmd.add_argument("--monotone-tp", action="store_true",
+                            help="tp may not grow along one type's groups (the paper's rule)")
+    search_cmd.add_argument("--time-limit", type=float, metavar="S",
+                            help="stop after S CPU seconds with the best plan so far and its proved gap")
+    search_cmd.add_argument("--gap", type=float, default=0.0,
+                            help="stop once no plan can be more than this fraction faster (default 0: optimal)")
+    search_cmd.add_argument("--progress", action="store_true", help="show progress on stderr (default: on a terminal)")
     search_cmd.add_argument("--refine-all-dp", action="store_true",
-                            help="second stage at every dp, not only the first stage's (slower)")
+                            help="--search paper: second stage at every dp, not only the first stage's (slower)")
     search_cmd.add_argument("--no-baselines", action="store_true",
                             help="skip the per-chip-type searches behind HeteroSpeedupRatio")
     search_cmd.add_argument("--baseline-gbs-tokens",
@@ -106,8 +122,9 @@ def _problem(args, default_model: ModelConfig | None = None,
         model = resolve_model(args.model)
     elif default_model is not None:
         model = default_model
-    elif cluster.model is not None:
-        model = resolve_model(cluster.model)
+    elif cluster.model is not None:   # a model file named in the cluster file is relative to it, as chip files are
+        relative = cluster.model.endswith((".yaml", ".yml")) and not os.path.isabs(cluster.model)
+        model = resolve_model(os.path.join(os.path.dirname(cluster.source), cluster.model) if relative else cluster.model)
     else:
         raise UserError(f"{args.cluster}: no field 'model' and no --model given")
     base = dataclasses.asdict(cluster.training) if cluster.training else {"seq_len": model.max_seq_len}
@@ -133,10 +150,59 @@ def _problem(args, default_model: ModelConfig | None = None,
 
 
 # ---- search --------------------------------------------------------------------------------------
-def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, group_size, baseline_tokens=None):
+MAX_TOP = 1000
+MAX_GROUP_SIZE = 1 << 24
+
+
+def _search_options(args) -> dict:
+    """The search's settings from the flags, each checked (one line, exit 2, when out of range)."""
+    if not 1 <= args.top <= MAX_TOP:
+        raise UserError(f"--top: must be between 1 and {MAX_TOP}, got {args.top}")
+    if not 0 <= args.group_size <= MAX_GROUP_SIZE:
+        raise UserError(f"--group-size: must be 0 (whole types) or a chip count up to {MAX_GROUP_SIZE}, "
+                        f"got {args.group_size}")
+    if args.time_limit is not None and not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise UserError(f"--time-limit: must be a positive number of seconds, got {args.time_limit}")
+    if not (math.isfinite(args.gap) and 0 <= args.gap < 1):
+        raise UserError(f"--gap: must be a fraction in [0, 1), got {args.gap}")
+    method = args.search or ("paper" if args.cost_model == "paper" else "exact")
+    if method == "exact" and args.refine_all_dp:
+        raise UserError("--refine-all-dp: only with --search paper (the exact search tries every dp)")
+    if method == "paper" and (args.monotone_tp or args.time_limit is not None or args.gap):
+        raise UserError("--monotone-tp, --time-limit and --gap: only with --search exact (the paper's procedure "
+                        "always keeps tp monotone and has no bound to report)")
+    return {"method": method, "top_k": args.top, "group_size": args.group_size or None, "dp": args.dp,
+            "monotone_tp": args.monotone_tp, "time_limit_s": args.time_limit, "gap": args.gap,
+            "refine_all_dp": args.refine_all_dp}
+
+
+def _run_search(cluster, model, training, profiles, cost_model: str, options: dict, progress=None):
+    if options["method"] == "paper":
+        return paper_search.search(cluster, model, training, profiles, top_k=options["top_k"],
+                                   group_size=options["group_size"], refine_all_dp=options["refine_all_dp"],
+                                   dp=options["dp"])
+    return search(cluster, model, training, profiles, cost_model=cost_model, top_k=options["top_k"],
+                  group_size=options["group_size"], dp=options["dp"], monotone_tp=options["monotone_tp"],
+                  gap=options["gap"], time_limit_s=options["time_limit_s"], progress=progress)
+
+
+def _show_progress(progress: Progress) -> None:
+    gap = progress.best_s / progress.lower_bound_s - 1 if 0 < progress.lower_bound_s < math.inf else math.inf
+    line = (f"heteroauto: searching {progress.elapsed_s:6.1f} s, dp/grouping {progress.items_done}/{progress.items}, "
+            f"{progress.orders_done} stage orders solved, best {progress.best_s:.4g} s, gap <= "
+            + (f"{gap * 100:.2f}%" if math.isfinite(gap) else "?"))
+    if sys.stderr.isatty():
+        print("\r" + line, end="", file=sys.stderr, flush=True)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, cost_model, options,
+                    baseline_tokens=None):
     """HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i; type i alone gets its chip share of the batch,
     or baseline_tokens (the paper's Table 6 runs: 2M tokens on each type's 256 chips)."""
     baselines, total = {}, 0.0
+    alone_options = {**options, "top_k": 1, "dp": None}
     for chip in cluster.chips:
         if baseline_tokens is not None:
             share = baseline_tokens // training.seq_len
@@ -147,12 +213,14 @@ def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, gro
             return None, baselines
         alone = dataclasses.replace(training, global_batch_tokens=None, global_batch_sequences=share)
         try:
-            result = search(cluster.only(chip.name), model, alone, profiles, group_size=group_size)
+            result = _run_search(cluster.only(chip.name), model, alone, profiles, cost_model, alone_options)
         except UserError as error:
             baselines[chip.name] = {"error": str(error)}
             return None, baselines
-        tgs = alone.tokens / result.best.objective_s / chip.count
-        baselines[chip.name] = {"chips": chip.count, "gbs_tokens": alone.tokens, "iteration_s": result.best.objective_s,
+        strategy = result.best.to_strategy(model, alone)
+        iteration = evaluate_strategy(strategy, cluster, model, alone, profiles, cost_model=cost_model).iteration_s
+        tgs = alone.tokens / iteration / chip.count
+        baselines[chip.name] = {"chips": chip.count, "gbs_tokens": alone.tokens, "iteration_s": iteration,
                                 "tokens_per_chip_s": tgs, "dp": result.best.dp, "tp": list(result.best.tps),
                                 "pp": sum(result.best.pps), "recompute": list(result.best.recompute)}
         total += chip.count * tgs
@@ -179,57 +247,73 @@ def _profiles(args, cluster: ClusterSpec, model: ModelConfig, training: Training
     return profiles_for(cluster, model, training, _profile_paths(args, cluster))
 
 
+def _emulated(cluster, name: str) -> str:
+    return " (emulated)" if cluster.chip(name).emulated else ""
+
+
 def _cmd_search(args) -> int:
     cluster, model, training = _problem(args)
     profiles = _profiles(args, cluster, model, training)
-    if args.top < 1:
-        raise UserError("--top: must be at least 1")
-    if args.group_size < 0:
-        raise UserError("--group-size: must be 0 (single stage) or a positive chip count")
-    group_size = args.group_size or None
+    options = _search_options(args)
+    schedule = "1f1b-split-backward" if training.alpha == 0 else "1f1b"
+    progress = _show_progress if (args.progress or sys.stderr.isatty()) else None
     if args.exhaustive:
-        result = oracle_search(cluster, model, training, profiles, group_size=group_size, dp=args.dp)
+        oracle = oracle_search(cluster, model, training, profiles, cost_model=args.cost_model,
+                               group_size=options["group_size"], dp=args.dp, monotone_tp=args.monotone_tp)
+        strategy, result = dataclasses.replace(oracle.strategy, schedule=schedule), None
+        search_s, search_cpu_s, evaluated, bounded = oracle.search_s, oracle.search_cpu_s, oracle.evaluated, 0
     else:
-        result = search(cluster, model, training, profiles, top_k=args.top, group_size=group_size,
-                        refine_all_dp=args.refine_all_dp, dp=args.dp)
-    strategy = result.best.to_strategy(model, training, "1f1b-split-backward" if training.alpha == 0 else "1f1b")
-    report = evaluate_strategy(strategy, cluster, model, training, profiles)
+        result = _run_search(cluster, model, training, profiles, args.cost_model, options, progress)
+        if progress is not None and sys.stderr.isatty():
+            print(file=sys.stderr)
+        strategy = result.best.to_strategy(model, training, schedule)
+        search_s, search_cpu_s, evaluated, bounded = (result.search_s, result.search_cpu_s, result.evaluated,
+                                                      result.bounded)
+    report = evaluate_strategy(strategy, cluster, model, training, profiles, cost_model=args.cost_model)
     ratio, baselines = (None, {})
     if not args.no_baselines:
         baseline_tokens = (parse_count(args.baseline_gbs_tokens, "--baseline-gbs-tokens")
                            if args.baseline_gbs_tokens is not None else None)
         ratio, baselines = _baseline_ratio(cluster, model, training, profiles,
-                                           report.tokens_per_iteration / report.iteration_s, group_size, baseline_tokens)
+                                           report.tokens_per_iteration / report.iteration_s, args.cost_model,
+                                           options, baseline_tokens)
     if args.out:
         strategy.save(args.out)
-    rows = [{"chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers, "recompute": s.recompute,
-             "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB,
-             "compute_s": s.compute_s, "update_s": s.update_s} for s in report.stages]
+    method = "exhaustive" if args.exhaustive else options["method"]
+    optimal = args.exhaustive or (result is not None and result.optimal)
+    gap = 0.0 if args.exhaustive else (result.gap if method == "exact" else None)
+    rows = [{"chip": s.chip, "emulated": cluster.chip(s.chip).emulated, "tp": s.tp, "dp": s.dp, "layers": s.layers,
+             "recompute": s.recompute, "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB,
+             "compute_s": s.compute_s, "update_s": s.update_s, "send_s": s.terms.send_s} for s in report.stages]
     payload = {
         "strategy": {"dp": strategy.dp, "micro_batches": strategy.micro_batches,
                      "micro_batch_size": strategy.micro_batch_size, "seq_len": strategy.seq_len,
                      "schedule": strategy.schedule, "model": model.name, "stages": rows},
         "iteration_s": report.iteration_s, "tokens_per_chip_s": report.tokens_per_chip_s,
-        "hetero_speedup_ratio": ratio, "baselines": baselines, "search_s": result.search_s,
-        "search_cpu_s": result.search_cpu_s,
-        "evaluated": result.evaluated, "bounded": result.bounded, "exhaustive": args.exhaustive,
-        "two_stage": result.stages_run == 2, "gbs_tokens": training.tokens, "alpha": training.alpha,
-        "top": [{"iteration_s": c.objective_s, "dp": c.dp, "groups": [g.label for g in c.groups], "tp": list(c.tps),
-                 "pp": list(c.pps), "recompute": list(c.recompute), "layers": list(c.layers)} for c in result.top],
+        "hetero_speedup_ratio": ratio, "baselines": baselines, "cost_model": args.cost_model, "search": method,
+        "optimal": optimal, "gap": gap, "timed_out": bool(result is not None and result.timed_out), "lower_bound_s": None if result is None or method != "exact" else result.lower_bound_s,
+        "search_s": search_s, "search_cpu_s": search_cpu_s, "evaluated": evaluated, "bounded": bounded,
+        "exhaustive": args.exhaustive, "gbs_tokens": training.tokens, "alpha": training.alpha,
+        "top": [] if result is None else [
+            {"iteration_s": c.objective_s, "dp": c.dp, "order": list(c.order), "groups": [g.label for g in c.groups],
+             "tp": list(c.tps), "pp": list(c.pps), "recompute": list(c.recompute),
+             "stage_layers": [list(x) for x in c.stage_layers]} for c in result.top],
     }
     if args.json:
         print(json.dumps(payload))
         return 0
-    print(f"cluster {cluster.name}: {cluster.total_chips} chips ({', '.join(f'{c.name}={c.count}' for c in cluster.chips)}), "
-          f"model {model.name}, global batch {training.tokens} tokens ({training.sequences} x {training.seq_len}), "
-          f"alpha {training.alpha:g}")
+    print(f"cluster {cluster.name}: {cluster.total_chips} chips ("
+          + ", ".join(f"{c.name}={c.count}{' emulated' if c.emulated else ''}" for c in cluster.chips)
+          + f"), model {model.name}, global batch {training.tokens} tokens ({training.sequences} x {training.seq_len}), "
+          f"alpha {training.alpha:g}, cost model {args.cost_model}")
     print(f"strategy: dp={strategy.dp} micro_batches={strategy.micro_batches} micro_batch_size={strategy.micro_batch_size} "
           f"pp={len(strategy.stages)} schedule={strategy.schedule}")
     print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'dp':>4} {'layers':>6} {'recomp':>6} {'memory GB':>10} {'cap GB':>7} "
-          f"{'T_comp s':>9} {'T_upd s':>8}")
+          f"{'T_comp s':>9} {'T_upd s':>8} {'send s':>8}")
     for s in report.stages:
         print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>4} {s.layers:>6} {'on' if s.recompute else 'off':>6} "
-              f"{s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g} {s.compute_s:>9.4f} {s.update_s:>8.4f}")
+              f"{s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g} {s.compute_s:>9.4f} {s.update_s:>8.4f} "
+              f"{s.terms.send_s:>8.4f}{_emulated(cluster, s.chip)}")
     print(f"predicted iteration: {report.iteration_s:.3f} s   tokens/chip/s: {report.tokens_per_chip_s:.2f}")
     if ratio is not None:
         alone = ", ".join(f"{name} {b['tokens_per_chip_s']:.2f}" for name, b in baselines.items())
@@ -239,13 +323,17 @@ def _cmd_search(args) -> int:
               f"tokens/chip/s {alone})")
     elif baselines:
         print("HeteroSpeedupRatio: n/a (" + "; ".join(f"{k}: {v.get('error')}" for k, v in baselines.items() if 'error' in v) + ")")
-    for rank, c in enumerate(result.top[1:], start=2):
-        print(f"#{rank}: {c.objective_s:.3f} s dp={c.dp} tp={list(c.tps)} pp={list(c.pps)} "
-              f"recompute={[int(r) for r in c.recompute]} layers={list(c.layers)}")
-    kind = "exhaustive" if args.exhaustive else ("two-stage" if result.stages_run == 2 else "single-stage")
-    print(f"search ({kind}): {result.search_s:.3f} s ({result.search_cpu_s:.3f} s CPU), "
-          f"{result.evaluated} configurations evaluated, "
-          f"{result.bounded} bounded")
+    for rank, c in enumerate(result.top[1:] if result else [], start=2):
+        print(f"#{rank}: {c.objective_s:.3f} s dp={c.dp} order={'>'.join(c.order)} tp={list(c.tps)} "
+              f"recompute={[int(r) for r in c.recompute]} stage layers={[list(x) for x in c.stage_layers]}")
+    if method == "exact":
+        proof = "proved optimal" if optimal else (
+            f"{'time limit reached; ' if result.timed_out else ''}within {gap * 100:.2f}% of the optimum "
+            f"(proved lower bound {result.lower_bound_s:.4g} s)")
+    else:
+        proof = "exhaustive" if method == "exhaustive" else "the paper's procedure: no optimality bound"
+    print(f"search ({method}): {search_s:.3f} s ({search_cpu_s:.3f} s CPU), {evaluated} evaluated, "
+          f"{bounded} skipped by bounds; {proof}")
     if args.out:
         print(f"wrote {args.out}")
     return 0
@@ -259,36 +347,41 @@ def _cmd_simulate(args) -> int:
     training = training_for(strategy, training)
     if args.alpha is None:
         training = dataclasses.replace(training, alpha=0.0 if strategy.schedule == "1f1b-split-backward" else 1.0)
+    if strategy.micro_batches > MAX_REPLAY_MICRO_BATCHES:
+        raise UserError(f"{args.strategy}: field 'micro_batches': the replay takes at most "
+                        f"{MAX_REPLAY_MICRO_BATCHES} micro-batches, got {strategy.micro_batches}")
     profiles = _profiles(args, cluster, model, training)
-    report = evaluate_strategy(strategy, cluster, model, training, profiles, source=args.strategy)
+    report = evaluate_strategy(strategy, cluster, model, training, profiles, source=args.strategy,
+                               cost_model=args.cost_model)
     schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
-    costs = stage_costs(strategy, profiles, report)
-    transfer = (lambda *a: 0.0) if args.no_transfers else transfer_model(strategy, cluster, model, training)
     started = time.perf_counter()
-    sim = simulate(schedule, costs, transfer, keep_timeline=args.trace is not None)
+    sim = simulate(schedule, report.terms, transfers=not args.no_transfers, keep_timeline=args.trace is not None)
     sim_s = time.perf_counter() - started
     if args.trace is not None:
         write_simulated_trace(args.trace, sim, report, strategy.schedule)
     tokens = training.tokens
     payload = {"iteration_s": sim.iteration_s, "cost_model_iteration_s": report.iteration_s,
+               "cost_model": args.cost_model,
                "tokens_per_chip_s": tokens / sim.iteration_s / report.chips, "schedule": strategy.schedule,
                "micro_batches": strategy.micro_batches, "transfers": sim.transfers, "simulate_s": sim_s,
                "fits": report.fits,
-               "stages": [{"chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers, "recompute": s.recompute,
-                           "busy_s": busy, "bubble_s": bubble, "update_s": s.update_s,
+               "stages": [{"chip": s.chip, "emulated": cluster.chip(s.chip).emulated, "tp": s.tp, "dp": s.dp,
+                           "layers": s.layers, "recompute": s.recompute, "busy_s": busy, "bubble_s": bubble,
+                           "update_s": s.update_s, "send_s": s.terms.send_s,
                            "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB}
                           for s, busy, bubble in zip(report.stages, sim.busy_s, sim.bubble_s)]}
     if args.json:
         print(json.dumps(payload))
         return 0
     print(f"strategy {args.strategy}: {len(strategy.stages)} stages, dp={strategy.dp}, "
-          f"{strategy.micro_batches} micro-batches, schedule {strategy.schedule}")
+          f"{strategy.micro_batches} micro-batches, schedule {strategy.schedule}, cost model {args.cost_model}")
     print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'dp':>3} {'layers':>6} {'busy s':>10} {'bubble s':>10} "
-          f"{'update s':>9} {'memory GB':>10} {'cap GB':>7}")
+          f"{'update s':>9} {'send s':>8} {'memory GB':>10} {'cap GB':>7}")
     for s, busy, bubble in zip(report.stages, sim.busy_s, sim.bubble_s):
         flag = "" if s.fits else "  OVER CAPACITY"
         print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
-              f"{s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}")
+              f"{s.terms.send_s:>8.4f} {s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}"
+              f"{_emulated(cluster, s.chip)}")
     print(f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
           f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {payload['tokens_per_chip_s']:.2f}")
     return 0

@@ -146,7 +146,7 @@ def make_plan(args, profiles: str) -> Plan:
     replayed by the simulator (the same calls as `heteroauto search` and `heteroauto simulate`)."""
     from h2.cli import heteroauto
     from h2.core.schedule import schedule_actions
-    from heteropp.auto.evaluation import evaluate_strategy, stage_costs, transfer_model
+    from heteropp.auto.evaluation import evaluate_strategy
     from heteropp.auto.search import search
     from heteropp.auto.simulator import simulate
 
@@ -158,8 +158,7 @@ def make_plan(args, profiles: str) -> Plan:
     strategy = best.to_strategy(model, training, "1f1b-split-backward" if training.alpha == 0 else "1f1b")
     report = evaluate_strategy(strategy, cluster, model, training, chip_profiles)
     schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
-    simulation = simulate(schedule, stage_costs(strategy, chip_profiles, report),
-                          transfer_model(strategy, cluster, model, training), keep_timeline=True)
+    simulation = simulate(schedule, report.terms, keep_timeline=True)
     return Plan(strategy, report, simulation)
 
 

@@ -9,6 +9,7 @@ Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, T
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -21,19 +22,39 @@ from h2.core.links import LinkSection, links_from_mapping
 _SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
 
 
+MAX_COUNT = 1 << 50   # no batch, token or chip count of a plan comes near it
+
+
 def parse_count(text: str | int, what: str) -> int:
     """An integer with an optional binary K/M/G suffix: '4M' = 4 * 2**20 (batch sizes are powers of two)."""
     if isinstance(text, bool):
         raise UserError(f"{what}: expected a count like 4M or 4194304, got {text!r}")
     if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGkmg]?)\s*", str(text))
-    if not match:
-        raise UserError(f"{what}: expected a count like 4M or 4194304, got {text!r}")
-    value = float(match.group(1)) * _SUFFIXES[match.group(2).upper()]
-    if value != int(value):
-        raise UserError(f"{what}: {text!r} is not a whole number")
-    return int(value)
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d{1,20})(?:\.(\d{1,20}))?\s*([KMGkmg]?)\s*", str(text))
+        if not match:
+            raise UserError(f"{what}: expected a count like 4M or 4194304, got {text!r}")
+        whole, fraction, suffix = match.groups()
+        scale = _SUFFIXES[suffix.upper()]
+        numerator = int(whole + (fraction or "")) * scale
+        denominator = 10 ** len(fraction or "")
+        if numerator % denominator:
+            raise UserError(f"{what}: {text!r} is not a whole number")
+        value = numerator // denominator
+    if not 0 < value <= MAX_COUNT:
+        raise UserError(f"{what}: must be between 1 and {MAX_COUNT}, got {text!r}")
+    return value
+
+
+def check_range(value: float, low: float, high: float, where: str, name: str) -> None:
+    """One line naming the field when a number is not finite or lies outside [low, high]."""
+    if low == 0 and value < 0:
+        raise UserError(f"{where}: field '{name}' must not be negative, got {value}")
+    if low > 0 and value <= 0:
+        raise UserError(f"{where}: field '{name}' must be positive, got {value}")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise UserError(f"{where}: field '{name}' must be between {low:g} and {high:g}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -54,28 +75,22 @@ class ChipType:
     emulated: bool = False
     emulation: ChipEmulation | None = None   # what the DIPU host vendor emulates (h2.core.emulation)
 
+    # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
+    RANGES = {"count": (1, 1 << 24), "chips_per_node": (1, 1 << 16), "tp_max": (1, 1 << 10),
+              "memory_gb": (1e-6, 1e6), "intra_node_gbps": (1e-6, 1e9), "inter_node_gbps": (1e-6, 1e9),
+              "memory_bandwidth_gbps": (1e-6, 1e9), "latency_us": (0.0, 1e9), "usable_memory_fraction": (1e-9, 1.0),
+              "achievable_fraction": (1e-9, 1.0), "tp_efficiency_per_doubling": (1e-9, 1.0)}
+
     def validate(self, source: str) -> None:
         where = f"{source}: chip '{self.name}'"
         if self.emulation is not None:
             if not self.emulated:
                 raise UserError(f"{where}: field 'emulated' is false but the chip has an 'emulation' section")
             self.emulation.validate(where)
-        for name in ("count", "chips_per_node", "tp_max"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"{where}: field '{name}' must be positive, got {getattr(self, name)}")
-        for name in ("memory_gb", "intra_node_gbps", "inter_node_gbps", "memory_bandwidth_gbps"):
-            if not getattr(self, name) > 0:
-                raise UserError(f"{where}: field '{name}' must be positive, got {getattr(self, name)}")
-        if self.latency_us < 0:
-            raise UserError(f"{where}: field 'latency_us' must not be negative, got {self.latency_us}")
-        if not 0 < self.usable_memory_fraction <= 1:
-            raise UserError(f"{where}: field 'usable_memory_fraction' must be in (0, 1], got {self.usable_memory_fraction}")
-        if not 0 < self.achievable_fraction <= 1:
-            raise UserError(f"{where}: field 'achievable_fraction' must be in (0, 1], got {self.achievable_fraction}")
-        if not 0 < self.tp_efficiency_per_doubling <= 1:
-            raise UserError(f"{where}: field 'tp_efficiency_per_doubling' must be in (0, 1], got {self.tp_efficiency_per_doubling}")
-        if self.peak_tflops is not None and not self.peak_tflops > 0:
-            raise UserError(f"{where}: field 'peak_tflops' must be positive, got {self.peak_tflops}")
+        for name, (low, high) in self.RANGES.items():
+            check_range(getattr(self, name), low, high, where, name)
+        if self.peak_tflops is not None:
+            check_range(self.peak_tflops, 1e-9, 1e9, where, "peak_tflops")
         if self.tp_max & (self.tp_max - 1):
             raise UserError(f"{where}: field 'tp_max' must be a power of two, got {self.tp_max}")
         if self.tp_max > self.chips_per_node:
@@ -113,24 +128,23 @@ class TrainingSpec:
     activation_bytes_per_element: int = 2
 
     def validate(self, source: str) -> None:
-        if self.seq_len <= 0:
-            raise UserError(f"{source}: field 'seq_len' must be positive, got {self.seq_len}")
-        if self.micro_batch_size <= 0:
-            raise UserError(f"{source}: field 'micro_batch_size' must be positive, got {self.micro_batch_size}")
+        check_range(self.seq_len, 1, 1 << 24, source, "seq_len")
+        check_range(self.micro_batch_size, 1, 1 << 24, source, "micro_batch_size")
         if not 0 <= self.alpha <= 1:
             raise UserError(f"{source}: field 'alpha' must be in [0, 1] (1 for 1F1B, 0 for zero-bubble), got {self.alpha}")
         if (self.global_batch_tokens is None) == (self.global_batch_sequences is None):
             raise UserError(f"{source}: give exactly one of 'global_batch_tokens' or 'global_batch_sequences'")
-        if self.global_batch_tokens is not None:
-            if self.global_batch_tokens <= 0 or self.global_batch_tokens % self.seq_len:
-                raise UserError(f"{source}: field 'global_batch_tokens' ({self.global_batch_tokens}) must be a positive "
-                                f"multiple of seq_len ({self.seq_len})")
+        for name in ("global_batch_tokens", "global_batch_sequences"):
+            if getattr(self, name) is not None:
+                check_range(getattr(self, name), 1, MAX_COUNT, source, name)
+        if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            raise UserError(f"{source}: field 'global_batch_tokens' ({self.global_batch_tokens}) must be a positive "
+                            f"multiple of seq_len ({self.seq_len})")
         if self.sequences % self.micro_batch_size:
             raise UserError(f"{source}: global batch of {self.sequences} sequences is not divisible by "
                             f"micro_batch_size {self.micro_batch_size}")
         for name in ("weight_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes_per_element"):
-            if getattr(self, name) < 0:
-                raise UserError(f"{source}: field '{name}' must not be negative")
+            check_range(getattr(self, name), 0, 64, source, name)
 
     @property
     def sequences(self) -> int:

@@ -6,6 +6,7 @@ Shared by every spec format of the project (model, training, cluster, profile, s
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -87,7 +88,13 @@ def coerce_field(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            raise UserError(f"{where}: expected a finite number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise UserError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise UserError(f"{where}: expected a string, got {value!r}")

@@ -6,8 +6,9 @@ pyproject.toml), so that no layer imports another sideways to find them:
   torch (dipu -> ditorch.dipu);
 - group `h2.collective_backends`: value = a module whose import registers a torch.distributed backend
   and announces, through `serve_device`, the device types it serves (dicomm serves dipu).
-A package may also announce a fallback at run time (`serve_device(..., fallback=True)`: ditorch's
-host-staged gloo). `on_device_type_registered` lets a backend extend itself to a device type that
+A device package may announce the C functions that reach its memory without host staging
+(`serve_device_memory`; DiComm asks `device_memory`). A package may also announce a fallback at run
+time (`serve_device(..., fallback=True)`: ditorch's host-staged gloo). `on_device_type_registered` lets a backend extend itself to a device type that
 appears after it was loaded, and `device_type_registered` is what a device package calls then.
 
 Torch is imported only inside the functions that need it: the planner uses this package torch-free.
@@ -27,6 +28,7 @@ COLLECTIVE_BACKEND_GROUP = "h2.collective_backends"
 
 _served: dict[str, str] = {}          # device type -> preferred backend
 _fallbacks: dict[str, str] = {}       # device type -> backend used when nothing better is served
+_device_memory: dict[str, Callable[[], "dict[str, int] | None"]] = {}  # device type -> its functions
 _device_type_listeners: list[Callable[[str], None]] = []
 _loaded_backend_plugins = False
 
@@ -91,6 +93,19 @@ def collective_backend(device_type: str) -> str | None:
     if device_type not in _served:
         _load_backend_plugins()
     return _served.get(device_type) or _fallbacks.get(device_type)
+
+
+def serve_device_memory(device_type: str, functions: Callable[[], "dict[str, int] | None"]) -> None:
+    """Announce how another layer reaches `device_type` memory without host staging: `functions()`
+    returns the addresses of the C functions of DiComm's device memory ABI (`export`, `open`, `close`,
+    `copy`, `last_error`; docs/dicomm.md), or None when this device's vendor cannot share memory."""
+    _device_memory[device_type] = functions
+
+
+def device_memory(device_type: str) -> "dict[str, int] | None":
+    """The device memory functions announced for `device_type`, or None (then: stage through the host)."""
+    functions = _device_memory.get(device_type)
+    return functions() if functions else None
 
 
 def on_device_type_registered(listener: Callable[[str], None]) -> None:

@@ -40,14 +40,16 @@ class ModelConfig:
         self.validate()
 
     def validate(self, source: str = "model") -> None:
-        positive = ["vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                    "intermediate_size", "max_seq_len"]
-        for name in positive:
+        largest = {"vocab_size": 1 << 24, "hidden_size": 1 << 20, "num_layers": 1 << 14, "num_heads": 1 << 16,
+                   "num_kv_heads": 1 << 16, "intermediate_size": 1 << 24, "max_seq_len": 1 << 24}
+        for name, high in largest.items():
             if getattr(self, name) <= 0:
                 raise UserError(f"{source}: field '{name}' must be positive, got {getattr(self, name)}")
+            if getattr(self, name) > high:
+                raise UserError(f"{source}: field '{name}' must be at most {high}, got {getattr(self, name)}")
         for name in ("rope_theta", "norm_eps", "init_std"):
-            if not getattr(self, name) > 0:
-                raise UserError(f"{source}: field '{name}' must be positive, got {getattr(self, name)}")
+            if not 0 < getattr(self, name) < float("inf"):
+                raise UserError(f"{source}: field '{name}' must be a positive finite number, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
             raise UserError(f"{source}: field 'hidden_size' ({self.hidden_size}) must be divisible "
                             f"by num_heads ({self.num_heads})")

@@ -106,21 +106,19 @@ class Strategy:
         return ranks
 
     def validate(self, source: str = "strategy") -> None:
-        for name in ("dp", "micro_batches", "micro_batch_size"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"{source}: field '{name}' must be positive, got {getattr(self, name)}")
-        if self.seq_len is not None and self.seq_len <= 0:
-            raise UserError(f"{source}: field 'seq_len' must be positive, got {self.seq_len}")
+        for name, high in (("dp", 1 << 24), ("micro_batches", 1 << 40), ("micro_batch_size", 1 << 24)):
+            _check_count(source, name, getattr(self, name), high)
+        if self.seq_len is not None:
+            _check_count(source, "seq_len", self.seq_len, 1 << 24)
         if not self.stages:
             raise UserError(f"{source}: field 'stages' must list at least one stage")
         for index, stage in enumerate(self.stages):
-            if stage.tp <= 0 or stage.tp & (stage.tp - 1):
-                raise UserError(f"{source}: field 'stages[{index}].tp' must be a power of two, got {stage.tp}")
+            if not 0 < stage.tp <= 1 << 10 or stage.tp & (stage.tp - 1):
+                raise UserError(f"{source}: field 'stages[{index}].tp' must be a power of two up to 1024, got {stage.tp}")
             if stage.layers <= 0:
                 raise UserError(f"{source}: field 'stages[{index}].layers' must be positive, got {stage.layers}")
             if stage.dp is not None:
-                if stage.dp <= 0:
-                    raise UserError(f"{source}: field 'stages[{index}].dp' must be positive, got {stage.dp}")
+                _check_count(source, f"stages[{index}].dp", stage.dp, 1 << 24)
                 if self.micro_batch_sequences % stage.dp:
                     raise UserError(f"{source}: field 'stages[{index}].dp': {stage.dp} replicas cannot split a "
                                     f"micro-batch of dp * micro_batch_size = {self.micro_batch_sequences} sequences")
@@ -158,3 +156,10 @@ def strategy_from_mapping(data: dict, source: str) -> Strategy:
 def load_strategy(path: str | os.PathLike) -> Strategy:
     path = os.fspath(path)
     return strategy_from_mapping(load_yaml_mapping(path), path)
+
+
+def _check_count(source: str, name: str, value: int, high: int) -> None:
+    if value <= 0:
+        raise UserError(f"{source}: field '{name}' must be positive, got {value}")
+    if value > high:
+        raise UserError(f"{source}: field '{name}' must be at most {high}, got {value}")

@@ -1,5 +1,5 @@
-"""Scoring one explicit strategy: memory per stage against capacity, the cost model's iteration time,
-and the inputs the simulator needs (per-stage costs, stage-to-stage transfer times).
+"""Scoring one explicit strategy: memory per stage against capacity, each stage's terms under a cost
+model (stage_terms), and the closed-form iteration time (cost.py); the simulator replays the same terms.
 
 A stage with its own dp (fewer or more replicas than the strategy's dp) gives each replica
 dp * micro_batch_size / dp_stage sequences per micro-batch; its profiled per-micro-batch times and
@@ -10,15 +10,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
-from h2.core.links import rank_locations, stage_link
 from h2.core.model_config import ModelConfig
-from heteropp.auto.cost import iteration_time_s
+from h2.core.strategy import Strategy
+from heteropp.auto.cost import pipeline_time_s
 from heteropp.auto.memory import stage_memory_bytes
 from heteropp.auto.profiles import LayerProfile, Profile
-from heteropp.auto.simulator import StageCost
-from h2.core.cluster import ClusterSpec, TrainingSpec
-from h2.core.strategy import Strategy
+from heteropp.auto.stage_terms import StageTerms, check_cost_model, embedding_terms, head_terms, transfer_s
 
 
 @dataclass(frozen=True)
@@ -31,12 +30,20 @@ class StageReport:
     recompute: bool
     memory_bytes: float
     capacity_bytes: float
-    compute_s: float   # per micro-batch: layers * (t_fwd + t_bwd + r * t_recomp), plus the measured stage ends
-    update_s: float
+    terms: StageTerms
 
     @property
     def fits(self) -> bool:
         return self.memory_bytes <= self.capacity_bytes
+
+    @property
+    def compute_s(self) -> float:
+        """Per micro-batch: forward, backward and recompute of the stage (with embedding or head)."""
+        return self.terms.compute_s
+
+    @property
+    def update_s(self) -> float:
+        return self.terms.update_s
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,7 @@ class StrategyReport:
     iteration_s: float
     tokens_per_iteration: int
     chips: int
+    cost_model: str
 
     @property
     def tokens_per_chip_s(self) -> float:
@@ -54,15 +62,17 @@ class StrategyReport:
     def fits(self) -> bool:
         return all(stage.fits for stage in self.stages)
 
+    @property
+    def terms(self) -> list[StageTerms]:
+        return [stage.terms for stage in self.stages]
+
 
 def training_for(strategy: Strategy, training: TrainingSpec) -> TrainingSpec:
     """The training spec a strategy implies: its batch, micro-batch size and (if given) sequence length."""
     seq_len = strategy.seq_len or training.seq_len
     sequences = strategy.dp * strategy.micro_batches * strategy.micro_batch_size
-    return TrainingSpec(seq_len=seq_len, global_batch_sequences=sequences, micro_batch_size=strategy.micro_batch_size,
-                        alpha=training.alpha, zero1=training.zero1, weight_bytes=training.weight_bytes,
-                        gradient_bytes=training.gradient_bytes, optimizer_bytes=training.optimizer_bytes,
-                        activation_bytes_per_element=training.activation_bytes_per_element)
+    return dataclasses.replace(training, seq_len=seq_len, global_batch_sequences=sequences, global_batch_tokens=None,
+                               micro_batch_size=strategy.micro_batch_size)
 
 
 def check_chips(strategy: Strategy, cluster: ClusterSpec, source: str) -> None:
@@ -91,14 +101,14 @@ def stage_layer_profile(strategy: Strategy, profiles: dict[str, Profile], index:
                                recompute_activation_bytes=int(layer.recompute_activation_bytes * ratio))
 
 
-def stage_end_s(strategy: Strategy, profiles: dict[str, Profile], index: int) -> tuple[float, float]:
+def stage_end_s(strategy: Strategy, profiles: dict[str, Profile], index: int) -> tuple[float, float] | None:
     """(forward, backward) seconds per micro-batch that stage `index` computes besides its layers: the
     embedding on the first stage, the final norm, head and loss on the last, where its chip's profile
-    measured them (a synthesised profile has none: the paper's model counts layers only)."""
+    measured them (heteroauto profile); None where it did not (a synthesised profile)."""
     stage = strategy.stages[index]
     end = profiles[stage.chip].stage_end(stage.tp)
     if end is None:
-        return 0.0, 0.0
+        return None
     forward = backward = 0.0
     if index == 0:
         forward, backward = forward + end.embedding_forward_s, backward + end.embedding_backward_s
@@ -108,61 +118,69 @@ def stage_end_s(strategy: Strategy, profiles: dict[str, Profile], index: int) ->
     return forward * ratio, backward * ratio
 
 
-def evaluate_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
-                      profiles: dict[str, Profile], source: str = "strategy") -> StrategyReport:
-    check_chips(strategy, cluster, source)
-    num_stages = len(strategy.stages)
-    reports = []
+def strategy_terms(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
+                   profiles: dict[str, Profile], cost_model: str, source: str = "strategy") -> list[StageTerms]:
+    """Each stage's terms under `cost_model`; in the split-backward variant W takes half the weight work.
+    Under "full", a stage end (embedding, head) that the chip's profile measured is priced at the
+    measured time, else at the formula's (stage_terms); its update always at the formula's."""
+    check_cost_model(cost_model)
+    last = len(strategy.stages) - 1
+    terms = []
     for index, stage in enumerate(strategy.stages):
-        chip = cluster.chip(stage.chip)
         dp = strategy.stage_dp(index)
         layer = stage_layer_profile(strategy, profiles, index)
         update = profiles[stage.chip].update_s(dp, stage.tp)
         if layer is None or update is None:
             raise UserError(f"{source}: field 'stages[{index}]': no profile of chip '{stage.chip}' at tp={stage.tp}, "
                             f"dp={dp}")
+        forward = stage.layers * layer.forward_s
+        backward = stage.layers * (layer.backward_s + (layer.recompute_s if stage.recompute else 0.0))
+        weight_grad = stage.layers * layer.backward_s / 2
+        update_s = stage.layers * update
+        occupancy = latency = 0.0
+        if cost_model == "full":
+            chip, profile = cluster.chip(stage.chip), profiles[stage.chip]
+            micro_batch_size = strategy.stage_micro_batch_size(index)
+            ends = []
+            if index == 0:
+                ends.append(embedding_terms(model, training, chip, profile, tp=stage.tp, dp=dp,
+                                            micro_batch_size=micro_batch_size))
+            if index == last:
+                ends.append(head_terms(model, training, chip, profile, layer, dp=dp, micro_batch_size=micro_batch_size))
+            measured = stage_end_s(strategy, profiles, index)   # the profile's own, where it measured them
+            for end in ends:
+                update_s += end.update_s
+                if measured is None:
+                    forward, backward = forward + end.forward_s, backward + end.backward_s
+            if measured is not None:
+                forward, backward = forward + measured[0], backward + measured[1]
+            if index < last:
+                peer = strategy.stages[index + 1]
+                occupancy, latency = transfer_s(cluster, model, training, strategy.micro_batch_sequences, chip,
+                                                stage.tp * dp, cluster.chip(peer.chip),
+                                                peer.tp * strategy.stage_dp(index + 1))
+        terms.append(StageTerms(forward_s=forward, backward_s=backward, weight_grad_s=weight_grad, update_s=update_s,
+                                send_occupancy_s=occupancy, send_latency_s=latency))
+    return terms
+
+
+def evaluate_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
+                      profiles: dict[str, Profile], source: str = "strategy", cost_model: str = "full") -> StrategyReport:
+    check_chips(strategy, cluster, source)
+    terms = strategy_terms(strategy, cluster, model, training, profiles, cost_model, source)
+    num_stages = len(strategy.stages)
+    reports = []
+    for index, (stage, stage_terms) in enumerate(zip(strategy.stages, terms)):
+        chip = cluster.chip(stage.chip)
+        dp = strategy.stage_dp(index)
         stage_training = dataclasses.replace(training, micro_batch_size=strategy.stage_micro_batch_size(index))
-        memory = stage_memory_bytes(model, stage_training, layer, dp=dp, recompute=stage.recompute, position=index,
-                                    num_stages=num_stages, micro_batches=strategy.micro_batches, layers=stage.layers)
+        memory = stage_memory_bytes(model, stage_training, stage_layer_profile(strategy, profiles, index), dp=dp,
+                                    recompute=stage.recompute, position=index, num_stages=num_stages,
+                                    micro_batches=strategy.micro_batches, layers=stage.layers)
         reports.append(StageReport(index=index, chip=stage.chip, tp=stage.tp, dp=dp, layers=stage.layers,
                                    recompute=stage.recompute, memory_bytes=memory, capacity_bytes=chip.capacity_bytes,
-                                   compute_s=stage.layers * layer.compute_s(stage.recompute)
-                                   + sum(stage_end_s(strategy, profiles, index)),
-                                   update_s=stage.layers * update))
-    iteration = iteration_time_s([r.compute_s for r in reports], [r.update_s for r in reports],
-                                 strategy.micro_batches, training.alpha)
+                                   terms=stage_terms))
+    iteration = pipeline_time_s(terms, strategy.micro_batches, training.alpha)
     return StrategyReport(stages=reports, iteration_s=iteration, tokens_per_iteration=training.tokens,
-                          chips=strategy.world_size)
+                          chips=strategy.world_size, cost_model=cost_model)
 
-
-def stage_costs(strategy: Strategy, profiles: dict[str, Profile], report: StrategyReport) -> list[StageCost]:
-    """Per-stage costs for the simulator; in the split variant W takes half of the gradient work."""
-    costs = []
-    for index, (stage, row) in enumerate(zip(strategy.stages, report.stages)):
-        layer = stage_layer_profile(strategy, profiles, index)
-        end_forward, end_backward = stage_end_s(strategy, profiles, index)
-        forward = stage.layers * layer.forward_s + end_forward
-        backward = stage.layers * (layer.backward_s + (layer.recompute_s if stage.recompute else 0.0)) + end_backward
-        costs.append(StageCost(forward_s=forward, backward_s=backward,
-                               weight_grad_s=stage.layers * layer.backward_s / 2, update_s=row.update_s))
-    return costs
-
-
-def transfer_model(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec):
-    """Activation (or gradient) of one micro-batch between neighbouring stages: one copy of all its
-    sequences crosses (send/recv + all-gather resharding), spread over the chips of the smaller side
-    (tp * dp of them, each with its own link), at the slowest link class between the two stages' ranks
-    (h2.core.links: the cluster's `links:` section, else the chips' own fields), plus its latency."""
-    nbytes = (strategy.micro_batch_sequences * training.seq_len * model.hidden_size
-              * training.activation_bytes_per_element)
-    locations = rank_locations(strategy, cluster)
-    links = {}
-
-    def transfer_s(src: int, dst: int, kind: str, micro_batch: int) -> float:
-        a, b = strategy.stages[src], strategy.stages[dst]
-        lanes = min(a.tp * strategy.stage_dp(src), b.tp * strategy.stage_dp(dst))
-        if (src, dst) not in links:
-            links[src, dst] = stage_link(strategy, cluster, locations, src, dst)
-        return links[src, dst].seconds(nbytes / lanes)
-
-    return transfer_s

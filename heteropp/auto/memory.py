@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from h2.core.model_config import ModelConfig
 from heteropp.auto.profiles import LayerProfile
 from h2.core.cluster import TrainingSpec
@@ -44,10 +46,18 @@ class StageMemoryTerms:
     def bytes(self, layers: int) -> float:
         return self.fixed + layers * self.per_layer
 
-    def max_layers(self, capacity: float) -> int:
-        if capacity < self.fixed + self.per_layer:
+    def max_layers(self, capacity: float, limit: int) -> int:
+        """The most layers (at most `limit`) with bytes(layers) <= capacity, exactly as bytes() rounds."""
+        if self.bytes(1) > capacity:
             return 0
-        return int((capacity - self.fixed) // self.per_layer)
+        if self.per_layer <= 0 or self.bytes(limit) <= capacity:
+            return limit
+        layers = min(limit, int((capacity - self.fixed) // self.per_layer))
+        while layers > 0 and self.bytes(layers) > capacity:
+            layers -= 1
+        while layers < limit and self.bytes(layers + 1) <= capacity:
+            layers += 1
+        return layers
 
 
 def stage_memory_terms(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
@@ -78,3 +88,20 @@ def stage_memory_bytes(model: ModelConfig, training: TrainingSpec, layer: LayerP
                        position: int, num_stages: int, micro_batches: int, layers: int) -> float:
     return stage_memory_terms(model, training, layer, dp=dp, recompute=recompute, position=position,
                               num_stages=num_stages, micro_batches=micro_batches).bytes(layers)
+
+
+def stage_caps(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
+               in_flight: np.ndarray, first: bool, last: bool, capacity: float, limit: int) -> np.ndarray:
+    """StageMemoryTerms.max_layers for every count of micro-batches in flight at once (same rounding)."""
+    base = stage_memory_terms_at(model, training, layer, dp=dp, recompute=recompute, in_flight=0, first=first,
+                                 last=last)
+    kept = layer.recompute_activation_bytes if recompute else layer.activation_bytes
+    per_layer = base.per_layer + np.asarray(in_flight, dtype=np.int64) * kept
+    fixed = base.fixed
+    with np.errstate(divide="ignore", invalid="ignore"):
+        layers = np.floor((capacity - fixed) / per_layer)
+    layers = np.clip(np.nan_to_num(layers, nan=limit, posinf=limit, neginf=0), 0, limit)
+    for _ in range(3):  # land exactly where fixed + layers * per_layer stops fitting
+        layers = np.where((layers > 0) & (fixed + layers * per_layer > capacity), layers - 1, layers)
+        layers = np.where((layers < limit) & (fixed + (layers + 1) * per_layer <= capacity), layers + 1, layers)
+    return np.where(fixed + per_layer > capacity, 0.0, layers)

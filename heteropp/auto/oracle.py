@@ -1,9 +1,11 @@
-"""The exhaustive oracle: every point of the search space, no heuristics, no bounds.
+"""The exhaustive oracle: every plan of the search's space, written out and scored one by one.
 
-For every dp dividing the global batch, every tp per group (with count = pp * tp * dp), every
-recompute setting per group and every split of the layers over groups (each stage at least one),
-it builds the explicit stage list, checks every stage's memory at its position (with its group's
-largest layer count) and scores it with the cost model. Only for small clusters and models.
+It shares no code with the search (no dynamic programme, no bounds, no candidate lists): for every dp
+that divides the global batch (a plain scan), both groupings (whole chip types, and groups of
+group_size chips), every order of the chip types, every tp and recompute per group and every split of
+the layers over the stages (at least one each), it writes the strategy out and scores it with the
+explicit scorer (evaluation.evaluate_strategy: memory of every stage at its position, the cost model).
+Only for small clusters and models (`limit` bounds the number of plans).
 """
 
 from __future__ import annotations
@@ -11,98 +13,93 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from dataclasses import dataclass
 from typing import Iterator
 
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
-from h2.core.model_config import ModelConfig
-from heteropp.auto.cost import iteration_time_s
-from heteropp.auto.memory import stage_memory_bytes
+from h2.core.model_config import PRESETS, ModelConfig
+from h2.core.strategy import StageSpec, Strategy
+from heteropp.auto.evaluation import evaluate_strategy
 from heteropp.auto.profiles import Profile
-from heteropp.auto.search import Candidate, Group, SearchResult, divisors, split_groups, type_groups
-from h2.core.cluster import ClusterSpec, TrainingSpec
 
 DEFAULT_LIMIT = 2_000_000
 
 
-def compositions(total: int, minimums: list[int]) -> Iterator[tuple[int, ...]]:
-    """Every vector l with l_g >= minimums[g] and sum l = total."""
-    if not minimums:
-        if total == 0:
-            yield ()
+@dataclass(frozen=True)
+class OracleResult:
+    strategy: Strategy
+    objective_s: float
+    evaluated: int
+    search_s: float
+    search_cpu_s: float
+
+
+def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every vector of `parts` counts >= 1 summing to `total`."""
+    if parts == 1:
+        if total >= 1:
+            yield (total,)
         return
-    head, rest = minimums[0], minimums[1:]
-    for first in range(head, total - sum(rest) + 1):
-        for tail in compositions(total - first, rest):
-            yield (first,) + tail
+    for first in range(1, total - parts + 2):
+        for rest in compositions(total - first, parts - 1):
+            yield (first,) + rest
 
 
-def space_size(groups: list[Group], total_layers: int, dp_values: list[int]) -> int:
-    per_dp = math.prod(2 * len(g.chip.tp_sizes()) for g in groups)
-    return len(dp_values) * per_dp * math.comb(total_layers + len(groups) - 1, len(groups) - 1)
+def _chip_groups(chip: ChipType, group_size: int | None) -> list[int]:
+    counts, left = [], chip.count
+    while group_size and left > group_size:
+        counts.append(group_size)
+        left -= group_size
+    return counts + [left]
+
+
+def _space_size(cluster: ClusterSpec, layers: int, units: int, group_size: int | None) -> int:
+    """An upper bound on the plans enumerated: dps x groupings x orders x options x layer splits."""
+    options = math.prod(2 * len(c.tp_sizes()) for c in cluster.chips for _ in _chip_groups(c, group_size))
+    dps = sum(1 for d in range(1, min(units, 10 ** 6) + 1) if units % d == 0) if units <= 10 ** 6 else units
+    return dps * 2 * math.factorial(len(cluster.chips)) * options * math.comb(layers - 1, (layers - 1) // 2)
 
 
 def oracle_search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile], *,
-                  group_size: int | None = None, dp: int | None = None, monotone_tp: bool = False,
-                  limit: int = DEFAULT_LIMIT) -> SearchResult:
-    """The best point of the space; `group_size` splits chip types into groups, `dp` fixes the
-    data-parallel size and `monotone_tp` keeps tp from growing along a type's groups (together: the
-    space of the search's second stage)."""
+                  cost_model: str = "full", group_size: int | None = None, dp: int | None = None,
+                  monotone_tp: bool = False, limit: int = DEFAULT_LIMIT) -> OracleResult:
     started, started_cpu = time.perf_counter(), time.process_time()
-    groups = split_groups(cluster, group_size) if group_size else type_groups(cluster)
-    total_layers = model.num_layers
-    dp_values = [dp] if dp is not None else divisors(training.micro_batch_units)
-    size = space_size(groups, total_layers, dp_values)
-    if size > limit:
-        raise UserError(f"--exhaustive: the space has about {size:.3g} points (limit {limit:.3g}); "
-                        "use it on small clusters and models")
+    units = training.micro_batch_units
+    if _space_size(cluster, model.num_layers, units, group_size) > limit:
+        raise UserError(f"--exhaustive: the space is too large (limit {limit:.3g} plans); use it on small clusters "
+                        "and models")
+    model_field = model.name if PRESETS.get(model.name) == model else model.to_dict()
     best, evaluated = None, 0
-    for dp in dp_values:  # noqa: B020 (the loop variable replaces the argument on purpose)
-        micro_batches = training.micro_batch_units // dp
-        per_group = []
-        for group in groups:
-            per_group.append([(tp, group.count // (tp * dp)) for tp in group.chip.tp_sizes()
-                              if group.count % (tp * dp) == 0 and profiles[group.chip.name].layer(tp) is not None
-                              and profiles[group.chip.name].update_s(dp, tp) is not None])
-        for tp_pp in itertools.product(*per_group):
-            tps = [tp for tp, _ in tp_pp]
-            if monotone_tp and any(groups[g].chip.name == groups[g + 1].chip.name and tps[g] < tps[g + 1]
-                                   for g in range(len(groups) - 1)):
-                continue
-            pps = [pp for _, pp in tp_pp]
-            num_stages = sum(pps)
-            if num_stages > total_layers:
-                continue
-            for recompute in itertools.product((False, True), repeat=len(groups)):
-                for layers in compositions(total_layers, pps):
-                    evaluated += 1
-                    value = _score(groups, tps, pps, recompute, layers, dp, micro_batches, model, training, profiles)
-                    if value is not None and (best is None or value < best.objective_s):
-                        best = Candidate(objective_s=value, dp=dp, micro_batches=micro_batches, groups=tuple(groups),
-                                         tps=tuple(tps), pps=tuple(pps), recompute=tuple(recompute),
-                                         layers=tuple(layers))
+    splits = [None] if not group_size else [None, group_size]
+    for dp_value in ([dp] if dp is not None else [d for d in range(1, units + 1) if units % d == 0]):
+        for split in splits:
+            for order in itertools.permutations(cluster.chips):
+                groups = [(chip, count) for chip in order for count in _chip_groups(chip, split)]
+                choices = []
+                for chip, count in groups:
+                    choices.append([(tp, recompute) for tp in chip.tp_sizes() for recompute in (False, True)
+                                    if count % (tp * dp_value) == 0 and profiles[chip.name].layer(tp) is not None
+                                    and profiles[chip.name].update_s(dp_value, tp) is not None])
+                for picked in itertools.product(*choices):
+                    if monotone_tp and any(groups[g][0].name == groups[g + 1][0].name
+                                           and picked[g][0] < picked[g + 1][0] for g in range(len(groups) - 1)):
+                        continue
+                    chips_per_stage = [(chip, tp, recompute) for (chip, count), (tp, recompute) in zip(groups, picked)
+                                       for _ in range(count // (tp * dp_value))]
+                    if len(chips_per_stage) > model.num_layers:
+                        continue
+                    for layers in compositions(model.num_layers, len(chips_per_stage)):
+                        evaluated += 1
+                        strategy = Strategy(
+                            dp=dp_value, micro_batches=units // dp_value, micro_batch_size=training.micro_batch_size,
+                            stages=[StageSpec(chip=chip.name, tp=tp, layers=count, recompute=recompute)
+                                    for (chip, tp, recompute), count in zip(chips_per_stage, layers)],
+                            model=model_field, seq_len=training.seq_len)
+                        report = evaluate_strategy(strategy, cluster, model, training, profiles, cost_model=cost_model)
+                        if report.fits and (best is None or report.iteration_s < best[0]):
+                            best = (report.iteration_s, strategy)
     if best is None:
         raise UserError("no feasible strategy (exhaustive search)")
-    return SearchResult(best=best, top=[best], evaluated=evaluated, bounded=0,
-                        search_s=time.perf_counter() - started, stage1_dp=best.dp, stages_run=1,
-                        search_cpu_s=time.process_time() - started_cpu)
-
-
-def _score(groups, tps, pps, recompute, layers, dp, micro_batches, model, training, profiles) -> float | None:
-    num_stages = sum(pps)
-    compute, update = [], []
-    position = 0
-    for g, group in enumerate(groups):
-        profile = profiles[group.chip.name]
-        layer = profile.layer(tps[g])
-        largest = -(-layers[g] // pps[g])
-        base, extra = divmod(layers[g], pps[g])
-        for s in range(pps[g]):
-            memory = stage_memory_bytes(model, training, layer, dp=dp, recompute=recompute[g], position=position,
-                                        num_stages=num_stages, micro_batches=micro_batches, layers=largest)
-            if memory > group.chip.capacity_bytes:
-                return None
-            stage_layers = base + (1 if s >= pps[g] - extra else 0)
-            compute.append(stage_layers * layer.compute_s(recompute[g]))
-            update.append(stage_layers * profile.update_s(dp, tps[g]))
-            position += 1
-    return iteration_time_s(compute, update, micro_batches, training.alpha)
+    return OracleResult(strategy=best[1], objective_s=best[0], evaluated=evaluated,
+                        search_s=time.perf_counter() - started, search_cpu_s=time.process_time() - started_cpu)

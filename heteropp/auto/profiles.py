@@ -16,6 +16,7 @@ import yaml
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
+from h2.core.numbers import divisors
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core.links import Link, Location, link_between
 
@@ -103,8 +104,7 @@ def ring_allreduce_s(nbytes: float, ranks: int, gbps: float, latency_us: float) 
 
 
 def dp_sizes(chip: ChipType, tp: int) -> list[int]:
-    per_tp = chip.count // tp if chip.count % tp == 0 else 0
-    return [dp for dp in range(1, per_tp + 1) if per_tp % dp == 0]
+    return divisors(chip.count // tp) if chip.count % tp == 0 else []
 
 
 def update_s_per_layer(model: ModelConfig, training: TrainingSpec, chip: ChipType, dp: int, tp: int,
@@ -183,22 +183,25 @@ def load_profile(path: str | os.PathLike) -> Profile:
     if not profile.layers:
         raise UserError(f"{path}: field 'layers' must list at least one TP size")
     for index, entry in enumerate(profile.layers):
-        for name in ("forward_s", "backward_s", "recompute_s", "activation_bytes", "recompute_activation_bytes",
-                     "workspace_bytes"):
-            if getattr(entry, name) < 0:
-                raise UserError(f"{path}: field 'layers[{index}].{name}' must not be negative")
-        if entry.tp <= 0 or entry.tp & (entry.tp - 1):
-            raise UserError(f"{path}: field 'layers[{index}].tp' must be a power of two, got {entry.tp}")
+        for name, high in (("forward_s", 1e6), ("backward_s", 1e6), ("recompute_s", 1e6), ("activation_bytes", 1e18),
+                           ("recompute_activation_bytes", 1e18), ("workspace_bytes", 1e18)):
+            if not 0 <= getattr(entry, name) <= high:
+                raise UserError(f"{path}: field 'layers[{index}].{name}' must be between 0 and {high:g}, "
+                                f"got {getattr(entry, name)}")
+        if not 0 < entry.tp <= 1 << 10 or entry.tp & (entry.tp - 1):
+            raise UserError(f"{path}: field 'layers[{index}].tp' must be a power of two up to 1024, got {entry.tp}")
     tps = [entry.tp for entry in profile.layers]
     if len(set(tps)) != len(tps):
         raise UserError(f"{path}: field 'layers': a TP size is listed twice")
     for index, entry in enumerate(profile.update):
-        if entry.seconds_per_layer < 0 or entry.dp <= 0 or entry.tp <= 0:
-            raise UserError(f"{path}: field 'update[{index}]': dp and tp must be positive and seconds_per_layer not negative")
+        if not (0 <= entry.seconds_per_layer <= 1e6 and 0 < entry.dp <= 1 << 24 and 0 < entry.tp <= 1 << 10):
+            raise UserError(f"{path}: field 'update[{index}]': dp and tp must be positive counts and "
+                            f"seconds_per_layer between 0 and 1e6")
     for index, end in enumerate(profile.stage_ends):
         for name in ("embedding_forward_s", "embedding_backward_s", "head_forward_s", "head_backward_s"):
-            if getattr(end, name) < 0:
-                raise UserError(f"{path}: field 'stage_ends[{index}].{name}' must not be negative")
+            if not 0 <= getattr(end, name) <= 1e6:
+                raise UserError(f"{path}: field 'stage_ends[{index}].{name}' must be between 0 and 1e6, "
+                                f"got {getattr(end, name)}")
     return profile
 
 

@@ -1,36 +1,57 @@
-"""HeteroAuto's search (paper section 4.3.3): DFS over the parallel configuration, layer sharding per
-configuration, cost-model selection; then the two-stage refinement.
+"""HeteroAuto's search: the best plan of the space below under a cost model, by an exact dynamic
+programme per (dp, grouping, stage order) with bounds that only skip what cannot win.
 
-Space. Chip groups in pipeline order (chip types by descending usable memory, Observation 4).
-dp divides the global batch (in micro-batches); each group picks tp in {1, 2, ..., TP_MAX} with
-count = pp * tp * dp, and recompute on or off. Stage 1: one group per chip type. Stage 2: dp fixed
-to stage 1's choice, each type split into groups of `group_size` chips, and within a type tp must not
-grow along the pipeline (the paper's extra constraint).
+Space. dp divides the global batch (in micro-batches). Chip types form contiguous blocks of the
+pipeline in any order (every permutation). A type is one group of chips, or (group_size) groups of
+group_size chips (the last takes the rest), the paper's second stage; both groupings are searched, so
+splitting never loses a plan the whole-type grouping had. Each group picks tp (count = pp * tp * dp)
+and recompute; each stage of a group its own layer count (at least one), checked against memory at its
+own position. With monotone_tp, tp may not grow along one type's groups (the paper's rule).
 
-Pruning that keeps the optimum: a pipeline deeper than the model's layers is skipped; recompute on
-is skipped for a group whose no-recompute memory cap already admits every layer it could be given;
-subtrees, leaves and recompute choices are cut by lower bounds (relaxations: open groups at their
-best tp and recompute, continuous or un-refined layer splits) that cannot beat the k-th best found.
+Method (layer_dp.py for the recursion): for one (dp, grouping, order) the cost is min over bounds M of
+M + alpha * sum(M), where sum(M) is the least sum of per-micro-batch stage terms with every stage's max
+term under M (a shortest path over groups placed from the pipeline's end). The bounds tried are the
+finitely many values a stage weight takes; the smallest feasible one is found by bisection on a cheaper
+recursion without the layer dimension, and larger ones are split in halves while
+M_low + alpha * sum(M_high) (sum falls as M grows) can still beat the k-th best. Whole (dp, grouping)
+items are skipped when a relaxation (M from a continuous cover of the layers, sum from the cheapest
+possible layer times) cannot beat it, orders when they cannot fit the layers under the best M that could
+still win. The worst case is the product of those counts, each polynomial: dps, k! orders (k <= 6 chip
+types in practice), bounds (at most options x L), groups x options x (tails x layers) per recursion.
+
+A time limit returns the best plan found with the bound it has proved: the least lower bound of the
+work left (the plan is within best / bound - 1 of the optimum).
 """
 
 from __future__ import annotations
 
-import heapq
+import dataclasses
+import itertools
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
+import numpy as np
+
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig
-from heteropp.auto.memory import stage_memory_terms_at
-from heteropp.auto.profiles import Profile
-from heteropp.auto.sharding import absorber_bound, lower_bound, shard_layers
-from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
+from h2.core.numbers import divisors
 from h2.core.strategy import StageSpec, Strategy
+from heteropp.auto.evaluation import evaluate_strategy
+from heteropp.auto.memory import stage_caps, stage_memory_terms_at
+from heteropp.auto.profiles import Profile
+from heteropp.auto.stage_terms import check_cost_model, embedding_terms, head_terms, transfer_s
+from heteropp.auto import layer_dp
+from heteropp.auto.layer_dp import Option, OrderedGroups, StageVariantCaps
 
-GIB = 1e9
-_TIE = 1 - 2e-9  # a bound within rounding of the k-th best cannot beat it by more than that: prune ties
+GB = 1e9
+MAX_LAYERS = 1024   # the sum tables are (tp, stages, layers) arrays: quadratic in the layers
+_TIE = 1 - 2e-9  # a bound within rounding of the incumbent cannot beat it by more than that: prune ties
 
 
+# ---- the space -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Group:
     chip: ChipType
@@ -38,36 +59,105 @@ class Group:
     label: str
 
 
+def type_groups(chip: ChipType, group_size: int | None) -> list[Group]:
+    if not group_size or chip.count <= group_size:
+        return [Group(chip=chip, count=chip.count, label=chip.name)]
+    sizes = [group_size] * (chip.count // group_size) + ([chip.count % group_size] if chip.count % group_size else [])
+    return [Group(chip=chip, count=size, label=f"{chip.name}#{i}") for i, size in enumerate(sizes)]
+
+
+def groupings(cluster: ClusterSpec, group_size: int | None) -> list[dict[str, list[Group]]]:
+    """Whole types, and (group_size) types split into groups, when that differs."""
+    whole = {chip.name: type_groups(chip, None) for chip in cluster.chips}
+    split = {chip.name: type_groups(chip, group_size) for chip in cluster.chips}
+    return [whole] if split == whole else [whole, split]
+
+
+def batch_dp_values(cluster: ClusterSpec, training: TrainingSpec, fixed_dp: int | None = None) -> list[int]:
+    """The dp sizes that divide the global batch (in micro-batches) and, with some allowed tp, every chip
+    count; fixed_dp (a user's choice) must be one of them, or the error names what it fails."""
+    units = training.micro_batch_units
+    if fixed_dp is not None:
+        if fixed_dp < 1 or units % fixed_dp:
+            raise UserError(f"--dp {fixed_dp}: must divide the global batch of {units} micro-batches "
+                            f"({training.sequences} sequences / micro_batch_size {training.micro_batch_size})")
+        for index, chip in enumerate(cluster.chips):
+            if not any(chip.count % (tp * fixed_dp) == 0 for tp in chip.tp_sizes()):
+                raise UserError(f"{cluster.source}: field 'chips[{index}].count': {chip.count} chips of type "
+                                f"'{chip.name}' are not divisible by tp * dp for dp={fixed_dp} and any tp in "
+                                f"{chip.tp_sizes()}")
+        return [fixed_dp]
+    common = math.gcd(*[chip.count for chip in cluster.chips])
+    return [dp for dp in divisors(math.gcd(units, common))
+            if all(any(chip.count % (tp * dp) == 0 for tp in chip.tp_sizes()) for chip in cluster.chips)]
+
+
+# ---- results -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Candidate:
-    """One evaluated point: a parallel configuration and its optimal layer sharding."""
+class Plan:
+    """One plan: dp, micro-batches, and per group (pipeline order) its tp, recompute and stage layers."""
     objective_s: float
     dp: int
     micro_batches: int
     groups: tuple[Group, ...]
     tps: tuple[int, ...]
-    pps: tuple[int, ...]
     recompute: tuple[bool, ...]
-    layers: tuple[int, ...]
+    stage_layers: tuple[tuple[int, ...], ...]
 
-    def stage_layers(self) -> list[tuple[int, list[int]]]:
-        """Per group, the layer count of each of its stages: even, with the extra layers on later stages
-        (they hold fewer micro-batches in flight)."""
-        result = []
-        for g, (pp, layers) in enumerate(zip(self.pps, self.layers)):
-            base, extra = divmod(layers, pp)
-            result.append((g, [base] * (pp - extra) + [base + 1] * extra))
-        return result
+    @property
+    def pps(self) -> tuple[int, ...]:
+        return tuple(len(stages) for stages in self.stage_layers)
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(sum(stages) for stages in self.stage_layers)
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Chip types in pipeline order."""
+        names: list[str] = []
+        for group in self.groups:
+            if not names or names[-1] != group.chip.name:
+                names.append(group.chip.name)
+        return tuple(names)
 
     def to_strategy(self, model: ModelConfig, training: TrainingSpec, schedule: str = "1f1b") -> Strategy:
-        stages = []
-        for g, counts in self.stage_layers():
-            for layers in counts:
-                stages.append(StageSpec(chip=self.groups[g].chip.name, tp=self.tps[g], layers=layers,
-                                        recompute=self.recompute[g]))
+        stages = [StageSpec(chip=group.chip.name, tp=tp, layers=layers, recompute=recompute)
+                  for group, tp, recompute, counts in zip(self.groups, self.tps, self.recompute, self.stage_layers)
+                  for layers in counts]
         return Strategy(dp=self.dp, micro_batches=self.micro_batches, micro_batch_size=training.micro_batch_size,
                         stages=stages, model=model.name if PRESETS.get(model.name) == model else model.to_dict(),
                         schedule=schedule, seq_len=training.seq_len)
+
+
+@dataclass
+class SearchResult:
+    best: Plan
+    top: list[Plan]
+    evaluated: int          # sum tables built (one per bound tried)
+    bounded: int            # items, orders and bound ranges skipped by a bound
+    search_s: float
+    search_cpu_s: float
+    lower_bound_s: float    # proved: no plan of the space is faster
+    optimal: bool           # False when the time limit stopped the search
+    orders: int = 0         # stage orders of the space
+    timed_out: bool = False
+
+    @property
+    def gap(self) -> float:
+        """best / proved lower bound - 1: how far the returned plan can be from the optimum."""
+        return self.best.objective_s / self.lower_bound_s - 1 if self.lower_bound_s > 0 else 0.0
+
+
+@dataclass
+class Progress:
+    """What a long search reports: items (dp, grouping) and orders done, best and bound so far."""
+    items_done: int
+    items: int
+    orders_done: int
+    best_s: float
+    lower_bound_s: float
+    elapsed_s: float
 
 
 @dataclass
@@ -94,301 +184,470 @@ class Infeasibility:
         return self.depth or self.profile or "no feasible strategy: no configuration to evaluate"
 
 
+class _TimeUp(Exception):
+    pass
+
+
+# ---- one problem ---------------------------------------------------------------------------------------
 @dataclass
-class SearchResult:
-    best: Candidate
-    top: list[Candidate]
-    evaluated: int
-    bounded: int
-    search_s: float
-    stage1_dp: int
-    stages_run: int
-    search_cpu_s: float = 0.0
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def type_groups(cluster: ClusterSpec) -> list[Group]:
-    return [Group(chip=chip, count=chip.count, label=chip.name) for chip in cluster.by_descending_memory()]
-
-
-def split_groups(cluster: ClusterSpec, group_size: int) -> list[Group]:
-    groups = []
-    for chip in cluster.by_descending_memory():
-        sizes = [group_size] * (chip.count // group_size)
-        if chip.count % group_size:
-            sizes.append(chip.count % group_size)
-        if len(sizes) == 1:
-            groups.append(Group(chip=chip, count=chip.count, label=chip.name))
-        else:
-            groups.extend(Group(chip=chip, count=size, label=f"{chip.name}#{i}") for i, size in enumerate(sizes))
-    return groups
+class _Item:
+    """One (dp, grouping): its groups per type and their options."""
+    dp: int
+    groups: dict[str, list[Group]]
+    options: dict[tuple[str, int], list[Option]]
+    lower_bound_s: float = 0.0          # below every plan of the item (order-free relaxation)
+    pending: list = field(default_factory=list)   # (lower bound, kind, key, least M, floor) of work not done yet
+    problems: dict = field(default_factory=dict)  # ordered problems built so far
+    bounded: bool = False
 
 
 class Planner:
-    """Evaluates configurations of one (cluster, model, training, profiles) problem.
+    """Options of every group, ordered problems (exact or relaxed) of one (dp, grouping, stage order)."""
 
-    The DFS lists every (dp, tp per group) leaf with a lower bound (each group at its cheapest
-    recompute setting with its largest memory cap); leaves are then solved in bound order, recompute
-    choices by branch and bound, and a leaf whose bound cannot beat the k-th best is skipped. Bounds
-    only relax the problem, so no skipped leaf holds a better strategy.
-    """
-
-    def __init__(self, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
-                 profiles: dict[str, Profile]):
+    def __init__(self, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile],
+                 *, cost_model: str = "full", monotone_tp: bool = False):
         self.cluster, self.model, self.training, self.profiles = cluster, model, training, profiles
+        self.cost_model = check_cost_model(cost_model)
+        self.monotone_tp = monotone_tp
+        self.infeasible = Infeasibility()
         self.evaluated = 0
         self.bounded = 0
-        self.infeasible = Infeasibility()
-        self._caps: dict = {}
+        self._sends: dict = {}
         self._options: dict = {}
+        self._caps: dict = {}
 
-    # ---- the pieces of one configuration -------------------------------------------------
-    def tp_choices(self, group: Group, dp: int) -> list[tuple[int, int]]:
-        """(tp, pp) with count = pp * tp * dp, profiled at this tp and (dp, tp)."""
-        profile = self.profiles[group.chip.name]
-        choices = []
-        for tp in group.chip.tp_sizes():
+    @property
+    def full(self) -> bool:
+        return self.cost_model == "full"
+
+    # ---- options of one group --------------------------------------------------------------------------
+    def group_options(self, group: Group, dp: int) -> list[Option]:
+        key = (group.chip.name, group.count, dp)
+        if key not in self._options:
+            self._options[key] = self._group_options(group, dp)
+        return self._options[key]
+
+    def _group_options(self, group: Group, dp: int) -> list[Option]:
+        chip, profile = group.chip, self.profiles[group.chip.name]
+        total_layers = self.model.num_layers
+        options = []
+        for tp in chip.tp_sizes():
             if group.count % (tp * dp):
                 continue
-            if profile.layer(tp) is None or profile.update_s(dp, tp) is None:
-                self.infeasible.profile = (f"no feasible strategy: profile of chip '{group.chip.name}' lacks tp={tp} "
+            layer, update = profile.layer(tp), profile.update_s(dp, tp)
+            if layer is None or update is None:
+                self.infeasible.profile = (f"no feasible strategy: profile of chip '{chip.name}' lacks tp={tp} "
                                            f"or the update time at (dp={dp}, tp={tp})")
                 continue
-            choices.append((tp, group.count // (tp * dp)))
-        return choices
-
-    def memory_cap(self, chip: ChipType, tp: int, dp: int, recompute: bool, in_flight: int, first: bool,
-                   last: bool) -> int:
-        """Most layers a stage can hold; notes the overflow when not even one fits."""
-        key = (chip.name, tp, dp, recompute, in_flight, first, last)
-        cap = self._caps.get(key)
-        if cap is None:
-            layer = self.profiles[chip.name].layer(tp)
-            terms = stage_memory_terms_at(self.model, self.training, layer, dp=dp, recompute=recompute,
-                                          in_flight=in_flight, first=first, last=last)
-            cap = self._caps[key] = terms.max_layers(chip.capacity_bytes)
-            if cap < 1:
-                where = ("the first stage" if first else "the last stage" if last
-                         else f"a stage with {in_flight} micro-batches in flight")
-                self.infeasible.note_overflow(terms.bytes(1) / chip.capacity_bytes, (
-                    f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} tp={tp} "
-                    f"recompute={'on' if recompute else 'off'}, {where}) needs {terms.bytes(1) / GIB:.3g} GB per "
-                    f"chip for one layer, capacity {chip.capacity_bytes / GIB:.3g} GB"))
-        return cap
-
-    def options_at(self, group: Group, g: int, dp: int, micro_batches: int, tp: int, pp: int, tail: int,
-                   last_group: bool, useful: int) -> tuple[list[tuple], tuple]:
-        """Recompute options of group g (pipeline index) whose first stage has `tail` stages from it to the
-        pipeline's end: (recompute, t, u, cap) for those that fit and are not dominated; and their
-        relaxation (cheapest time and update, largest cap), which no real option beats."""
-        in_flight = min(tail, micro_batches)
-        key = (group.chip.name, tp, dp, pp, in_flight, g == 0, last_group, useful)
-        cached = self._options.get(key)
-        if cached is not None:
-            return cached
-        profile = self.profiles[group.chip.name]
-        layer = profile.layer(tp)
-        update = profile.update_s(dp, tp)
-        choices = []
-        for recompute in (False, True):
-            cap = self.memory_cap(group.chip, tp, dp, recompute, in_flight, g == 0, last_group and pp == 1)
-            if last_group and pp > 1:
-                cap = min(cap, self.memory_cap(group.chip, tp, dp, recompute, 1, False, True))
-            if cap >= 1:
-                choices.append((recompute, layer.compute_s(recompute), update, cap))
-                if not recompute and cap >= useful:
-                    break  # recompute would only cost time
-        relaxed = (None, min(o[1] for o in choices), min(o[2] for o in choices), max(o[3] for o in choices)) \
-            if choices else None
-        self._options[key] = (choices, relaxed)
-        return choices, relaxed
-
-    def _solve(self, pps, choice, micro_batches):
-        return shard_layers(self.model.num_layers, pps, [o[1] for o in choice], [o[2] for o in choice],
-                            [o[3] for o in choice], micro_batches, self.training.alpha)
-
-    def solve_leaf(self, groups, dp, tps, pps, options, relaxed, heap, top_k) -> None:
-        """Branch and bound over the recompute settings of one leaf."""
-        micro_batches = self.training.micro_batch_units // dp
-        choice = list(relaxed)
-
-        def worst() -> float:
-            return -heap[0][0] if len(heap) >= top_k else float("inf")
-
-        def branch(g: int) -> None:
-            if g == len(options):
-                self.evaluated += 1
-                solved = self._solve(pps, choice, micro_batches)
-                if solved is None:
-                    return
-                value, layers = solved
-                if value >= worst():
-                    return
-                candidate = Candidate(objective_s=value, dp=dp, micro_batches=micro_batches, groups=tuple(groups),
-                                      tps=tuple(tps), pps=tuple(pps), recompute=tuple(o[0] for o in choice),
-                                      layers=tuple(layers))
-                entry = (-value, self.evaluated, candidate)
-                if len(heap) < top_k:
-                    heapq.heappush(heap, entry)
-                else:
-                    heapq.heapreplace(heap, entry)
-                return
-            for option in options[g]:
-                choice[g] = option
-                if len(options[g]) > 1 and g + 1 < len(options):
-                    self.bounded += 1
-                    bound = lower_bound(self.model.num_layers, pps, [o[1] for o in choice], [o[2] for o in choice],
-                                        [o[3] for o in choice], micro_batches, self.training.alpha)
-                    if bound >= worst() * _TIE:
-                        continue
-                branch(g + 1)
-            choice[g] = relaxed[g]
-
-        branch(0)
-
-    # ---- the DFS -----------------------------------------------------------------------------
-    def dfs(self, groups: list[Group], dp_values: list[int], monotone_tp: bool, heap: list, top_k: int) -> list:
-        """Every leaf (dp, tp per group) with its options and a cheap lower bound (sharding.lower_bound).
-
-        Groups are assigned from the pipeline's end backwards, so each group's stages-to-the-end, and
-        with it the micro-batches its stages hold in flight, is known when it is chosen."""
-        leaves = []
-        total_layers = self.model.num_layers
-        alpha = self.training.alpha
-        last = len(groups) - 1
-        for dp in dp_values:
-            micro_batches = self.training.micro_batch_units // dp
-            choices = [self.tp_choices(group, dp) for group in groups]
-            if not all(choices):
+            pp = group.count // (tp * dp)
+            if pp > total_layers:
+                self.infeasible.depth = (f"no feasible strategy: every configuration has more pipeline stages than "
+                                         f"the model's {total_layers} layers")
                 continue
-            tps, pps = [0] * len(groups), [0] * len(groups)
-            options, relaxed = [None] * len(groups), [None] * len(groups)
+            first = embedding_terms(self.model, self.training, chip, profile, tp=tp, dp=dp,
+                                    micro_batch_size=self.training.micro_batch_size) if self.full else None
+            last = head_terms(self.model, self.training, chip, profile, layer, dp=dp,
+                              micro_batch_size=self.training.micro_batch_size) if self.full else None
+            for recompute in (False, True):
+                caps = self.caps(chip, layer, dp, recompute)
+                options.append(Option(
+                    tp=tp, recompute=recompute, pp=pp, compute_s=layer.compute_s(recompute), update_s=update, caps=caps,
+                    first_extra_s=first.forward_s + first.backward_s if first else 0.0,
+                    first_update_s=first.update_s if first else 0.0,
+                    last_extra_s=last.forward_s + last.backward_s if last else 0.0,
+                    last_update_s=last.update_s if last else 0.0, inner_send_s=self.send_s(chip, tp, chip, tp, dp)))
+                if not recompute and min(c[-1] for c in (caps.middle, caps.first, caps.last)) >= total_layers:
+                    break  # recompute would only cost time: every stage already holds every layer
+        return options
 
-            open_absorbers: dict = {}
+    def caps(self, chip: ChipType, layer, dp: int, recompute: bool) -> StageVariantCaps:
+        key = (chip.name, layer.tp, dp, recompute)
+        if key in self._caps:
+            return self._caps[key]
+        total = self.model.num_layers
+        in_flight = np.minimum(np.arange(2 * total + 2), self.training.micro_batch_units // dp)
+        in_flight[0] = 1   # distance 0 is never read
+        variants = {}
+        for first, last in ((False, False), (True, False), (False, True), (True, True)):
+            variants[(first, last)] = stage_caps(self.model, self.training, layer, dp=dp, recompute=recompute,
+                                                 in_flight=in_flight, first=first, last=last,
+                                                 capacity=chip.capacity_bytes, limit=total)
+            if variants[(first, last)][1] < 1:
+                terms = stage_memory_terms_at(self.model, self.training, layer, dp=dp, recompute=recompute,
+                                              in_flight=1, first=first, last=last)
+                where = "the first stage" if first else "the last stage" if last else "a middle stage"
+                self.infeasible.note_overflow(terms.bytes(1) / chip.capacity_bytes, (
+                    f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} "
+                    f"tp={layer.tp} recompute={'on' if recompute else 'off'}, {where}) needs "
+                    f"{terms.bytes(1) / GB:.1f} GB per chip for one layer, capacity {chip.capacity_bytes / GB:.1f} GB"))
+        self._caps[key] = StageVariantCaps(middle=variants[(False, False)], first=variants[(True, False)],
+                                           last=variants[(False, True)], both=variants[(True, True)])
+        return self._caps[key]
 
-            def open_absorber(h: int, behind: int, min_tp: int) -> tuple:
-                """Group h, not chosen yet, with at least `behind` stages after its own: the best it could be
-                over its tp (>= min_tp) and recompute settings, as (least layers, layers per unit of max
-                term, most layers, time per layer, weight)."""
-                key = (h, behind, min_tp)
-                if key not in open_absorbers:
-                    best = [total_layers, 0.0, 0, float("inf"), float("inf")]
-                    profile = self.profiles[groups[h].chip.name]
-                    for tp, pp in choices[h]:
-                        if tp < min_tp:
-                            continue
-                        t = profile.layer(tp).compute_s(False)
-                        weight = (micro_batches - alpha) * t + profile.update_s(dp, tp)
-                        in_flight = min(behind + pp, micro_batches)
-                        cap = max(self.memory_cap(groups[h].chip, tp, dp, recompute, in_flight, False, False)
-                                  for recompute in (False, True))
-                        best = [min(best[0], pp), max(best[1], pp / weight if weight > 0 else float("inf")),
-                                max(best[2], pp * cap), min(best[3], t), min(best[4], weight)]
-                    open_absorbers[key] = tuple(best)
-                return open_absorbers[key]
+    def send_s(self, chip_a: ChipType, tp_a: int, chip_b: ChipType, tp_b: int, dp: int) -> float:
+        """One micro-batch between stages (0 under the paper's model)."""
+        if not self.full:
+            return 0.0
+        key = (chip_a.name, tp_a, chip_b.name, tp_b, dp)
+        if key not in self._sends:
+            occupancy, latency = transfer_s(self.cluster, self.model, self.training,
+                                            dp * self.training.micro_batch_size, chip_a, tp_a * dp, chip_b, tp_b * dp)
+            self._sends[key] = occupancy + latency
+        return self._sends[key]
 
-            def descend(g: int, tail: int, chosen: tuple) -> None:
-                for tp, pp in choices[g]:
-                    if (monotone_tp and g < last and groups[g + 1].chip.name == groups[g].chip.name
-                            and tp < tps[g + 1]):
-                        continue
-                    if tail + pp + g > total_layers:
-                        self.infeasible.depth = (f"no feasible strategy: every configuration has more pipeline "
-                                                 f"stages than the model's {total_layers} layers")
-                        continue
-                    useful = -(-(total_layers - tail - g) // pp)
-                    group_options, group_relaxed = self.options_at(groups[g], g, dp, micro_batches, tp, pp,
-                                                                   tail + pp, g == last, useful)
-                    if not group_options:
-                        continue
-                    tps[g], pps[g], options[g], relaxed[g] = tp, pp, group_options, group_relaxed
-                    _, t, u, cap = group_relaxed
-                    weight = (micro_batches - alpha) * t + u
-                    absorbers = chosen + ((pp, pp / weight if weight > 0 else float("inf"), pp * cap, t, weight),)
-                    if g > 0:
-                        if len(heap) >= top_k:
-                            same_type = groups[g].chip.name
-                            open_groups = tuple(
-                                open_absorber(h, tail + pp + (g - 1 - h),
-                                              tp if monotone_tp and groups[h].chip.name == same_type else 0)
-                                for h in range(g))
-                            self.bounded += 1
-                            if absorber_bound(total_layers, open_groups + absorbers, alpha) >= -heap[0][0] * _TIE:
-                                continue
-                        descend(g - 1, tail + pp, absorbers)
-                        continue
-                    self.bounded += 1
-                    bound = lower_bound(total_layers, pps, [o[1] for o in relaxed], [o[2] for o in relaxed],
-                                        [o[3] for o in relaxed], micro_batches, alpha)
-                    if bound == float("inf"):
-                        self._note_cover(groups, dp, tps, pps, relaxed)
-                        continue
-                    if len(heap) >= top_k and bound >= -heap[0][0] * _TIE:
-                        continue
-                    leaves.append((bound, dp, tuple(tps), tuple(pps), list(options), list(relaxed)))
+    # ---- items and their ordered problems --------------------------------------------------------------
+    def item(self, dp: int, groups: dict[str, list[Group]]) -> _Item | None:
+        options: dict[tuple[str, int], list[Option]] = {}
+        for name, type_list in groups.items():
+            for group in type_list:
+                key = (name, group.count)
+                if key not in options:
+                    options[key] = self.group_options(group, dp)
+                if not options[key]:
+                    return None
+        if sum(len(v) for v in groups.values()) > self.model.num_layers:
+            self.infeasible.depth = (f"no feasible strategy: every configuration has more pipeline stages than the "
+                                     f"model's {self.model.num_layers} layers")
+            return None
+        return _Item(dp=dp, groups=groups, options=options)
 
-            descend(last, 0, ())
-        return leaves
+    def ordered(self, item: _Item, order: tuple[str, ...], level: str = "exact") -> tuple[OrderedGroups, list[Group], float]:
+        """The problem of one stage order at a level of relaxation, its groups, and a constant to add to
+        the sum of stage terms. Levels, each a relaxation of the one before (only lowers the cost):
+          exact: the cost model;
+          order: memory caps by the stage's position in its group only (not in the pipeline);
+          last:  also the embedding off the first stage (its time the cheapest of any type, in the sum)
+                 and a type boundary's transfer the cheapest to any other type: the same for every order
+                 with this last type;
+          item:  also the head off the last stage and type boundaries free (the cheapest transfer of any
+                 pair in the sum): the same for every order."""
+        key = (order, level)
+        if key not in item.problems:
+            item.problems[key] = self._ordered(item, order, level)
+        return item.problems[key]
 
-    def _note_cover(self, groups, dp, tps, pps, relaxed) -> None:
-        total_layers = self.model.num_layers
-        held = sum(p * o[3] for p, o in zip(pps, relaxed))
-        self.infeasible.note_cover(held / total_layers, (
-            f"no feasible strategy: memory: the closest configuration (dp={dp}, "
-            + ", ".join(f"{grp.label} tp={tp} pp={pp}" for grp, tp, pp in zip(groups, tps, pps))
-            + f") holds at most {held} of the model's {total_layers} layers within memory"))
+    def _ordered(self, item: _Item, order: tuple[str, ...], level: str) -> tuple[OrderedGroups, list[Group], float]:
+        groups = [group for name in order for group in item.groups[name]]
+        options = [item.options[(group.chip.name, group.count)] for group in groups]
+        every = [o for group_options in item.options.values() for o in group_options]
+        constant = 0.0
+        if level in ("last", "item"):
+            constant += min(o.first_extra_s for o in every)
+            if level == "item":
+                constant += min(o.last_extra_s for o in every)
+                constant += 2 * (len(order) - 1) * self._cheapest_crossing(item)
+            options = [[_without_ends(o, head_too=level == "item") for o in group_options] for group_options in options]
+        boundary, same = [], []
+        for g, group in enumerate(groups):
+            if g == len(groups) - 1:
+                boundary.append({})
+                same.append(False)
+                continue
+            following = groups[g + 1]
+            same_type = following.chip.name == group.chip.name
+            sends = {}
+            for a in options[g]:
+                for b in options[g + 1]:
+                    if same_type or level in ("exact", "order"):
+                        sends[(a.tp, b.tp)] = self.send_s(group.chip, a.tp, following.chip, b.tp, item.dp)
+                    else:
+                        sends[(a.tp, b.tp)] = 0.0 if level == "item" else self._cheapest_from(item, group.chip, a.tp)
+            boundary.append(sends)
+            same.append(same_type)
+        problem = OrderedGroups(micro_batches=self.training.micro_batch_units // item.dp, alpha=self.training.alpha,
+                                layers=self.model.num_layers, options=options, boundary_send_s=boundary,
+                                same_type_next=same, monotone_tp=self.monotone_tp, relaxed=level != "exact")
+        return problem, groups, constant
 
-    def run(self, groups: list[Group], dp_values: list[int], heap: list, top_k: int, monotone_tp: bool) -> None:
-        leaves = self.dfs(groups, dp_values, monotone_tp, heap, top_k)
-        leaves.sort(key=lambda leaf: leaf[0])
-        for bound, dp, tps, pps, options, relaxed in leaves:
-            if len(heap) >= top_k and bound >= -heap[0][0] * _TIE:
+    def _cheapest_from(self, item: _Item, chip: ChipType, tp: int) -> float:
+        """The cheapest transfer from a stage of `chip` at `tp` to a stage of any other type."""
+        return min(self.send_s(chip, tp, other.chip, option.tp, item.dp)
+                   for name, groups in item.groups.items() if name != chip.name
+                   for other in groups for option in item.options[(name, other.count)])
+
+    def _cheapest_crossing(self, item: _Item) -> float:
+        """The cheapest transfer between stages of two different types."""
+        return min((self._cheapest_from(item, groups[0].chip, option.tp)
+                    for name, groups in item.groups.items() for option in item.options[(name, groups[0].count)]),
+                   default=0.0) if len(item.groups) > 1 else 0.0
+
+
+def _without_ends(option: Option, head_too: bool) -> Option:
+    """The option with the embedding (and head_too: the head) taken off its end stages: no time, and
+    the memory of a middle stage, so that which type holds the ends no longer matters."""
+    caps = option.caps
+    caps = StageVariantCaps(middle=caps.middle, first=caps.middle, last=caps.middle if head_too else caps.last,
+                            both=caps.middle if head_too else caps.last)
+    ends = {"last_extra_s": 0.0, "last_update_s": 0.0} if head_too else {}
+    return dataclasses.replace(option, first_extra_s=0.0, first_update_s=0.0, caps=caps, **ends)
+
+
+def _covers(split: _Item, whole: _Item) -> bool:
+    """Whether every plan of the whole-type item is also one of the split item: each type's groups offer
+    every (tp, recompute) the whole type does."""
+    for name, (group,) in whole.groups.items():
+        wanted = {(o.tp, o.recompute) for o in whole.options[(name, group.count)]}
+        for part in split.groups[name]:
+            if not wanted <= {(o.tp, o.recompute) for o in split.options[(name, part.count)]}:
+                return False
+    return True
+
+
+def _orders(cluster: ClusterSpec) -> list[tuple[str, ...]]:
+    """Every order of the chip types, the paper's (larger usable memory first) first."""
+    paper = tuple(c.name for c in cluster.by_descending_memory())
+    return [paper] + [order for order in itertools.permutations(paper) if order != paper]
+
+
+# ---- solving one problem: min over bounds M of M + alpha * sum(M) --------------------------------------
+class _Search:
+    def __init__(self, planner: Planner, top_k: int, gap: float, time_limit_s: float | None,
+                 progress: Callable[[Progress], None] | None):
+        self.planner, self.top_k, self.gap = planner, top_k, gap
+        self.started_cpu = time.process_time()
+        self.started = time.perf_counter()
+        self.time_limit_s, self.progress = time_limit_s, progress
+        self.top: list[Plan] = []          # best first, one per (dp, grouping, order)
+        self.items: list[_Item] = []
+        self.items_done = self.orders_done = 0
+        self._last_report = self.started
+
+    def threshold(self) -> float:
+        """What a plan must beat to matter: the k-th best, shrunk by the accepted gap."""
+        if len(self.top) < self.top_k:
+            return math.inf
+        return self.top[self.top_k - 1].objective_s / (1 + self.gap) * _TIE
+
+    def offer(self, plan: Plan) -> None:
+        self.top.append(plan)
+        self.top.sort(key=lambda p: p.objective_s)
+        del self.top[self.top_k:]
+
+    def lower_bound(self) -> float:
+        pending = [bound for item in self.items for bound, *_ in item.pending]
+        return min(pending, default=math.inf)
+
+    def tick(self) -> None:
+        if self.time_limit_s is not None and time.process_time() - self.started_cpu > self.time_limit_s:
+            raise _TimeUp
+        now = time.perf_counter()
+        if self.progress is not None and now - self._last_report >= 1.0:
+            self._last_report = now
+            self.progress(Progress(items_done=self.items_done, items=len(self.items), orders_done=self.orders_done,
+                                   best_s=self.top[0].objective_s if self.top else math.inf,
+                                   lower_bound_s=min(self.lower_bound(), self.top[0].objective_s if self.top else math.inf),
+                                   elapsed_s=now - self.started))
+
+    def least_bound(self, problem: OrderedGroups, candidates: np.ndarray) -> int | None:
+        """Index of the least candidate M under which every layer fits (None: not even the last)."""
+        if not len(candidates) or not layer_dp.feasible(problem, float(candidates[-1])):
+            return None
+        low, step = 0, 1
+        while not layer_dp.feasible(problem, float(candidates[min(low + step - 1, len(candidates) - 1)])):
+            self.tick()                                     # gallop up from the start, then bisect
+            low, step = low + step, step * 2
+        high = min(low + step - 1, len(candidates) - 1)
+        while low < high:
+            self.tick()
+            middle = (low + high) // 2
+            if layer_dp.feasible(problem, float(candidates[middle])):
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def candidates(self, problem: OrderedGroups, start: float, floor_sum: float) -> np.ndarray:
+        """The M worth trying: from `start` (a proved least M) to what can still beat the threshold."""
+        values = layer_dp.bound_candidates(problem)
+        values = values[values >= start * (1 - 1e-12)]
+        threshold = self.threshold()
+        if math.isfinite(threshold):
+            values = values[values + problem.alpha * floor_sum < threshold]
+        return values
+
+    def bound(self, problem: OrderedGroups, start: float, floor_sum: float) -> tuple[float, float]:
+        """(least M that fits, least M + alpha * floor): a lower bound on the problem's cost; inf when it
+        cannot beat the threshold."""
+        candidates = self.candidates(problem, start, floor_sum)
+        low = self.least_bound(problem, candidates)
+        if low is None:
+            return math.inf, math.inf
+        least = float(candidates[low])
+        return least, least + problem.alpha * floor_sum
+
+    def solve(self, problem: OrderedGroups, relaxed: OrderedGroups, *, start: float,
+              floor_sum: float) -> tuple[float, float | None]:
+        """(min over M of M + alpha * sum(M), the M that gives it), skipping what cannot beat the threshold.
+
+        sum(M) falls as M grows, so M_low + alpha * sum(M_high) bounds every M in between; ranges are split
+        in halves, first bounded by the relaxed problem's sum (cheap, never above the exact one), and
+        evaluated exactly only where that bound can still win."""
+        alpha = problem.alpha
+        candidates = self.candidates(problem, start, floor_sum)
+        low = self.least_bound(problem, candidates)
+        if low is None:
+            return math.inf, None
+        best = {"value": math.inf, "bound": None}
+
+        def exact(index: int) -> float:
+            self.tick()
+            bound = float(candidates[index])
+            self.planner.evaluated += 1
+            total = layer_dp.sum_tables(problem, bound).best()[0]
+            if bound + alpha * total < best["value"]:
+                best["value"], best["bound"] = bound + alpha * total, bound
+            return total
+
+        def limit() -> float:
+            return min(self.threshold(), best["value"]) * _TIE
+
+        first = exact(low)
+        if alpha == 0:
+            return best["value"], best["bound"]
+        # (lo, hi): the candidates strictly between are open; the sums at lo and hi are exact or lower bounds
+        stack = [(low, len(candidates), first, True, floor_sum, False)]   # hi: a sentinel at the floor
+        while stack:
+            lo, hi, sum_lo, lo_exact, sum_hi, hi_exact = stack.pop()
+            if hi - lo <= 1:
+                continue
+            if candidates[lo + 1] + alpha * sum_hi >= limit() or (
+                    lo_exact and hi_exact and sum_lo <= sum_hi * (1 + 1e-12)):
+                self.planner.bounded += 1
+                continue
+            middle = (lo + hi) // 2
+            self.tick()
+            lower = max(sum_hi, layer_dp.sum_tables(relaxed, float(candidates[middle])).best()[0])
+            if candidates[lo + 1] + alpha * lower >= limit():     # (lo, middle] cannot win
+                self.planner.bounded += 1
+                stack.append((middle, hi, lower, False, sum_hi, hi_exact))
+                continue
+            sum_middle = exact(middle)
+            stack += [(middle, hi, sum_middle, True, sum_hi, hi_exact), (lo, middle, sum_lo, lo_exact, sum_middle, True)]
+        return best["value"], best["bound"]
+
+    def floor(self, problem: OrderedGroups) -> float:
+        """The least sum of stage terms at any M (the sum tables with memory the only limit)."""
+        self.tick()
+        self.planner.evaluated += 1
+        return layer_dp.sum_tables(problem, math.inf).best()[0]
+
+    # ---- one item: relaxed bounds first, exact orders last ---------------------------------------------
+    def bound_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
+        """Every order at once: memory caps by position in the group, cheapest type boundaries, head and
+        embedding as the cheapest of any type (the order of the types then no longer matters)."""
+        problem, _, constant = self.planner.ordered(item, orders[0], "item")
+        floor = self.floor(problem) + constant
+        least, bound = self.bound(problem, 0.0, floor)
+        item.lower_bound_s, item.bounded = bound, True
+        if math.isfinite(bound):
+            item.pending = [(bound, "last", name, least, floor) for name in item.groups]
+            return
+        self.planner.bounded += 1
+        if not math.isfinite(self.threshold()):  # nothing fits: say how close the paper's order came
+            held = layer_dp.most_layers(self.planner.ordered(item, orders[0])[0], math.inf)
+            if held >= 0:
+                self.planner.infeasible.note_cover(held / self.planner.model.num_layers, (
+                    f"no feasible strategy: memory: the closest configuration (dp={item.dp}, stage order "
+                    f"{' > '.join(orders[0])}, {sum(len(g) for g in item.groups.values())} groups) holds at most "
+                    f"{int(held)} of the model's {self.planner.model.num_layers} layers within memory"))
+
+    def run_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
+        planner = self.planner
+        while item.pending:
+            item.pending.sort(key=lambda entry: entry[0])
+            bound, kind, key, start, floor = item.pending[0]
+            if bound >= self.threshold():
+                planner.bounded += len(item.pending)
+                item.pending = []
                 break
-            self.solve_leaf(groups, dp, tps, pps, options, relaxed, heap, top_k)
+            self.tick()
+            item.pending.pop(0)
+            if kind == "last":   # the orders ending in type `key`: head placed, embedding still free
+                order = next(o for o in orders if o[-1] == key)
+                problem, _, constant = planner.ordered(item, order, "last")
+                floor = max(floor, self.floor(problem) + constant)
+                least, tighter = self.bound(problem, start, floor)
+                if math.isfinite(tighter):
+                    item.pending += [(max(bound, tighter), "order", o, least, floor) for o in orders if o[-1] == key]
+                else:
+                    planner.bounded += 1
+            elif kind == "order":   # the order's least M exactly (memory at every position), its sum relaxed
+                relaxed, _, constant = planner.ordered(item, key, "order")
+                floor = max(floor, self.floor(relaxed) + constant)
+                least, tighter = self.bound(planner.ordered(item, key)[0], start, floor)
+                if math.isfinite(tighter) and math.isfinite(self.threshold()):
+                    # a plan that can still win has M <= threshold - alpha * floor, so its sum is at least
+                    # the relaxed sum there (the sum only falls as M grows)
+                    highest = (self.threshold() - relaxed.alpha * floor) * (1 + 1e-12)
+                    if highest >= least:
+                        self.tick()
+                        floor = max(floor, layer_dp.sum_tables(relaxed, highest).best()[0] + constant)
+                        tighter = least + relaxed.alpha * floor
+                if math.isfinite(tighter):
+                    item.pending.append((max(bound, tighter), "exact", key, least, floor))
+                else:
+                    planner.bounded += 1
+            else:
+                self.solve_exact(item, key, start, floor)
+                self.orders_done += 1
 
+    def solve_exact(self, item: _Item, order: tuple[str, ...], start: float, floor: float) -> None:
+        problem, groups, _ = self.planner.ordered(item, order)
+        relaxed, _, constant = self.planner.ordered(item, order, "order")
+        value, bound = self.solve(problem, relaxed, start=start, floor_sum=floor)
+        if bound is None or value >= self.threshold():
+            return
+        placed = layer_dp.rebuild(problem, layer_dp.sum_tables(problem, bound))
+        self.offer(self._plan(item, groups, placed))
 
-def batch_dp_values(cluster: ClusterSpec, training: TrainingSpec, fixed_dp: int | None = None) -> list[int]:
-    """The dp sizes that divide the global batch (in micro-batches) and, with some allowed tp, every chip
-    count; fixed_dp (a user's choice) must be one of them, or the error names what it fails."""
-    units = training.micro_batch_units
-    if fixed_dp is not None:
-        if fixed_dp < 1 or units % fixed_dp:
-            raise UserError(f"--dp {fixed_dp}: must divide the global batch of {units} micro-batches "
-                            f"({training.sequences} sequences / micro_batch_size {training.micro_batch_size})")
-        for index, chip in enumerate(cluster.chips):
-            if not any(chip.count % (tp * fixed_dp) == 0 for tp in chip.tp_sizes()):
-                raise UserError(f"{cluster.source}: field 'chips[{index}].count': {chip.count} chips of type "
-                                f"'{chip.name}' are not divisible by tp * dp for dp={fixed_dp} and any tp in "
-                                f"{chip.tp_sizes()}")
-        return [fixed_dp]
-    return [dp for dp in divisors(units)
-            if all(any(chip.count % (tp * dp) == 0 for tp in chip.tp_sizes()) for chip in cluster.chips)]
+    def _plan(self, item: _Item, groups: list[Group], placed: list[layer_dp.PlacedGroup]) -> Plan:
+        planner = self.planner
+        plan = Plan(objective_s=0.0, dp=item.dp, micro_batches=planner.training.micro_batch_units // item.dp,
+                    groups=tuple(groups), tps=tuple(p.option.tp for p in placed),
+                    recompute=tuple(p.option.recompute for p in placed),
+                    stage_layers=tuple(tuple(p.stage_layers) for p in placed))
+        report = evaluate_strategy(plan.to_strategy(planner.model, planner.training), planner.cluster, planner.model,
+                                   planner.training, planner.profiles, cost_model=planner.cost_model)
+        return dataclasses.replace(plan, objective_s=report.iteration_s)
 
 
 def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile], *,
-           top_k: int = 1, group_size: int | None = 128, refine_all_dp: bool = False,
-           dp: int | None = None) -> SearchResult:
-    """Stage 1 over chip types, then (group_size set) stage 2 over groups of group_size chips at stage 1's
-    dp (or, refine_all_dp, at every dp: slower, and no longer loses when the grouped optimum's dp differs).
-    dp fixes the data-parallel size."""
-    started, started_cpu = time.perf_counter(), time.process_time()
-    planner = Planner(cluster, model, training, profiles)
-    heap: list = []
-    dp_values = batch_dp_values(cluster, training, dp)
-    planner.run(type_groups(cluster), dp_values, heap, top_k, monotone_tp=False)
-    if not heap:
+           cost_model: str = "full", top_k: int = 1, group_size: int | None = 128, dp: int | None = None,
+           monotone_tp: bool = False, gap: float = 0.0, time_limit_s: float | None = None,
+           progress: Callable[[Progress], None] | None = None) -> SearchResult:
+    """The best plan of the space (module docstring). top_k: the best plans of distinct (dp, grouping,
+    stage order); gap: stop proving once no plan can be more than this fraction faster; time_limit_s: CPU
+    seconds, then the best plan so far with the bound proved."""
+    if model.num_layers > MAX_LAYERS:
+        raise UserError(f"model '{model.name}': field 'num_layers': the planner takes at most {MAX_LAYERS} layers, "
+                        f"got {model.num_layers}")
+    planner = Planner(cluster, model, training, profiles, cost_model=cost_model, monotone_tp=monotone_tp)
+    run = _Search(planner, top_k, gap, time_limit_s, progress)
+    orders = _orders(cluster)
+    optimal = True
+    try:
+        for dp_value in batch_dp_values(cluster, training, dp):
+            items = [planner.item(dp_value, grouping) for grouping in groupings(cluster, group_size)]
+            if len(items) == 2 and items[0] is not None and items[1] is not None and _covers(items[1], items[0]):
+                items = items[1:]   # every whole-type plan is a split plan with one tp per type
+            run.items += [item for item in items if item is not None]
+        for item in run.items:
+            run.tick()
+            run.bound_item(item, orders)
+        run.items.sort(key=lambda i: i.lower_bound_s)
+        for item in run.items:
+            run.run_item(item, orders)
+            run.items_done += 1
+    except _TimeUp:
+        optimal = False
+    if not run.top:
+        if not optimal:
+            raise UserError(f"--time-limit {time_limit_s:g}: no feasible plan found within the time limit")
         raise UserError(planner.infeasible.reason())
-    stage1_best = max(heap)[2]
-    stages_run = 1
-    if group_size:
-        groups = split_groups(cluster, group_size)
-        if len(groups) > len(cluster.chips):
-            planner.run(groups, dp_values if refine_all_dp else [stage1_best.dp], heap, top_k, monotone_tp=True)
-            stages_run = 2
-    ranked = [entry[2] for entry in sorted(heap, key=lambda e: -e[0])]
-    return SearchResult(best=ranked[0], top=ranked, evaluated=planner.evaluated, bounded=planner.bounded,
-                        search_s=time.perf_counter() - started, stage1_dp=stage1_best.dp, stages_run=stages_run,
-                        search_cpu_s=time.process_time() - started_cpu)
+    best = run.top[0]
+    unbounded = [0.0 for item in run.items if not item.bounded]   # not even bounded: nothing proved
+    lower = min([best.objective_s / (1 + gap), run.lower_bound()] + unbounded)
+    return SearchResult(best=best, top=list(run.top), evaluated=planner.evaluated, bounded=planner.bounded,
+                        search_s=time.perf_counter() - run.started, search_cpu_s=time.process_time() - run.started_cpu,
+                        lower_bound_s=lower, optimal=optimal and gap == 0, orders=len(orders),
+                        timed_out=not optimal)

@@ -249,6 +249,25 @@ def echo(rank, world, store_dir, transport, args):
     return {"notes": ep.notes, "transport": ep.transport(0)}
 
 
+def socket_buffers(rank, world, store_dir, transport, args):
+    """The kernel's send and receive buffer sizes (ss's tb and rb) of this rank's connected tcp sockets."""
+    import re
+    import subprocess
+    ep = endpoint(rank, world, store_dir, transport)
+    barrier(ep)
+    lines = subprocess.run(["ss", "-tmnpH", "state", "established"], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    mine = f"pid={os.getpid()},"
+    buffers = []
+    for line, next_line in zip(lines, lines[1:] + [""]):
+        if mine in line:
+            # ss prints skmem:(...) on the socket's line or, in most versions, the line below it.
+            sizes = dict(re.findall(r"\b(rb|tb)(\d+)", line if "skmem" in line else next_line))
+            buffers.append((int(sizes["tb"]), int(sizes["rb"])))
+    barrier(ep)
+    return {"buffers": buffers}
+
+
 def torch_store_exchange(store, rank, transport):
     ep = dicomm.Endpoint(store, rank, 2, transport=transport, timeout=30)
     peer = 1 - rank

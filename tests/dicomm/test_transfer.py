@@ -1,4 +1,6 @@
 """Two processes exchange messages over each transport that runs here."""
+import os
+
 import pytest
 
 from scenarios import run
@@ -78,3 +80,16 @@ def test_device_buffers_are_staged_through_host_memory_by_the_copy_hooks(transpo
     assert sender["copies"]["to_host"] == size
     assert receiver["copies"]["from_host"] == size
     assert receiver["intact"] is True
+
+
+def _kernel_buffer_limit() -> int:
+    with open("/proc/sys/net/core/wmem_max") as wmem, open("/proc/sys/net/core/rmem_max") as rmem:
+        return max(int(wmem.read()), int(rmem.read()))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="passing net.core.wmem_max needs CAP_NET_ADMIN (root)")
+def test_tcp_socket_buffers_grow_past_the_kernel_limit_as_root():
+    requested = 4 * _kernel_buffer_limit()
+    ranks = run("socket_buffers", transport="tcp", env={"DICOMM_TCP_SOCKET_BUFFER_BYTES": str(requested)})
+    # The kernel doubles what it is given (bookkeeping overhead), as socket(7) says.
+    assert [rank["buffers"] for rank in ranks] == [[(2 * requested, 2 * requested)]] * 2

@@ -486,6 +486,39 @@ def job_timeout(args) -> None:
                 raise AssertionError("completed although the peer never took part")
 
 
+def job_dipu_p2p(args) -> None:
+    """dipu tensors (the host vendor's discrete profile) through dist.send/recv, counting the vendor's
+    copies by kind around the transfers; args["staged"] names the copies expected (none when
+    device-direct)."""
+    from ditorch.dipu import memory_ipc
+    init()
+    sizes = [1024, 1 << 18]  # float32 elements: 4 KiB and 1 MiB
+    sources = [torch.arange(n, dtype=torch.float32).to("dipu") for n in sizes]
+    targets = [torch.zeros(n, dtype=torch.float32, device="dipu") for n in sizes]
+    dist.barrier()
+    before = memory_ipc.copy_counts()
+    for source, target in zip(sources, targets):
+        if RANK == 0:
+            dist.send(source, 1)
+        else:
+            dist.recv(target, 0)
+    copies = {kind: count - before[kind] for kind, count in memory_ipc.copy_counts().items()}
+
+    @check("dipu_tensors_arrive_intact")
+    def _():
+        if RANK == 1:
+            for target, n in zip(targets, sizes):
+                assert_equal(target.cpu(), torch.arange(n, dtype=torch.float32), f"{n} elements")
+
+    @check("vendor_copies_are_the_expected_ones")
+    def _():
+        staged = {"host_to_device": 0, "device_to_host": 0}
+        if args["staged"]:
+            staged["device_to_host" if RANK == 0 else "host_to_device"] = len(sizes)
+        got = {kind: copies[kind] for kind in staged}
+        assert got == staged, f"rank {RANK}: staging copies {got}, expected {staged} (all copies: {copies})"
+
+
 def main(rank: int, world_size: int, job: str, args: dict) -> dict:
     """One rank of `job`; its findings. (The rank exits at once after returning: a dead or silent
     peer cannot make the exit wait for its pending operations.)"""
@@ -497,9 +530,9 @@ def main(rank: int, world_size: int, job: str, args: dict) -> dict:
     return findings
 
 
-def run_job(job: str, world_size: int, timeout: float = 90, **args) -> list[dict]:
-    """Each rank's findings, in rank order."""
-    return run_ranks(main, world_size, (job, args), env={"OMP_NUM_THREADS": "1"}, timeout=timeout)
+def run_job(job: str, world_size: int, timeout: float = 90, env: dict | None = None, **args) -> list[dict]:
+    """Each rank's findings, in rank order; `env`: extra environment variables of every rank."""
+    return run_ranks(main, world_size, (job, args), env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout)
 
 
 def start_job(job: str, world_size: int, **args) -> RankJob:

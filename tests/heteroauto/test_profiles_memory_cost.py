@@ -5,11 +5,14 @@ import pytest
 
 from h2.core.errors import UserError
 from h2.core.model_config import preset
-from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s
+from h2.core.strategy import StageSpec, Strategy
+from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s, pipeline_time_s, stage_busy_s
+from heteropp.auto.evaluation import evaluate_strategy, strategy_terms
 from heteropp.auto.memory import in_flight_micro_batches, stage_memory_bytes, stage_memory_terms
-from heteropp.auto.evaluation import evaluate_strategy
 from heteropp.auto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
                                     synthesise_profile, tp_collective_s)
+from h2.core.links import Link, links_from_mapping
+from heteropp.auto.stage_terms import link_between_stages
 from h2.core.cluster import load_cluster
 from h2.core.strategy import strategy_from_mapping
 
@@ -92,8 +95,8 @@ def test_recompute_lets_more_layers_fit(exp_c):
     training = exp_c.training
     layer = synthesise_profile(exp_c.chip("B"), MODEL, training).layer(4)
     args = dict(dp=4, position=0, num_stages=16, micro_batches=128)
-    plain = stage_memory_terms(MODEL, training, layer, recompute=False, **args).max_layers(exp_c.chip("B").capacity_bytes)
-    recompute = stage_memory_terms(MODEL, training, layer, recompute=True, **args).max_layers(exp_c.chip("B").capacity_bytes)
+    plain = stage_memory_terms(MODEL, training, layer, recompute=False, **args).max_layers(exp_c.chip("B").capacity_bytes, 96)
+    recompute = stage_memory_terms(MODEL, training, layer, recompute=True, **args).max_layers(exp_c.chip("B").capacity_bytes, 96)
     assert recompute > plain
 
 
@@ -169,3 +172,71 @@ def test_a_measured_backward_workspace_is_held_once_per_stage(hetero):
     with_workspace = stage_memory_terms(model, training, layer, **args)
     without = stage_memory_terms(model, training, dataclasses.replace(layer, workspace_bytes=0), **args)
     assert with_workspace.fixed - without.fixed == 500_000 and with_workspace.per_layer == without.per_layer
+
+
+# ---- the full cost model's terms ---------------------------------------------------------------------
+TWO_STAGES = Strategy(dp=4, micro_batches=64, micro_batch_size=1, seq_len=4096, model="h2-100b",
+                      stages=[StageSpec(chip="A", tp=8, layers=48), StageSpec(chip="B", tp=4, layers=48)])
+
+
+def terms_of(exp_c, cost_model, strategy=TWO_STAGES, cluster=None):
+    cluster = cluster or exp_c
+    return strategy_terms(strategy, cluster, MODEL, exp_c.training, profiles_for(cluster, MODEL, exp_c.training),
+                          cost_model)
+
+
+def test_paper_terms_hold_decoder_layers_only(exp_c):
+    paper = terms_of(exp_c, "paper")
+    layer = profiles_for(exp_c, MODEL, exp_c.training)["A"].layer(8)
+    assert paper[0].compute_s == pytest.approx(48 * layer.compute_s(False))
+    assert all(t.send_s == 0 for t in paper)
+
+
+def test_full_terms_put_the_head_on_the_last_stage(exp_c):
+    paper, full = terms_of(exp_c, "paper"), terms_of(exp_c, "full")
+    layer = profiles_for(exp_c, MODEL, exp_c.training)["B"].layer(4)
+    head_matmul = 3 * layer.forward_s * MODEL.head_forward_flops_per_token() / MODEL.layer_forward_flops_per_token(4096)
+    added = full[1].compute_s - paper[1].compute_s
+    assert head_matmul < added < head_matmul * 1.05          # the matmul at the layer's rate, plus the loss
+    assert full[1].update_s > paper[1].update_s
+
+
+def test_full_terms_put_the_embedding_on_the_first_stage(exp_c):
+    paper, full = terms_of(exp_c, "paper"), terms_of(exp_c, "full")
+    assert 0 < full[0].forward_s - paper[0].forward_s < 0.01 * paper[0].forward_s   # memory-bound lookup
+    assert full[0].update_s > paper[0].update_s
+
+
+def test_a_transfer_moves_one_micro_batch_over_the_smaller_side(exp_c):
+    full = terms_of(exp_c, "full")
+    lanes = min(8 * 4, 4 * 4)
+    assert full[0].send_occupancy_s == pytest.approx(4 * 4096 * 8192 * 2 / lanes / 10e9)
+    assert full[0].send_latency_s == pytest.approx(10e-6)
+    assert full[1].send_s == 0
+
+
+def test_link_classes_of_the_cluster_file_price_transfers_when_present(exp_c):
+    section = links_from_mapping({"inter_node": {"bandwidth_gbps": 100, "latency_us": 2},
+                                  "inter_type": {"bandwidth_gbps": 1, "latency_us": 50}}, "c.yaml")
+    with_links = dataclasses.replace(exp_c, links=section)
+    assert link_between_stages(with_links, exp_c.chip("A"), exp_c.chip("B")) == Link(1, 50)
+    assert link_between_stages(with_links, exp_c.chip("A"), exp_c.chip("A")) == Link(100, 2)
+    assert terms_of(exp_c, "full", cluster=with_links)[0].send_latency_s == pytest.approx(50e-6)
+
+
+def test_without_link_classes_the_chips_fields_price_transfers(exp_c):
+    assert link_between_stages(exp_c, exp_c.chip("A"), exp_c.chip("B")) == Link(10, 10)
+
+
+def test_the_cost_model_charges_each_boundary_twice_to_its_upstream_stage(exp_c):
+    full = terms_of(exp_c, "full")
+    busy = [t.compute_s + 2 * t.send_s for t in full]
+    assert [stage_busy_s(t) for t in full] == busy
+    expected = max(64 * c + t.update_s + (sum(busy) - c) for c, t in zip(busy, full))
+    assert pipeline_time_s(full, 64, 1.0) == pytest.approx(expected)
+
+
+def test_evaluation_scores_the_terms_it_reports(exp_c):
+    report = evaluate_strategy(TWO_STAGES, exp_c, MODEL, exp_c.training, profiles_for(exp_c, MODEL, exp_c.training))
+    assert report.iteration_s == pipeline_time_s(report.terms, 64, exp_c.training.alpha)
+    assert report.cost_model == "full"

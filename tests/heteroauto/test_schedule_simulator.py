@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s
-from heteropp.auto.simulator import StageCost, simulate
+from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s, pipeline_time_s
+from heteropp.auto.simulator import simulate
+from heteropp.auto.stage_terms import StageTerms
 from h2.core.schedule import Action, format_schedule, one_f_one_b, one_f_one_b_split_backward
 
 
@@ -53,8 +54,10 @@ def test_unknown_action_kind_is_refused():
         Action("X", 0, 0)
 
 
-def _costs(forward, backward):
-    return [StageCost(forward_s=f, backward_s=b) for f, b in zip(forward, backward)]
+def _costs(forward, backward, send=None):
+    send = send or [0.0] * len(forward)
+    return [StageTerms(forward_s=f, backward_s=b, weight_grad_s=0.0, update_s=0.0, send_occupancy_s=x)
+            for f, b, x in zip(forward, backward, send)]
 
 
 @settings(max_examples=150, deadline=None)
@@ -93,7 +96,8 @@ def test_slowest_stage_last_matches_the_closed_form_and_proportional_costs_never
 
 
 def test_busy_plus_bubble_plus_update_is_the_iteration_on_every_stage():
-    costs = [StageCost(1.0, 2.0, update_s=0.5), StageCost(0.5, 1.0, update_s=0.1), StageCost(2.0, 4.0, update_s=0.0)]
+    costs = [StageTerms(1.0, 2.0, 0.0, update_s=0.5), StageTerms(0.5, 1.0, 0.0, update_s=0.1),
+             StageTerms(2.0, 4.0, 0.0, update_s=0.0)]
     result = simulate(one_f_one_b(3, 5), costs)
     for busy, bubble, cost in zip(result.busy_s, result.bubble_s, costs):
         assert busy + bubble + cost.update_s == pytest.approx(result.iteration_s)
@@ -101,20 +105,41 @@ def test_busy_plus_bubble_plus_update_is_the_iteration_on_every_stage():
 
 
 def test_transfers_lie_on_the_path_of_a_single_micro_batch():
-    costs = _costs([1.0, 1.5], [2.0, 2.5])
-    result = simulate(one_f_one_b(2, 1), costs, lambda src, dst, kind, m: 0.25)
+    costs = _costs([1.0, 1.5], [2.0, 2.5], send=[0.25, 0.0])
+    result = simulate(one_f_one_b(2, 1), costs)
     assert result.iteration_s == pytest.approx(1.0 + 0.25 + 1.5 + 2.5 + 0.25 + 2.0)
     assert result.transfers == 2
 
 
 def test_transfers_never_shorten_the_iteration():
-    costs = _costs([1.0, 0.5, 2.0], [2.0, 1.0, 4.0])
-    free = simulate(one_f_one_b(3, 6), costs).iteration_s
-    assert simulate(one_f_one_b(3, 6), costs, lambda src, dst, kind, m: 0.1).iteration_s > free
+    costs = _costs([1.0, 0.5, 2.0], [2.0, 1.0, 4.0], send=[0.1, 0.1, 0.0])
+    free = simulate(one_f_one_b(3, 6), costs, transfers=False).iteration_s
+    assert simulate(one_f_one_b(3, 6), costs).iteration_s > free
+
+
+def test_messages_queue_behind_a_link_s_occupancy_but_not_its_latency():
+    # stage 0 forwards two micro-batches back to back (1 s each); each send holds the link for 3 s
+    occupied = [StageTerms(1.0, 1.0, 0.0, 0.0, send_occupancy_s=3.0), StageTerms(1.0, 1.0, 0.0, 0.0)]
+    delayed = [StageTerms(1.0, 1.0, 0.0, 0.0, send_latency_s=3.0), StageTerms(1.0, 1.0, 0.0, 0.0)]
+    queued = simulate(one_f_one_b(2, 2), occupied, keep_timeline=True).timeline[1]
+    pipelined = simulate(one_f_one_b(2, 2), delayed, keep_timeline=True).timeline[1]
+    assert [start for name, start, _ in queued if name.startswith("F")] == [4.0, 7.0]    # second waits for the link
+    assert [start for name, start, _ in pipelined if name.startswith("F")] == [4.0, 6.0]  # latencies overlap
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 10 ** 9))
+def test_cost_model_with_transfers_bounds_the_1f1b_replay_when_backward_is_proportional(seed):
+    rng, stages, micro_batches, forward = random_pipeline(seed)
+    ratio = rng.uniform(1.0, 3.0)
+    send = [rng.uniform(0.0, 0.5) for _ in range(stages - 1)] + [0.0]
+    costs = _costs(forward, [ratio * f for f in forward], send)
+    replay = simulate(one_f_one_b(stages, micro_batches), costs).iteration_s
+    assert replay <= pipeline_time_s(costs, micro_batches, 1.0) * (1 + 1e-12)
 
 
 def test_split_backward_leaves_less_bubble_than_1f1b():
-    costs = [StageCost(1.0, 2.0, weight_grad_s=1.0) for _ in range(4)]
+    costs = [StageTerms(1.0, 2.0, weight_grad_s=1.0, update_s=0.0) for _ in range(4)]
     plain = simulate(one_f_one_b(4, 8), costs).iteration_s
     split = simulate(one_f_one_b_split_backward(4, 8), costs).iteration_s
     assert (plain, split) == (33.0, 30.0)  # 1F1B bubble (P-1)(F+B+W) = 9 becomes 6
@@ -122,7 +147,7 @@ def test_split_backward_leaves_less_bubble_than_1f1b():
 
 @pytest.mark.parametrize("stages,micro_batches", [(2, 4), (4, 8), (8, 16), (3, 12)])
 def test_split_backward_beats_1f1b_on_uniform_stages(stages, micro_batches):
-    costs = [StageCost(1.0, 2.0, weight_grad_s=1.0) for _ in range(stages)]
+    costs = [StageTerms(1.0, 2.0, weight_grad_s=1.0, update_s=0.0) for _ in range(stages)]
     plain = simulate(one_f_one_b(stages, micro_batches), costs).iteration_s
     split = simulate(one_f_one_b_split_backward(stages, micro_batches), costs).iteration_s
     assert split < plain
@@ -134,7 +159,7 @@ def test_split_backward_costs_at_most_3_percent_on_uneven_stages(seed):
     # its weight-gradient passes cannot be interrupted, so on uneven stages a drained W can delay a
     # gradient that has just arrived: 2.3 % worst case over 20,000 random pipelines (docs/heteroauto.md)
     _, stages, micro_batches, forward = random_pipeline(seed)
-    costs = [StageCost(f, 2 * f, weight_grad_s=f) for f in forward]
+    costs = [StageTerms(f, 2 * f, weight_grad_s=f, update_s=0.0) for f in forward]
     plain = simulate(one_f_one_b(stages, micro_batches), costs).iteration_s
     split = simulate(one_f_one_b_split_backward(stages, micro_batches), costs).iteration_s
     assert split <= plain * 1.03
@@ -147,8 +172,8 @@ def test_a_schedule_that_waits_for_a_message_never_sent_is_reported():
 
 
 TWO_TYPES = ("chips:\n"
-             "  - {name: A, count: 8, memory_gb: 1, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n"
-             "  - {name: B, count: 8, memory_gb: 1, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n")
+             "  - {name: A, count: 8, memory_gb: 1, peak_tflops: 100, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n"
+             "  - {name: B, count: 8, memory_gb: 1, peak_tflops: 100, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n")
 
 
 @pytest.mark.parametrize("links, bandwidth_gbps, latency_us", [
@@ -160,7 +185,8 @@ def test_the_simulators_transfer_between_chip_types_crosses_the_inter_type_link(
     from h2.core.cluster import TrainingSpec, load_cluster
     from h2.core.model_config import preset
     from h2.core.strategy import strategy_from_mapping
-    from heteropp.auto.evaluation import training_for, transfer_model
+    from heteropp.auto.evaluation import strategy_terms, training_for
+    from heteropp.auto.profiles import profiles_for
     cluster = load_cluster(write("c.yaml", TWO_TYPES + links))
     strategy = strategy_from_mapping({"dp": 1, "micro_batches": 4, "micro_batch_size": 2, "seq_len": 64, "model": "tiny",
                                       "stages": [{"chip": "A", "tp": 2, "layers": 2}, {"chip": "B", "tp": 1, "layers": 2}]},
@@ -169,4 +195,5 @@ def test_the_simulators_transfer_between_chip_types_crosses_the_inter_type_link(
     training = training_for(strategy, TrainingSpec(seq_len=64, global_batch_sequences=8, micro_batch_size=2))
     activation_bytes = 2 * 64 * model.hidden_size * training.activation_bytes_per_element
     expected = activation_bytes / (bandwidth_gbps * 1e9) + latency_us * 1e-6   # one lane: B has tp 1
-    assert transfer_model(strategy, cluster, model, training)(0, 1, "F", 0) == pytest.approx(expected)
+    terms = strategy_terms(strategy, cluster, model, training, profiles_for(cluster, model, training), "full")
+    assert terms[0].send_s == pytest.approx(expected)

@@ -1,128 +1,198 @@
 import dataclasses
+import itertools
 import os
 import random
-import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster
 from h2.core.errors import UserError
 from h2.core.model_config import preset
+from heteropp.auto import paper_search
+from heteropp.auto import search as search_module
 from heteropp.auto.evaluation import evaluate_strategy
 from heteropp.auto.oracle import oracle_search
 from heteropp.auto.profiles import profiles_for
+from h2.core.numbers import divisors
 from heteropp.auto.search import search
-from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster
 
 from autohelpers import CLUSTERS, random_problem, small_model
 
 
-def _solve_both(seed, group_size=None):
-    cluster, model, training = random_problem(random.Random(seed))
-    profiles = profiles_for(cluster, model, training)
+def problem(seed: int, max_types: int = 3):
+    cluster, model, training = random_problem(random.Random(seed), max_types=max_types)
+    return cluster, model, training, profiles_for(cluster, model, training)
+
+
+def best_or_none(run):
     try:
-        oracle = oracle_search(cluster, model, training, profiles, group_size=group_size)
-    except UserError:
-        oracle = None
-    try:
-        found = search(cluster, model, training, profiles, group_size=group_size)
-    except UserError:
-        found = None
-    return cluster, model, training, profiles, oracle, found
+        return run()
+    except UserError as error:
+        assume("too large" not in str(error))   # the oracle refuses spaces past its limit: not a case
+        return None
+
+
+def assert_search_equals_oracle(seed, max_types, **space):
+    cluster, model, training, profiles = problem(seed, max_types)
+    oracle = best_or_none(lambda: oracle_search(cluster, model, training, profiles, **space))
+    found = best_or_none(lambda: search(cluster, model, training, profiles, **space))
+    assert (oracle is None) == (found is None)
+    if oracle is not None:
+        assert found.best.objective_s == pytest.approx(oracle.objective_s, rel=1e-9)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10 ** 9))
-def test_single_stage_search_finds_the_oracle_optimum(seed):
-    cluster, model, training, profiles, oracle, found = _solve_both(seed)
-    assert (oracle is None) == (found is None)
-    if oracle is not None:
-        assert found.best.objective_s == pytest.approx(oracle.best.objective_s, rel=1e-9)
+def test_search_equals_the_oracle_over_whole_chip_types_and_every_stage_order(seed):
+    assert_search_equals_oracle(seed, 3, group_size=None)
 
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 10 ** 9))
-def test_searched_strategy_is_valid_and_scores_as_predicted(seed):
-    cluster, model, training, profiles, oracle, found = _solve_both(seed)
-    if found is None:
-        return
+def test_search_equals_the_oracle_over_groups_of_two_chips(seed):
+    assert_search_equals_oracle(seed, 2, group_size=2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10 ** 9))
+def test_search_equals_the_oracle_under_the_papers_cost_model(seed):
+    assert_search_equals_oracle(seed, 2, group_size=2, cost_model="paper")
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10 ** 9))
+def test_search_equals_the_oracle_when_tp_may_not_grow_along_a_type(seed):
+    assert_search_equals_oracle(seed, 2, group_size=2, monotone_tp=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10 ** 9))
+def test_searched_plan_is_a_valid_strategy_that_scores_as_its_objective(seed):
+    cluster, model, training, profiles = problem(seed)
+    found = best_or_none(lambda: search(cluster, model, training, profiles, group_size=2))
+    assume(found is not None)
     strategy = found.best.to_strategy(model, training)
     strategy.validate()
     assert strategy.chips_per_type() == {c.name: c.count for c in cluster.chips}
     report = evaluate_strategy(strategy, cluster, model, training, profiles)
-    assert report.fits
-    assert report.iteration_s == pytest.approx(found.best.objective_s, rel=1e-9)
+    assert report.fits and report.iteration_s == found.best.objective_s
 
 
-def searched(seed: int, max_types: int = 3):
-    """A random problem, its profiles, and its single-stage and two-stage (groups of 2) search
-    results; None where no strategy fits the problem."""
-    cluster, model, training = random_problem(random.Random(seed), max_types=max_types)
-    profiles = profiles_for(cluster, model, training)
-    try:
-        single = search(cluster, model, training, profiles, group_size=None)
-    except UserError:
-        return None
-    return (cluster, model, training, profiles), single, search(cluster, model, training, profiles, group_size=2)
+def test_a_stage_order_other_than_larger_memory_first_is_found():
+    cluster, model, training, profiles = problem(4)     # found by trying seeds: the memory order is 18% slower
+    best = search(cluster, model, training, profiles, group_size=2).best
+    memory_first = tuple(c.name for c in cluster.by_descending_memory())
+    in_memory_order = [p for p in search(cluster, model, training, profiles, group_size=2, top_k=50).top
+                       if p.order == memory_first]
+    assert best.order != memory_first
+    assert best.objective_s < min(p.objective_s for p in in_memory_order) / 1.1
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.integers(0, 10 ** 9))
-def test_second_stage_pruning_keeps_the_optimum_of_its_space(seed):
-    found = searched(seed, max_types=2)
-    if found is None:
-        return
-    (cluster, model, training, profiles), first, two = found
-    try:
-        space = oracle_search(cluster, model, training, profiles, group_size=2, dp=first.best.dp,
-                              monotone_tp=True).best.objective_s
-    except UserError:
-        space = float("inf")
-    assert two.best.objective_s == pytest.approx(min(first.best.objective_s, space), rel=1e-9)
+def test_tp_may_grow_along_a_type_unless_monotone_tp_is_asked():
+    cluster, model, training, profiles = problem(453, max_types=2)   # found by trying seeds
+    free = search(cluster, model, training, profiles, group_size=4).best
+    monotone = search(cluster, model, training, profiles, group_size=4, monotone_tp=True).best
+    tps_of_a = [tp for group, tp in zip(free.groups, free.tps) if group.chip.name == "A"]
+    assert tps_of_a == sorted(tps_of_a) and len(set(tps_of_a)) > 1
+    assert free.objective_s < monotone.objective_s
 
 
-def test_refining_at_every_dp_recovers_a_grouped_optimum_at_another_dp():
-    cluster, model, training = random_problem(random.Random(1035), max_types=2)  # found by the gap benchmark
-    profiles = profiles_for(cluster, model, training)
-    grouped = oracle_search(cluster, model, training, profiles, group_size=2).best
-    paper_style = search(cluster, model, training, profiles, group_size=2)
-    every_dp = search(cluster, model, training, profiles, group_size=2, refine_all_dp=True)
-    assert paper_style.best.objective_s > grouped.objective_s * 1.1  # stage 1's dp was the wrong one
-    assert every_dp.best.objective_s == pytest.approx(grouped.objective_s, rel=1e-9)
-
-
-def test_two_stage_search_never_loses_to_its_first_stage():
+def test_groups_never_lose_to_whole_chip_types():
     for seed in range(40):
-        found = searched(seed)
-        if found is not None:
-            _, single, two = found
-            assert two.best.objective_s <= single.best.objective_s * (1 + 1e-12)
+        cluster, model, training, profiles = problem(seed)
+        try:
+            whole = search(cluster, model, training, profiles, group_size=None).best.objective_s
+        except UserError:
+            continue
+        assert search(cluster, model, training, profiles, group_size=2).best.objective_s <= whole * (1 + 1e-12)
 
 
-def test_top_k_lists_distinct_configurations_best_first():
-    cluster = load_cluster(os.path.join(CLUSTERS, "exp-a-1.yaml"))
+def test_the_grouped_optimum_at_another_dp_than_the_whole_types_optimum_is_found():
+    cluster, model, training, profiles = problem(1035, max_types=2)   # where the paper's procedure loses 20 %
+    grouped = oracle_search(cluster, model, training, profiles, group_size=2, cost_model="paper").objective_s
+    papers = paper_search.search(cluster, model, training, profiles, group_size=2).best.objective_s
+    ours = search(cluster, model, training, profiles, group_size=2, cost_model="paper").best.objective_s
+    assert papers > grouped * 1.1
+    assert ours == pytest.approx(grouped, rel=1e-9)
+
+
+def test_paper_procedure_reproduces_its_exp_c1_plan():
+    cluster = load_cluster(os.path.join(CLUSTERS, "exp-c-1.yaml"))
     model = preset("h2-100b")
-    result = search(cluster, model, cluster.training, profiles_for(cluster, model, cluster.training), top_k=4,
-                    group_size=None)
-    values = [c.objective_s for c in result.top]
-    assert len(values) == 4 and values == sorted(values)
+    result = paper_search.search(cluster, model, cluster.training, profiles_for(cluster, model, cluster.training))
+    assert result.best.objective_s == pytest.approx(28.23, abs=0.005)   # docs/heteroauto.md, bench_search.py
 
 
-def test_exp_c1_strategy_is_valid_and_found_fast():
+def test_top_k_lists_distinct_stage_orders_best_first():
+    cluster, model, training, profiles = problem(4)
+    top = search(cluster, model, training, profiles, group_size=None, top_k=3).top
+    values = [p.objective_s for p in top]
+    assert values == sorted(values) and len({(p.dp, p.order) for p in top}) == len(top) > 1
+
+
+def test_exp_c1_plan_is_valid_and_fits():
     cluster = load_cluster(os.path.join(CLUSTERS, "exp-c-1.yaml"))
     model = preset("h2-100b")
     profiles = profiles_for(cluster, model, cluster.training)
-    started = time.perf_counter()
     result = search(cluster, model, cluster.training, profiles)
-    assert time.perf_counter() - started < 2.0
     strategy = result.best.to_strategy(model, cluster.training)
-    assert sum(s.layers for s in strategy.stages) == 96
+    assert sum(s.layers for s in strategy.stages) == 96 and result.optimal
     assert strategy.chips_per_type() == {"A": 384, "B": 1024}
-    report = evaluate_strategy(strategy, cluster, model, cluster.training, profiles)
-    assert report.fits
-    chips_in_order = [s.chip for s in strategy.stages]
-    assert chips_in_order == sorted(chips_in_order)  # A (96 GB) before B (64 GB)
+    assert evaluate_strategy(strategy, cluster, model, cluster.training, profiles).fits
+
+
+# ---- a bounded search: time limit, gap, progress -----------------------------------------------------
+@pytest.fixture(scope="module")
+def exp_a1():
+    cluster = load_cluster(os.path.join(CLUSTERS, "exp-a-1.yaml"))
+    model = preset("h2-100b")
+    profiles = profiles_for(cluster, model, cluster.training)
+    optimum = search(cluster, model, cluster.training, profiles).best.objective_s
+    return cluster, model, cluster.training, profiles, optimum
+
+
+class TickingClock:
+    """CPU time that advances one second per reading: a time limit of N stops after N checks."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
+
+
+@pytest.mark.parametrize("checks", [300, 450, 600])
+def test_a_time_limit_returns_a_plan_with_a_bound_below_the_optimum(monkeypatch, exp_a1, checks):
+    cluster, model, training, profiles, optimum = exp_a1
+    monkeypatch.setattr(search_module.time, "process_time", TickingClock())
+    result = search(cluster, model, training, profiles, time_limit_s=checks)
+    assert result.timed_out
+    assert result.lower_bound_s <= optimum * (1 + 1e-12) <= result.best.objective_s * (1 + 1e-12)
+
+
+def test_a_gap_returns_a_plan_within_that_fraction_of_the_optimum(exp_a1):
+    cluster, model, training, profiles, optimum = exp_a1
+    result = search(cluster, model, training, profiles, gap=0.05)
+    assert optimum <= result.best.objective_s <= optimum * 1.05
+    assert result.lower_bound_s <= optimum
+
+
+def test_a_long_search_reports_progress(monkeypatch, exp_a1):
+    cluster, model, training, profiles, _ = exp_a1
+    monkeypatch.setattr(search_module.time, "perf_counter", TickingClock())
+    reports = []
+    search(cluster, model, training, profiles, progress=reports.append)
+    assert reports and reports[-1].items_done <= reports[-1].items
+
+
+# ---- the space's edges -------------------------------------------------------------------------------
+def test_divisors_come_from_the_factorisation():
+    assert divisors(10 ** 9 + 7) == [1, 10 ** 9 + 7]
+    assert divisors(2 ** 40)[-3:] == [2 ** 38, 2 ** 39, 2 ** 40]
+    assert divisors(360) == [d for d in range(1, 361) if 360 % d == 0]
 
 
 def _chip(name, count, memory_gb=80.0, tp_max=8):
@@ -134,10 +204,10 @@ def test_data_parallel_size_divides_every_chip_type_and_the_batch():
     cluster = ClusterSpec(name="odd", chips=(_chip("A", 6, tp_max=2), _chip("B", 4)), source="odd.yaml")
     training = TrainingSpec(seq_len=2048, global_batch_sequences=8)
     model = small_model(8)
-    for candidate in search(cluster, model, training, profiles_for(cluster, model, training), top_k=20,
-                            group_size=None).top:
-        assert 8 % candidate.dp == 0
-        assert all(g.count == tp * pp * candidate.dp for g, tp, pp in zip(candidate.groups, candidate.tps, candidate.pps))
+    for plan in search(cluster, model, training, profiles_for(cluster, model, training), top_k=20,
+                       group_size=None).top:
+        assert 8 % plan.dp == 0
+        assert all(g.count == tp * pp * plan.dp for g, tp, pp in zip(plan.groups, plan.tps, plan.pps))
 
 
 def test_chip_count_that_no_profiled_tp_times_dp_divides_is_refused():
@@ -164,3 +234,8 @@ def test_pipeline_deeper_than_the_model_is_reported():
     training = TrainingSpec(seq_len=256, global_batch_sequences=1)
     with pytest.raises(UserError, match="more pipeline stages than the model's 2 layers"):
         search(cluster, model, training, profiles_for(cluster, model, training))
+
+
+def test_every_order_of_the_types_is_in_the_space():
+    cluster = ClusterSpec(name="three", chips=(_chip("A", 2), _chip("B", 2), _chip("C", 2)), source="three.yaml")
+    assert sorted(search_module._orders(cluster)) == sorted(itertools.permutations("ABC"))

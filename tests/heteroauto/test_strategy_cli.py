@@ -220,3 +220,34 @@ def test_a_stage_with_half_the_replicas_does_twice_the_work_per_micro_batch_on_h
     assert halved["stages"][0]["busy_s"] == pytest.approx(uniform["stages"][0]["busy_s"])
     chips = lambda result: result["tokens_per_chip_s"] * result["iteration_s"]  # tokens per chip per iteration
     assert chips(uniform) / chips(halved) == pytest.approx((16 + 16 + 16) / (16 + 32 + 32))
+
+
+def test_paper_cost_model_reproduces_the_documented_exp_a1_speedup_ratio(capsys):
+    code, out, err = run(capsys, "search", "--cluster", os.path.join(CLUSTERS, "exp-a-1.yaml"), "--cost-model", "paper",
+                         "--baseline-gbs-tokens", "2M", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert (result["search"], round(result["hetero_speedup_ratio"] * 100, 2)) == ("paper", 88.25)  # docs/heteroauto.md
+
+
+def test_search_reports_a_proved_optimum_and_each_stage_transfer(capsys):
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--json", "--no-baselines")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["optimal"] and result["gap"] == 0 and result["cost_model"] == "full"
+    assert result["strategy"]["stages"][-1]["send_s"] == 0 < result["strategy"]["stages"][0]["send_s"]
+
+
+def test_output_marks_emulated_chips(capsys):
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--no-baselines")
+    assert code == 0, err
+    assert "emu-big=2 emulated" in out and out.count("(emulated)") >= 2
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--search", "paper", "--monotone-tp"], "only with --search exact"),
+    (["--refine-all-dp"], "only with --search paper"),
+])
+def test_flags_of_the_other_search_are_refused(capsys, flags, message):
+    code, _, err = run(capsys, "search", "--cluster", LOCAL, *flags)
+    assert code == 2 and message in err

@@ -24,18 +24,21 @@ PYBIND11_MODULE(_dicomm_c10d, m) {
   m.def(
       "create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
-         const std::map<int, std::pair<double, double>>& peer_links) {
+         const std::map<int, std::pair<double, double>>& peer_links,
+         std::optional<std::map<std::string, uintptr_t>> device_memory) {
         std::map<int, dicomm::LinkShape> shapes;
         for (const auto& [peer, link] : peer_links) shapes[peer] = dicomm::LinkShape{link.first, link.second};
+        auto memory = device_memory ? dicomm::DeviceMemory::fromAddresses(*device_memory) : nullptr;
         py::gil_scoped_release release;
         return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<dicomm::ProcessGroupDiComm>(
             store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)),
-            std::move(shapes)));
+            std::move(shapes), std::move(memory)));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
-      py::arg("peer_links") = std::map<int, std::pair<double, double>>(),
+      py::arg("peer_links") = std::map<int, std::pair<double, double>>(), py::arg("device_memory") = py::none(),
       "Joins rank `rank` of `size` through `store`; blocks until every peer is connected or `timeout_s` passes. "
-      "`peer_links`: {group rank: (bytes per second, one-way latency in seconds)} of emulated links.");
+      "`peer_links`: {group rank: (bytes per second, one-way latency in seconds)} of emulated links. "
+      "`device_memory`: the functions reaching PrivateUse1 tensors' memory (device-direct point-to-point).");
   m.def(
       "transport_of",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, int peer) { return asDiComm(backend).transportOf(peer); },

@@ -1,5 +1,6 @@
 #include "process_group.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/distributed/c10d/exception.h>
 
 #include <type_traits>
@@ -187,10 +188,12 @@ class C10dStore : public Store {
 }  // namespace
 
 ProcessGroupDiComm::ProcessGroupDiComm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       std::chrono::milliseconds timeout, std::map<int, LinkShape> peer_links)
-    : Backend(rank, size) {
+                                       std::chrono::milliseconds timeout, std::map<int, LinkShape> peer_links,
+                                       std::shared_ptr<const DeviceMemory> device_memory, c10::DeviceType device_type)
+    : Backend(rank, size), device_memory_type_(device_type) {
   dicomm::Options options = dicomm::Options::fromEnvironment();
   for (auto& [peer, link] : peer_links) options.peer_links[peer] = link;
+  options.device_memory = std::move(device_memory);
   options.timeout_s = std::chrono::duration<double>(timeout).count();
   options.connect_timeout_s = options.timeout_s;
   options.store_prefix = "dicomm";
@@ -258,11 +261,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::pointToPoint(at::Tensor& tens
   checkUsable();
   TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "dicomm ", is_send ? "send" : "recv", ": peer ", peer,
               " is not another rank of this group of ", size_);
-  HostTensor host = is_send ? HostTensor::input(tensor) : HostTensor::output(tensor);
+  const bool direct = movesDeviceDirect(tensor, peer);
+  HostTensor host = direct ? HostTensor::deviceDirect(tensor) : is_send ? HostTensor::input(tensor) : HostTensor::output(tensor);
+  const Memory memory = direct ? Memory::Device : Memory::Host;
   RequestPtr request;
   if (host.bytes() > 0) {
-    request = is_send ? engine_->isend(peer, pointToPointTag(tag), host.data(), host.bytes())
-                      : engine_->irecv(peer, pointToPointTag(tag), host.data(), host.bytes());
+    if (direct) {
+      // The transport reads (or overwrites) the memory now: the device's queued work on it goes first.
+      c10::impl::VirtualGuardImpl guard(tensor.device().type());
+      guard.synchronizeStream(guard.getStream(tensor.device()));
+    }
+    request = is_send ? engine_->isend(peer, pointToPointTag(tag), host.data(), host.bytes(), memory)
+                      : engine_->irecv(peer, pointToPointTag(tag), host.data(), host.bytes(), memory);
   }
   auto item = std::make_shared<P2PItem>(std::move(request), is_send, peer, tag, std::move(host));
   if (coalescing_.load(std::memory_order_relaxed)) {
@@ -272,6 +282,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::pointToPoint(at::Tensor& tens
   return c10::make_intrusive<P2PWork>(rank_, is_send ? c10d::OpType::SEND : c10d::OpType::RECV,
                                       std::vector<std::shared_ptr<P2PItem>>{std::move(item)},
                                       std::vector<at::Tensor>{tensor}, watcher_);
+}
+
+bool ProcessGroupDiComm::movesDeviceDirect(const at::Tensor& tensor, int peer) const {
+  return tensor.device().type() == device_memory_type_ && tensor.is_contiguous() && engine_->deviceDirect(peer);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::send(std::vector<at::Tensor>& tensors, int dst, int tag) {

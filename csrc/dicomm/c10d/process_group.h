@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "collectives.h"
+#include "dicomm/device_memory.h"
 #include "dicomm/engine.h"
 #include "serial_thread.h"
 #include "work.h"
@@ -25,10 +26,13 @@ namespace dicomm {
 class ProcessGroupDiComm : public c10d::Backend {
  public:
   // Rendezvous through `store` (the process group's prefixed store); `timeout` bounds setup and
-  // every pending operation.
   // every pending operation; `peer_links` emulates a link to some group ranks (shaping.h).
+  // `device_memory` (may be null) reaches the memory of `device_type` tensors: point-to-point
+  // traffic of such tensors then moves device-direct wherever the engine agreed it with the peer.
   ProcessGroupDiComm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                     std::chrono::milliseconds timeout, std::map<int, LinkShape> peer_links = {});
+                     std::chrono::milliseconds timeout, std::map<int, LinkShape> peer_links = {},
+                     std::shared_ptr<const DeviceMemory> device_memory = nullptr,
+                     c10::DeviceType device_type = c10::DeviceType::PrivateUse1);
   ~ProcessGroupDiComm() override;
 
   const std::string getBackendName() const override { return "dicomm"; }
@@ -80,6 +84,7 @@ class ProcessGroupDiComm : public c10d::Backend {
  private:
   using Body = std::function<void(CollectiveChannel&, Scratch&)>;
   c10::intrusive_ptr<c10d::Work> pointToPoint(at::Tensor& tensor, bool is_send, int peer, int tag);
+  bool movesDeviceDirect(const at::Tensor& tensor, int peer) const;
   // Queues `body` as collective `name`; `outputs` are what the work's result and future hold.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const std::string& name, std::vector<at::Tensor> outputs,
                                          Body body);
@@ -87,6 +92,7 @@ class ProcessGroupDiComm : public c10d::Backend {
   void recordFailure(const std::string& why);
 
   std::unique_ptr<Engine> engine_;
+  const c10::DeviceType device_memory_type_;
   std::shared_ptr<SerialThread> watcher_;  // completes futures of works nobody waits on
   Scratch scratch_;
   uint64_t next_collective_ = 0;

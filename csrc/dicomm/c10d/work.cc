@@ -38,6 +38,12 @@ std::chrono::milliseconds remaining(Clock::time_point deadline) {
 // ---------------------------------------------------------------------------------------------
 // HostTensor
 
+HostTensor HostTensor::deviceDirect(const at::Tensor& tensor) {
+  HostTensor h;
+  h.host_ = tensor;
+  return h;
+}
+
 HostTensor HostTensor::input(const at::Tensor& tensor) {
   HostTensor h;
   if (tensor.device().is_cpu() && tensor.is_contiguous()) {

@@ -21,8 +21,11 @@ std::exception_ptr backendError(const std::string& what);
 
 // A tensor as the transport sees it: contiguous host memory. For a contiguous CPU tensor that
 // is the tensor itself; otherwise a host copy (inputs) or a host buffer copied back (outputs).
+// The one exception is `deviceDirect`: a contiguous device tensor the transport reaches through the
+// vendor's registered memory, passed as it is.
 class HostTensor {
  public:
+  static HostTensor deviceDirect(const at::Tensor& tensor);
   static HostTensor input(const at::Tensor& tensor);
   static HostTensor output(const at::Tensor& tensor);
   // An output that starts with the tensor's values (all_reduce).

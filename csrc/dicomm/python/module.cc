@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "dicomm/device_memory.h"
 #include "dicomm/engine.h"
 #include "dicomm/frame.h"
 #include "dicomm/frame_stream.h"
@@ -157,6 +158,7 @@ class PyEngine {
     engine_->setCopyHooks(std::move(hooks));
   }
   std::string transport(int peer) const { return transportName(engine_->transportOf(peer)); }
+  bool deviceDirect(int peer) const { return engine_->deviceDirect(peer); }
   LinkShape link(int peer) const { return engine_->linkOf(peer); }
   std::vector<std::string> notes() const { return engine_->notes(); }
   void close() {
@@ -311,6 +313,12 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("shm_split_bytes", &Options::shm_split_bytes)
       .def_readwrite("shm_cross_memory_attach", &Options::shm_cross_memory_attach)
       .def_readwrite("max_message_bytes", &Options::max_message_bytes)
+      .def_readwrite("device_direct", &Options::device_direct)
+      .def("set_device_memory",
+           [](Options& o, const std::map<std::string, uintptr_t>& functions) {
+             o.device_memory = DeviceMemory::fromAddresses(functions);
+           },
+           py::arg("functions"), "Device memory functions by name (h2.core.devices.device_memory(...)).")
       .def_readwrite("link", &Options::link)
       .def_readwrite("peer_links", &Options::peer_links)
       .def("validate", &Options::validate);
@@ -333,6 +341,7 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def("irecv", &PyEngine::irecv, py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0, py::arg("device") = false)
       .def("set_copy_hooks", &PyEngine::setCopyHooks, py::arg("to_host"), py::arg("from_host"))
       .def("transport", &PyEngine::transport)
+      .def("device_direct", &PyEngine::deviceDirect)
       .def("link", &PyEngine::link)
       .def("notes", &PyEngine::notes)
       .def("close", &PyEngine::close)

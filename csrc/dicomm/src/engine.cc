@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "dicomm/device_memory.h"
 #include "dicomm/peer.h"
 
 namespace dicomm {
@@ -240,26 +241,42 @@ void Engine::setCopyHooks(CopyHooks hooks) {
 
 namespace {
 
-std::shared_ptr<const CopyHooks> requireHooks(const std::shared_ptr<const CopyHooks>& hooks, const char* operation) {
-  if (!hooks) throw std::invalid_argument(std::string(operation) + " of device memory needs copy hooks (setCopyHooks)");
-  return hooks;
-}
+// A host buffer for one staged message; left uninitialised, since a copy fills it.
+std::shared_ptr<uint8_t[]> hostStaging(size_t bytes) { return std::shared_ptr<uint8_t[]>(new uint8_t[bytes ? bytes : 1]); }
 
 }  // namespace
 
+std::shared_ptr<const CopyHooks> Engine::stagingHooks(const char* operation) const {
+  if (auto hooks = std::atomic_load(&copy_hooks_)) return hooks;
+  if (auto device = options_.device_memory) {
+    auto hooks = std::make_shared<CopyHooks>();
+    hooks->to_host = [device](void* host, const void* from, size_t n) { device->copy(host, from, n, CopyKind::DeviceToHost); };
+    hooks->from_host = [device](void* to, const void* host, size_t n) { device->copy(to, host, n, CopyKind::HostToDevice); };
+    return hooks;
+  }
+  throw std::invalid_argument(std::string(operation) +
+                              " of device memory needs copy hooks (setCopyHooks) or device memory functions");
+}
+
+bool Engine::deviceDirect(int peer) const {
+  return peer >= 0 && peer < world_size_ && peer != rank_ && connections_[size_t(peer)]->deviceDirect();
+}
+
 RequestPtr Engine::isend(int peer, uint64_t tag, const void* data, size_t size, Memory memory) {
   checkPeer(peer, "isend");
-  std::shared_ptr<std::vector<uint8_t>> staging;
-  if (memory == Memory::Device) {
-    const auto hooks = requireHooks(std::atomic_load(&copy_hooks_), "isend");
-    staging = std::make_shared<std::vector<uint8_t>>(size);
-    if (size) hooks->to_host(staging->data(), data, size);
-    data = staging->data();
+  std::shared_ptr<uint8_t[]> staging;
+  const bool direct = memory == Memory::Device && size > 0 && deviceDirect(peer);
+  if (memory == Memory::Device && !direct) {
+    const auto hooks = stagingHooks("isend");
+    staging = hostStaging(size);
+    if (size) hooks->to_host(staging.get(), data, size);
+    data = staging.get();
   }
   auto request = std::make_shared<Request>(Direction::Send, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)),
                                            size, Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                                     std::chrono::duration<double>(options_.timeout_s)));
   if (staging) request->keepAlive(staging);
+  if (direct) request->setOnDevice();
   request->setProgress(progress_[size_t(peer)]);
   connections_[size_t(peer)]->postSend(request);
   return request;
@@ -268,12 +285,13 @@ RequestPtr Engine::isend(int peer, uint64_t tag, const void* data, size_t size, 
 RequestPtr Engine::irecv(int peer, uint64_t tag, void* data, size_t capacity, Memory memory) {
   checkPeer(peer, "irecv");
   void* target = data;
-  std::shared_ptr<std::vector<uint8_t>> staging;
+  std::shared_ptr<uint8_t[]> staging;
   std::shared_ptr<const CopyHooks> hooks;
-  if (memory == Memory::Device) {
-    hooks = requireHooks(std::atomic_load(&copy_hooks_), "irecv");
-    staging = std::make_shared<std::vector<uint8_t>>(capacity);
-    target = staging->data();
+  const bool direct = memory == Memory::Device && capacity > 0 && deviceDirect(peer);
+  if (memory == Memory::Device && !direct) {
+    hooks = stagingHooks("irecv");
+    staging = hostStaging(capacity);
+    target = staging.get();
   }
   auto request = std::make_shared<Request>(Direction::Recv, peer, tag, static_cast<uint8_t*>(target), capacity,
                                            Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -284,6 +302,7 @@ RequestPtr Engine::irecv(int peer, uint64_t tag, void* data, size_t capacity, Me
       if (bytes) hooks->from_host(data, r.data(), bytes);
     });
   }
+  if (direct) request->setOnDevice();
   request->setProgress(progress_[size_t(peer)]);
   connections_[size_t(peer)]->postRecv(request);
   return request;

@@ -89,7 +89,12 @@ FrameHeader decodeFrameHeader(const uint8_t* p, size_t size, const FrameLimits& 
   h.remote_address = getLittleEndian<uint64_t>(p + 48);
 
   const std::string kind = frameKindName(h.kind);
-  if (!kindCarriesPayload(h.kind) && h.payload_bytes != 0) {
+  const bool region_announcement = h.kind == FrameKind::ReadyToSend && (h.flags & kFlagDeviceRegion);
+  if (region_announcement && h.payload_bytes != kRegionHandleBytes) {
+    reject("device ReadyToSend carries " + std::to_string(h.payload_bytes) + " payload bytes, expected " +
+           std::to_string(kRegionHandleBytes));
+  }
+  if (!kindCarriesPayload(h.kind) && !region_announcement && h.payload_bytes != 0) {
     reject(kind + " frame carries " + std::to_string(h.payload_bytes) + " payload bytes, expected 0");
   }
   if ((h.kind == FrameKind::Hello || h.kind == FrameKind::HelloReply) &&

@@ -10,7 +10,13 @@ constexpr size_t kStoredInitialReserve = size_t(1) << 20;
 
 Inbox::Inbox(int peer, FrameLimits limits) : peer_(peer), limits_(limits) {}
 
-bool Inbox::fits(const RequestPtr& recv, uint64_t total) {
+bool Inbox::fits(const RequestPtr& recv, uint64_t total, bool device_source) {
+  if (recv->onDevice() && !device_source && total != 0) {
+    recv->fail("message of " + std::to_string(total) + " bytes from rank " + std::to_string(peer_) + " (tag " +
+               std::to_string(recv->tag()) + ") is in host memory; this receive is in device memory and takes only "
+               "device memory (post a host receive, or send from device memory)");
+    return false;
+  }
   if (total <= recv->capacity()) return true;
   recv->fail("message of " + std::to_string(total) + " bytes from rank " + std::to_string(peer_) +
              " (tag " + std::to_string(recv->tag()) + ") does not fit the " +
@@ -33,7 +39,10 @@ std::optional<Inbox::Grant> Inbox::post(const RequestPtr& recv) {
   std::shared_ptr<Stored> stored = found->second.front();
   found->second.pop_front();
   if (found->second.empty()) stored_.erase(found);
-  if (stored->rendezvous) return Grant{recv, stored->announcement, fits(recv, stored->total)};
+  if (stored->rendezvous) {
+    const bool device_source = stored->announcement.flags & kFlagDeviceRegion;
+    return Grant{recv, stored->announcement, fits(recv, stored->total, device_source)};
+  }
   if (stored->complete) {
     deliverStored(*stored, recv);
   } else {
@@ -126,7 +135,7 @@ std::optional<Inbox::Grant> Inbox::announce(const FrameHeader& h) {
     RequestPtr recv = queue->second.front();
     queue->second.pop_front();
     if (queue->second.empty()) posted_.erase(queue);
-    const bool ok = fits(recv, h.total_bytes);
+    const bool ok = fits(recv, h.total_bytes, h.flags & kFlagDeviceRegion);
     return Grant{recv, h, ok};
   }
   auto stored = std::make_shared<Stored>();

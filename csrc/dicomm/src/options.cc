@@ -30,6 +30,12 @@ double parseSeconds(const char* name, const char* text) {
   return value;
 }
 
+bool parseSwitch(const char* name, const char* text) {
+  const std::string value = text;
+  if (value != "0" && value != "1") throw std::invalid_argument(std::string(name) + "=" + value + " is not 0 or 1");
+  return value == "1";
+}
+
 double parseNumber(const char* name, const char* text, bool zero_allowed) {
   char* end = nullptr;
   const double value = std::strtod(text, &end);
@@ -73,11 +79,8 @@ Options Options::fromEnvironment() {
   if (auto v = env("DICOMM_SHM_RING_BYTES")) o.shm_ring_bytes = parseCount("DICOMM_SHM_RING_BYTES", v);
   if (auto v = env("DICOMM_SHM_EAGER_BYTES")) o.shm_eager_bytes = parseCount("DICOMM_SHM_EAGER_BYTES", v);
   if (auto v = env("DICOMM_SHM_SPLIT_BYTES")) o.shm_split_bytes = parseCount("DICOMM_SHM_SPLIT_BYTES", v);
-  if (auto v = env("DICOMM_SHM_CMA")) {
-    const std::string text = v;
-    if (text != "0" && text != "1") throw std::invalid_argument("DICOMM_SHM_CMA=" + text + " is not 0 or 1");
-    o.shm_cross_memory_attach = text == "1";
-  }
+  if (auto v = env("DICOMM_SHM_CMA")) o.shm_cross_memory_attach = parseSwitch("DICOMM_SHM_CMA", v);
+  if (auto v = env("DICOMM_DEVICE_DIRECT")) o.device_direct = parseSwitch("DICOMM_DEVICE_DIRECT", v);
   if (auto v = env("DICOMM_MAX_MESSAGE_BYTES")) o.max_message_bytes = parseCount("DICOMM_MAX_MESSAGE_BYTES", v);
   if (auto v = env("DICOMM_LINK_GBPS")) o.link.bandwidth_bytes_per_s = parseNumber("DICOMM_LINK_GBPS", v, false) * 1e9;
   if (auto v = env("DICOMM_LINK_LATENCY_US")) o.link.latency_s = parseNumber("DICOMM_LINK_LATENCY_US", v, true) * 1e-6;

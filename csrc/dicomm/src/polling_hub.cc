@@ -19,6 +19,7 @@ class LockedConnection : public Connection {
     std::lock_guard<std::mutex> lock(hub_->mutex());
     connection_->postRecv(recv);
   }
+  bool deviceDirect() const override { return connection_->deviceDirect(); }
 
  private:
   std::shared_ptr<PollingHub> hub_;

@@ -125,8 +125,14 @@ void setNonBlocking(int fd) {
 }
 
 void setBufferSizes(int fd, int bytes) {
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+  // The FORCE options pass net.core.wmem_max/rmem_max (they need CAP_NET_ADMIN); without the
+  // capability the plain ones apply, capped at those limits.
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof(bytes)) != 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  }
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof(bytes)) != 0) {
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+  }
 }
 
 void sendAll(int fd, const void* data, size_t size, Clock::time_point deadline, const std::string& peer_name) {

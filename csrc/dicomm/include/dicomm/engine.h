@@ -41,9 +41,12 @@ class Engine {
 
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t size, Memory memory = Memory::Host);
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t capacity, Memory memory = Memory::Host);
-  // Required before the first Memory::Device request.
+  // How Memory::Device requests are staged where they cannot move device-direct; without hooks
+  // they are staged with the options' device_memory copies. One of the two is required.
   void setCopyHooks(CopyHooks hooks);
   TransportKind transportOf(int peer) const;
+  // Whether Memory::Device requests to `peer` move device-direct (no host staging).
+  bool deviceDirect(int peer) const;
   // The emulated link to `peer` (Options::link, peer_links); not shaped() when there is none.
   LinkShape linkOf(int peer) const;
   // Notes from setup worth a user's attention (fallbacks, refused connections), one line each.
@@ -64,6 +67,7 @@ class Engine {
   void checkPeer(int peer, const char* operation) const;
   void requireOtherRank(int peer) const;
   TransportKind chooseTransport(const PeerDescriptor& peer);
+  std::shared_ptr<const CopyHooks> stagingHooks(const char* operation) const;
 
   const int rank_;
   const int world_size_;

@@ -73,7 +73,9 @@ class Inbox {
 
   void checkNextSeq(uint64_t seq);
   void deliverStored(Stored& stored, const RequestPtr& recv);
-  bool fits(const RequestPtr& recv, uint64_t total);
+  // Whether a message of `total` bytes may land in `recv` (else it fails `recv`): it must fit, and a
+  // receive in device memory takes only device-direct messages (nothing else can reach it).
+  bool fits(const RequestPtr& recv, uint64_t total, bool device_source = false);
 
   const int peer_;
   const FrameLimits limits_;

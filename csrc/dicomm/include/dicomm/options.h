@@ -4,12 +4,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "dicomm/frame.h"
 #include "dicomm/link_shape.h"
 
 namespace dicomm {
+
+class DeviceMemory;
 
 // The largest Data frame any peer may send; one constant so peers with different settings agree.
 constexpr uint64_t kMaxChunkBytes = uint64_t(256) << 20;
@@ -38,14 +41,19 @@ struct Options {
   size_t shm_split_bytes = size_t(128) << 10;
   bool shm_cross_memory_attach = true;  // false: large shm messages stream through the ring
   uint64_t max_message_bytes = uint64_t(1) << 40;
+  // How to reach device memory (device_memory.h); null: Memory::Device requests need copy hooks.
+  std::shared_ptr<const DeviceMemory> device_memory;
+  // With device_memory on both sides of a shm connection, device requests move device-direct
+  // (registered memory, no host staging); false stages them through host memory (the baseline).
+  bool device_direct = true;
   LinkShape link;                            // emulated link to every peer (default: none)
   std::map<int, LinkShape> peer_links;       // per-peer override of `link`
 
   // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN,
   // DICOMM_BIND_ADDR, DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_TCP_SOCKET_BUFFER_BYTES,
   // DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES, DICOMM_SHM_SPLIT_BYTES, DICOMM_SHM_CMA (0/1),
-  // DICOMM_MAX_MESSAGE_BYTES, DICOMM_LINK_GBPS and DICOMM_LINK_LATENCY_US (`link`). A malformed value
-  // throws std::invalid_argument naming the variable.
+  // DICOMM_MAX_MESSAGE_BYTES, DICOMM_DEVICE_DIRECT (0/1), DICOMM_LINK_GBPS and DICOMM_LINK_LATENCY_US
+  // (`link`). A malformed value throws std::invalid_argument naming the variable.
   static Options fromEnvironment();
   // Throws std::invalid_argument naming the first field out of range.
   void validate() const;

@@ -51,6 +51,9 @@ class Request {
   uint8_t* data() const { return data_; }
   size_t capacity() const { return capacity_; }
   Clock::time_point deadline() const { return deadline_; }
+  // The buffer is device memory the transport reaches through its DeviceMemory (device-direct).
+  bool onDevice() const { return on_device_; }
+  void setOnDevice() { on_device_ = true; }
 
   bool isPending() const;
   bool succeeded() const;
@@ -84,6 +87,7 @@ class Request {
   uint8_t* const data_;
   const size_t capacity_;
   const Clock::time_point deadline_;
+  bool on_device_ = false;
   std::shared_ptr<Progress> progress_;
   std::function<void(Request&, size_t)> before_complete_;
   std::shared_ptr<void> keep_alive_;

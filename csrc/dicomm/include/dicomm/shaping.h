@@ -78,6 +78,7 @@ class ShapedConnection : public Connection {
   ShapedConnection(std::shared_ptr<Connection> inner, LinkShape shape, std::shared_ptr<Pacer> pacer);
   void postSend(const RequestPtr& send) override;
   void postRecv(const RequestPtr& recv) override { inner_->postRecv(recv); }
+  bool deviceDirect() const override { return inner_->deviceDirect(); }
 
  private:
   std::shared_ptr<Connection> inner_;

@@ -28,6 +28,9 @@ class Connection {
   virtual ~Connection() = default;
   virtual void postSend(const RequestPtr& send) = 0;
   virtual void postRecv(const RequestPtr& recv) = 0;
+  // Whether requests on device memory (Request::onDevice) may be posted here: both sides agreed
+  // at setup to move device memory directly.
+  virtual bool deviceDirect() const { return false; }
 };
 
 class Transport {

@@ -12,7 +12,8 @@ ShmConnection::ShmConnection(int peer, ShmLink link, const Options& options)
     : PolledConnection("shm", peer, options),
       link_(std::move(link)),
       eager_bytes_(link_.can_write_peer_memory ? options.shm_eager_bytes : SIZE_MAX),
-      split_bytes_(options.shm_split_bytes) {}
+      split_bytes_(options.shm_split_bytes),
+      device_memory_(link_.device_direct ? options.device_memory : nullptr) {}
 
 void ShmConnection::pushPosted() {
   pushOutgoing();
@@ -41,6 +42,11 @@ bool ShmConnection::pushOutgoing() {
     h.tag = request.tag();
     h.seq = out.seq;
     h.total_bytes = request.capacity();
+    if (request.onDevice()) {
+      if (!pushRegionAnnouncement(ring, h, request)) goto ring_full;
+      moved = true;
+      continue;
+    }
     if (request.capacity() > eager_bytes_) {
       h.kind = FrameKind::ReadyToSend;
       h.remote_address = reinterpret_cast<uint64_t>(request.data());
@@ -68,6 +74,25 @@ ring_full:
   return moved;
 }
 
+bool ShmConnection::pushRegionAnnouncement(Ring& ring, FrameHeader h, const Request& send) {
+  RequestPtr request = outgoing_.front().request;
+  dicomm_region_handle region;
+  try {
+    region = device_memory_->exportRegion(send.data(), send.capacity());
+  } catch (const CommError& e) {
+    outgoing_.pop_front();
+    request->fail(e.what());
+    return true;
+  }
+  h.kind = FrameKind::ReadyToSend;
+  h.flags = kFlagDeviceRegion;
+  h.payload_bytes = kRegionHandleBytes;
+  if (!ring.push(h, region.bytes)) return false;
+  awaiting_clear_[h.seq] = request;  // answered by Pulled once the receiver has copied it
+  outgoing_.pop_front();
+  return true;
+}
+
 bool ShmConnection::pollIncoming() {
   Ring& ring = link_.inbound;
   bool moved = false;
@@ -85,6 +110,15 @@ bool ShmConnection::pollIncoming() {
     if (h.payload_bytes > ring.maxPayload() || frameFootprint(h.payload_bytes) > readable) {
       throw FrameError("malformed frame: " + std::string(frameKindName(h.kind)) + " payload of " +
                        std::to_string(h.payload_bytes) + " bytes overruns the shared ring");
+    }
+    if (h.kind == FrameKind::ReadyToSend && (h.flags & kFlagDeviceRegion)) {
+      if (!device_memory_) {
+        throw FrameError("malformed frame: rank " + std::to_string(peer_) +
+                         " announced device memory on a connection that did not agree to device-direct");
+      }
+      dicomm_region_handle region;
+      ring.copyOut(tail + kFrameHeaderBytes, region.bytes, kRegionHandleBytes);
+      announced_regions_[h.seq] = region;
     }
     dispatchFrame(h, [&](uint8_t* destination) {
       ring.copyOut(tail + kFrameHeaderBytes, destination, h.payload_bytes);
@@ -116,6 +150,23 @@ void ShmConnection::onTransportFrame(const FrameHeader& h) {
 }
 
 void ShmConnection::grant(const Inbox::Grant& g) {
+  if (g.announcement.flags & kFlagDeviceRegion) {
+    auto region = announced_regions_.find(g.announcement.seq);
+    if (region == announced_regions_.end()) {
+      throw FrameError("malformed frame: device message " + std::to_string(g.announcement.seq) + " has no region");
+    }
+    Pull pull{g.recv, g.announcement, 0, region->second};
+    announced_regions_.erase(region);
+    if (g.fits) {
+      pulls_.push_back(pull);
+    } else {
+      FrameHeader refused = clearToSend(g.announcement);
+      refused.kind = FrameKind::Pulled;
+      refused.flags = kFlagDeviceRegion | kFlagRefused;
+      control_out_.push_back(refused);
+    }
+    return;
+  }
   FrameHeader cts = clearToSend(g.announcement);
   if (g.fits) {
     cts.remote_address = reinterpret_cast<uint64_t>(g.recv->data());
@@ -146,13 +197,19 @@ bool ShmConnection::runPulls() {
     pulled.tag = pull.announcement.tag;
     pulled.seq = pull.announcement.seq;
     pulled.total_bytes = pull.announcement.total_bytes;
+    if (pull.region) pulled.flags = kFlagDeviceRegion;
     if (!pull.recv->isPending()) {
-      pulled.flags = kFlagRefused;  // failed here meanwhile: its buffer may be gone
+      pulled.flags |= kFlagRefused;  // failed here meanwhile: its buffer may be gone
     } else {
       try {
-        readFromPeer(pull);
+        if (pull.region) {
+          readRegion(pull);
+          pull.recv->complete(pull.announcement.total_bytes);
+        } else {
+          readFromPeer(pull);
+        }
       } catch (const CommError& e) {
-        pulled.flags = kFlagRefused;
+        pulled.flags |= kFlagRefused;
         pull.recv->fail(e.what());
       }
     }
@@ -162,7 +219,13 @@ bool ShmConnection::runPulls() {
 }
 
 void ShmConnection::onPulled(const FrameHeader& h) {
-  RequestPtr send = takeAwaiting(awaiting_pulled_, h, "being read");
+  const bool region = h.flags & kFlagDeviceRegion;
+  RequestPtr send = region ? takeAwaiting(awaiting_clear_, h, "waiting") : takeAwaiting(awaiting_pulled_, h, "being read");
+  if (region && (h.flags & kFlagRefused)) {
+    send->fail("rank " + std::to_string(peer_) + " refused or could not read device message " + std::to_string(h.seq) +
+               " of " + std::to_string(send->capacity()) + " bytes (see its receive's error)");
+    return;
+  }
   if (h.flags & kFlagRefused) {
     send->fail("rank " + std::to_string(peer_) + " could not read its share of message " + std::to_string(h.seq) +
                " from this process (process_vm_readv failed)");
@@ -174,6 +237,10 @@ void ShmConnection::onPulled(const FrameHeader& h) {
 void ShmConnection::onClearToSend(const FrameHeader& h) {
   RequestPtr send = takeClearedSend(h, "its receive buffer is too small");
   if (!send) return;
+  if (send->onDevice()) {
+    throw FrameError("malformed frame: ClearToSend for device message " + std::to_string(h.seq) +
+                     ", which the receiver must read itself");
+  }
   if (h.offset > h.total_bytes) {
     throw FrameError("malformed frame: ClearToSend for message " + std::to_string(h.seq) + " splits at " +
                      std::to_string(h.offset) + ", beyond its " + std::to_string(h.total_bytes) + " bytes");
@@ -209,6 +276,24 @@ void ShmConnection::writeToPeer(const Request& send, const FrameHeader& cts) {
 void ShmConnection::readFromPeer(const Pull& pull) {
   copyAcross(CrossCopy::FromPeer, pull.recv->data() + pull.from, pull.announcement.remote_address + pull.from,
              pull.announcement.total_bytes - pull.from);
+}
+
+void ShmConnection::readRegion(const Pull& pull) {
+  std::unique_ptr<DeviceMemory::OpenRegion> opened;
+  try {
+    opened = device_memory_->open(*pull.region, link_.peer_pid);
+  } catch (const CommError& e) {
+    throw CommError("device message " + std::to_string(pull.announcement.seq) + " from rank " +
+                    std::to_string(peer_) + ": " + e.what());
+  }
+  const uint64_t total = pull.announcement.total_bytes;
+  if (total > opened->bytes()) {
+    throw CommError("rank " + std::to_string(peer_) + " announced " + std::to_string(total) +
+                    " bytes in a device region of " + std::to_string(opened->bytes()) + " bytes; refused");
+  }
+  const RequestPtr& recv = pull.recv;
+  device_memory_->copy(recv->data(), opened->data(), total,
+                       recv->onDevice() ? CopyKind::DeviceToDevice : CopyKind::DeviceToHost);
 }
 
 void ShmConnection::copyAcross(CrossCopy direction, uint8_t* local, uint64_t remote, size_t bytes) {
@@ -253,6 +338,7 @@ void ShmConnection::closeTransfers(const std::string& why) {
   for (auto& [seq, send] : awaiting_pulled_) send->fail(why);
   awaiting_pulled_.clear();
   pulls_.clear();
+  announced_regions_.clear();
 }
 
 }  // namespace dicomm

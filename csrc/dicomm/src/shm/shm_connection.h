@@ -6,12 +6,17 @@
 // Below shm_split_bytes (or where the receiver cannot read the sender) split = total and the sender
 // copies everything. A send completes on Pulled (its buffer is read until then), a receive on Done
 // after its own share landed. The TCP socket from setup stays open only to notice the peer's death.
+// Device-direct (both sides have device memory functions): a send in device memory announces its
+// registered region (ReadyToSend carrying the region handle); the receiver opens the region, checks
+// it belongs to the sender and holds the message, copies it with the vendor's copy straight into its
+// receive buffer and answers Pulled. No host staging, one copy.
 #pragma once
 
 #include <map>
 #include <string>
 #include <vector>
 
+#include "dicomm/device_memory.h"
 #include "polled_connection.h"
 #include "shm/bell.h"
 #include "shm/ring.h"
@@ -28,11 +33,13 @@ struct ShmLink {
   Bell* peer_bell = nullptr;
   int64_t peer_pid = 0;
   bool can_write_peer_memory = false;  // process_vm_writev into the peer works
+  bool device_direct = false;          // both sides move device memory through registered regions
 };
 
 class ShmConnection : public PolledConnection {
  public:
   ShmConnection(int peer, ShmLink link, const Options& options);
+  bool deviceDirect() const override { return link_.device_direct; }
 
  private:
   // A granted receive whose tail this side reads from the sender itself.
@@ -40,6 +47,7 @@ class ShmConnection : public PolledConnection {
     RequestPtr recv;
     FrameHeader announcement;  // the sender's ReadyToSend: seq, tag, size, source address
     uint64_t from = 0;         // the receiver's share starts here
+    std::optional<dicomm_region_handle> region;  // device-direct: the sender's registered region
   };
 
   bool advance() override;
@@ -59,6 +67,8 @@ class ShmConnection : public PolledConnection {
   void onPulled(const FrameHeader& h);
   void writeToPeer(const Request& send, const FrameHeader& cts);
   void readFromPeer(const Pull& pull);
+  void readRegion(const Pull& pull);
+  bool pushRegionAnnouncement(Ring& ring, FrameHeader h, const Request& send);
   enum class CrossCopy { IntoPeer, FromPeer };
   // `bytes` between this process's `local` and the peer's `remote` address (cross memory attach).
   void copyAcross(CrossCopy direction, uint8_t* local, uint64_t remote, size_t bytes);
@@ -68,6 +78,8 @@ class ShmConnection : public PolledConnection {
   const size_t split_bytes_;
   std::map<uint64_t, RequestPtr> awaiting_pulled_;  // sends whose tail the receiver is reading
   std::vector<Pull> pulls_;
+  std::shared_ptr<const DeviceMemory> device_memory_;
+  std::map<uint64_t, dicomm_region_handle> announced_regions_;  // by seq, until granted
 };
 
 }  // namespace dicomm

@@ -72,7 +72,7 @@ class ShmHub : public PollingHub {
     std::ostringstream mine;
     mine << "ring=" << link.inbound_segment.name() << "\nring_bytes=" << capacity << "\nbell="
          << bell_segment_.name() << "\nprobe_address=" << reinterpret_cast<uint64_t>(&inbound_control->cma_probe)
-         << "\n";
+         << "\ndevice_direct=" << (options_.device_memory && options_.device_direct ? 1 : 0) << "\n";
     FrameHeader hello;
     hello.kind = FrameKind::Hello;
     sendFrame(setup.socket.fd(), hello, mine.str(), setup.deadline, who);
@@ -90,6 +90,9 @@ class ShmHub : public PollingHub {
     link.peer_pid = setup.peer.pid;
     const uint64_t peer_probe_address = requireNumber(theirs, "probe_address");
     link.can_write_peer_memory = options_.shm_cross_memory_attach && probeCrossMemoryWrite(link, peer_probe_address);
+    const auto peer_device_direct = theirs.find("device_direct");
+    link.device_direct = options_.device_memory && options_.device_direct && peer_device_direct != theirs.end() &&
+                         peer_device_direct->second == "1";
 
     // Both sides have mapped everything: the names can go.
     FrameHeader mapped;

@@ -1,16 +1,35 @@
-// Device memory of the host vendor. Host-accessible devices hand out ordinary host memory. Other
-// devices back every allocation with an anonymous file mapped twice: the address handed to the
-// framework is mapped PROT_NONE, so any direct CPU access faults, and a second read-write mapping
-// that only the vendor's own copies and kernels use.
+// Device memory of the host vendor. Each device's allocations are carved out of one arena (an
+// anonymous memory file, arena.h), so another process can map them through a handle. Devices that
+// are not host-accessible hand out addresses of a PROT_NONE mapping, so any direct CPU access
+// faults; the vendor's own copies and kernels use a second, read-write mapping. Handles from other
+// processes are opened here too (imported ranges), after checking them against the owner's table.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <shared_mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "arena.h"
+
 namespace dipu::host {
+
+// What a handle carries (the host vendor's layout of dipuIpcMemHandle_t; it fits in 64 bytes).
+struct IpcHandle {
+  uint32_t magic;
+  uint32_t version;
+  int64_t owner_pid;
+  int32_t arena_fd;  // the descriptor number in the owner process
+  uint32_t slot;
+  uint64_t arena_nonce;
+  uint64_t generation;
+  uint64_t offset;  // from the start of the arena file
+  uint64_t size;
+};
 
 class DeviceMemory {
  public:
@@ -22,25 +41,39 @@ class DeviceMemory {
   // Returns false when ptr is not the start of a live allocation.
   bool release(void* ptr);
   // The address the vendor reads and writes for device address ptr; nullptr if ptr is not in
-  // device memory.
+  // device memory (an allocation of this process or an opened handle).
   void* vendor_view(const void* ptr) const;
+  // The same, for [ptr, ptr + size), which must lie inside one allocation or opened range.
+  void* vendor_view(const void* ptr, size_t size) const;
   // The device owning ptr, or -1.
   int32_t device_of(const void* ptr) const;
   uint64_t used(int32_t device) const;
   uint64_t capacity() const { return capacity_; }
 
+  // Each returns "" on success, else why not (one line).
+  std::string export_range(const void* ptr, size_t size, IpcHandle* handle);
+  std::string open_handle(const IpcHandle& handle, int64_t expected_owner, void** ptr, size_t* size);
+  std::string close_handle(void* ptr);
+  std::string dma_buf(const void* ptr, size_t size, int* fd, uint64_t* offset);
+
  private:
   struct Block {
     size_t size;
-    size_t mapped_size;
     char* vendor_base;
     int32_t device;
+    Arena* arena;                 // owned allocations only
+    Arena::Allocation allocation; // owned allocations only
+    int opened = 0;               // > 0: an opened handle's range, counted per open
   };
   const Block* find(const void* ptr, uintptr_t* base) const;
+  Arena& arena(int32_t device);
+  std::string attach(const IpcHandle& handle, Arena** arena);
 
   mutable std::shared_mutex mutex_;
   std::map<uintptr_t, Block> blocks_;
   std::vector<uint64_t> used_;
+  std::vector<std::unique_ptr<Arena>> arenas_;  // per device, created at first use
+  std::map<std::pair<int64_t, uint64_t>, std::unique_ptr<Arena>> attached_;  // (owner pid, nonce)
   uint64_t capacity_ = 0;
   bool host_accessible_ = true;
 };

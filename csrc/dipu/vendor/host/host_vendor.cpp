@@ -22,6 +22,7 @@
 #include "../dipu_vendor.h"
 #include "device_memory.h"
 #include "host_device.h"
+#include "host_ipc.h"
 
 struct dipuStream_st {
   int32_t device;
@@ -81,23 +82,28 @@ bool valid_device(int32_t device) { return device >= 0 && device < state().profi
 std::mutex pinned_mutex;
 std::map<uintptr_t, size_t> pinned_blocks;
 
-// Resolves a copy's source and destination to addresses the vendor may touch.
-dipuError_t resolve_copy(void*& dst, const void*& src, dipuMemcpyKind_t kind) {
+// Resolves a copy's source and destination to addresses the vendor may touch; each device range
+// must lie inside one allocation (or one opened memory handle).
+dipuError_t resolve_copy(void*& dst, const void*& src, size_t size, dipuMemcpyKind_t kind) {
   auto& memory = DeviceMemory::instance();
   bool dst_on_device = kind == dipuMemcpyHostToDevice || kind == dipuMemcpyDeviceToDevice;
   bool src_on_device = kind == dipuMemcpyDeviceToHost || kind == dipuMemcpyDeviceToDevice;
   if (dst_on_device) {
-    dst = memory.vendor_view(dst);
-    if (dst == nullptr) return fail(dipuErrorInvalidValue, "memcpy destination is not device memory");
+    dst = memory.vendor_view(dst, size);
+    if (dst == nullptr) return fail(dipuErrorInvalidValue, "memcpy destination is not a device memory range");
   }
   if (src_on_device) {
-    src = memory.vendor_view(src);
-    if (src == nullptr) return fail(dipuErrorInvalidValue, "memcpy source is not device memory");
+    src = memory.vendor_view(src, size);
+    if (src == nullptr) return fail(dipuErrorInvalidValue, "memcpy source is not a device memory range");
   }
   return dipuSuccess;
 }
 
 }  // namespace
+
+dipuError_t report(dipuError_t error, const std::string& message) { return fail(error, message); }
+
+dipuError_t initialized() { return ready(); }
 
 const Profile& device_profile() {
   const DeviceState& s = state();
@@ -293,8 +299,8 @@ int32_t dipuIsPinnedHostPointer(const void* ptr) {
 }
 
 dipuError_t dipuMemset(void* device_ptr, int32_t value, size_t size) {
-  void* view = DeviceMemory::instance().vendor_view(device_ptr);
-  if (view == nullptr) return fail(dipuErrorInvalidValue, "memset of a non-device pointer");
+  void* view = DeviceMemory::instance().vendor_view(device_ptr, size);
+  if (view == nullptr) return fail(dipuErrorInvalidValue, "memset of a non-device memory range");
   std::memset(view, value, size);
   return dipuSuccess;
 }
@@ -304,7 +310,8 @@ namespace {
 
 dipuError_t copy_now(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind) {
   if (size == 0) return dipuSuccess;
-  if (auto error = resolve_copy(dst, src, kind)) return error;
+  count_copy(kind);
+  if (auto error = resolve_copy(dst, src, size, kind)) return error;
   std::memmove(dst, src, size);
   return dipuSuccess;
 }

@@ -1,0 +1,51 @@
+"""The vendor's optional memory-sharing entry points (csrc/dipu/vendor/dipu_vendor_ipc.h), as the
+addresses another layer's C code calls: DiComm moves dipu tensors between processes through them
+without host staging. Also the host vendor's count of copies by kind, which proves a path made none.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from ditorch.dipu import _C
+
+# DiComm's device memory ABI name -> the vendor function implementing it.
+_ABI_FUNCTIONS = {
+    "export": "dipuIpcGetMemHandle",
+    "open": "dipuIpcOpenMemHandle",
+    "close": "dipuIpcCloseMemHandle",
+    "copy": "dipuMemcpy",
+    "last_error": "dipuGetLastErrorMessage",
+}
+
+
+def _vendor_library() -> ctypes.CDLL:
+    _C._device_count()  # opens the vendor library if nothing has yet
+    # The same path again: the dynamic loader hands back the library the shim already opened.
+    return ctypes.CDLL(_C._vendor_path())
+
+
+def memory_functions() -> dict[str, int] | None:
+    """Addresses of the functions that share dipu memory, or None when the vendor has none (or
+    cannot be loaded: then nothing reaches dipu memory directly)."""
+    try:
+        library = _vendor_library()
+    except (RuntimeError, OSError):
+        return None
+    addresses = {}
+    for name, symbol in _ABI_FUNCTIONS.items():
+        try:
+            addresses[name] = ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
+        except AttributeError:
+            return None
+    return addresses
+
+
+def copy_counts() -> dict[str, int]:
+    """The host vendor's dipuMemcpy calls so far in this process, by kind (other vendors: empty)."""
+    library = _vendor_library()
+    counts = getattr(library, "dipuHostCopyCounts", None)
+    if counts is None:
+        return {}
+    values = [ctypes.c_uint64() for _ in range(3)]
+    counts(*(ctypes.byref(v) for v in values))
+    return dict(zip(("host_to_device", "device_to_host", "device_to_device"), (v.value for v in values)))

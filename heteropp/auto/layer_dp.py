@@ -1,0 +1,462 @@
+"""The exact dynamic programme behind the search: for one data-parallel size and one pipeline order of
+chip groups, the best tp / recompute per group and layer count per stage, under a bound M on the
+cost model's max term.
+
+The cost model (cost.py) reads T = max_i W_i + alpha * sum_i S_i, with per stage
+S_i = k_i * t + e_i + 2 x_i (compute per micro-batch of its k_i layers, embedding / head e_i, the
+transfer x_i to the next stage) and W_i = (b - alpha) * S_i + k_i * u + v_i (u: update per layer,
+v_i: embedding / head update). For a bound M every stage may hold
+    k_i <= min(memory cap at its position, floor((M - KW_i) / A)),   A = (b - alpha) t + u,
+and what remains is to minimise sum_i S_i: a shortest path over groups placed from the pipeline's end,
+whose state is (tp of the group in front, stages behind, layers placed). The stages behind give every
+stage its micro-batches in flight, min(stages from it to the end, b), so the state is capped at b; the
+front group's tp gives the boundary transfer (its lanes are min(tp_a, tp_b) * dp); a group's layers
+may be any count between one per stage and the sum of its stages' allowances, at t per layer, so one
+group step is a sliding-window minimum (a sparse table, numpy). T is then min over M of
+M + alpha * sum(M), M ranging over the finitely many values A * k + KW a stage can take; the caller
+(search.py) bounds which M it evaluates.
+
+`feasible` is the same recursion for "can the layers fit under M at all" (most layers coverable per
+(front tp, stages)), with no layer dimension. Pure Python + numpy; no torch, no search code above it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+INF = float("inf")
+_ROUND = 1e-12  # relative slack so a bound M equal to a stage weight admits that weight
+
+
+@dataclass(frozen=True)
+class StageVariantCaps:
+    """Memory caps (most layers) of one option's stage by distance d from the pipeline's end (index d,
+    d >= 1), for a stage that is neither end, the pipeline's first, its last, or both."""
+    middle: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    both: np.ndarray
+
+    def of(self, first: bool, last: bool) -> np.ndarray:
+        if first and last:
+            return self.both
+        return self.first if first else self.last if last else self.middle
+
+
+@dataclass(frozen=True)
+class Option:
+    """One (tp, recompute) choice of one group, with everything its stages cost."""
+    tp: int
+    recompute: bool
+    pp: int
+    compute_s: float          # t: one layer, one micro-batch
+    update_s: float           # u: one layer, one step
+    caps: StageVariantCaps
+    first_extra_s: float      # embedding compute per micro-batch on the pipeline's first stage
+    first_update_s: float
+    last_extra_s: float       # head and loss compute per micro-batch on the pipeline's last stage
+    last_update_s: float
+    inner_send_s: float       # transfer to the next stage of the same group
+
+
+@dataclass
+class OrderedGroups:
+    """One pipeline order at one dp: per group (in pipeline order) its options, and the transfer from a
+    group's last stage to the next group's first, by the two tps."""
+    micro_batches: int
+    alpha: float
+    layers: int
+    options: list[list[Option]]
+    boundary_send_s: list[dict[tuple[int, int], float]]   # g -> {(tp of g, tp of g + 1): seconds}; last g: {}
+    same_type_next: list[bool]                          # g and g + 1 are one chip type (monotone tp)
+    monotone_tp: bool = False
+    relaxed: bool = False       # memory caps by the stage's position in its group only (a lower bound)
+    tp_values: list[int] = field(default_factory=list)  # every tp any option uses, sorted
+
+    def __post_init__(self) -> None:
+        self.tp_values = sorted({o.tp for options in self.options for o in options})
+        # stages behind matter only through micro-batches in flight; relaxed: not at all
+        self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.layers)
+        self.shapes: dict = {}
+        self.candidates: np.ndarray | None = None
+
+    @property
+    def fronts(self) -> int:
+        """Front-state slices: one per tp value, plus 'nothing placed yet' (the last index)."""
+        return len(self.tp_values) + 1
+
+    def front_tp(self, j: int) -> int | None:
+        return None if j == len(self.tp_values) else self.tp_values[j]
+
+
+# ---- one group's stages at every tail ----------------------------------------------------------------
+@dataclass
+class GroupSteps:
+    """Every way to place group g under bound M: per pair (option, front slice) and per tail (stages
+    already behind), the most layers its stages admit (hi), whether each stage admits one (valid), and
+    the fixed part of their per-micro-batch terms (ks, per pair)."""
+    options: list[Option]
+    option_index: np.ndarray   # per pair
+    front: np.ndarray          # per pair: the slice it reads
+    destination: np.ndarray    # per pair: the slice it writes (its tp)
+    pp: np.ndarray
+    compute_s: np.ndarray
+    ks: np.ndarray
+    hi: np.ndarray             # (pairs, tails)
+    valid: np.ndarray          # (pairs, tails)
+
+
+def _allowance(option: Option, bound: float, fixed_weight: float, b_minus_alpha: float) -> float:
+    """Most layers a stage may hold under bound M: A * k + KW <= M."""
+    if bound == INF:
+        return INF
+    weight = b_minus_alpha * option.compute_s + option.update_s
+    room = bound - fixed_weight
+    if room < -abs(bound) * _ROUND:
+        return -1.0
+    if weight <= 0:
+        return INF
+    return math.floor(room / weight * (1 + _ROUND) + _ROUND)
+
+
+def _ends(option: Option, first: bool, last: bool, send: float) -> tuple[float, float]:
+    """(S extra, update extra) of a stage: embedding if first, head if last, twice its send."""
+    extra = (option.first_extra_s if first else 0.0) + (option.last_extra_s if last else 0.0) + 2 * send
+    update = (option.first_update_s if first else 0.0) + (option.last_update_s if last else 0.0)
+    return extra, update
+
+
+def _allowances(bound: float, fixed_weight: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """_allowance over arrays of stage variants."""
+    if bound == INF:
+        return np.full(len(weight), INF)
+    room = bound - fixed_weight
+    with np.errstate(divide="ignore", invalid="ignore"):
+        count = np.floor(room / weight * (1 + _ROUND) + _ROUND)
+    count = np.where(weight <= 0, INF, count)
+    return np.where(room < -abs(bound) * _ROUND, -1.0, count)
+
+
+@dataclass
+class _GroupShape:
+    """What group g's steps are made of, independent of the bound M: per option its inner stages (their
+    caps by distance, the stage range, their fixed weight), its first stage when g is the pipeline's first,
+    and per (option, front) pair the group's last stage."""
+    steps: GroupSteps                  # hi and valid left empty
+    weight: np.ndarray                 # A per option
+    inner_caps: np.ndarray             # (options, depth)
+    inner_far: np.ndarray              # per option: distance offset of the farthest inner stage (0: none)
+    inner_near: np.ndarray
+    inner_fixed: np.ndarray            # KW of an inner stage, per option
+    first_caps: np.ndarray | None      # (options, tails) or None
+    first_fixed: np.ndarray | None
+    pair_weight: np.ndarray
+    edge_caps: np.ndarray              # (pairs, tails)
+    edge_fixed: np.ndarray             # per pair
+
+
+def _shape(problem: OrderedGroups, g: int, tail_cap: int) -> _GroupShape:
+    b_minus_alpha = problem.micro_batches - problem.alpha
+    first_group = g == 0
+    tails = np.zeros(tail_cap + 1, dtype=np.int64) if problem.relaxed else np.arange(tail_cap + 1)
+    options = problem.options[g]
+    last_slice = len(problem.tp_values)
+    fronts = [last_slice] if g == len(problem.options) - 1 else range(last_slice)
+    weight = np.array([b_minus_alpha * o.compute_s + o.update_s for o in options])
+    far, near, inner_fixed, inner_ks = [], [], [], []
+    first_caps, first_fixed, first_ks = [], [], []
+    for option in options:
+        positions = list(range(2, option.pp + 1))
+        if first_group and option.pp >= 2:
+            positions = positions[:-1]
+            extra, update = _ends(option, True, False, option.inner_send_s)
+            first_caps.append(option.caps.first[tails + option.pp])
+            first_fixed.append(b_minus_alpha * extra + update)
+            first_ks.append(extra)
+        else:
+            first_caps.append(np.full(len(tails), INF))
+            first_fixed.append(-INF)
+            first_ks.append(0.0)
+        far.append(positions[-1] if positions else 0)
+        near.append(positions[0] if positions else 1)
+        inner_fixed.append(b_minus_alpha * 2 * option.inner_send_s)
+        inner_ks.append(len(positions) * 2 * option.inner_send_s)
+    pairs, edge_caps, edge_fixed, kss = [], [], [], []
+    for index, option in enumerate(options):
+        edge_first = first_group and option.pp == 1
+        for front in fronts:
+            front_tp = problem.front_tp(front)
+            if front_tp is not None:
+                if problem.monotone_tp and problem.same_type_next[g] and option.tp < front_tp:
+                    continue
+                if (option.tp, front_tp) not in problem.boundary_send_s[g]:
+                    continue  # the next group has no option at that tp
+            send = 0.0 if front_tp is None else problem.boundary_send_s[g][(option.tp, front_tp)]
+            extra, update = _ends(option, edge_first, front_tp is None, send)
+            pairs.append((index, front, problem.tp_values.index(option.tp), option.pp, option.compute_s))
+            edge_caps.append(option.caps.of(edge_first, front_tp is None)[tails + 1])
+            edge_fixed.append(b_minus_alpha * extra + update)
+            kss.append(inner_ks[index] + first_ks[index] + extra)
+    columns = list(zip(*pairs)) if pairs else [[]] * 5
+    index = np.array(columns[0], dtype=np.int64)
+    steps = GroupSteps(options=options, option_index=index, front=np.array(columns[1], dtype=np.int64),
+                       destination=np.array(columns[2], dtype=np.int64), pp=np.array(columns[3], dtype=np.int64),
+                       compute_s=np.array(columns[4], dtype=float), ks=np.array(kss, dtype=float),
+                       hi=np.zeros((len(pairs), len(tails))), valid=np.zeros((len(pairs), len(tails)), dtype=bool))
+    has_first = first_group and any(o.pp >= 2 for o in options)
+    return _GroupShape(steps=steps, weight=weight, inner_caps=np.array([o.caps.middle for o in options]),
+                       inner_far=np.array(far), inner_near=np.array(near), inner_fixed=np.array(inner_fixed),
+                       first_caps=np.array(first_caps) if has_first else None,
+                       first_fixed=np.array(first_fixed) if has_first else None,
+                       pair_weight=weight[index] if len(pairs) else np.zeros(0),
+                       edge_caps=np.array(edge_caps).reshape(len(pairs), len(tails)), edge_fixed=np.array(edge_fixed))
+
+
+def group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int | None = None) -> GroupSteps:
+    """Every (option, front) step of group g under bound M (inf: memory caps only), at tails
+    0..tail_cap (default: the problem's, capped at b)."""
+    tail_cap = problem.tail_cap if tail_cap is None else tail_cap
+    key = (g, tail_cap)
+    shape = problem.shapes.get(key)
+    if shape is None:
+        shape = problem.shapes[key] = _shape(problem, g, tail_cap)
+    steps = shape.steps
+    if not len(steps.pp):
+        return steps
+    tails = np.zeros(tail_cap + 1, dtype=np.int64) if problem.relaxed else np.arange(tail_cap + 1)
+    # inner stages: caps fall with distance (more micro-batches in flight); sum them by a running total
+    limited = np.minimum(shape.inner_caps, _allowances(bound, shape.inner_fixed, shape.weight)[:, None])
+    running = np.concatenate([np.zeros((len(limited), 1)), np.cumsum(limited[:, 1:], axis=1)], axis=1)
+    rows = np.arange(len(limited))[:, None]
+    has_inner = (shape.inner_far > 0)[:, None]
+    inner_hi = np.where(has_inner, running[rows, tails[None, :] + shape.inner_far[:, None]]
+                        - running[rows, tails[None, :] + shape.inner_near[:, None] - 1], 0.0)
+    inner_valid = ~has_inner | (limited[rows, tails[None, :] + shape.inner_far[:, None]] >= 1)
+    if shape.first_caps is not None:
+        first_hi = np.minimum(shape.first_caps, _allowances(bound, shape.first_fixed, shape.weight)[:, None])
+        special = np.isfinite(shape.first_fixed)[:, None]
+        inner_hi = inner_hi + np.where(special, first_hi, 0.0)
+        inner_valid = inner_valid & (~special | (first_hi >= 1))
+    edge_hi = np.minimum(shape.edge_caps, _allowances(bound, shape.edge_fixed, shape.pair_weight)[:, None])
+    hi = inner_hi[steps.option_index] + edge_hi
+    valid = inner_valid[steps.option_index] & (edge_hi >= 1) & (hi >= steps.pp[:, None])
+    return GroupSteps(options=steps.options, option_index=steps.option_index, front=steps.front,
+                      destination=steps.destination, pp=steps.pp, compute_s=steps.compute_s, ks=steps.ks, hi=hi,
+                      valid=valid)
+
+
+# ---- the sum table -------------------------------------------------------------------------------------
+def _window_min(values: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.ndarray:
+    """out[r, y] = min(values[r, x] for y - highs[r] <= x <= y - lows[r]); inf where the window is empty.
+
+    A sparse table per row (level l: minima of 2^l consecutive values), rows sorted by the level their
+    window needs so each level is built only for the rows that need it; a window is the minimum of two
+    overlapping blocks, read as whole row slices."""
+    rows, width = values.shape
+    highs = np.minimum(highs.astype(np.int64), width - 1)
+    lows = lows.astype(np.int64)
+    levels = np.floor(np.log2(np.maximum(highs - lows + 1, 1))).astype(np.int64)
+    order = np.argsort(-levels, kind="stable")
+    levels, highs, lows = levels[order], highs[order], lows[order]
+    table = np.concatenate([np.full((rows, width), INF), values[order]], axis=1)   # x at column width + x
+    out = np.empty((rows, width))
+    for level in range(int(levels[0]) + 1 if rows else 0):
+        if level:   # level l from level l - 1, only for the rows whose windows need it
+            half = 1 << (level - 1)
+            table = np.minimum(table[:int(np.searchsorted(-levels, -level, side="right")), :-half],
+                               table[:int(np.searchsorted(-levels, -level, side="right")), half:])
+        start = int(np.searchsorted(-levels, -level, side="left"))
+        stop = int(np.searchsorted(-levels, -level, side="right"))
+        if start == stop:
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(table[start:stop], width, axis=1)
+        picked, last_window = np.arange(stop - start), windows.shape[1] - 1
+        first = windows[picked, np.clip(width - highs[start:stop], 0, last_window)]
+        last = windows[picked, np.clip(width - lows[start:stop] - (1 << level) + 1, 0, last_window)]
+        out[start:stop] = np.minimum(first, last)
+    out[np.arange(width)[None, :] < lows[:, None]] = INF
+    result = np.empty_like(out)
+    result[order] = out
+    return result
+
+
+def _reduce_rows(target: np.ndarray, destinations: np.ndarray, values: np.ndarray, op) -> None:
+    """target[d] = op(target[d], op-reduction of values[destinations == d]) for every row index d."""
+    order = np.argsort(destinations, kind="stable")
+    destinations, values = destinations[order], values[order]
+    starts = np.flatnonzero(np.r_[True, destinations[1:] != destinations[:-1]])
+    reduced = op.reduceat(values, starts, axis=0)
+    target[destinations[starts]] = op(target[destinations[starts]], reduced)
+
+
+@dataclass
+class SumTables:
+    """The tables of one bound M, kept to rebuild the plan: tables[s] after s groups from the end."""
+    bound: float
+    tables: list[np.ndarray]
+    steps: list[GroupSteps]
+
+    def best(self) -> tuple[float, int, int]:
+        """(min sum, front slice, tail) over the full table at exactly L layers."""
+        final = self.tables[-1][:, :, -1]
+        j, tail = np.unravel_index(int(np.argmin(final)), final.shape)
+        return float(final[j, tail]), int(j), int(tail)
+
+
+def sum_tables(problem: OrderedGroups, bound: float) -> SumTables:
+    """min sum_i S_i for every (front, tail, layers) after each group, groups placed from the end."""
+    fronts, tails, width = problem.fronts, problem.tail_cap + 1, problem.layers + 1
+    table = np.full((fronts, tails, width), INF)
+    table[fronts - 1, 0, 0] = 0.0
+    tables, all_steps = [table], []
+    positions = np.arange(width, dtype=float)
+    for g in range(len(problem.options) - 1, -1, -1):
+        steps = group_steps(problem, g, bound)
+        new = np.full((fronts, tails, width), INF)
+        reachable = np.isfinite(table).any(axis=2)                       # (fronts, tails)
+        pair, tail = np.nonzero(steps.valid & reachable[steps.front])
+        if len(pair):
+            rate = steps.compute_s[pair][:, None]
+            shifted = table[steps.front[pair], tail] - rate * positions[None, :]
+            placed = _window_min(shifted, steps.pp[pair], steps.hi[pair, tail])
+            placed += rate * positions[None, :] + steps.ks[pair][:, None]
+            destination = steps.destination[pair] * tails + np.minimum(tail + steps.pp[pair], problem.tail_cap)
+            _reduce_rows(new.reshape(fronts * tails, width), destination, placed, np.minimum)
+        tables.append(new)
+        all_steps.append(steps)
+        table = new
+        if not np.isfinite(table).any():
+            break
+    while len(tables) < len(problem.options) + 1:
+        tables.append(np.full((fronts, tails, width), INF))
+    return SumTables(bound=bound, tables=tables, steps=all_steps)
+
+
+def most_layers(problem: OrderedGroups, bound: float) -> float:
+    """The most layers some choice holds under bound M within memory, with at least one layer per stage
+    and at most L stages (-inf when not even one layer per stage fits)."""
+    fronts, depth = problem.fronts, problem.layers + 1
+    most = np.full((fronts, depth), -INF)
+    most[fronts - 1, 0] = 0.0
+    for g in range(len(problem.options) - 1, -1, -1):
+        steps = group_steps(problem, g, bound, tail_cap=problem.layers)
+        new = np.full(fronts * depth, -INF)
+        pair, tail = np.nonzero(steps.valid & np.isfinite(most[steps.front]))
+        keep = tail + steps.pp[pair] < depth
+        pair, tail = pair[keep], tail[keep]
+        if len(pair):
+            reach = most[steps.front[pair], tail] + steps.hi[pair, tail]
+            np.maximum.at(new, steps.destination[pair] * depth + tail + steps.pp[pair], reach)
+        most = new.reshape(fronts, depth)
+        if not np.isfinite(most).any():
+            return -INF
+    return float(most.max())
+
+
+def feasible(problem: OrderedGroups, bound: float) -> bool:
+    return most_layers(problem, bound) >= problem.layers
+
+
+def bound_candidates(problem: OrderedGroups) -> np.ndarray:
+    """Every value A * k + KW a stage's weight can take (k = 1..L), sorted: the bounds worth trying."""
+    if problem.candidates is None:
+        problem.candidates = _bound_candidates(problem)
+    return problem.candidates
+
+
+def _bound_candidates(problem: OrderedGroups) -> np.ndarray:
+    b_minus_alpha = problem.micro_batches - problem.alpha
+    weights, fixed = [], []
+    last = len(problem.options) - 1
+    for g, options in enumerate(problem.options):
+        for option in options:
+            sends = [option.inner_send_s] + [s for (tp, _), s in problem.boundary_send_s[g].items() if tp == option.tp]
+            ends = [(2 * send, 0.0) for send in sends]
+            if g == last:
+                ends.append((option.last_extra_s, option.last_update_s))
+            if g == 0:
+                ends += [(extra + option.first_extra_s, update + option.first_update_s) for extra, update in ends]
+            for extra, update in ends:
+                weights.append(b_minus_alpha * option.compute_s + option.update_s)
+                fixed.append(b_minus_alpha * extra + update)
+    pairs = np.unique(np.array([weights, fixed]).T, axis=0)
+    counts = np.arange(1, problem.layers + 1, dtype=float)
+    values = (pairs[:, 1:2] + pairs[:, 0:1] * counts[None, :]).ravel()
+    return np.unique(values)
+
+
+# ---- rebuilding the plan ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlacedGroup:
+    option: Option
+    stage_layers: list[int]   # in pipeline order
+
+
+def rebuild(problem: OrderedGroups, solved: SumTables) -> list[PlacedGroup]:
+    """The choices behind SumTables.best(), group by group from the pipeline's front."""
+    value, front, tail = solved.best()
+    layers = problem.layers
+    placed: list[PlacedGroup] = []
+    count = len(problem.options)
+    for s in range(count - 1, -1, -1):       # table s + 1 came from placing group g = count - 1 - s
+        g = count - 1 - s
+        previous = solved.tables[s]
+        found = _find_source(problem, solved.steps[s], previous, front, tail, layers, value)
+        if found is None:
+            raise AssertionError("dynamic programme: no source state reproduces the optimum")
+        pair, source_tail, group_layers, source_value = found
+        steps = solved.steps[s]
+        option, source_front = steps.options[int(steps.option_index[pair])], int(steps.front[pair])
+        allowances = _stage_allowances(problem, g, option, source_front, source_tail, solved.bound)
+        placed.append(PlacedGroup(option=option, stage_layers=_spread(group_layers, allowances)))
+        front, tail, layers, value = source_front, source_tail, layers - group_layers, source_value
+    return placed
+
+
+def _find_source(problem, steps: GroupSteps, previous, front, tail, layers, value):
+    tolerance = 1e-9 * max(1.0, abs(value))
+    for pair in np.nonzero(steps.destination == front)[0]:
+        pp, rate, source_front = int(steps.pp[pair]), float(steps.compute_s[pair]), int(steps.front[pair])
+        for source_tail in range(problem.tail_cap + 1):
+            if min(source_tail + pp, problem.tail_cap) != tail or not steps.valid[pair, source_tail]:
+                continue
+            for group_layers in range(pp, int(min(steps.hi[pair, source_tail], layers)) + 1):
+                before = previous[source_front, source_tail, layers - group_layers]
+                if abs(before + rate * group_layers + steps.ks[pair] - value) <= tolerance:
+                    return pair, source_tail, group_layers, float(before)
+    return None
+
+
+def _stage_allowances(problem: OrderedGroups, g: int, option: Option, front: int, tail: int,
+                      bound: float) -> list[int]:
+    """Each stage's allowance (pipeline order within the group) at this tail."""
+    b_minus_alpha = problem.micro_batches - problem.alpha
+    front_tp = problem.front_tp(front)
+    result = []
+    for position in range(option.pp, 0, -1):
+        first = g == 0 and position == option.pp
+        last = position == 1 and front_tp is None
+        send = (0.0 if last else problem.boundary_send_s[g][(option.tp, front_tp)] if position == 1
+                else option.inner_send_s)
+        extra, update = _ends(option, first, last, send)
+        allowance = _allowance(option, bound, b_minus_alpha * extra + update, b_minus_alpha)
+        result.append(int(min(option.caps.of(first, last)[tail + position], allowance)))
+    return result
+
+
+def _spread(total: int, allowances: list[int]) -> list[int]:
+    """`total` layers over stages as evenly as their allowances let (extras on later stages)."""
+    counts = [1] * len(allowances)
+    remaining = total - len(allowances)
+    while remaining > 0:
+        open_stages = [i for i, (c, a) in enumerate(zip(counts, allowances)) if c < a]
+        level = min(counts[i] for i in open_stages)
+        for i in reversed([i for i in open_stages if counts[i] == level]):
+            if remaining == 0:
+                break
+            counts[i] += 1
+            remaining -= 1
+    return counts
