@@ -1,7 +1,8 @@
 """`h2 run`: from a cluster file to a trained, checked model in one command; and each of its steps as
 a command of its own.
 
-    h2 run     --cluster C [--model M] --out DIR [--steps N ...] [--reference RUN] [--profiles P] [--overwrite]
+    h2 run     --cluster C [--model M] --out DIR [--steps N ...] [--reference RUN] [--profiles P]
+               [--overwrite | --resume]
     h2 profile --cluster C [--model M] [--profiles P] [--force]
     h2 plan    --cluster C [--model M] [--profiles P] --out DIR [--overwrite]
     h2 check   --run DIR [--reference RUN] [--threshold T]
@@ -14,8 +15,12 @@ ranks, each as its stage's chip; a progress line per step), and `h2 check` (meas
 step time and memory; with --reference the precision diff of the loss curve, ditorch.precision: MRE,
 pass or fail, DIR/precision-diff.png). Exit 0, or 1 when the precision diff fails, 2 on bad input.
 
+`h2 run --resume` continues the run in DIR from its latest checkpoint with DIR/strategy.yaml as it is
+(no profiling, no planning); a folder planned for another model or cluster is refused.
+
 Every input is checked before anything is written: a missing cluster file, a reference run of another
-model, or an output folder holding an earlier run (without --overwrite) is one line and exit status 2.
+model, or an output folder holding an earlier run (without --overwrite or --resume) is one line and exit
+status 2.
 """
 
 from __future__ import annotations
@@ -30,15 +35,17 @@ from h2.core import flags
 from h2.core.cluster import ClusterSpec, load_cluster
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig, resolve_model
-from h2.core.training import PipelineOptions, TrainConfig
+from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 
 PLAN_FILE, STRATEGY_FILE, SUMMARY_FILE, PLOT_FILE = "plan.json", "strategy.yaml", "summary.json", "precision-diff.png"
 METRICS_FILE, STAGE_REPORT_FILE = "metrics.jsonl", "stage_report.json"
 # What a folder holds once a run or a plan wrote into it.
 RUN_FILES = (PLAN_FILE, STRATEGY_FILE, METRICS_FILE, SUMMARY_FILE)
-# The plan fixes the batch shape, HeteroPP trains in fp32 on the cluster's chips, and pipeline
-# checkpoints do not exist yet: these training flags are not h2 run's.
-NOT_IN_RUN = ("micro_batch_size", "micro_batches", "seq_len", "dtype", "device", "checkpoint_every", "keep_checkpoints")
+# The plan fixes the batch shape and HeteroPP trains in fp32 on the cluster's chips: these training
+# flags are not h2 run's.
+NOT_IN_RUN = ("micro_batch_size", "micro_batches", "seq_len", "dtype", "device")
+# Of the run options, h2 run takes these (with the same names as h2 train's); the others it sets itself.
+RUN_OPTIONS_IN_RUN = ("resume", "max_restarts")
 MB = 1e6
 
 
@@ -69,6 +76,35 @@ def _check_out(out: str, overwrite: bool) -> None:
                         f"or choose another folder")
 
 
+def cluster_identity(cluster: ClusterSpec) -> dict:
+    """What a plan depends on in a cluster file: its name and every chip type's fields."""
+    return json.loads(json.dumps({"name": cluster.name, "chips": [dataclasses.asdict(chip) for chip in cluster.chips]},
+                                 default=str))
+
+
+def check_resume(out: str, args, cluster: ClusterSpec, model: ModelConfig) -> None:
+    """`--resume`: OUT holds a plan (strategy.yaml, plan.json) for this model and this cluster."""
+    missing = [name for name in (PLAN_FILE, STRATEGY_FILE) if not os.path.isfile(os.path.join(out, name))]
+    if missing:
+        raise UserError(f"--resume: --out {out} holds no run to continue (no {' or '.join(missing)}); "
+                        f"start one without --resume")
+    plan = _read_json(os.path.join(out, PLAN_FILE))
+    if plan.get("model_config") != model.to_dict():
+        raise UserError(f"--resume: --out {out} is a run of model '{plan.get('model')}', this run trains "
+                        f"'{model.name}'; resume with the same model or choose another folder")
+    planned = plan.get("cluster_config")
+    if planned is None:   # a plan.json from before it recorded the cluster's fields: its file must match
+        same = os.path.abspath(str(plan.get("cluster"))) == os.path.abspath(args.cluster)
+    else:
+        same = planned == cluster_identity(cluster)
+    if not same:
+        name = (planned or {}).get("name", plan.get("cluster"))
+        other = " with other chip types" if name == cluster.name else ""
+        raise UserError(f"--resume: --out {out} was planned for cluster '{name}' ({plan.get('cluster')}), "
+                        f"--cluster {args.cluster} is '{cluster.name}'{other}; resume with the cluster the run "
+                        f"was planned for or choose another folder")
+
+
 def _model_of_run(path: str) -> dict | None:
     """The model configuration a run folder (or its metrics file) was trained with: its plan.json (h2 run,
     h2 plan) or its latest checkpoint (h2 train); None when the folder does not say."""
@@ -80,7 +116,7 @@ def _model_of_run(path: str) -> dict | None:
 
     checkpoints = CheckpointDir(folder)
     if checkpoints.steps():
-        return checkpoints.load_latest()["model_config"]
+        return checkpoints.load_latest().manifest["model_config"]
     return None
 
 
@@ -129,8 +165,9 @@ class Plan:
     report: object             # heteropp.auto.evaluation.StrategyReport
     simulation: object         # heteropp.auto.simulator.SimulationResult
 
-    def to_dict(self, cluster_path: str, model: ModelConfig, profiles: str) -> dict:
-        return {"cluster": cluster_path, "model": model.name, "model_config": model.to_dict(), "profiles": profiles,
+    def to_dict(self, cluster_path: str, cluster: ClusterSpec, model: ModelConfig, profiles: str) -> dict:
+        return {"cluster": cluster_path, "cluster_config": cluster_identity(cluster), "model": model.name,
+                "model_config": model.to_dict(), "profiles": profiles,
                 "strategy": STRATEGY_FILE, "schedule": self.strategy.schedule,
                 "micro_batches": self.strategy.micro_batches, "dp": self.strategy.dp,
                 "predicted": {"simulator_step_s": self.simulation.iteration_s,
@@ -162,6 +199,27 @@ def make_plan(args, profiles: str) -> Plan:
     return Plan(strategy, report, simulation)
 
 
+def replayed_plan(args, out: str, profiles: str) -> Plan:
+    """The plan in OUT (its strategy.yaml as it is, not searched again), scored and simulated on the
+    profiles in `profiles` (for a resumed run's predicted trace)."""
+    from h2.cli import heteroauto
+    from h2.core.schedule import schedule_actions
+    from h2.core.strategy import load_strategy
+    from heteropp.auto.evaluation import evaluate_strategy, training_for
+    from heteropp.auto.simulator import simulate
+
+    argv = ["search", "--cluster", args.cluster, "--profiles", profiles]
+    problem = heteroauto._parser().parse_args(argv + (["--model", args.model] if args.model else []))
+    cluster, model, training = heteroauto._problem(problem)
+    path = os.path.join(out, STRATEGY_FILE)
+    strategy = load_strategy(path)
+    training = training_for(strategy, training)
+    chip_profiles = heteroauto._profiles(problem, cluster, model, training)
+    report = evaluate_strategy(strategy, cluster, model, training, chip_profiles, source=path)
+    schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
+    return Plan(strategy, report, simulate(schedule, report.terms, keep_timeline=True))
+
+
 def print_plan(plan: Plan, cluster: ClusterSpec, model: ModelConfig) -> None:
     from h2.core.emulation import describe_chip
 
@@ -179,20 +237,25 @@ def print_plan(plan: Plan, cluster: ClusterSpec, model: ModelConfig) -> None:
           f"(cost model)", flush=True)
 
 
-def write_plan(plan: Plan, out: str, args, model: ModelConfig, profiles: str) -> None:
+def write_plan(plan: Plan, out: str, args, cluster: ClusterSpec, model: ModelConfig, profiles: str) -> None:
     os.makedirs(out, exist_ok=True)
     plan.strategy.save(os.path.join(out, STRATEGY_FILE))
-    _write_json(os.path.join(out, PLAN_FILE), plan.to_dict(args.cluster, model, profiles))
+    _write_json(os.path.join(out, PLAN_FILE), plan.to_dict(args.cluster, cluster, model, profiles))
 
 
 # ---- train ------------------------------------------------------------------------------------------
 def train(args, out: str) -> int:
-    """`h2 train --strategy OUT/strategy.yaml --cluster C --out OUT` with the training flags given."""
+    """`h2 train --strategy OUT/strategy.yaml --cluster C --out OUT` with the training flags given (and
+    --resume, --overwrite, --max-restarts)."""
     from h2.cli.main import _train_pipeline
-    from h2.core.training import RunOptions
 
-    values = {**flags.given(args, TrainConfig), **flags.given(args, PipelineOptions)}
-    run = RunOptions(strategy=os.path.join(out, STRATEGY_FILE), cluster=args.cluster, out=out)
+    run = RunOptions(strategy=os.path.join(out, STRATEGY_FILE), cluster=args.cluster, out=out,
+                     resume=bool(args.resume), overwrite=args.overwrite, max_restarts=args.max_restarts)
+    # the ranks read the job from these values (h2.cli.rank): exactly the options given count as given
+    values = {**flags.given(args, TrainConfig), **flags.given(args, PipelineOptions),
+              **{name: getattr(run, name) for name in ("strategy", "cluster", "out")},
+              **{name: getattr(run, name) for name in ("resume", "overwrite", "max_restarts")
+                 if getattr(run, name) not in (None, False)}}
     hosts = (args.nnodes, args.rdzv_endpoint) if args.nnodes > 1 else None
     return _train_pipeline(values, run, hosts)
 
@@ -296,18 +359,29 @@ def _cmd_run(args) -> int:
         raise UserError(f"--nnodes must be at least 1, got {args.nnodes}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise UserError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (where the hosts meet)")
+    if args.resume and args.overwrite:
+        raise UserError("--resume continues the run in --out, --overwrite starts it over: give one")
     cluster, model = _cluster_and_model(args)
-    _check_out(args.out, args.overwrite)
+    if args.resume:
+        check_resume(args.out, args, cluster, model)
+    else:
+        _check_out(args.out, args.overwrite)
     reference = check_reference(args.reference, model) if args.reference else None
-    profiles = profile(args, cluster, model)
-    plan = make_plan(args, profiles)
-    print_plan(plan, cluster, model)
-    if not plan.report.fits:
-        raise UserError(f"{args.cluster}: the best plan does not fit the memory model (see the table above)")
-    write_plan(plan, args.out, args, model, profiles)
-    for name in (METRICS_FILE, SUMMARY_FILE, STAGE_REPORT_FILE, PLOT_FILE):  # --overwrite: the earlier run's
-        if os.path.exists(os.path.join(args.out, name)):
-            os.remove(os.path.join(args.out, name))
+    plan = None
+    if args.resume:   # the folder's plan as it is: no profiling, no search
+        profiles = _read_json(os.path.join(args.out, PLAN_FILE)).get("profiles") or profile_folder(args, cluster, model)
+        print(f"resuming the run in {args.out} with its plan {os.path.join(args.out, STRATEGY_FILE)} "
+              f"(not planned again)", flush=True)
+    else:
+        profiles = profile(args, cluster, model)
+        plan = make_plan(args, profiles)
+        print_plan(plan, cluster, model)
+        if not plan.report.fits:
+            raise UserError(f"{args.cluster}: the best plan does not fit the memory model (see the table above)")
+        write_plan(plan, args.out, args, cluster, model, profiles)
+        for name in (METRICS_FILE, SUMMARY_FILE, STAGE_REPORT_FILE, PLOT_FILE):  # --overwrite: the earlier run's
+            if os.path.exists(os.path.join(args.out, name)):
+                os.remove(os.path.join(args.out, name))
     status = train(args, args.out)
     if status != 0:
         print(f"h2 run: training failed (exit {status}); plan in {os.path.join(args.out, PLAN_FILE)}", flush=True)
@@ -316,7 +390,7 @@ def _cmd_run(args) -> int:
         print("h2 run: this host holds no rank of the last stage; the summary is on the host that does")
         return 0
     if args.trace:
-        write_traces(args.trace, plan)
+        write_traces(args.trace, plan or replayed_plan(args, args.out, profiles))
     print(f"summary of {args.out}:")
     return check(args.out, reference, args.threshold)
 
@@ -333,7 +407,7 @@ def _cmd_plan(args) -> int:
     profiles = profile_folder(args, cluster, model)
     plan = make_plan(args, profiles)
     print_plan(plan, cluster, model)
-    write_plan(plan, args.out, args, model, profiles)
+    write_plan(plan, args.out, args, cluster, model, profiles)
     print(f"wrote {os.path.join(args.out, STRATEGY_FILE)} and {os.path.join(args.out, PLAN_FILE)}")
     return 0
 
@@ -353,6 +427,8 @@ def add_parsers(sub) -> None:
     _problem_flags(run)
     run.add_argument("--out", required=True, metavar="DIR", help="the run's folder: plan, metrics, summary")
     run.add_argument("--overwrite", action="store_true", help="start over in an --out that holds an earlier run")
+    flags.add_flags(run, RunOptions, exclude=tuple(name for name in flags.field_names([RunOptions])
+                                                    if name not in RUN_OPTIONS_IN_RUN))
     _reference_flags(run)
     hosts = run.add_argument_group("several hosts (not verified here: one host only)")
     hosts.add_argument("--nnodes", type=int, default=1,

@@ -180,3 +180,73 @@ def test_the_predicted_trace_has_one_track_per_stage_in_the_same_format(finished
     events = trace_events(root / "trace" / "predicted.json")
     assert {e["pid"] for e in events if e["ph"] == "X"} == set(range(stages))
     assert {"forward", "backward"} <= {e["cat"] for e in events if e["ph"] == "X"}
+
+
+# ---- resume -----------------------------------------------------------------------------------------
+def planned_folder(directory, cluster: dict, model: str = "tiny") -> str:
+    """A folder as `h2 plan` leaves it for `cluster` (its fields as plan.json records them) and `model`."""
+    from h2.cli.run import cluster_identity
+    from h2.core.cluster import load_cluster
+
+    os.makedirs(directory)
+    path = os.path.join(directory, "planned-cluster.yaml")
+    with open(path, "w") as handle:
+        yaml.safe_dump(cluster, handle, sort_keys=False)
+    with open(os.path.join(directory, "plan.json"), "w") as handle:
+        json.dump({"cluster": path, "cluster_config": cluster_identity(load_cluster(path)), "model": model,
+                   "model_config": preset(model).to_dict()}, handle)
+    with open(os.path.join(directory, "strategy.yaml"), "w") as handle:
+        yaml.safe_dump({"model": model, "stages": []}, handle)
+    os.remove(path)
+    return str(directory)
+
+
+def test_resume_of_a_folder_planned_for_another_cluster_is_one_line_and_changes_nothing(cli, tmp_path):
+    out = planned_folder(tmp_path / "out", {**CLUSTER, "name": "elsewhere"})
+    before = folder_state(out)
+    result = cli("h2", "run", "--cluster", write_cluster(tmp_path), "--out", out, "--resume", "--steps", "5")
+    assert "planned for cluster 'elsewhere'" in one_line(result)
+    assert folder_state(out) == before
+
+
+def test_resume_with_a_cluster_file_whose_chips_changed_is_refused(cli, tmp_path):
+    chips = [{**CLUSTER["chips"][0], "memory_gb": 0.016}, CLUSTER["chips"][1]]
+    out = planned_folder(tmp_path / "out", {**CLUSTER, "chips": chips})
+    before = folder_state(out)
+    result = cli("h2", "run", "--cluster", write_cluster(tmp_path), "--out", out, "--resume")
+    assert "'test-run' with other chip types" in one_line(result)
+    assert folder_state(out) == before
+
+
+def test_resume_of_a_folder_of_another_model_is_one_line_and_changes_nothing(cli, tmp_path):
+    out = planned_folder(tmp_path / "out", CLUSTER, model="small")
+    before = folder_state(out)
+    result = cli("h2", "run", "--cluster", write_cluster(tmp_path), "--out", out, "--resume")
+    assert "a run of model 'small', this run trains 'tiny'" in one_line(result)
+    assert folder_state(out) == before
+
+
+def test_resume_of_a_folder_without_a_run_is_one_line(cli, tmp_path):
+    result = cli("h2", "run", "--cluster", write_cluster(tmp_path), "--out", str(tmp_path / "empty"), "--resume")
+    assert "holds no run to continue" in one_line(result)
+    assert not (tmp_path / "empty").exists()
+
+
+def test_resume_continues_the_run_with_its_plan_and_the_checkpoint_flags(finished_run, cli, tmp_path):
+    import shutil
+
+    _, finished, root = finished_run
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    strategy = (out / "strategy.yaml").read_bytes()
+    result = cli("h2", "run", "--cluster", str(root / "cluster.yaml"), "--out", str(out), "--resume",
+                 "--steps", "5", "--warmup-steps", "0", "--checkpoint-every", "1", "--keep-checkpoints", "1",
+                 "--max-restarts", "0", "--rank-timeout", "120", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "plan for model" not in result.stdout and "resuming from step 3" in result.stdout
+    assert (out / "strategy.yaml").read_bytes() == strategy
+    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4, 5]
+    kept = sorted(name for name in os.listdir(out / "checkpoints") if name.startswith("step_"))
+    assert kept == ["step_00000005"]
+    assert json.load(open(out / "summary.json"))["steps"] == 5
