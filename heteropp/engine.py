@@ -14,6 +14,7 @@ this engine (h2.train.pipeline).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -35,6 +36,7 @@ from heteropp.resharding import Resharder
 from heteropp.stage import apply_recompute, build_stage, model_parameter_name
 from heteropp.tensor_parallel import WeightGradStore, apply_tp, check_tp_divides, is_tp_sharded, split_dim
 from heteropp.topology import Topology
+from heteropp.tracing import SpanRecorder, span
 
 
 def rank_device(device_type: str, rank: int) -> torch.device:
@@ -56,6 +58,9 @@ def train_config_for(strategy, config: TrainConfig) -> TrainConfig:
                                lr_decay_steps=config.lr_decay_steps or config.steps)
 
 
+PACING_FIELDS = ("kernels", "late_kernels", "emulated_s", "overrun_s")
+
+
 @dataclasses.dataclass
 class StepResult:
     loss: torch.Tensor          # the step's mean loss (meaningful on the last stage)
@@ -65,10 +70,14 @@ class StepResult:
 
 class PipelineEngine:
     def __init__(self, strategy, config: TrainConfig, options: PipelineOptions | None = None,
-                 source: str = "strategy", links: RankLinks | None = None):
+                 source: str = "strategy", links: RankLinks | None = None,
+                 chip_labels: dict[str, str] | None = None):
         """`links`: this rank's emulated link to every other rank (h2.core.links); its sends across
-        stages are paced to them (gloo: in P2P; dicomm: in DiComm's shaping layer)."""
+        stages are paced to them (gloo: in P2P; dicomm: in DiComm's shaping layer). `chip_labels`: how
+        outputs name each chip type (e.g. 'emu-slow (emulated: 0.02x a host core, 120 MB)'); the chip's
+        name where absent."""
         options = options or PipelineOptions()
+        self.chip_labels = dict(chip_labels or {})
         check_p2p_backend(options.p2p_backend)
         self.strategy, self.options = strategy, options
         self.model_config = strategy.model_config()
@@ -112,9 +121,12 @@ class PipelineEngine:
         stage = build_stage(model, self.stage_info.layers, first=self.place.stage == 0, last=self.is_last)
         stage = apply_tp(stage, tp_index=self.place.tp_index, tp_size=self.stage_info.tp, group=self.groups.tp,
                          store=self.store)
+        self.recorder = (SpanRecorder(self.rank, f"stage {self.place.stage}, {self.chip_label}", self.device)
+                         if options.trace else None)
         if self.stage_info.recompute:
-            stage = apply_recompute(stage)
-        self.stage = stage.to(self.device)
+            stage = apply_recompute(stage, self.recorder)
+        with self.on_chip():
+            self.stage = stage.to(self.device)
         del model
 
         # Parameters go by their names in the whole model, which a checkpoint's shards share.
@@ -135,7 +147,7 @@ class PipelineEngine:
         activation_shape = (self.stage_info.micro_batch_size, self.config.seq_len, self.model_config.hidden_size)
         self.executor = StageExecutor(self.stage, stage_index=self.place.stage, num_stages=self.topology.num_stages,
                                       resharder=self.resharder, store=self.store, activation_shape=activation_shape,
-                                      prefetch=options.prefetch, device=self.device,
+                                      prefetch=options.prefetch, device=self.device, recorder=self.recorder,
                                       autocast=torch.bfloat16 if self.config.dtype == "bf16" else None)
 
     def parameter_pieces(self) -> list[tuple[str, torch.nn.Parameter, int | None]]:
@@ -148,6 +160,56 @@ class PipelineEngine:
     def barrier(self) -> None:
         """Return once every rank has called this (one all-reduce of a host scalar over all ranks)."""
         dist.all_reduce(torch.zeros(1), group=self.groups.everyone)
+
+    @property
+    def chip_label(self) -> str:
+        return self.chip_labels.get(self.stage_info.chip, self.stage_info.chip)
+
+    @contextlib.contextmanager
+    def on_chip(self):
+        """Work on this rank's chip: running out of its memory raises torch.OutOfMemoryError naming the
+        stage and the chip, as the first line of the device's own message."""
+        try:
+            yield
+        except torch.OutOfMemoryError as error:
+            detail = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
+            raise torch.OutOfMemoryError(f"stage {self.place.stage}, chip {self.chip_label}, rank {self.rank} on "
+                                         f"{self.device}: {detail}") from None
+
+    def device_report(self, host_cpu_s: float = 0.0) -> list[dict]:
+        """Per stage, over its ranks (every rank must call this): the largest peak of device memory
+        allocated by tensors (None on devices without memory statistics), and, on an emulating
+        device, the kernels it paced, their emulated seconds, and how many were late (overrun_s: by
+        how much in all; a late kernel's time depended on the host's load); and the host CPU seconds
+        its ranks spent (`host_cpu_s`, what each rank passes: the host work the stage needed)."""
+        module = getattr(torch, self.device.type, None)
+        peak = module.max_memory_allocated(self.device) if hasattr(module, "max_memory_allocated") else -1
+        pacing = getattr(module, "pacing_stats", lambda: None)() or {}
+        stages = self.topology.num_stages
+        peaks = torch.full((stages,), -1.0, dtype=torch.float64)
+        peaks[self.place.stage] = float(peak)
+        sums = torch.zeros((stages, len(PACING_FIELDS) + 1), dtype=torch.float64)
+        sums[self.place.stage] = torch.tensor([float(pacing.get(key, 0.0)) for key in PACING_FIELDS] + [host_cpu_s],
+                                              dtype=torch.float64)
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=self.groups.everyone)
+        dist.all_reduce(sums, group=self.groups.everyone)
+        report = []
+        for stage in self.topology.stages:
+            row = {"stage": stage.index, "chip": stage.chip,
+                   "peak_allocated_bytes": None if peaks[stage.index] < 0 else int(peaks[stage.index])}
+            row.update({key: (int(value) if key.endswith("kernels") else float(value))
+                        for key, value in zip(PACING_FIELDS, sums[stage.index].tolist())})
+            row["host_cpu_s"] = float(sums[stage.index, -1])
+            report.append(row)
+        return report
+
+    def write_trace(self) -> str | None:
+        """This rank's spans so far to OPTIONS.trace/rank-<r>.json (a traced run); the file."""
+        if self.recorder is None:
+            return None
+        path = os.path.join(self.options.trace, f"rank-{self.rank}.json")
+        self.recorder.write(path)
+        return path
 
     @property
     def global_batch(self) -> int:
@@ -167,26 +229,37 @@ class PipelineEngine:
 
     def step(self, batch: torch.Tensor, lr: float) -> StepResult:
         """One optimizer step on the global `batch` (sequences of seq_len + 1 tokens) at learning rate `lr`."""
+        with self.on_chip():
+            return self._step(batch, lr)
+
+    def _step(self, batch: torch.Tensor, lr: float) -> StepResult:
         micro_batches = self.replica_micro_batches(batch)
         inputs = [mb[:, :-1].to(self.device) for mb in micro_batches]
         targets = [mb[:, 1:].to(self.device) for mb in micro_batches]
         bytes_before = self.p2p.bytes_sent
         last_stage_dp = self.topology.stages[-1].dp
+        if self.recorder is not None:
+            self.recorder.step += 1
         loss_sum = self.executor.run(self.actions, inputs, targets, 1.0 / (last_stage_dp * self.config.micro_batches))
-        self.optimizer.reduce_gradients()
+        with span(self.recorder if self.stage_info.dp > 1 else None, "gradients over dp", "all-reduce",
+                  ranks=self.stage_info.dp):
+            self.optimizer.reduce_gradients()
         # One all-reduce over every rank: each model parameter's squared gradient norm (summed over
         # its TP pieces, exact in float64 for a whole tensor) and the bytes sent across stages.
-        totals = torch.zeros(len(self.norm_slot) + 1, dtype=torch.float64)
-        norms = self.optimizer.grad_norms(self.counted_in_norm)
-        if norms:
-            totals.index_add_(0, self.counted_slots, torch.stack(norms).double().cpu().square())
-        totals[-1] = float(self.p2p.bytes_sent - bytes_before)
-        dist.all_reduce(totals, group=self.groups.everyone)
+        with span(self.recorder, "gradient norm", "all-reduce", ranks=self.topology.world_size):
+            totals = torch.zeros(len(self.norm_slot) + 1, dtype=torch.float64)
+            norms = self.optimizer.grad_norms(self.counted_in_norm)
+            if norms:
+                totals.index_add_(0, self.counted_slots, torch.stack(norms).double().cpu().square())
+            totals[-1] = float(self.p2p.bytes_sent - bytes_before)
+            dist.all_reduce(totals, group=self.groups.everyone)
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
-        global_norm = torch.linalg.vector_norm(totals[:-1].sqrt().float())
-        grad_norm = clip_by_global_norm(global_norm, self.optimizer.params, max_norm)
-        self.optimizer.step(lr)
-        self.optimizer.zero_grad()
+        with span(self.recorder, "clip and update", "optimizer"):
+            global_norm = torch.linalg.vector_norm(totals[:-1].sqrt().float())
+            grad_norm = clip_by_global_norm(global_norm, self.optimizer.params, max_norm)
+            self.optimizer.step(lr)
+            self.optimizer.zero_grad()
         if self.is_last and self.groups.dp is not None:
-            dist.all_reduce(loss_sum, group=self.groups.dp)
+            with span(self.recorder, "loss over dp", "all-reduce", ranks=self.stage_info.dp):
+                dist.all_reduce(loss_sum, group=self.groups.dp)
         return StepResult(loss=loss_sum, grad_norm=grad_norm, cross_stage_bytes=int(totals[-1]))

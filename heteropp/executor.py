@@ -28,6 +28,7 @@ import torch
 from h2.model.transformer import language_model_loss
 from heteropp.resharding import PendingTensor, Resharder
 from heteropp.tensor_parallel import WeightGradStore
+from heteropp.tracing import SpanRecorder, span
 
 COMPUTE_KINDS = ("F", "B", "W")
 COMMUNICATION_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
@@ -46,8 +47,12 @@ class _MicroBatchState:
 class StageExecutor:
     def __init__(self, stage: torch.nn.Module, *, stage_index: int, num_stages: int, resharder: Resharder,
                  store: WeightGradStore | None, activation_shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
-                 prefetch: bool = True, device: torch.device | str = "cpu", autocast: torch.dtype | None = None):
+                 prefetch: bool = True, device: torch.device | str = "cpu", recorder: SpanRecorder | None = None,
+                 autocast: torch.dtype | None = None):
+        """`recorder`: where each action's span goes when the run is traced (heteropp.tracing);
+        `autocast`: the dtype the stage's forward computes in (torch.autocast), None for its own."""
         self.stage, self.index, self.num_stages = stage, stage_index, num_stages
+        self.recorder = recorder
         self.autocast = autocast
         self.resharder, self.store = resharder, store
         self.activation_shape, self.dtype, self.prefetch = activation_shape, dtype, prefetch
@@ -69,19 +74,23 @@ class StageExecutor:
             kind = action.kind
             if kind in COMPUTE_KINDS and self.prefetch:
                 self._post_receives_until_next_compute(actions, position + 1, states, posted)
+            micro_batch = action.micro_batch
             if kind == "F":
-                loss = self._forward(state, tokens[action.micro_batch], targets[action.micro_batch], loss_scale)
+                loss = self._forward(state, tokens[micro_batch], targets[micro_batch], loss_scale, micro_batch)
                 if loss is not None:
                     loss_sum += loss
             elif kind == "B":
-                self._backward(state, split_backward)
+                self._backward(state, split_backward, micro_batch)
             elif kind == "W":
-                WeightGradStore.run(state.weight_work)
+                with span(self.recorder, str(action), "backward-weight", micro_batch=micro_batch):
+                    WeightGradStore.run(state.weight_work)
                 state.weight_work = []
             elif kind == "SEND_F":
-                self.resharder.send(state.stage_output.detach(), self.index + 1, action.micro_batch)
+                with span(self.recorder, str(action), "send", micro_batch=micro_batch, to_stage=self.index + 1):
+                    self.resharder.send(state.stage_output.detach(), self.index + 1, micro_batch)
             elif kind == "SEND_B":
-                self.resharder.send(state.input_grad, self.index - 1, action.micro_batch)
+                with span(self.recorder, str(action), "send", micro_batch=micro_batch, to_stage=self.index - 1):
+                    self.resharder.send(state.input_grad, self.index - 1, micro_batch)
                 state.input_grad = None
             elif kind in ("RECV_F", "RECV_B"):
                 if position not in posted:
@@ -89,7 +98,8 @@ class StageExecutor:
                     posted.add(position)
             else:
                 raise ValueError(f"unknown action kind {kind!r}")
-        self.resharder.p2p.wait_sends()
+        with span(self.recorder, "wait sends", "send"):
+            self.resharder.p2p.wait_sends()
         return loss_sum
 
     def _post_receives_until_next_compute(self, actions, start: int, states, posted: set[int]) -> None:
@@ -109,19 +119,21 @@ class StageExecutor:
             state.received_grad = self.resharder.post_recv(self.activation_shape, self.dtype, self.index + 1,
                                                            action.micro_batch, device=self.device)
 
-    def _forward(self, state: _MicroBatchState, tokens, targets, loss_scale: float):
+    def _forward(self, state: _MicroBatchState, tokens, targets, loss_scale: float, micro_batch: int):
         if self.is_first:
             x = tokens
         else:
-            x = state.received_input.wait().requires_grad_()
+            with span(self.recorder, f"RECV_F{micro_batch}", "recv", micro_batch=micro_batch, from_stage=self.index - 1):
+                x = state.received_input.wait().requires_grad_()
             state.received_input = None
-        with self._compute_precision():
-            output = self.stage(x)
-        state.stage_input = x
-        if self.is_last:
-            state.stage_output = language_model_loss(output, targets) * loss_scale
-            return state.stage_output.detach()
-        state.stage_output = output
+        with span(self.recorder, f"F{micro_batch}", "forward", micro_batch=micro_batch):
+            with self._compute_precision():
+                output = self.stage(x)
+            state.stage_input = x
+            if self.is_last:
+                state.stage_output = language_model_loss(output, targets) * loss_scale
+                return state.stage_output.detach()
+            state.stage_output = output
         return None
 
     def _compute_precision(self):
@@ -129,21 +141,24 @@ class StageExecutor:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast)
 
-    def _backward(self, state: _MicroBatchState, split_backward: bool) -> None:
+    def _backward(self, state: _MicroBatchState, split_backward: bool, micro_batch: int) -> None:
         if self.is_last:
             grad = None
         else:
-            grad = state.received_grad.wait()
+            with span(self.recorder, f"RECV_B{micro_batch}", "recv", micro_batch=micro_batch, from_stage=self.index + 1):
+                grad = state.received_grad.wait()
             state.received_grad = None
-        if not split_backward:
-            torch.autograd.backward(state.stage_output, grad_tensors=grad)
-        else:
-            self.store.deferring = True
-            try:
+        kind = "backward-input" if split_backward else "backward"
+        with span(self.recorder, f"B{micro_batch}", kind, micro_batch=micro_batch):
+            if not split_backward:
                 torch.autograd.backward(state.stage_output, grad_tensors=grad)
-            finally:
-                self.store.deferring = False
-            state.weight_work = self.store.take()
+            else:
+                self.store.deferring = True
+                try:
+                    torch.autograd.backward(state.stage_output, grad_tensors=grad)
+                finally:
+                    self.store.deferring = False
+                state.weight_work = self.store.take()
         if not self.is_first:
             state.input_grad = state.stage_input.grad
         state.stage_input = state.stage_output = None

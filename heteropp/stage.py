@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from h2.model.transformer import Transformer
+from heteropp.tracing import SpanRecorder, span
 
 
 class PipelineStage(nn.Module):
@@ -54,17 +55,31 @@ def model_parameter_name(stage_name: str, layers: range) -> str:
 
 
 class RecomputedLayer(nn.Module):
-    """Keeps only its input for backward and re-runs the layer's forward when the gradient arrives."""
+    """Keeps only its input for backward and re-runs the layer's forward when the gradient arrives
+    (a span of kind recompute on `recorder`, when the run is traced)."""
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: nn.Module, recorder: SpanRecorder | None = None):
         super().__init__()
         self.layer = layer
+        self.recorder = recorder
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.layer, x, use_reentrant=False)
+        if self.recorder is None:
+            return checkpoint(self.layer, x, use_reentrant=False)
+        runs = 0
+
+        def run(inputs: torch.Tensor) -> torch.Tensor:
+            nonlocal runs
+            runs += 1
+            if runs == 1:
+                return self.layer(inputs)
+            with span(self.recorder, "recompute", "recompute"):
+                return self.layer(inputs)
+
+        return checkpoint(run, x, use_reentrant=False)
 
 
-def apply_recompute(stage: PipelineStage) -> PipelineStage:
+def apply_recompute(stage: PipelineStage, recorder: SpanRecorder | None = None) -> PipelineStage:
     """Wrap every decoder layer of the stage in activation recompute (in place); returns the stage."""
-    stage.layers = nn.ModuleList(RecomputedLayer(layer) for layer in stage.layers)
+    stage.layers = nn.ModuleList(RecomputedLayer(layer, recorder) for layer in stage.layers)
     return stage

@@ -171,15 +171,19 @@ class Topology:
         """The device type stage `stage` runs on: its own, else `default` (a device name's type part)."""
         return (self.stages[stage].device or default).split(":", 1)[0]
 
-    def describe(self, default_device: str = "cpu") -> str:
-        """One line per stage, saying where its chip really runs."""
+    def describe(self, default_device: str = "cpu", chip_labels: dict[str, str] | None = None) -> str:
+        """One line per stage, saying where its chip really runs (`chip_labels`: how to name a chip
+        type that a cluster file describes, e.g. as emulated)."""
         lines = []
         for stage in self.stages:
             recompute = "recompute" if stage.recompute else "no recompute"
             sequences = "sequence" if stage.micro_batch_size == 1 else "sequences"
             device = self.device_type(stage.index, default_device)
-            where = "emulated on cpu" if device == "cpu" else f"on {device}"
-            lines.append(f"stage {stage.index}: chip {stage.chip} ({where}), tp {stage.tp} x dp {stage.dp}, "
+            if chip_labels and stage.chip in chip_labels:
+                chip = f"{chip_labels[stage.chip]} on {device}"
+            else:
+                chip = f"{stage.chip} ({'emulated on cpu' if device == 'cpu' else f'on {device}'})"
+            lines.append(f"stage {stage.index}: chip {chip}, tp {stage.tp} x dp {stage.dp}, "
                          f"layers {stage.layers.start}..{stage.layers.stop - 1}, {recompute}, "
                          f"ranks {stage.ranks.start}..{stage.ranks.stop - 1}, "
                          f"{stage.micro_batch_size} {sequences} per micro-batch per replica")

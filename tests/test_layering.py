@@ -24,7 +24,7 @@ MAY_IMPORT = {
     "dicomm": ("h2.core",),
     "h2.model": ("h2.core",),
     "h2.data": ("h2.core",),
-    "heteropp.auto": ("h2.core", "h2.model"),
+    "heteropp.auto": ("h2.core",),
     "heteropp": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm"),
     "h2.ps": ("h2.core", "h2.model", "h2.data"),
     "h2.train": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "h2.ps"),

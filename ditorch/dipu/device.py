@@ -225,3 +225,12 @@ def empty_cache() -> None:
 def mem_get_info(device=None) -> tuple:
     """(free, total) bytes of the device as the vendor reports them."""
     return tuple(_C._mem_get_info(_index(device)))
+
+
+# ---- emulation ----
+
+def pacing_stats() -> dict | None:
+    """How well an emulating vendor kept its chip's kernel times since the device opened:
+    {kernels, late_kernels, emulated_s, overrun_s} (late kernels finished after their emulated time
+    because the host was busy), or None when the vendor does not emulate a speed."""
+    return _C._pacing_stats()

@@ -1,8 +1,13 @@
-"""`heteroauto`: search a strategy, simulate one, or profile a chip type.
+"""`heteroauto`: search a strategy, simulate one, or profile chip types.
 
     heteroauto search   --cluster C [--model M] [--cost-model full|paper] [--time-limit S] [--out S.yaml] [--json] [--exhaustive]
-    heteroauto simulate --strategy S --cluster C [--cost-model full|paper] [--json]
-    heteroauto profile  --cluster C --chip NAME [--model M] [--device cpu] [--synthesise] --out P.yaml
+    heteroauto simulate --strategy S --cluster C [--cost-model full|paper] [--json] [--trace FILE]
+    heteroauto profile  --cluster C [--chip NAME] [--model M] [--device cpu] [--synthesise] [--out-dir D | --out P.yaml]
+
+`profile` measures by running the runtime's stage code on TP ranks of each chip (heteropp.profiling;
+an emulated chip on its emulated dipu device) and writes one profile file per chip type into the
+profile folder (default profiles/<cluster name>/), reusing a file measured for the same chip entry,
+model and micro-batch shape unless --force; `search` and `simulate` read that folder with --profiles.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import os
 import sys
 import time
 
-from h2.core.cluster import ClusterSpec, TrainingSpec, load_cluster, parse_count
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster, parse_count
+from h2.core.emulation import check_core_share, describe_chip, host_cores
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.model_config import ModelConfig, resolve_model
 from h2.core.schedule import schedule_actions
@@ -23,7 +29,8 @@ from h2.core.strategy import load_strategy
 from heteropp.auto import paper_search
 from heteropp.auto.evaluation import evaluate_strategy, training_for
 from heteropp.auto.oracle import oracle_search
-from heteropp.auto.profiles import profiles_for, save_profile, synthesise_profile
+from heteropp.auto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
+                                    synthesise_profile)
 from heteropp.auto.search import Progress, search
 from heteropp.auto.simulator import simulate
 from heteropp.auto.stage_terms import COST_MODELS
@@ -47,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--no-zero1", action="store_true", help="replicate optimizer states over dp")
         sub.add_argument("--profile", action="append", default=[], metavar="FILE",
                          help="measured profile of one chip type (repeatable); others are synthesised")
+        sub.add_argument("--profiles", metavar="DIR",
+                         help="a folder `heteroauto profile` wrote: the profile of every chip type found there")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.add_argument("--cost-model", choices=COST_MODELS, default="full",
                          help="full: with embedding, head, stage-to-stage transfers (default); paper: the H2 paper's")
@@ -80,14 +89,26 @@ def _parser() -> argparse.ArgumentParser:
     problem(simulate_cmd)
     simulate_cmd.add_argument("--strategy", required=True)
     simulate_cmd.add_argument("--no-transfers", action="store_true", help="stage-to-stage transfers take no time")
+    simulate_cmd.add_argument("--trace", metavar="FILE",
+                              help="write the predicted schedule as a Chrome/Perfetto trace (one track per stage)")
 
-    profile_cmd = commands.add_parser("profile", help="profile one chip type (measured through torch, or synthesised)")
+    profile_cmd = commands.add_parser("profile", help="profile the cluster's chip types (measured by running TP ranks "
+                                                     "of each, or synthesised)")
     problem(profile_cmd)
-    profile_cmd.add_argument("--chip", required=True, help="chip type of the cluster to profile")
-    profile_cmd.add_argument("--device", default="cpu", help="torch device to measure on (cpu, dipu, ...)")
+    profile_cmd.add_argument("--chip", help="only this chip type (default: every chip type of the cluster)")
+    profile_cmd.add_argument("--device", default="cpu",
+                             help="torch device of chips without emulation (cpu, dipu, ...); an emulated chip runs "
+                                  "on its emulated dipu device")
     profile_cmd.add_argument("--synthesise", action="store_true", help="derive from the spec sheet instead of measuring")
-    profile_cmd.add_argument("--repeats", type=int, default=3, help="timed repetitions per measurement")
-    profile_cmd.add_argument("--out", required=True)
+    profile_cmd.add_argument("--repeats", type=int, default=5, help="timed rounds per measurement (median)")
+    profile_cmd.add_argument("--out-dir", metavar="DIR", help="profile folder (default profiles/<cluster name>)")
+    profile_cmd.add_argument("--out", metavar="FILE", help="with --chip: write this file instead of DIR/<chip>.yaml")
+    profile_cmd.add_argument("--force", action="store_true", help="measure again even where a profile is up to date")
+    profile_cmd.add_argument("--max-late", type=float, default=0.1, metavar="FRACTION",
+                             help="measure a TP size again when more than this fraction of its emulated kernel time "
+                                  "was late (the host's load, not the chip); default 0.1")
+    profile_cmd.add_argument("--attempts", type=int, default=2,
+                             help="measurements of one TP size at most; the least late is kept (default 2)")
     return parser
 
 
@@ -206,13 +227,33 @@ def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, cos
     return result_tokens_per_s / total, baselines
 
 
+def _profile_paths(args, cluster: ClusterSpec) -> list[str]:
+    """--profile files, then the files of the --profiles folder that name one of the cluster's chip types."""
+    paths = list(args.profile)
+    if args.profiles is not None:
+        if not os.path.isdir(args.profiles):
+            raise UserError(f"--profiles {args.profiles}: no such folder (heteroauto profile --cluster {args.cluster} "
+                            f"writes one)")
+        named = {os.path.abspath(path) for path in paths}
+        for chip in cluster.chips:
+            path = os.path.join(args.profiles, f"{chip.name}.yaml")
+            if os.path.exists(path) and os.path.abspath(path) not in named:
+                paths.append(path)
+    return paths
+
+
+def _profiles(args, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec):
+    """The chip types' profiles: --profile files and the --profiles folder, synthesised for the rest."""
+    return profiles_for(cluster, model, training, _profile_paths(args, cluster))
+
+
 def _emulated(cluster, name: str) -> str:
     return " (emulated)" if cluster.chip(name).emulated else ""
 
 
 def _cmd_search(args) -> int:
     cluster, model, training = _problem(args)
-    profiles = profiles_for(cluster, model, training, args.profile)
+    profiles = _profiles(args, cluster, model, training)
     options = _search_options(args)
     schedule = "1f1b-split-backward" if training.alpha == 0 else "1f1b"
     progress = _show_progress if (args.progress or sys.stderr.isatty()) else None
@@ -309,13 +350,15 @@ def _cmd_simulate(args) -> int:
     if strategy.micro_batches > MAX_REPLAY_MICRO_BATCHES:
         raise UserError(f"{args.strategy}: field 'micro_batches': the replay takes at most "
                         f"{MAX_REPLAY_MICRO_BATCHES} micro-batches, got {strategy.micro_batches}")
-    profiles = profiles_for(cluster, model, training, args.profile)
+    profiles = _profiles(args, cluster, model, training)
     report = evaluate_strategy(strategy, cluster, model, training, profiles, source=args.strategy,
                                cost_model=args.cost_model)
     schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
     started = time.perf_counter()
-    sim = simulate(schedule, report.terms, transfers=not args.no_transfers)
+    sim = simulate(schedule, report.terms, transfers=not args.no_transfers, keep_timeline=args.trace is not None)
     sim_s = time.perf_counter() - started
+    if args.trace is not None:
+        write_simulated_trace(args.trace, sim, report, strategy.schedule)
     tokens = training.tokens
     payload = {"iteration_s": sim.iteration_s, "cost_model_iteration_s": report.iteration_s,
                "cost_model": args.cost_model,
@@ -344,28 +387,116 @@ def _cmd_simulate(args) -> int:
     return 0
 
 
-# ---- profile -------------------------------------------------------------------------------------
+def write_simulated_trace(path: str, sim, report, schedule: str) -> None:
+    from h2.core.trace import write_trace
+    from heteropp.auto.simulator import trace_events
+
+    labels = [f"{s.chip} tp {s.tp} dp {s.dp}, {s.layers} layers" for s in report.stages]
+    write_trace(path, trace_events(sim, labels, schedule == "1f1b-split-backward"), {"source": "predicted"})
+
+
+# ---- profile ------------------------------------------------------------------------------------
+def _profile_targets(args, cluster: ClusterSpec) -> list[tuple[ChipType, str]]:
+    """(chip type, profile file) for each chip type to profile."""
+    if args.out is not None and args.chip is None:
+        raise UserError("--out names one profile file: give --chip too (or --out-dir for every chip type)")
+    folder = args.out_dir or os.path.join("profiles", cluster.name)
+    chips = [cluster.chip(args.chip)] if args.chip is not None else list(cluster.chips)
+    return [(chip, args.out if args.out is not None else os.path.join(folder, f"{chip.name}.yaml")) for chip in chips]
+
+
+def _cached(path: str, cluster: ClusterSpec, chip: ChipType, model: ModelConfig, training: TrainingSpec):
+    """The profile at `path` if it was measured for exactly this chip entry, model and shape."""
+    if not os.path.exists(path):
+        return None
+    try:
+        profile = load_profile(path)
+    except UserError:
+        return None
+    return profile if profile.fingerprint == profile_fingerprint(cluster, chip, model, training) else None
+
+
+def _measure(cluster: ClusterSpec, chips: list[tuple[ChipType, str]], model: ModelConfig, training: TrainingSpec,
+             args) -> dict:
+    """Measure every (chip, TP size) on TP ranks, with one progress bar over them all. A measurement
+    whose emulated kernels ran late by more than --max-late of their time (the host could not keep up)
+    is taken again, up to --attempts times, and the least late one kept."""
+    from h2.train.progress import ProgressBar
+    from heteropp.profiling import measure_tp  # imports torch
+
+    dtype = "bfloat16" if training.activation_bytes_per_element == 2 else "float32"
+    jobs = [(chip, path, tp) for chip, path in chips for tp in chip.tp_sizes()]
+    bar = ProgressBar(len(jobs))
+    bar.update(0, chip=jobs[0][0].name if jobs else "-")
+    measured: dict[str, list[dict]] = {}
+    for done, (chip, path, tp) in enumerate(jobs, start=1):
+        directory = os.path.join(os.path.dirname(os.path.abspath(path)), "emulated-chips")
+        attempts = []
+        while len(attempts) < args.attempts and (not attempts or attempts[-1].late_fraction > args.max_late):
+            attempts.append(measure_tp(chip, model, tp, micro_batch_size=training.micro_batch_size,
+                                       seq_len=training.seq_len, dtype=dtype, device=args.device,
+                                       repeats=args.repeats, directory=directory, cluster=cluster))
+        measurement = min(attempts, key=lambda attempt: attempt.late_fraction)
+        measured.setdefault(chip.name, []).append(dataclasses.asdict(measurement))
+        bar.update(done, chip=f"{chip.name} tp {tp}")
+    return measured
+
+
+def _print_profile(profile, chip: ChipType, path: str, how: str) -> None:
+    where = describe_chip(chip) + (f", device {profile.device}" if profile.device else "")
+    state = f"up to date in {path}" if how == "cached" else f"wrote {path}"
+    print(f"profile of chip {where}: {profile.source}, {state}")
+    for line in profile.assumptions[-1:] if profile.source == "measured" else ():
+        print(f"  {line}")
+    formula = {entry.tp: entry for entry in profile.formula_layers}
+    header = f"{'tp':>3} {'fwd ms':>9} {'bwd ms':>9} {'recomp ms':>9} {'act MB':>8} {'act MB rc':>9}"
+    print(header + (f" | {'formula from tp 1: fwd ms':>25} {'bwd ms':>9} {'measured/formula':>16}" if formula else ""))
+    for entry in profile.layers:
+        line = (f"{entry.tp:>3} {entry.forward_s * 1e3:>9.2f} {entry.backward_s * 1e3:>9.2f} "
+                f"{entry.recompute_s * 1e3:>9.2f} {entry.activation_bytes / 1e6:>8.3f} "
+                f"{entry.recompute_activation_bytes / 1e6:>9.3f}")
+        if entry.tp in formula:
+            derived = formula[entry.tp]
+            ratio = entry.compute_s(False) / derived.compute_s(False)
+            line += f" | {derived.forward_s * 1e3:>25.2f} {derived.backward_s * 1e3:>9.2f} {ratio:>16.2f}"
+        print(line)
+
+
 def _cmd_profile(args) -> int:
     cluster, model, training = _problem(args)
-    chip = cluster.chip(args.chip)
     if args.repeats < 1:
         raise UserError("--repeats: must be at least 1")
+    if args.attempts < 1:
+        raise UserError("--attempts: must be at least 1")
+    if not 0 <= args.max_late:
+        raise UserError(f"--max-late: must be a fraction >= 0, got {args.max_late}")
+    targets = _profile_targets(args, cluster)
     if args.synthesise:
-        profile = synthesise_profile(chip, model, training)
+        profiles = {chip.name: synthesise_profile(chip, model, training) for chip, _ in targets}
+        how = {chip.name: "synthesised" for chip, _ in targets}
     else:
-        from heteropp.auto.profiler import measure_profile  # imports torch
-        profile = measure_profile(chip, model, training, device=args.device, repeats=args.repeats)
-    save_profile(profile, args.out)
+        for chip, _ in targets:  # one measurement runs tp_max ranks of the chip at once
+            check_core_share([chip] * chip.tp_max, host_cores(), cluster.source,
+                             f"profiling ranks of chip '{chip.name}' at tp {chip.tp_max}")
+        profiles = {} if args.force else {chip.name: _cached(path, cluster, chip, model, training)
+                                             for chip, path in targets}
+        profiles = {name: profile for name, profile in profiles.items() if profile is not None}
+        how = {name: "cached" for name in profiles}
+        missing = [(chip, path) for chip, path in targets if chip.name not in profiles]
+        for name, measurements in _measure(cluster, missing, model, training, args).items() if missing else ():
+            chip = cluster.chip(name)
+            profiles[name] = measured_profile(cluster, chip, model, training, measurements, device=args.device,
+                                              repeats=args.repeats)
+            how[name] = "measured"
+    for chip, path in targets:
+        if how[chip.name] != "cached":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            save_profile(profiles[chip.name], path)
     if args.json:
-        print(json.dumps(profile.to_dict()))
+        print(json.dumps({chip.name: profiles[chip.name].to_dict() for chip, _ in targets}))
         return 0
-    print(f"profile of chip {chip.name} ({profile.source}{', device ' + profile.device if profile.device else ''}) "
-          f"for {model.name}, seq_len {training.seq_len}, micro-batch {training.micro_batch_size}:")
-    print(f"{'tp':>3} {'fwd ms':>10} {'bwd ms':>10} {'recomp ms':>10} {'act MB':>9} {'act MB (recomp)':>16}")
-    for entry in profile.layers:
-        print(f"{entry.tp:>3} {entry.forward_s * 1e3:>10.3f} {entry.backward_s * 1e3:>10.3f} {entry.recompute_s * 1e3:>10.3f} "
-              f"{entry.activation_bytes / 1e6:>9.3f} {entry.recompute_activation_bytes / 1e6:>16.3f}")
-    print(f"wrote {args.out}")
+    for chip, path in targets:
+        _print_profile(profiles[chip.name], chip, path, how[chip.name])
     return 0
 
 

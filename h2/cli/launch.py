@@ -41,8 +41,18 @@ def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts:
 
 
 def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str,
-           max_restarts: int = 0) -> int:
-    """Runs the job's ranks until they finish; returns the exit status (the first failure's)."""
+           hosts: tuple[int, str] | None = None, max_restarts: int = 0) -> int:
+    """Runs the job's ranks until they finish; returns the exit status (the first failure's). With
+    `hosts` = (N, HOST:PORT) this host runs 1/N of the ranks and meets the other hosts' torchruns at
+    that rendezvous endpoint (torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT).
+    torchrun restarts every rank up to `max_restarts` times after one fails."""
+    if hosts is not None and hosts[0] > 1:
+        count, endpoint = hosts
+        if strategy.world_size % count:
+            raise UserError(f"{source}: {strategy.world_size} ranks do not split evenly over --nnodes {count}")
+        rendezvous = ["--nnodes", str(count), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                      "--rdzv-id", "h2-" + os.path.basename(source)]
+        return subprocess.call(rank_command(strategy.world_size // count, job_path, rendezvous, max_restarts))
     nodes = nodes_of(rank_locations(strategy, cluster, source)) if cluster is not None else []
     standalone = rank_command(strategy.world_size, job_path, ["--standalone"], max_restarts)
     if len(nodes) <= 1:

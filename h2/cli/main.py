@@ -1,4 +1,4 @@
-"""The `h2` command: `h2 train` and `h2 model-info`.
+"""The `h2` command: `h2 train`, `h2 model-info`, and `h2 run` with its steps (h2.cli.run).
 
 `h2 train`'s options are generated from the job's config classes (h2.core.training: RunOptions,
 TrainConfig, PipelineOptions); `--config job.yaml` reads the same names from a file and flags given
@@ -26,7 +26,7 @@ NOT_WITH_STRATEGY = ("micro_batch_size", "micro_batches", "model_config", "prese
 # Options that only a pipeline has, with why a single-device run refuses each.
 PIPELINE_ONLY = {"nproc": "a single-device run uses one process",
                  "max_restarts": "a single-device run has no ranks to restart; --resume continues it",
-                 "cluster": "it places a pipeline's ranks and paces its links",
+                 "cluster": "it says which chip each rank of a pipeline runs as and paces its links",
                  "log_every": "a single-device run shows a progress bar",
                  **{name: "it configures the pipeline" for name in flags.field_names([PipelineOptions])
                     if name != "log_every"}}
@@ -51,14 +51,14 @@ def job_from_args(args: argparse.Namespace) -> dict:
     return values
 
 
-def _train_pipeline(values: dict, run: RunOptions) -> int:
-    """`h2 train --strategy S [--cluster C]`: a HeteroPP run on local processes (h2.cli.launch)."""
+def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None = None) -> int:
+    """`h2 train --strategy S [--cluster C]`: a HeteroPP run on local processes (h2.cli.launch); with
+    `hosts` (number of hosts, rendezvous endpoint) this host's share of the ranks joins the others."""
     from h2.cli.launch import launch
     from h2.core.cluster import load_cluster
     from h2.core.devices import resolve_device
     from h2.core.strategy import load_strategy
     from h2.train.pipeline import pipeline_start
-    from heteropp.auto.evaluation import check_chips
     from heteropp.groups import check_p2p_backend, check_stage_backend
 
     strategy = load_strategy(run.strategy)
@@ -69,6 +69,15 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     config = flags.build(TrainConfig, values)
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
+    cluster = None
+    if run.cluster:
+        from h2.cli.cluster_job import check_job, host_warning
+
+        cluster = load_cluster(run.cluster)
+        strategy = check_job(strategy, cluster, run.strategy, options.threads)
+        warning = host_warning(strategy, cluster)
+        if warning:
+            print(f"h2: warning: {warning}", file=sys.stderr, flush=True)
     for stage in strategy.stages:
         device_type = resolve_device(stage.device or config.device).type
         check_stage_backend(options.stage_backend, device_type)
@@ -76,9 +85,6 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     nproc = run.nproc or needed
     if nproc != needed:
         raise UserError(f"{run.strategy}: needs {needed} processes (sum of tp * dp over stages), --nproc is {nproc}")
-    cluster = load_cluster(run.cluster) if run.cluster else None
-    if cluster is not None:
-        check_chips(strategy, cluster, run.strategy)
     out = run.out or "runs/heteropp"
     explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
     pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
@@ -87,7 +93,7 @@ def _train_pipeline(values: dict, run: RunOptions) -> int:
     os.close(handle)
     try:
         flags.write_values(job_path, {**values, "strategy": run.strategy, "out": out})
-        return launch(strategy, cluster, job_path, run.strategy, max_restarts=run.max_restarts or 0)
+        return launch(strategy, cluster, job_path, run.strategy, hosts, max_restarts=run.max_restarts or 0)
     finally:
         os.remove(job_path)
 
@@ -196,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(handler=_model_info)
 
-    from h2.cli import ps
+    from h2.cli import ps, run
     ps.add_commands(sub)
+    run.add_parsers(sub)
     return parser
 
 

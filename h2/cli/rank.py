@@ -8,12 +8,22 @@ MASTER_PORT):
 `h2 train --strategy` writes the options the user gave to a job file and passes only `--config`; by
 hand, the flags of `h2 train` work here too and override the file. The strategy's stages need the
 sum of tp * dp over stages processes. Only the first rank of the last stage writes metrics.jsonl and
-prints progress; rank 0 prints the topology. Every rank writes its checkpoint shard (h2.train.pipeline).
+stage_report.json (per stage: peak device memory, emulated kernel time and how much of it the host made
+late, host CPU spent in steps) and prints progress; rank 0 prints the topology. Every rank writes its checkpoint shard (h2.train.pipeline).
 
 Every rank watches the others (h2.train.watchdog): a rank that dies or stops responding for
 `--rank-timeout` seconds ends every other rank, each with one line naming it, its stage and chip.
 When torchrun restarts the job after such a failure (`--max-restarts`), the ranks continue from the
 job's last checkpoint, or start over if it has none yet.
+
+With `--cluster C` each rank runs as its stage's chip type of C: a chip with an `emulation:` section
+is emulated on the dipu device (its vendor profile is written to OUT/emulated-chips/), after the
+trust rule of h2.core.emulation was checked for the ranks of this host. Running out of the chip's
+memory ends the rank with one line naming the stage and the chip (exit status 1).
+
+A rank ends with os._exit once its output is flushed: an autograd device thread may still be
+releasing its last graph when the interpreter shuts down, which aborts the process
+(pytorch/pytorch#38228) and would turn a finished run into a failed one.
 """
 
 from __future__ import annotations
@@ -44,10 +54,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_progress(record: dict) -> None:
+def _print_progress(record: dict, topology, memory: list[dict]) -> None:
+    """The step's loss and throughput; per chip type the tokens/s each of its chips carries (the job's
+    tokens/s times the type's share of the layers, over its chips); per stage the peak device memory."""
+    layers, chips = {}, {}
+    for stage in topology.stages:
+        layers[stage.chip] = layers.get(stage.chip, 0) + len(stage.layers)
+        chips[stage.chip] = chips.get(stage.chip, 0) + len(stage.ranks)
+    total_layers = sum(layers.values())
+    per_chip = " ".join(f"{name} {record['tokens_per_s'] * layers[name] / total_layers / chips[name]:,.1f}"
+                        for name in layers)
+    peaks = " ".join(f"{row['stage']}:{row['peak_allocated_bytes'] / 1e6:.1f}"
+                     for row in memory if row["peak_allocated_bytes"] is not None)
     print(f"step {record['step']} loss {record['loss']:.4f} lr {record['lr']:.2e} "
           f"grad_norm {record['grad_norm']:.3f} {record['tokens_per_s']:,.0f} tokens/s "
-          f"cross-stage {record['cross_stage_bytes']:,} B", flush=True)
+          f"(per chip: {per_chip}) cross-stage {record['cross_stage_bytes']:,} B"
+          + (f" peak MB per stage {peaks}" if peaks else ""), flush=True)
 
 
 def rank_names(topology):
@@ -95,9 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("WORLD_SIZE"):
         raise UserError(f"{run.strategy}: launch with torchrun --standalone --nproc-per-node {strategy.world_size} "
                         f"-m h2.cli.rank ... (RANK/WORLD_SIZE are not set)")
-    links = None
+    out = run.out or "runs/heteropp"
+    labels = links = None
     if run.cluster:
+        from h2.cli.cluster_job import check_job, chip_labels, host_ranks_of_this_process, open_rank_chip
+
         cluster = load_cluster(run.cluster)
+        strategy = check_job(strategy, cluster, run.strategy, options.threads, host_ranks_of_this_process())
+        open_rank_chip(strategy, cluster, int(os.environ["RANK"]), os.path.join(out, "emulated-chips"))
+        labels = chip_labels(cluster)
         links = RankLinks.for_strategy(strategy, cluster, int(os.environ["RANK"]),
                                        kernel_shaped=os.environ.get(KERNEL_SHAPED_ENV) == "1")
     torch.set_num_threads(options.threads)
@@ -113,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
                                     attempt=attempt).start()
     try:
         restarted = attempt > 0 and watchdog.store.check([FOLDER_PREPARED])
-        trainer = PipelineTrainer(strategy, config, run.out or "runs/heteropp", options, source=run.strategy,
-                                  links=links, resume=run.resume, overwrite=run.overwrite, restarted=restarted,
-                                  explicit=explicit)
+        trainer = PipelineTrainer(strategy, config, out, options, source=run.strategy, links=links,
+                                  chip_labels=labels, resume=run.resume, overwrite=run.overwrite,
+                                  restarted=restarted, explicit=explicit)
         if trainer.writes_metrics:
             watchdog.store.set(FOLDER_PREPARED, "1")
         if trainer.rank == 0:
-            print(trainer.topology.describe(default_device=trainer.config.device), flush=True)
+            print(trainer.topology.describe(default_device=trainer.config.device, chip_labels=labels), flush=True)
             if links is not None:
                 print(describe_stage_links(strategy, links), flush=True)
             if trainer.resumed_from is not None:
@@ -128,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         ps = flags.build(PSOptions, values)
 
         def show(record: dict) -> None:
-            if trainer.writes_metrics and (record["step"] % options.log_every == 0
-                                           or record["step"] == trainer.config.steps):
-                _print_progress(record)
+            if record["step"] % options.log_every == 0 or record["step"] == trainer.config.steps:
+                memory = trainer.engine.device_report()  # a collective: every rank takes part
+                if trainer.writes_metrics:
+                    _print_progress(record, trainer.topology, memory)
 
         if ps.ps:
             from h2.train.ps_pipeline import run_pipeline_with_ps
@@ -140,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
             while trainer.step < trainer.config.steps:
                 records.append(trainer.train_step())
                 show(records[-1])
+        report = trainer.stage_report()
+        trace = trainer.engine.write_trace()
+        if trace is not None and trainer.rank == 0:
+            print(f"trace of every rank in {os.path.dirname(trace)} (rank-<r>.json)", flush=True)
         watchdog.stop()
         trainer.engine.barrier()  # no rank leaves (and takes a store or a peer with it) before all are done
         if trainer.writes_metrics and records:
@@ -148,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trained {trainer.model_config.name} with {trainer.topology.num_stages} stages on "
                   f"{trainer.topology.world_size} processes: {tokens / seconds:,.0f} tokens/s; "
                   f"metrics {trainer.metrics.path}", flush=True)
+            _print_stage_report(report, labels or {}, trainer.elapsed_s)
+    except torch.OutOfMemoryError as error:
+        watchdog.report(f"{describe(rank)} failed: {one_line(error)}")
+        print(f"h2.cli.rank: error: {one_line(error)}", file=sys.stderr, flush=True)
+        return 1
     except Exception as error:
         if _is_communication_error(error):
             watchdog.stop_on_loss(within_s=options.rank_timeout)  # names the lost rank and exits, if one is
@@ -158,5 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _print_stage_report(report: list[dict], labels: dict[str, str], elapsed_s: float) -> None:
+    for row in report:
+        if row["peak_allocated_bytes"] is None:
+            continue
+        late = (f", {row['late_kernels']:,} of {row['kernels']:,} kernels late by {row['overrun_s']:.3f} s "
+                f"in all ({row['overrun_s'] / row['emulated_s']:.2%} of the emulated kernel time)"
+                if row["kernels"] else "")
+        host = f"; its ranks used {row['host_cpu_s'] / elapsed_s:.2f} host cores in steps" if elapsed_s > 0 else ""
+        print(f"stage {row['stage']} ({labels.get(row['chip'], row['chip'])}): peak memory "
+              f"{row['peak_allocated_bytes'] / 1e6:.2f} MB{late}{host}", flush=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

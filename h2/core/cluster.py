@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.emulation import ChipEmulation
 from h2.core.errors import UserError
 from h2.core.links import LinkSection, links_from_mapping
 
@@ -72,6 +73,7 @@ class ChipType:
     tp_efficiency_per_doubling: float = 1.0
     memory_bandwidth_gbps: float = 1600.0
     emulated: bool = False
+    emulation: ChipEmulation | None = None   # what the DIPU host vendor emulates (h2.core.emulation)
 
     # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
     RANGES = {"count": (1, 1 << 24), "chips_per_node": (1, 1 << 16), "tp_max": (1, 1 << 10),
@@ -81,6 +83,10 @@ class ChipType:
 
     def validate(self, source: str) -> None:
         where = f"{source}: chip '{self.name}'"
+        if self.emulation is not None:
+            if not self.emulated:
+                raise UserError(f"{where}: field 'emulated' is false but the chip has an 'emulation' section")
+            self.emulation.validate(where)
         for name, (low, high) in self.RANGES.items():
             check_range(getattr(self, name), low, high, where, name)
         if self.peak_tflops is not None:
@@ -199,6 +205,8 @@ def _load_chip(entry: dict, base_dir: str, where: str) -> ChipType:
         base = load_yaml_mapping(path)
         merged = {**base, **merged}
         where = f"{where} (from {path})"
+    if merged.get("emulation") is not None:
+        merged.setdefault("emulated", True)
     return dataclass_from_mapping(ChipType, merged, where)
 
 

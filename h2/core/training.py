@@ -102,6 +102,8 @@ class PipelineOptions:
                                   "schedule lists them)")
     threads: int = option(1, "torch intra-op threads per rank")
     log_every: int = option(1, "print a metrics line every N steps")
+    trace: str | None = option(None, "write a Chrome/Perfetto trace of every rank's spans (forward, backward, "
+                                     "recompute, send, recv, all-reduce) to DIR/rank-<r>.json", metavar="DIR")
     rank_timeout: float = option(
         300.0, "seconds after which a rank that stopped responding (or a collective that did not complete) "
                "counts as lost: every other rank stops, naming it; a rank that died is named at once")
@@ -130,9 +132,10 @@ class RunOptions:
     strategy: str | None = option(None, "a HeteroPP strategy YAML: run the pipeline on local processes "
                                         "(torchrun --standalone)", metavar="YAML")
     nproc: int | None = option(None, "processes for --strategy", default_text="sum of tp * dp over stages")
-    cluster: str | None = option(None, "a cluster YAML for --strategy: cross-stage traffic is paced to its link "
-                                       "classes, and a cluster of several nodes runs each node in its own network "
-                                       "namespace (when root)", metavar="YAML")
+    cluster: str | None = option(None, "a cluster YAML for --strategy: each rank runs as its stage's chip type "
+                                       "(emulated on the dipu device where the chip has an `emulation:` section), "
+                                       "cross-stage traffic is paced to its link classes, and a cluster of several "
+                                       "nodes runs each node in its own network namespace (when root)", metavar="YAML")
     out: str | None = option(None, "output folder for metrics.jsonl and checkpoints/", default_text="runs/<model>",
                              metavar="DIR")
     resume: bool = option(False, "continue from the latest checkpoint in --out")

@@ -14,7 +14,9 @@ assembles its pieces from the old shards; anything else is refused in one line.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 
 import torch
@@ -64,7 +66,8 @@ def pipeline_start(strategy, config: TrainConfig, out_dir: str, *, resume: bool 
 
 class PipelineTrainer:
     def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
-                 corpus: Corpus | None = None, source: str = "strategy", links: RankLinks | None = None, *,
+                 corpus: Corpus | None = None, source: str = "strategy", links: RankLinks | None = None,
+                 chip_labels: dict[str, str] | None = None, *,
                  resume: bool = False, overwrite: bool = False, restarted: bool = False,
                  explicit: frozenset[str] = frozenset()):
         """`out_dir` None: no metrics, no checkpoints (benchmarks); the other keywords: `pipeline_start`."""
@@ -74,7 +77,7 @@ class PipelineTrainer:
                                            restarted=restarted, explicit=explicit, source=source)
         checkpoint = start.checkpoint if start else None
         self.strategy = strategy
-        self.engine = PipelineEngine(strategy, config, options, source=source, links=links)
+        self.engine = PipelineEngine(strategy, config, options, source=source, links=links, chip_labels=chip_labels)
         self.config = self.engine.config
         self.model_config = self.engine.model_config
         self.topology, self.rank = self.engine.topology, self.engine.rank
@@ -82,6 +85,7 @@ class PipelineTrainer:
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), self.config.seq_len, seed=self.config.seed)
         self.out_dir = out_dir
         self.step, self.elapsed_s = 0, 0.0
+        self.host_cpu_s = 0.0           # this process's CPU time inside steps: the host work its chip needed
         self.data_partition = (0, 1)  # (index, count): a Di-PS cluster reads its own part of every batch
         self.checkpoints = start.checkpoints if start else None
         self.metrics = start.metrics if start and self.writes_metrics else None
@@ -147,12 +151,13 @@ class PipelineTrainer:
     # ---- the loop --------------------------------------------------------------------------
     def train_step(self) -> dict:
         config = self.config
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         lr = learning_rate(self.step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
                            decay_steps=config.lr_decay_steps)
         index, count = self.data_partition
         result = self.engine.step(self.stream.next_batch(self.engine.global_batch * count, index, count), lr)
         step_time = time.perf_counter() - started
+        self.host_cpu_s += time.process_time() - cpu_started
         self.step += 1
         self.elapsed_s += step_time
         tokens = self.engine.global_batch * config.seq_len
@@ -165,6 +170,17 @@ class PipelineTrainer:
         if self.checkpoints is not None and (self.step == config.steps or (every and self.step % every == 0)):
             self.save_checkpoint()
         return record
+
+    def stage_report(self) -> list[dict]:
+        """Per stage: peak device memory, emulated kernel pacing and the host CPU its ranks spent in
+        steps (PipelineEngine.device_report); every rank calls it, the metrics rank also writes it to
+        `stage_report.json` beside the metrics."""
+        report = self.engine.device_report(self.host_cpu_s)
+        if self.metrics is not None:
+            path = os.path.join(os.path.dirname(self.metrics.path), "stage_report.json")
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump(report, handle, indent=1)
+        return report
 
     def run(self) -> list[dict]:
         records = []

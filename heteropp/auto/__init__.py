@@ -1,11 +1,10 @@
 """HeteroAuto: the strategy search over a heterogeneous cluster, its cost and memory models,
 profiles, the event-driven pipeline simulator and the `heteroauto` CLI (docs/heteroauto.md).
 
-Modules: specs (cluster, training), profiles (load, save, synthesise), profiler (measure through
-torch), memory (per pipeline position), cost (the paper's model), sharding (layers per group),
-search (DFS + two-stage), oracle (exhaustive), strategy (the file HeteroPP reads), evaluation,
-simulator (replays heteropp.schedule action lists), cli.
+Modules: profiles (load, save, synthesise, and built from the runtime's measurements), memory (per
+pipeline position), cost (the paper's model), sharding (layers per group), search (DFS + two-stage),
+oracle (exhaustive), evaluation, simulator (replays h2.core.schedule action lists). The cluster,
+strategy and schedule formats are h2.core's; measuring a chip is the runtime's (heteropp.profiling).
 
-Reasons about numbers only: must not import torch at module level (only `profiler`, used by
-`heteroauto profile`, imports it, lazily).
+Reasons about numbers only: imports h2.core and nothing else of the project, and never torch.
 """

@@ -6,7 +6,7 @@ tensor parallelism, keeps per chip:
   (optimizer_bytes each, divided by dp under ZeRO-1) of its shard of the layers;
 - the activations of min(P - p, b) micro-batches in flight under 1F1B (earlier stages hold more:
   Observation 4); with recompute only each layer's input, plus one layer's full activations while
-  it is recomputed;
+  it is recomputed; and the workspace of one layer's backward (where the profile measured it);
 - on the first stage the (vocab-parallel) embedding, on the last the final norm, the head and one
   micro-batch of fp32 logits.
 Every stage of a group is checked with the group's largest layer count (ceil(l / pp)).
@@ -75,6 +75,7 @@ def stage_memory_terms_at(model: ModelConfig, training: TrainingSpec, layer: Lay
     kept = layer.recompute_activation_bytes if recompute else layer.activation_bytes
     per_layer = layer_shard_params(model, tp) * per_param + in_flight * kept
     fixed = float(layer.activation_bytes) if recompute else 0.0
+    fixed += layer.workspace_bytes  # one layer's backward at a time (measured profiles; 0 when synthesised)
     if first:
         fixed += model.embedding_params() / tp * per_param
     if last:

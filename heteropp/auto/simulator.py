@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from h2.core.schedule import Action
+from h2.core.trace import span_event, track_name_event, track_order_event
 from heteropp.auto.stage_terms import StageTerms
 
 
@@ -32,7 +33,9 @@ class SimulationResult:
     bubble_s: list[float]
     finish_s: list[float]
     transfers: int
-    timeline: list[list[tuple[str, float, float]]] = field(default_factory=list)  # per stage: (action, start, end)
+    # per stage: (action, start, end) of compute, of waits for a receive, of each send's transfer on
+    # its link (from leaving to arriving) and of the update
+    timeline: list[list[tuple[str, float, float]]] = field(default_factory=list)
 
 
 def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], *, transfers: bool = True,
@@ -69,7 +72,10 @@ def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], 
                     key = (kind[-1], stage, action.micro_batch)
                     if key not in arrivals:
                         break
-                    clock[stage] = max(clock[stage], arrivals.pop(key))
+                    arrived = arrivals.pop(key)
+                    if keep_timeline and arrived > clock[stage]:
+                        timeline[stage].append((str(action), clock[stage], arrived))
+                    clock[stage] = max(clock[stage], arrived)
                 elif kind in ("SEND_F", "SEND_B"):
                     direction = kind[-1]
                     peer = stage + 1 if direction == "F" else stage - 1
@@ -78,7 +84,10 @@ def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], 
                                           else (0.0, 0.0))
                     start = max(clock[stage], link_free.get((stage, peer), 0.0))
                     link_free[(stage, peer)] = start + occupancy
-                    arrivals[(direction, peer, action.micro_batch)] = start + occupancy + latency
+                    arrival = start + occupancy + latency
+                    if keep_timeline:
+                        timeline[stage].append((str(action), start, arrival))
+                    arrivals[(direction, peer, action.micro_batch)] = arrival
                     sent += 1
                 else:
                     took = duration(stage, kind)
@@ -93,7 +102,27 @@ def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], 
             stuck = [f"stage {s}: {schedule[s][cursor[s]]}" for s in range(num_stages) if cursor[s] < len(schedule[s])]
             raise ValueError("schedule deadlocks: " + "; ".join(stuck))
     finish = [clock[s] + terms[s].update_s for s in range(num_stages)]
+    if keep_timeline:
+        for s in range(num_stages):
+            timeline[s].append(("update", clock[s], finish[s]))
     iteration = max(finish)
     bubble = [iteration - busy[s] - terms[s].update_s for s in range(num_stages)]
     return SimulationResult(iteration_s=iteration, busy_s=busy, bubble_s=bubble, finish_s=finish,
                             transfers=sent, timeline=timeline)
+
+
+_SPAN_KIND = {"F": "forward", "W": "backward-weight", "SEND_F": "send", "SEND_B": "send", "RECV_F": "recv",
+              "RECV_B": "recv", "update": "optimizer"}
+
+
+def trace_events(result: SimulationResult, stage_labels: Sequence[str], split_backward: bool) -> list[dict]:
+    """The simulated timeline (simulate(..., keep_timeline=True)) as trace events (h2.core.trace): one
+    track per stage, transfers on a second lane of the sending stage (a send overlaps its compute)."""
+    events = []
+    for stage, label in enumerate(stage_labels):
+        events += [track_name_event(stage, f"stage {stage}: {label} (predicted)"), track_order_event(stage)]
+        for name, start, end in result.timeline[stage]:
+            prefix = name.rstrip("0123456789")
+            kind = ("backward-input" if split_backward else "backward") if prefix == "B" else _SPAN_KIND[prefix]
+            events.append(span_event(name, kind, start, end, stage, lane=1 if kind == "send" else 0))
+    return events

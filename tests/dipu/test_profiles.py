@@ -41,6 +41,7 @@ def test_relative_speed_paces_device_kernels(tmp_path, python_in_subprocess):
             start = time.perf_counter()
             for _ in range(10):
                 a @ a
+            torch.dipu.synchronize()  # the host launches ahead; the chip's work ends on its own clock
             return time.perf_counter() - start
         timed(False); timed(True)
         paced, unpaced = 0.0, 0.0
@@ -60,3 +61,27 @@ def test_disabled_ditorch_does_not_register_the_device(python_in_subprocess):
     """, DITORCH_DISABLE="1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "privateuseone False"
+
+
+def test_a_slow_chip_queues_kernels_on_its_own_clock_and_the_host_waits_only_to_read(tmp_path, python_in_subprocess):
+    profile = tmp_path / "slow.yaml"
+    profile.write_text("name: slow\nrelative_speed: 0.02\n")
+    result = python_in_subprocess("""
+        import time, torch, ditorch.dipu as dipu
+        torch.set_num_threads(1)
+        a = torch.randn(256, 256, device="dipu")
+        (a @ a).cpu()                       # warm up, and wait for it
+        before = torch.dipu.pacing_stats()["emulated_s"]
+        start = time.perf_counter()
+        for _ in range(5):
+            b = a @ a
+        launched = time.perf_counter() - start
+        b.cpu()                             # reading the result waits for the chip
+        finished = time.perf_counter() - start
+        emulated = torch.dipu.pacing_stats()["emulated_s"] - before
+        print(launched / emulated, finished / emulated)
+    """, DIPU_HOST_PROFILE=str(profile))
+    assert result.returncode == 0, result.stderr
+    launched, finished = map(float, result.stdout.split())
+    assert launched < 0.5   # the host ran the five kernels and went on, well before the chip's time
+    assert finished >= 0.99  # the copy to the host returned only once the chip's clock had passed them

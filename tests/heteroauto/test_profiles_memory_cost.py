@@ -9,10 +9,12 @@ from h2.core.strategy import StageSpec, Strategy
 from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s, pipeline_time_s, stage_busy_s
 from heteropp.auto.evaluation import evaluate_strategy, strategy_terms
 from heteropp.auto.memory import in_flight_micro_batches, stage_memory_bytes, stage_memory_terms
-from heteropp.auto.profiles import load_profile, profiles_for, save_profile, synthesise_profile
+from heteropp.auto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
+                                    synthesise_profile, tp_collective_s)
 from h2.core.links import Link, links_from_mapping
 from heteropp.auto.stage_terms import link_between_stages
 from h2.core.cluster import load_cluster
+from h2.core.strategy import strategy_from_mapping
 
 from autohelpers import CLUSTERS
 
@@ -108,6 +110,68 @@ def test_cost_model_matches_the_paper_formula():
 def test_cost_model_with_alpha_one_and_no_update_is_the_pipeline_closed_form():
     compute = [1.5, 2.5, 0.5, 2.0]
     assert iteration_time_s(compute, [0.0] * 4, 7, 1.0) == pytest.approx(pipeline_closed_form_s(compute, 7))
+
+
+def measurement(tp: int, **overrides) -> dict:
+    """What heteropp.profiling.measure_tp returns for one TP size (as a dict)."""
+    values = {"tp": tp, "forward_s": 0.010 / tp, "backward_s": 0.020 / tp, "recompute_s": 0.011 / tp,
+              "activation_bytes": 3_000_000 // tp, "recompute_activation_bytes": 131_072, "workspace_bytes": 500_000,
+              "update_s": 0.004 / tp, "embedding_forward_s": 0.0002, "embedding_backward_s": 0.0003,
+              "head_forward_s": 0.003, "head_backward_s": 0.006, "device": "dipu:0", "late_fraction": 0.0}
+    return {**values, **overrides}
+
+
+@pytest.fixture(scope="module")
+def hetero():
+    return load_cluster(os.path.join(CLUSTERS, "local-hetero.yaml"))
+
+
+def test_a_measured_profile_keeps_every_tp_size_as_measured_and_the_formula_beside_it(hetero):
+    chip = hetero.chip("emu-fast")
+    profile = measured_profile(hetero, chip, preset("small"), hetero.training, [measurement(1), measurement(2, forward_s=0.009)],
+                               device="cpu", repeats=3)
+    assert profile.layer(2).forward_s == 0.009 and profile.layer(2).workspace_bytes == 500_000
+    formula = {entry.tp: entry for entry in profile.formula_layers}
+    assert formula[2].forward_s == pytest.approx(0.010 / 2 + 2 * tp_collective_s(preset("small"), hetero.training,
+                                                                                  chip, 2))
+    assert profile.fingerprint == profile_fingerprint(hetero, chip, preset("small"), hetero.training)
+
+
+def test_a_profile_measured_for_another_chip_entry_is_refused(hetero, tmp_path):
+    chip = hetero.chip("emu-fast")
+    profile = measured_profile(hetero, chip, preset("small"), hetero.training, [measurement(1)], device="cpu", repeats=1)
+    path = tmp_path / "emu-fast.yaml"
+    save_profile(profile, path)
+    faster = dataclasses.replace(hetero, chips=(dataclasses.replace(chip, memory_gb=1.0),) + hetero.chips[1:])
+    with pytest.raises(UserError, match=r"emu-fast.yaml: field 'fingerprint': measured for another entry"):
+        profiles_for(faster, preset("small"), hetero.training, [str(path)])
+
+
+def test_measured_stage_ends_count_on_the_first_and_last_stage_only(hetero):
+    model, training = preset("small"), hetero.training
+    profiles = profiles_for(hetero, model, training)
+    profiles["emu-fast"] = measured_profile(hetero, hetero.chip("emu-fast"), model, training, [measurement(1)],
+                                            device="cpu", repeats=1)
+    strategy = strategy_from_mapping({"dp": 1, "micro_batches": 8, "micro_batch_size": 1, "seq_len": 128,
+                                      "model": "small", "stages": [
+                                          {"chip": "emu-fast", "tp": 1, "layers": 1},
+                                          {"chip": "emu-fast", "tp": 1, "layers": 6},
+                                          {"chip": "emu-fast", "tp": 1, "layers": 1}]}, "s.yaml")
+    report = evaluate_strategy(strategy, hetero, model, training, profiles)
+    layer = profiles["emu-fast"].layer(1).compute_s(False)
+    assert report.stages[0].compute_s == pytest.approx(layer + 0.0005)
+    assert report.stages[1].compute_s == pytest.approx(6 * layer)
+    assert report.stages[2].compute_s == pytest.approx(layer + 0.009)
+
+
+def test_a_measured_backward_workspace_is_held_once_per_stage(hetero):
+    model, training = preset("small"), hetero.training
+    layer = measured_profile(hetero, hetero.chip("emu-fast"), model, training, [measurement(1)], device="cpu",
+                             repeats=1).layer(1)
+    args = dict(dp=1, recompute=False, position=1, num_stages=3, micro_batches=8)
+    with_workspace = stage_memory_terms(model, training, layer, **args)
+    without = stage_memory_terms(model, training, dataclasses.replace(layer, workspace_bytes=0), **args)
+    assert with_workspace.fixed - without.fixed == 500_000 and with_workspace.per_layer == without.per_layer
 
 
 # ---- the full cost model's terms ---------------------------------------------------------------------

@@ -31,11 +31,13 @@ def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_
         trainer = PipelineTrainer(strategy, config, out_dir, PipelineOptions(**options), source="test strategy",
                                   **start)
         records = trainer.run()
+        stage_report = trainer.stage_report()
         engine = trainer.engine
         return {"rank": rank, "stage": engine.place.stage, "bytes_sent": engine.p2p.bytes_sent,
                 "optimizer_state_elements": engine.optimizer.owned_state_elements(),
                 "parameter_elements": sum(p.numel() for p in engine.optimizer.params),
                 "mean_step_s": sum(r["step_time_s"] for r in records) / len(records),
+                "elapsed_s": trainer.elapsed_s, "stage_report": stage_report,
                 "parameter_devices": sorted({str(p.device) for p in engine.optimizer.params}),
                 "tp_backend": dist.get_backend(engine.groups.tp) if engine.groups.tp is not None else None}
     finally:

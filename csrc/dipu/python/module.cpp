@@ -62,6 +62,20 @@ std::pair<size_t, size_t> mem_get_info(c10::DeviceIndex device) {
   return {free_bytes, total_bytes};
 }
 
+// The vendor's pacing record (dipuGetPacingStats), or None for a vendor that does not keep one.
+py::object pacing_stats() {
+  auto get = reinterpret_cast<decltype(&dipuGetPacingStats)>(vendor_symbol("dipuGetPacingStats"));
+  if (get == nullptr) return py::none();
+  dipuPacingStats_t stats{};
+  DIPU_CHECK(get(&stats));
+  py::dict result;
+  result["kernels"] = stats.kernels;
+  result["late_kernels"] = stats.late_kernels;
+  result["emulated_s"] = stats.emulated_s;
+  result["overrun_s"] = stats.overrun_s;
+  return result;
+}
+
 PyObject* default_generator_object(c10::DeviceIndex device) {
   return THPGenerator_initDefaultGenerator(default_generator(device));
 }
@@ -82,6 +96,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_synchronize", [](int device) { dipu::synchronize_device(static_cast<c10::DeviceIndex>(device)); });
   m.def("_device_properties", [](int device) { return dipu::device_properties(static_cast<c10::DeviceIndex>(device)); });
   m.def("_host_accessible", &dipu::host_accessible);
+  m.def("_pacing_stats", &dipu::pacing_stats);
   m.def("_memory_stats", [](int device) { return dipu::memory_stats(static_cast<c10::DeviceIndex>(device)); });
   m.def("_reset_peak_memory_stats",
         [](int device) { dipu::reset_peak_memory_stats(static_cast<c10::DeviceIndex>(device)); });

@@ -92,6 +92,19 @@ dipuError_t dipuEventSynchronize(dipuEvent_t event);
 dipuError_t dipuEventQuery(dipuEvent_t event);
 dipuError_t dipuEventElapsedTime(float* milliseconds, dipuEvent_t start, dipuEvent_t end);
 
+/* Optional: a vendor that emulates a chip's speed on other hardware may export this; the shim looks
+ * it up by name, so a vendor without it still loads (same ABI version). How well the emulated kernel
+ * times were kept since the device opened: `kernels` paced, the emulated seconds they were meant to
+ * take, and the `late_kernels` that finished after their emulated time, late by `overrun_s` in all
+ * (the host was too busy to run them in time). */
+typedef struct {
+  uint64_t kernels;
+  uint64_t late_kernels;
+  double emulated_s;
+  double overrun_s;
+} dipuPacingStats_t;
+dipuError_t dipuGetPacingStats(dipuPacingStats_t* stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,8 +15,15 @@ const Profile& device_profile();
 // The address kernels read and write for device address ptr; throws when ptr is not device memory.
 void* kernel_view(const void* ptr);
 
-// Slows the enclosing kernel down to the profile's relative speed: on destruction it waits until
-// (elapsed / relative_speed) has passed since construction.
+// The emulated chip's clock. The host runs every kernel at once (its results exist when the call
+// returns) but the chip is busy for the CPU time the kernel's thread spent, divided by the profile's
+// relative speed (a chip at 0.25 takes 4x the host core's work time); kernels queue on the device's
+// timeline as on a real accelerator, where the host launches ahead and waits only to read results.
+// So the host waits (sleeps until the device's timeline has caught up) at the points where a real
+// host waits for its device: a copy to host memory, a device or stream synchronisation, an event
+// synchronisation. The host's own delays (being scheduled late on a busy machine, framework overhead
+// between kernels) are hidden as long as it stays ahead of the chip; a kernel whose thread waited for
+// a core longer than the slack (1/speed - 1) x its work is counted late, with its overrun.
 class PacedKernel {
  public:
   PacedKernel();
@@ -26,6 +33,13 @@ class PacedKernel {
 
  private:
   std::chrono::steady_clock::time_point start_;
+  std::chrono::nanoseconds start_cpu_;
 };
+
+// When the current device's queued work ends on the emulated timeline (in the past when it is idle).
+std::chrono::steady_clock::time_point device_idle_at();
+bool device_busy();
+// Sleeps until the current device's queued work has ended.
+void wait_for_device();
 
 }  // namespace dipu::host

@@ -1,19 +1,23 @@
 // The built-in host vendor: implements the DIPU vendor runtime ABI on the host CPU, emulating the
-// chip described by DIPU_HOST_PROFILE. Work is executed eagerly at submission, so every stream is
-// idle as soon as a call returns; events record the time of their submission.
+// chip described by DIPU_HOST_PROFILE. Work is executed eagerly at submission on the host; at a
+// relative speed below 1 the emulated chip's timeline (host_device.h) says when it would have ended,
+// and streams, events and copies to the host wait for that timeline.
 #include <dlfcn.h>
 
 #include <cstdio>
 #include <map>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <ctime>
 #include <cstring>
 #include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../dipu_vendor.h"
 #include "device_memory.h"
@@ -113,14 +117,70 @@ void* kernel_view(const void* ptr) {
   return view;
 }
 
-PacedKernel::PacedKernel() : start_(std::chrono::steady_clock::now()) {}
+namespace {
+
+std::chrono::nanoseconds thread_cpu_time() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
+}
+
+struct PacingStats {
+  std::atomic<uint64_t> kernels{0};
+  std::atomic<uint64_t> late_kernels{0};
+  std::atomic<int64_t> emulated_ns{0};
+  std::atomic<int64_t> overrun_ns{0};
+};
+
+PacingStats pacing_stats;
+
+}  // namespace
+
+// One timeline per emulated device: when the work queued on it so far ends.
+struct Timeline {
+  std::mutex mutex;
+  std::chrono::steady_clock::time_point idle_at{};
+};
+
+Timeline& timeline(int32_t device) {
+  static std::vector<Timeline> timelines(static_cast<size_t>(std::max(1, state().profile.device_count)));
+  return timelines[static_cast<size_t>(std::clamp<int32_t>(device, 0, static_cast<int32_t>(timelines.size()) - 1))];
+}
+
+std::chrono::steady_clock::time_point device_idle_at() {
+  Timeline& line = timeline(current_device);
+  std::lock_guard lock(line.mutex);
+  return line.idle_at;
+}
+
+bool device_busy() {
+  auto now = std::chrono::steady_clock::now();
+  return device_idle_at() > now;
+}
+
+void wait_for_device() { std::this_thread::sleep_until(device_idle_at()); }
+
+PacedKernel::PacedKernel() : start_(std::chrono::steady_clock::now()), start_cpu_(thread_cpu_time()) {}
 
 PacedKernel::~PacedKernel() {
   double speed = state().profile.relative_speed;
   if (speed >= 1.0) return;
-  auto elapsed = std::chrono::steady_clock::now() - start_;
-  auto target = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(elapsed / speed);
-  std::this_thread::sleep_until(target);
+  auto work = thread_cpu_time() - start_cpu_;
+  auto emulated = std::chrono::duration_cast<std::chrono::steady_clock::duration>(work / speed);
+  auto took = std::chrono::steady_clock::now() - start_;
+  {
+    Timeline& line = timeline(current_device);
+    std::lock_guard lock(line.mutex);
+    line.idle_at = std::max(line.idle_at, start_) + emulated;
+  }
+  pacing_stats.kernels.fetch_add(1, std::memory_order_relaxed);
+  pacing_stats.emulated_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(emulated).count(),
+                                     std::memory_order_relaxed);
+  if (took > emulated) {
+    pacing_stats.late_kernels.fetch_add(1, std::memory_order_relaxed);
+    pacing_stats.overrun_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(took - emulated).count(),
+                                      std::memory_order_relaxed);
+  }
 }
 
 }  // namespace dipu::host
@@ -192,7 +252,11 @@ dipuError_t dipuMemGetInfo(int32_t device, size_t* free_bytes, size_t* total_byt
   return dipuSuccess;
 }
 
-dipuError_t dipuDeviceSynchronize(void) { return ready(); }
+dipuError_t dipuDeviceSynchronize(void) {
+  if (auto error = ready()) return error;
+  dipu::host::wait_for_device();
+  return dipuSuccess;
+}
 
 dipuError_t dipuMalloc(void** ptr, size_t size) {
   if (auto error = ready()) return error;
@@ -241,16 +305,29 @@ dipuError_t dipuMemset(void* device_ptr, int32_t value, size_t size) {
   return dipuSuccess;
 }
 
-dipuError_t dipuMemcpy(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind) {
+namespace dipu::host {
+namespace {
+
+dipuError_t copy_now(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind) {
   if (size == 0) return dipuSuccess;
-  dipu::host::count_copy(kind);
-  if (auto error = dipu::host::resolve_copy(dst, src, size, kind)) return error;
+  count_copy(kind);
+  if (auto error = resolve_copy(dst, src, size, kind)) return error;
   std::memmove(dst, src, size);
   return dipuSuccess;
 }
 
+}  // namespace
+}  // namespace dipu::host
+
+// A synchronous copy to host memory returns when the device has produced what it reads: the host
+// waits for the emulated timeline. Other copies are queued behind the device's work and cost it nothing.
+dipuError_t dipuMemcpy(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind) {
+  if (kind == dipuMemcpyDeviceToHost) dipu::host::wait_for_device();
+  return dipu::host::copy_now(dst, src, size, kind);
+}
+
 dipuError_t dipuMemcpyAsync(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind, dipuStream_t) {
-  return dipuMemcpy(dst, src, size, kind);
+  return dipu::host::copy_now(dst, src, size, kind);
 }
 
 dipuError_t dipuStreamCreate(dipuStream_t* stream) {
@@ -263,9 +340,12 @@ dipuError_t dipuStreamDestroy(dipuStream_t stream) {
   return dipuSuccess;
 }
 
-dipuError_t dipuStreamSynchronize(dipuStream_t) { return dipuSuccess; }
+dipuError_t dipuStreamSynchronize(dipuStream_t) {
+  dipu::host::wait_for_device();
+  return dipuSuccess;
+}
 
-dipuError_t dipuStreamQuery(dipuStream_t) { return dipuSuccess; }
+dipuError_t dipuStreamQuery(dipuStream_t) { return dipu::host::device_busy() ? dipuErrorNotReady : dipuSuccess; }
 
 dipuError_t dipuStreamWaitEvent(dipuStream_t, dipuEvent_t) { return dipuSuccess; }
 
@@ -280,18 +360,34 @@ dipuError_t dipuEventDestroy(dipuEvent_t event) {
 }
 
 dipuError_t dipuEventRecord(dipuEvent_t event, dipuStream_t) {
-  event->time = std::chrono::steady_clock::now();
+  // The device reaches the event after its queued work.
+  event->time = std::max(std::chrono::steady_clock::now(), dipu::host::device_idle_at());
   event->recorded = true;
   return dipuSuccess;
 }
 
-dipuError_t dipuEventSynchronize(dipuEvent_t) { return dipuSuccess; }
+dipuError_t dipuEventSynchronize(dipuEvent_t event) {
+  std::this_thread::sleep_until(event->time);
+  return dipuSuccess;
+}
 
-dipuError_t dipuEventQuery(dipuEvent_t) { return dipuSuccess; }
+dipuError_t dipuEventQuery(dipuEvent_t event) {
+  auto now = std::chrono::steady_clock::now();
+  return event->time > now ? dipuErrorNotReady : dipuSuccess;
+}
 
 dipuError_t dipuEventElapsedTime(float* milliseconds, dipuEvent_t start, dipuEvent_t end) {
   if (!start->recorded || !end->recorded) return fail(dipuErrorInvalidValue, "event was never recorded");
   *milliseconds = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  return dipuSuccess;
+}
+
+dipuError_t dipuGetPacingStats(dipuPacingStats_t* stats) {
+  auto& source = dipu::host::pacing_stats;
+  stats->kernels = source.kernels.load(std::memory_order_relaxed);
+  stats->late_kernels = source.late_kernels.load(std::memory_order_relaxed);
+  stats->emulated_s = static_cast<double>(source.emulated_ns.load(std::memory_order_relaxed)) * 1e-9;
+  stats->overrun_s = static_cast<double>(source.overrun_ns.load(std::memory_order_relaxed)) * 1e-9;
   return dipuSuccess;
 }
 

@@ -1,0 +1,148 @@
+"""Emulated chips: what a cluster file's `emulation:` section of a chip type says, and the rule that
+keeps measured times honest on a small host.
+
+    chips:
+      - name: emu-slow
+        memory_gb: 0.08            # the emulated capacity: allocations past it raise OutOfMemoryError
+        ...
+        emulation:
+          relative_speed: 0.05     # kernels take 1/0.05 = 20x the host core's work time
+          precision: fp32          # fp32 | tf32 | bf16: mantissa bits kept in matmul outputs
+          host_accessible: false   # the CPU cannot touch device memory (copies go through the vendor)
+
+A rank of a stage whose chip type has this section runs on the dipu device, whose host vendor
+emulates the chip (h2.cli.rank sets it up before the device opens): each kernel is held until the
+CPU time its thread spent, divided by `relative_speed`, has passed, and `memory_gb` bounds the
+device memory.
+
+**The trust rule.** A kernel is late (its time depends on the host, not on the chip) only when its
+thread waits for a core longer than the slack it has, (1 / speed - 1) x its own work. Ranks of a
+chip at speed s keep a core busy a fraction s of the time, plus a little unpaced host work
+(Python, autograd, copies). So the emulation is trusted while the ranks on one host claim at most
+CORE_SHARE_LIMIT of its cores: sum over ranks of relative_speed <= CORE_SHARE_LIMIT x cores (a rank
+of a chip without emulation runs at host speed and counts 1). The cost: an emulated chip runs at a
+fraction of a host core, so a run of N ranks on C cores is about N / (CORE_SHARE_LIMIT x C) times
+slower than the host could go. `check_core_share` refuses a job that breaks the rule, in one line.
+
+Pure Python; imports only h2.core.errors.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from h2.core.errors import UserError
+
+if TYPE_CHECKING:
+    from h2.core.cluster import ChipType, ClusterSpec
+    from h2.core.strategy import Strategy
+
+CORE_SHARE_LIMIT = 0.5
+# Mantissa bits a precision keeps in matmul outputs (fp32 keeps all 23: no rounding).
+MANTISSA_BITS = {"fp32": 23, "tf32": 10, "bf16": 7}
+MATMUL_KERNELS = ("diopiMm", "diopiBmm", "diopiAddmm")
+EMULATED_DEVICE = "dipu"
+
+
+@dataclass(frozen=True)
+class ChipEmulation:
+    relative_speed: float                            # (0, 1]: the chip's rate as a fraction of one host core
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    host_accessible: bool = False
+
+    def validate(self, where: str) -> None:
+        if not 0 < self.relative_speed <= 1:
+            raise UserError(f"{where}: field 'emulation.relative_speed' must be in (0, 1] (a fraction of one host "
+                            f"core), got {self.relative_speed}")
+
+
+def describe_chip(chip: ChipType) -> str:
+    """How a chip type appears in outputs: 'emu-slow (emulated: 0.05x a host core, 80 MB)'."""
+    if chip.emulation is None:
+        return chip.name
+    return (f"{chip.name} (emulated: {chip.emulation.relative_speed:g}x a host core, "
+            f"{chip.memory_gb * 1e3:g} MB{'' if chip.emulation.precision == 'fp32' else ', ' + chip.emulation.precision})")
+
+
+def host_vendor_settings(chip: ChipType) -> dict:
+    """The DIPU host vendor profile (csrc/dipu/vendor/host) that emulates `chip`: one device per rank."""
+    emulation = chip.emulation
+    settings = {"name": chip.name, "description": f"emulated chip {chip.name}", "device_count": 1,
+                "memory_capacity": str(int(chip.memory_gb * 1e9)), "relative_speed": emulation.relative_speed,
+                "host_accessible": emulation.host_accessible}
+    if emulation.precision != "fp32":
+        settings["round_output_ops"] = list(MATMUL_KERNELS)
+        settings["round_output_mantissa_bits"] = MANTISSA_BITS[emulation.precision]
+    return settings
+
+
+def host_cores() -> int:
+    """Cores this process may run on (its CPU affinity), the budget of the trust rule."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def core_share(chip: ChipType) -> float:
+    """Fraction of a host core one rank of `chip` keeps busy: its emulated speed, or 1 at host speed."""
+    return chip.emulation.relative_speed if chip.emulation is not None else 1.0
+
+
+def check_core_share(chips: list[ChipType], cores: int, where: str, what: str = "ranks on this host") -> None:
+    """The trust rule over the ranks of one host, one chip type each: one line naming `where` when broken."""
+    claimed = sum(core_share(chip) for chip in chips)
+    allowed = CORE_SHARE_LIMIT * cores
+    if claimed > allowed + 1e-9:
+        counts: dict[str, int] = {}
+        for chip in chips:
+            counts[chip.name] = counts.get(chip.name, 0) + 1
+        by_chip = {chip.name: chip for chip in chips}
+        terms = " + ".join(f"{n} x {core_share(by_chip[name]):g} ({name})" for name, n in counts.items())
+        raise UserError(f"{where}: field 'emulation.relative_speed': the {len(chips)} {what} claim {claimed:.3g} "
+                        f"cores ({terms}), more than {CORE_SHARE_LIMIT:g} x {cores} host cores = {allowed:.3g}: "
+                        f"emulated times would depend on the host's load; lower the speeds or run fewer ranks here")
+
+
+def busy_host_warning(chips: list[ChipType], cores: int) -> str | None:
+    """A warning when other processes already keep this host's cores busy (its 1-minute load average),
+    so that the emulated chips may get less than their share: the rule covers the job's own ranks
+    only, and a late kernel is counted (stage_report.json) rather than prevented."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    claimed = sum(core_share(chip) for chip in chips)
+    if load + claimed <= cores:
+        return None
+    return (f"the host's load average is {load:.1f} on {cores} cores before the job's {len(chips)} ranks "
+            f"(claiming {claimed:.2g} cores) start: emulated kernels may run late when the host cannot give "
+            f"them their share (stage_report.json counts late kernel time)")
+
+
+def rank_chips(strategy: Strategy, cluster: ClusterSpec, ranks: range | None = None) -> list[ChipType]:
+    """The chip type of each rank in `ranks` (default: all) under the strategy's rank layout."""
+    chips = []
+    for index, stage_ranks in enumerate(strategy.stage_ranks()):
+        chip = cluster.chip(strategy.stages[index].chip)
+        chips += [chip for rank in stage_ranks if ranks is None or rank in ranks]
+    return chips
+
+
+def emulated_stage_devices(strategy: Strategy, cluster: ClusterSpec, source: str) -> Strategy:
+    """The strategy with every stage of an emulated chip type on the emulating device (dipu); a stage
+    that names another device for such a chip is refused."""
+    import dataclasses
+
+    stages = []
+    for index, stage in enumerate(strategy.stages):
+        chip = cluster.chip(stage.chip)
+        if chip.emulation is not None:
+            if stage.device not in (None, EMULATED_DEVICE):
+                raise UserError(f"{source}: field 'stages[{index}].device': chip '{chip.name}' is emulated on the "
+                                f"{EMULATED_DEVICE} device (cluster {cluster.source}), not on '{stage.device}'")
+            stage = dataclasses.replace(stage, device=EMULATED_DEVICE)
+        stages.append(stage)
+    return dataclasses.replace(strategy, stages=stages)

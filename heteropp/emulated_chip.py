@@ -1,0 +1,18 @@
+"""Opening this process's dipu device as an emulated chip type of a cluster file (h2.core.emulation):
+the host vendor profile is written from the chip's `emulation:` section and its memory, before the
+device first opens. Used by the pipeline's ranks and by the profiler's."""
+
+from __future__ import annotations
+
+from h2.core.cluster import ChipType
+from h2.core.emulation import host_vendor_settings
+
+
+def open_emulated_chip(chip: ChipType, directory: str) -> str | None:
+    """Make the dipu device `chip` (its vendor profile goes to `directory`); returns the profile's
+    path, or None for a chip type without emulation (it runs as it is)."""
+    if chip.emulation is None:
+        return None
+    from ditorch.dipu.emulation import emulate_chip
+
+    return emulate_chip(host_vendor_settings(chip), directory)
