@@ -177,6 +177,14 @@ class DistributedMapping:
             return "nccl" if backend == mapping.backend else backend
 
         self._patches.replace(dist, "get_backend", get_backend)
+
+        original_new_group = dist.new_group
+
+        @functools.wraps(original_new_group)
+        def new_group(ranks=None, timeout=None, backend=None, *args, **kwargs):
+            return original_new_group(ranks, timeout, mapping.map_backend(backend), *args, **kwargs)
+
+        self._patches.replace(dist, "new_group", new_group)
         if self.adapter.name == "dipu":
             self._dtensor_random_as_on_a_cpu_mesh()
 
@@ -196,13 +204,6 @@ class DistributedMapping:
         for module in (_random, _dispatch):
             self._patches.replace(module, "is_rng_supported_mesh", is_rng_supported_mesh)
 
-        original_new_group = dist.new_group
-
-        @functools.wraps(original_new_group)
-        def new_group(ranks=None, timeout=None, backend=None, *args, **kwargs):
-            return original_new_group(ranks, timeout, mapping.map_backend(backend), *args, **kwargs)
-
-        self._patches.replace(dist, "new_group", new_group)
 
     def undo(self) -> None:
         self._patches.undo()
