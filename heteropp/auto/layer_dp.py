@@ -45,6 +45,11 @@ class StageVariantCaps:
             return self.both
         return self.first if first else self.last if last else self.middle
 
+    def fewest(self) -> float:
+        """The fewest layers a stage of this option holds at any position (caps fall with distance; a
+        single stage is both the first and the last, holding the embedding and the head)."""
+        return float(min(caps[-1] for caps in (self.middle, self.first, self.last, self.both)))
+
 
 @dataclass(frozen=True)
 class Option:

@@ -256,7 +256,7 @@ class Planner:
                     first_update_s=first.update_s if first else 0.0,
                     last_extra_s=last.forward_s + last.backward_s if last else 0.0,
                     last_update_s=last.update_s if last else 0.0, inner_send_s=self.send_s(chip, tp, chip, tp, dp)))
-                if not recompute and min(c[-1] for c in (caps.middle, caps.first, caps.last)) >= total_layers:
+                if not recompute and caps.fewest() >= total_layers:
                     break  # recompute would only cost time: every stage already holds every layer
         return options
 
@@ -543,13 +543,18 @@ class _Search:
             item.pending = [(bound, "last", name, least, floor) for name in item.groups]
             return
         self.planner.bounded += 1
-        if not math.isfinite(self.threshold()):  # nothing fits: say how close the paper's order came
-            held = layer_dp.most_layers(self.planner.ordered(item, orders[0])[0], math.inf)
-            if held >= 0:
-                self.planner.infeasible.note_cover(held / self.planner.model.num_layers, (
-                    f"no feasible strategy: memory: the closest configuration (dp={item.dp}, stage order "
-                    f"{' > '.join(orders[0])}, {sum(len(g) for g in item.groups.values())} groups) holds at most "
-                    f"{int(held)} of the model's {self.planner.model.num_layers} layers within memory"))
+        self.note_cover(item, orders[0])
+
+    def note_cover(self, item: _Item, order: tuple[str, ...]) -> None:
+        """While nothing fits yet, how many of the layers the order's stages hold within memory at most."""
+        if math.isfinite(self.threshold()):
+            return
+        held = layer_dp.most_layers(self.planner.ordered(item, order)[0], math.inf)
+        if held >= 0:
+            self.planner.infeasible.note_cover(held / self.planner.model.num_layers, (
+                f"no feasible strategy: memory: the closest configuration (dp={item.dp}, stage order "
+                f"{' > '.join(order)}, {sum(len(g) for g in item.groups.values())} groups) holds at most "
+                f"{int(held)} of the model's {self.planner.model.num_layers} layers within memory"))
 
     def run_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
         planner = self.planner
@@ -571,6 +576,7 @@ class _Search:
                     item.pending += [(max(bound, tighter), "order", o, least, floor) for o in orders if o[-1] == key]
                 else:
                     planner.bounded += 1
+                    self.note_cover(item, order)
             elif kind == "order":   # the order's least M exactly (memory at every position), its sum relaxed
                 relaxed, _, constant = planner.ordered(item, key, "order")
                 floor = max(floor, self.floor(relaxed) + constant)
@@ -587,6 +593,7 @@ class _Search:
                     item.pending.append((max(bound, tighter), "exact", key, least, floor))
                 else:
                     planner.bounded += 1
+                    self.note_cover(item, key)
             else:
                 self.solve_exact(item, key, start, floor)
                 self.orders_done += 1

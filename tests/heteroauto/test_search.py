@@ -4,7 +4,7 @@ import os
 import random
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster
@@ -51,6 +51,7 @@ def test_search_equals_the_oracle_over_whole_chip_types_and_every_stage_order(se
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 10 ** 9))
+@example(780090)   # one chip whose single stage holds the model only with recompute
 def test_search_equals_the_oracle_over_groups_of_two_chips(seed):
     assert_search_equals_oracle(seed, 2, group_size=2)
 
@@ -226,6 +227,22 @@ def test_model_that_fits_nowhere_names_the_tightest_memory_constraint():
     model = preset("h2-100b")
     with pytest.raises(UserError, match=r"no feasible strategy: memory: .*(needs .* GB per chip|holds at most)"):
         search(cluster, model, training, profiles_for(cluster, model, training))
+
+
+def _one_chip(memory_gb):
+    cluster = ClusterSpec(name="one-chip", chips=(_chip("A", 1, memory_gb=memory_gb, tp_max=2),), source="one.yaml")
+    model, training = small_model(4), TrainingSpec(seq_len=256, global_batch_sequences=1)
+    return cluster, model, training, profiles_for(cluster, model, training)
+
+
+def test_a_one_chip_cluster_whose_single_stage_fits_only_with_recompute_gets_that_plan():
+    best = search(*_one_chip(memory_gb=0.06)).best   # one stage is first and last: embedding, head and logits
+    assert (best.tps, best.recompute, best.stage_layers) == ((1,), (True,), ((4,),))
+
+
+def test_a_one_chip_cluster_that_cannot_hold_the_model_says_how_many_layers_fit():
+    with pytest.raises(UserError, match="holds at most 3 of the model's 4 layers within memory"):
+        search(*_one_chip(memory_gb=0.05))
 
 
 def test_pipeline_deeper_than_the_model_is_reported():
