@@ -19,9 +19,14 @@ _ABI_FUNCTIONS = {
 
 
 def _vendor_library() -> ctypes.CDLL:
-    _C._device_count()  # opens the vendor library if nothing has yet
-    # The same path again: the dynamic loader hands back the library the shim already opened.
-    return ctypes.CDLL(_C._vendor_path())
+    """The vendor library the shim uses (the dynamic loader hands back one handle per path). Looking
+    its functions up does not open the device: torch.dipu.is_initialized() stays False, as
+    torch.cuda's does after init_process_group, so DeviceMesh still places a rank on its LOCAL_RANK."""
+    path = _C._vendor_path()
+    if not path:
+        _C._device_count()  # no vendor chosen yet: the shim's default choice opens it
+        path = _C._vendor_path()
+    return ctypes.CDLL(path)
 
 
 def memory_functions() -> dict[str, int] | None:
