@@ -1,8 +1,12 @@
 // Copies that involve dipu tensors. Same-layout dense copies are one vendor memcpy (queued on the
 // current stream when non_blocking and the host side is pinned); host-side
 // conversions (dtype, layout, broadcasting) happen on a CPU staging tensor; device-side ones run
-// the vendor's diopiCopyInp, or stage through the host when the vendor lacks it.
+// the vendor's diopiCopyInp, or stage through the host when the vendor lacks it. Conjugate and
+// negative views are copied as stored, then the destination's storage is conjugated or negated
+// where the two tensors' math bits differ, as the CPU's copy_ does.
 #include <ATen/EmptyTensor.h>
+#include <ATen/ops/alias.h>
+#include <ATen/ops/conj_physical.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
@@ -96,8 +100,17 @@ void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst, bool non_
   }
 }
 
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  if (dst.numel() == 0) return dst;
+// The same storage, sizes and strides with the conjugate and negative bits cleared: its values are
+// the stored ones.
+at::Tensor as_stored(const at::Tensor& tensor) {
+  if (!tensor.is_conj() && !tensor.is_neg()) return tensor;
+  at::Tensor stored = at::alias(tensor);
+  stored._set_conj(false);
+  stored._set_neg(false);
+  return stored;
+}
+
+void copy_stored(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   bool src_on_device = self.device().is_privateuseone();
   bool dst_on_device = dst.device().is_privateuseone();
   c10::DeviceGuard guard(dst_on_device ? dst.device() : self.device());
@@ -110,6 +123,18 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     TORCH_CHECK(dst.device().is_cpu(), "copy from dipu to ", dst.device(), " is not supported");
     copy_device_to_host(self, dst, non_blocking);
   }
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (dst.numel() == 0) return dst;
+  bool conjugate = self.is_conj() != dst.is_conj();
+  bool negate = self.is_neg() != dst.is_neg();
+  at::Tensor stored_dst = as_stored(dst);
+  // The fix-up below runs on the stored values, so the copy before it must have landed.
+  copy_stored(as_stored(self), stored_dst, non_blocking && !conjugate && !negate);
+  // conj_physical_ itself calls a CPU/CUDA-only stub; its out= form dispatches to the device.
+  if (conjugate) at::conj_physical_out(stored_dst, stored_dst);
+  if (negate) stored_dst.neg_();
   return dst;
 }
 
@@ -123,6 +148,18 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+}
+
+// The conjugate and negative fallbacks would resolve a math-bit source by cloning it, and a clone
+// copies through _copy_from again: endless recursion. copy_from handles the bits itself.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace dipu::aten

@@ -43,6 +43,12 @@ void record(const c10::OperatorName& name) {
 
 void no_delete(void*) {}
 
+// A stand-in shows the same values as the tensor it stands for: same conjugate and negative bits.
+void copy_math_bits(const at::Tensor& from, at::Tensor& to) {
+  to._set_conj(from.is_conj());
+  to._set_neg(from.is_neg());
+}
+
 // Host-side stand-ins for the device storages one operator touches.
 class HostMirror {
  public:
@@ -54,6 +60,7 @@ class HostMirror {
     at::Tensor cpu = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(entry.host),
                                                               c10::DispatchKeySet(c10::DispatchKey::CPU), tensor.dtype());
     cpu.unsafeGetTensorImpl()->set_sizes_and_strides(tensor.sizes(), tensor.strides(), tensor.storage_offset());
+    copy_math_bits(tensor, cpu);
     return cpu;
   }
 
@@ -136,6 +143,7 @@ class HostMirror {
     at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
         c10::Storage(device_storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), cpu.dtype());
     view.unsafeGetTensorImpl()->set_sizes_and_strides(cpu.sizes(), cpu.strides(), cpu.storage_offset());
+    copy_math_bits(cpu, view);
     return view;
   }
 

@@ -149,6 +149,10 @@ bool Call::accept(const at::Tensor& tensor) {
     aten::note_fallback_reason("DIOPI has no dtype for an operand");
     return false;
   }
+  if (tensor.is_conj() || tensor.is_neg()) {
+    aten::note_fallback_reason("an operand is a conjugate or negative view (DIOPI tensors carry no math bits)");
+    return false;
+  }
   return true;
 }
 
