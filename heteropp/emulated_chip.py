@@ -1,11 +1,14 @@
 """Opening this process's dipu device as an emulated chip type of a cluster file (h2.core.emulation):
 the host vendor profile is written from the chip's `emulation:` section and its memory, before the
-device first opens. Used by the pipeline's ranks and by the profiler's."""
+device first opens, and the rank's DiComm waits set to sleep rather than spin. Used by the pipeline's
+ranks and by the profiler's."""
 
 from __future__ import annotations
 
+import os
+
 from h2.core.cluster import ChipType
-from h2.core.emulation import host_vendor_settings
+from h2.core.emulation import host_vendor_settings, rank_wait_environment
 
 
 def open_emulated_chip(chip: ChipType, directory: str) -> str | None:
@@ -13,6 +16,8 @@ def open_emulated_chip(chip: ChipType, directory: str) -> str | None:
     path, or None for a chip type without emulation (it runs as it is)."""
     if chip.emulation is None:
         return None
+    for name, value in rank_wait_environment().items():
+        os.environ.setdefault(name, value)
     from ditorch.dipu.emulation import emulate_chip
 
     return emulate_chip(host_vendor_settings(chip), directory)

@@ -35,6 +35,7 @@ from datetime import timedelta
 
 from h2.core import flags
 from h2.core.dips import PSOptions
+from h2.core.emulation import host_cores, host_work_warning
 from h2.core.errors import ArgumentParser, UserError, one_line, run_cli
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 
@@ -206,6 +207,11 @@ def _print_stage_report(report: list[dict], labels: dict[str, str], elapsed_s: f
         host = f"; its ranks used {row['host_cpu_s'] / elapsed_s:.2f} host cores in steps" if elapsed_s > 0 else ""
         print(f"stage {row['stage']} ({labels.get(row['chip'], row['chip'])}): peak memory "
               f"{row['peak_allocated_bytes'] / 1e6:.2f} MB{late}{host}", flush=True)
+    emulated = [row for row in report if row["kernels"] and row["peak_allocated_bytes"] is not None]
+    if emulated and elapsed_s > 0:
+        warning = host_work_warning(sum(row["host_cpu_s"] for row in emulated) / elapsed_s, host_cores())
+        if warning:
+            print(f"warning: {warning}", flush=True)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,15 @@ def host_vendor_settings(chip: ChipType) -> dict:
     return settings
 
 
+def rank_wait_environment() -> dict[str, str]:
+    """What a rank of an emulated chip sets before its collectives start: its waits sleep instead of
+    spinning (DiComm's DICOMM_SPIN_US=0). An emulated chip's time is its kernels' CPU time over its
+    speed, so a rank must leave the cores alone while it waits: a waiter that spins takes the core a
+    peer's kernels (or the peer it waits for) need, and on 2 cores the TP ranks of one stage spent
+    most of their CPU in sched_yield (docs/emulation.md)."""
+    return {"DICOMM_SPIN_US": "0"}
+
+
 def host_cores() -> int:
     """Cores this process may run on (its CPU affinity), the budget of the trust rule."""
     try:
@@ -120,6 +129,18 @@ def busy_host_warning(chips: list[ChipType], cores: int) -> str | None:
     return (f"the host's load average is {load:.1f} on {cores} cores before the job's {len(chips)} ranks "
             f"(claiming {claimed:.2g} cores) start: emulated kernels may run late when the host cannot give "
             f"them their share (stage_report.json counts late kernel time)")
+
+
+def host_work_warning(cores_used: float, cores: int) -> str | None:
+    """After a run: a warning when the job's ranks used more host cores in steps (kernels and the
+    framework's work around them, measured) than the trust rule grants, so that step times may
+    reflect the host rather than the emulated chips. None when they stayed inside the rule."""
+    allowed = CORE_SHARE_LIMIT * cores
+    if cores_used <= allowed:
+        return None
+    return (f"the ranks used {cores_used:.2f} host cores in steps, more than the trust rule's {CORE_SHARE_LIMIT:g} x "
+            f"{cores} = {allowed:.2g}: step times may depend on the host, not only on the emulated chips "
+            f"(docs/emulation.md, \"What the rule leaves out\")")
 
 
 def rank_chips(strategy: Strategy, cluster: ClusterSpec, ranks: range | None = None) -> list[ChipType]:

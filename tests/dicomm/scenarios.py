@@ -335,6 +335,28 @@ def send_and_exit(rank, world, store_dir, transport, args):
     return {"received": received}
 
 
+def delayed_replies(rank, world, store_dir, transport, args):
+    """Rank 1 answers each of rank 0's pings `delay_s` late; rank 0 reports the CPU its process spent
+    (all threads: the waiter and the transport's progress thread) against the time it waited."""
+    from dicomm import _dicomm_core
+
+    ep = endpoint(rank, world, store_dir, transport)
+    barrier(ep)
+    message = bytearray(8)
+    if rank == 1:
+        for index in range(args["pings"]):
+            ep.recv(message, 0, index)
+            time.sleep(args["delay_s"])
+            ep.send(message, 0, index)
+        return {}
+    cpu, wall = time.process_time(), time.perf_counter()
+    for index in range(args["pings"]):
+        ep.send(message, 1, index)
+        ep.recv(message, 1, index)
+    return {"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall,
+            "window_us": _dicomm_core.Options.from_environment().active_wait_window_us()}
+
+
 def run(scenario: str, world_size: int = 2, transport: str = "tcp", timeout: float = 120, env=None,
         **args) -> list[dict]:
     """Every rank's findings, in rank order; `env`: extra variables (or a function of the rank giving them)."""

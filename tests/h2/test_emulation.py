@@ -1,11 +1,13 @@
 """Emulated chips in the cluster file (h2.core.emulation): the `emulation:` section, the host vendor
 profile it becomes, and the trust rule over the ranks of one host."""
 
+import os
+
 import pytest
 
 from h2.core.cluster import load_cluster
 from h2.core.emulation import (CORE_SHARE_LIMIT, check_core_share, emulated_stage_devices, host_vendor_settings,
-                               rank_chips)
+                               host_work_warning, rank_chips)
 from h2.core.errors import UserError
 from h2.core.strategy import strategy_from_mapping
 
@@ -95,3 +97,21 @@ def test_a_stage_naming_another_device_for_an_emulated_chip_is_refused(tmp_path)
     data = {**STRATEGY, "stages": [{**STRATEGY["stages"][0], "device": "cpu"}, STRATEGY["stages"][1]]}
     with pytest.raises(UserError, match=r"s.yaml: field 'stages\[0\].device': chip 'emu' is emulated on the dipu"):
         emulated_stage_devices(strategy_from_mapping(data, "s.yaml"), cluster, "s.yaml")
+
+
+def test_ranks_that_used_more_host_cores_than_the_rule_grants_are_warned_about():
+    warning = host_work_warning(1.14, 2)
+    assert "1.14 host cores" in warning and f"{CORE_SHARE_LIMIT:g} x 2" in warning
+
+
+def test_ranks_inside_the_rule_get_no_warning():
+    assert host_work_warning(CORE_SHARE_LIMIT * 2, 2) is None
+
+
+def test_a_rank_of_an_emulated_chip_sleeps_while_it_waits_on_dicomm(tmp_path, monkeypatch):
+    from heteropp.emulated_chip import open_emulated_chip
+
+    monkeypatch.delenv("DICOMM_SPIN_US", raising=False)
+    (emulated,) = load_cluster(cluster_file(tmp_path, chip())).chips
+    open_emulated_chip(emulated, str(tmp_path / "chips"))
+    assert os.environ["DICOMM_SPIN_US"] == "0"

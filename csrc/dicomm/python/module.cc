@@ -314,6 +314,8 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("shm_cross_memory_attach", &Options::shm_cross_memory_attach)
       .def_readwrite("max_message_bytes", &Options::max_message_bytes)
       .def_readwrite("device_direct", &Options::device_direct)
+      .def_readwrite("spin_wait_us", &Options::spin_wait_us)
+      .def("active_wait_window_us", [](const Options& o) { return o.activeWaitWindow().count(); })
       .def("set_device_memory",
            [](Options& o, const std::map<std::string, uintptr_t>& functions) {
              o.device_memory = DeviceMemory::fromAddresses(functions);

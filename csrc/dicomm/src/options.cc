@@ -1,5 +1,7 @@
 #include "dicomm/options.h"
 
+#include <sched.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
@@ -82,6 +84,7 @@ Options Options::fromEnvironment() {
   if (auto v = env("DICOMM_SHM_CMA")) o.shm_cross_memory_attach = parseSwitch("DICOMM_SHM_CMA", v);
   if (auto v = env("DICOMM_DEVICE_DIRECT")) o.device_direct = parseSwitch("DICOMM_DEVICE_DIRECT", v);
   if (auto v = env("DICOMM_MAX_MESSAGE_BYTES")) o.max_message_bytes = parseCount("DICOMM_MAX_MESSAGE_BYTES", v);
+  if (auto v = env("DICOMM_SPIN_US")) o.spin_wait_us = int64_t(parseCount("DICOMM_SPIN_US", v));
   if (auto v = env("DICOMM_LINK_GBPS")) o.link.bandwidth_bytes_per_s = parseNumber("DICOMM_LINK_GBPS", v, false) * 1e9;
   if (auto v = env("DICOMM_LINK_LATENCY_US")) o.link.latency_s = parseNumber("DICOMM_LINK_LATENCY_US", v, true) * 1e-6;
   return o;
@@ -93,6 +96,9 @@ void Options::validate() const {
   };
   checkTransport(transport, "transport");
   for (auto& [peer, name] : peer_transport) checkTransport(name, "transport for peer " + std::to_string(peer));
+  if (spin_wait_us < -1 || spin_wait_us > 10'000'000) {
+    throw std::invalid_argument("spin wait must be -1 (auto) or in [0, 10000000] us, got " + std::to_string(spin_wait_us));
+  }
   if (!(timeout_s > 0)) throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeout_s));
   if (!(connect_timeout_s > 0)) {
     throw std::invalid_argument("connect timeout must be positive, got " + std::to_string(connect_timeout_s));
@@ -125,6 +131,17 @@ std::string Options::transportFor(int peer) const {
 LinkShape Options::linkFor(int peer) const {
   auto found = peer_links.find(peer);
   return found == peer_links.end() ? link : found->second;
+}
+
+std::chrono::microseconds Options::activeWaitWindow() const {
+  constexpr std::chrono::microseconds kSpinWhenCoresSuffice{5000};
+  if (spin_wait_us >= 0) return std::chrono::microseconds(spin_wait_us);
+  const char* local_ranks = env("LOCAL_WORLD_SIZE");
+  if (!local_ranks) return kSpinWhenCoresSuffice;
+  cpu_set_t cores;
+  if (sched_getaffinity(0, sizeof(cores), &cores) != 0) return kSpinWhenCoresSuffice;
+  const long ranks = std::strtol(local_ranks, nullptr, 10);
+  return ranks > CPU_COUNT(&cores) ? std::chrono::microseconds(0) : kSpinWhenCoresSuffice;
 }
 
 FrameLimits Options::frameLimits() const {

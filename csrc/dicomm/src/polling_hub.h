@@ -18,7 +18,9 @@ namespace dicomm {
 
 class PollingHub : public Progress {
  public:
+  explicit PollingHub(std::chrono::nanoseconds active_wait_window) : active_wait_window_(active_wait_window) {}
   bool poll() override;
+  std::chrono::nanoseconds activeWaitWindow() const override { return active_wait_window_; }
   void enterActiveWait() override;
   void leaveActiveWait() override;
 
@@ -43,11 +45,15 @@ class PollingHub : public Progress {
   bool progressLocked();
   bool stopping() const { return stopping_.load(); }
   std::atomic<uint32_t> active_waiters_{0};  // threads polling in Request::wait
+  // Idle polls the background thread yields between before it rests: none when waiters never spin
+  // (an oversubscribed host), where a yielding thread only takes cores from busy peers.
+  int idleYieldsBeforeRest(int when_spinning) const { return active_wait_window_.count() > 0 ? when_spinning : 1; }
 
  private:
   void runBackground();
   void housekeeping();
 
+  const std::chrono::nanoseconds active_wait_window_;
   std::mutex mu_;
   std::vector<std::shared_ptr<PolledConnection>> connections_;
   std::atomic<bool> stopping_{false};

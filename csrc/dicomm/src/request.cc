@@ -15,8 +15,6 @@ enum State : uint32_t { kPending = 0, kFinishing = 1, kDone = 2, kFailed = 3 };
 
 std::atomic<int64_t> live_requests{0};
 
-// How long a waiter polls a waiter-driven transport itself before sleeping.
-constexpr auto kActiveWaitWindow = std::chrono::milliseconds(5);
 constexpr int kSpinsBeforeYield = 8;  // then yield: a peer sharing this core gets it at once
 
 void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
@@ -126,7 +124,9 @@ size_t Request::wait(double timeout_s) {
   const auto until = timeout_s < 0 ? Clock::time_point::max()
                                    : Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                         std::chrono::duration<double>(timeout_s));
-  if (isPending() && progress_) activeWait(std::min(until, Clock::now() + kActiveWaitWindow));
+  if (isPending() && progress_ && progress_->activeWaitWindow().count() > 0) {
+    activeWait(std::min(until, Clock::now() + progress_->activeWaitWindow()));
+  }
   if (isPending()) passiveWait(until);
   const uint32_t s = state_.load(std::memory_order_acquire);
   if (s == kDone) return bytes_;

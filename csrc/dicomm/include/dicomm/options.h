@@ -1,6 +1,7 @@
 // Endpoint configuration: defaults, then DICOMM_* environment variables, then API arguments.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -46,20 +47,27 @@ struct Options {
   // With device_memory on both sides of a shm connection, device requests move device-direct
   // (registered memory, no host staging); false stages them through host memory (the baseline).
   bool device_direct = true;
+  // How long a thread waiting on a request polls a polled transport (shm, ibverbs) itself before it
+  // sleeps until the transport's progress thread completes the request, in microseconds. -1 (auto):
+  // 5000 while this host's ranks (LOCAL_WORLD_SIZE) fit its cores, else 0, since a spinning waiter
+  // on an oversubscribed host takes the core a peer it waits for needs (Open MPI's degraded mode).
+  int64_t spin_wait_us = -1;
   LinkShape link;                            // emulated link to every peer (default: none)
   std::map<int, LinkShape> peer_links;       // per-peer override of `link`
 
   // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN,
   // DICOMM_BIND_ADDR, DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_TCP_SOCKET_BUFFER_BYTES,
   // DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES, DICOMM_SHM_SPLIT_BYTES, DICOMM_SHM_CMA (0/1),
-  // DICOMM_MAX_MESSAGE_BYTES, DICOMM_DEVICE_DIRECT (0/1), DICOMM_LINK_GBPS and DICOMM_LINK_LATENCY_US
-  // (`link`). A malformed value throws std::invalid_argument naming the variable.
+  // DICOMM_MAX_MESSAGE_BYTES, DICOMM_DEVICE_DIRECT (0/1), DICOMM_SPIN_US, DICOMM_LINK_GBPS and
+  // DICOMM_LINK_LATENCY_US (`link`). A malformed value throws std::invalid_argument naming the variable.
   static Options fromEnvironment();
   // Throws std::invalid_argument naming the first field out of range.
   void validate() const;
   std::string transportFor(int peer) const;
   LinkShape linkFor(int peer) const;
   FrameLimits frameLimits() const;
+  // spin_wait_us resolved (auto looks at LOCAL_WORLD_SIZE and this process's CPU affinity).
+  std::chrono::microseconds activeWaitWindow() const;
 };
 
 }  // namespace dicomm

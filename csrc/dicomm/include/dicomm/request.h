@@ -33,6 +33,9 @@ class Progress {
   virtual bool poll() = 0;
   virtual void enterActiveWait() {}
   virtual void leaveActiveWait() {}
+  // How long a waiter polls before it sleeps (0: it sleeps at once and the transport's own
+  // thread completes the request).
+  virtual std::chrono::nanoseconds activeWaitWindow() const { return std::chrono::milliseconds(5); }
 };
 
 enum class Direction : uint8_t { Send, Recv };

@@ -59,7 +59,7 @@ IbRemoteCounter decodeCounter(const std::string& text) {
 // yields, then sleeps briefly, when idle.
 class IbverbsHub : public PollingHub {
  public:
-  explicit IbverbsHub(const Options& options) : options_(options) {}
+  explicit IbverbsHub(const Options& options) : PollingHub(options.activeWaitWindow()), options_(options) {}
 
  private:
   std::shared_ptr<PolledConnection> setUp(PeerSetup& setup) override {
@@ -113,7 +113,7 @@ class IbverbsHub : public PollingHub {
       idle_polls_ = 0;
       return;
     }
-    if (++idle_polls_ < kIdleYieldsBeforeSleep) {
+    if (++idle_polls_ < idleYieldsBeforeRest(kIdleYieldsBeforeSleep)) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(kIdleSleep);

@@ -40,7 +40,7 @@ uint64_t requireNumber(const TextFields& fields, const std::string& name) {
 // doorbell when idle; peers ring it after writing a frame.
 class ShmHub : public PollingHub {
  public:
-  explicit ShmHub(const Options& options) : options_(options) {
+  explicit ShmHub(const Options& options) : PollingHub(options.activeWaitWindow()), options_(options) {
     bell_segment_ = SharedSegment::create(uniqueSegmentName("bell"), kBellSegmentBytes);
     bell_ = new (bell_segment_.data()) Bell();
   }
@@ -129,7 +129,7 @@ class ShmHub : public PollingHub {
       idle_polls_ = 0;
       return;
     }
-    if (++idle_polls_ < kIdleSpinsBeforePark) {
+    if (++idle_polls_ < idleYieldsBeforeRest(kIdleSpinsBeforePark)) {
       sched_yield();
       return;
     }
