@@ -30,8 +30,13 @@ def test_figure4_even_division_peaks_at_120_layer_units():
 
 def test_figure4_memory_aware_division_of_the_same_schedule_peaks_at_most_104_layer_units():
     schedule = jeeves_schedule(FIGURE4, 12, 5)
-    division = min_peak_division(96, schedule.peak_in_flight)
+    division = fastest_division_within(96, schedule.peak_in_flight, 104)
     assert _peak_layer_units(schedule, division.layers) <= 104
+
+
+def test_figure4_memory_aware_division_costs_the_slowest_stage_two_layers_as_in_the_paper():
+    schedule = jeeves_schedule(FIGURE4, 12, 5)
+    assert fastest_division_within(96, schedule.peak_in_flight, 104).slowest_stage_s == 26
 
 
 def test_min_peak_division_matches_an_exhaustive_search():
