@@ -534,7 +534,7 @@ def _cmd_cross_site(args) -> int:
     print(f"{scenario.source}: {p.replicas} replicas x {p.stages} stages x TP{p.tensor_parallel}, {p.micro_batches} "
           f"micro-batches each, {scenario.chip.name}; cross-site link {report.bandwidth_gbps:g} GB/s, "
           f"{report.latency_ms:g} ms (simulated)")
-    for run in (report.one_f_one_b, report.jeeves, report.one_site):
+    for run in (report.one_f_one_b, report.uncoordinated, report.jeeves, report.one_site):
         fits = "" if run.fits else "  (does not fit the activation budget)"
         print(f"  {run.name:32s} {run.iteration_s:8.3f} s   layers {list(run.layers)}  peak in flight "
               f"{run.peak_in_flight}{fits}")

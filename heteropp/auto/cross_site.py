@@ -209,15 +209,25 @@ def one_f_one_b_run(scenario: XdcScenario, *, one_site: bool = False) -> Schedul
                        fits=all(held <= k for held, k in zip(result.peak_in_flight, limits)))
 
 
-def jeeves_run(scenario: XdcScenario, layers: tuple[int, ...] | None = None, name: str = "jeeves") -> ScheduleRun:
+def jeeves_run(scenario: XdcScenario, layers: tuple[int, ...] | None = None, name: str = "jeeves", *,
+               coordinated: bool = True) -> ScheduleRun:
     """JEEVES's generated schedule on `layers` (default uniform), each stage limited to the micro-batches
-    its activation budget holds, replayed by the simulator with the schedule's global send lists."""
+    its activation budget holds, replayed by the simulator with the schedule's global send lists; not
+    `coordinated`: the paper's comm-aware schedule alone, every replica scheduled on its even share of
+    the cross-site link (as 1F1B here)."""
     layers = layers or scenario.uniform_layers()
     costs = scenario.costs(layers)
     limits = [scenario.limit_micro_batches(l) for l in layers]
     p = scenario.pipeline
-    generated = jeeves_schedule(costs, p.micro_batches, limits, replicas=p.replicas, source=scenario.source)
-    result = simulate_replicas(generated.actions, _terms(costs), shared_links=shared_links_of(costs, generated))
+    if coordinated:
+        generated = jeeves_schedule(costs, p.micro_batches, limits, replicas=p.replicas, source=scenario.source)
+        result = simulate_replicas(generated.actions, _terms(costs), shared_links=shared_links_of(costs, generated))
+    else:
+        share = replace(costs, occupancy_s=tuple(o * p.replicas if shared else o
+                                                 for o, shared in zip(costs.occupancy_s, costs.shared)),
+                        shared=(False,) * len(costs.shared))
+        generated = jeeves_schedule(share, p.micro_batches, limits, source=scenario.source)
+        result = simulate_replicas(generated.actions * p.replicas, _terms(costs), shared_links=shared_links_of(costs))
     return ScheduleRun(name, layers, limits, result.iteration_s, result.peak_in_flight, _bounds(scenario, costs))
 
 
@@ -254,6 +264,7 @@ class CrossSiteReport:
     latency_ms: float
     bandwidth_gbps: float
     one_f_one_b: ScheduleRun
+    uncoordinated: ScheduleRun       # JEEVES's rules on the uniform division, no global send list
     jeeves: ScheduleRun
     one_site: ScheduleRun
 
@@ -268,7 +279,8 @@ class CrossSiteReport:
                     "compute_bound_s": r.bounds.compute_s,
                     "communication_bound_s": r.bounds.communication_s}
         return {"latency_ms": self.latency_ms, "bandwidth_gbps": self.bandwidth_gbps,
-                "1f1b": run(self.one_f_one_b), "jeeves": run(self.jeeves), "one_site": run(self.one_site),
+                "1f1b": run(self.one_f_one_b), "jeeves_uncoordinated": run(self.uncoordinated),
+                "jeeves": run(self.jeeves), "one_site": run(self.one_site),
                 "jeeves_saves": 1 - self.jeeves.iteration_s / self.one_f_one_b.iteration_s,
                 "jeeves_over_one_site": self.jeeves.iteration_s / self.one_site.iteration_s}
 
@@ -277,5 +289,6 @@ def compare(scenario: XdcScenario, *, memory_aware: bool = True) -> CrossSiteRep
     inter = scenario.links.inter_site
     return CrossSiteReport(latency_ms=inter.latency_us / 1000.0, bandwidth_gbps=inter.bandwidth_gbps,
                            one_f_one_b=one_f_one_b_run(scenario),
+                           uncoordinated=jeeves_run(scenario, name="jeeves without the send list", coordinated=False),
                            jeeves=memory_aware_jeeves_run(scenario) if memory_aware else jeeves_run(scenario),
                            one_site=one_f_one_b_run(scenario, one_site=True))

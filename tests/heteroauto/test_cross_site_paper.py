@@ -37,6 +37,12 @@ def test_jeeves_saves_at_least_15_percent_at_20_ms(paper_runs):
 
 
 @pytest.mark.parametrize("latency", [1, 20])
+def test_the_global_send_list_beats_replicas_splitting_the_link(paper_runs, latency):
+    report = paper_runs[latency]
+    assert report.jeeves.iteration_s < report.uncoordinated.iteration_s
+
+
+@pytest.mark.parametrize("latency", [1, 20])
 def test_jeeves_stays_within_1_25x_of_one_site(paper_runs, latency):
     report = paper_runs[latency]
     assert report.jeeves.iteration_s <= 1.25 * report.one_site.iteration_s
@@ -45,7 +51,7 @@ def test_jeeves_stays_within_1_25x_of_one_site(paper_runs, latency):
 @pytest.mark.parametrize("latency", [1, 20])
 def test_no_schedule_beats_the_critical_path_bound(paper_runs, latency):
     report = paper_runs[latency]
-    for run_ in (report.jeeves, report.one_f_one_b, report.one_site):
+    for run_ in (report.jeeves, report.uncoordinated, report.one_f_one_b, report.one_site):
         assert run_.iteration_s >= run_.bounds.bound_s * (1 - 1e-9)
 
 
