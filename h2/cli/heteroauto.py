@@ -25,6 +25,7 @@ from h2.core.emulation import check_core_share, describe_chip, host_cores
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.model_config import ModelConfig, resolve_model
 from h2.core.schedule import schedule_actions
+from h2.core.stage_orders import run_schedule
 from h2.core.strategy import load_strategy
 from heteropp.auto import paper_search
 from heteropp.auto.evaluation import evaluate_strategy, training_for
@@ -353,7 +354,7 @@ def _cmd_simulate(args) -> int:
     profiles = _profiles(args, cluster, model, training)
     report = evaluate_strategy(strategy, cluster, model, training, profiles, source=args.strategy,
                                cost_model=args.cost_model)
-    schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
+    schedule = run_schedule(strategy, None, args.strategy)   # its explicit orders where it has them
     started = time.perf_counter()
     sim = simulate(schedule, report.terms, transfers=not args.no_transfers, keep_timeline=args.trace is not None)
     sim_s = time.perf_counter() - started

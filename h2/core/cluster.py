@@ -74,6 +74,7 @@ class ChipType:
     memory_bandwidth_gbps: float = 1600.0
     emulated: bool = False
     emulation: ChipEmulation | None = None   # what the DIPU host vendor emulates (h2.core.emulation)
+    site: str | None = None                  # the datacenter its nodes sit in (h2.core.links); None: the default
 
     # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
     RANGES = {"count": (1, 1 << 24), "chips_per_node": (1, 1 << 16), "tp_max": (1, 1 << 10),
@@ -91,6 +92,8 @@ class ChipType:
             check_range(getattr(self, name), low, high, where, name)
         if self.peak_tflops is not None:
             check_range(self.peak_tflops, 1e-9, 1e9, where, "peak_tflops")
+        if self.site is not None and not (isinstance(self.site, str) and self.site):
+            raise UserError(f"{where}: field 'site' must name a site, got {self.site!r}")
         if self.tp_max & (self.tp_max - 1):
             raise UserError(f"{where}: field 'tp_max' must be a power of two, got {self.tp_max}")
         if self.tp_max > self.chips_per_node:
@@ -183,6 +186,12 @@ class ClusterSpec:
     @property
     def total_chips(self) -> int:
         return sum(c.count for c in self.chips)
+
+    @property
+    def sites(self) -> frozenset:
+        """The sites the file names: its chip types' and its site pairs'."""
+        named = {chip.site for chip in self.chips if chip.site is not None}
+        return frozenset(named.union(*(pair for pair, _ in self.links.site_pairs)))
 
     def by_descending_memory(self) -> list[ChipType]:
         """The pipeline order of chip types (Observation 4: larger memory earlier)."""

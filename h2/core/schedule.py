@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from h2.core.errors import UserError
 
 KINDS = ("F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
-SCHEDULES = ("1f1b", "1f1b-split-backward")
+SCHEDULES = ("1f1b", "1f1b-split-backward", "jeeves")
 
 
 @dataclass(frozen=True)
