@@ -6,6 +6,7 @@
     seq_len: 4096              # optional; tokens per sequence
     schedule: 1f1b             # or 1f1b-split-backward (zero-bubble style, alpha = 0), or jeeves
     orders: [...]              # optional: each stage's compute actions in order (h2.core.stage_orders)
+    in_flight_limit: 4         # optional, jeeves: micro-batches a stage may hold at once (k)
     model: h2-100b             # preset name, or a mapping of ModelConfig fields (with optional `preset`)
     stages:                    # pipeline order
       - {chip: A, tp: 2, layers: 8, recompute: true}          # dp 4 (the strategy's)
@@ -61,6 +62,7 @@ class Strategy:
     schedule: Literal["1f1b", "1f1b-split-backward", "jeeves"] = "1f1b"
     seq_len: int | None = None
     orders: list[str] | None = None   # per stage, the compute actions in the order they run (h2.core.stage_orders)
+    in_flight_limit: int | None = None  # jeeves: micro-batches a stage may hold at once (k); None: what its memory holds
 
     def model_config(self, source: str = "strategy") -> ModelConfig:
         if isinstance(self.model, str):
@@ -127,6 +129,9 @@ class Strategy:
                 if self.micro_batch_sequences % stage.dp:
                     raise UserError(f"{source}: field 'stages[{index}].dp': {stage.dp} replicas cannot split a "
                                     f"micro-batch of dp * micro_batch_size = {self.micro_batch_sequences} sequences")
+        if self.in_flight_limit is not None and self.in_flight_limit < 1:
+            raise UserError(f"{source}: field 'in_flight_limit' must be at least 1 (one micro-batch), "
+                            f"got {self.in_flight_limit}")
         if self.orders is not None:
             parse_orders(self.orders, len(self.stages), self.micro_batches, source)
         model = self.model_config(source)
@@ -142,6 +147,8 @@ class Strategy:
         data["model"] = self.model
         data["stages"] = [{key: value for key, value in dataclasses.asdict(stage).items()
                            if not (key in ("dp", "device", "site") and value is None)} for stage in self.stages]
+        if self.in_flight_limit is not None:
+            data["in_flight_limit"] = self.in_flight_limit
         if self.orders is not None:
             data["orders"] = list(self.orders)
         return data
