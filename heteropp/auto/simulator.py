@@ -8,6 +8,13 @@ the sender; RECV waits for the message. Both directions of boundary (i, i+1) car
 send terms. After its last action a stage runs its optimizer update. The iteration ends when the last
 update ends.
 
+Several replicas (`simulate_replicas`): each replica runs its own action lists on its own stages; a
+boundary whose link crosses sites (`SharedLink`) is one link for all replicas. Either it carries one
+message at a time at its full bandwidth in the order of a global send list per direction (JEEVES's
+coordinated schedule, h2.core.jeeves), or, with no list, the replicas split its bandwidth evenly and
+each replica's messages queue on its share (every replica sending at once). `critical_path_bounds`
+gives the two lower bounds an iteration cannot beat (JEEVES section 3.2).
+
 Against the cost model (alpha = 1): with no transfers and no update a 1F1B replay equals
 sum_i T_i + (b - 1) * max_i T_i whenever the slowest stage is the last one (uniform stages included);
 with the slowest stage earlier it differs: shorter when every stage's backward is the same multiple of
@@ -19,8 +26,9 @@ multiple of forward everywhere (tested).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from h2.core.jeeves import Message
 from h2.core.schedule import Action
 from h2.core.trace import span_event, track_name_event, track_order_event
 from heteropp.auto.stage_terms import StageTerms
@@ -36,21 +44,93 @@ class SimulationResult:
     # per stage: (action, start, end) of compute, of waits for a receive, of each send's transfer on
     # its link (from leaving to arriving) and of the update
     timeline: list[list[tuple[str, float, float]]] = field(default_factory=list)
+    # per stage: the most micro-batches whose activations it held at once (forward run, backward not)
+    peak_in_flight: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SharedLink:
+    """A boundary's link shared by all replicas (it crosses sites): one micro-batch's occupancy at the
+    link's full bandwidth, its latency, and optionally the global send list per direction ("F", "B")."""
+    occupancy_s: float
+    latency_s: float
+    send_lists: Mapping[str, Sequence[Message]] | None = None
+
+
+class _Queue:
+    """One link direction: messages leave in order when the link is free, arrive a latency later."""
+
+    def __init__(self, occupancy_s: float, latency_s: float, order: Sequence[Message] | None = None):
+        self.occupancy_s = occupancy_s
+        self.latency_s = latency_s
+        self.free_at = 0.0
+        self.order = list(order) if order is not None else None
+        self.next = 0
+        self.posted: dict[Message, float] = {}
+
+    def post(self, now: float, message: Message) -> list[tuple[Message, float, float]]:
+        """(message, leaves, arrives) of every message this post lets leave."""
+        if self.order is None:
+            return [self._send(message, now)]
+        self.posted[message] = now
+        sent = []
+        while self.next < len(self.order) and self.order[self.next] in self.posted:
+            head = self.order[self.next]
+            sent.append(self._send(head, self.posted.pop(head)))
+            self.next += 1
+        return sent
+
+    def _send(self, message: Message, posted: float) -> tuple[Message, float, float]:
+        start = max(posted, self.free_at)
+        self.free_at = start + self.occupancy_s
+        return message, start, self.free_at + self.latency_s
 
 
 def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], *, transfers: bool = True,
              keep_timeline: bool = False) -> SimulationResult:
-    num_stages = len(schedule)
+    """One replica's pipeline on its own links."""
+    return simulate_replicas([schedule], terms, transfers=transfers, keep_timeline=keep_timeline)
+
+
+def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Sequence[StageTerms], *,
+                      shared_links: Mapping[int, SharedLink] | None = None, transfers: bool = True,
+                      keep_timeline: bool = False) -> SimulationResult:
+    """Replay every replica's action lists (schedules[replica][stage]) together; the per-stage fields
+    of the result (busy, bubble, finish, timeline) are replica 0's, peak_in_flight the most over
+    replicas. `shared_links` maps a boundary (stage i to i + 1) to its SharedLink."""
+    replicas = len(schedules)
+    num_stages = len(schedules[0])
     if len(terms) != num_stages:
         raise ValueError(f"{len(terms)} stage terms for {num_stages} stages")
-    split = any(a.kind == "W" for actions in schedule for a in actions)
-    clock = [0.0] * num_stages
-    busy = [0.0] * num_stages
-    cursor = [0] * num_stages
-    arrivals: dict[tuple[str, int, int], float] = {}   # (kind, receiving stage, micro-batch) -> time
-    link_free: dict[tuple[int, int], float] = {}
+    if any(len(stages) != num_stages for stages in schedules):
+        raise ValueError("every replica needs one action list per stage")
+    shared_links = dict(shared_links or {})
+    split = any(a.kind == "W" for stages in schedules for actions in stages for a in actions)
+    lanes = [(r, s) for r in range(replicas) for s in range(num_stages)]
+    clock = {lane: 0.0 for lane in lanes}
+    busy = {lane: 0.0 for lane in lanes}
+    held = {lane: 0 for lane in lanes}
+    peak = {lane: 0 for lane in lanes}
+    cursor = {lane: 0 for lane in lanes}
+    arrivals: dict[tuple[str, int, int, int], float] = {}   # (kind, replica, receiving stage, micro-batch)
+    queues: dict[tuple[int, int, str], _Queue] = {}
     timeline: list[list[tuple[str, float, float]]] = [[] for _ in range(num_stages)]
     sent = 0
+
+    def queue(replica: int, boundary: int, direction: str) -> _Queue:
+        link = shared_links.get(boundary)
+        owner = -1 if link is not None and link.send_lists is not None else replica
+        key = (owner, boundary, direction)
+        if key not in queues:
+            if not transfers:
+                queues[key] = _Queue(0.0, 0.0)
+            elif link is None:
+                queues[key] = _Queue(terms[boundary].send_occupancy_s, terms[boundary].send_latency_s)
+            elif link.send_lists is None:   # the replicas split the bandwidth
+                queues[key] = _Queue(link.occupancy_s * replicas, link.latency_s)
+            else:
+                queues[key] = _Queue(link.occupancy_s, link.latency_s, link.send_lists[direction])
+        return queues[key]
 
     def duration(stage: int, kind: str) -> float:
         cost = terms[stage]
@@ -60,55 +140,106 @@ def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], 
             return cost.backward_s - cost.weight_grad_s if split else cost.backward_s
         return cost.weight_grad_s
 
-    remaining = sum(len(actions) for actions in schedule)
+    remaining = sum(len(actions) for stages in schedules for actions in stages)
     while remaining:
         progressed = False
-        for stage in range(num_stages):
-            actions = schedule[stage]
-            while cursor[stage] < len(actions):
-                action = actions[cursor[stage]]
+        for lane in lanes:
+            replica, stage = lane
+            actions = schedules[replica][stage]
+            record = keep_timeline and replica == 0
+            while cursor[lane] < len(actions):
+                action = actions[cursor[lane]]
                 kind = action.kind
                 if kind in ("RECV_F", "RECV_B"):
-                    key = (kind[-1], stage, action.micro_batch)
+                    key = (kind[-1], replica, stage, action.micro_batch)
                     if key not in arrivals:
                         break
                     arrived = arrivals.pop(key)
-                    if keep_timeline and arrived > clock[stage]:
-                        timeline[stage].append((str(action), clock[stage], arrived))
-                    clock[stage] = max(clock[stage], arrived)
+                    if record and arrived > clock[lane]:
+                        timeline[stage].append((str(action), clock[lane], arrived))
+                    clock[lane] = max(clock[lane], arrived)
                 elif kind in ("SEND_F", "SEND_B"):
                     direction = kind[-1]
                     peer = stage + 1 if direction == "F" else stage - 1
-                    boundary = terms[min(stage, peer)]
-                    occupancy, latency = ((boundary.send_occupancy_s, boundary.send_latency_s) if transfers
-                                          else (0.0, 0.0))
-                    start = max(clock[stage], link_free.get((stage, peer), 0.0))
-                    link_free[(stage, peer)] = start + occupancy
-                    arrival = start + occupancy + latency
-                    if keep_timeline:
-                        timeline[stage].append((str(action), start, arrival))
-                    arrivals[(direction, peer, action.micro_batch)] = arrival
+                    link = queue(replica, min(stage, peer), direction)
+                    for message, start, arrival in link.post(clock[lane], Message(replica, action.micro_batch)):
+                        if keep_timeline and message.replica == 0:
+                            timeline[stage].append((f"{kind}{message.micro_batch}", start, arrival))
+                        arrivals[(direction, message.replica, peer, message.micro_batch)] = arrival
                     sent += 1
                 else:
                     took = duration(stage, kind)
-                    if keep_timeline:
-                        timeline[stage].append((str(action), clock[stage], clock[stage] + took))
-                    clock[stage] += took
-                    busy[stage] += took
-                cursor[stage] += 1
+                    if record:
+                        timeline[stage].append((str(action), clock[lane], clock[lane] + took))
+                    clock[lane] += took
+                    busy[lane] += took
+                    held[lane] += {"F": 1, "B": -1}.get(kind, 0)
+                    peak[lane] = max(peak[lane], held[lane])
+                cursor[lane] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
-            stuck = [f"stage {s}: {schedule[s][cursor[s]]}" for s in range(num_stages) if cursor[s] < len(schedule[s])]
-            raise ValueError("schedule deadlocks: " + "; ".join(stuck))
-    finish = [clock[s] + terms[s].update_s for s in range(num_stages)]
+            stuck = [f"replica {r} stage {s}: {schedules[r][s][cursor[(r, s)]]}" for r, s in lanes
+                     if cursor[(r, s)] < len(schedules[r][s])]
+            raise ValueError("schedule deadlocks: " + "; ".join(stuck[:8]))
+    finish_all = {lane: clock[lane] + terms[lane[1]].update_s for lane in lanes}
+    finish = [finish_all[(0, s)] for s in range(num_stages)]
     if keep_timeline:
         for s in range(num_stages):
-            timeline[s].append(("update", clock[s], finish[s]))
-    iteration = max(finish)
-    bubble = [iteration - busy[s] - terms[s].update_s for s in range(num_stages)]
-    return SimulationResult(iteration_s=iteration, busy_s=busy, bubble_s=bubble, finish_s=finish,
-                            transfers=sent, timeline=timeline)
+            timeline[s].append(("update", clock[(0, s)], finish[s]))
+    iteration = max(finish_all.values())
+    bubble = [iteration - busy[(0, s)] - terms[s].update_s for s in range(num_stages)]
+    return SimulationResult(iteration_s=iteration, busy_s=[busy[(0, s)] for s in range(num_stages)],
+                            bubble_s=bubble, finish_s=finish, transfers=sent, timeline=timeline,
+                            peak_in_flight=[max(peak[(r, s)] for r in range(replicas)) for s in range(num_stages)])
+
+
+@dataclass(frozen=True)
+class CriticalPathBounds:
+    """Two lower bounds of an iteration (JEEVES section 3.2): the slowest stage's compute with the
+    first micro-batch's way in and the last one's way out (compute-dominant), and the busiest shared
+    link carrying every replica's micro-batches one after another (communication-dominant)."""
+    compute_s: float
+    communication_s: float
+
+    @property
+    def bound_s(self) -> float:
+        return max(self.compute_s, self.communication_s)
+
+
+def critical_path_bounds(terms: Sequence[StageTerms], micro_batches: int, *, replicas: int = 1,
+                         shared_links: Mapping[int, SharedLink] | None = None) -> CriticalPathBounds:
+    """Lower bounds of simulate_replicas' iteration for any schedule with `micro_batches` per replica."""
+    shared_links = dict(shared_links or {})
+    num_stages = len(terms)
+
+    def hop(boundary: int) -> float:   # one message alone on its link
+        link = shared_links.get(boundary)
+        if link is not None:
+            return link.occupancy_s + link.latency_s
+        return terms[boundary].send_s
+
+    forward = [t.forward_s for t in terms]
+    backward = [t.backward_s for t in terms]
+    way_in = [sum(forward[j] + hop(j) for j in range(s)) for s in range(num_stages)]   # mb 0 reaches stage s
+    way_out = [sum(backward[j] + hop(j) for j in range(s)) for s in range(num_stages)]  # a gradient leaves s
+    update_0 = terms[0].update_s
+    compute = max(way_in[s] + micro_batches * (forward[s] + backward[s]) + max(way_out[s] + update_0, terms[s].update_s)
+                  for s in range(num_stages))
+    communication = 0.0
+    for boundary, link in shared_links.items():
+        carried = replicas * micro_batches * link.occupancy_s
+        above = range(boundary + 1, num_stages)
+        down_from_top = sum(backward[j] for j in above) + sum(hop(j) for j in range(boundary + 1, num_stages - 1))
+        # forward direction: mb 0 reaches the link, every message crosses, the last one goes up and back
+        forward_path = (way_in[boundary] + forward[boundary] + carried + link.latency_s
+                        + sum(forward[j] for j in above) + sum(hop(j) for j in range(boundary + 1, num_stages - 1))
+                        + down_from_top + hop(boundary) + way_out[boundary] + backward[boundary] + update_0)
+        # backward direction: mb 0's first gradient reaches the link, every message crosses, then down
+        backward_path = (way_in[num_stages - 1] + forward[num_stages - 1] + down_from_top + carried
+                         + link.latency_s + way_out[boundary] + backward[boundary] + update_0)
+        communication = max(communication, forward_path, backward_path)
+    return CriticalPathBounds(compute_s=compute, communication_s=communication)
 
 
 _SPAN_KIND = {"F": "forward", "W": "backward-weight", "SEND_F": "send", "SEND_B": "send", "RECV_F": "recv",
