@@ -26,7 +26,8 @@ def test_a_pipeline_running_all_forwards_first_orders_matches_the_single_device_
     data = {"dp": 1, "micro_batches": 4, "micro_batch_size": 2, "seq_len": 32, "model": "tiny", "schedule": "jeeves",
             "orders": ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
             "stages": [{"chip": "emu-north", "tp": 1, "layers": 2}, {"chip": "emu-south", "tp": 1, "layers": 2}]}
-    records, _ = run_pipeline(data, 20)
+    records, ranks = run_pipeline(data, 20)
+    assert [rank["compute_order"] for rank in sorted(ranks, key=lambda r: r["stage"])] == data["orders"]
     assert max_relative_loss_difference(records, run_reference(data, 20)) < 1e-5
 
 
