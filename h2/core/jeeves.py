@@ -182,11 +182,20 @@ def jeeves_schedule(costs: PipelineCosts, micro_batches: int, limits: int | Sequ
 
     makespan = 0.0
     done = 0
-    while events or done == 0:
-        now = events[0][0] if events else 0.0
+    now = 0.0
+    touched = set(workers)   # workers whose state changed at `now`: only they may start something
+    while True:
+        for worker in sorted(touched):
+            if not busy[worker]:
+                try_start(worker, now)
+        touched = set()
+        if not events:
+            break
+        now = events[0][0]
         while events and events[0][0] == now:
             _, _, kind, worker, micro_batch = heapq.heappop(events)
             replica, stage = worker
+            touched.add(worker)
             if kind == "F_done":
                 busy[worker] = False
                 if stage == last:
@@ -211,13 +220,6 @@ def jeeves_schedule(costs: PipelineCosts, micro_batches: int, limits: int | Sequ
             else:
                 heapq.heappush(ready_backward[worker], micro_batch)
                 ready_s[(*worker, "B", micro_batch)] = now
-        if events and events[0][0] == now:
-            continue
-        for worker in workers:
-            if not busy[worker]:
-                try_start(worker, now)
-        if not events:
-            break
     expected = replicas * num_stages * micro_batches
     if done != expected:
         raise UserError(f"{source}: the schedule cannot finish ({done} of {expected} backwards ran)")

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from h2.core.jeeves import Message
+from h2.core.jeeves import JeevesSchedule, Message, PipelineCosts
 from h2.core.schedule import Action
 from h2.core.trace import span_event, track_name_event, track_order_event
 from heteropp.auto.stage_terms import StageTerms
@@ -55,6 +55,14 @@ class SharedLink:
     occupancy_s: float
     latency_s: float
     send_lists: Mapping[str, Sequence[Message]] | None = None
+
+
+def shared_links_of(pipeline: PipelineCosts, schedule: JeevesSchedule | None = None) -> dict[int, SharedLink]:
+    """The pipeline's shared (cross-site) boundaries as SharedLinks: with the generated schedule's
+    global send lists, or without (the replicas split the bandwidth)."""
+    return {b: SharedLink(pipeline.occupancy_s[b], pipeline.latency_s[b],
+                          None if schedule is None else {d: schedule.send_lists[(b, d)] for d in "FB"})
+            for b, shared in enumerate(pipeline.shared) if shared}
 
 
 class _Queue:

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from h2.core.jeeves import Message, PipelineCosts, jeeves_schedule
 from h2.core.schedule import one_f_one_b
-from heteropp.auto.simulator import SharedLink, critical_path_bounds, simulate_replicas
+from heteropp.auto.simulator import SharedLink, critical_path_bounds, shared_links_of, simulate_replicas
 from heteropp.auto.stage_terms import StageTerms
 
 costs = st.floats(min_value=0.05, max_value=4.0)
@@ -30,18 +30,12 @@ def _terms(pipeline: PipelineCosts) -> list[StageTerms]:
     return [StageTerms(f, b, 0.0, 0.0) for f, b in zip(pipeline.forward_s, pipeline.backward_s)]
 
 
-def _shared(pipeline: PipelineCosts, send_lists=None) -> dict[int, SharedLink]:
-    return {b: SharedLink(pipeline.occupancy_s[b], pipeline.latency_s[b],
-                          None if send_lists is None else {d: send_lists[(b, d)] for d in "FB"})
-            for b, shared in enumerate(pipeline.shared) if shared}
-
-
 @settings(max_examples=60, deadline=None)
 @given(cross_site_pipelines())
 def test_replaying_a_jeeves_schedule_with_its_send_lists_reproduces_its_timeline(case):
     pipeline, micro_batches, limit, replicas = case
     generated = jeeves_schedule(pipeline, micro_batches, limit, replicas=replicas)
-    replay = simulate_replicas(generated.actions, _terms(pipeline), shared_links=_shared(pipeline, generated.send_lists))
+    replay = simulate_replicas(generated.actions, _terms(pipeline), shared_links=shared_links_of(pipeline, generated))
     assert abs(replay.iteration_s - generated.makespan_s) <= 1e-9 * max(1.0, generated.makespan_s)
 
 
@@ -51,10 +45,10 @@ def test_no_schedule_beats_the_critical_path_bound(case):
     pipeline, micro_batches, limit, replicas = case
     generated = jeeves_schedule(pipeline, micro_batches, limit, replicas=replicas)
     terms = _terms(pipeline)
-    bound = critical_path_bounds(terms, micro_batches, replicas=replicas, shared_links=_shared(pipeline)).bound_s
-    jeeves = simulate_replicas(generated.actions, terms, shared_links=_shared(pipeline, generated.send_lists))
+    bound = critical_path_bounds(terms, micro_batches, replicas=replicas, shared_links=shared_links_of(pipeline)).bound_s
+    jeeves = simulate_replicas(generated.actions, terms, shared_links=shared_links_of(pipeline, generated))
     baseline = simulate_replicas([one_f_one_b(pipeline.num_stages, micro_batches)] * replicas, terms,
-                                 shared_links=_shared(pipeline))
+                                 shared_links=shared_links_of(pipeline))
     assert min(jeeves.iteration_s, baseline.iteration_s) >= bound * (1 - 1e-9)
 
 
