@@ -3,10 +3,12 @@
     .venv/bin/python benchmarks/bench_jeeves_run.py [--cluster configs/clusters/local-2site.yaml]
         [--strategy configs/strategies/local-2site-pp2.yaml] [--steps 20] [--json FILE]
 
-Runs `h2 train --strategy S --cluster C --schedule X` for X = 1f1b and jeeves, one after the other in
-this run, on the same data (same seed, same batches), and the single-device reference trainer on the
-same global batches. Prints per schedule: the largest relative loss difference to the reference over
-all steps, the measured step time (median over the steps after the first), the simulator's prediction
+Runs `h2 train --strategy S --cluster C --schedule X` for X = 1f1b and jeeves, alternating in this run
+(1f1b jeeves jeeves 1f1b for two rounds, so a drift of the shared host's load falls on both), on the
+same data (same seed, same batches), and the single-device reference trainer on the same global
+batches. Prints per schedule: the largest relative loss difference to the reference over all steps
+of all rounds, the measured step time (median over every round's steps after the first; each round's
+median beside it), the simulator's prediction
 (heteroauto's cost model with the stages' site links, replaying the schedule the ranks ran), and the
 ratios jeeves / 1f1b of both. Every chip and link here is emulated (configs/clusters/local-2site.yaml).
 """
@@ -77,28 +79,37 @@ def main() -> int:
     parser.add_argument("--cluster", default="configs/clusters/local-2site.yaml")
     parser.add_argument("--strategy", default="configs/strategies/local-2site-pp2.yaml")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each schedule, alternating (1f1b jeeves jeeves 1f1b)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     load_before = os.getloadavg()
     out_root = tempfile.mkdtemp(prefix="bench-jeeves-")
-    runs = {schedule: train(args.strategy, args.cluster, schedule, args.steps, os.path.join(out_root, schedule))
-            for schedule in SCHEDULES}
+    order = [SCHEDULES[(index + index // 2) % 2] for index in range(2 * args.rounds)]   # 1f1b jeeves jeeves 1f1b ...
+    runs: dict[str, list[list[dict]]] = {schedule: [] for schedule in SCHEDULES}
+    for index, schedule in enumerate(order):
+        runs[schedule].append(train(args.strategy, args.cluster, schedule, args.steps,
+                                    os.path.join(out_root, f"{index}-{schedule}")))
     ref = reference(args.strategy, args.steps)
     prediction = predicted(args.strategy, args.cluster)
     load_after = os.getloadavg()
     results = {}
-    for schedule, records in runs.items():
-        assert [r["step"] for r in records] == [r["step"] for r in ref], "steps differ from the reference"
-        loss_diff = max(abs(r["loss"] - q["loss"]) / abs(q["loss"]) for r, q in zip(records, ref))
+    for schedule, rounds in runs.items():
+        for records in rounds:
+            assert [r["step"] for r in records] == [r["step"] for r in ref], "steps differ from the reference"
+        loss_diff = max(abs(r["loss"] - q["loss"]) / abs(q["loss"]) for records in rounds for r, q in zip(records, ref))
         results[schedule] = {"max_relative_loss_difference": loss_diff,
-                             "measured_step_s": statistics.median(r["step_time_s"] for r in records[1:]),
+                             "measured_step_s": statistics.median(r["step_time_s"] for records in rounds
+                                                                  for r in records[1:]),
+                             "round_medians_s": [statistics.median(r["step_time_s"] for r in records[1:])
+                                                 for records in rounds],
                              "predicted_step_s": prediction[schedule]}
-    print(f"two emulated sites ({args.cluster}), {args.strategy}, {args.steps} steps; "
-          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    print(f"{'schedule':>8} {'loss diff':>10} {'measured s':>11} {'predicted s':>12}")
+    print(f"two emulated sites ({args.cluster}), {args.strategy}, {args.steps} steps x {args.rounds} rounds "
+          f"({' '.join(order)}); load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print(f"{'schedule':>8} {'loss diff':>10} {'measured s':>11} {'per round s':>14} {'predicted s':>12}")
     for schedule, row in results.items():
+        per_round = " ".join(f"{value:.3f}" for value in row["round_medians_s"])
         print(f"{schedule:>8} {row['max_relative_loss_difference']:>10.2e} {row['measured_step_s']:>11.4f} "
-              f"{row['predicted_step_s']:>12.4f}")
+              f"{per_round:>14} {row['predicted_step_s']:>12.4f}")
     measured_ratio = results["jeeves"]["measured_step_s"] / results["1f1b"]["measured_step_s"]
     predicted_ratio = results["jeeves"]["predicted_step_s"] / results["1f1b"]["predicted_step_s"]
     print(f"jeeves / 1f1b: measured {measured_ratio:.3f}, predicted {predicted_ratio:.3f}")
