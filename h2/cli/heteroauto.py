@@ -3,6 +3,7 @@
     heteroauto search   --cluster C [--model M] [--cost-model full|paper] [--time-limit S] [--out S.yaml] [--json] [--exhaustive]
     heteroauto simulate --strategy S --cluster C [--cost-model full|paper] [--json] [--trace FILE]
     heteroauto profile  --cluster C [--chip NAME] [--model M] [--device cpu] [--synthesise] [--out-dir D | --out P.yaml]
+    heteroauto cross-site --scenario configs/xdc/gpt3-175b.yaml [--latency-ms 20] [--bandwidth-gbps B] [--limit K] [--json]
 
 `profile` measures by running the runtime's stage code on TP ranks of each chip (heteropp.profiling;
 an emulated chip on its emulated dipu device) and writes one profile file per chip type into the
@@ -92,6 +93,15 @@ def _parser() -> argparse.ArgumentParser:
     simulate_cmd.add_argument("--no-transfers", action="store_true", help="stage-to-stage transfers take no time")
     simulate_cmd.add_argument("--trace", metavar="FILE",
                               help="write the predicted schedule as a Chrome/Perfetto trace (one track per stage)")
+
+    cross_site_cmd = commands.add_parser("cross-site", help="a pipeline across sites: 1F1B, JEEVES and one site, "
+                                                            "simulated (JEEVES, HotNets '25)")
+    cross_site_cmd.add_argument("--scenario", required=True, help="the scenario file (configs/xdc/*.yaml)")
+    cross_site_cmd.add_argument("--latency-ms", type=float, help="the cross-site link's one-way latency")
+    cross_site_cmd.add_argument("--bandwidth-gbps", type=float, help="the cross-site link's bandwidth in GB/s")
+    cross_site_cmd.add_argument("--limit", type=int, metavar="K",
+                                help="activation memory for K micro-batches of a uniform stage (default: the chip's budget)")
+    cross_site_cmd.add_argument("--json", action="store_true")
 
     profile_cmd = commands.add_parser("profile", help="profile the cluster's chip types (measured by running TP ranks "
                                                      "of each, or synthesised)")
@@ -501,10 +511,47 @@ def _cmd_profile(args) -> int:
     return 0
 
 
+# ---- cross-site ----------------------------------------------------------------------------------
+def _cmd_cross_site(args) -> int:
+    from heteropp.auto.cross_site import compare, load_scenario
+    for flag, value in (("--latency-ms", args.latency_ms), ("--bandwidth-gbps", args.bandwidth_gbps)):
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise UserError(f"{flag} must be a number >= 0, got {value:g}")
+    if args.bandwidth_gbps == 0:
+        raise UserError("--bandwidth-gbps must be > 0, got 0")
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit: the in-flight limit K must be >= 1 (one micro-batch), got {args.limit}")
+    scenario = load_scenario(args.scenario)
+    if args.limit is not None:
+        scenario = scenario.with_limit(args.limit)
+    scenario = scenario.with_link(latency_ms=args.latency_ms, bandwidth_gbps=args.bandwidth_gbps)
+    started = time.perf_counter()
+    report = compare(scenario)
+    elapsed = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({**report.to_dict(), "simulate_s": elapsed}))
+        return 0
+    p = scenario.pipeline
+    print(f"{scenario.source}: {p.replicas} replicas x {p.stages} stages x TP{p.tensor_parallel}, {p.micro_batches} "
+          f"micro-batches each, {scenario.chip.name}; cross-site link {report.bandwidth_gbps:g} GB/s, "
+          f"{report.latency_ms:g} ms (simulated)")
+    for run in (report.one_f_one_b, report.uncoordinated, report.jeeves, report.one_site):
+        fits = "" if run.fits else "  (does not fit the activation budget)"
+        print(f"  {run.name:32s} {run.iteration_s:8.3f} s   layers {list(run.layers)}  peak in flight "
+              f"{run.peak_in_flight}{fits}")
+    bounds = report.jeeves.bounds
+    print(f"  critical-path bound (jeeves' division): compute {bounds.compute_s:.3f} s, communication "
+          f"{bounds.communication_s:.3f} s")
+    print(f"  jeeves saves {1 - 1 / report.speedup:.1%} against 1f1b; {report.jeeves.iteration_s / report.one_site.iteration_s:.3f}x "
+          f"the one-site time; simulated in {elapsed:.1f} s")
+    return 0
+
+
 @run_cli("heteroauto")
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return {"search": _cmd_search, "simulate": _cmd_simulate, "profile": _cmd_profile}[args.command](args)
+    return {"search": _cmd_search, "simulate": _cmd_simulate, "profile": _cmd_profile,
+            "cross-site": _cmd_cross_site}[args.command](args)
 
 if __name__ == "__main__":
     sys.exit(main())

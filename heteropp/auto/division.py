@@ -5,9 +5,9 @@ A stage's activation memory is its layers times the micro-batches it holds (in "
 layer's activations of one micro-batch); its time per micro-batch is its layers times its per-layer
 time. Both solvers are exact dynamic programs over (stage, layers so far), O(stages x layers^2):
 
-- `min_peak_division`: the division with the smallest peak activation memory for given in-flight
-  counts, and among those the fastest slowest stage;
-- `fastest_division_within`: the fastest slowest stage whose every stage fits a memory limit.
+- `fastest_division_within`: the fastest slowest stage whose every stage fits a memory limit;
+- `division_for_wish`: with at most `max_layers` on a stage, the division that lets every stage hold
+  the largest share of the micro-batches it would hold with no limit (its wish).
 
 Pure Python; must not import the runtime or torch.
 """
@@ -72,11 +72,15 @@ def fastest_division_within(num_layers: int, in_flight: Sequence[int], limit_uni
     return None if math.isinf(value) else _division(layers, in_flight, layer_s)
 
 
-def min_peak_division(num_layers: int, in_flight: Sequence[int], layer_s: Sequence[float] | None = None) -> Division:
-    """The division with the smallest peak activation memory, the fastest slowest stage among those."""
-    layer_s = list(layer_s) if layer_s is not None else [1.0] * len(in_flight)
-    _check(num_layers, in_flight, layer_s)
-    peak, _ = _min_max(num_layers, len(in_flight), lambda s, l: l * in_flight[s])
-    division = fastest_division_within(num_layers, in_flight, peak, layer_s)
-    assert division is not None
-    return division
+def division_for_wish(num_layers: int, wish: Sequence[int], limit_units: float, max_layers: int) -> tuple[int, ...] | None:
+    """Layers per stage (none above max_layers) maximising min_s min(1, k_s / wish_s), where k_s =
+    floor(limit_units / layers_s) micro-batches fit stage s; None when max_layers cannot hold the model."""
+    _check(num_layers, wish, [1.0] * len(wish))
+
+    def shortfall(stage: int, layers: int) -> float:
+        if layers > max_layers:
+            return math.inf
+        return -min(1.0, math.floor(limit_units / layers) / wish[stage])
+
+    value, layers = _min_max(num_layers, len(wish), shortfall)
+    return None if math.isinf(value) else layers

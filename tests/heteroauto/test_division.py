@@ -7,7 +7,7 @@ import pytest
 
 from h2.core.errors import UserError
 from h2.core.jeeves import PipelineCosts, jeeves_schedule
-from heteropp.auto.division import fastest_division_within, min_peak_division
+from heteropp.auto.division import division_for_wish, fastest_division_within
 from heteropp.auto.simulator import shared_links_of, simulate_replicas
 from heteropp.auto.stage_terms import StageTerms
 
@@ -39,13 +39,6 @@ def test_figure4_memory_aware_division_costs_the_slowest_stage_two_layers_as_in_
     assert fastest_division_within(96, schedule.peak_in_flight, 104).slowest_stage_s == 26
 
 
-def test_min_peak_division_matches_an_exhaustive_search():
-    in_flight = (5, 3, 2, 1)
-    best = min(max(l * k for l, k in zip(layers, in_flight))
-               for layers in itertools.product(range(1, 20), repeat=4) if sum(layers) == 22)
-    assert min_peak_division(22, in_flight).peak_activation_units == best
-
-
 def test_fastest_division_within_a_limit_matches_an_exhaustive_search():
     in_flight, layer_s, limit = (4, 3, 2, 1), (1.0, 2.0, 1.0, 3.0), 30
     best = min(max(l * t for l, t in zip(layers, layer_s))
@@ -60,4 +53,16 @@ def test_no_division_fits_a_limit_below_one_layer_per_stage():
 
 def test_more_stages_than_layers_is_a_one_line_error():
     with pytest.raises(UserError, match="3 layers cannot fill 4 stages"):
-        min_peak_division(3, (1, 1, 1, 1))
+        fastest_division_within(3, (1, 1, 1, 1), 10)
+
+
+def test_division_for_wish_gives_the_stage_that_wishes_more_fewer_layers():
+    assert division_for_wish(12, (4, 1), 12, 9) == (3, 9)
+
+
+def test_division_for_wish_matches_an_exhaustive_search():
+    wish, limit, cap = (6, 4, 2, 1), 24, 9
+    def share(layers):
+        return min(min(1.0, (limit // l) / w) for l, w in zip(layers, wish))
+    best = max(share(layers) for layers in itertools.product(range(1, cap + 1), repeat=4) if sum(layers) == 20)
+    assert share(division_for_wish(20, wish, limit, cap)) == best
