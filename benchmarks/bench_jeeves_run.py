@@ -58,11 +58,10 @@ def predicted(strategy_path: str, cluster_path: str) -> dict[str, float]:
     """The simulator's step time for each schedule, on the orders the ranks run."""
     import dataclasses
 
-    from h2.cli.cluster_job import with_schedule_orders
     from h2.core.cluster import load_cluster
     from h2.core.stage_orders import run_schedule
     from h2.core.strategy import load_strategy
-    from heteropp.auto.jeeves_plan import strategy_costs
+    from heteropp.auto.jeeves_plan import strategy_costs, with_schedule_orders
     from heteropp.auto.simulator import simulate
 
     strategy, cluster = load_strategy(strategy_path), load_cluster(cluster_path)

@@ -37,22 +37,6 @@ def check_job(strategy: Strategy, cluster: ClusterSpec, source: str, threads: in
     return strategy
 
 
-def with_schedule_orders(strategy: Strategy, cluster: ClusterSpec, schedule: str | None,
-                         source: str) -> tuple[Strategy, str | None]:
-    """The strategy with the orders its stages run and a line describing them: JEEVES's, generated from
-    the cluster's costs, sites and memory (heteropp.auto.jeeves_plan), when `schedule` (--schedule,
-    else the strategy's) is jeeves and the strategy carries no jeeves orders of its own; else as it is."""
-    if (schedule or strategy.schedule) != "jeeves" or (strategy.schedule == "jeeves" and strategy.orders is not None):
-        return strategy, None
-    from heteropp.auto.jeeves_plan import generate_jeeves, in_flight_limits, strategy_costs
-
-    costs = strategy_costs(strategy, cluster, source)
-    strategy, generated = generate_jeeves(strategy, costs, source)
-    return strategy, (f"schedule jeeves generated for cluster {cluster.source} (emulated): in-flight limits "
-                      f"k={in_flight_limits(strategy, costs)}, peak in flight {generated.peak_in_flight}; "
-                      f"orders: " + " | ".join(strategy.orders))
-
-
 def host_warning(strategy: Strategy, cluster: ClusterSpec) -> str | None:
     """The launcher's warning when the host is already busy (all of the job's ranks run here)."""
     chips = rank_chips(strategy, cluster)

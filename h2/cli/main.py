@@ -72,7 +72,8 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     check_p2p_backend(options.p2p_backend)
     cluster = None
     if run.cluster:
-        from h2.cli.cluster_job import check_job, host_warning, with_schedule_orders
+        from h2.cli.cluster_job import check_job, host_warning
+        from heteropp.auto.jeeves_plan import with_schedule_orders
 
         cluster = load_cluster(run.cluster)
         strategy = check_job(strategy, cluster, run.strategy, options.threads)

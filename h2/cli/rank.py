@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     out = run.out or "runs/heteropp"
     labels = links = None
     if run.cluster:
-        from h2.cli.cluster_job import (check_job, chip_labels, host_ranks_of_this_process, open_rank_chip,
-                                        with_schedule_orders)
+        from h2.cli.cluster_job import check_job, chip_labels, host_ranks_of_this_process, open_rank_chip
+        from heteropp.auto.jeeves_plan import with_schedule_orders
 
         cluster = load_cluster(run.cluster)
         strategy = check_job(strategy, cluster, run.strategy, options.threads, host_ranks_of_this_process())

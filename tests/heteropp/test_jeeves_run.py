@@ -11,9 +11,9 @@ import sys
 import pytest
 import yaml
 
-from h2.cli.cluster_job import with_schedule_orders
 from h2.core.cluster import load_cluster
 from h2.core.strategy import load_strategy
+from heteropp.auto.jeeves_plan import with_schedule_orders
 from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -97,3 +97,22 @@ def test_jeeves_without_a_cluster_or_orders_is_one_line_exit_2(tmp_path):
     result = h2_train("--strategy", STRATEGY, "--schedule", "jeeves", "--steps", "1", "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "schedule 'jeeves' is generated from the cluster's costs" in result.stderr
+
+
+def heteroauto_simulate(strategy: str) -> dict:
+    import json
+
+    result = subprocess.run([sys.executable, "-m", "h2.cli.heteroauto", "simulate", "--strategy", strategy,
+                             "--cluster", CLUSTER, "--json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+def test_heteroauto_simulate_prices_the_boundary_between_sites_at_the_inter_site_link():
+    (first, _) = heteroauto_simulate(STRATEGY)["stages"]
+    assert first["send_s"] == pytest.approx(0.020 + 32768 / 0.01e9)   # 20 ms latency + 32 KiB at 10 MB/s
+
+
+def test_heteroauto_simulate_replays_a_jeeves_strategy_faster_than_its_1f1b_on_the_two_sites(tmp_path):
+    jeeves = write_yaml(tmp_path / "jeeves.yaml", edited(STRATEGY, lambda s: s.update(schedule="jeeves")))
+    assert heteroauto_simulate(jeeves)["iteration_s"] < 0.75 * heteroauto_simulate(STRATEGY)["iteration_s"]
