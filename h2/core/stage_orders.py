@@ -22,6 +22,7 @@ from typing import Sequence
 
 from h2.core.errors import UserError
 from h2.core.schedule import Action, schedule_actions
+from h2.core.schedule import _backward as backward_actions, _forward as forward_actions
 
 _TOKEN = re.compile(r"([FBW])(\d+)")
 
@@ -61,17 +62,12 @@ def _check_each_once(compute: list[tuple[str, int]], micro_batches: int, where: 
 
 
 def _with_communication(compute: list[tuple[str, int]], stage: int, num_stages: int) -> list[Action]:
-    first, last = stage == 0, stage == num_stages - 1
     actions: list[Action] = []
     for kind, micro_batch in compute:
         if kind == "F":
-            actions += [Action("RECV_F", stage, micro_batch)] if not first else []
-            actions.append(Action("F", stage, micro_batch))
-            actions += [Action("SEND_F", stage, micro_batch)] if not last else []
+            actions += forward_actions(stage, num_stages, micro_batch)
         elif kind == "B":
-            actions += [Action("RECV_B", stage, micro_batch)] if not last else []
-            actions.append(Action("B", stage, micro_batch))
-            actions += [Action("SEND_B", stage, micro_batch)] if not first else []
+            actions += backward_actions(stage, num_stages, micro_batch)
         else:
             actions.append(Action("W", stage, micro_batch))
     return actions
