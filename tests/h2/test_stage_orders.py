@@ -8,7 +8,7 @@ from h2.core.errors import UserError
 from h2.core.links import Location, rank_locations
 from h2.core.schedule import one_f_one_b, one_f_one_b_split_backward
 from h2.core.stage_orders import orders_of, run_schedule
-from h2.core.strategy import strategy_from_mapping
+from h2.core.strategy import load_strategy, strategy_from_mapping
 
 ALL_FORWARDS_FIRST = ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"]
 
@@ -89,3 +89,10 @@ def test_a_stage_naming_an_unknown_site_is_a_one_line_error(cluster):
     with pytest.raises(UserError, match=r"s.yaml: field 'stages\[1\].site': unknown site 'east' "
                                         r"\(cluster .*c.yaml names: north, south\)"):
         rank_locations(strategy(ALL_FORWARDS_FIRST, sites=(None, "east")), cluster, "s.yaml")
+
+
+def test_a_strategy_with_sites_orders_and_an_in_flight_limit_saves_and_loads_unchanged(tmp_path):
+    original = strategy(ALL_FORWARDS_FIRST, sites=("north", None))
+    original.in_flight_limit = 2
+    original.save(tmp_path / "s.yaml")
+    assert load_strategy(tmp_path / "s.yaml") == original
