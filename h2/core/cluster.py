@@ -1,8 +1,9 @@
 """Cluster and training specs: what the planner is given, validated on load.
 
 A cluster file lists chip types (inline, or `from: chips/x.yaml` relative to the cluster file,
-plus `count`) and may carry a `training` section (global batch, sequence length, ...) and a `links`
-section (bandwidth and latency per link class; h2.core.links).
+plus `count`) and may carry a `training` section (global batch, sequence length, ...), a `links`
+section (bandwidth and latency per link class; h2.core.links) and a `sites` list naming the sites
+(datacenters) that stages may name besides their chip types' own `site`.
 Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, TFLOPS in 10^12/s.
 """
 
@@ -176,6 +177,7 @@ class ClusterSpec:
     model: str | None = None
     source: str = "cluster"
     links: LinkSection = LinkSection()
+    named_sites: tuple[str, ...] = ()   # the file's `sites:` list (a chip type's site is named too)
 
     def chip(self, name: str) -> ChipType:
         for chip in self.chips:
@@ -189,8 +191,8 @@ class ClusterSpec:
 
     @property
     def sites(self) -> frozenset:
-        """The sites the file names: its chip types' and its site pairs'."""
-        named = {chip.site for chip in self.chips if chip.site is not None}
+        """The sites the file names: in `sites:`, as its chip types' and in its site pairs."""
+        named = {chip.site for chip in self.chips if chip.site is not None} | set(self.named_sites)
         return frozenset(named.union(*(pair for pair, _ in self.links.site_pairs)))
 
     def by_descending_memory(self) -> list[ChipType]:
@@ -232,7 +234,7 @@ def training_from_mapping(mapping: dict, source: str) -> TrainingSpec:
 def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     path = os.fspath(path)
     data = load_yaml_mapping(path)
-    known = {"name", "chips", "training", "model", "description", "links"}
+    known = {"name", "chips", "training", "model", "description", "links", "sites"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise UserError(f"{path}: unknown field '{unknown[0]}' (known: {', '.join(sorted(known))})")
@@ -264,4 +266,9 @@ def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     if not isinstance(name, str):
         raise UserError(f"{path}: field 'name': expected a string, got {name!r}")
     links = links_from_mapping(data["links"], path) if data.get("links") is not None else LinkSection()
-    return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path, links=links)
+    sites = data.get("sites", [])
+    if (not isinstance(sites, list) or not all(isinstance(site, str) and site for site in sites)
+            or len(set(sites)) != len(sites)):
+        raise UserError(f"{path}: field 'sites' must list distinct site names, got {sites!r}")
+    return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path, links=links,
+                       named_sites=tuple(sites))

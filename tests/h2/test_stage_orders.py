@@ -96,3 +96,24 @@ def test_a_strategy_with_sites_orders_and_an_in_flight_limit_saves_and_loads_unc
     original.in_flight_limit = 2
     original.save(tmp_path / "s.yaml")
     assert load_strategy(tmp_path / "s.yaml") == original
+
+
+ONE_TYPE = """sites: [north, south]
+chips:
+  - {name: A, count: 4, memory_gb: 1, chips_per_node: 4, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1, site: north}
+  - {name: B, count: 4, memory_gb: 1, chips_per_node: 4, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1}
+"""
+
+
+def test_a_stage_may_name_a_site_the_clusters_sites_list_names(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(ONE_TYPE)
+    locations = rank_locations(strategy(ALL_FORWARDS_FIRST, sites=(None, "south")), load_cluster(path))
+    assert locations == [Location("A", 0, "north"), Location("B", 0, "south")]
+
+
+def test_a_sites_list_naming_a_site_twice_is_a_one_line_error(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(ONE_TYPE.replace("[north, south]", "[north, north]"))
+    with pytest.raises(UserError, match=r"c.yaml: field 'sites' must list distinct site names"):
+        load_cluster(path)
