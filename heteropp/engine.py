@@ -25,7 +25,7 @@ import torch.distributed as dist
 from h2.core.devices import resolve_device
 from h2.core.errors import UserError
 from h2.core.links import RankLinks
-from h2.core.schedule import stage_actions
+from h2.core.stage_orders import run_schedule
 from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.transformer import Transformer
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm
@@ -114,8 +114,7 @@ class PipelineEngine:
         # The global gradient norm is taken as torch's clip_grad_norm_ takes it on the whole model:
         # the norm of every parameter's gradient norm, in the model's parameter order.
         self.norm_slot = {name: slot for slot, (name, _) in enumerate(model.named_parameters())}
-        schedule = options.schedule or strategy.schedule
-        self.actions = stage_actions(schedule, self.topology.num_stages, self.config.micro_batches, self.place.stage)
+        self.actions = run_schedule(strategy, options.schedule, source)[self.place.stage]
         splits_backward = any(action.kind == "W" for action in self.actions)
         self.store = WeightGradStore() if splits_backward else None
         stage = build_stage(model, self.stage_info.layers, first=self.place.stage == 0, last=self.is_last)

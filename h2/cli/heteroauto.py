@@ -26,9 +26,11 @@ from h2.core.emulation import check_core_share, describe_chip, host_cores
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.model_config import ModelConfig, resolve_model
 from h2.core.schedule import schedule_actions
+from h2.core.stage_orders import run_schedule
 from h2.core.strategy import load_strategy
 from heteropp.auto import paper_search
 from heteropp.auto.evaluation import evaluate_strategy, training_for
+from heteropp.auto.jeeves_plan import site_terms, with_schedule_orders
 from heteropp.auto.oracle import oracle_search
 from heteropp.auto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
                                     synthesise_profile)
@@ -363,9 +365,15 @@ def _cmd_simulate(args) -> int:
     profiles = _profiles(args, cluster, model, training)
     report = evaluate_strategy(strategy, cluster, model, training, profiles, source=args.strategy,
                                cost_model=args.cost_model)
-    schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
+    terms = report.terms
+    if args.cost_model == "full":   # boundaries between sites at their inter-site links
+        terms, _ = site_terms(strategy, cluster, terms, model, training, args.strategy)
+    strategy, generated = with_schedule_orders(strategy, cluster, None, args.strategy, profiles)
+    if generated and not args.json:
+        print(generated)
+    schedule = run_schedule(strategy, None, args.strategy)   # its explicit orders where it has them
     started = time.perf_counter()
-    sim = simulate(schedule, report.terms, transfers=not args.no_transfers, keep_timeline=args.trace is not None)
+    sim = simulate(schedule, terms, transfers=not args.no_transfers, keep_timeline=args.trace is not None)
     sim_s = time.perf_counter() - started
     if args.trace is not None:
         write_simulated_trace(args.trace, sim, report, strategy.schedule)
@@ -377,9 +385,9 @@ def _cmd_simulate(args) -> int:
                "fits": report.fits,
                "stages": [{"chip": s.chip, "emulated": cluster.chip(s.chip).emulated, "tp": s.tp, "dp": s.dp,
                            "layers": s.layers, "recompute": s.recompute, "busy_s": busy, "bubble_s": bubble,
-                           "update_s": s.update_s, "send_s": s.terms.send_s,
+                           "update_s": s.update_s, "send_s": term.send_s,
                            "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB}
-                          for s, busy, bubble in zip(report.stages, sim.busy_s, sim.bubble_s)]}
+                          for s, term, busy, bubble in zip(report.stages, terms, sim.busy_s, sim.bubble_s)]}
     if args.json:
         print(json.dumps(payload))
         return 0
@@ -387,10 +395,10 @@ def _cmd_simulate(args) -> int:
           f"{strategy.micro_batches} micro-batches, schedule {strategy.schedule}, cost model {args.cost_model}")
     print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'dp':>3} {'layers':>6} {'busy s':>10} {'bubble s':>10} "
           f"{'update s':>9} {'send s':>8} {'memory GB':>10} {'cap GB':>7}")
-    for s, busy, bubble in zip(report.stages, sim.busy_s, sim.bubble_s):
+    for s, term, busy, bubble in zip(report.stages, terms, sim.busy_s, sim.bubble_s):
         flag = "" if s.fits else "  OVER CAPACITY"
         print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
-              f"{s.terms.send_s:>8.4f} {s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}"
+              f"{term.send_s:>8.4f} {s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}"
               f"{_emulated(cluster, s.chip)}")
     print(f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
           f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {payload['tokens_per_chip_s']:.2f}")

@@ -57,6 +57,7 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     from h2.cli.launch import launch
     from h2.core.cluster import load_cluster
     from h2.core.devices import resolve_device
+    from h2.core.stage_orders import run_schedule
     from h2.core.strategy import load_strategy
     from h2.train.pipeline import pipeline_start
     from heteropp.groups import check_p2p_backend, check_stage_backend
@@ -72,12 +73,17 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     cluster = None
     if run.cluster:
         from h2.cli.cluster_job import check_job, host_warning
+        from heteropp.auto.jeeves_plan import with_schedule_orders
 
         cluster = load_cluster(run.cluster)
         strategy = check_job(strategy, cluster, run.strategy, options.threads)
+        strategy, generated = with_schedule_orders(strategy, cluster, options.schedule, run.strategy)
+        if generated:
+            print(f"h2: {generated}", flush=True)
         warning = host_warning(strategy, cluster)
         if warning:
             print(f"h2: warning: {warning}", file=sys.stderr, flush=True)
+    run_schedule(strategy, options.schedule, run.strategy)  # jeeves needs orders: generated above or the strategy's
     for stage in strategy.stages:
         device_type = resolve_device(stage.device or config.device).type
         check_stage_backend(options.stage_backend, device_type)

@@ -122,9 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     labels = links = None
     if run.cluster:
         from h2.cli.cluster_job import check_job, chip_labels, host_ranks_of_this_process, open_rank_chip
+        from heteropp.auto.jeeves_plan import with_schedule_orders
 
         cluster = load_cluster(run.cluster)
         strategy = check_job(strategy, cluster, run.strategy, options.threads, host_ranks_of_this_process())
+        strategy, _ = with_schedule_orders(strategy, cluster, options.schedule, run.strategy)
         open_rank_chip(strategy, cluster, int(os.environ["RANK"]), os.path.join(out, "emulated-chips"))
         labels = chip_labels(cluster)
         links = RankLinks.for_strategy(strategy, cluster, int(os.environ["RANK"]),

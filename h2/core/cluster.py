@@ -1,8 +1,9 @@
 """Cluster and training specs: what the planner is given, validated on load.
 
 A cluster file lists chip types (inline, or `from: chips/x.yaml` relative to the cluster file,
-plus `count`) and may carry a `training` section (global batch, sequence length, ...) and a `links`
-section (bandwidth and latency per link class; h2.core.links).
+plus `count`) and may carry a `training` section (global batch, sequence length, ...), a `links`
+section (bandwidth and latency per link class; h2.core.links) and a `sites` list naming the sites
+(datacenters) that stages may name besides their chip types' own `site`.
 Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, TFLOPS in 10^12/s.
 """
 
@@ -74,6 +75,7 @@ class ChipType:
     memory_bandwidth_gbps: float = 1600.0
     emulated: bool = False
     emulation: ChipEmulation | None = None   # what the DIPU host vendor emulates (h2.core.emulation)
+    site: str | None = None                  # the datacenter its nodes sit in (h2.core.links); None: the default
 
     # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
     RANGES = {"count": (1, 1 << 24), "chips_per_node": (1, 1 << 16), "tp_max": (1, 1 << 10),
@@ -91,6 +93,8 @@ class ChipType:
             check_range(getattr(self, name), low, high, where, name)
         if self.peak_tflops is not None:
             check_range(self.peak_tflops, 1e-9, 1e9, where, "peak_tflops")
+        if self.site is not None and not (isinstance(self.site, str) and self.site):
+            raise UserError(f"{where}: field 'site' must name a site, got {self.site!r}")
         if self.tp_max & (self.tp_max - 1):
             raise UserError(f"{where}: field 'tp_max' must be a power of two, got {self.tp_max}")
         if self.tp_max > self.chips_per_node:
@@ -173,6 +177,7 @@ class ClusterSpec:
     model: str | None = None
     source: str = "cluster"
     links: LinkSection = LinkSection()
+    named_sites: tuple[str, ...] = ()   # the file's `sites:` list (a chip type's site is named too)
 
     def chip(self, name: str) -> ChipType:
         for chip in self.chips:
@@ -183,6 +188,12 @@ class ClusterSpec:
     @property
     def total_chips(self) -> int:
         return sum(c.count for c in self.chips)
+
+    @property
+    def sites(self) -> frozenset:
+        """The sites the file names: in `sites:`, as its chip types' and in its site pairs."""
+        named = {chip.site for chip in self.chips if chip.site is not None} | set(self.named_sites)
+        return frozenset(named.union(*(pair for pair, _ in self.links.site_pairs)))
 
     def by_descending_memory(self) -> list[ChipType]:
         """The pipeline order of chip types (Observation 4: larger memory earlier)."""
@@ -223,7 +234,7 @@ def training_from_mapping(mapping: dict, source: str) -> TrainingSpec:
 def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     path = os.fspath(path)
     data = load_yaml_mapping(path)
-    known = {"name", "chips", "training", "model", "description", "links"}
+    known = {"name", "chips", "training", "model", "description", "links", "sites"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise UserError(f"{path}: unknown field '{unknown[0]}' (known: {', '.join(sorted(known))})")
@@ -255,4 +266,9 @@ def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     if not isinstance(name, str):
         raise UserError(f"{path}: field 'name': expected a string, got {name!r}")
     links = links_from_mapping(data["links"], path) if data.get("links") is not None else LinkSection()
-    return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path, links=links)
+    sites = data.get("sites", [])
+    if (not isinstance(sites, list) or not all(isinstance(site, str) and site for site in sites)
+            or len(set(sites)) != len(sites)):
+        raise UserError(f"{path}: field 'sites' must list distinct site names, got {sites!r}")
+    return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path, links=links,
+                       named_sites=tuple(sites))

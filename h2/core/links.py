@@ -24,8 +24,13 @@ comes from the chip types' own fields, which stay the defaults:
 
 Where ranks sit (`rank_locations`): a strategy's stages take consecutive global ranks; each chip type
 fills its nodes (chips_per_node) in rank order, and a node holds one contiguous block of ranks, so a
-chip type that comes back after another type's stage starts a fresh node. Sites are not named by
-strategies yet: every rank sits in the default site (None).
+chip type that comes back after another type's stage starts a fresh node. A stage sits in the site it
+names (`site:` in the strategy), else in its chip type's (`site:` in the cluster file), else in the
+default site (None); a stage in another site than the previous one starts a fresh node too.
+
+    chips:
+      - {name: A, site: north, ...}
+      - {name: B, site: south, ...}
 
 The arrival rule (`ArrivalClock`) is what every pacing layer applies to the messages it sends over one
 link: a message of n bytes posted at t arrives at max(previous arrival, t + latency) + n / bandwidth;
@@ -211,12 +216,14 @@ def rank_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str = "
     filled = 0                       # ranks on the current node
     for index, stage in enumerate(strategy.stages):
         chip = cluster.chip(stage.chip)
+        site = stage_site(strategy, cluster, index, source)
         for _ in range(stage.tp * strategy.stage_dp(index)):
             previous = locations[-1] if locations else None
-            if previous is None or previous.chip != chip.name or filled == chip.chips_per_node:
+            if (previous is None or previous.chip != chip.name or previous.site != site
+                    or filled == chip.chips_per_node):
                 next_node[chip.name] = next_node.get(chip.name, -1) + 1
                 filled = 0
-            locations.append(Location(chip.name, next_node[chip.name]))
+            locations.append(Location(chip.name, next_node[chip.name], site))
             filled += 1
     for chip_name, last in next_node.items():
         chip = cluster.chip(chip_name)
@@ -226,6 +233,18 @@ def rank_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str = "
                             f"({chip.chips_per_node} chips each, one contiguous block of ranks per node), cluster "
                             f"{cluster.source} has {nodes}")
     return locations
+
+
+def stage_site(strategy: "Strategy", cluster: "ClusterSpec", index: int, source: str = "strategy") -> str | None:
+    """The site stage `index` runs in (module doc); a site the cluster does not name is a UserError."""
+    stage = strategy.stages[index]
+    if stage.site is None:
+        return cluster.chip(stage.chip).site
+    if stage.site not in cluster.sites:
+        known = ", ".join(sorted(cluster.sites)) or "none"
+        raise UserError(f"{source}: field 'stages[{index}].site': unknown site '{stage.site}' "
+                        f"(cluster {cluster.source} names: {known})")
+    return stage.site
 
 
 def nodes_of(locations: list[Location]) -> list[tuple[Location, list[int]]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from h2.core.errors import UserError
 
 KINDS = ("F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
-SCHEDULES = ("1f1b", "1f1b-split-backward")
+SCHEDULES = ("1f1b", "1f1b-split-backward", "jeeves")
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,9 @@ def schedule_actions(name: str, num_stages: int, micro_batches: int) -> list[lis
         return one_f_one_b(num_stages, micro_batches)
     if name == "1f1b-split-backward":
         return one_f_one_b_split_backward(num_stages, micro_batches)
+    if name == "jeeves":
+        raise ValueError("schedule 'jeeves' has no fixed action lists: it is generated from the stages' costs "
+                         "(h2.core.jeeves) and run from a strategy's orders (h2.core.stage_orders.run_schedule)")
     raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
 
 

@@ -4,12 +4,15 @@
     micro_batches: 32          # micro-batches per step (b); global batch = dp * b * micro_batch_size
     micro_batch_size: 1        # sequences per micro-batch per replica of a stage with `dp` replicas
     seq_len: 4096              # optional; tokens per sequence
-    schedule: 1f1b             # or 1f1b-split-backward (zero-bubble style, alpha = 0)
+    schedule: 1f1b             # or 1f1b-split-backward (zero-bubble style, alpha = 0), or jeeves
+    orders: [...]              # optional: each stage's compute actions in order (h2.core.stage_orders)
+    in_flight_limit: 4         # optional, jeeves: micro-batches a stage may hold at once (k)
     model: h2-100b             # preset name, or a mapping of ModelConfig fields (with optional `preset`)
     stages:                    # pipeline order
       - {chip: A, tp: 2, layers: 8, recompute: true}          # dp 4 (the strategy's)
       - {chip: A, tp: 4, dp: 2, layers: 6, recompute: false}  # per-stage dp (paper Figure 8)
       - {chip: B, tp: 2, dp: 2, layers: 4, device: dipu}      # HeteroPP: this stage's device type
+      - {chip: B, tp: 2, layers: 4, site: south}              # its datacenter (default: the chip type's)
       - ...
 
 Every stage processes the whole global batch each step, as the same `micro_batches` micro-batches of
@@ -34,6 +37,7 @@ import yaml
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig, resolve_model
+from h2.core.stage_orders import parse_orders
 
 
 
@@ -45,6 +49,7 @@ class StageSpec:
     recompute: bool = False
     dp: int | None = None      # None: the strategy's dp
     device: str | None = None  # HeteroPP: torch device type of this stage; None: the run's --device
+    site: str | None = None    # the datacenter this stage runs in; None: its chip type's (h2.core.links)
 
 
 @dataclass
@@ -54,8 +59,10 @@ class Strategy:
     micro_batch_size: int
     stages: list[StageSpec]
     model: str | dict = "tiny"
-    schedule: Literal["1f1b", "1f1b-split-backward"] = "1f1b"
+    schedule: Literal["1f1b", "1f1b-split-backward", "jeeves"] = "1f1b"
     seq_len: int | None = None
+    orders: list[str] | None = None   # per stage, the compute actions in the order they run (h2.core.stage_orders)
+    in_flight_limit: int | None = None  # jeeves: micro-batches a stage may hold at once (k); None: what its memory holds
 
     def model_config(self, source: str = "strategy") -> ModelConfig:
         if isinstance(self.model, str):
@@ -122,6 +129,11 @@ class Strategy:
                 if self.micro_batch_sequences % stage.dp:
                     raise UserError(f"{source}: field 'stages[{index}].dp': {stage.dp} replicas cannot split a "
                                     f"micro-batch of dp * micro_batch_size = {self.micro_batch_sequences} sequences")
+        if self.in_flight_limit is not None and self.in_flight_limit < 1:
+            raise UserError(f"{source}: field 'in_flight_limit' must be at least 1 (one micro-batch), "
+                            f"got {self.in_flight_limit}")
+        if self.orders is not None:
+            parse_orders(self.orders, len(self.stages), self.micro_batches, source)
         model = self.model_config(source)
         total = sum(stage.layers for stage in self.stages)
         if total != model.num_layers:
@@ -134,7 +146,11 @@ class Strategy:
         data["schedule"] = self.schedule
         data["model"] = self.model
         data["stages"] = [{key: value for key, value in dataclasses.asdict(stage).items()
-                           if not (key in ("dp", "device") and value is None)} for stage in self.stages]
+                           if not (key in ("dp", "device", "site") and value is None)} for stage in self.stages]
+        if self.in_flight_limit is not None:
+            data["in_flight_limit"] = self.in_flight_limit
+        if self.orders is not None:
+            data["orders"] = list(self.orders)
         return data
 
     def save(self, path: str | os.PathLike) -> None:

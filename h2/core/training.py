@@ -96,8 +96,9 @@ class PipelineOptions:
         "sliced", "between stages: send/recv slices + all-gather, or full tensors")
     optimizer_sharding: Literal["none", "zero1"] = option(
         "none", "ZeRO-1: shard AdamW state over each stage's data-parallel replicas")
-    schedule: Literal["1f1b", "1f1b-split-backward"] | None = option(
-        None, "override the strategy's schedule", default_text="the strategy's")
+    schedule: Literal["1f1b", "1f1b-split-backward", "jeeves"] | None = option(
+        None, "override the strategy's schedule (jeeves: generated from the --cluster's costs and links, or "
+              "the strategy's own orders)", default_text="the strategy's")
     prefetch: bool = option(True, "post receives one compute action ahead (--no-prefetch: only where the "
                                   "schedule lists them)")
     threads: int = option(1, "torch intra-op threads per rank")

@@ -39,7 +39,8 @@ def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_
                 "mean_step_s": sum(r["step_time_s"] for r in records) / len(records),
                 "elapsed_s": trainer.elapsed_s, "stage_report": stage_report,
                 "parameter_devices": sorted({str(p.device) for p in engine.optimizer.params}),
-                "tp_backend": dist.get_backend(engine.groups.tp) if engine.groups.tp is not None else None}
+                "tp_backend": dist.get_backend(engine.groups.tp) if engine.groups.tp is not None else None,
+                "compute_order": " ".join(str(a) for a in engine.actions if a.kind in ("F", "B", "W"))}
     finally:
         dist.destroy_process_group()
 
