@@ -1,8 +1,9 @@
 """Cluster and training specs: what the planner is given, validated on load.
 
 A cluster file lists chip types (inline, or `from: chips/x.yaml` relative to the cluster file,
-plus `count`) and may carry a `training` section (global batch, sequence length, ...) and a `links`
-section (bandwidth and latency per link class; h2.core.links).
+plus `count`; `site` names the region their nodes sit in) and may carry a `training` section (global
+batch, sequence length, ...) and a `links` section (bandwidth and latency per link class and per
+pair of sites; h2.core.links).
 Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, TFLOPS in 10^12/s.
 """
 
@@ -74,6 +75,7 @@ class ChipType:
     memory_bandwidth_gbps: float = 1600.0
     emulated: bool = False
     emulation: ChipEmulation | None = None   # what the DIPU host vendor emulates (h2.core.emulation)
+    site: str | None = None   # the region its nodes sit in (links: `inter_site` joins two sites); None: the default
 
     # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
     RANGES = {"count": (1, 1 << 24), "chips_per_node": (1, 1 << 16), "tp_max": (1, 1 << 10),
@@ -83,6 +85,8 @@ class ChipType:
 
     def validate(self, source: str) -> None:
         where = f"{source}: chip '{self.name}'"
+        if self.site is not None and (not isinstance(self.site, str) or not self.site):
+            raise UserError(f"{where}: field 'site' must be a non-empty name, got {self.site!r}")
         if self.emulation is not None:
             if not self.emulated:
                 raise UserError(f"{where}: field 'emulated' is false but the chip has an 'emulation' section")

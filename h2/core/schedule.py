@@ -99,6 +99,29 @@ def one_f_one_b_split_backward(num_stages: int, micro_batches: int) -> list[list
     return schedule
 
 
+def gpipe_interleaved(num_devices: int, ministages: int, micro_batches: int) -> list[list[Action]]:
+    """Zorse's schedule: device d holds ministages (stages) d, D + d, 2D + d, ... (round robin over the
+    D devices, V = ministages * D stages); GPipe order on each device: every micro-batch's forward
+    through its first ministage, then through the next, ...; then the backwards, last ministage
+    first. One list per device; each action's `stage` is its ministage."""
+    _check(num_devices, micro_batches)
+    if ministages < 1:
+        raise ValueError(f"need at least one ministage, got {ministages}")
+    num_stages = num_devices * ministages
+    schedule = []
+    for device in range(num_devices):
+        stages = [chunk * num_devices + device for chunk in range(ministages)]
+        actions: list[Action] = []
+        for stage in stages:
+            for m in range(micro_batches):
+                actions += _forward(stage, num_stages, m)
+        for stage in reversed(stages):
+            for m in range(micro_batches):
+                actions += _backward(stage, num_stages, m)
+        schedule.append(actions)
+    return schedule
+
+
 def _backward_done(action: Action, stage: int) -> bool:
     """The last action of a backward block: SEND_B, or B on stage 0 (which sends nothing)."""
     return action.kind == "SEND_B" or stage == 0

@@ -1,5 +1,11 @@
 """Event-driven replay of a pipeline schedule (h2/core/schedule.py action lists) with per-stage terms.
 
+Each list of the schedule is one device running its actions in order on one clock; an action's
+`stage` says whose terms it takes and where its messages go. In the H2 schedules list i holds stage
+i's actions; with interleaved ministages (Zorse) a device's list holds several stages' actions, the
+link between two devices carries all their stages' messages, and each stage's optimizer update runs
+right after that stage's last action on its device (for one stage per device: after the last action).
+
 Each stage runs its actions in order on one clock. Compute actions (F, B, W) take the stage's time for
 one micro-batch (stage_terms.StageTerms: the same terms the closed-form cost model reads). SEND puts a
 message on the link to the neighbour: the link (one per direction of each boundary) is busy for the
@@ -41,8 +47,12 @@ class SimulationResult:
 def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], *, transfers: bool = True,
              keep_timeline: bool = False) -> SimulationResult:
     num_stages = len(schedule)
-    if len(terms) != num_stages:
-        raise ValueError(f"{len(terms)} stage terms for {num_stages} stages")
+    device_of = {action.stage: device for device, actions in enumerate(schedule) for action in actions}
+    device_of.update({device: device for device in range(num_stages) if device not in device_of})
+    if len(terms) != len(device_of):
+        raise ValueError(f"{len(terms)} stage terms for {len(device_of)} stages")
+    last_action = {(device, action.stage): index for device, actions in enumerate(schedule)
+                   for index, action in enumerate(actions)}
     split = any(a.kind == "W" for actions in schedule for a in actions)
     clock = [0.0] * num_stages
     busy = [0.0] * num_stages
@@ -69,7 +79,7 @@ def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], 
                 action = actions[cursor[stage]]
                 kind = action.kind
                 if kind in ("RECV_F", "RECV_B"):
-                    key = (kind[-1], stage, action.micro_batch)
+                    key = (kind[-1], action.stage, action.micro_batch)
                     if key not in arrivals:
                         break
                     arrived = arrivals.pop(key)
@@ -78,35 +88,45 @@ def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], 
                     clock[stage] = max(clock[stage], arrived)
                 elif kind in ("SEND_F", "SEND_B"):
                     direction = kind[-1]
-                    peer = stage + 1 if direction == "F" else stage - 1
-                    boundary = terms[min(stage, peer)]
+                    peer = action.stage + 1 if direction == "F" else action.stage - 1
+                    boundary = terms[min(action.stage, peer)]
                     occupancy, latency = ((boundary.send_occupancy_s, boundary.send_latency_s) if transfers
                                           else (0.0, 0.0))
-                    start = max(clock[stage], link_free.get((stage, peer), 0.0))
-                    link_free[(stage, peer)] = start + occupancy
+                    link = (stage, device_of[peer])
+                    start = max(clock[stage], link_free.get(link, 0.0))
+                    link_free[link] = start + occupancy
                     arrival = start + occupancy + latency
                     if keep_timeline:
                         timeline[stage].append((str(action), start, arrival))
                     arrivals[(direction, peer, action.micro_batch)] = arrival
                     sent += 1
                 else:
-                    took = duration(stage, kind)
+                    took = duration(action.stage, kind)
                     if keep_timeline:
                         timeline[stage].append((str(action), clock[stage], clock[stage] + took))
                     clock[stage] += took
                     busy[stage] += took
+                ends_stage = last_action[(stage, action.stage)] == cursor[stage]
+                if ends_stage and cursor[stage] != len(actions) - 1:   # a ministage steps after its last action
+                    update = terms[action.stage].update_s
+                    if keep_timeline:
+                        timeline[stage].append(("update", clock[stage], clock[stage] + update))
+                    clock[stage] += update
                 cursor[stage] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             stuck = [f"stage {s}: {schedule[s][cursor[s]]}" for s in range(num_stages) if cursor[s] < len(schedule[s])]
             raise ValueError("schedule deadlocks: " + "; ".join(stuck))
-    finish = [clock[s] + terms[s].update_s for s in range(num_stages)]
+    final_stage = [actions[-1].stage if actions else s for s, actions in enumerate(schedule)]
+    finish = [clock[s] + terms[final_stage[s]].update_s for s in range(num_stages)]
     if keep_timeline:
         for s in range(num_stages):
             timeline[s].append(("update", clock[s], finish[s]))
     iteration = max(finish)
-    bubble = [iteration - busy[s] - terms[s].update_s for s in range(num_stages)]
+    held = {s: {action.stage for action in schedule[s]} or {s} for s in range(num_stages)}
+    updates = [sum(terms[stage].update_s for stage in held[s]) for s in range(num_stages)]
+    bubble = [iteration - busy[s] - updates[s] for s in range(num_stages)]
     return SimulationResult(iteration_s=iteration, busy_s=busy, bubble_s=bubble, finish_s=finish,
                             transfers=sent, timeline=timeline)
 
