@@ -209,15 +209,14 @@ def rank_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str = "
     locations: list[Location] = []
     next_node: dict[str, int] = {}   # per chip type: the first node no rank has used yet
     filled = 0                       # ranks on the current node
-    for index, stage in enumerate(strategy.stages):
-        chip = cluster.chip(stage.chip)
-        for _ in range(stage.tp * strategy.stage_dp(index)):
-            previous = locations[-1] if locations else None
-            if previous is None or previous.chip != chip.name or filled == chip.chips_per_node:
-                next_node[chip.name] = next_node.get(chip.name, -1) + 1
-                filled = 0
-            locations.append(Location(chip.name, next_node[chip.name]))
-            filled += 1
+    for chip_name in strategy.rank_chips():
+        chip = cluster.chip(chip_name)
+        previous = locations[-1] if locations else None
+        if previous is None or previous.chip != chip.name or filled == chip.chips_per_node:
+            next_node[chip.name] = next_node.get(chip.name, -1) + 1
+            filled = 0
+        locations.append(Location(chip.name, next_node[chip.name]))
+        filled += 1
     for chip_name, last in next_node.items():
         chip = cluster.chip(chip_name)
         nodes = -(-chip.count // chip.chips_per_node)
