@@ -1,9 +1,9 @@
 """Cluster and training specs: what the planner is given, validated on load.
 
 A cluster file lists chip types (inline, or `from: chips/x.yaml` relative to the cluster file,
-plus `count`; `site` names the region their nodes sit in) and may carry a `training` section (global
-batch, sequence length, ...) and a `links` section (bandwidth and latency per link class and per
-pair of sites; h2.core.links).
+plus `count`) and may carry a `training` section (global batch, sequence length, ...), a `links`
+section (bandwidth and latency per link class; h2.core.links) and `nodes`, `regions`, `region_links`
+sections (where each chip sits and the node- and region-level bandwidths; h2.core.cluster_graph).
 Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, TFLOPS in 10^12/s.
 """
 
@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from h2.core.cluster_graph import ClusterGraph, default_graph, graph_from_mapping
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.emulation import ChipEmulation
 from h2.core.errors import UserError
@@ -75,7 +76,6 @@ class ChipType:
     memory_bandwidth_gbps: float = 1600.0
     emulated: bool = False
     emulation: ChipEmulation | None = None   # what the DIPU host vendor emulates (h2.core.emulation)
-    site: str | None = None   # the region its nodes sit in (links: `inter_site` joins two sites); None: the default
 
     # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
     RANGES = {"count": (1, 1 << 24), "chips_per_node": (1, 1 << 16), "tp_max": (1, 1 << 10),
@@ -85,8 +85,6 @@ class ChipType:
 
     def validate(self, source: str) -> None:
         where = f"{source}: chip '{self.name}'"
-        if self.site is not None and (not isinstance(self.site, str) or not self.site):
-            raise UserError(f"{where}: field 'site' must be a non-empty name, got {self.site!r}")
         if self.emulation is not None:
             if not self.emulated:
                 raise UserError(f"{where}: field 'emulated' is false but the chip has an 'emulation' section")
@@ -177,6 +175,15 @@ class ClusterSpec:
     model: str | None = None
     source: str = "cluster"
     links: LinkSection = LinkSection()
+    placed: ClusterGraph | None = None   # the file's `nodes` section, None where it has none
+
+    @property
+    def graph(self) -> ClusterGraph:
+        """Every chip's node and region and the bandwidth between any two (h2.core.cluster_graph)."""
+        if self.placed is not None:
+            return self.placed
+        return default_graph([(c.name, c.count, c.chips_per_node, c.intra_node_gbps, c.inter_node_gbps)
+                              for c in self.chips])
 
     def chip(self, name: str) -> ChipType:
         for chip in self.chips:
@@ -227,7 +234,7 @@ def training_from_mapping(mapping: dict, source: str) -> TrainingSpec:
 def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     path = os.fspath(path)
     data = load_yaml_mapping(path)
-    known = {"name", "chips", "training", "model", "description", "links"}
+    known = {"name", "chips", "training", "model", "description", "links", "nodes", "regions", "region_links"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise UserError(f"{path}: unknown field '{unknown[0]}' (known: {', '.join(sorted(known))})")
@@ -259,4 +266,11 @@ def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     if not isinstance(name, str):
         raise UserError(f"{path}: field 'name': expected a string, got {name!r}")
     links = links_from_mapping(data["links"], path) if data.get("links") is not None else LinkSection()
-    return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path, links=links)
+    placed = None
+    if "nodes" in data:
+        placed = graph_from_mapping(data, {c.name: (c.count, c.intra_node_gbps, c.inter_node_gbps) for c in chips}, path)
+    elif "regions" in data or "region_links" in data:
+        raise UserError(f"{path}: field '{'regions' if 'regions' in data else 'region_links'}' needs a 'nodes' section "
+                        f"placing the chips in regions")
+    return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path, links=links,
+                       placed=placed)

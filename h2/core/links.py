@@ -24,8 +24,8 @@ comes from the chip types' own fields, which stay the defaults:
 
 Where ranks sit (`rank_locations`): a strategy's stages take consecutive global ranks; each chip type
 fills its nodes (chips_per_node) in rank order, and a node holds one contiguous block of ranks, so a
-chip type that comes back after another type's stage starts a fresh node. A rank sits in its chip
-type's `site` (the cluster file's region; None, the default site, when the chip names none).
+chip type that comes back after another type's stage starts a fresh node. Sites are not named by
+strategies yet: every rank sits in the default site (None).
 
 The arrival rule (`ArrivalClock`) is what every pacing layer applies to the messages it sends over one
 link: a message of n bytes posted at t arrives at max(previous arrival, t + latency) + n / bandwidth;
@@ -209,15 +209,14 @@ def rank_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str = "
     locations: list[Location] = []
     next_node: dict[str, int] = {}   # per chip type: the first node no rank has used yet
     filled = 0                       # ranks on the current node
-    for index, stage in enumerate(strategy.stages):
-        chip = cluster.chip(stage.chip)
-        for _ in range(stage.tp * strategy.stage_dp(index)):
-            previous = locations[-1] if locations else None
-            if previous is None or previous.chip != chip.name or filled == chip.chips_per_node:
-                next_node[chip.name] = next_node.get(chip.name, -1) + 1
-                filled = 0
-            locations.append(Location(chip.name, next_node[chip.name], chip.site))
-            filled += 1
+    for chip_name in strategy.rank_chips():
+        chip = cluster.chip(chip_name)
+        previous = locations[-1] if locations else None
+        if previous is None or previous.chip != chip.name or filled == chip.chips_per_node:
+            next_node[chip.name] = next_node.get(chip.name, -1) + 1
+            filled = 0
+        locations.append(Location(chip.name, next_node[chip.name]))
+        filled += 1
     for chip_name, last in next_node.items():
         chip = cluster.chip(chip_name)
         nodes = -(-chip.count // chip.chips_per_node)

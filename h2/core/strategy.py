@@ -10,7 +10,20 @@
       - {chip: A, tp: 2, layers: 8, recompute: true}          # dp 4 (the strategy's)
       - {chip: A, tp: 4, dp: 2, layers: 6, recompute: false}  # per-stage dp (paper Figure 8)
       - {chip: B, tp: 2, dp: 2, layers: 4, device: dipu}      # HeteroPP: this stage's device type
+      - {chips: [B, C], rows: [1, 3], layers: 4}              # Zorse: a mixed-type group, uneven rows
       - ...
+    ministages: 1              # Zorse: layer chunks per stage, interleaved round-robin (GPipe order)
+    optimizer_sharding: zero2  # optional: none | zero1 | zero2 (else the run's --optimizer-sharding)
+    offload: [activations, parameters]   # optional: what waits in host memory between its uses
+
+A stage's `chips` lists the chip type of each data-parallel replica (a group mixing chip types; its
+dp is the list's length, tp must be 1, and `chip`, if given, must be the first); its `rows` lists the
+sequences of each micro-batch that each replica takes (uneven, e.g. in proportion to chip speed;
+they sum to dp * micro_batch_size). Without `rows` the replicas split a micro-batch evenly.
+
+With `ministages` m > 1 the layers are cut into stages * m chunks; chunk c goes to stage c % stages
+(stage s holds chunks s, s + stages, ...: Megatron's interleaved layout), each stage's `layers` being
+the sum of its m chunks, split evenly (m must divide it).
 
 Every stage processes the whole global batch each step, as the same `micro_batches` micro-batches of
 dp * micro_batch_size sequences; a stage with its own dp d splits each micro-batch over its d
@@ -45,6 +58,11 @@ class StageSpec:
     recompute: bool = False
     dp: int | None = None      # None: the strategy's dp
     device: str | None = None  # HeteroPP: torch device type of this stage; None: the run's --device
+    chips: list[str] | None = None  # Zorse: the chip type of each replica (a mixed-type group)
+    rows: list[int] | None = None   # sequences of a micro-batch each replica takes; None: even split
+
+    def replica_chip(self, dp_index: int) -> str:
+        return self.chips[dp_index] if self.chips else self.chip
 
 
 @dataclass
@@ -56,6 +74,9 @@ class Strategy:
     model: str | dict = "tiny"
     schedule: Literal["1f1b", "1f1b-split-backward"] = "1f1b"
     seq_len: int | None = None
+    ministages: int = 1
+    optimizer_sharding: Literal["none", "zero1", "zero2"] | None = None
+    offload: list[Literal["activations", "parameters"]] = dataclasses.field(default_factory=list)
 
     def model_config(self, source: str = "strategy") -> ModelConfig:
         if isinstance(self.model, str):
@@ -69,9 +90,18 @@ class Strategy:
         return dataclass_from_mapping(ModelConfig, data, f"{source}: field 'model'")
 
     def stage_dp(self, index: int) -> int:
-        """Data-parallel replicas of stage `index`: its own dp, else the strategy's."""
-        own = self.stages[index].dp
-        return self.dp if own is None else own
+        """Data-parallel replicas of stage `index`: its chips', its own dp, else the strategy's."""
+        stage = self.stages[index]
+        if stage.chips:
+            return len(stage.chips)
+        return self.dp if stage.dp is None else stage.dp
+
+    def stage_rows(self, index: int) -> list[int]:
+        """Sequences of each micro-batch that each replica of stage `index` takes."""
+        rows = self.stages[index].rows
+        if rows:
+            return list(rows)
+        return [self.micro_batch_sequences // self.stage_dp(index)] * self.stage_dp(index)
 
     @property
     def micro_batch_sequences(self) -> int:
@@ -79,8 +109,20 @@ class Strategy:
         return self.dp * self.micro_batch_size
 
     def stage_micro_batch_size(self, index: int) -> int:
-        """Sequences of one micro-batch that one replica of stage `index` processes."""
-        return self.micro_batch_sequences // self.stage_dp(index)
+        """Sequences of one micro-batch that one replica of stage `index` processes (with uneven
+        `rows`: the most any replica takes)."""
+        return max(self.stage_rows(index))
+
+    def chunk_layers(self, index: int) -> list[range]:
+        """Global layer indices of each ministage (chunk) of stage `index`, in chunk order (module doc:
+        chunk c of stage s is the model's chunk c * stages + s)."""
+        starts, first = {}, 0
+        for chunk in range(self.ministages):
+            for stage_index, stage in enumerate(self.stages):
+                size = stage.layers // self.ministages
+                starts[(stage_index, chunk)] = range(first, first + size)
+                first += size
+        return [starts[(index, chunk)] for chunk in range(self.ministages)]
 
     @property
     def world_size(self) -> int:
@@ -93,8 +135,15 @@ class Strategy:
     def chips_per_type(self) -> dict[str, int]:
         used: dict[str, int] = {}
         for index, stage in enumerate(self.stages):
-            used[stage.chip] = used.get(stage.chip, 0) + stage.tp * self.stage_dp(index)
+            for replica in range(self.stage_dp(index)):
+                chip = stage.replica_chip(replica)
+                used[chip] = used.get(chip, 0) + stage.tp
         return used
+
+    def rank_chips(self) -> list[str]:
+        """The chip type of each global rank (stage_ranks' layout: replica-major, TP neighbours adjacent)."""
+        return [stage.replica_chip(replica) for index, stage in enumerate(self.stages)
+                for replica in range(self.stage_dp(index)) for _ in range(stage.tp)]
 
     def stage_ranks(self) -> list[range]:
         """Global ranks of each stage: consecutive blocks of tp * dp, in pipeline order."""
@@ -117,7 +166,11 @@ class Strategy:
                 raise UserError(f"{source}: field 'stages[{index}].tp' must be a power of two up to 1024, got {stage.tp}")
             if stage.layers <= 0:
                 raise UserError(f"{source}: field 'stages[{index}].layers' must be positive, got {stage.layers}")
-            if stage.dp is not None:
+            if stage.chips is not None:
+                self._check_mixed_group(source, index, stage)
+            if stage.rows is not None:
+                self._check_rows(source, index, stage)
+            elif stage.dp is not None:
                 _check_count(source, f"stages[{index}].dp", stage.dp, 1 << 24)
                 if self.micro_batch_sequences % stage.dp:
                     raise UserError(f"{source}: field 'stages[{index}].dp': {stage.dp} replicas cannot split a "
@@ -126,15 +179,53 @@ class Strategy:
         total = sum(stage.layers for stage in self.stages)
         if total != model.num_layers:
             raise UserError(f"{source}: field 'stages': layers sum to {total}, model '{model.name}' has {model.num_layers}")
+        _check_count(source, "ministages", self.ministages, 1 << 10)
+        for index, stage in enumerate(self.stages):
+            if stage.layers % self.ministages:
+                raise UserError(f"{source}: field 'stages[{index}].layers': {stage.layers} layers cannot be cut "
+                                f"into ministages = {self.ministages} equal chunks")
+        if len(set(self.offload)) != len(self.offload):
+            raise UserError(f"{source}: field 'offload' lists an entry twice: {self.offload}")
+
+    def _check_mixed_group(self, source: str, index: int, stage: StageSpec) -> None:
+        where = f"{source}: field 'stages[{index}].chips'"
+        if not stage.chips or not all(stage.chips):
+            raise UserError(f"{where} must list the chip type of each replica, got {stage.chips}")
+        if stage.tp != 1:
+            raise UserError(f"{source}: field 'stages[{index}].tp': a mixed-type group (chips) runs tp 1, got {stage.tp}")
+        if stage.dp is not None and stage.dp != len(stage.chips):
+            raise UserError(f"{source}: field 'stages[{index}].dp' ({stage.dp}) differs from the {len(stage.chips)} "
+                            f"replicas its 'chips' lists")
+        if stage.chip != stage.chips[0]:
+            raise UserError(f"{source}: field 'stages[{index}].chip' ({stage.chip}) must be the first of its "
+                            f"'chips' ({stage.chips[0]}), or left out")
+
+    def _check_rows(self, source: str, index: int, stage: StageSpec) -> None:
+        where = f"{source}: field 'stages[{index}].rows'"
+        replicas = self.stage_dp(index)
+        if len(stage.rows) != replicas:
+            raise UserError(f"{where} lists {len(stage.rows)} replicas, the stage has {replicas}")
+        if any(rows <= 0 for rows in stage.rows):
+            raise UserError(f"{where} must be positive for every replica, got {stage.rows}")
+        if sum(stage.rows) != self.micro_batch_sequences:
+            raise UserError(f"{where} sum to {sum(stage.rows)}, a micro-batch has dp * micro_batch_size = "
+                            f"{self.micro_batch_sequences} sequences")
 
     def to_dict(self) -> dict:
         data = {"dp": self.dp, "micro_batches": self.micro_batches, "micro_batch_size": self.micro_batch_size}
         if self.seq_len is not None:
             data["seq_len"] = self.seq_len
         data["schedule"] = self.schedule
+        if self.ministages != 1:
+            data["ministages"] = self.ministages
+        if self.optimizer_sharding is not None:
+            data["optimizer_sharding"] = self.optimizer_sharding
+        if self.offload:
+            data["offload"] = list(self.offload)
         data["model"] = self.model
         data["stages"] = [{key: value for key, value in dataclasses.asdict(stage).items()
-                           if not (key in ("dp", "device") and value is None)} for stage in self.stages]
+                           if not (key in ("dp", "device", "chips", "rows") and value is None)}
+                          for stage in self.stages]
         return data
 
     def save(self, path: str | os.PathLike) -> None:
@@ -147,6 +238,11 @@ def strategy_from_mapping(data: dict, source: str) -> Strategy:
     model = data.pop("model", "tiny")
     if not isinstance(model, (str, dict)):
         raise UserError(f"{source}: field 'model': expected a preset name, a path or a mapping, got {model!r}")
+    stages = data.get("stages")
+    if isinstance(stages, list):   # a mixed-type group may leave out `chip`: its first replica's
+        data["stages"] = [{"chip": stage["chips"][0], **stage}
+                          if isinstance(stage, dict) and "chip" not in stage and isinstance(stage.get("chips"), list)
+                          and stage["chips"] else stage for stage in stages]
     strategy = dataclass_from_mapping(Strategy, data, source)
     strategy.model = model
     strategy.validate(source)
