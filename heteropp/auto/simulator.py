@@ -1,10 +1,10 @@
 """Event-driven replay of a pipeline schedule (h2/core/schedule.py action lists) with per-stage terms.
 
-Each list of the schedule is one device running its actions in order on one clock; an action's
-`stage` says whose terms it takes and where its messages go. In the H2 schedules list i holds stage
-i's actions; with interleaved ministages (Zorse) a device's list holds several stages' actions, the
-link between two devices carries all their stages' messages, and each stage's optimizer update runs
-right after that stage's last action on its device (for one stage per device: after the last action).
+Interleaved ministages (Zorse; h2.core.schedule.gpipe_ministages): list s is then the device of
+stage s, holding chunks c = 0 .. m - 1; its action of chunk c takes the terms of ministage
+c * stages + s (terms has one entry per ministage) and sends to the ministage before or after it,
+on the link between the two devices; a STEP action runs that ministage's update on the spot, and a
+list with STEP actions runs no update at its end.
 
 Each stage runs its actions in order on one clock. Compute actions (F, B, W) take the stage's time for
 one micro-batch (stage_terms.StageTerms: the same terms the closed-form cost model reads). SEND puts a
@@ -47,12 +47,15 @@ class SimulationResult:
 def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], *, transfers: bool = True,
              keep_timeline: bool = False) -> SimulationResult:
     num_stages = len(schedule)
-    device_of = {action.stage: device for device, actions in enumerate(schedule) for action in actions}
-    device_of.update({device: device for device in range(num_stages) if device not in device_of})
-    if len(terms) != len(device_of):
-        raise ValueError(f"{len(terms)} stage terms for {len(device_of)} stages")
-    last_action = {(device, action.stage): index for device, actions in enumerate(schedule)
-                   for index, action in enumerate(actions)}
+    chunks = 1 + max((a.chunk for actions in schedule for a in actions if a.chunk is not None), default=0)
+    if len(terms) != num_stages * chunks:
+        raise ValueError(f"{len(terms)} stage terms for {num_stages * chunks} stages")
+
+    def ministage(action: Action) -> int:
+        return action.stage if action.chunk is None else action.chunk * num_stages + action.stage
+
+    stepped = [any(a.kind == "STEP" for a in actions) for actions in schedule]
+    updates = [0.0] * num_stages
     split = any(a.kind == "W" for actions in schedule for a in actions)
     clock = [0.0] * num_stages
     busy = [0.0] * num_stages
@@ -79,7 +82,7 @@ def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], 
                 action = actions[cursor[stage]]
                 kind = action.kind
                 if kind in ("RECV_F", "RECV_B"):
-                    key = (kind[-1], action.stage, action.micro_batch)
+                    key = (kind[-1], ministage(action), action.micro_batch)
                     if key not in arrivals:
                         break
                     arrived = arrivals.pop(key)
@@ -88,11 +91,12 @@ def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], 
                     clock[stage] = max(clock[stage], arrived)
                 elif kind in ("SEND_F", "SEND_B"):
                     direction = kind[-1]
-                    peer = action.stage + 1 if direction == "F" else action.stage - 1
-                    boundary = terms[min(action.stage, peer)]
+                    here = ministage(action)
+                    peer = here + 1 if direction == "F" else here - 1
+                    boundary = terms[min(here, peer)]
                     occupancy, latency = ((boundary.send_occupancy_s, boundary.send_latency_s) if transfers
                                           else (0.0, 0.0))
-                    link = (stage, device_of[peer])
+                    link = (stage, peer % num_stages)
                     start = max(clock[stage], link_free.get(link, 0.0))
                     link_free[link] = start + occupancy
                     arrival = start + occupancy + latency
@@ -100,32 +104,31 @@ def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], 
                         timeline[stage].append((str(action), start, arrival))
                     arrivals[(direction, peer, action.micro_batch)] = arrival
                     sent += 1
+                elif kind == "STEP":
+                    took = terms[ministage(action)].update_s
+                    if keep_timeline:
+                        timeline[stage].append(("update", clock[stage], clock[stage] + took))
+                    clock[stage] += took
+                    updates[stage] += took
                 else:
-                    took = duration(action.stage, kind)
+                    took = duration(ministage(action), kind)
                     if keep_timeline:
                         timeline[stage].append((str(action), clock[stage], clock[stage] + took))
                     clock[stage] += took
                     busy[stage] += took
-                ends_stage = last_action[(stage, action.stage)] == cursor[stage]
-                if ends_stage and cursor[stage] != len(actions) - 1:   # a ministage steps after its last action
-                    update = terms[action.stage].update_s
-                    if keep_timeline:
-                        timeline[stage].append(("update", clock[stage], clock[stage] + update))
-                    clock[stage] += update
                 cursor[stage] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             stuck = [f"stage {s}: {schedule[s][cursor[s]]}" for s in range(num_stages) if cursor[s] < len(schedule[s])]
             raise ValueError("schedule deadlocks: " + "; ".join(stuck))
-    final_stage = [actions[-1].stage if actions else s for s, actions in enumerate(schedule)]
-    finish = [clock[s] + terms[final_stage[s]].update_s for s in range(num_stages)]
-    if keep_timeline:
-        for s in range(num_stages):
-            timeline[s].append(("update", clock[s], finish[s]))
+    for s in range(num_stages):
+        if not stepped[s]:
+            updates[s] = terms[s].update_s
+            if keep_timeline:
+                timeline[s].append(("update", clock[s], clock[s] + updates[s]))
+    finish = [clock[s] + (0.0 if stepped[s] else updates[s]) for s in range(num_stages)]
     iteration = max(finish)
-    held = {s: {action.stage for action in schedule[s]} or {s} for s in range(num_stages)}
-    updates = [sum(terms[stage].update_s for stage in held[s]) for s in range(num_stages)]
     bubble = [iteration - busy[s] - updates[s] for s in range(num_stages)]
     return SimulationResult(iteration_s=iteration, busy_s=busy, bubble_s=bubble, finish_s=finish,
                             transfers=sent, timeline=timeline)
@@ -142,7 +145,7 @@ def trace_events(result: SimulationResult, stage_labels: Sequence[str], split_ba
     for stage, label in enumerate(stage_labels):
         events += [track_name_event(stage, f"stage {stage}: {label} (predicted)"), track_order_event(stage)]
         for name, start, end in result.timeline[stage]:
-            prefix = name.rstrip("0123456789")
+            prefix = name.split("/")[0].rstrip("0123456789")
             kind = ("backward-input" if split_backward else "backward") if prefix == "B" else _SPAN_KIND[prefix]
             events.append(span_event(name, kind, start, end, stage, lane=1 if kind == "send" else 0))
     return events

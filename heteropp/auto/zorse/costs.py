@@ -24,7 +24,9 @@ so a ministage of l layers takes
 Latency (start-up + steady + drain), the largest over groups and over inter-group links:
 
     start-up_g = AG_0 (first layer, nothing to hide it) + sum_{g' < g} (l_{g',0} * f_{g'} + send_{g'})
-    steady_g   = sum_c (forward + backward + step of ministage c)
+    steady_g   = sum_c (forward + backward + step of ministage c), where a round after the first
+                 (a backward round before the last) takes at least one micro-batch's trip around all
+                 groups and hops (the round's first input comes back from the last group)
     drain_g    = sum_{g' < g} (l_{g',0} * b_{g'} + send_{g'})
     link g->g+1: start-up_g + crossings * M * occupancy + drain_g  (crossings = k; the wrap from the
                  last group back to the first: k - 1)
@@ -203,12 +205,17 @@ def latency(groups: list[GroupShape], ministage_layers: list[tuple[int, ...]], t
         hop_s = hop.occupancy_s + hop.latency_s
         startup.append(startup[-1] + ministage_layers[g - 1][0] * previous.forward_s + hop_s)
         drain.append(drain[-1] + ministage_layers[g - 1][0] * previous.backward_s + hop_s)
+    hops = [hop.occupancy_s + hop.latency_s for hop in transfers] if count > 1 else [0.0]
+    cycle_forward = sum(layers[0] * group.forward_s for layers, group in zip(ministage_layers, groups)) + sum(hops)
+    cycle_backward = sum(layers[0] * group.backward_s for layers, group in zip(ministage_layers, groups)) + sum(hops)
     best = None
     for g, group in enumerate(groups):
         steady = 0.0
-        for layers in ministage_layers[g]:
+        for c, layers in enumerate(ministage_layers[g]):
             times = ministage_times(group, layers, ministages, micro_batches, offload, shapes)
-            steady += times.forward_s + times.backward_s + times.step_s
+            forward = max(times.forward_s, cycle_forward if c > 0 else 0.0)
+            backward = max(times.backward_s, cycle_backward if c < ministages - 1 else 0.0)
+            steady += forward + backward + times.step_s
         candidate = (startup[g] + steady + drain[g], startup[g], steady, drain[g], f"group {g}")
         best = candidate if best is None or candidate[0] > best[0] else best
     for g in range(count if ministages > 1 else count - 1):

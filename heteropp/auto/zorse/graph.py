@@ -1,78 +1,90 @@
-"""The cluster as machines and the bandwidth graph between them.
+"""The cluster's machines and the bandwidth graph between them, from the cluster file's placement
+(h2.core.cluster_graph: nodes in regions, node-, region- and region-pair bandwidths; a file without
+`nodes` has each chip type fill its own nodes in one region).
 
-A machine is one node of one chip type (chips_per_node GPUs; the last node of a type holds the rest)
-in its chip type's site. Two machines are joined by the link class h2.core.links assigns them
-(inter_node, inter_type or inter_site, with the cluster file's overrides and site pairs); one machine's
-GPUs by its intra_node link.
+A machine is one node of the cluster graph. Two GPUs of one machine are joined at the node's
+bandwidth, of two machines at their region's or their region pair's. Latency is not in the cluster
+graph: a link inside a region takes the larger latency_us of the chips it joins; a link between
+regions the `links: inter_site` latency where the file gives one (else the same).
 
-The graph has one vertex per machine and an edge between every two machines weighted by the
-bandwidth of all their GPU pairs together: gpus_a * gpus_b * bandwidth (GB/s), the weight the GPU
-graph of the Zorse paper gives the cut between the two machines. Zorse's planner tries k groups for k
-from the number of machines down to 1, so no cut it uses splits a machine: cutting the machine graph
-is cutting the GPU graph with each machine's GPUs kept together.
+The graph has one vertex per machine and an edge between every two linked machines weighted by the
+bandwidth of all their GPU pairs together: gpus_a * gpus_b * bandwidth (GB/s), the weight the GPU graph
+of the Zorse paper gives the cut between the two machines. Zorse's planner tries k groups for k from
+the number of machines down to 1, so no cut it uses splits a machine: cutting the machine graph is
+cutting the GPU graph with each machine's GPUs kept together.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import networkx as nx
 
 from h2.core.cluster import ClusterSpec
-from h2.core.errors import UserError
-from h2.core.links import Link, Location, link_between
+from h2.core.links import Link
 
 
 @dataclass(frozen=True)
 class Machine:
     index: int
-    chip: str
-    node: int            # numbered per chip type, as h2.core.links numbers them
-    site: str | None
-    gpus: int
+    name: str
+    region: str
+    chips: tuple[str, ...]    # each GPU's chip type
+    link_gbps: float          # between two of its GPUs
 
     @property
-    def location(self) -> Location:
-        return Location(self.chip, self.node, self.site)
+    def gpus(self) -> int:
+        return len(self.chips)
 
     @property
     def label(self) -> str:
-        return f"{self.chip}/{self.node}" + (f"@{self.site}" if self.site else "")
+        return self.name
 
 
 def machines_of(cluster: ClusterSpec) -> list[Machine]:
-    """Every node of every chip type, in the cluster file's order."""
-    machines: list[Machine] = []
-    for chip in cluster.chips:
-        full, rest = divmod(chip.count, chip.chips_per_node)
-        for node, gpus in enumerate([chip.chips_per_node] * full + ([rest] if rest else [])):
-            machines.append(Machine(len(machines), chip.name, node, chip.site, gpus))
-    return machines
+    """Every node of the cluster graph, in the cluster file's order."""
+    return [Machine(index, node.name, node.region, tuple(chip for chip, count in node.chips for _ in range(count)),
+                    node.link_gbps) for index, node in enumerate(cluster.graph.nodes)]
+
+
+def _bandwidth_gbps(cluster: ClusterSpec, a: Machine, b: Machine) -> float:
+    graph = cluster.graph
+    if a.index == b.index:
+        return a.link_gbps
+    if a.region == b.region:
+        return dict(graph.region_gbps)[a.region]
+    return dict(graph.region_links).get(frozenset((a.region, b.region)), 0.0)
 
 
 def link_of(cluster: ClusterSpec, a: Machine, b: Machine) -> Link:
     """The link between a GPU of machine a and one of machine b (a == b: the node's own link)."""
-    return link_between(cluster, a.location, b.location)[1]
+    latency = max(cluster.chip(chip).latency_us for chip in set(a.chips) | set(b.chips))
+    if a.region != b.region and cluster.links.override("inter_site").latency_us is not None:
+        latency = cluster.links.override("inter_site").latency_us
+    return Link(_bandwidth_gbps(cluster, a, b), latency)
 
 
 def slowest_link(cluster: ClusterSpec, machines: list[Machine]) -> Link:
     """The link a collective over these machines' GPUs is paced by: the lowest bandwidth and the
-    highest latency among their pairs (each machine's own link when there is one machine)."""
+    highest latency among their pairs (the machine's own link when there is one machine)."""
     links = [link_of(cluster, a, b) for i, a in enumerate(machines) for b in machines[i:]
-             if a.index != b.index or len(machines) == 1 or a.gpus > 1]
+             if a.index != b.index or a.gpus > 1 or len(machines) == 1]
+    return Link(min(link.bandwidth_gbps for link in links), max(link.latency_us for link in links))
+
+
+def link_between(cluster: ClusterSpec, first: list[Machine], second: list[Machine]) -> Link:
+    """The slowest link from a machine of one group to a machine of the other."""
+    links = [link_of(cluster, a, b) for a in first for b in second]
     return Link(min(link.bandwidth_gbps for link in links), max(link.latency_us for link in links))
 
 
 def bandwidth_graph(cluster: ClusterSpec, machines: list[Machine]) -> nx.Graph:
-    """Vertices: machine indices; edges: every pair, weight gpus_a * gpus_b * bandwidth in GB/s."""
+    """Vertices: machine indices; edges: every linked pair, weight gpus_a * gpus_b * bandwidth in GB/s."""
     graph = nx.Graph()
     graph.add_nodes_from(machine.index for machine in machines)
     for i, a in enumerate(machines):
         for b in machines[i + 1:]:
-            bandwidth = link_of(cluster, a, b).bandwidth_gbps
-            if not (math.isfinite(bandwidth) and bandwidth > 0):
-                raise UserError(f"{cluster.source}: the link between {a.label} and {b.label} must have a positive, "
-                                f"finite bandwidth to partition the cluster, got {bandwidth}")
-            graph.add_edge(a.index, b.index, weight=a.gpus * b.gpus * bandwidth)
+            bandwidth = _bandwidth_gbps(cluster, a, b)
+            if bandwidth > 0:
+                graph.add_edge(a.index, b.index, weight=a.gpus * b.gpus * bandwidth)
     return graph

@@ -5,9 +5,10 @@ For every partition of the machines into k groups (k from the number of machines
   nothing to hide behind), then each time the group best linked to the last one placed;
 - for every micro-batch size S (a divisor of the global batch in sequences, at least one row per
   rank of the largest group): split S over each group's ranks in proportion to speed
-  (costs.rows_per_rank), then the layers over the groups in proportion to group speed (each layer
-  to the group that would finish it first);
-- for recompute on and off, every count of ministages per group (1 to the fewest layers of a group)
+  (costs.rows_per_rank);
+- for recompute on and off, every count k of ministages per group that cuts the layers into equal
+  chunks (the strategy format's rule: k divides the model's layers; the layers go to the groups in
+  blocks of k, in proportion to group speed, each block to the group that would finish it first),
   and offload off/on:
   keep the plan if every rank fits the memory model, and the fastest by the latency model.
 When nothing fits, the error names the constraint the nearest candidate broke.
@@ -28,7 +29,7 @@ from h2.core.model_config import ModelConfig
 from heteropp.auto.profiles import Profile
 from heteropp.auto.zorse.costs import (ChipRates, GroupShape, Latency, RankMemory, Shapes, Transfer, chip_rates,
                                        latency, rank_memory, rows_per_rank, transfer)
-from heteropp.auto.zorse.graph import Machine, bandwidth_graph, machines_of, slowest_link
+from heteropp.auto.zorse.graph import Machine, bandwidth_graph, link_between, machines_of, slowest_link
 from heteropp.auto.zorse.partition import Partition, split_partitions
 
 GB = 1e9
@@ -53,8 +54,8 @@ class GroupPlan:
         return "+".join(machine.label for machine in self.machines)
 
     @property
-    def sites(self) -> set:
-        return {machine.site for machine in self.machines}
+    def regions(self) -> set[str]:
+        return {machine.region for machine in self.machines}
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def group_order(cluster: ClusterSpec, groups: list[list[Machine]]) -> list[list[
     order, left = [first], set(range(len(groups))) - {first}
     while left:
         last = groups[order[-1]]
-        between = {i: slowest_link(cluster, last + groups[i]) for i in left}
+        between = {i: link_between(cluster, last, groups[i]) for i in left}
         nearest = min(left, key=lambda i: (-between[i].bandwidth_gbps, between[i].latency_us, i))
         order.append(nearest)
         left.remove(nearest)
@@ -121,11 +122,6 @@ def split_layers(per_layer_s: list[float], layers: int) -> list[int]:
         counts[i] += 1
         heapq.heappush(heap, ((counts[i] + 1) * per_layer_s[i], i))
     return counts
-
-
-def even_chunks(layers: int, ministages: int) -> tuple[int, ...]:
-    base, extra = divmod(layers, ministages)
-    return tuple(base + 1 if c < extra else base for c in range(ministages))
 
 
 def divisors(n: int) -> list[int]:
@@ -165,9 +161,9 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profi
         groups = group_order(cluster, [[machines[i] for i in group] for group in partition.groups])
         if len(groups) > model.num_layers:
             continue
-        chips = [[machine.chip for machine in group for _ in range(machine.gpus)] for group in groups]
+        chips = [[chip for machine in group for chip in machine.chips] for group in groups]
         links = [slowest_link(cluster, group) for group in groups]
-        between = [slowest_link(cluster, groups[g] + groups[(g + 1) % len(groups)]) if len(groups) > 1
+        between = [link_between(cluster, groups[g], groups[(g + 1) % len(groups)]) if len(groups) > 1
                    else links[0] for g in range(len(groups))]
         for size, recompute in itertools.product(sizes, (True, False)):
             if size < max(len(c) for c in chips):
@@ -177,12 +173,12 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profi
                       for group_chips, link in zip(chips, links)]
             hops = [transfer(shaped[g], shaped[(g + 1) % len(shaped)], between[g], size, shapes)
                     for g in range(len(shaped))]
-            layer_counts = split_layers([g.forward_s + g.backward_s for g in shaped], model.num_layers)
-            counts = range(1, min(layer_counts) + 1) if ministages is None else [ministages]
+            per_layer = [g.forward_s + g.backward_s for g in shaped]
+            counts = range(1, model.num_layers // len(shaped) + 1) if ministages is None else [ministages]
             for k in counts:
-                if k > min(layer_counts):
+                if model.num_layers % k or model.num_layers // k < len(shaped):
                     continue
-                chunks = [even_chunks(layers, k) for layers in layer_counts]
+                chunks = [(blocks,) * k for blocks in split_layers([t * k for t in per_layer], model.num_layers // k)]
                 for off in offloads:
                     evaluated += 1
                     memory = [tuple(rank_memory(group, r, chunks[g], sequences // size, off, g == 0,

@@ -1,5 +1,5 @@
 """A Zorse plan as the shared simulator's input (heteropp.auto.simulator): the interleaved GPipe action
-lists (h2.core.schedule.gpipe_interleaved, one list per group) and one StageTerms per ministage.
+lists (h2.core.schedule.gpipe_ministages, one list per group) and one StageTerms per ministage.
 
 Ministage c of group g is stage c * G + g. Per micro-batch it takes its share of the ministage's step
 time from the latency model (costs.ministage_times: compute, or the gathers and offload traffic where
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from h2.core.cluster import TrainingSpec
 from h2.core.model_config import ModelConfig
-from h2.core.schedule import Action, gpipe_interleaved
+from h2.core.schedule import Action, gpipe_ministages
 from heteropp.auto.simulator import SimulationResult, simulate
 from heteropp.auto.stage_terms import StageTerms
 from heteropp.auto.zorse.costs import GroupShape, Shapes, ministage_times
@@ -19,7 +19,7 @@ from heteropp.auto.zorse.planner import ZorsePlan
 
 
 def plan_schedule(plan: ZorsePlan) -> list[list[Action]]:
-    return gpipe_interleaved(len(plan.groups), plan.ministages, plan.micro_batches)
+    return gpipe_ministages(len(plan.groups), plan.micro_batches, plan.ministages)
 
 
 def plan_terms(plan: ZorsePlan, rates: dict, shapes: Shapes) -> list[StageTerms]:
