@@ -31,13 +31,13 @@ from heteropp.auto.zorse.scoring import plan_schedule, plan_terms
 
 def zorse_row(cluster, model, training, profiles, memory_fraction):
     started = time.perf_counter()
+    rates = rates_from_profiles(cluster, profiles, memory_fraction)
     try:
-        found = plan(cluster, model, training, profiles, memory_fraction=memory_fraction)
+        found = plan(cluster, model, training, rates)
     except UserError as error:
         return time.perf_counter() - started, None, str(error)
     took = time.perf_counter() - started
     best = found.best
-    rates = rates_from_profiles(cluster, profiles, memory_fraction)
     simulated = simulate(plan_schedule(best), plan_terms(best, rates, Shapes.of(model, training))).iteration_s
     groups = " | ".join(f"{len(g.chips)}x[{','.join(sorted(set(g.chips)))}] L{g.layers}" for g in best.groups)
     text = (f"{len(best.groups)} groups ({groups}), S {best.micro_batch_sequences} x M {best.micro_batches}, "

@@ -84,8 +84,11 @@ class PlanSearch:
 
 
 def rates_from_profiles(cluster: ClusterSpec, profiles: dict[str, Profile],
-                        memory_fraction: float) -> dict[str, ChipRates]:
-    """Per-sequence, per-layer rates at tp 1 of each chip type (Zorse uses no tensor parallelism)."""
+                        memory_fraction: float = 1.0) -> dict[str, ChipRates]:
+    """Per-sequence, per-layer rates at tp 1 of each chip type (Zorse uses no tensor parallelism); each
+    chip may use memory_fraction of its usable memory."""
+    if not 0 < memory_fraction <= 1:
+        raise UserError(f"--memory-fraction: must be in (0, 1], got {memory_fraction}")
     rates = {}
     for chip in cluster.chips:
         layer = profiles[chip.name].layer(1)
@@ -136,16 +139,14 @@ class _Nearest:
     text: str = ""
 
 
-def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile], *,
-         memory_fraction: float = 1.0, ministages: int | None = None, offload: str = "auto",
-         micro_batch_sequences: int | None = None) -> PlanSearch:
+def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates: dict[str, ChipRates], *,
+         ministages: int | None = None, offload: str = "auto", micro_batch_sequences: int | None = None) -> PlanSearch:
+    """The fastest plan that fits (module doc); `rates` from rates_from_profiles (which sets the memory
+    each chip may use)."""
     started = time.perf_counter()
-    if not 0 < memory_fraction <= 1:
-        raise UserError(f"--memory-fraction: must be in (0, 1], got {memory_fraction}")
     if offload not in OFFLOAD_CHOICES:
         raise UserError(f"--offload: unknown choice '{offload}' (known: {', '.join(OFFLOAD_CHOICES)})")
     shapes = Shapes.of(model, training)
-    rates = rates_from_profiles(cluster, profiles, memory_fraction)
     machines = machines_of(cluster)
     partitions = split_partitions(bandwidth_graph(cluster, machines), f"{cluster.source}: bandwidth graph")
     sequences = training.sequences
@@ -208,7 +209,6 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profi
             raise UserError(f"{cluster.source}: no plan to evaluate: the model's {model.num_layers} layers and "
                             f"{sequences} sequences per step leave no group count, micro-batch size and "
                             f"ministage count to try")
-        raise UserError(f"{cluster.source}: no plan fits the memory model (memory fraction {memory_fraction:g}); "
-                        f"nearest: {nearest.text}")
+        raise UserError(f"{cluster.source}: no plan fits the memory model; nearest: {nearest.text}")
     return PlanSearch(best, partitions, evaluated, time.perf_counter() - started)
 
