@@ -1,4 +1,4 @@
-"""The Zorse planner (docs/zorse.md): pipeline groups of whatever GPUs share fast links, ZeRO-2 data
+"""The Zorse planner (docs/zorse_planner.md): pipeline groups of whatever GPUs share fast links, ZeRO-2 data
 parallelism inside a group with rows per GPU in proportion to its speed, interleaved ministages and
 host offload, chosen in two phases.
 
