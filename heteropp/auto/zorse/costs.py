@@ -121,18 +121,23 @@ class GroupShape:
                    for rows, rate in zip(self.rows, self.rates))
 
 
-def rows_per_rank(rates: list[ChipRates], sequences: int) -> tuple[int, ...]:
-    """Split one micro-batch of `sequences` over the ranks, at least one each, minimising the slowest
-    rank's time (each row to the rank that would finish it first: rows in proportion to speed)."""
-    rows = [1] * len(rates)
-    per_row = [rate.forward_s + rate.backward_s + rate.recompute_s for rate in rates]
-    heap = [(2 * per_row[i], i) for i in range(len(rates))]
+def proportional_counts(per_unit_s: list[float], total: int) -> tuple[int, ...]:
+    """`total` units over workers taking per_unit_s each, at least one each, the slowest worker's
+    time as small as it can be: each unit to the worker that would finish it first (counts in
+    proportion to speed, rounded the min-max way)."""
+    counts = [1] * len(per_unit_s)
+    heap = [(2 * t, i) for i, t in enumerate(per_unit_s)]
     heapq.heapify(heap)
-    for _ in range(sequences - len(rates)):
+    for _ in range(total - len(per_unit_s)):
         _, i = heapq.heappop(heap)
-        rows[i] += 1
-        heapq.heappush(heap, ((rows[i] + 1) * per_row[i], i))
-    return tuple(rows)
+        counts[i] += 1
+        heapq.heappush(heap, ((counts[i] + 1) * per_unit_s[i], i))
+    return tuple(counts)
+
+
+def rows_per_rank(rates: list[ChipRates], sequences: int) -> tuple[int, ...]:
+    """One micro-batch of `sequences` over the ranks in proportion to speed (at least one row each)."""
+    return proportional_counts([rate.forward_s + rate.backward_s + rate.recompute_s for rate in rates], sequences)
 
 
 def ring_s(nbytes: float, ranks: int, link: Link) -> float:

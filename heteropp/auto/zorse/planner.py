@@ -16,8 +16,6 @@ When nothing fits, the error names the constraint the nearest candidate broke.
 
 from __future__ import annotations
 
-import dataclasses
-import heapq
 import itertools
 import time
 from dataclasses import dataclass
@@ -28,7 +26,7 @@ from h2.core.links import Link
 from h2.core.model_config import ModelConfig
 from heteropp.auto.profiles import Profile
 from heteropp.auto.zorse.costs import (ChipRates, GroupShape, Latency, RankMemory, Shapes, Transfer, chip_rates,
-                                       latency, rank_memory, rows_per_rank, transfer)
+                                       latency, proportional_counts, rank_memory, rows_per_rank, transfer)
 from heteropp.auto.zorse.graph import Machine, bandwidth_graph, link_between, machines_of, slowest_link
 from heteropp.auto.zorse.partition import Partition, split_partitions
 
@@ -114,19 +112,6 @@ def group_order(cluster: ClusterSpec, groups: list[list[Machine]]) -> list[list[
     return [groups[i] for i in order]
 
 
-def split_layers(per_layer_s: list[float], layers: int) -> list[int]:
-    """Layers to groups in proportion to speed: one each, then each layer to the group that would
-    finish it first."""
-    counts = [1] * len(per_layer_s)
-    heap = [(2 * t, i) for i, t in enumerate(per_layer_s)]
-    heapq.heapify(heap)
-    for _ in range(layers - len(per_layer_s)):
-        _, i = heapq.heappop(heap)
-        counts[i] += 1
-        heapq.heappush(heap, ((counts[i] + 1) * per_layer_s[i], i))
-    return counts
-
-
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -179,7 +164,8 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
             for k in counts:
                 if model.num_layers % k or model.num_layers // k < len(shaped):
                     continue
-                chunks = [(blocks,) * k for blocks in split_layers([t * k for t in per_layer], model.num_layers // k)]
+                blocks = proportional_counts([t * k for t in per_layer], model.num_layers // k)
+                chunks = [(count,) * k for count in blocks]
                 for off in offloads:
                     evaluated += 1
                     memory = [tuple(rank_memory(group, r, chunks[g], sequences // size, off, g == 0,
