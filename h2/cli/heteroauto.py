@@ -79,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--memory-fraction", type=float, default=1.0,
                             help="--planner zorse: plan within this fraction of each chip's usable memory")
     search_cmd.add_argument("--ministages", type=int, help="--planner zorse: fix the ministages per group")
+    search_cmd.add_argument("--max-groups", type=int,
+                            help="--planner zorse: at most this many pipeline groups (1: one data-parallel group)")
+    search_cmd.add_argument("--no-overlap", action="store_true",
+                            help="--planner zorse: price HeteroPP's runtime, which overlaps no ZeRO-2 traffic or "
+                                 "offload copy with compute (default: Zorse's, which does)")
     search_cmd.add_argument("--offload", choices=OFFLOAD_CHOICES, default="auto",
                             help="--planner zorse: activations and parameter shards to host memory (auto: try both)")
     search_cmd.add_argument("--search", choices=("exact", "paper"),
@@ -106,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     simulate_cmd = commands.add_parser("simulate", help="replay a strategy's pipeline schedule")
     problem(simulate_cmd)
     simulate_cmd.add_argument("--strategy", required=True)
+    simulate_cmd.add_argument("--no-overlap", action="store_true",
+                              help="a Zorse strategy: price HeteroPP's runtime (no overlap of ZeRO-2 traffic and "
+                                   "offload copies with compute)")
     simulate_cmd.add_argument("--no-transfers", action="store_true", help="stage-to-stage transfers take no time")
     simulate_cmd.add_argument("--trace", metavar="FILE",
                               help="write the predicted schedule as a Chrome/Perfetto trace (one track per stage)")
@@ -380,7 +388,7 @@ def _plan_payload(plan: ZorsePlan, cluster: ClusterSpec, simulated_s: float) -> 
             "startup_s": plan.latency.startup_s, "steady_s": plan.latency.steady_s, "drain_s": plan.latency.drain_s,
             "bottleneck": plan.latency.bottleneck, "micro_batch_sequences": plan.micro_batch_sequences,
             "micro_batches": plan.micro_batches, "ministages": plan.ministages, "offload": plan.offload,
-            "recompute": plan.recompute, "max_memory_fraction": plan.max_memory_fraction,
+            "recompute": plan.recompute, "overlap": plan.overlap, "max_memory_fraction": plan.max_memory_fraction,
             "groups": [{"machines": [m.name for m in g.machines], "regions": sorted(g.regions), "chips": list(g.chips),
                         "emulated": [cluster.chip(c).emulated for c in g.chips], "rows": list(g.rows),
                         "ministage_layers": list(g.ministage_layers),
@@ -392,7 +400,8 @@ def _plan_payload(plan: ZorsePlan, cluster: ClusterSpec, simulated_s: float) -> 
 def _print_plan(plan: ZorsePlan, cluster: ClusterSpec, simulated_s: float) -> None:
     print(f"zorse plan: {len(plan.groups)} groups, {plan.micro_batches} micro-batches of {plan.micro_batch_sequences} "
           f"sequences, {plan.ministages} ministages per group, ZeRO-2, offload {'on' if plan.offload else 'off'}, "
-          f"recompute {'on' if plan.recompute else 'off'}")
+          f"recompute {'on' if plan.recompute else 'off'}, communication "
+          f"{'overlapped with compute (Zorse)' if plan.overlap else 'not overlapped (HeteroPP runtime)'}")
     print(f"{'group':>5} {'gpus':>4} {'layers':>6} {'memory GB':>10} {'cap GB':>7}  machines (region): chip x rows")
     for index, group in enumerate(plan.groups):
         worst = max(group.memory, key=lambda m: m.fraction)
@@ -417,7 +426,10 @@ def _cmd_search_zorse(args) -> int:
         raise UserError(f"--ministages: must be at least 1, got {args.ministages}")
     cluster, model, training, rates = _zorse_problem(args)
     started = time.perf_counter()
-    found = zorse_plan(cluster, model, training, rates, ministages=args.ministages, offload=args.offload)
+    if args.max_groups is not None and args.max_groups < 1:
+        raise UserError(f"--max-groups: must be at least 1, got {args.max_groups}")
+    found = zorse_plan(cluster, model, training, rates, ministages=args.ministages, offload=args.offload,
+                       overlap=not args.no_overlap, max_groups=args.max_groups)
     searched_s = time.perf_counter() - started
     simulated = simulate_plan(found.best, rates, model, training).iteration_s
     strategy = to_strategy(found.best, model)
@@ -469,7 +481,7 @@ def _cmd_simulate_zorse(args, strategy) -> int:
                                         default_seq_len=strategy.seq_len)
     training = dataclasses.replace(training_for(strategy, training), micro_batch_size=1)
     rates = rates_from_profiles(cluster, _profiles(args, cluster, model, training), 1.0)
-    scored = from_strategy(strategy, cluster, model, training, rates, args.strategy)
+    scored = from_strategy(strategy, cluster, model, training, rates, args.strategy, overlap=not args.no_overlap)
     simulated = simulate_plan(scored, rates, model, training).iteration_s
     if args.json:
         print(json.dumps({**_plan_payload(scored, cluster, simulated), "iteration_s": simulated,

@@ -50,6 +50,7 @@ Embedding and head compute are not in the latency (the Zorse paper's model count
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 from h2.core.cluster import ChipType, TrainingSpec
@@ -156,7 +157,12 @@ class Ministage:
 
 
 def ministage_times(group: GroupShape, layers: int, ministages: int, micro_batches: int, offload: bool,
-                    shapes: Shapes) -> Ministage:
+                    shapes: Shapes, overlap: bool = True) -> Ministage:
+    """With overlap (Zorse's runtime) the module's formulas; without, HeteroPP's runtime (issue 20a) on
+    DiComm: weights stay whole; at a ministage's STEP each owner's share of its gradients is reduced
+    to the owner (every replica sends its part straight to it: one share's time per owner) and each
+    owner's update is broadcast along a binomial tree (ceil(log2 n) rounds of one share); offload
+    copies wait for the compute; every term adds up."""
     n = group.size
     layer_weights = shapes.layer_params * shapes.weight_bytes
     gather = ring_s(layer_weights, n, group.link)
@@ -173,6 +179,16 @@ def ministage_times(group: GroupShape, layers: int, ministages: int, micro_batch
     touched = shapes.gradient_bytes + 2 * shapes.optimizer_bytes + shapes.weight_bytes
     step = layers * max(shapes.layer_params / n * touched / (rate.memory_bandwidth_gbps * 1e9)
                         for rate in group.rates)
+    if not overlap:
+        copies = layers * (micro_batches * checkpoints + (layer_weights / host if ministages > 1 else 0.0))
+        rounds = math.ceil(math.log2(n)) if n > 1 else 0
+        reduce_to_owners = layers * shapes.layer_params * shapes.gradient_bytes / group.link.bytes_per_s
+        broadcast_updates = layers * layer_weights / group.link.bytes_per_s
+        collectives = (reduce_to_owners + rounds * broadcast_updates + (1 + rounds) * n * group.link.latency_s
+                       if n > 1 else 0.0)
+        return Ministage(micro_batches * layers * group.forward_s + (copies if offload else 0.0),
+                         micro_batches * layers * group.backward_s + (copies if offload else 0.0),
+                         step + collectives)
     return Ministage(forward, backward, step)
 
 
@@ -199,11 +215,12 @@ class Latency:
 
 
 def latency(groups: list[GroupShape], ministage_layers: list[tuple[int, ...]], transfers: list[Transfer],
-            micro_batches: int, offload: bool, shapes: Shapes) -> Latency:
+            micro_batches: int, offload: bool, shapes: Shapes, overlap: bool = True) -> Latency:
     """The module's latency model. transfers[g]: group g to group (g + 1) % G (the last is the wrap)."""
     count = len(groups)
     ministages = len(ministage_layers[0])
-    first_gather = ring_s(shapes.layer_params * shapes.weight_bytes, groups[0].size, groups[0].link)
+    first_gather = (ring_s(shapes.layer_params * shapes.weight_bytes, groups[0].size, groups[0].link)
+                    if overlap else 0.0)
     startup, drain = [first_gather], [0.0]
     for g in range(1, count):
         previous, hop = groups[g - 1], transfers[g - 1]
@@ -217,7 +234,7 @@ def latency(groups: list[GroupShape], ministage_layers: list[tuple[int, ...]], t
     for g, group in enumerate(groups):
         steady = 0.0
         for c, layers in enumerate(ministage_layers[g]):
-            times = ministage_times(group, layers, ministages, micro_batches, offload, shapes)
+            times = ministage_times(group, layers, ministages, micro_batches, offload, shapes, overlap)
             forward = max(times.forward_s, cycle_forward if c > 0 else 0.0)
             backward = max(times.backward_s, cycle_backward if c < ministages - 1 else 0.0)
             steady += forward + backward + times.step_s

@@ -5,7 +5,8 @@
 A machine is one node of the cluster graph. Two GPUs of one machine are joined at the node's
 bandwidth, of two machines at their region's or their region pair's. Latency is not in the cluster
 graph: a link inside a region takes the larger latency_us of the chips it joins; a link between
-regions the `links: inter_site` latency where the file gives one (else the same).
+regions the `links: inter_site` latency where the file gives one (else the same). Between two
+machines a link is also no faster than the class the emulated links pace it by (h2.core.links).
 
 The graph has one vertex per machine and an edge between every two linked machines weighted by the
 bandwidth of all their GPU pairs together: gpus_a * gpus_b * bandwidth (GB/s), the weight the GPU graph
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from h2.core.cluster import ClusterSpec
-from h2.core.links import Link
+from h2.core.links import Link, Location, link_between
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,17 @@ def _bandwidth_gbps(cluster: ClusterSpec, a: Machine, b: Machine) -> float:
 
 
 def link_of(cluster: ClusterSpec, a: Machine, b: Machine) -> Link:
-    """The link between a GPU of machine a and one of machine b (a == b: the node's own link)."""
+    """The link between a GPU of machine a and one of machine b (a == b: the node's own link). Between
+    two machines it is also no faster than the link class the emulated links pace it by
+    (h2.core.links: inter_node or inter_type with the `links:` section's overrides)."""
     latency = max(cluster.chip(chip).latency_us for chip in set(a.chips) | set(b.chips))
     if a.region != b.region and cluster.links.override("inter_site").latency_us is not None:
         latency = cluster.links.override("inter_site").latency_us
-    return Link(_bandwidth_gbps(cluster, a, b), latency)
+    bandwidth = _bandwidth_gbps(cluster, a, b)
+    if a.index != b.index:
+        _, paced = link_between(cluster, Location(a.chips[0], a.index), Location(b.chips[0], b.index))
+        bandwidth, latency = min(bandwidth, paced.bandwidth_gbps), max(latency, paced.latency_us)
+    return Link(bandwidth, latency)
 
 
 def slowest_link(cluster: ClusterSpec, machines: list[Machine]) -> Link:
@@ -72,7 +79,7 @@ def slowest_link(cluster: ClusterSpec, machines: list[Machine]) -> Link:
     return Link(min(link.bandwidth_gbps for link in links), max(link.latency_us for link in links))
 
 
-def link_between(cluster: ClusterSpec, first: list[Machine], second: list[Machine]) -> Link:
+def link_across(cluster: ClusterSpec, first: list[Machine], second: list[Machine]) -> Link:
     """The slowest link from a machine of one group to a machine of the other."""
     links = [link_of(cluster, a, b) for a in first for b in second]
     return Link(min(link.bandwidth_gbps for link in links), max(link.latency_us for link in links))

@@ -27,7 +27,7 @@ from h2.core.model_config import ModelConfig
 from heteropp.auto.profiles import Profile
 from heteropp.auto.zorse.costs import (ChipRates, GroupShape, Latency, RankMemory, Shapes, Transfer, chip_rates,
                                        latency, proportional_counts, rank_memory, rows_per_rank, transfer)
-from heteropp.auto.zorse.graph import Machine, bandwidth_graph, link_between, machines_of, slowest_link
+from heteropp.auto.zorse.graph import Machine, bandwidth_graph, link_across, machines_of, slowest_link
 from heteropp.auto.zorse.partition import Partition, split_partitions
 
 GB = 1e9
@@ -67,6 +67,7 @@ class ZorsePlan:
     latency: Latency
     transfers: tuple[Transfer, ...]     # group g to group (g + 1) % G
     seq_len: int
+    overlap: bool = True                # communication and offload overlap compute (Zorse); False: HeteroPP's
 
     @property
     def max_memory_fraction(self) -> float:
@@ -105,7 +106,7 @@ def group_order(cluster: ClusterSpec, groups: list[list[Machine]]) -> list[list[
     order, left = [first], set(range(len(groups))) - {first}
     while left:
         last = groups[order[-1]]
-        between = {i: link_between(cluster, last, groups[i]) for i in left}
+        between = {i: link_across(cluster, last, groups[i]) for i in left}
         nearest = min(left, key=lambda i: (-between[i].bandwidth_gbps, between[i].latency_us, i))
         order.append(nearest)
         left.remove(nearest)
@@ -125,7 +126,8 @@ class _Nearest:
 
 
 def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates: dict[str, ChipRates], *,
-         ministages: int | None = None, offload: str = "auto", micro_batch_sequences: int | None = None) -> PlanSearch:
+         ministages: int | None = None, offload: str = "auto", micro_batch_sequences: int | None = None,
+         overlap: bool = True, max_groups: int | None = None) -> PlanSearch:
     """The fastest plan that fits (module doc); `rates` from rates_from_profiles (which sets the memory
     each chip may use)."""
     started = time.perf_counter()
@@ -145,11 +147,11 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
     evaluated = 0
     for partition in reversed(partitions[:len(machines)]):
         groups = group_order(cluster, [[machines[i] for i in group] for group in partition.groups])
-        if len(groups) > model.num_layers:
+        if len(groups) > model.num_layers or (max_groups is not None and len(groups) > max_groups):
             continue
         chips = [[chip for machine in group for chip in machine.chips] for group in groups]
         links = [slowest_link(cluster, group) for group in groups]
-        between = [link_between(cluster, groups[g], groups[(g + 1) % len(groups)]) if len(groups) > 1
+        between = [link_across(cluster, groups[g], groups[(g + 1) % len(groups)]) if len(groups) > 1
                    else links[0] for g in range(len(groups))]
         for size, recompute in itertools.product(sizes, (True, False)):
             if size < max(len(c) for c in chips):
@@ -182,14 +184,14 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
                                 f"group {worst_g} needs {worst.device_bytes / GB:.3g} GB, its memory allows "
                                 f"{worst.capacity_bytes / GB:.3g} GB"))
                         continue
-                    predicted = latency(shaped, chunks, hops, sequences // size, off, shapes)
+                    predicted = latency(shaped, chunks, hops, sequences // size, off, shapes, overlap)
                     if best is None or predicted.iteration_s < best.latency.iteration_s * (1 - 1e-9):
                         best = ZorsePlan(
                             groups=tuple(GroupPlan(tuple(groups[g]), tuple(chips[g]), shaped[g].rows, chunks[g],
                                                    links[g], memory[g]) for g in range(len(shaped))),
                             micro_batch_sequences=size, micro_batches=sequences // size, ministages=k,
                             offload=off, recompute=recompute, latency=predicted, transfers=tuple(hops),
-                            seq_len=training.seq_len)
+                            seq_len=training.seq_len, overlap=overlap)
     if best is None:
         if not nearest.text:
             raise UserError(f"{cluster.source}: no plan to evaluate: the model's {model.num_layers} layers and "

@@ -30,7 +30,8 @@ def plan_terms(plan: ZorsePlan, rates: dict, shapes: Shapes) -> list[StageTerms]
         hop = plan.transfers[g]
         for c, layers in enumerate(group.ministage_layers):
             stage = c * count + g
-            times = ministage_times(shaped, layers, plan.ministages, plan.micro_batches, plan.offload, shapes)
+            times = ministage_times(shaped, layers, plan.ministages, plan.micro_batches, plan.offload, shapes,
+                                    plan.overlap)
             last = stage == len(terms) - 1
             terms[stage] = StageTerms(forward_s=times.forward_s / plan.micro_batches,
                                       backward_s=times.backward_s / plan.micro_batches, weight_grad_s=0.0,

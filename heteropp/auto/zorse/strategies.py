@@ -15,7 +15,7 @@ from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig
 from h2.core.strategy import StageSpec, Strategy
 from heteropp.auto.zorse.costs import GroupShape, Shapes, latency, rank_memory, transfer
-from heteropp.auto.zorse.graph import Machine, link_between, machines_of, slowest_link
+from heteropp.auto.zorse.graph import Machine, link_across, machines_of, slowest_link
 from heteropp.auto.zorse.planner import GroupPlan, ZorsePlan
 
 OFFLOADED = ["activations", "parameters"]
@@ -63,7 +63,7 @@ def _place(strategy: Strategy, cluster: ClusterSpec, source: str) -> list[list[M
 
 
 def from_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
-                  rates: dict, source: str = "strategy") -> ZorsePlan:
+                  rates: dict, source: str = "strategy", overlap: bool = True) -> ZorsePlan:
     """The plan a strategy describes, priced by the Zorse latency and memory models."""
     shapes = Shapes.of(model, training)
     groups = _place(strategy, cluster, source)
@@ -76,15 +76,15 @@ def from_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, 
     count = len(shaped)
     sequences = strategy.micro_batch_sequences
     hops = [transfer(shaped[g], shaped[(g + 1) % count],
-                     link_between(cluster, groups[g], groups[(g + 1) % count]) if count > 1 else shaped[g].link,
+                     link_across(cluster, groups[g], groups[(g + 1) % count]) if count > 1 else shaped[g].link,
                      sequences, shapes) for g in range(count)]
     chunks = [(stage.layers // strategy.ministages,) * strategy.ministages for stage in strategy.stages]
     offload = bool(strategy.offload)
     memory = [tuple(rank_memory(group, r, chunks[g], strategy.micro_batches, offload, g == 0, g == count - 1, shapes)
                     for r in range(group.size)) for g, group in enumerate(shaped)]
-    predicted = latency(shaped, chunks, hops, strategy.micro_batches, offload, shapes)
+    predicted = latency(shaped, chunks, hops, strategy.micro_batches, offload, shapes, overlap)
     plan_groups = tuple(GroupPlan(tuple(groups[g]), tuple(rate.name for rate in group.rates), group.rows, chunks[g],
                                   group.link, memory[g]) for g, group in enumerate(shaped))
     return ZorsePlan(groups=plan_groups, micro_batch_sequences=sequences, micro_batches=strategy.micro_batches,
                      ministages=strategy.ministages, offload=offload, recompute=recompute,
-                     latency=predicted, transfers=tuple(hops), seq_len=training.seq_len)
+                     latency=predicted, transfers=tuple(hops), seq_len=training.seq_len, overlap=overlap)
