@@ -208,3 +208,15 @@ def test_search_zorse_refuses_a_model_larger_than_all_memory_in_one_line_with_ex
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "no plan fits the memory model; nearest:" in err
+
+
+def test_max_groups_one_plans_a_single_data_parallel_group():
+    cluster, shape, training, rates = zorse("c", "7b")
+    assert len(plan(cluster, shape, training, rates, max_groups=1).best.groups) == 1
+
+
+def test_without_overlap_the_zero2_traffic_adds_to_the_compute():
+    cluster, shape, training, rates = zorse("a", "7b")
+    overlapped = plan(cluster, shape, training, rates, max_groups=1, ministages=1, offload="off").best
+    serial = plan(cluster, shape, training, rates, max_groups=1, ministages=1, offload="off", overlap=False).best
+    assert serial.latency.iteration_s > overlapped.latency.iteration_s
