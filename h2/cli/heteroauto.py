@@ -285,6 +285,10 @@ def _emulated(cluster, name: str) -> str:
 def _cmd_search(args) -> int:
     if args.planner == "zorse":
         return _cmd_search_zorse(args)
+    if (args.memory_fraction != 1.0 or args.ministages is not None or args.offload != "auto"
+            or args.max_groups is not None or args.no_overlap):
+        raise UserError("--memory-fraction, --ministages, --offload, --max-groups and --no-overlap: only with "
+                        "--planner zorse")
     cluster, model, training = _problem(args)
     profiles = _profiles(args, cluster, model, training)
     options = _search_options(args)
