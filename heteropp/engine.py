@@ -117,9 +117,9 @@ class PipelineEngine:
         self.norm_slot = {name: slot for slot, (name, _) in enumerate(model.named_parameters())}
         schedule = options.schedule or strategy.schedule
         # Zorse's ministages and offload run on the ministage executor (heteropp.ministages).
-        self.ministage_group = strategy.ministages > 1 or bool(strategy.offload)
+        self.ministage_group = strategy.ministages > 1 or bool(strategy.offload) or schedule == "gpipe"
         if self.ministage_group and self.topology.num_stages > 1:
-            raise UserError(f"{source}: field 'ministages': this runtime runs ministages and offload on a "
+            raise UserError(f"{source}: field 'ministages': this runtime runs GPipe, ministages and offload on a "
                             f"strategy of one stage (one group), this one has {self.topology.num_stages} stages")
         if self.ministage_group:
             self.actions = gpipe_ministages(1, self.config.micro_batches, strategy.ministages)[0]
@@ -220,7 +220,7 @@ class PipelineEngine:
         dist.all_reduce(sums, group=self.groups.everyone)
         report = []
         for stage in self.topology.stages:
-            row = {"stage": stage.index, "chip": stage.chip,
+            row = {"stage": stage.index, "chip": "+".join(dict.fromkeys(stage.replica_chips or (stage.chip,))),
                    "peak_allocated_bytes": None if peaks[stage.index] < 0 else int(peaks[stage.index])}
             row.update({key: (int(value) if key.endswith("kernels") else float(value))
                         for key, value in zip(PACING_FIELDS, sums[stage.index].tolist())})

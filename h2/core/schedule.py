@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from h2.core.errors import UserError
 
 KINDS = ("F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "STEP")
-SCHEDULES = ("1f1b", "1f1b-split-backward")
+SCHEDULES = ("1f1b", "1f1b-split-backward", "gpipe")
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,8 @@ def schedule_actions(name: str, num_stages: int, micro_batches: int) -> list[lis
         return one_f_one_b(num_stages, micro_batches)
     if name == "1f1b-split-backward":
         return one_f_one_b_split_backward(num_stages, micro_batches)
+    if name == "gpipe":
+        return gpipe_ministages(num_stages, micro_batches, 1)
     raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
 
 

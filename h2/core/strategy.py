@@ -4,7 +4,7 @@
     micro_batches: 32          # micro-batches per step (b); global batch = dp * b * micro_batch_size
     micro_batch_size: 1        # sequences per micro-batch per replica of a stage with `dp` replicas
     seq_len: 4096              # optional; tokens per sequence
-    schedule: 1f1b             # or 1f1b-split-backward (zero-bubble style, alpha = 0)
+    schedule: 1f1b             # or 1f1b-split-backward (zero-bubble style, alpha = 0), or gpipe
     model: h2-100b             # preset name, or a mapping of ModelConfig fields (with optional `preset`)
     stages:                    # pipeline order
       - {chip: A, tp: 2, layers: 8, recompute: true}          # dp 4 (the strategy's)
@@ -21,7 +21,8 @@ dp is the list's length, tp must be 1, and `chip`, if given, must be the first);
 sequences of each micro-batch that each replica takes (uneven, e.g. in proportion to chip speed;
 they sum to dp * micro_batch_size). Without `rows` the replicas split a micro-batch evenly.
 
-With `ministages` m > 1 the layers are cut into stages * m chunks; chunk c goes to stage c % stages
+Zorse's schedule is GPipe's (`schedule: gpipe`; any strategy with ministages > 1 or offload runs in
+GPipe order). With `ministages` m > 1 the layers are cut into stages * m chunks; chunk c goes to stage c % stages
 (stage s holds chunks s, s + stages, ...: Megatron's interleaved layout), each stage's `layers` being
 the sum of its m chunks, split evenly (m must divide it).
 
@@ -72,7 +73,7 @@ class Strategy:
     micro_batch_size: int
     stages: list[StageSpec]
     model: str | dict = "tiny"
-    schedule: Literal["1f1b", "1f1b-split-backward"] = "1f1b"
+    schedule: Literal["1f1b", "1f1b-split-backward", "gpipe"] = "1f1b"
     seq_len: int | None = None
     ministages: int = 1
     optimizer_sharding: Literal["none", "zero1", "zero2"] | None = None

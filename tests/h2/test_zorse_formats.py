@@ -174,3 +174,8 @@ def test_gpipe_ministages_send_the_last_stages_chunk_to_the_first_stages_next_ch
     first, last = gpipe_ministages(2, 1, 2)
     assert [str(a) for a in first[:4]] == ["F0/0", "SEND_F0/0", "RECV_F0/1", "F0/1"]
     assert [str(a) for a in last[:4]] == ["RECV_F0/0", "F0/0", "SEND_F0/0", "RECV_F0/1"]
+
+
+def test_the_gpipe_schedule_is_one_ministage_of_gpipe_ministages():
+    from h2.core.schedule import gpipe_ministages, schedule_actions
+    assert schedule_actions("gpipe", 2, 3) == gpipe_ministages(2, 3, 1)

@@ -60,3 +60,19 @@ def test_offloading_activations_and_parameters_on_a_discrete_emulated_chip_match
     assert [r["device_host_accessible"] for r in ranks] == [False, False]
     assert all(r["host_copies"] > 0 for r in ranks)            # activations went to host memory
     assert all(r["parameter_devices"] == ["cpu"] for r in ranks)  # parameters wait there between steps
+
+
+@pytest.mark.slow
+def test_h2_train_runs_the_local_zorse_group_on_its_emulated_mixed_cluster(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run([sys.executable, "-m", "h2.cli.main", "train", "--strategy",
+                             "configs/strategies/local-zorse-group.yaml", "--cluster", "configs/clusters/local-zorse.yaml",
+                             "--steps", "2", "--out", str(tmp_path / "run")], cwd=root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "emu-slow (emulated: 0.1x a host core, 250 MB) + emu-fast (emulated: 0.3x a host core, 250 MB)" in result.stdout
+    with open(tmp_path / "run" / "stage_report.json") as handle:
+        assert [row["chip"] for row in json.load(handle)] == ["emu-slow+emu-fast"]
