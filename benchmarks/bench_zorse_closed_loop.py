@@ -17,25 +17,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_closed_loop import command, load   # the HeteroAuto closed loop's runner: the same command lines
+
 TARGET = 0.20
-
-
-def load() -> str:
-    with open("/proc/loadavg") as handle:
-        return "load average " + " ".join(handle.read().split()[:3])
-
-
-def command(*args: str, capture: bool = True) -> str:
-    run = subprocess.run([sys.executable, "-m", *args], cwd=REPO_ROOT, text=True,
-                         stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None)
-    if run.returncode != 0:
-        sys.exit(f"bench_zorse_closed_loop: `{' '.join(args)}` failed (exit {run.returncode}):\n"
-                 f"{(run.stderr or '')[-3000:]}")
-    return run.stdout or ""
 
 
 def main() -> None:
