@@ -486,7 +486,15 @@ def _cmd_simulate_zorse(args, strategy) -> int:
     training = dataclasses.replace(training_for(strategy, training), micro_batch_size=1)
     rates = rates_from_profiles(cluster, _profiles(args, cluster, model, training), 1.0)
     scored = from_strategy(strategy, cluster, model, training, rates, args.strategy, overlap=not args.no_overlap)
-    simulated = simulate_plan(scored, rates, model, training).iteration_s
+    replay = simulate_plan(scored, rates, model, training, keep_timeline=args.trace is not None)
+    simulated = replay.iteration_s
+    if args.trace is not None:
+        from h2.core.trace import write_trace
+        from heteropp.auto.simulator import trace_events
+
+        labels = [f"{len(group.chips)} ranks ({', '.join(sorted(set(group.chips)))}), {group.layers} layers in "
+                  f"{scored.ministages} ministages" for group in scored.groups]
+        write_trace(args.trace, trace_events(replay, labels, False), {"source": "predicted"})
     if args.json:
         print(json.dumps({**_plan_payload(scored, cluster, simulated), "iteration_s": simulated,
                           "latency_model_iteration_s": scored.latency.iteration_s,

@@ -220,3 +220,15 @@ def test_without_overlap_the_zero2_traffic_adds_to_the_compute():
     overlapped = plan(cluster, shape, training, rates, max_groups=1, ministages=1, offload="off").best
     serial = plan(cluster, shape, training, rates, max_groups=1, ministages=1, offload="off", overlap=False).best
     assert serial.latency.iteration_s > overlapped.latency.iteration_s
+
+
+def test_simulate_traces_every_ministage_of_a_zorse_strategy(capsys, tmp_path):
+    trace = tmp_path / "predicted.json"
+    code, out, err = run(capsys, "simulate", "--strategy", os.path.join(ROOT, "strategies", "local-zorse-group.yaml"),
+                         "--cluster", os.path.join(CLUSTERS, "local-zorse.yaml"), "--trace", str(trace))
+    assert code == 0, err
+    data = json.loads(trace.read_text())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    strategy = load_strategy(os.path.join(ROOT, "strategies", "local-zorse-group.yaml"))
+    forwards = {e["name"].split("/")[1] for e in events if e.get("name", "").startswith("F")}
+    assert forwards == {str(chunk) for chunk in range(strategy.ministages)}
