@@ -5,8 +5,8 @@ update).
 Equivalent, step for step, to the single-device reference trainer on the same data: the global
 batch is micro_batches micro-batches of R = dp * micro_batch_size consecutive sequences; replica d
 of a stage with dp_s replicas takes sequences [d * R / dp_s, (d + 1) * R / dp_s) of each
-(heteropp.topology), the last stage scales each replica's micro-batch loss by
-1 / (dp_last * micro_batches), and the loss of a step is the mean token cross-entropy over the batch.
+(heteropp.topology; uneven `rows` of a Zorse group likewise), the last stage scales each replica's
+micro-batch loss by its rows / (R * micro_batches), and the loss of a step is the mean token cross-entropy over the batch.
 
 The data, the learning-rate schedule, metrics and the step loop belong to the trainer that drives
 this engine (h2.train.pipeline).
@@ -25,11 +25,13 @@ import torch.distributed as dist
 from h2.core.devices import resolve_device
 from h2.core.errors import UserError
 from h2.core.links import RankLinks
+from h2.core.schedule import gpipe_ministages
 from h2.core.stage_orders import run_schedule
 from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.transformer import Transformer
-from heteropp.data_parallel import StageOptimizer, clip_by_global_norm
+from heteropp.data_parallel import StageOptimizer, clip_by_global_norm, clip_coefficient
 from heteropp.executor import StageExecutor
+from heteropp.ministages import MinistageExecutor
 from heteropp.groups import build_groups, check_p2p_backend, check_stage_backend, p2p_needs_host_staging
 from heteropp.p2p import P2P
 from heteropp.resharding import Resharder
@@ -114,37 +116,61 @@ class PipelineEngine:
         # The global gradient norm is taken as torch's clip_grad_norm_ takes it on the whole model:
         # the norm of every parameter's gradient norm, in the model's parameter order.
         self.norm_slot = {name: slot for slot, (name, _) in enumerate(model.named_parameters())}
-        self.actions = run_schedule(strategy, options.schedule, source)[self.place.stage]
+        schedule = options.schedule or strategy.schedule
+        # Zorse's ministages and offload run on the ministage executor (heteropp.ministages).
+        self.ministage_group = strategy.ministages > 1 or bool(strategy.offload) or schedule == "gpipe"
+        if self.ministage_group and self.topology.num_stages > 1:
+            raise UserError(f"{source}: field 'ministages': this runtime runs GPipe, ministages and offload on a "
+                            f"strategy of one stage (one group), this one has {self.topology.num_stages} stages")
+        if self.ministage_group:
+            self.actions = gpipe_ministages(1, self.config.micro_batches, strategy.ministages)[0]
+        else:
+            self.actions = run_schedule(strategy, options.schedule, source)[self.place.stage]
         splits_backward = any(action.kind == "W" for action in self.actions)
         self.store = WeightGradStore() if splits_backward else None
-        stage = build_stage(model, self.stage_info.layers, first=self.place.stage == 0, last=self.is_last)
-        stage = apply_tp(stage, tp_index=self.place.tp_index, tp_size=self.stage_info.tp, group=self.groups.tp,
-                         store=self.store)
         self.recorder = (SpanRecorder(self.rank, f"stage {self.place.stage}, {self.chip_label}", self.device)
                          if options.trace else None)
-        if self.stage_info.recompute:
-            stage = apply_recompute(stage, self.recorder)
-        with self.on_chip():
-            self.stage = stage.to(self.device)
+        chunk_layers = (strategy.chunk_layers(self.place.stage) if self.ministage_group
+                        else [self.stage_info.layers])
+        chunks = []
+        for index, layers in enumerate(chunk_layers):
+            chunk = build_stage(model, layers, first=self.place.stage == 0 and index == 0,
+                                last=self.is_last and index == len(chunk_layers) - 1)
+            chunk = apply_tp(chunk, tp_index=self.place.tp_index, tp_size=self.stage_info.tp, group=self.groups.tp,
+                             store=self.store)
+            if self.stage_info.recompute:
+                chunk = apply_recompute(chunk, self.recorder)
+            with self.on_chip():
+                chunks.append(chunk.to(self.device))
+        self.stage = chunks[0] if not self.ministage_group else torch.nn.ModuleList(chunks)
         del model
 
         # Parameters go by their names in the whole model, which a checkpoint's shards share.
-        named = [(model_parameter_name(name, self.stage_info.layers), param) for name, param in stage.named_parameters()]
+        named, self.chunk_params = [], []
+        for chunk, layers in zip(chunks, chunk_layers):
+            first = len(named)
+            named += [(model_parameter_name(name, layers), param) for name, param in chunk.named_parameters()]
+            self.chunk_params.append(list(range(first, len(named))))
+        self.sharding = strategy.optimizer_sharding or options.optimizer_sharding
         self.optimizer = StageOptimizer(named, lr=self.config.lr, betas=(self.config.beta1, self.config.beta2),
                                         weight_decay=self.config.weight_decay, dp_group=self.groups.dp,
                                         dp_rank=self.place.dp_index, dp_size=self.stage_info.dp,
-                                        sharding=options.optimizer_sharding)
-        # Each gradient element enters the global norm once: on DP replica 0, and for parameters
-        # replicated over TP (norm weights) on TP index 0 only.
-        self.counted_in_norm = [self.place.dp_index == 0 and (is_tp_sharded(name) or self.place.tp_index == 0)
-                                for name, _ in named]
-        self.counted_slots = torch.tensor([self.norm_slot[name] for (name, _), counted in zip(named, self.counted_in_norm)
-                                           if counted], dtype=torch.long)
+                                        sharding=self.sharding)
+        # Each gradient element enters the global norm once: on the replica that counts it (replica 0,
+        # or its owner under ZeRO-2), and for parameters replicated over TP (norm weights) on TP index 0 only.
+        self.counted_in_norm = [self.optimizer.holds_reduced_gradient(index)
+                                and (is_tp_sharded(name) or self.place.tp_index == 0)
+                                for index, (name, _) in enumerate(named)]
+        self.param_slots = [self.norm_slot[name] for name, _ in named]
         self.p2p = P2P(stage_through_host=p2p_needs_host_staging(options.p2p_backend, self.device.type),
                        link_to=links.to if links is not None and options.p2p_backend == "gloo" else None)
         self.resharder = Resharder(self.topology, self.rank, self.groups, self.p2p, mode=options.resharding)
-        activation_shape = (self.stage_info.micro_batch_size, self.config.seq_len, self.model_config.hidden_size)
-        self.executor = StageExecutor(self.stage, stage_index=self.place.stage, num_stages=self.topology.num_stages,
+        activation_shape = (len(self.stage_info.rows(self.place.dp_index)), self.config.seq_len,
+                            self.model_config.hidden_size)
+        self.ministage_executor = (MinistageExecutor(chunks, device=self.device, offload=tuple(strategy.offload),
+                                                     autocast=torch.bfloat16 if self.config.dtype == "bf16" else None)
+                                   if self.ministage_group else None)
+        self.executor = StageExecutor(chunks[0], stage_index=self.place.stage, num_stages=self.topology.num_stages,
                                       resharder=self.resharder, store=self.store, activation_shape=activation_shape,
                                       prefetch=options.prefetch, device=self.device, recorder=self.recorder,
                                       autocast=torch.bfloat16 if self.config.dtype == "bf16" else None)
@@ -162,7 +188,8 @@ class PipelineEngine:
 
     @property
     def chip_label(self) -> str:
-        return self.chip_labels.get(self.stage_info.chip, self.stage_info.chip)
+        chip = self.stage_info.replica_chip(self.place.dp_index)
+        return self.chip_labels.get(chip, chip)
 
     @contextlib.contextmanager
     def on_chip(self):
@@ -194,7 +221,7 @@ class PipelineEngine:
         dist.all_reduce(sums, group=self.groups.everyone)
         report = []
         for stage in self.topology.stages:
-            row = {"stage": stage.index, "chip": stage.chip,
+            row = {"stage": stage.index, "chip": "+".join(dict.fromkeys(stage.replica_chips or (stage.chip,))),
                    "peak_allocated_bytes": None if peaks[stage.index] < 0 else int(peaks[stage.index])}
             row.update({key: (int(value) if key.endswith("kernels") else float(value))
                         for key, value in zip(PACING_FIELDS, sums[stage.index].tolist())})
@@ -226,6 +253,60 @@ class PipelineEngine:
         starts = range(0, self.global_batch, self.micro_batch_sequences)
         return [batch[start + rows.start:start + rows.stop] for start in starts]
 
+    def _add_squared_norms(self, totals: torch.Tensor, indices) -> None:
+        """Add the squared norms of the gradients of parameters `indices` this rank counts to `totals`."""
+        counted = [index for index in indices if self.counted_in_norm[index]]
+        norms = self.optimizer.grad_norms(self.counted_in_norm, counted)
+        if norms:
+            slots = torch.tensor([self.param_slots[index] for index in counted], dtype=torch.long)
+            totals.index_add_(0, slots, torch.stack(norms).double().cpu().square())
+
+    def _run_ministages(self, inputs, targets, lr: float, totals: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The ministage schedule. At each chunk's STEP its gradients are reduced over the group (to
+        their owners under ZeRO-2) and their norms noted; without clipping the chunk's optimizer step
+        runs there and then. With clipping (the reference trainer's global-norm clip) the step needs
+        the norm over every chunk, known only after the last backward: the reduced gradients (1/dp of
+        them under ZeRO-2) wait, set aside, and `_deferred_ministage_steps` clips and steps them.
+        Returns the loss and whether the chunks stepped already."""
+        immediate = not self.config.grad_clip > 0
+        self.waiting_grads: dict[int, list] = {}
+
+        def on_step(chunk: int) -> None:
+            indices = self.chunk_params[chunk]
+            self.optimizer.reduce_gradients(indices)
+            self._add_squared_norms(totals, indices)
+            if immediate:
+                self.optimizer.step(lr, indices)
+                self.optimizer.zero_grad(indices)
+            else:
+                self.waiting_grads[chunk] = [self.optimizer.params[index].grad for index in indices]
+                self.optimizer.zero_grad(indices)
+
+        loss = self.ministage_executor.run(self.actions, inputs, targets, self.loss_weight, on_step)
+        return loss, immediate
+
+    def _deferred_ministage_steps(self, global_norm: torch.Tensor, max_norm: float, lr: float) -> float:
+        """Clip the gradients that waited by the global norm, then step each chunk with its
+        parameters on the device."""
+        coefficient = clip_coefficient(global_norm, max_norm)
+        for chunk in reversed(range(len(self.chunk_params))):
+            indices = self.chunk_params[chunk]
+            with self.ministage_executor.resident(chunk):
+                for index, grad in zip(indices, self.waiting_grads.pop(chunk)):
+                    if grad is not None:   # ZeRO-2: the owner's
+                        self.optimizer.params[index].grad = grad.mul_(coefficient)
+                self.optimizer.step(lr, indices)
+                self.optimizer.zero_grad(indices)
+        return float(global_norm)
+
+    @property
+    def loss_weight(self) -> float:
+        """What the last stage multiplies a replica's mean micro-batch loss by: its share of the
+        global batch's sequences (rows / (R * micro_batches)), so that the sum over replicas and
+        micro-batches is the batch's mean loss, with uneven rows too."""
+        rows = len(self.stage_info.rows(self.place.dp_index))
+        return rows / (self.micro_batch_sequences * self.config.micro_batches)
+
     def step(self, batch: torch.Tensor, lr: float) -> StepResult:
         """One optimizer step on the global `batch` (sequences of seq_len + 1 tokens) at learning rate `lr`."""
         with self.on_chip():
@@ -236,28 +317,34 @@ class PipelineEngine:
         inputs = [mb[:, :-1].to(self.device) for mb in micro_batches]
         targets = [mb[:, 1:].to(self.device) for mb in micro_batches]
         bytes_before = self.p2p.bytes_sent
-        last_stage_dp = self.topology.stages[-1].dp
         if self.recorder is not None:
             self.recorder.step += 1
-        loss_sum = self.executor.run(self.actions, inputs, targets, 1.0 / (last_stage_dp * self.config.micro_batches))
-        with span(self.recorder if self.stage_info.dp > 1 else None, "gradients over dp", "all-reduce",
-                  ranks=self.stage_info.dp):
-            self.optimizer.reduce_gradients()
+        totals = torch.zeros(len(self.norm_slot) + 1, dtype=torch.float64)
+        self.optimizer.reduced_gradient_elements = 0
+        if self.ministage_group:
+            loss_sum, stepped = self._run_ministages(inputs, targets, lr, totals)
+        else:
+            loss_sum, stepped = self.executor.run(self.actions, inputs, targets, self.loss_weight), False
+            with span(self.recorder if self.stage_info.dp > 1 else None, "gradients over dp", "all-reduce",
+                      ranks=self.stage_info.dp):
+                self.optimizer.reduce_gradients()
+            self._add_squared_norms(totals, range(len(self.optimizer.params)))
         # One all-reduce over every rank: each model parameter's squared gradient norm (summed over
         # its TP pieces, exact in float64 for a whole tensor) and the bytes sent across stages.
         with span(self.recorder, "gradient norm", "all-reduce", ranks=self.topology.world_size):
-            totals = torch.zeros(len(self.norm_slot) + 1, dtype=torch.float64)
-            norms = self.optimizer.grad_norms(self.counted_in_norm)
-            if norms:
-                totals.index_add_(0, self.counted_slots, torch.stack(norms).double().cpu().square())
             totals[-1] = float(self.p2p.bytes_sent - bytes_before)
             dist.all_reduce(totals, group=self.groups.everyone)
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
         with span(self.recorder, "clip and update", "optimizer"):
             global_norm = torch.linalg.vector_norm(totals[:-1].sqrt().float())
-            grad_norm = clip_by_global_norm(global_norm, self.optimizer.params, max_norm)
-            self.optimizer.step(lr)
-            self.optimizer.zero_grad()
+            if stepped:
+                grad_norm = float(global_norm)
+            elif self.ministage_group:
+                grad_norm = self._deferred_ministage_steps(global_norm, max_norm, lr)
+            else:
+                grad_norm = clip_by_global_norm(global_norm, self.optimizer.params, max_norm)
+                self.optimizer.step(lr)
+                self.optimizer.zero_grad()
         if self.is_last and self.groups.dp is not None:
             with span(self.recorder, "loss over dp", "all-reduce", ranks=self.stage_info.dp):
                 dist.all_reduce(loss_sum, group=self.groups.dp)

@@ -54,8 +54,9 @@ class Resharder:
         return self.groups.next_boundary if other_stage > self.place.stage else self.groups.prev_boundary
 
     def _check_rows(self, shape: tuple[int, ...]) -> int:
-        if shape[0] != self.stage.micro_batch_size:
-            raise ValueError(f"stage {self.place.stage} holds {self.stage.micro_batch_size} sequences per "
+        held = len(self.stage.rows(self.place.dp_index))
+        if shape[0] != held:
+            raise ValueError(f"stage {self.place.stage} holds {held} sequences per "
                              f"micro-batch, got a tensor of shape {tuple(shape)}")
         return _numel(shape[1:])
 

@@ -10,7 +10,8 @@ neighbours are adjacent ranks, as Megatron places them inside one server); the d
 of TP index t is {base_s + d * tp_s + t : d in [0, dp_s)}.
 
 Batch layout: every stage runs the same micro-batches. A micro-batch is R sequences (R = the
-strategy's dp * micro_batch_size); replica d of stage s holds sequences [d * R / dp_s, (d + 1) * R / dp_s).
+strategy's dp * micro_batch_size); replica d of stage s holds sequences [d * R / dp_s, (d + 1) * R / dp_s),
+or, where the stage lists uneven `rows` (a Zorse group), [rows_0 + ... + rows_{d-1}, ... + rows_d).
 Resharding plans address the micro-batch's activation flattened to R * row_numel elements (the
 sequences are its leading dimension, so a replica's rows are one contiguous element range).
 
@@ -63,6 +64,11 @@ class StageInfo:
     dp: int
     micro_batch_size: int   # sequences of one micro-batch per replica
     device: str | None = None  # torch device type, None: the run's default
+    row_counts: tuple[int, ...] = ()   # sequences of a micro-batch per replica; empty: micro_batch_size each
+    replica_chips: tuple[str, ...] = ()   # chip type per replica of a mixed-type group; empty: `chip`
+
+    def replica_chip(self, dp_index: int) -> str:
+        return self.replica_chips[dp_index] if self.replica_chips else self.chip
 
     @property
     def ranks(self) -> range:
@@ -79,6 +85,9 @@ class StageInfo:
 
     def rows(self, dp_index: int) -> range:
         """Sequences of a micro-batch that replica `dp_index` holds."""
+        if self.row_counts:
+            start = sum(self.row_counts[:dp_index])
+            return range(start, start + self.row_counts[dp_index])
         return range(dp_index * self.micro_batch_size, (dp_index + 1) * self.micro_batch_size)
 
     def replica_elements(self, dp_index: int, row_numel: int) -> tuple[int, int]:
@@ -111,7 +120,8 @@ class Topology:
             stages.append(StageInfo(index=index, chip=spec.chip, tp=spec.tp,
                                     layers=range(first_layer, first_layer + spec.layers),
                                     recompute=bool(spec.recompute), first_rank=first_rank, dp=dp,
-                                    micro_batch_size=strategy.stage_micro_batch_size(index), device=spec.device))
+                                    micro_batch_size=strategy.stage_micro_batch_size(index), device=spec.device,
+                                    row_counts=tuple(spec.rows or ()), replica_chips=tuple(spec.chips or ())))
             first_rank += spec.tp * dp
             first_layer += spec.layers
         return cls(stages, strategy.micro_batch_sequences)
@@ -179,12 +189,14 @@ class Topology:
             recompute = "recompute" if stage.recompute else "no recompute"
             sequences = "sequence" if stage.micro_batch_size == 1 else "sequences"
             device = self.device_type(stage.index, default_device)
-            if chip_labels and stage.chip in chip_labels:
-                chip = f"{chip_labels[stage.chip]} on {device}"
+            names = list(dict.fromkeys(stage.replica_chips or (stage.chip,)))
+            if chip_labels and all(name in chip_labels for name in names):
+                chip = " + ".join(chip_labels[name] for name in names) + f" on {device}"
             else:
-                chip = f"{stage.chip} ({'emulated on cpu' if device == 'cpu' else f'on {device}'})"
+                chip = f"{' + '.join(names)} ({'emulated on cpu' if device == 'cpu' else f'on {device}'})"
             lines.append(f"stage {stage.index}: chip {chip}, tp {stage.tp} x dp {stage.dp}, "
                          f"layers {stage.layers.start}..{stage.layers.stop - 1}, {recompute}, "
                          f"ranks {stage.ranks.start}..{stage.ranks.stop - 1}, "
-                         f"{stage.micro_batch_size} {sequences} per micro-batch per replica")
+                         + (f"rows {'/'.join(map(str, stage.row_counts))} of each micro-batch per replica"
+                            if stage.row_counts else f"{stage.micro_batch_size} {sequences} per micro-batch per replica"))
         return "\n".join(lines)

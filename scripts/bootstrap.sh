@@ -42,8 +42,8 @@ if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
   "${pip[@]}" "torch==$torch_version"
 fi
 # grpcio and pyzmq (Di-PS's control and data flow) do not depend on torch.
-build_and_test_deps=(numpy pyyaml "pybind11>=2.12" "scikit-build-core>=0.10" ninja pytest pytest-benchmark hypothesis expecttest matplotlib tensorboardX "grpcio>=1.60" "pyzmq>=25")
-if ! "$py" -c "import numpy, yaml, pybind11, scikit_build_core, ninja, pytest, pytest_benchmark, hypothesis, expecttest, matplotlib, tensorboardX, grpc, zmq" 2>/dev/null; then
+build_and_test_deps=(numpy pyyaml "pybind11>=2.12" "scikit-build-core>=0.10" ninja pytest pytest-benchmark hypothesis expecttest matplotlib tensorboardX "grpcio>=1.60" "pyzmq>=25" networkx)
+if ! "$py" -c "import numpy, yaml, pybind11, scikit_build_core, ninja, pytest, pytest_benchmark, hypothesis, expecttest, matplotlib, tensorboardX, grpc, zmq, networkx" 2>/dev/null; then
   echo "[bootstrap] installing build and test dependencies"
   "${pip[@]}" "${build_and_test_deps[@]}"
 fi

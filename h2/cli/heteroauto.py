@@ -1,10 +1,15 @@
 """`heteroauto`: search a strategy, simulate one, or profile chip types.
 
     heteroauto search   --cluster C [--model M] [--cost-model full|paper] [--time-limit S] [--out S.yaml] [--json] [--exhaustive]
+    heteroauto search   --planner zorse --cluster C [--model M] [--memory-fraction F] [--ministages K] [--offload auto|on|off]
+    heteroauto partition --cluster C [--json]
     heteroauto simulate --strategy S --cluster C [--cost-model full|paper] [--json] [--trace FILE]
     heteroauto profile  --cluster C [--chip NAME] [--model M] [--device cpu] [--synthesise] [--out-dir D | --out P.yaml]
     heteroauto cross-site --scenario configs/xdc/gpt3-175b.yaml [--latency-ms 20] [--bandwidth-gbps B] [--limit K] [--json]
 
+`search --planner zorse` plans with the Zorse planner (heteropp.auto.zorse: mixed-type groups, rows per
+rank, ministages, ZeRO-2, offload); `partition` prints its phase 1 (the min-k-cut of the cluster's
+bandwidth graph, every k); `simulate` scores a Zorse strategy with the same simulator.
 `profile` measures by running the runtime's stage code on TP ranks of each chip (heteropp.profiling;
 an emulated chip on its emulated dipu device) and writes one profile file per chip type into the
 profile folder (default profiles/<cluster name>/), reusing a file measured for the same chip entry,
@@ -37,6 +42,11 @@ from heteropp.auto.profiles import (load_profile, measured_profile, profile_fing
 from heteropp.auto.search import Progress, search
 from heteropp.auto.simulator import simulate
 from heteropp.auto.stage_terms import COST_MODELS
+from heteropp.auto.zorse.graph import bandwidth_graph, machines_of
+from heteropp.auto.zorse.partition import split_partitions
+from heteropp.auto.zorse.planner import OFFLOAD_CHOICES, ZorsePlan, plan as zorse_plan, rates_from_profiles
+from heteropp.auto.zorse.scoring import simulate_plan
+from heteropp.auto.zorse.strategies import from_strategy, is_zorse_strategy, to_strategy
 
 GB = 1e9
 MAX_REPLAY_MICRO_BATCHES = 1 << 16
@@ -66,6 +76,19 @@ def _parser() -> argparse.ArgumentParser:
     search_cmd = commands.add_parser("search", help="find the best strategy")
     problem(search_cmd)
     search_cmd.add_argument("--out", help="write the best strategy here (YAML)")
+    search_cmd.add_argument("--planner", choices=("heteroauto", "zorse"), default="heteroauto",
+                            help="heteroauto: stages of one chip type with TP (default); zorse: groups of any chip "
+                                 "types, rows per rank, ministages, ZeRO-2 and offload")
+    search_cmd.add_argument("--memory-fraction", type=float, default=1.0,
+                            help="--planner zorse: plan within this fraction of each chip's usable memory")
+    search_cmd.add_argument("--ministages", type=int, help="--planner zorse: fix the ministages per group")
+    search_cmd.add_argument("--max-groups", type=int,
+                            help="--planner zorse: at most this many pipeline groups (1: one data-parallel group)")
+    search_cmd.add_argument("--no-overlap", action="store_true",
+                            help="--planner zorse: price HeteroPP's runtime, which overlaps no ZeRO-2 traffic or "
+                                 "offload copy with compute (default: Zorse's, which does)")
+    search_cmd.add_argument("--offload", choices=OFFLOAD_CHOICES, default="auto",
+                            help="--planner zorse: activations and parameter shards to host memory (auto: try both)")
     search_cmd.add_argument("--search", choices=("exact", "paper"),
                             help="exact: every dp, stage order and tp sequence, a layer count per stage (default); "
                                  "paper: the paper's procedure and shortcuts (default with --cost-model paper)")
@@ -91,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
     simulate_cmd = commands.add_parser("simulate", help="replay a strategy's pipeline schedule")
     problem(simulate_cmd)
     simulate_cmd.add_argument("--strategy", required=True)
+    simulate_cmd.add_argument("--no-overlap", action="store_true",
+                              help="a Zorse strategy: price HeteroPP's runtime (no overlap of ZeRO-2 traffic and "
+                                   "offload copies with compute)")
     simulate_cmd.add_argument("--no-transfers", action="store_true", help="stage-to-stage transfers take no time")
     simulate_cmd.add_argument("--trace", metavar="FILE",
                               help="write the predicted schedule as a Chrome/Perfetto trace (one track per stage)")
@@ -103,6 +129,10 @@ def _parser() -> argparse.ArgumentParser:
     cross_site_cmd.add_argument("--limit", type=int, metavar="K",
                                 help="activation memory for K micro-batches of a uniform stage (default: the chip's budget)")
     cross_site_cmd.add_argument("--json", action="store_true")
+    partition_cmd = commands.add_parser("partition", help="Zorse's phase 1: the cluster's machines cut into k "
+                                                         "groups for every k (min-k-cut of the bandwidth graph)")
+    partition_cmd.add_argument("--cluster", required=True, help="cluster YAML")
+    partition_cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
     profile_cmd = commands.add_parser("profile", help="profile the cluster's chip types (measured by running TP ranks "
                                                      "of each, or synthesised)")
@@ -264,6 +294,12 @@ def _emulated(cluster, name: str) -> str:
 
 
 def _cmd_search(args) -> int:
+    if args.planner == "zorse":
+        return _cmd_search_zorse(args)
+    if (args.memory_fraction != 1.0 or args.ministages is not None or args.offload != "auto"
+            or args.max_groups is not None or args.no_overlap):
+        raise UserError("--memory-fraction, --ministages, --offload, --max-groups and --no-overlap: only with "
+                        "--planner zorse")
     cluster, model, training = _problem(args)
     profiles = _profiles(args, cluster, model, training)
     options = _search_options(args)
@@ -351,9 +387,140 @@ def _cmd_search(args) -> int:
     return 0
 
 
+# ---- zorse ---------------------------------------------------------------------------------------
+def _zorse_problem(args):
+    """Cluster, model, training (one sequence per profiled micro-batch) and the chip rates."""
+    cluster, model, training = _problem(args)
+    training = dataclasses.replace(training, micro_batch_size=1)
+    if not (math.isfinite(args.memory_fraction) and 0 < args.memory_fraction <= 1):
+        raise UserError(f"--memory-fraction: must be in (0, 1], got {args.memory_fraction}")
+    rates = rates_from_profiles(cluster, _profiles(args, cluster, model, training), args.memory_fraction)
+    return cluster, model, training, rates
+
+
+def _plan_payload(plan: ZorsePlan, cluster: ClusterSpec, simulated_s: float) -> dict:
+    return {"planner": "zorse", "iteration_s": plan.latency.iteration_s, "simulated_iteration_s": simulated_s,
+            "startup_s": plan.latency.startup_s, "steady_s": plan.latency.steady_s, "drain_s": plan.latency.drain_s,
+            "bottleneck": plan.latency.bottleneck, "micro_batch_sequences": plan.micro_batch_sequences,
+            "micro_batches": plan.micro_batches, "ministages": plan.ministages, "offload": plan.offload,
+            "recompute": plan.recompute, "overlap": plan.overlap, "max_memory_fraction": plan.max_memory_fraction,
+            "groups": [{"machines": [m.name for m in g.machines], "regions": sorted(g.regions), "chips": list(g.chips),
+                        "emulated": [cluster.chip(c).emulated for c in g.chips], "rows": list(g.rows),
+                        "ministage_layers": list(g.ministage_layers),
+                        "memory_gb": [m.device_bytes / GB for m in g.memory],
+                        "host_gb": [m.host_bytes / GB for m in g.memory],
+                        "capacity_gb": [m.capacity_bytes / GB for m in g.memory]} for g in plan.groups]}
+
+
+def _print_plan(plan: ZorsePlan, cluster: ClusterSpec, simulated_s: float) -> None:
+    print(f"zorse plan: {len(plan.groups)} groups, {plan.micro_batches} micro-batches of {plan.micro_batch_sequences} "
+          f"sequences, {plan.ministages} ministages per group, ZeRO-2, offload {'on' if plan.offload else 'off'}, "
+          f"recompute {'on' if plan.recompute else 'off'}, communication "
+          f"{'overlapped with compute (Zorse)' if plan.overlap else 'not overlapped (HeteroPP runtime)'}")
+    print(f"{'group':>5} {'gpus':>4} {'layers':>6} {'memory GB':>10} {'cap GB':>7}  machines (region): chip x rows")
+    for index, group in enumerate(plan.groups):
+        worst = max(group.memory, key=lambda m: m.fraction)
+        kinds: dict[tuple[str, int], int] = {}
+        for chip, rows in zip(group.chips, group.rows):
+            kinds[(chip, rows)] = kinds.get((chip, rows), 0) + 1
+        ranks = ", ".join(f"{n} {chip}{' (emulated)' if cluster.chip(chip).emulated else ''} x {rows} rows"
+                          for (chip, rows), n in kinds.items())
+        print(f"{index:>5} {len(group.chips):>4} {group.layers:>6} {worst.device_bytes / GB:>10.4g} "
+              f"{worst.capacity_bytes / GB:>7.4g}  {' '.join(m.name for m in group.machines)} "
+              f"({', '.join(sorted(group.regions))}): {ranks}")
+    latency = plan.latency
+    print(f"predicted iteration: {latency.iteration_s:.3f} s (start-up {latency.startup_s:.3f} + steady "
+          f"{latency.steady_s:.3f} + drain {latency.drain_s:.3f}, set by {latency.bottleneck}); simulated: "
+          f"{simulated_s:.3f} s")
+
+
+def _cmd_search_zorse(args) -> int:
+    if args.exhaustive or args.search is not None or args.dp is not None:
+        raise UserError("--exhaustive, --search and --dp: only with --planner heteroauto")
+    if args.ministages is not None and args.ministages < 1:
+        raise UserError(f"--ministages: must be at least 1, got {args.ministages}")
+    cluster, model, training, rates = _zorse_problem(args)
+    started = time.perf_counter()
+    if args.max_groups is not None and args.max_groups < 1:
+        raise UserError(f"--max-groups: must be at least 1, got {args.max_groups}")
+    found = zorse_plan(cluster, model, training, rates, ministages=args.ministages, offload=args.offload,
+                       overlap=not args.no_overlap, max_groups=args.max_groups)
+    searched_s = time.perf_counter() - started
+    simulated = simulate_plan(found.best, rates, model, training).iteration_s
+    strategy = to_strategy(found.best, model)
+    if args.out:
+        strategy.save(args.out)
+    if args.json:
+        print(json.dumps({**_plan_payload(found.best, cluster, simulated), "search_s": searched_s,
+                          "evaluated": found.evaluated, "strategy": strategy.to_dict()}))
+        return 0
+    print(f"cluster {cluster.name}: {cluster.total_chips} chips on {len(machines_of(cluster))} machines, model "
+          f"{model.name}, global batch {training.tokens} tokens ({training.sequences} x {training.seq_len})")
+    _print_plan(found.best, cluster, simulated)
+    print(f"search (zorse): {searched_s:.3f} s, {found.evaluated} candidates evaluated over "
+          f"{len(found.partitions)} partitions")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _cmd_partition(args) -> int:
+    cluster = load_cluster(args.cluster)
+    machines = machines_of(cluster)
+    partitions = split_partitions(bandwidth_graph(cluster, machines), f"{args.cluster}: bandwidth graph")
+
+    def describe(group) -> dict:
+        chips: dict[str, int] = {}
+        for index in group:
+            for chip in machines[index].chips:
+                chips[chip] = chips.get(chip, 0) + 1
+        return {"machines": [machines[i].name for i in group], "regions": sorted({machines[i].region for i in group}),
+                "chips": chips}
+
+    rows = [{"k": p.k, "cut_gbps": p.cut_weight, "groups": [describe(g) for g in p.groups]} for p in partitions]
+    if args.json:
+        print(json.dumps({"cluster": cluster.name, "partitions": rows}))
+        return 0
+    print(f"cluster {cluster.name}: {len(machines)} machines, {cluster.total_chips} chips; SPLIT min-k-cut of the "
+          f"bandwidth graph (edge weight: GPU pairs x GB/s), within 2 - 2/k of the optimal cut")
+    for row in rows:
+        groups = " | ".join(f"{'+'.join(g['machines'])} ({', '.join(f'{n} {c}' for c, n in g['chips'].items())})"
+                            for g in row["groups"])
+        print(f"k={row['k']:<3} cut {row['cut_gbps']:>10.4g} GB/s  {groups}")
+    return 0
+
+
 # ---- simulate ------------------------------------------------------------------------------------
+def _cmd_simulate_zorse(args, strategy) -> int:
+    cluster, model, training = _problem(args, default_model=strategy.model_config(args.strategy),
+                                        default_seq_len=strategy.seq_len)
+    training = dataclasses.replace(training_for(strategy, training), micro_batch_size=1)
+    rates = rates_from_profiles(cluster, _profiles(args, cluster, model, training), 1.0)
+    scored = from_strategy(strategy, cluster, model, training, rates, args.strategy, overlap=not args.no_overlap)
+    replay = simulate_plan(scored, rates, model, training, keep_timeline=args.trace is not None)
+    simulated = replay.iteration_s
+    if args.trace is not None:
+        from h2.core.trace import write_trace
+        from heteropp.auto.simulator import trace_events
+
+        labels = [f"{len(group.chips)} ranks ({', '.join(sorted(set(group.chips)))}), {group.layers} layers in "
+                  f"{scored.ministages} ministages" for group in scored.groups]
+        write_trace(args.trace, trace_events(replay, labels, False), {"source": "predicted"})
+    if args.json:
+        print(json.dumps({**_plan_payload(scored, cluster, simulated), "iteration_s": simulated,
+                          "latency_model_iteration_s": scored.latency.iteration_s,
+                          "fits": scored.max_memory_fraction <= 1}))
+        return 0
+    print(f"strategy {args.strategy}: Zorse groups priced by the Zorse latency and memory models, replayed by the "
+          f"simulator")
+    _print_plan(scored, cluster, simulated)
+    return 0
+
+
 def _cmd_simulate(args) -> int:
     strategy = load_strategy(args.strategy)
+    if is_zorse_strategy(strategy):
+        return _cmd_simulate_zorse(args, strategy)
     cluster, model, training = _problem(args, default_model=strategy.model_config(args.strategy),
                                         default_seq_len=strategy.seq_len)
     training = training_for(strategy, training)
@@ -558,7 +725,8 @@ def _cmd_cross_site(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     return {"search": _cmd_search, "simulate": _cmd_simulate, "profile": _cmd_profile,
-            "cross-site": _cmd_cross_site}[args.command](args)
+            "cross-site": _cmd_cross_site, "partition": _cmd_partition}[args.command](args)
+
 
 if __name__ == "__main__":
     sys.exit(main())

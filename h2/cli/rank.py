@@ -58,13 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _print_progress(record: dict, topology, memory: list[dict]) -> None:
     """The step's loss and throughput; per chip type the tokens/s each of its chips carries (the job's
     tokens/s times the type's share of the layers, over its chips); per stage the peak device memory."""
-    layers, chips = {}, {}
+    share, chips = {}, {}   # per chip type: its share of the job's token-layers, its chips
+    total_layers = sum(len(stage.layers) for stage in topology.stages)
     for stage in topology.stages:
-        layers[stage.chip] = layers.get(stage.chip, 0) + len(stage.layers)
-        chips[stage.chip] = chips.get(stage.chip, 0) + len(stage.ranks)
-    total_layers = sum(layers.values())
-    per_chip = " ".join(f"{name} {record['tokens_per_s'] * layers[name] / total_layers / chips[name]:,.1f}"
-                        for name in layers)
+        for replica in range(stage.dp):
+            name = stage.replica_chip(replica)
+            rows = len(stage.rows(replica)) / topology.micro_batch_sequences
+            share[name] = share.get(name, 0.0) + rows * len(stage.layers) / total_layers
+            chips[name] = chips.get(name, 0) + stage.tp
+    per_chip = " ".join(f"{name} {record['tokens_per_s'] * share[name] / chips[name]:,.1f}" for name in share)
     peaks = " ".join(f"{row['stage']}:{row['peak_allocated_bytes'] / 1e6:.1f}"
                      for row in memory if row["peak_allocated_bytes"] is not None)
     print(f"step {record['step']} loss {record['loss']:.4f} lr {record['lr']:.2e} "
@@ -76,8 +78,9 @@ def _print_progress(record: dict, topology, memory: list[dict]) -> None:
 def rank_names(topology):
     """'rank 3 (stage 1, chip B)' for every rank of `topology`."""
     def describe(rank: int) -> str:
-        stage = topology.stages[topology.place(rank).stage]
-        return f"rank {rank} (stage {stage.index}, chip {stage.chip})"
+        place = topology.place(rank)
+        stage = topology.stages[place.stage]
+        return f"rank {rank} (stage {stage.index}, chip {stage.replica_chip(place.dp_index)})"
     return describe
 
 
@@ -207,7 +210,8 @@ def _print_stage_report(report: list[dict], labels: dict[str, str], elapsed_s: f
                 f"in all ({row['overrun_s'] / row['emulated_s']:.2%} of the emulated kernel time)"
                 if row["kernels"] else "")
         host = f"; its ranks used {row['host_cpu_s'] / elapsed_s:.2f} host cores in steps" if elapsed_s > 0 else ""
-        print(f"stage {row['stage']} ({labels.get(row['chip'], row['chip'])}): peak memory "
+        chip = " + ".join(labels.get(name, name) for name in row["chip"].split("+"))
+        print(f"stage {row['stage']} ({chip}): peak memory "
               f"{row['peak_allocated_bytes'] / 1e6:.2f} MB{late}{host}", flush=True)
     emulated = [row for row in report if row["kernels"] and row["peak_allocated_bytes"] is not None]
     if emulated and elapsed_s > 0:

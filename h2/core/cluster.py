@@ -2,8 +2,10 @@
 
 A cluster file lists chip types (inline, or `from: chips/x.yaml` relative to the cluster file,
 plus `count`) and may carry a `training` section (global batch, sequence length, ...), a `links`
-section (bandwidth and latency per link class; h2.core.links) and a `sites` list naming the sites
-(datacenters) that stages may name besides their chip types' own `site`.
+section (bandwidth and latency per link class; h2.core.links), a `sites` list naming the sites
+(datacenters) that stages may name besides their chip types' own `site`, and `nodes`, `regions`,
+`region_links` sections (where each chip sits and the node- and region-level bandwidths;
+h2.core.cluster_graph).
 Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, TFLOPS in 10^12/s.
 """
 
@@ -15,6 +17,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from h2.core.cluster_graph import ClusterGraph, default_graph, graph_from_mapping
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.emulation import ChipEmulation
 from h2.core.errors import UserError
@@ -178,6 +181,15 @@ class ClusterSpec:
     source: str = "cluster"
     links: LinkSection = LinkSection()
     named_sites: tuple[str, ...] = ()   # the file's `sites:` list (a chip type's site is named too)
+    placed: ClusterGraph | None = None   # the file's `nodes` section, None where it has none
+
+    @property
+    def graph(self) -> ClusterGraph:
+        """Every chip's node and region and the bandwidth between any two (h2.core.cluster_graph)."""
+        if self.placed is not None:
+            return self.placed
+        return default_graph([(c.name, c.count, c.chips_per_node, c.intra_node_gbps, c.inter_node_gbps)
+                              for c in self.chips])
 
     def chip(self, name: str) -> ChipType:
         for chip in self.chips:
@@ -234,7 +246,8 @@ def training_from_mapping(mapping: dict, source: str) -> TrainingSpec:
 def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     path = os.fspath(path)
     data = load_yaml_mapping(path)
-    known = {"name", "chips", "training", "model", "description", "links", "sites"}
+    known = {"name", "chips", "training", "model", "description", "links", "sites", "nodes", "regions",
+             "region_links"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise UserError(f"{path}: unknown field '{unknown[0]}' (known: {', '.join(sorted(known))})")
@@ -270,5 +283,11 @@ def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     if (not isinstance(sites, list) or not all(isinstance(site, str) and site for site in sites)
             or len(set(sites)) != len(sites)):
         raise UserError(f"{path}: field 'sites' must list distinct site names, got {sites!r}")
+    placed = None
+    if "nodes" in data:
+        placed = graph_from_mapping(data, {c.name: (c.count, c.intra_node_gbps, c.inter_node_gbps) for c in chips}, path)
+    elif "regions" in data or "region_links" in data:
+        raise UserError(f"{path}: field '{'regions' if 'regions' in data else 'region_links'}' needs a 'nodes' section "
+                        f"placing the chips in regions")
     return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path, links=links,
-                       named_sites=tuple(sites))
+                       named_sites=tuple(sites), placed=placed)

@@ -145,11 +145,7 @@ def host_work_warning(cores_used: float, cores: int) -> str | None:
 
 def rank_chips(strategy: Strategy, cluster: ClusterSpec, ranks: range | None = None) -> list[ChipType]:
     """The chip type of each rank in `ranks` (default: all) under the strategy's rank layout."""
-    chips = []
-    for index, stage_ranks in enumerate(strategy.stage_ranks()):
-        chip = cluster.chip(strategy.stages[index].chip)
-        chips += [chip for rank in stage_ranks if ranks is None or rank in ranks]
-    return chips
+    return [cluster.chip(name) for rank, name in enumerate(strategy.rank_chips()) if ranks is None or rank in ranks]
 
 
 def emulated_stage_devices(strategy: Strategy, cluster: ClusterSpec, source: str) -> Strategy:
@@ -159,11 +155,14 @@ def emulated_stage_devices(strategy: Strategy, cluster: ClusterSpec, source: str
 
     stages = []
     for index, stage in enumerate(strategy.stages):
-        chip = cluster.chip(stage.chip)
-        if chip.emulation is not None:
+        emulated = [cluster.chip(name) for name in dict.fromkeys(stage.chips or [stage.chip])]
+        if any(chip.emulation is not None for chip in emulated):
+            if len(emulated) > 1 and any(chip.emulation is None for chip in emulated):
+                raise UserError(f"{source}: field 'stages[{index}].chips': a group mixes emulated and real chip "
+                                f"types (cluster {cluster.source}); its replicas must share one device type")
             if stage.device not in (None, EMULATED_DEVICE):
-                raise UserError(f"{source}: field 'stages[{index}].device': chip '{chip.name}' is emulated on the "
-                                f"{EMULATED_DEVICE} device (cluster {cluster.source}), not on '{stage.device}'")
+                raise UserError(f"{source}: field 'stages[{index}].device': chip '{emulated[0].name}' is emulated on "
+                                f"the {EMULATED_DEVICE} device (cluster {cluster.source}), not on '{stage.device}'")
             stage = dataclasses.replace(stage, device=EMULATED_DEVICE)
         stages.append(stage)
     return dataclasses.replace(strategy, stages=stages)

@@ -215,16 +215,17 @@ def rank_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str = "
     next_node: dict[str, int] = {}   # per chip type: the first node no rank has used yet
     filled = 0                       # ranks on the current node
     for index, stage in enumerate(strategy.stages):
-        chip = cluster.chip(stage.chip)
         site = stage_site(strategy, cluster, index, source)
-        for _ in range(stage.tp * strategy.stage_dp(index)):
-            previous = locations[-1] if locations else None
-            if (previous is None or previous.chip != chip.name or previous.site != site
-                    or filled == chip.chips_per_node):
-                next_node[chip.name] = next_node.get(chip.name, -1) + 1
-                filled = 0
-            locations.append(Location(chip.name, next_node[chip.name], site))
-            filled += 1
+        for replica in range(strategy.stage_dp(index)):
+            chip = cluster.chip(stage.replica_chip(replica))
+            for _ in range(stage.tp):
+                previous = locations[-1] if locations else None
+                if (previous is None or previous.chip != chip.name or previous.site != site
+                        or filled == chip.chips_per_node):
+                    next_node[chip.name] = next_node.get(chip.name, -1) + 1
+                    filled = 0
+                locations.append(Location(chip.name, next_node[chip.name], site))
+                filled += 1
     for chip_name, last in next_node.items():
         chip = cluster.chip(chip_name)
         nodes = -(-chip.count // chip.chips_per_node)

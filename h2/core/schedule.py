@@ -5,7 +5,13 @@ them. The schedule IR shared by runtime and planner. Pure Python: must not impor
 
 Kinds: F (forward), B (backward; input gradients only in the split variant), W (weight gradients,
 split variant only), SEND_F / RECV_F (activations to / from the next / previous stage), SEND_B /
-RECV_B (gradients to / from the previous / next stage). Sends do not block; receives wait.
+RECV_B (gradients to / from the previous / next stage), STEP (the optimizer step of one ministage's
+parameters). Sends do not block; receives wait.
+
+Ministages (Zorse): with m > 1 a stage holds m layer chunks (`chunk`); chunk c of stage s is the
+model's chunk c * stages + s, so activations leave the last stage's chunk c for stage 0's chunk c + 1.
+`gpipe_ministages` runs every forward of a chunk before the next chunk's, then the backwards in
+reverse chunk order, and a chunk's STEP right after its last backward.
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ from dataclasses import dataclass
 
 from h2.core.errors import UserError
 
-KINDS = ("F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B")
-SCHEDULES = ("1f1b", "1f1b-split-backward", "jeeves")
+KINDS = ("F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "STEP")
+SCHEDULES = ("1f1b", "1f1b-split-backward", "jeeves", "gpipe")
 
 
 @dataclass(frozen=True)
@@ -23,13 +29,16 @@ class Action:
     kind: str
     stage: int
     micro_batch: int
+    chunk: int | None = None   # the ministage, in a schedule of ministages
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown action kind {self.kind!r} (known: {', '.join(KINDS)})")
 
     def __str__(self) -> str:
-        return f"{self.kind}{self.micro_batch}"
+        if self.kind == "STEP":
+            return f"STEP/{self.chunk}"
+        return f"{self.kind}{self.micro_batch}" + ("" if self.chunk is None else f"/{self.chunk}")
 
 
 def _forward(stage: int, num_stages: int, micro_batch: int) -> list[Action]:
@@ -104,6 +113,36 @@ def _backward_done(action: Action, stage: int) -> bool:
     return action.kind == "SEND_B" or stage == 0
 
 
+def gpipe_ministages(num_stages: int, micro_batches: int, ministages: int) -> list[list[Action]]:
+    """GPipe order over interleaved ministages (module doc). With one stage a chunk feeds the next on
+    the same rank: the list has no communication."""
+    _check(num_stages, micro_batches)
+    if ministages < 1:
+        raise ValueError(f"need at least one ministage, got {ministages}")
+    last_stage, last_chunk = num_stages - 1, ministages - 1
+    talks = num_stages > 1
+    schedule = []
+    for stage in range(num_stages):
+        actions: list[Action] = []
+        for chunk in range(ministages):
+            for m in range(micro_batches):
+                if talks and (stage, chunk) != (0, 0):
+                    actions.append(Action("RECV_F", stage, m, chunk))
+                actions.append(Action("F", stage, m, chunk))
+                if talks and (stage, chunk) != (last_stage, last_chunk):
+                    actions.append(Action("SEND_F", stage, m, chunk))
+        for chunk in reversed(range(ministages)):
+            for m in range(micro_batches):
+                if talks and (stage, chunk) != (last_stage, last_chunk):
+                    actions.append(Action("RECV_B", stage, m, chunk))
+                actions.append(Action("B", stage, m, chunk))
+                if talks and (stage, chunk) != (0, 0):
+                    actions.append(Action("SEND_B", stage, m, chunk))
+            actions.append(Action("STEP", stage, -1, chunk))
+        schedule.append(actions)
+    return schedule
+
+
 def schedule_actions(name: str, num_stages: int, micro_batches: int) -> list[list[Action]]:
     if name == "1f1b":
         return one_f_one_b(num_stages, micro_batches)
@@ -112,6 +151,8 @@ def schedule_actions(name: str, num_stages: int, micro_batches: int) -> list[lis
     if name == "jeeves":
         raise ValueError("schedule 'jeeves' has no fixed action lists: it is generated from the stages' costs "
                          "(h2.core.jeeves) and run from a strategy's orders (h2.core.stage_orders.run_schedule)")
+    if name == "gpipe":
+        return gpipe_ministages(num_stages, micro_batches, 1)
     raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
 
 

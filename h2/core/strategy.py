@@ -4,7 +4,7 @@
     micro_batches: 32          # micro-batches per step (b); global batch = dp * b * micro_batch_size
     micro_batch_size: 1        # sequences per micro-batch per replica of a stage with `dp` replicas
     seq_len: 4096              # optional; tokens per sequence
-    schedule: 1f1b             # or 1f1b-split-backward (zero-bubble style, alpha = 0), or jeeves
+    schedule: 1f1b             # or 1f1b-split-backward (zero-bubble style, alpha = 0), jeeves, or gpipe
     orders: [...]              # optional: each stage's compute actions in order (h2.core.stage_orders)
     in_flight_limit: 4         # optional, jeeves: micro-batches a stage may hold at once (k)
     model: h2-100b             # preset name, or a mapping of ModelConfig fields (with optional `preset`)
@@ -13,7 +13,21 @@
       - {chip: A, tp: 4, dp: 2, layers: 6, recompute: false}  # per-stage dp (paper Figure 8)
       - {chip: B, tp: 2, dp: 2, layers: 4, device: dipu}      # HeteroPP: this stage's device type
       - {chip: B, tp: 2, layers: 4, site: south}              # its datacenter (default: the chip type's)
+      - {chips: [B, C], rows: [1, 3], layers: 4}              # Zorse: a mixed-type group, uneven rows
       - ...
+    ministages: 1              # Zorse: layer chunks per stage, interleaved round-robin (GPipe order)
+    optimizer_sharding: zero2  # optional: none | zero1 | zero2 (else the run's --optimizer-sharding)
+    offload: [activations, parameters]   # optional: what waits in host memory between its uses
+
+A stage's `chips` lists the chip type of each data-parallel replica (a group mixing chip types; its
+dp is the list's length, tp must be 1, and `chip`, if given, must be the first); its `rows` lists the
+sequences of each micro-batch that each replica takes (uneven, e.g. in proportion to chip speed;
+they sum to dp * micro_batch_size). Without `rows` the replicas split a micro-batch evenly.
+
+Zorse's schedule is GPipe's (`schedule: gpipe`; any strategy with ministages > 1 or offload runs in
+GPipe order). With `ministages` m > 1 the layers are cut into stages * m chunks; chunk c goes to stage c % stages
+(stage s holds chunks s, s + stages, ...: Megatron's interleaved layout), each stage's `layers` being
+the sum of its m chunks, split evenly (m must divide it).
 
 Every stage processes the whole global batch each step, as the same `micro_batches` micro-batches of
 dp * micro_batch_size sequences; a stage with its own dp d splits each micro-batch over its d
@@ -50,6 +64,11 @@ class StageSpec:
     dp: int | None = None      # None: the strategy's dp
     device: str | None = None  # HeteroPP: torch device type of this stage; None: the run's --device
     site: str | None = None    # the datacenter this stage runs in; None: its chip type's (h2.core.links)
+    chips: list[str] | None = None  # Zorse: the chip type of each replica (a mixed-type group)
+    rows: list[int] | None = None   # sequences of a micro-batch each replica takes; None: even split
+
+    def replica_chip(self, dp_index: int) -> str:
+        return self.chips[dp_index] if self.chips else self.chip
 
 
 @dataclass
@@ -59,10 +78,13 @@ class Strategy:
     micro_batch_size: int
     stages: list[StageSpec]
     model: str | dict = "tiny"
-    schedule: Literal["1f1b", "1f1b-split-backward", "jeeves"] = "1f1b"
+    schedule: Literal["1f1b", "1f1b-split-backward", "jeeves", "gpipe"] = "1f1b"
     seq_len: int | None = None
     orders: list[str] | None = None   # per stage, the compute actions in the order they run (h2.core.stage_orders)
     in_flight_limit: int | None = None  # jeeves: micro-batches a stage may hold at once (k); None: what its memory holds
+    ministages: int = 1
+    optimizer_sharding: Literal["none", "zero1", "zero2"] | None = None
+    offload: list[Literal["activations", "parameters"]] = dataclasses.field(default_factory=list)
 
     def model_config(self, source: str = "strategy") -> ModelConfig:
         if isinstance(self.model, str):
@@ -76,9 +98,18 @@ class Strategy:
         return dataclass_from_mapping(ModelConfig, data, f"{source}: field 'model'")
 
     def stage_dp(self, index: int) -> int:
-        """Data-parallel replicas of stage `index`: its own dp, else the strategy's."""
-        own = self.stages[index].dp
-        return self.dp if own is None else own
+        """Data-parallel replicas of stage `index`: its chips', its own dp, else the strategy's."""
+        stage = self.stages[index]
+        if stage.chips:
+            return len(stage.chips)
+        return self.dp if stage.dp is None else stage.dp
+
+    def stage_rows(self, index: int) -> list[int]:
+        """Sequences of each micro-batch that each replica of stage `index` takes."""
+        rows = self.stages[index].rows
+        if rows:
+            return list(rows)
+        return [self.micro_batch_sequences // self.stage_dp(index)] * self.stage_dp(index)
 
     @property
     def micro_batch_sequences(self) -> int:
@@ -86,8 +117,20 @@ class Strategy:
         return self.dp * self.micro_batch_size
 
     def stage_micro_batch_size(self, index: int) -> int:
-        """Sequences of one micro-batch that one replica of stage `index` processes."""
-        return self.micro_batch_sequences // self.stage_dp(index)
+        """Sequences of one micro-batch that one replica of stage `index` processes (with uneven
+        `rows`: the most any replica takes)."""
+        return max(self.stage_rows(index))
+
+    def chunk_layers(self, index: int) -> list[range]:
+        """Global layer indices of each ministage (chunk) of stage `index`, in chunk order (module doc:
+        chunk c of stage s is the model's chunk c * stages + s)."""
+        starts, first = {}, 0
+        for chunk in range(self.ministages):
+            for stage_index, stage in enumerate(self.stages):
+                size = stage.layers // self.ministages
+                starts[(stage_index, chunk)] = range(first, first + size)
+                first += size
+        return [starts[(index, chunk)] for chunk in range(self.ministages)]
 
     @property
     def world_size(self) -> int:
@@ -100,8 +143,15 @@ class Strategy:
     def chips_per_type(self) -> dict[str, int]:
         used: dict[str, int] = {}
         for index, stage in enumerate(self.stages):
-            used[stage.chip] = used.get(stage.chip, 0) + stage.tp * self.stage_dp(index)
+            for replica in range(self.stage_dp(index)):
+                chip = stage.replica_chip(replica)
+                used[chip] = used.get(chip, 0) + stage.tp
         return used
+
+    def rank_chips(self) -> list[str]:
+        """The chip type of each global rank (stage_ranks' layout: replica-major, TP neighbours adjacent)."""
+        return [stage.replica_chip(replica) for index, stage in enumerate(self.stages)
+                for replica in range(self.stage_dp(index)) for _ in range(stage.tp)]
 
     def stage_ranks(self) -> list[range]:
         """Global ranks of each stage: consecutive blocks of tp * dp, in pipeline order."""
@@ -124,7 +174,11 @@ class Strategy:
                 raise UserError(f"{source}: field 'stages[{index}].tp' must be a power of two up to 1024, got {stage.tp}")
             if stage.layers <= 0:
                 raise UserError(f"{source}: field 'stages[{index}].layers' must be positive, got {stage.layers}")
-            if stage.dp is not None:
+            if stage.chips is not None:
+                self._check_mixed_group(source, index, stage)
+            if stage.rows is not None:
+                self._check_rows(source, index, stage)
+            elif stage.dp is not None:
                 _check_count(source, f"stages[{index}].dp", stage.dp, 1 << 24)
                 if self.micro_batch_sequences % stage.dp:
                     raise UserError(f"{source}: field 'stages[{index}].dp': {stage.dp} replicas cannot split a "
@@ -138,15 +192,53 @@ class Strategy:
         total = sum(stage.layers for stage in self.stages)
         if total != model.num_layers:
             raise UserError(f"{source}: field 'stages': layers sum to {total}, model '{model.name}' has {model.num_layers}")
+        _check_count(source, "ministages", self.ministages, 1 << 10)
+        for index, stage in enumerate(self.stages):
+            if stage.layers % self.ministages:
+                raise UserError(f"{source}: field 'stages[{index}].layers': {stage.layers} layers cannot be cut "
+                                f"into ministages = {self.ministages} equal chunks")
+        if len(set(self.offload)) != len(self.offload):
+            raise UserError(f"{source}: field 'offload' lists an entry twice: {self.offload}")
+
+    def _check_mixed_group(self, source: str, index: int, stage: StageSpec) -> None:
+        where = f"{source}: field 'stages[{index}].chips'"
+        if not stage.chips or not all(stage.chips):
+            raise UserError(f"{where} must list the chip type of each replica, got {stage.chips}")
+        if stage.tp != 1:
+            raise UserError(f"{source}: field 'stages[{index}].tp': a mixed-type group (chips) runs tp 1, got {stage.tp}")
+        if stage.dp is not None and stage.dp != len(stage.chips):
+            raise UserError(f"{source}: field 'stages[{index}].dp' ({stage.dp}) differs from the {len(stage.chips)} "
+                            f"replicas its 'chips' lists")
+        if stage.chip != stage.chips[0]:
+            raise UserError(f"{source}: field 'stages[{index}].chip' ({stage.chip}) must be the first of its "
+                            f"'chips' ({stage.chips[0]}), or left out")
+
+    def _check_rows(self, source: str, index: int, stage: StageSpec) -> None:
+        where = f"{source}: field 'stages[{index}].rows'"
+        replicas = self.stage_dp(index)
+        if len(stage.rows) != replicas:
+            raise UserError(f"{where} lists {len(stage.rows)} replicas, the stage has {replicas}")
+        if any(rows <= 0 for rows in stage.rows):
+            raise UserError(f"{where} must be positive for every replica, got {stage.rows}")
+        if sum(stage.rows) != self.micro_batch_sequences:
+            raise UserError(f"{where} sum to {sum(stage.rows)}, a micro-batch has dp * micro_batch_size = "
+                            f"{self.micro_batch_sequences} sequences")
 
     def to_dict(self) -> dict:
         data = {"dp": self.dp, "micro_batches": self.micro_batches, "micro_batch_size": self.micro_batch_size}
         if self.seq_len is not None:
             data["seq_len"] = self.seq_len
         data["schedule"] = self.schedule
+        if self.ministages != 1:
+            data["ministages"] = self.ministages
+        if self.optimizer_sharding is not None:
+            data["optimizer_sharding"] = self.optimizer_sharding
+        if self.offload:
+            data["offload"] = list(self.offload)
         data["model"] = self.model
         data["stages"] = [{key: value for key, value in dataclasses.asdict(stage).items()
-                           if not (key in ("dp", "device", "site") and value is None)} for stage in self.stages]
+                           if not (key in ("dp", "device", "site", "chips", "rows") and value is None)}
+                          for stage in self.stages]
         if self.in_flight_limit is not None:
             data["in_flight_limit"] = self.in_flight_limit
         if self.orders is not None:
@@ -163,6 +255,11 @@ def strategy_from_mapping(data: dict, source: str) -> Strategy:
     model = data.pop("model", "tiny")
     if not isinstance(model, (str, dict)):
         raise UserError(f"{source}: field 'model': expected a preset name, a path or a mapping, got {model!r}")
+    stages = data.get("stages")
+    if isinstance(stages, list):   # a mixed-type group may leave out `chip`: its first replica's
+        data["stages"] = [{"chip": stage["chips"][0], **stage}
+                          if isinstance(stage, dict) and "chip" not in stage and isinstance(stage.get("chips"), list)
+                          and stage["chips"] else stage for stage in stages]
     strategy = dataclass_from_mapping(Strategy, data, source)
     strategy.model = model
     strategy.validate(source)

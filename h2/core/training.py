@@ -82,7 +82,7 @@ class TrainConfig:
 P2P_BACKENDS = ("gloo", "dicomm")
 STAGE_BACKENDS = ("auto", "gloo", "dicomm")
 RESHARDING_MODES = ("sliced", "full")
-OPTIMIZER_SHARDING = ("none", "zero1")
+OPTIMIZER_SHARDING = ("none", "zero1", "zero2")
 
 
 @dataclass
@@ -94,8 +94,9 @@ class PipelineOptions:
                 "DiComm on a vendor device)")
     resharding: Literal["sliced", "full"] = option(
         "sliced", "between stages: send/recv slices + all-gather, or full tensors")
-    optimizer_sharding: Literal["none", "zero1"] = option(
-        "none", "ZeRO-1: shard AdamW state over each stage's data-parallel replicas")
+    optimizer_sharding: Literal["none", "zero1", "zero2"] = option(
+        "none", "ZeRO-1: shard AdamW state over each stage's data-parallel replicas; ZeRO-2: and gradients "
+        "(a strategy's optimizer_sharding wins)")
     schedule: Literal["1f1b", "1f1b-split-backward", "jeeves"] | None = option(
         None, "override the strategy's schedule (jeeves: generated from the --cluster's costs and links, or "
               "the strategy's own orders)", default_text="the strategy's")

@@ -1,5 +1,11 @@
 """Event-driven replay of a pipeline schedule (h2/core/schedule.py action lists) with per-stage terms.
 
+Interleaved ministages (Zorse; h2.core.schedule.gpipe_ministages): list s is then the device of
+stage s, holding chunks c = 0 .. m - 1; its action of chunk c takes the terms of ministage
+c * stages + s (terms has one entry per ministage) and sends to the ministage before or after it,
+on the link between the two devices; a STEP action runs that ministage's update on the spot, and a
+list with STEP actions runs no update at its end.
+
 Each stage runs its actions in order on one clock. Compute actions (F, B, W) take the stage's time for
 one micro-batch (stage_terms.StageTerms: the same terms the closed-form cost model reads). SEND puts a
 message on the link to the neighbour: the link (one per direction of each boundary) is busy for the
@@ -66,7 +72,8 @@ def shared_links_of(pipeline: PipelineCosts, schedule: JeevesSchedule | None = N
 
 
 class _Queue:
-    """One link direction: messages leave in order when the link is free, arrive a latency later."""
+    """One link direction: messages leave in order when the link is free, arrive a latency later. A
+    queue with a send order (a shared link's global send list) holds each message until its turn."""
 
     def __init__(self, occupancy_s: float, latency_s: float, order: Sequence[Message] | None = None):
         self.occupancy_s = occupancy_s
@@ -76,10 +83,12 @@ class _Queue:
         self.next = 0
         self.posted: dict[Message, float] = {}
 
-    def post(self, now: float, message: Message) -> list[tuple[Message, float, float]]:
-        """(message, leaves, arrives) of every message this post lets leave."""
+    def post(self, now: float, message: Message, occupancy_s: float | None = None,
+             latency_s: float | None = None) -> list[tuple[Message, float, float]]:
+        """(message, leaves, arrives) of every message this post lets leave. A queue without a send
+        order takes the message's own occupancy and latency where given (a per-boundary link)."""
         if self.order is None:
-            return [self._send(message, now)]
+            return [self._send(message, now, occupancy_s, latency_s)]
         self.posted[message] = now
         sent = []
         while self.next < len(self.order) and self.order[self.next] in self.posted:
@@ -88,10 +97,13 @@ class _Queue:
             self.next += 1
         return sent
 
-    def _send(self, message: Message, posted: float) -> tuple[Message, float, float]:
+    def _send(self, message: Message, posted: float, occupancy_s: float | None = None,
+              latency_s: float | None = None) -> tuple[Message, float, float]:
+        occupancy = self.occupancy_s if occupancy_s is None else occupancy_s
+        latency = self.latency_s if latency_s is None else latency_s
         start = max(posted, self.free_at)
-        self.free_at = start + self.occupancy_s
-        return message, start, self.free_at + self.latency_s
+        self.free_at = start + occupancy
+        return message, start, self.free_at + latency
 
 
 def simulate(schedule: Sequence[Sequence[Action]], terms: Sequence[StageTerms], *, transfers: bool = True,
@@ -108,32 +120,46 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
     replicas. `shared_links` maps a boundary (stage i to i + 1) to its SharedLink."""
     replicas = len(schedules)
     num_stages = len(schedules[0])
-    if len(terms) != num_stages:
-        raise ValueError(f"{len(terms)} stage terms for {num_stages} stages")
+    chunks = 1 + max((a.chunk for stages in schedules for actions in stages for a in actions
+                      if a.chunk is not None), default=0)
+    if len(terms) != num_stages * chunks:
+        raise ValueError(f"{len(terms)} stage terms for {num_stages * chunks} stages")
     if any(len(stages) != num_stages for stages in schedules):
         raise ValueError("every replica needs one action list per stage")
     shared_links = dict(shared_links or {})
+    if shared_links and chunks > 1:
+        raise ValueError("shared (cross-site) links are simulated for schedules without ministages")
+
+    def ministage(action: Action) -> int:
+        return action.stage if action.chunk is None else action.chunk * num_stages + action.stage
+
     split = any(a.kind == "W" for stages in schedules for actions in stages for a in actions)
     lanes = [(r, s) for r in range(replicas) for s in range(num_stages)]
+    stepped = {(r, s): any(a.kind == "STEP" for a in schedules[r][s]) for r, s in lanes}
+    updates = {lane: 0.0 for lane in lanes}
     clock = {lane: 0.0 for lane in lanes}
     busy = {lane: 0.0 for lane in lanes}
     held = {lane: 0 for lane in lanes}
     peak = {lane: 0 for lane in lanes}
     cursor = {lane: 0 for lane in lanes}
-    arrivals: dict[tuple[str, int, int, int], float] = {}   # (kind, replica, receiving stage, micro-batch)
-    queues: dict[tuple[int, int, str], _Queue] = {}
+    arrivals: dict[tuple[str, int, int, int], float] = {}   # (kind, replica, receiving ministage, micro-batch)
+    queues: dict[tuple, _Queue] = {}
     timeline: list[list[tuple[str, float, float]]] = [[] for _ in range(num_stages)]
     sent = 0
 
-    def queue(replica: int, boundary: int, direction: str) -> _Queue:
+    def queue(replica: int, device: int, boundary: int, peer_device: int, direction: str) -> _Queue:
+        """The link a message crosses: a shared boundary's one queue, else this replica's link from
+        `device` to `peer_device` (ministages of one device pair share it)."""
         link = shared_links.get(boundary)
-        owner = -1 if link is not None and link.send_lists is not None else replica
-        key = (owner, boundary, direction)
+        if link is None:
+            key: tuple = (replica, device, peer_device)
+            if key not in queues:
+                queues[key] = _Queue(0.0, 0.0)
+            return queues[key]
+        key = (-1 if link.send_lists is not None else replica, boundary, direction)
         if key not in queues:
             if not transfers:
                 queues[key] = _Queue(0.0, 0.0)
-            elif link is None:
-                queues[key] = _Queue(terms[boundary].send_occupancy_s, terms[boundary].send_latency_s)
             elif link.send_lists is None:   # the replicas split the bandwidth
                 queues[key] = _Queue(link.occupancy_s * replicas, link.latency_s)
             else:
@@ -159,7 +185,7 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
                 action = actions[cursor[lane]]
                 kind = action.kind
                 if kind in ("RECV_F", "RECV_B"):
-                    key = (kind[-1], replica, stage, action.micro_batch)
+                    key = (kind[-1], replica, ministage(action), action.micro_batch)
                     if key not in arrivals:
                         break
                     arrived = arrivals.pop(key)
@@ -168,15 +194,27 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
                     clock[lane] = max(clock[lane], arrived)
                 elif kind in ("SEND_F", "SEND_B"):
                     direction = kind[-1]
-                    peer = stage + 1 if direction == "F" else stage - 1
-                    link = queue(replica, min(stage, peer), direction)
-                    for message, start, arrival in link.post(clock[lane], Message(replica, action.micro_batch)):
+                    here = ministage(action)
+                    peer = here + 1 if direction == "F" else here - 1
+                    boundary = min(here, peer)
+                    link = queue(replica, stage, boundary, peer % num_stages, direction)
+                    own = ((terms[boundary].send_occupancy_s, terms[boundary].send_latency_s) if transfers
+                           else (0.0, 0.0))
+                    posted = Message(replica, action.micro_batch)
+                    for message, start, arrival in link.post(clock[lane], posted, *own):
                         if keep_timeline and message.replica == 0:
-                            timeline[stage].append((f"{kind}{message.micro_batch}", start, arrival))
+                            label = str(action) if message == posted else f"{kind}{message.micro_batch}"
+                            timeline[stage].append((label, start, arrival))
                         arrivals[(direction, message.replica, peer, message.micro_batch)] = arrival
                     sent += 1
+                elif kind == "STEP":
+                    took = terms[ministage(action)].update_s
+                    if record:
+                        timeline[stage].append(("update", clock[lane], clock[lane] + took))
+                    clock[lane] += took
+                    updates[lane] += took
                 else:
-                    took = duration(stage, kind)
+                    took = duration(ministage(action), kind)
                     if record:
                         timeline[stage].append((str(action), clock[lane], clock[lane] + took))
                     clock[lane] += took
@@ -190,13 +228,17 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
             stuck = [f"replica {r} stage {s}: {schedules[r][s][cursor[(r, s)]]}" for r, s in lanes
                      if cursor[(r, s)] < len(schedules[r][s])]
             raise ValueError("schedule deadlocks: " + "; ".join(stuck[:8]))
-    finish_all = {lane: clock[lane] + terms[lane[1]].update_s for lane in lanes}
+    for lane in lanes:
+        if not stepped[lane]:
+            updates[lane] = terms[lane[1]].update_s
+    finish_all = {lane: clock[lane] + (0.0 if stepped[lane] else updates[lane]) for lane in lanes}
     finish = [finish_all[(0, s)] for s in range(num_stages)]
     if keep_timeline:
         for s in range(num_stages):
-            timeline[s].append(("update", clock[(0, s)], finish[s]))
+            if not stepped[(0, s)]:
+                timeline[s].append(("update", clock[(0, s)], finish[s]))
     iteration = max(finish_all.values())
-    bubble = [iteration - busy[(0, s)] - terms[s].update_s for s in range(num_stages)]
+    bubble = [iteration - busy[(0, s)] - updates[(0, s)] for s in range(num_stages)]
     return SimulationResult(iteration_s=iteration, busy_s=[busy[(0, s)] for s in range(num_stages)],
                             bubble_s=bubble, finish_s=finish, transfers=sent, timeline=timeline,
                             peak_in_flight=[max(peak[(r, s)] for r in range(replicas)) for s in range(num_stages)])
@@ -261,7 +303,7 @@ def trace_events(result: SimulationResult, stage_labels: Sequence[str], split_ba
     for stage, label in enumerate(stage_labels):
         events += [track_name_event(stage, f"stage {stage}: {label} (predicted)"), track_order_event(stage)]
         for name, start, end in result.timeline[stage]:
-            prefix = name.rstrip("0123456789")
+            prefix = name.split("/")[0].rstrip("0123456789")
             kind = ("backward-input" if split_backward else "backward") if prefix == "B" else _SPAN_KIND[prefix]
             events.append(span_event(name, kind, start, end, stage, lane=1 if kind == "send" else 0))
     return events

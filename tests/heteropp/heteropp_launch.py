@@ -35,10 +35,14 @@ def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_
         engine = trainer.engine
         return {"rank": rank, "stage": engine.place.stage, "bytes_sent": engine.p2p.bytes_sent,
                 "optimizer_state_elements": engine.optimizer.owned_state_elements(),
+                "reduced_gradient_elements": engine.optimizer.reduced_gradient_elements,
+                "host_copies": getattr(engine.ministage_executor, "host_copies", 0),
                 "parameter_elements": sum(p.numel() for p in engine.optimizer.params),
                 "mean_step_s": sum(r["step_time_s"] for r in records) / len(records),
                 "elapsed_s": trainer.elapsed_s, "stage_report": stage_report,
                 "parameter_devices": sorted({str(p.device) for p in engine.optimizer.params}),
+                "device_host_accessible": (torch.dipu.get_device_properties(engine.device).host_accessible
+                                           if engine.device.type == "dipu" else None),
                 "tp_backend": dist.get_backend(engine.groups.tp) if engine.groups.tp is not None else None,
                 "compute_order": " ".join(str(a) for a in engine.actions if a.kind in ("F", "B", "W"))}
     finally:
@@ -50,30 +54,32 @@ def world_size_of(strategy_data: dict) -> int:
 
 
 def run_pipeline(strategy_data: dict, steps: int, *, out_dir: str | None = None, train: dict | None = None,
-                 start: dict | None = None, **options) -> tuple[list[dict], list[dict]]:
+                 start: dict | None = None, env: dict | None = None, **options) -> tuple[list[dict], list[dict]]:
     """Train up to step `steps` on local processes; returns (metrics records, per-rank summaries).
     `out_dir`: the run's folder (default: a new one); `train`: more TrainConfig fields; `start`: the
-    PipelineTrainer's run-folder keywords (resume, overwrite, explicit); `options`: PipelineOptions."""
+    PipelineTrainer's run-folder keywords (resume, overwrite, explicit); `env`: more environment of the
+    ranks (e.g. DIPU_HOST_PROFILE); `options`: PipelineOptions."""
     out_dir = out_dir or tempfile.mkdtemp(prefix="heteropp-test-")
     world_size = world_size_of(strategy_data)
     # forkserver: ranks fork from a clean server process that imported torch once (seconds saved per
     # process on 2 cores), never from this test process, whose autograd threads (after a backward on
     # a device such as dipu) make a plain fork unsafe.
     ranks = run_ranks(_rank_main, world_size, (strategy_data, steps, out_dir, options, train or {}, start or {}),
-                      timeout=300,
+                      timeout=300, env=env,
                       start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
     with open(os.path.join(out_dir, "metrics.jsonl")) as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     return records, ranks
 
 
-def run_reference(strategy_data: dict, steps: int, dtype: str = "fp32") -> list[dict]:
-    """The single-device trainer on the same global batches: dp * micro_batches micro-batches a step."""
+def run_reference(strategy_data: dict, steps: int, dtype: str = "fp32", train: dict | None = None) -> list[dict]:
+    """The single-device trainer on the same global batches: dp * micro_batches micro-batches a step
+    (`train`: more TrainConfig fields, as run_pipeline's)."""
     strategy = strategy_from_mapping(strategy_data, "test strategy")
     model = strategy.model_config()
     config = TrainConfig(steps=steps, dtype=dtype, micro_batch_size=strategy.micro_batch_size,
                          micro_batches=strategy.micro_batches * strategy.dp,
-                         seq_len=strategy.seq_len or model.max_seq_len)
+                         seq_len=strategy.seq_len or model.max_seq_len, **(train or {}))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and the machine is shared
     try:

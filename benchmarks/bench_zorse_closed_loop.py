@@ -1,0 +1,62 @@
+"""The Zorse planner's closed loop on the local emulated mixed cluster: profile -> plan -> train -> compare.
+
+    .venv/bin/python benchmarks/bench_zorse_closed_loop.py [--cluster configs/clusters/local-hetero.yaml]
+        [--steps 5] [--warmup 1] [--out runs/zorse-closed-loop]
+
+Through the product's command lines: `heteroauto profile` measures every chip type (cached in
+OUT/profiles); `heteroauto search --planner zorse --profiles ... --no-overlap --max-groups 1` plans for
+the HeteroPP runtime as it is (one mixed-type group; ZeRO-2 traffic and offload copies not overlapped
+with compute) and writes the strategy; `h2 train --strategy` runs it. Prints the prediction (latency
+model and simulator), the median measured step after --warmup steps, their ratio against the 20%
+target, and the machine's load before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+from bench_closed_loop import command, load   # the HeteroAuto closed loop's runner: the same command lines
+
+TARGET = 0.20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cluster", default="configs/clusters/local-hetero.yaml")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--out", default="runs/zorse-closed-loop")
+    args = parser.parse_args()
+    if not 0 <= args.warmup < args.steps:
+        parser.error("--warmup must be below --steps")
+    print(f"before: {load()}", flush=True)
+    profiles, plan, run = (os.path.join(args.out, name) for name in ("profiles", "plan.yaml", "run"))
+    command("h2.cli.heteroauto", "profile", "--cluster", args.cluster, "--out-dir", profiles, capture=False)
+    planned = json.loads(command("h2.cli.heteroauto", "search", "--planner", "zorse", "--cluster", args.cluster,
+                                 "--profiles", profiles, "--no-overlap", "--max-groups", "1", "--out", plan,
+                                 "--json"))
+    group = planned["groups"][0]
+    print(f"plan: {len(group['chips'])} ranks ({', '.join(group['chips'])}), rows {group['rows']}, "
+          f"{planned['ministages']} ministages, offload {'on' if planned['offload'] else 'off'}, recompute "
+          f"{'on' if planned['recompute'] else 'off'}; predicted {planned['iteration_s']:.3f} s "
+          f"(simulated {planned['simulated_iteration_s']:.3f} s)", flush=True)
+    metrics = os.path.join(run, "metrics.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    command("h2.cli.main", "train", "--strategy", plan, "--cluster", args.cluster, "--steps", str(args.steps),
+            "--out", run, "--log-every", "1", capture=False)
+    with open(metrics) as handle:
+        steps = [json.loads(line)["step_time_s"] for line in handle if line.strip()]
+    measured = statistics.median(steps[args.warmup:])
+    ratio = measured / planned["simulated_iteration_s"]
+    print(f"steps: {', '.join(f'{s:.2f}' for s in steps)} s")
+    print(f"measured median step {measured:.3f} s / predicted {planned['simulated_iteration_s']:.3f} s = {ratio:.3f} "
+          f"({'PASS' if abs(ratio - 1) <= TARGET else 'FAIL'}: within {TARGET:.0%})")
+    print(f"after: {load()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The cluster's machines and the bandwidth graph between them, from the cluster file's placement
+(h2.core.cluster_graph: nodes in regions, node-, region- and region-pair bandwidths; a file without
+`nodes` has each chip type fill its own nodes in one region).
+
+A machine is one node of the cluster graph. Two GPUs of one machine are joined at the node's
+bandwidth, of two machines at their region's or their region pair's. Latency is not in the cluster
+graph: a link inside a region takes the larger latency_us of the chips it joins; a link between
+regions the `links: inter_site` latency where the file gives one (else the same). Between two
+machines a link is also no faster than the class the emulated links pace it by (h2.core.links).
+
+The graph has one vertex per machine and an edge between every two linked machines weighted by the
+bandwidth of all their GPU pairs together: gpus_a * gpus_b * bandwidth (GB/s), the weight the GPU graph
+of the Zorse paper gives the cut between the two machines. Zorse's planner tries k groups for k from
+the number of machines down to 1, so no cut it uses splits a machine: cutting the machine graph is
+cutting the GPU graph with each machine's GPUs kept together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from h2.core.cluster import ClusterSpec
+from h2.core.links import Link, Location, link_between
+
+
+@dataclass(frozen=True)
+class Machine:
+    index: int
+    name: str
+    region: str
+    chips: tuple[str, ...]    # each GPU's chip type
+    link_gbps: float          # between two of its GPUs
+
+    @property
+    def gpus(self) -> int:
+        return len(self.chips)
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+def machines_of(cluster: ClusterSpec) -> list[Machine]:
+    """Every node of the cluster graph, in the cluster file's order."""
+    return [Machine(index, node.name, node.region, tuple(chip for chip, count in node.chips for _ in range(count)),
+                    node.link_gbps) for index, node in enumerate(cluster.graph.nodes)]
+
+
+def _bandwidth_gbps(cluster: ClusterSpec, a: Machine, b: Machine) -> float:
+    graph = cluster.graph
+    if a.index == b.index:
+        return a.link_gbps
+    if a.region == b.region:
+        return dict(graph.region_gbps)[a.region]
+    return dict(graph.region_links).get(frozenset((a.region, b.region)), 0.0)
+
+
+def link_of(cluster: ClusterSpec, a: Machine, b: Machine) -> Link:
+    """The link between a GPU of machine a and one of machine b (a == b: the node's own link). Between
+    two machines it is also no faster than the link class the emulated links pace it by
+    (h2.core.links: inter_node or inter_type with the `links:` section's overrides)."""
+    latency = max(cluster.chip(chip).latency_us for chip in set(a.chips) | set(b.chips))
+    if a.region != b.region and cluster.links.override("inter_site").latency_us is not None:
+        latency = cluster.links.override("inter_site").latency_us
+    bandwidth = _bandwidth_gbps(cluster, a, b)
+    if a.index != b.index:
+        _, paced = link_between(cluster, Location(a.chips[0], a.index), Location(b.chips[0], b.index))
+        bandwidth, latency = min(bandwidth, paced.bandwidth_gbps), max(latency, paced.latency_us)
+    return Link(bandwidth, latency)
+
+
+def slowest_link(cluster: ClusterSpec, machines: list[Machine]) -> Link:
+    """The link a collective over these machines' GPUs is paced by: the lowest bandwidth and the
+    highest latency among their pairs (the machine's own link when there is one machine)."""
+    links = [link_of(cluster, a, b) for i, a in enumerate(machines) for b in machines[i:]
+             if a.index != b.index or a.gpus > 1 or len(machines) == 1]
+    return Link(min(link.bandwidth_gbps for link in links), max(link.latency_us for link in links))
+
+
+def link_across(cluster: ClusterSpec, first: list[Machine], second: list[Machine]) -> Link:
+    """The slowest link from a machine of one group to a machine of the other."""
+    links = [link_of(cluster, a, b) for a in first for b in second]
+    return Link(min(link.bandwidth_gbps for link in links), max(link.latency_us for link in links))
+
+
+def bandwidth_graph(cluster: ClusterSpec, machines: list[Machine]) -> nx.Graph:
+    """Vertices: machine indices; edges: every linked pair, weight gpus_a * gpus_b * bandwidth in GB/s."""
+    graph = nx.Graph()
+    graph.add_nodes_from(machine.index for machine in machines)
+    for i, a in enumerate(machines):
+        for b in machines[i + 1:]:
+            bandwidth = _bandwidth_gbps(cluster, a, b)
+            if bandwidth > 0:
+                graph.add_edge(a.index, b.index, weight=a.gpus * b.gpus * bandwidth)
+    return graph

@@ -1,0 +1,202 @@
+"""Phase 2: from each phase-1 partition, the best plan under the latency and memory models (costs).
+
+For every partition of the machines into k groups (k from the number of machines down to 1):
+- order the groups: first the one whose slowest internal link is fastest (its first gather has
+  nothing to hide behind), then each time the group best linked to the last one placed;
+- for every micro-batch size S (a divisor of the global batch in sequences, at least one row per
+  rank of the largest group): split S over each group's ranks in proportion to speed
+  (costs.rows_per_rank);
+- for recompute on and off, every count k of ministages per group that cuts the layers into equal
+  chunks (the strategy format's rule: k divides the model's layers; the layers go to the groups in
+  blocks of k, in proportion to group speed, each block to the group that would finish it first),
+  and offload off/on:
+  keep the plan if every rank fits the memory model, and the fastest by the latency model.
+When nothing fits, the error names the constraint the nearest candidate broke.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+from h2.core.cluster import ClusterSpec, TrainingSpec
+from h2.core.errors import UserError
+from h2.core.links import Link
+from h2.core.model_config import ModelConfig
+from heteropp.auto.profiles import Profile
+from heteropp.auto.zorse.costs import (ChipRates, GroupShape, Latency, RankMemory, Shapes, Transfer, chip_rates,
+                                       latency, proportional_counts, rank_memory, rows_per_rank, transfer)
+from heteropp.auto.zorse.graph import Machine, bandwidth_graph, link_across, machines_of, slowest_link
+from heteropp.auto.zorse.partition import Partition, split_partitions
+
+GB = 1e9
+OFFLOAD_CHOICES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    machines: tuple[Machine, ...]
+    chips: tuple[str, ...]              # each rank's chip type
+    rows: tuple[int, ...]               # each rank's sequences of one micro-batch
+    ministage_layers: tuple[int, ...]   # layers of each ministage, in pipeline order
+    link: Link                          # the slowest link inside the group
+    memory: tuple[RankMemory, ...]      # each rank's, by the memory model
+
+    @property
+    def layers(self) -> int:
+        return sum(self.ministage_layers)
+
+    @property
+    def label(self) -> str:
+        return "+".join(machine.label for machine in self.machines)
+
+    @property
+    def regions(self) -> set[str]:
+        return {machine.region for machine in self.machines}
+
+
+@dataclass(frozen=True)
+class ZorsePlan:
+    groups: tuple[GroupPlan, ...]       # pipeline order
+    micro_batch_sequences: int          # S: sequences of one pipeline micro-batch (all ranks of a group)
+    micro_batches: int                  # M
+    ministages: int                     # per group
+    offload: bool
+    recompute: bool
+    latency: Latency
+    transfers: tuple[Transfer, ...]     # group g to group (g + 1) % G
+    seq_len: int
+    overlap: bool = True                # communication and offload overlap compute (Zorse); False: HeteroPP's
+
+    @property
+    def max_memory_fraction(self) -> float:
+        return max(memory.fraction for group in self.groups for memory in group.memory)
+
+
+@dataclass(frozen=True)
+class PlanSearch:
+    best: ZorsePlan
+    partitions: list[Partition]
+    evaluated: int
+    search_s: float
+
+
+def rates_from_profiles(cluster: ClusterSpec, profiles: dict[str, Profile],
+                        memory_fraction: float = 1.0) -> dict[str, ChipRates]:
+    """Per-sequence, per-layer rates at tp 1 of each chip type (Zorse uses no tensor parallelism); each
+    chip may use memory_fraction of its usable memory."""
+    if not 0 < memory_fraction <= 1:
+        raise UserError(f"--memory-fraction: must be in (0, 1], got {memory_fraction}")
+    rates = {}
+    for chip in cluster.chips:
+        layer = profiles[chip.name].layer(1)
+        if layer is None:
+            raise UserError(f"profile of chip '{chip.name}': no tp 1 entry (the Zorse planner plans without TP)")
+        sequences = profiles[chip.name].micro_batch_size
+        rates[chip.name] = chip_rates(chip, layer.forward_s / sequences, layer.backward_s / sequences,
+                                      layer.recompute_s / sequences, memory_fraction)
+    return rates
+
+
+def group_order(cluster: ClusterSpec, groups: list[list[Machine]]) -> list[list[Machine]]:
+    """Fastest inside first, then each time the group best linked to the last one placed."""
+    inside = [slowest_link(cluster, group) for group in groups]
+    first = min(range(len(groups)), key=lambda i: (-inside[i].bandwidth_gbps, inside[i].latency_us, i))
+    order, left = [first], set(range(len(groups))) - {first}
+    while left:
+        last = groups[order[-1]]
+        between = {i: link_across(cluster, last, groups[i]) for i in left}
+        nearest = min(left, key=lambda i: (-between[i].bandwidth_gbps, between[i].latency_us, i))
+        order.append(nearest)
+        left.remove(nearest)
+    return [groups[i] for i in order]
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass
+class _Nearest:
+    """The candidate that came closest to fitting, for the error when none fits."""
+    fraction: float = float("inf")
+    text: str = ""
+
+
+def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates: dict[str, ChipRates], *,
+         ministages: int | None = None, offload: str = "auto", micro_batch_sequences: int | None = None,
+         overlap: bool = True, max_groups: int | None = None) -> PlanSearch:
+    """The fastest plan that fits (module doc); `rates` from rates_from_profiles (which sets the memory
+    each chip may use)."""
+    started = time.perf_counter()
+    if offload not in OFFLOAD_CHOICES:
+        raise UserError(f"--offload: unknown choice '{offload}' (known: {', '.join(OFFLOAD_CHOICES)})")
+    shapes = Shapes.of(model, training)
+    machines = machines_of(cluster)
+    partitions = split_partitions(bandwidth_graph(cluster, machines), f"{cluster.source}: bandwidth graph")
+    sequences = training.sequences
+    sizes = divisors(sequences) if micro_batch_sequences is None else [micro_batch_sequences]
+    if micro_batch_sequences is not None and sequences % micro_batch_sequences:
+        raise UserError(f"--micro-batch-sequences: {micro_batch_sequences} does not divide the global batch of "
+                        f"{sequences} sequences")
+    offloads = {"auto": (False, True), "on": (True,), "off": (False,)}[offload]
+    best: ZorsePlan | None = None
+    nearest = _Nearest()
+    evaluated = 0
+    for partition in reversed(partitions[:len(machines)]):
+        groups = group_order(cluster, [[machines[i] for i in group] for group in partition.groups])
+        if len(groups) > model.num_layers or (max_groups is not None and len(groups) > max_groups):
+            continue
+        chips = [[chip for machine in group for chip in machine.chips] for group in groups]
+        links = [slowest_link(cluster, group) for group in groups]
+        between = [link_across(cluster, groups[g], groups[(g + 1) % len(groups)]) if len(groups) > 1
+                   else links[0] for g in range(len(groups))]
+        for size, recompute in itertools.product(sizes, (True, False)):
+            if size < max(len(c) for c in chips):
+                continue
+            shaped = [GroupShape(tuple(rates[c] for c in group_chips),
+                                 rows_per_rank([rates[c] for c in group_chips], size), link, recompute)
+                      for group_chips, link in zip(chips, links)]
+            hops = [transfer(shaped[g], shaped[(g + 1) % len(shaped)], between[g], size, shapes)
+                    for g in range(len(shaped))]
+            per_layer = [g.forward_s + g.backward_s for g in shaped]
+            counts = range(1, model.num_layers // len(shaped) + 1) if ministages is None else [ministages]
+            for k in counts:
+                if model.num_layers % k or model.num_layers // k < len(shaped):
+                    continue
+                blocks = proportional_counts([t * k for t in per_layer], model.num_layers // k)
+                chunks = [(count,) * k for count in blocks]
+                for off in offloads:
+                    evaluated += 1
+                    memory = [tuple(rank_memory(group, r, chunks[g], sequences // size, off, g == 0,
+                                                g == len(shaped) - 1, shapes) for r in range(group.size))
+                              for g, group in enumerate(shaped)]
+                    worst_g, worst_r = max(((g, r) for g in range(len(shaped)) for r in range(shaped[g].size)),
+                                           key=lambda gr: memory[gr[0]][gr[1]].fraction)
+                    worst = memory[worst_g][worst_r]
+                    if worst.fraction > 1:
+                        if worst.fraction < nearest.fraction:
+                            nearest = _Nearest(worst.fraction, (
+                                f"{len(shaped)} groups, {k} ministages, {size} sequences per micro-batch, "
+                                f"offload {'on' if off else 'off'}, recompute {'on' if recompute else 'off'}: rank {worst_r} ({chips[worst_g][worst_r]}) of "
+                                f"group {worst_g} needs {worst.device_bytes / GB:.3g} GB, its memory allows "
+                                f"{worst.capacity_bytes / GB:.3g} GB"))
+                        continue
+                    predicted = latency(shaped, chunks, hops, sequences // size, off, shapes, overlap)
+                    if best is None or predicted.iteration_s < best.latency.iteration_s * (1 - 1e-9):
+                        best = ZorsePlan(
+                            groups=tuple(GroupPlan(tuple(groups[g]), tuple(chips[g]), shaped[g].rows, chunks[g],
+                                                   links[g], memory[g]) for g in range(len(shaped))),
+                            micro_batch_sequences=size, micro_batches=sequences // size, ministages=k,
+                            offload=off, recompute=recompute, latency=predicted, transfers=tuple(hops),
+                            seq_len=training.seq_len, overlap=overlap)
+    if best is None:
+        if not nearest.text:
+            raise UserError(f"{cluster.source}: no plan to evaluate: the model's {model.num_layers} layers and "
+                            f"{sequences} sequences per step leave no group count, micro-batch size and "
+                            f"ministage count to try")
+        raise UserError(f"{cluster.source}: no plan fits the memory model; nearest: {nearest.text}")
+    return PlanSearch(best, partitions, evaluated, time.perf_counter() - started)
+

@@ -1,0 +1,181 @@
+"""Zorse's additions to the shared formats: the cluster file's nodes, regions and two-level bandwidths
+(h2.core.cluster_graph), and the strategy file's mixed-type groups, uneven rows per replica,
+ministages, optimizer sharding and offload (h2.core.strategy). Bad fields fail in one line."""
+
+import subprocess
+import sys
+
+import pytest
+
+from h2.core.cluster import load_cluster
+from h2.core.errors import UserError
+from h2.core.links import rank_locations
+from h2.core.strategy import strategy_from_mapping
+
+A100 = "{name: A100, count: 6, memory_gb: 40, chips_per_node: 4, tp_max: 4, intra_node_gbps: 300, inter_node_gbps: 25}"
+T4 = "{name: T4, count: 2, memory_gb: 16, chips_per_node: 2, tp_max: 2, intra_node_gbps: 16, inter_node_gbps: 6.25}"
+PLACED = """
+nodes:
+  - {name: a0, region: east, chips: {A100: 4}}
+  - {name: a1, region: east, chips: {A100: 2, T4: 2}, link_gbps: 16}
+regions:
+  - {name: east, link_gbps: 6.25}
+"""
+
+
+def write_cluster(tmp_path, sections: str) -> str:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"chips: [{A100}, {T4}]\n{sections}")
+    return str(path)
+
+
+def test_chips_of_one_node_are_joined_at_the_nodes_link(tmp_path):
+    graph = load_cluster(write_cluster(tmp_path, PLACED)).graph
+    a, b = graph.gpus()[4], graph.gpus()[6]     # node a1: an A100 and a T4
+    assert graph.bandwidth_gbps(a, b) == 16
+
+
+def test_chips_on_two_nodes_of_one_region_are_joined_at_the_regions_link(tmp_path):
+    graph = load_cluster(write_cluster(tmp_path, PLACED)).graph
+    assert graph.bandwidth_gbps(graph.gpus()[0], graph.gpus()[7]) == 6.25
+
+
+def test_a_node_without_its_own_link_takes_its_chips_intra_node_bandwidth(tmp_path):
+    graph = load_cluster(write_cluster(tmp_path, PLACED)).graph
+    assert graph.bandwidth_gbps(graph.gpus()[0], graph.gpus()[1]) == 300
+
+
+def test_chips_in_two_regions_are_joined_at_their_region_link(tmp_path):
+    sections = """
+nodes:
+  - {name: a0, region: east, chips: {A100: 6}}
+  - {name: t0, region: west, chips: {T4: 2}}
+regions: [{name: east}, {name: west}]
+region_links: [{regions: [east, west], link_gbps: 0.5}]
+"""
+    graph = load_cluster(write_cluster(tmp_path, sections)).graph
+    assert graph.bandwidth_gbps(graph.gpus()[0], graph.gpus()[6]) == 0.5
+
+
+def test_a_cluster_file_without_nodes_fills_one_node_type_by_type(tmp_path):
+    graph = load_cluster(write_cluster(tmp_path, "")).graph
+    assert [(node.name, node.chips) for node in graph.nodes] == [
+        ("A100-0", (("A100", 4),)), ("A100-1", (("A100", 2),)), ("T4-0", (("T4", 2),))]
+
+
+def test_edges_list_every_linked_pair_once(tmp_path):
+    graph = load_cluster(write_cluster(tmp_path, PLACED)).graph
+    assert len(graph.edges()) == 8 * 7 // 2
+
+
+@pytest.mark.parametrize("sections, error", [
+    ("nodes:\n  - {name: a0, chips: {A100: 6, H100: 2}}\n", "nodes[0]: field 'chips': unknown chip type 'H100'"),
+    ("nodes:\n  - {name: a0, chips: {A100: 6}}\n", "place 0 chips of type 'T4', its 'count' is 2"),
+    ("nodes:\n  - {name: a0, chips: {A100: 6, T4: 2}, link_gbps: -3}\n",
+     "nodes[0]: field 'link_gbps' must be a positive number of GB/s, got -3"),
+    ("nodes:\n  - {name: a0, chips: {A100: 6, T4: 2}, cores: 3}\n", "nodes[0]: unknown field 'cores'"),
+    ("nodes:\n  - {name: a0, region: east, chips: {A100: 6}}\n  - {name: t0, region: west, chips: {T4: 2}}\n",
+     "the cluster graph is disconnected: no link reaches region 'west' from region 'east'"),
+    ("nodes:\n  - {name: a0, region: east, chips: {A100: 6}}\n  - {name: t0, region: west, chips: {T4: 2}}\n"
+     "region_links: [{regions: [east, west], link_gbps: -1}]\n",
+     "region_links[0]: field 'link_gbps' must be a positive number of GB/s, got -1"),
+    ("regions: [{name: east}]\n", "field 'regions' needs a 'nodes' section"),
+])
+def test_a_bad_node_or_region_is_refused_naming_the_field(tmp_path, sections, error):
+    with pytest.raises(UserError, match=None) as caught:
+        load_cluster(write_cluster(tmp_path, sections))
+    assert error in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_disconnected_cluster_file_exits_2_with_one_line(tmp_path):
+    path = write_cluster(tmp_path, "nodes:\n  - {name: a0, region: east, chips: {A100: 6}}\n"
+                                   "  - {name: t0, region: west, chips: {T4: 2}}\n")
+    result = subprocess.run([sys.executable, "-m", "h2.cli.heteroauto", "search", "--cluster", path],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "disconnected" in result.stderr
+
+
+# ---- the strategy file ---------------------------------------------------------------------------
+def zorse_strategy(**changes):
+    stage = {"chips": ["T4", "A100"], "rows": [1, 3], "layers": 4, "tp": 1}
+    data = {"dp": 2, "micro_batches": 4, "micro_batch_size": 2, "model": "tiny", "ministages": 2,
+            "optimizer_sharding": "zero2", "offload": ["activations", "parameters"], "stages": [stage]}
+    stage.update(changes.pop("stage", {}))
+    data.update(changes)
+    return strategy_from_mapping(data, "s.yaml")
+
+
+def test_a_mixed_type_group_gives_each_replica_its_chip_and_rows():
+    strategy = zorse_strategy()
+    assert strategy.rank_chips() == ["T4", "A100"] and strategy.stage_rows(0) == [1, 3]
+
+
+def test_a_mixed_type_group_counts_chips_per_type():
+    assert zorse_strategy().chips_per_type() == {"T4": 1, "A100": 1}
+
+
+def test_a_stage_without_rows_splits_a_micro_batch_evenly():
+    strategy = zorse_strategy(stage={"rows": None})
+    assert strategy.stage_rows(0) == [2, 2]
+
+
+def test_the_zorse_fields_survive_a_save_and_load(tmp_path):
+    from h2.core.strategy import load_strategy
+    strategy = zorse_strategy()
+    strategy.save(tmp_path / "s.yaml")
+    again = load_strategy(tmp_path / "s.yaml")
+    assert again == strategy
+
+
+def test_a_mixed_group_places_each_rank_on_its_own_chip_types_nodes(tmp_path):
+    cluster = load_cluster(write_cluster(tmp_path, ""))
+    assert [location.chip for location in rank_locations(zorse_strategy(), cluster)] == ["T4", "A100"]
+
+
+@pytest.mark.parametrize("changes, error", [
+    ({"stage": {"rows": [1, 2]}}, "field 'stages[0].rows' sum to 3, a micro-batch has dp * micro_batch_size = 4"),
+    ({"stage": {"rows": [4]}}, "field 'stages[0].rows' lists 1 replicas, the stage has 2"),
+    ({"stage": {"rows": [0, 4]}}, "field 'stages[0].rows' must be positive for every replica"),
+    ({"stage": {"tp": 2}}, "field 'stages[0].tp': a mixed-type group (chips) runs tp 1, got 2"),
+    ({"stage": {"dp": 3}}, "field 'stages[0].dp' (3) differs from the 2 replicas its 'chips' lists"),
+    ({"stage": {"chip": "A100"}}, "field 'stages[0].chip' (A100) must be the first of its 'chips' (T4)"),
+    ({"stage": {"layers": 3}, "model": {"preset": "tiny", "num_layers": 3}},
+     "field 'stages[0].layers': 3 layers cannot be cut into ministages = 2 equal chunks"),
+    ({"ministages": 0}, "field 'ministages' must be positive, got 0"),
+    ({"optimizer_sharding": "zero3"}, "field 'optimizer_sharding'"),
+    ({"offload": ["gradients"]}, "field 'offload'"),
+    ({"offload": ["activations", "activations"]}, "field 'offload' lists an entry twice"),
+])
+def test_a_bad_zorse_strategy_field_is_refused_naming_it(changes, error):
+    with pytest.raises(UserError) as caught:
+        zorse_strategy(**changes)
+    assert error in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_ministage_chunks_go_round_robin_over_the_stages():
+    strategy = strategy_from_mapping({"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "ministages": 2,
+                                      "model": {"preset": "tiny", "num_layers": 8},
+                                      "stages": [{"chip": "A", "tp": 1, "layers": 4},
+                                                 {"chip": "B", "tp": 1, "layers": 4}]}, "s.yaml")
+    assert strategy.chunk_layers(0) == [range(0, 2), range(4, 6)]
+    assert strategy.chunk_layers(1) == [range(2, 4), range(6, 8)]
+
+
+# ---- the ministage schedule ----------------------------------------------------------------------
+def test_gpipe_ministages_run_every_forward_of_a_chunk_before_the_next_and_step_after_each_backward():
+    from h2.core.schedule import gpipe_ministages
+    (actions,) = gpipe_ministages(1, 2, 2)
+    assert " ".join(map(str, actions)) == "F0/0 F1/0 F0/1 F1/1 B0/1 B1/1 STEP/1 B0/0 B1/0 STEP/0"
+
+
+def test_gpipe_ministages_send_the_last_stages_chunk_to_the_first_stages_next_chunk():
+    from h2.core.schedule import gpipe_ministages
+    first, last = gpipe_ministages(2, 1, 2)
+    assert [str(a) for a in first[:4]] == ["F0/0", "SEND_F0/0", "RECV_F0/1", "F0/1"]
+    assert [str(a) for a in last[:4]] == ["RECV_F0/0", "F0/0", "SEND_F0/0", "RECV_F0/1"]
+
+
+def test_the_gpipe_schedule_is_one_ministage_of_gpipe_ministages():
+    from h2.core.schedule import gpipe_ministages, schedule_actions
+    assert schedule_actions("gpipe", 2, 3) == gpipe_ministages(2, 3, 1)
