@@ -93,3 +93,15 @@ def test_h2_train_refuses_ministages_over_several_stages_in_one_line_before_any_
                              "--out", str(tmp_path / "run")], cwd=root, capture_output=True, text=True)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "this runtime runs GPipe, ministages and offload on a strategy of one stage" in result.stderr
+
+
+@pytest.mark.slow
+def test_offloading_parameters_then_activations_lowers_the_peak_device_memory_of_a_ministage_group():
+    discrete = {"DIPU_HOST_PROFILE": "discrete"}
+    peaks = []
+    for offload in ((), ("parameters",), ("parameters", "activations")):
+        data = group(ministages=2, offload=offload)
+        data["schedule"] = "gpipe"
+        _, ranks = run_pipeline(data, 1, device="dipu", env=discrete)
+        peaks.append(ranks[0]["stage_report"][0]["peak_allocated_bytes"])
+    assert peaks[0] > peaks[1] > peaks[2]
