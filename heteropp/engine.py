@@ -31,7 +31,7 @@ from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.transformer import Transformer
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm, clip_coefficient
 from heteropp.executor import StageExecutor
-from heteropp.ministages import MinistageExecutor
+from heteropp.ministages import MinistageExecutor, runs_ministages
 from heteropp.groups import build_groups, check_p2p_backend, check_stage_backend, p2p_needs_host_staging
 from heteropp.p2p import P2P
 from heteropp.resharding import Resharder
@@ -118,10 +118,7 @@ class PipelineEngine:
         self.norm_slot = {name: slot for slot, (name, _) in enumerate(model.named_parameters())}
         schedule = options.schedule or strategy.schedule
         # Zorse's ministages and offload run on the ministage executor (heteropp.ministages).
-        self.ministage_group = strategy.ministages > 1 or bool(strategy.offload) or schedule == "gpipe"
-        if self.ministage_group and self.topology.num_stages > 1:
-            raise UserError(f"{source}: field 'ministages': this runtime runs GPipe, ministages and offload on a "
-                            f"strategy of one stage (one group), this one has {self.topology.num_stages} stages")
+        self.ministage_group = runs_ministages(strategy, schedule, source)
         if self.ministage_group:
             self.actions = gpipe_ministages(1, self.config.micro_batches, strategy.ministages)[0]
         else:

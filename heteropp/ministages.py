@@ -25,9 +25,22 @@ import contextlib
 import torch
 from torch import nn
 
+from h2.core.errors import UserError
 from h2.model.transformer import language_model_loss
 
 OFFLOAD_KINDS = ("activations", "parameters")
+
+
+def runs_ministages(strategy, schedule: str, source: str = "strategy") -> bool:
+    """Whether a strategy runs on this executor: ministages, offload or the GPipe schedule; refused in
+    one line where it has several stages (the wrap-around transfer from the last stage's chunk c to
+    stage 0's chunk c + 1 is not written)."""
+    if not (strategy.ministages > 1 or strategy.offload or schedule == "gpipe"):
+        return False
+    if len(strategy.stages) > 1:
+        raise UserError(f"{source}: field 'ministages': this runtime runs GPipe, ministages and offload on a strategy of one "
+                        f"stage (one group), this one has {len(strategy.stages)} stages")
+    return True
 
 
 class ParameterHome:

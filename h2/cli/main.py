@@ -61,6 +61,7 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     from h2.core.strategy import load_strategy
     from h2.train.pipeline import pipeline_start
     from heteropp.groups import check_p2p_backend, check_stage_backend
+    from heteropp.ministages import runs_ministages
 
     strategy = load_strategy(run.strategy)
     for name in NOT_WITH_STRATEGY:
@@ -87,6 +88,7 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     for stage in strategy.stages:
         device_type = resolve_device(stage.device or config.device).type
         check_stage_backend(options.stage_backend, device_type)
+    runs_ministages(strategy, options.schedule or strategy.schedule, run.strategy)
     needed = strategy.world_size
     nproc = run.nproc or needed
     if nproc != needed:

@@ -74,6 +74,13 @@ class ClusterGraph:
             return dict(self.region_gbps)[a.region]
         return dict(self.region_links).get(frozenset((a.region, b.region)), 0.0)
 
+    def node_link_gbps(self, node_a: str, node_b: str) -> float:
+        """The bandwidth between chips on nodes `node_a` and `node_b`; between regions without a
+        direct link, the slowest region link (traffic is routed through others)."""
+        regions = {node.name: node.region for node in self.nodes}
+        direct = self.bandwidth_gbps(Gpu(0, "", node_a, regions[node_a]), Gpu(1, "", node_b, regions[node_b]))
+        return direct if direct > 0 else min(link for _, link in self.region_links)
+
     def edges(self) -> list[tuple[int, int, float]]:
         """Every pair of chips with a direct link: (index a, index b, GB/s), a < b."""
         gpus = self.gpus()
@@ -169,17 +176,11 @@ def graph_from_mapping(data: dict, chips: dict[str, tuple[int, float, float]], s
     for index, entry in enumerate(links_data):
         where = f"{source}: region_links[{index}]"
         entry = _mapping(entry, where, ("regions", "link_gbps"))
-        pair = entry.get("regions")
-        if (not isinstance(pair, list) or len(pair) != 2 or pair[0] == pair[1]
-                or not all(isinstance(r, str) for r in pair)):
-            raise UserError(f"{where}: field 'regions' must name two different regions, got {pair!r}")
-        for region in pair:
+        key = name_pair(entry, "regions", where, pairs)
+        for region in entry["regions"]:
             if region not in region_entries:
                 raise UserError(f"{where}: field 'regions': unknown region '{region}' "
                                 f"(known: {', '.join(region_entries)})")
-        key = frozenset(pair)
-        if key in pairs:
-            raise UserError(f"{where}: field 'regions': the pair {pair[0]}/{pair[1]} is listed twice")
         if "link_gbps" not in entry:
             raise UserError(f"{where}: field 'link_gbps' is required")
         pairs[key] = _positive(entry["link_gbps"], where, "link_gbps")
@@ -187,6 +188,18 @@ def graph_from_mapping(data: dict, chips: dict[str, tuple[int, float, float]], s
     graph = ClusterGraph(tuple(nodes), tuple(region_gbps), tuple(pairs.items()))
     _check_connected(graph, source)
     return graph
+
+
+def name_pair(entry: dict, field: str, where: str, seen) -> frozenset:
+    """The two different names an entry's `field` lists (sites, regions), as a key not in `seen`."""
+    pair = entry.get(field)
+    if (not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(name, str) and name for name in pair)
+            or pair[0] == pair[1]):
+        raise UserError(f"{where}: field '{field}' must name two different {field}, got {pair!r}")
+    key = frozenset(pair)
+    if key in seen:
+        raise UserError(f"{where}: field '{field}': the pair {pair[0]}/{pair[1]} is listed twice")
+    return key
 
 
 def _check_connected(graph: ClusterGraph, source: str) -> None:

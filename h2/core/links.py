@@ -32,6 +32,12 @@ default site (None); a stage in another site than the previous one starts a fres
       - {name: A, site: north, ...}
       - {name: B, site: south, ...}
 
+Where the cluster file places its chips on named nodes (its `nodes` section, h2.core.cluster_graph),
+each rank of chip type X takes the next chip of type X in the file's node order instead, and the
+link between two ranks is the graph's: intra_node at the node's link_gbps, inter_node at the region's,
+inter_site at the region pair's (without a direct pair: the slowest region link), latency the larger
+of the two chips' latency_us; the `links:` section does not apply to such ranks.
+
 The arrival rule (`ArrivalClock`) is what every pacing layer applies to the messages it sends over one
 link: a message of n bytes posted at t arrives at max(previous arrival, t + latency) + n / bandwidth;
 the sender never waits for an acknowledgement, so many messages are in flight at once.
@@ -45,6 +51,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from h2.core.cluster_graph import name_pair
 from h2.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -155,14 +162,7 @@ def links_from_mapping(data, source: str) -> LinkSection:
     for index, entry in enumerate(pairs_data):
         entry_where = f"{where}.site_pairs[{index}]"
         override = _override_from_mapping(entry, entry_where, extra=("sites",))
-        sites = entry.get("sites")
-        if (not isinstance(sites, list) or len(sites) != 2 or not all(isinstance(s, str) and s for s in sites)
-                or sites[0] == sites[1]):
-            raise UserError(f"{entry_where}: field 'sites' must name two different sites, got {sites!r}")
-        key = frozenset(sites)
-        if key in pairs:
-            raise UserError(f"{entry_where}: field 'sites': the pair {sites[0]}/{sites[1]} is listed twice")
-        pairs[key] = override
+        pairs[name_pair(entry, "sites", entry_where, pairs)] = override
     return LinkSection(classes=classes, site_pairs=tuple(pairs.items()))
 
 
@@ -172,14 +172,27 @@ class Location:
     chip: str
     node: int
     site: str | None = None
+    host: str | None = None     # the cluster file's node that holds the chip, where it names nodes
+    region: str | None = None   # that node's region
 
     def describe(self) -> str:
+        if self.host is not None:
+            return f"node {self.host} in region {self.region}"
         site = f" at site {self.site}" if self.site else ""
         return f"{self.chip} node {self.node}{site}"
+
+    @property
+    def machine(self):
+        """What identifies the machine the rank runs on: the named node, else the whole location."""
+        return self if self.host is None else (self.host, self.region)
 
 
 def link_class(a: Location, b: Location) -> str:
     """The class of the link between two ranks' locations."""
+    if a.host is not None and b.host is not None:
+        if a.host == b.host:
+            return "intra_node"
+        return "inter_node" if a.region == b.region else "inter_site"
     if a.site != b.site:
         return "inter_site"
     if a.chip != b.chip:
@@ -200,6 +213,9 @@ def _default_link(link_class_name: str, chip_a: "ChipType", chip_b: "ChipType") 
 def link_between(cluster: "ClusterSpec", a: Location, b: Location) -> tuple[str, Link]:
     """The class of the link joining two locations of `cluster`, and its bandwidth and latency."""
     name = link_class(a, b)
+    if a.host is not None and b.host is not None:
+        latency = max(cluster.chip(a.chip).latency_us, cluster.chip(b.chip).latency_us)
+        return name, Link(cluster.graph.node_link_gbps(a.host, b.host), latency)
     default = _default_link(name, cluster.chip(a.chip), cluster.chip(b.chip))
     link = cluster.links.override(name).over(default)
     if name == "inter_site":
@@ -210,7 +226,10 @@ def link_between(cluster: "ClusterSpec", a: Location, b: Location) -> tuple[str,
 
 
 def rank_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str = "strategy") -> list[Location]:
-    """Each global rank's location (module doc: nodes fill in rank order, one contiguous block each)."""
+    """Each global rank's location (module doc: nodes fill in rank order, one contiguous block each;
+    or the cluster file's named nodes)."""
+    if cluster.placed is not None:
+        return _placed_locations(strategy, cluster, source)
     locations: list[Location] = []
     next_node: dict[str, int] = {}   # per chip type: the first node no rank has used yet
     filled = 0                       # ranks on the current node
@@ -248,11 +267,29 @@ def stage_site(strategy: "Strategy", cluster: "ClusterSpec", index: int, source:
     return stage.site
 
 
+def _placed_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str) -> list[Location]:
+    """Each rank of chip type X on the next chip of type X in the cluster file's node order."""
+    graph = cluster.graph
+    node_index = {node.name: index for index, node in enumerate(graph.nodes)}
+    free: dict[str, list] = {}
+    for gpu in graph.gpus():
+        free.setdefault(gpu.chip, []).append(gpu)
+    locations = []
+    for chip_name in strategy.rank_chips():
+        cluster.chip(chip_name)
+        if not free.get(chip_name):
+            raise UserError(f"{source}: field 'stages': uses more chips of type '{chip_name}' than cluster "
+                            f"{cluster.source} places on its nodes")
+        gpu = free[chip_name].pop(0)
+        locations.append(Location(chip_name, node_index[gpu.node], host=gpu.node, region=gpu.region))
+    return locations
+
+
 def nodes_of(locations: list[Location]) -> list[tuple[Location, list[int]]]:
     """The distinct nodes in rank order, each with its (contiguous) global ranks."""
     nodes: list[tuple[Location, list[int]]] = []
     for rank, location in enumerate(locations):
-        if nodes and nodes[-1][0] == location:
+        if nodes and nodes[-1][0].machine == location.machine:
             nodes[-1][1].append(rank)
         else:
             nodes.append((location, [rank]))
@@ -278,7 +315,7 @@ class RankLinks:
         """What pacing applies to messages from this rank to global rank `peer`."""
         here, there = self.locations[self.rank], self.locations[peer]
         _, link = link_between(self.cluster, here, there)
-        if self.kernel_shaped and here != there:
+        if self.kernel_shaped and here.machine != there.machine:
             return link.without_bandwidth()
         return link
 

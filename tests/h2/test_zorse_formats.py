@@ -179,3 +179,20 @@ def test_gpipe_ministages_send_the_last_stages_chunk_to_the_first_stages_next_ch
 def test_the_gpipe_schedule_is_one_ministage_of_gpipe_ministages():
     from h2.core.schedule import gpipe_ministages, schedule_actions
     assert schedule_actions("gpipe", 2, 3) == gpipe_ministages(2, 3, 1)
+
+
+# ---- ranks on the cluster file's nodes -----------------------------------------------------------
+def test_each_rank_takes_the_next_chip_of_its_type_in_the_files_node_order(tmp_path):
+    cluster = load_cluster(write_cluster(tmp_path, PLACED))   # a0: 4 A100; a1: 2 A100 and 2 T4
+    strategy = zorse_strategy(stage={"chips": ["T4", "A100"]})
+    assert [location.host for location in rank_locations(strategy, cluster)] == ["a1", "a0"]
+
+
+def test_two_ranks_on_one_named_node_are_one_emulated_machine_joined_at_the_nodes_link(tmp_path):
+    from h2.core.links import RankLinks, nodes_of
+    sections = "nodes:\n  - {name: n0, chips: {A100: 1, T4: 1}, link_gbps: 16}\n  - {name: n1, chips: {A100: 5, T4: 1}}\n"
+    cluster = load_cluster(write_cluster(tmp_path, sections))
+    strategy = zorse_strategy(stage={"chips": ["A100", "T4"]})
+    links = RankLinks.for_strategy(strategy, cluster, rank=0)
+    assert links.class_to(1) == "intra_node" and links.to(1).bandwidth_gbps == 16
+    assert len(nodes_of(links.locations)) == 1

@@ -76,3 +76,32 @@ def test_h2_train_runs_the_local_zorse_group_on_its_emulated_mixed_cluster(tmp_p
     assert "emu-slow (emulated: 0.1x a host core, 250 MB) + emu-fast (emulated: 0.3x a host core, 250 MB)" in result.stdout
     with open(tmp_path / "run" / "stage_report.json") as handle:
         assert [row["chip"] for row in json.load(handle)] == ["emu-slow+emu-fast"]
+
+
+def test_h2_train_refuses_ministages_over_several_stages_in_one_line_before_any_rank_starts(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import yaml
+    data = group()
+    data["model"]["num_layers"] = 8
+    data["stages"] = [{**data["stages"][0], "layers": 4}, {"chip": "chip-a", "tp": 1, "layers": 4}]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run([sys.executable, "-m", "h2.cli.main", "train", "--strategy", str(path), "--steps", "1",
+                             "--out", str(tmp_path / "run")], cwd=root, capture_output=True, text=True)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "this runtime runs GPipe, ministages and offload on a strategy of one stage" in result.stderr
+
+
+@pytest.mark.slow
+def test_offloading_parameters_then_activations_lowers_the_peak_device_memory_of_a_ministage_group():
+    discrete = {"DIPU_HOST_PROFILE": "discrete"}
+    peaks = []
+    for offload in ((), ("parameters",), ("parameters", "activations")):
+        data = group(ministages=2, offload=offload)
+        data["schedule"] = "gpipe"
+        _, ranks = run_pipeline(data, 1, device="dipu", env=discrete)
+        peaks.append(ranks[0]["stage_report"][0]["peak_allocated_bytes"])
+    assert peaks[0] > peaks[1] > peaks[2]
