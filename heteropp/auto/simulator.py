@@ -198,7 +198,8 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
                     peer = here + 1 if direction == "F" else here - 1
                     boundary = min(here, peer)
                     link = queue(replica, stage, boundary, peer % num_stages, direction)
-                    own = ((terms[boundary].send_occupancy_s, terms[boundary].send_latency_s) if transfers
+                    own = (() if boundary in shared_links else
+                           (terms[boundary].send_occupancy_s, terms[boundary].send_latency_s) if transfers
                            else (0.0, 0.0))
                     posted = Message(replica, action.micro_batch)
                     for message, start, arrival in link.post(clock[lane], posted, *own):
