@@ -79,10 +79,12 @@ class OrderedGroups:
     same_type_next: list[bool]                          # g and g + 1 are one chip type (monotone tp)
     monotone_tp: bool = False
     relaxed: bool = False       # memory caps by the stage's position in its group only (a lower bound)
-    tp_values: list[int] = field(default_factory=list)  # every tp any option uses, sorted
+    tp_values: list[int] = field(default_factory=list)  # every tp any option uses, sorted (given: shared slices)
+    starts_pipeline: bool = True   # group 0 is the pipeline's first (False: a chain inside a longer pipeline)
+    follower: bool = False         # the last group is the next chain's first: it gives the transfer, is not placed
 
     def __post_init__(self) -> None:
-        self.tp_values = sorted({o.tp for options in self.options for o in options})
+        self.tp_values = self.tp_values or sorted({o.tp for options in self.options for o in options})
         # stages behind matter only through micro-batches in flight; relaxed: not at all
         self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.layers)
         self.shapes: dict = {}
@@ -95,6 +97,16 @@ class OrderedGroups:
 
     def front_tp(self, j: int) -> int | None:
         return None if j == len(self.tp_values) else self.tp_values[j]
+
+    # what the search asks of a problem (orders_dp.AllOrders answers the same for every order at once)
+    def least_sum(self, bound: float) -> float:
+        return sum_tables(self, bound).best()[0]
+
+    def feasible(self, bound: float) -> bool:
+        return feasible(self, bound)
+
+    def bound_values(self) -> np.ndarray:
+        return bound_candidates(self)
 
 
 # ---- one group's stages at every tail ----------------------------------------------------------------
@@ -165,7 +177,7 @@ class _GroupShape:
 
 def _shape(problem: OrderedGroups, g: int, tail_cap: int) -> _GroupShape:
     b_minus_alpha = problem.micro_batches - problem.alpha
-    first_group = g == 0
+    first_group = g == 0 and problem.starts_pipeline
     tails = np.zeros(tail_cap + 1, dtype=np.int64) if problem.relaxed else np.arange(tail_cap + 1)
     options = problem.options[g]
     last_slice = len(problem.tp_values)
@@ -313,12 +325,22 @@ class SumTables:
 
 def sum_tables(problem: OrderedGroups, bound: float) -> SumTables:
     """min sum_i S_i for every (front, tail, layers) after each group, groups placed from the end."""
+    table = np.full((problem.fronts, problem.tail_cap + 1, problem.layers + 1), INF)
+    table[problem.fronts - 1, 0, 0] = 0.0
+    tables, all_steps = place_sums(problem, table, bound, range(len(problem.options) - 1, -1, -1))
+    while len(tables) < len(problem.options) + 1:
+        tables.append(np.full_like(table, INF))
+    return SumTables(bound=bound, tables=tables, steps=all_steps)
+
+
+def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float,
+               groups: range) -> tuple[list[np.ndarray], list[GroupSteps]]:
+    """Place `groups` (from the end) onto a sum table: the table after each, and their steps (stops early
+    once nothing is reachable)."""
     fronts, tails, width = problem.fronts, problem.tail_cap + 1, problem.layers + 1
-    table = np.full((fronts, tails, width), INF)
-    table[fronts - 1, 0, 0] = 0.0
     tables, all_steps = [table], []
     positions = np.arange(width, dtype=float)
-    for g in range(len(problem.options) - 1, -1, -1):
+    for g in groups:
         steps = group_steps(problem, g, bound)
         new = np.full((fronts, tails, width), INF)
         reachable = np.isfinite(table).any(axis=2)                       # (fronts, tails)
@@ -335,18 +357,22 @@ def sum_tables(problem: OrderedGroups, bound: float) -> SumTables:
         table = new
         if not np.isfinite(table).any():
             break
-    while len(tables) < len(problem.options) + 1:
-        tables.append(np.full((fronts, tails, width), INF))
-    return SumTables(bound=bound, tables=tables, steps=all_steps)
+    return tables, all_steps
 
 
 def most_layers(problem: OrderedGroups, bound: float) -> float:
     """The most layers some choice holds under bound M within memory, with at least one layer per stage
     and at most L stages (-inf when not even one layer per stage fits)."""
+    most = np.full((problem.fronts, problem.layers + 1), -INF)
+    most[problem.fronts - 1, 0] = 0.0
+    most = place_most(problem, most, bound, range(len(problem.options) - 1, -1, -1))
+    return float(most.max())
+
+
+def place_most(problem: OrderedGroups, most: np.ndarray, bound: float, groups: range) -> np.ndarray:
+    """Place `groups` (from the end) onto a table of most layers held per (front, stages behind)."""
     fronts, depth = problem.fronts, problem.layers + 1
-    most = np.full((fronts, depth), -INF)
-    most[fronts - 1, 0] = 0.0
-    for g in range(len(problem.options) - 1, -1, -1):
+    for g in groups:
         steps = group_steps(problem, g, bound, tail_cap=problem.layers)
         new = np.full(fronts * depth, -INF)
         pair, tail = np.nonzero(steps.valid & np.isfinite(most[steps.front]))
@@ -357,8 +383,8 @@ def most_layers(problem: OrderedGroups, bound: float) -> float:
             np.maximum.at(new, steps.destination[pair] * depth + tail + steps.pp[pair], reach)
         most = new.reshape(fronts, depth)
         if not np.isfinite(most).any():
-            return -INF
-    return float(most.max())
+            break
+    return most
 
 
 def feasible(problem: OrderedGroups, bound: float) -> bool:
@@ -382,7 +408,7 @@ def _bound_candidates(problem: OrderedGroups) -> np.ndarray:
             ends = [(2 * send, 0.0) for send in sends]
             if g == last:
                 ends.append((option.last_extra_s, option.last_update_s))
-            if g == 0:
+            if g == 0 and problem.starts_pipeline:
                 ends += [(extra + option.first_extra_s, update + option.first_update_s) for extra, update in ends]
             for extra, update in ends:
                 weights.append(b_minus_alpha * option.compute_s + option.update_s)
@@ -403,22 +429,30 @@ class PlacedGroup:
 def rebuild(problem: OrderedGroups, solved: SumTables) -> list[PlacedGroup]:
     """The choices behind SumTables.best(), group by group from the pipeline's front."""
     value, front, tail = solved.best()
-    layers = problem.layers
+    walked = walk(problem, solved, range(len(problem.options) - 1, -1, -1), (front, tail, problem.layers, value))
+    if walked is None:
+        raise AssertionError("dynamic programme: no source state reproduces the optimum")
+    return walked[0]
+
+
+def walk(problem: OrderedGroups, solved: SumTables, groups: range,
+         cell: tuple[int, int, int, float]) -> tuple[list[PlacedGroup], tuple[int, int, int, float]] | None:
+    """From a cell (front, tail, layers, value) of the table after placing `groups` (from the end, as
+    place_sums did) back to the table they were placed onto: each group's choice in pipeline order and the
+    source cell; None when no source reproduces the cell's value."""
+    front, tail, layers, value = cell
     placed: list[PlacedGroup] = []
-    count = len(problem.options)
-    for s in range(count - 1, -1, -1):       # table s + 1 came from placing group g = count - 1 - s
-        g = count - 1 - s
-        previous = solved.tables[s]
-        found = _find_source(problem, solved.steps[s], previous, front, tail, layers, value)
+    for s in range(len(solved.steps) - 1, -1, -1):
+        g, steps = groups[s], solved.steps[s]
+        found = _find_source(problem, steps, solved.tables[s], front, tail, layers, value)
         if found is None:
-            raise AssertionError("dynamic programme: no source state reproduces the optimum")
+            return None
         pair, source_tail, group_layers, source_value = found
-        steps = solved.steps[s]
         option, source_front = steps.options[int(steps.option_index[pair])], int(steps.front[pair])
         allowances = _stage_allowances(problem, g, option, source_front, source_tail, solved.bound)
         placed.append(PlacedGroup(option=option, stage_layers=_spread(group_layers, allowances)))
         front, tail, layers, value = source_front, source_tail, layers - group_layers, source_value
-    return placed
+    return placed, (front, tail, layers, value)
 
 
 def _find_source(problem, steps: GroupSteps, previous, front, tail, layers, value):
@@ -442,7 +476,7 @@ def _stage_allowances(problem: OrderedGroups, g: int, option: Option, front: int
     front_tp = problem.front_tp(front)
     result = []
     for position in range(option.pp, 0, -1):
-        first = g == 0 and position == option.pp
+        first = g == 0 and problem.starts_pipeline and position == option.pp
         last = position == 1 and front_tp is None
         send = (0.0 if last else problem.boundary_send_s[g][(option.tp, front_tp)] if position == 1
                 else option.inner_send_s)
