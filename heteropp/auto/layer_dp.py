@@ -88,6 +88,7 @@ class OrderedGroups:
         # stages behind matter only through micro-batches in flight; relaxed: not at all
         self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.layers)
         self.shapes: dict = {}
+        self.steps_at: tuple[float, dict] = (math.nan, {})   # the steps of the last bound asked, by (g, tail cap)
         self.candidates: np.ndarray | None = None
 
     @property
@@ -237,6 +238,16 @@ def group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int | No
     0..tail_cap (default: the problem's, capped at b)."""
     tail_cap = problem.tail_cap if tail_cap is None else tail_cap
     key = (g, tail_cap)
+    if problem.steps_at[0] != bound:
+        problem.steps_at = (bound, {})
+    known = problem.steps_at[1].get(key)
+    if known is None:
+        known = problem.steps_at[1][key] = _group_steps(problem, g, bound, tail_cap)
+    return known
+
+
+def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) -> GroupSteps:
+    key = (g, tail_cap)
     shape = problem.shapes.get(key)
     if shape is None:
         shape = problem.shapes[key] = _shape(problem, g, tail_cap)
@@ -352,12 +363,27 @@ def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float,
             placed += rate * positions[None, :] + steps.ks[pair][:, None]
             destination = steps.destination[pair] * tails + np.minimum(tail + steps.pp[pair], problem.tail_cap)
             _reduce_rows(new.reshape(fronts * tails, width), destination, placed, np.minimum)
+        _drop_dominated(new, INF, np.minimum)
         tables.append(new)
         all_steps.append(steps)
         table = new
         if not np.isfinite(table).any():
             break
     return tables, all_steps
+
+
+def _drop_dominated(table: np.ndarray, worst: float, better) -> None:
+    """Clear (to `worst`) every entry that an entry with fewer stages behind (axis 1; same front and, for
+    sums, same layers) matches or beats: fewer stages behind means fewer micro-batches in flight, so every
+    memory cap in front is at least as loose and the costs are the same; the cleared state leads nowhere
+    the other does not lead at least as well. Sparser tables: fewer rows to place."""
+    live = np.isfinite(table).any(axis=2) if table.ndim == 3 else np.isfinite(table)
+    for front in np.flatnonzero(live.sum(axis=1) > 1):   # only the live tails of each front (tables are sparse)
+        tails = np.flatnonzero(live[front])
+        rows = table[front, tails]
+        prior = better.accumulate(rows, axis=0)[:-1]
+        rows[1:][better(prior, rows[1:]) == prior] = worst
+        table[front, tails] = rows
 
 
 def most_layers(problem: OrderedGroups, bound: float) -> float:
@@ -382,6 +408,7 @@ def place_most(problem: OrderedGroups, most: np.ndarray, bound: float, groups: r
             reach = most[steps.front[pair], tail] + steps.hi[pair, tail]
             np.maximum.at(new, steps.destination[pair] * depth + tail + steps.pp[pair], reach)
         most = new.reshape(fronts, depth)
+        _drop_dominated(most, -INF, np.maximum)
         if not np.isfinite(most).any():
             break
     return most
