@@ -100,8 +100,10 @@ class OrderedGroups:
         return None if j == len(self.tp_values) else self.tp_values[j]
 
     # what the search asks of a problem (orders_dp.AllOrders answers the same for every order at once)
-    def least_sum(self, bound: float) -> float:
-        return sum_tables(self, bound).best()[0]
+    def least_sum(self, bound: float, cap: float = INF) -> float:
+        """The least sum under bound M; a value >= cap means only 'not below cap' (see place_sums)."""
+        least_rate = min(o.compute_s for options in self.options for o in options)
+        return sum_tables(self, bound, cap, least_rate).best()[0]
 
     def feasible(self, bound: float) -> bool:
         return feasible(self, bound)
@@ -334,20 +336,23 @@ class SumTables:
         return float(final[j, tail]), int(j), int(tail)
 
 
-def sum_tables(problem: OrderedGroups, bound: float) -> SumTables:
+def sum_tables(problem: OrderedGroups, bound: float, cap: float = INF, least_rate: float = 0.0) -> SumTables:
     """min sum_i S_i for every (front, tail, layers) after each group, groups placed from the end."""
     table = np.full((problem.fronts, problem.tail_cap + 1, problem.layers + 1), INF)
     table[problem.fronts - 1, 0, 0] = 0.0
-    tables, all_steps = place_sums(problem, table, bound, range(len(problem.options) - 1, -1, -1))
+    tables, all_steps = place_sums(problem, table, bound, range(len(problem.options) - 1, -1, -1), cap, least_rate)
     while len(tables) < len(problem.options) + 1:
         tables.append(np.full_like(table, INF))
     return SumTables(bound=bound, tables=tables, steps=all_steps)
 
 
-def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float,
-               groups: range) -> tuple[list[np.ndarray], list[GroupSteps]]:
+def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float, groups: range, cap: float = INF,
+               least_rate: float = 0.0) -> tuple[list[np.ndarray], list[GroupSteps]]:
     """Place `groups` (from the end) onto a sum table: the table after each, and their steps (stops early
-    once nothing is reachable)."""
+    once nothing is reachable). With a cap, states that cannot end below it (their sum plus the layers
+    still to place at least_rate, the least time of a layer anywhere) are cleared: the least sum is then
+    exact when below the cap and only known to be >= cap otherwise."""
+    remaining = (problem.layers - np.arange(problem.layers + 1)) * least_rate
     fronts, tails, width = problem.fronts, problem.tail_cap + 1, problem.layers + 1
     tables, all_steps = [table], []
     positions = np.arange(width, dtype=float)
@@ -363,6 +368,8 @@ def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float,
             placed += rate * positions[None, :] + steps.ks[pair][:, None]
             destination = steps.destination[pair] * tails + np.minimum(tail + steps.pp[pair], problem.tail_cap)
             _reduce_rows(new.reshape(fronts * tails, width), destination, placed, np.minimum)
+        if cap < INF:
+            new[new + remaining >= cap] = INF
         _drop_dominated(new, INF, np.minimum)
         tables.append(new)
         all_steps.append(steps)

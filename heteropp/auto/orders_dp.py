@@ -31,6 +31,7 @@ class AllOrders:
     alpha: float
     layers: int
     _candidates: np.ndarray | None = field(default=None, repr=False)
+    _least_rate: float | None = field(default=None, repr=False)   # least time of one layer in any option
 
     def __post_init__(self) -> None:
         sample = self.chain(self.types[0], None, len(self.types) == 1)
@@ -64,20 +65,26 @@ class AllOrders:
     def _chain(self, t: int, front: int, starts: bool) -> OrderedGroups:
         return self.chain(self.types[t], None if front < 0 else self.types[front], starts)
 
-    def _sum_sweep(self, bound: float, keep: bool = False):
+    def _sum_sweep(self, bound: float, keep: bool = False, cap: float = INF):
+        if self._least_rate is None:
+            chains = [self._chain(t, -1, starts) for t in range(len(self.types)) for starts in (False, True)]
+            self._least_rate = min(o.compute_s for chain in chains for options in chain.options for o in options)
+
         def one(chain, table):
             last = len(chain.options) - 1 - chain.follower
-            return layer_dp.place_sums(chain, table, bound, range(last, last - 1, -1))[0][-1]
+            return layer_dp.place_sums(chain, table, bound, range(last, last - 1, -1), cap, self._least_rate)[0][-1]
 
         def rest(chain, table):
-            return layer_dp.place_sums(chain, table, bound, range(len(chain.options) - 2, -1, -1))[0][-1]
+            groups = range(len(chain.options) - 2, -1, -1)
+            return layer_dp.place_sums(chain, table, bound, groups, cap, self._least_rate)[0][-1]
 
         return self._sweep(self._start_sum(), one, rest, np.minimum, keep)
 
     # ---- what the search asks ------------------------------------------------------------------------
-    def least_sum(self, bound: float) -> float:
-        """The least sum of stage terms over every order under bound M (inf: nothing fits)."""
-        level, _ = self._sum_sweep(bound)
+    def least_sum(self, bound: float, cap: float = INF) -> float:
+        """The least sum of stage terms over every order under bound M (inf: nothing fits); a value >= cap
+        means only 'not below cap' (layer_dp.place_sums)."""
+        level, _ = self._sum_sweep(bound, cap=cap)
         return min((float(table[:, :, -1].min()) for table in level.values()), default=INF)
 
     def most_layers(self, bound: float) -> float:

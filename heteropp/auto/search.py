@@ -515,23 +515,28 @@ class _Search:
             return math.inf, None
         best = {"value": math.inf, "bound": None}
 
-        def exact(index: int) -> float:
+        def exact(index: int) -> tuple[float, bool]:
+            """(sum under the candidate, whether exact): a sum that cannot win is only bounded below."""
             self.tick()
             bound = float(candidates[index])
             self.planner.evaluated += 1
-            total = problem.least_sum(bound)
+            # a sum at or above this cap lets no candidate win (M >= candidates[low]): only bounded below
+            cap = (limit() - float(candidates[low])) / alpha if alpha > 0 else math.inf
+            total = problem.least_sum(bound, cap)
+            if total >= cap:
+                return cap, False
             if bound + alpha * total < best["value"]:
                 best["value"], best["bound"] = bound + alpha * total, bound
-            return total
+            return total, True
 
         def limit() -> float:
             return min(self.threshold(), best["value"]) * _TIE
 
-        first = exact(low)
+        first, first_exact = exact(low)
         if alpha == 0:
             return best["value"], best["bound"]
         # (lo, hi): the candidates strictly between are open; the sums at lo and hi are exact or lower bounds
-        stack = [(low, len(candidates), first, True, floor_sum, False)]   # hi: a sentinel at the floor
+        stack = [(low, len(candidates), first, first_exact, floor_sum, False)]   # hi: a sentinel at the floor
         while stack:
             lo, hi, sum_lo, lo_exact, sum_hi, hi_exact = stack.pop()
             if hi - lo <= 1:
@@ -547,8 +552,9 @@ class _Search:
                 self.planner.bounded += 1
                 stack.append((middle, hi, lower, False, sum_hi, hi_exact))
                 continue
-            sum_middle = exact(middle)
-            stack += [(middle, hi, sum_middle, True, sum_hi, hi_exact), (lo, middle, sum_lo, lo_exact, sum_middle, True)]
+            sum_middle, middle_exact = exact(middle)
+            stack += [(middle, hi, sum_middle, middle_exact, sum_hi, hi_exact),
+                      (lo, middle, sum_lo, lo_exact, sum_middle, middle_exact)]
         return best["value"], best["bound"]
 
     def floor(self, problem: OrderedGroups | AllOrders) -> float:
