@@ -347,26 +347,31 @@ def sum_tables(problem: OrderedGroups, bound: float, cap: float = INF, least_rat
 
 
 def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float, groups: range, cap: float = INF,
-               least_rate: float = 0.0) -> tuple[list[np.ndarray], list[GroupSteps]]:
+               least_rate: float = 0.0, copies: int = 1) -> tuple[list[np.ndarray], list[GroupSteps]]:
     """Place `groups` (from the end) onto a sum table: the table after each, and their steps (stops early
     once nothing is reachable). With a cap, states that cannot end below it (their sum plus the layers
     still to place at least_rate, the least time of a layer anywhere) are cleared: the least sum is then
-    exact when below the cap and only known to be >= cap otherwise."""
+    exact when below the cap and only known to be >= cap otherwise. copies: that many tables stacked along
+    the front axis, placed at once (one set of numpy calls for all)."""
     remaining = (problem.layers - np.arange(problem.layers + 1)) * least_rate
-    fronts, tails, width = problem.fronts, problem.tail_cap + 1, problem.layers + 1
+    fronts, tails, width = problem.fronts * copies, problem.tail_cap + 1, problem.layers + 1
     tables, all_steps = [table], []
     positions = np.arange(width, dtype=float)
+    shift = (np.arange(copies) * problem.fronts)[:, None]
     for g in groups:
         steps = group_steps(problem, g, bound)
         new = np.full((fronts, tails, width), INF)
         reachable = np.isfinite(table).any(axis=2)                       # (fronts, tails)
-        pair, tail = np.nonzero(steps.valid & reachable[steps.front])
-        if len(pair):
+        front = (steps.front[None, :] + shift).ravel()                   # per (copy, pair)
+        copy_pair, tail = np.nonzero(np.tile(steps.valid, (copies, 1)) & reachable[front])
+        if len(copy_pair):
+            pair = copy_pair % len(steps.pp)
             rate = steps.compute_s[pair][:, None]
-            shifted = table[steps.front[pair], tail] - rate * positions[None, :]
+            shifted = table[front[copy_pair], tail] - rate * positions[None, :]
             placed = _window_min(shifted, steps.pp[pair], steps.hi[pair, tail])
             placed += rate * positions[None, :] + steps.ks[pair][:, None]
-            destination = steps.destination[pair] * tails + np.minimum(tail + steps.pp[pair], problem.tail_cap)
+            destination_front = steps.destination[pair] + copy_pair // len(steps.pp) * problem.fronts
+            destination = destination_front * tails + np.minimum(tail + steps.pp[pair], problem.tail_cap)
             _reduce_rows(new.reshape(fronts * tails, width), destination, placed, np.minimum)
         if cap < INF:
             new[new + remaining >= cap] = INF
@@ -384,13 +389,21 @@ def _drop_dominated(table: np.ndarray, worst: float, better) -> None:
     sums, same layers) matches or beats: fewer stages behind means fewer micro-batches in flight, so every
     memory cap in front is at least as loose and the costs are the same; the cleared state leads nowhere
     the other does not lead at least as well. Sparser tables: fewer rows to place."""
-    live = np.isfinite(table).any(axis=2) if table.ndim == 3 else np.isfinite(table)
-    for front in np.flatnonzero(live.sum(axis=1) > 1):   # only the live tails of each front (tables are sparse)
-        tails = np.flatnonzero(live[front])
-        rows = table[front, tails]
-        prior = better.accumulate(rows, axis=0)[:-1]
-        rows[1:][better(prior, rows[1:]) == prior] = worst
-        table[front, tails] = rows
+    values = table if table.ndim == 3 else table[:, :, None]
+    live = np.isfinite(values).any(axis=2)
+    fronts = np.flatnonzero(live.sum(axis=1) > 1)
+    if not len(fronts):
+        return
+    sub = live[fronts]
+    row, tail = np.nonzero(sub)                              # live tails of those fronts, by front then tail
+    rank = (np.cumsum(sub, axis=1) - 1)[row, tail]           # a live tail's place among its front's
+    padded = np.full((len(fronts), int(rank.max()) + 1, values.shape[2]), worst)
+    padded[row, rank] = values[fronts[row], tail]
+    prior = np.concatenate([np.full((len(fronts), 1, values.shape[2]), worst),
+                            better.accumulate(padded, axis=1)[:, :-1]], axis=1)
+    kept = padded[row, rank]
+    kept[better(prior[row, rank], kept) == prior[row, rank]] = worst
+    values[fronts[row], tail] = kept
 
 
 def most_layers(problem: OrderedGroups, bound: float) -> float:

@@ -40,23 +40,31 @@ class AllOrders:
     # ---- the sweep over sets of types ----------------------------------------------------------------
     def _sweep(self, start: np.ndarray, place_one: Callable, place_rest: Callable, merge, keep: bool = False):
         """Tables after every (set, front type), built by set size; with keep, also each type's table
-        after only its last group (partial), for tracing the order back."""
+        after only its last group (partial), for tracing the order back. The placements that share a
+        chain (same type, same next type) are handed over together: place_*(chain, tables) -> tables."""
         count, full = len(self.types), (1 << len(self.types)) - 1
         level: dict[tuple[int, int], np.ndarray] = {(0, -1): start}
         kept: dict = {}
         for _ in range(count):
-            partial: dict[tuple[int, int], np.ndarray] = {}
+            jobs: dict[tuple[int, int, bool], list[tuple[int, np.ndarray]]] = {}
             for (mask, front), table in level.items():
                 if not np.isfinite(table).any():
                     continue   # nothing reachable: no order through this state
                 for t in range(count):
-                    if mask >> t & 1:
-                        continue
+                    if not mask >> t & 1:
+                        jobs.setdefault((t, front, (mask | 1 << t) == full), []).append((mask, table))
+            partial: dict[tuple[int, int], np.ndarray] = {}
+            for (t, front, starts), entries in jobs.items():
+                placed = place_one(self._chain(t, front, starts), [table for _, table in entries])
+                for (mask, _), after in zip(entries, placed):
                     key = (mask | 1 << t, t)
-                    after = place_one(self._chain(t, front, key[0] == full), table)
                     partial[key] = after if key not in partial else merge(partial[key], after)
-            level = {key: place_rest(self._chain(key[1], -1, key[0] == full), table)
-                     for key, table in partial.items()}
+            rest: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+            for key in partial:
+                rest.setdefault((key[1], key[0] == full), []).append(key)
+            level = {}
+            for (t, starts), keys in rest.items():
+                level.update(zip(keys, place_rest(self._chain(t, -1, starts), [partial[key] for key in keys])))
             if keep:
                 kept.update({("partial",) + key: table for key, table in partial.items()})
                 kept.update({("level",) + key: table for key, table in level.items()})
@@ -70,13 +78,17 @@ class AllOrders:
             chains = [self._chain(t, -1, starts) for t in range(len(self.types)) for starts in (False, True)]
             self._least_rate = min(o.compute_s for chain in chains for options in chain.options for o in options)
 
-        def one(chain, table):
-            last = len(chain.options) - 1 - chain.follower
-            return layer_dp.place_sums(chain, table, bound, range(last, last - 1, -1), cap, self._least_rate)[0][-1]
+        def stacked(chain, tables, groups):
+            together = layer_dp.place_sums(chain, np.concatenate(tables), bound, groups, cap, self._least_rate,
+                                           copies=len(tables))[0][-1]
+            return np.split(together, len(tables))
 
-        def rest(chain, table):
-            groups = range(len(chain.options) - 2, -1, -1)
-            return layer_dp.place_sums(chain, table, bound, groups, cap, self._least_rate)[0][-1]
+        def one(chain, tables):
+            last = len(chain.options) - 1 - chain.follower
+            return stacked(chain, tables, range(last, last - 1, -1))
+
+        def rest(chain, tables):
+            return stacked(chain, tables, range(len(chain.options) - 2, -1, -1))
 
         return self._sweep(self._start_sum(), one, rest, np.minimum, keep)
 
@@ -91,12 +103,12 @@ class AllOrders:
         start = np.full((self.fronts, self.layers + 1), -INF)
         start[self.fronts - 1, 0] = 0.0
 
-        def one(chain, table):
+        def one(chain, tables):
             last = len(chain.options) - 1 - chain.follower
-            return layer_dp.place_most(chain, table, bound, range(last, last - 1, -1))
+            return [layer_dp.place_most(chain, table, bound, range(last, last - 1, -1)) for table in tables]
 
-        def rest(chain, table):
-            return layer_dp.place_most(chain, table, bound, range(len(chain.options) - 2, -1, -1))
+        def rest(chain, tables):
+            return [layer_dp.place_most(chain, table, bound, range(len(chain.options) - 2, -1, -1)) for table in tables]
 
         level, _ = self._sweep(start, one, rest, np.maximum)
         return max((float(table.max()) for table in level.values()), default=-INF)
