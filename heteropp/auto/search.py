@@ -16,8 +16,12 @@ recursion without the layer dimension, and larger ones are split in halves while
 M_low + alpha * sum(M_high) (sum falls as M grows) can still beat the k-th best. Whole (dp, grouping)
 items are skipped when a relaxation (M from a continuous cover of the layers, sum from the cheapest
 possible layer times) cannot beat it, orders when they cannot fit the layers under the best M that could
-still win. The worst case is the product of those counts, each polynomial: dps, k! orders (k <= 6 chip
-types in practice), bounds (at most options x L), groups x options x (tails x layers) per recursion.
+still win. For the best plan alone (top_k 1) every order is solved at once by orders_dp.py, a dynamic
+programme over the sets of chip types already placed (k 2^(k-1) states instead of k! orders); top_k > 1
+keeps one programme per order (the best plan of each). In the layer recursion a state is cleared when a
+state with fewer stages behind matches it (its memory caps are never tighter). The worst case is the
+product of polynomial counts: dps, bounds (at most options x L), k^2 2^k type placements, groups x
+options x (tails x layers) per placement.
 
 A time limit returns the best plan found with the bound it has proved: the least lower bound of the
 work left (the plan is within best / bound - 1 of the optimum).
@@ -539,6 +543,9 @@ class _Search:
         stack = [(low, len(candidates), first, first_exact, floor_sum, False)]   # hi: a sentinel at the floor
         while stack:
             lo, hi, sum_lo, lo_exact, sum_hi, hi_exact = stack.pop()
+            useful = int(np.searchsorted(candidates, limit() - alpha * floor_sum))   # from here none can win
+            if useful < hi:   # sum_hi still bounds every sum below hi from beneath (sums fall as M grows)
+                hi, hi_exact = useful, False
             if hi - lo <= 1:
                 continue
             if candidates[lo + 1] + alpha * sum_hi >= limit() or (

@@ -34,10 +34,10 @@ def best_or_none(run):
         return None
 
 
-def assert_search_equals_oracle(seed, max_types, **space):
+def assert_search_equals_oracle(seed, max_types, top_k=1, **space):
     cluster, model, training, profiles = problem(seed, max_types)
     oracle = best_or_none(lambda: oracle_search(cluster, model, training, profiles, **space))
-    found = best_or_none(lambda: search(cluster, model, training, profiles, **space))
+    found = best_or_none(lambda: search(cluster, model, training, profiles, top_k=top_k, **space))
     assert (oracle is None) == (found is None)
     if oracle is not None:
         assert found.best.objective_s == pytest.approx(oracle.objective_s, rel=1e-9)
@@ -66,6 +66,12 @@ def test_search_equals_the_oracle_under_the_papers_cost_model(seed):
 @given(st.integers(0, 10 ** 9))
 def test_search_equals_the_oracle_when_tp_may_not_grow_along_a_type(seed):
     assert_search_equals_oracle(seed, 2, group_size=2, monotone_tp=True)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10 ** 9))
+def test_search_of_one_programme_per_stage_order_equals_the_oracle(seed):
+    assert_search_equals_oracle(seed, 3, group_size=2, top_k=2)   # top_k > 1: the best plan of each order
 
 
 @settings(max_examples=25, deadline=None)
