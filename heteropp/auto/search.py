@@ -506,12 +506,12 @@ class _Search:
         return least, least + problem.alpha * floor_sum
 
     def solve(self, problem: OrderedGroups | AllOrders, relaxed_sum: Callable[[float], float], *, start: float,
-              floor_sum: float) -> tuple[float, float | None]:
+              floor_sum: float, on_better: Callable[[float], None] | None = None) -> tuple[float, float | None]:
         """(min over M of M + alpha * sum(M), the M that gives it), skipping what cannot beat the threshold.
 
         sum(M) falls as M grows, so M_low + alpha * sum(M_high) bounds every M in between; ranges are split
         in halves, first bounded by a relaxed problem's sum (cheap, never above the exact one), and
-        evaluated exactly only where that bound can still win."""
+        evaluated exactly only where that bound can still win. on_better(M): called with each better M."""
         alpha = problem.alpha
         candidates = self.candidates(problem, start, floor_sum)
         low = self.least_bound(problem, candidates)
@@ -531,6 +531,8 @@ class _Search:
                 return cap, False
             if bound + alpha * total < best["value"]:
                 best["value"], best["bound"] = bound + alpha * total, bound
+                if on_better is not None:
+                    on_better(bound)
             return total, True
 
         def limit() -> float:
@@ -659,15 +661,20 @@ class _Search:
         problem = self.planner.all_orders(item)
         relaxed, _, constant = self.planner.ordered(item, orders[0], "item")
         floor = max(floor, self.floor(problem))
-        value, bound = self.solve(problem, lambda m: relaxed.least_sum(m) + constant, start=start, floor_sum=floor)
+
+        def offer(bound: float) -> None:
+            exact, groups, _ = self.planner.ordered(item, problem.best_order(bound))
+            self.offer(self._plan(item, groups, layer_dp.rebuild(exact, layer_dp.sum_tables(exact, bound))))
+
+        # under a time limit every better plan is kept at once, so that a stop mid-item still has it
+        value, bound = self.solve(problem, lambda m: relaxed.least_sum(m) + constant, start=start, floor_sum=floor,
+                                  on_better=offer if self.time_limit_s is not None else None)
         if bound is None:
             for order in orders:
                 self.note_cover(item, order)
-        if bound is None or value >= self.threshold():
+        if bound is None or value >= self.threshold() or self.time_limit_s is not None:
             return
-        exact, groups, _ = self.planner.ordered(item, problem.best_order(bound))
-        placed = layer_dp.rebuild(exact, layer_dp.sum_tables(exact, bound))
-        self.offer(self._plan(item, groups, placed))
+        offer(bound)
 
     def _plan(self, item: _Item, groups: list[Group], placed: list[layer_dp.PlacedGroup]) -> Plan:
         planner = self.planner
