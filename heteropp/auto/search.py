@@ -30,6 +30,7 @@ work left (the plan is within best / bound - 1 of the optimum).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import math
 import time
@@ -542,9 +543,17 @@ class _Search:
         if alpha == 0:
             return best["value"], best["bound"]
         # (lo, hi): the candidates strictly between are open; the sums at lo and hi are exact or lower bounds
-        stack = [(low, len(candidates), first, first_exact, floor_sum, False)]   # hi: a sentinel at the floor
+        # ranges best first (least lower bound M_low + alpha * sum_hi): an early good plan bounds the others
+        stack: list = []
+
+        def push(lo: int, hi: int, sum_lo: float, lo_exact: bool, sum_hi: float, hi_exact: bool) -> None:
+            if hi - lo > 1:
+                heapq.heappush(stack, (float(candidates[lo + 1]) + alpha * sum_hi, lo, hi, sum_lo, lo_exact, sum_hi,
+                                       hi_exact))
+
+        push(low, len(candidates), first, first_exact, floor_sum, False)   # hi: a sentinel at the floor
         while stack:
-            lo, hi, sum_lo, lo_exact, sum_hi, hi_exact = stack.pop()
+            _, lo, hi, sum_lo, lo_exact, sum_hi, hi_exact = heapq.heappop(stack)
             useful = int(np.searchsorted(candidates, limit() - alpha * floor_sum))   # from here none can win
             if useful < hi:   # sum_hi still bounds every sum below hi from beneath (sums fall as M grows)
                 hi, hi_exact = useful, False
@@ -559,11 +568,11 @@ class _Search:
             lower = max(sum_hi, relaxed_sum(float(candidates[middle])))
             if candidates[lo + 1] + alpha * lower >= limit():     # (lo, middle] cannot win
                 self.planner.bounded += 1
-                stack.append((middle, hi, lower, False, sum_hi, hi_exact))
+                push(middle, hi, lower, False, sum_hi, hi_exact)
                 continue
             sum_middle, middle_exact = exact(middle)
-            stack += [(middle, hi, sum_middle, middle_exact, sum_hi, hi_exact),
-                      (lo, middle, sum_lo, lo_exact, sum_middle, middle_exact)]
+            push(middle, hi, sum_middle, middle_exact, sum_hi, hi_exact)
+            push(lo, middle, sum_lo, lo_exact, sum_middle, middle_exact)
         return best["value"], best["bound"]
 
     def floor(self, problem: OrderedGroups | AllOrders) -> float:
