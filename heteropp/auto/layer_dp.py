@@ -79,13 +79,16 @@ class OrderedGroups:
     same_type_next: list[bool]                          # g and g + 1 are one chip type (monotone tp)
     monotone_tp: bool = False
     relaxed: bool = False       # memory caps by the stage's position in its group only (a lower bound)
-    tp_values: list[int] = field(default_factory=list)  # every tp any option uses, sorted
+    tp_values: list[int] = field(default_factory=list)  # every tp any option uses, sorted (given: shared slices)
+    starts_pipeline: bool = True   # group 0 is the pipeline's first (False: a chain inside a longer pipeline)
+    follower: bool = False         # the last group is the next chain's first: it gives the transfer, is not placed
 
     def __post_init__(self) -> None:
-        self.tp_values = sorted({o.tp for options in self.options for o in options})
+        self.tp_values = self.tp_values or sorted({o.tp for options in self.options for o in options})
         # stages behind matter only through micro-batches in flight; relaxed: not at all
         self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.layers)
         self.shapes: dict = {}
+        self.steps_at: tuple[float, dict] = (math.nan, {})   # the steps of the last bound asked, by (g, tail cap)
         self.candidates: np.ndarray | None = None
 
     @property
@@ -95,6 +98,18 @@ class OrderedGroups:
 
     def front_tp(self, j: int) -> int | None:
         return None if j == len(self.tp_values) else self.tp_values[j]
+
+    # what the search asks of a problem (orders_dp.AllOrders answers the same for every order at once)
+    def least_sum(self, bound: float, cap: float = INF) -> float:
+        """The least sum under bound M; a value >= cap means only 'not below cap' (see place_sums)."""
+        least_rate = min(o.compute_s for options in self.options for o in options)
+        return sum_tables(self, bound, cap, least_rate).best()[0]
+
+    def feasible(self, bound: float) -> bool:
+        return feasible(self, bound)
+
+    def bound_values(self) -> np.ndarray:
+        return bound_candidates(self)
 
 
 # ---- one group's stages at every tail ----------------------------------------------------------------
@@ -165,7 +180,7 @@ class _GroupShape:
 
 def _shape(problem: OrderedGroups, g: int, tail_cap: int) -> _GroupShape:
     b_minus_alpha = problem.micro_batches - problem.alpha
-    first_group = g == 0
+    first_group = g == 0 and problem.starts_pipeline
     tails = np.zeros(tail_cap + 1, dtype=np.int64) if problem.relaxed else np.arange(tail_cap + 1)
     options = problem.options[g]
     last_slice = len(problem.tp_values)
@@ -224,6 +239,16 @@ def group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int | No
     """Every (option, front) step of group g under bound M (inf: memory caps only), at tails
     0..tail_cap (default: the problem's, capped at b)."""
     tail_cap = problem.tail_cap if tail_cap is None else tail_cap
+    key = (g, tail_cap)
+    if problem.steps_at[0] != bound:
+        problem.steps_at = (bound, {})
+    known = problem.steps_at[1].get(key)
+    if known is None:
+        known = problem.steps_at[1][key] = _group_steps(problem, g, bound, tail_cap)
+    return known
+
+
+def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) -> GroupSteps:
     key = (g, tail_cap)
     shape = problem.shapes.get(key)
     if shape is None:
@@ -311,42 +336,89 @@ class SumTables:
         return float(final[j, tail]), int(j), int(tail)
 
 
-def sum_tables(problem: OrderedGroups, bound: float) -> SumTables:
+def sum_tables(problem: OrderedGroups, bound: float, cap: float = INF, least_rate: float = 0.0) -> SumTables:
     """min sum_i S_i for every (front, tail, layers) after each group, groups placed from the end."""
-    fronts, tails, width = problem.fronts, problem.tail_cap + 1, problem.layers + 1
-    table = np.full((fronts, tails, width), INF)
-    table[fronts - 1, 0, 0] = 0.0
+    table = np.full((problem.fronts, problem.tail_cap + 1, problem.layers + 1), INF)
+    table[problem.fronts - 1, 0, 0] = 0.0
+    tables, all_steps = place_sums(problem, table, bound, range(len(problem.options) - 1, -1, -1), cap, least_rate)
+    while len(tables) < len(problem.options) + 1:
+        tables.append(np.full_like(table, INF))
+    return SumTables(bound=bound, tables=tables, steps=all_steps)
+
+
+def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float, groups: range, cap: float = INF,
+               least_rate: float = 0.0, copies: int = 1) -> tuple[list[np.ndarray], list[GroupSteps]]:
+    """Place `groups` (from the end) onto a sum table: the table after each, and their steps (stops early
+    once nothing is reachable). With a cap, states that cannot end below it (their sum plus the layers
+    still to place at least_rate, the least time of a layer anywhere) are cleared: the least sum is then
+    exact when below the cap and only known to be >= cap otherwise. copies: that many tables stacked along
+    the front axis, placed at once (one set of numpy calls for all)."""
+    remaining = (problem.layers - np.arange(problem.layers + 1)) * least_rate
+    fronts, tails, width = problem.fronts * copies, problem.tail_cap + 1, problem.layers + 1
     tables, all_steps = [table], []
     positions = np.arange(width, dtype=float)
-    for g in range(len(problem.options) - 1, -1, -1):
+    shift = (np.arange(copies) * problem.fronts)[:, None]
+    for g in groups:
         steps = group_steps(problem, g, bound)
         new = np.full((fronts, tails, width), INF)
         reachable = np.isfinite(table).any(axis=2)                       # (fronts, tails)
-        pair, tail = np.nonzero(steps.valid & reachable[steps.front])
-        if len(pair):
+        front = (steps.front[None, :] + shift).ravel()                   # per (copy, pair)
+        copy_pair, tail = np.nonzero(np.tile(steps.valid, (copies, 1)) & reachable[front])
+        if len(copy_pair):
+            pair = copy_pair % len(steps.pp)
             rate = steps.compute_s[pair][:, None]
-            shifted = table[steps.front[pair], tail] - rate * positions[None, :]
+            shifted = table[front[copy_pair], tail] - rate * positions[None, :]
             placed = _window_min(shifted, steps.pp[pair], steps.hi[pair, tail])
             placed += rate * positions[None, :] + steps.ks[pair][:, None]
-            destination = steps.destination[pair] * tails + np.minimum(tail + steps.pp[pair], problem.tail_cap)
+            destination_front = steps.destination[pair] + copy_pair // len(steps.pp) * problem.fronts
+            destination = destination_front * tails + np.minimum(tail + steps.pp[pair], problem.tail_cap)
             _reduce_rows(new.reshape(fronts * tails, width), destination, placed, np.minimum)
+        if cap < INF:
+            new[new + remaining >= cap] = INF
+        _drop_dominated(new, INF, np.minimum)
         tables.append(new)
         all_steps.append(steps)
         table = new
         if not np.isfinite(table).any():
             break
-    while len(tables) < len(problem.options) + 1:
-        tables.append(np.full((fronts, tails, width), INF))
-    return SumTables(bound=bound, tables=tables, steps=all_steps)
+    return tables, all_steps
+
+
+def _drop_dominated(table: np.ndarray, worst: float, better) -> None:
+    """Clear (to `worst`) every entry that an entry with fewer stages behind (axis 1; same front and, for
+    sums, same layers) matches or beats: fewer stages behind means fewer micro-batches in flight, so every
+    memory cap in front is at least as loose and the costs are the same; the cleared state leads nowhere
+    the other does not lead at least as well. Sparser tables: fewer rows to place."""
+    values = table if table.ndim == 3 else table[:, :, None]
+    live = np.isfinite(values).any(axis=2)
+    fronts = np.flatnonzero(live.sum(axis=1) > 1)
+    if not len(fronts):
+        return
+    sub = live[fronts]
+    row, tail = np.nonzero(sub)                              # live tails of those fronts, by front then tail
+    rank = (np.cumsum(sub, axis=1) - 1)[row, tail]           # a live tail's place among its front's
+    padded = np.full((len(fronts), int(rank.max()) + 1, values.shape[2]), worst)
+    padded[row, rank] = values[fronts[row], tail]
+    prior = np.concatenate([np.full((len(fronts), 1, values.shape[2]), worst),
+                            better.accumulate(padded, axis=1)[:, :-1]], axis=1)
+    kept = padded[row, rank]
+    kept[better(prior[row, rank], kept) == prior[row, rank]] = worst
+    values[fronts[row], tail] = kept
 
 
 def most_layers(problem: OrderedGroups, bound: float) -> float:
     """The most layers some choice holds under bound M within memory, with at least one layer per stage
     and at most L stages (-inf when not even one layer per stage fits)."""
+    most = np.full((problem.fronts, problem.layers + 1), -INF)
+    most[problem.fronts - 1, 0] = 0.0
+    most = place_most(problem, most, bound, range(len(problem.options) - 1, -1, -1))
+    return float(most.max())
+
+
+def place_most(problem: OrderedGroups, most: np.ndarray, bound: float, groups: range) -> np.ndarray:
+    """Place `groups` (from the end) onto a table of most layers held per (front, stages behind)."""
     fronts, depth = problem.fronts, problem.layers + 1
-    most = np.full((fronts, depth), -INF)
-    most[fronts - 1, 0] = 0.0
-    for g in range(len(problem.options) - 1, -1, -1):
+    for g in groups:
         steps = group_steps(problem, g, bound, tail_cap=problem.layers)
         new = np.full(fronts * depth, -INF)
         pair, tail = np.nonzero(steps.valid & np.isfinite(most[steps.front]))
@@ -356,9 +428,10 @@ def most_layers(problem: OrderedGroups, bound: float) -> float:
             reach = most[steps.front[pair], tail] + steps.hi[pair, tail]
             np.maximum.at(new, steps.destination[pair] * depth + tail + steps.pp[pair], reach)
         most = new.reshape(fronts, depth)
+        _drop_dominated(most, -INF, np.maximum)
         if not np.isfinite(most).any():
-            return -INF
-    return float(most.max())
+            break
+    return most
 
 
 def feasible(problem: OrderedGroups, bound: float) -> bool:
@@ -382,7 +455,7 @@ def _bound_candidates(problem: OrderedGroups) -> np.ndarray:
             ends = [(2 * send, 0.0) for send in sends]
             if g == last:
                 ends.append((option.last_extra_s, option.last_update_s))
-            if g == 0:
+            if g == 0 and problem.starts_pipeline:
                 ends += [(extra + option.first_extra_s, update + option.first_update_s) for extra, update in ends]
             for extra, update in ends:
                 weights.append(b_minus_alpha * option.compute_s + option.update_s)
@@ -403,22 +476,30 @@ class PlacedGroup:
 def rebuild(problem: OrderedGroups, solved: SumTables) -> list[PlacedGroup]:
     """The choices behind SumTables.best(), group by group from the pipeline's front."""
     value, front, tail = solved.best()
-    layers = problem.layers
+    walked = walk(problem, solved, range(len(problem.options) - 1, -1, -1), (front, tail, problem.layers, value))
+    if walked is None:
+        raise AssertionError("dynamic programme: no source state reproduces the optimum")
+    return walked[0]
+
+
+def walk(problem: OrderedGroups, solved: SumTables, groups: range,
+         cell: tuple[int, int, int, float]) -> tuple[list[PlacedGroup], tuple[int, int, int, float]] | None:
+    """From a cell (front, tail, layers, value) of the table after placing `groups` (from the end, as
+    place_sums did) back to the table they were placed onto: each group's choice in pipeline order and the
+    source cell; None when no source reproduces the cell's value."""
+    front, tail, layers, value = cell
     placed: list[PlacedGroup] = []
-    count = len(problem.options)
-    for s in range(count - 1, -1, -1):       # table s + 1 came from placing group g = count - 1 - s
-        g = count - 1 - s
-        previous = solved.tables[s]
-        found = _find_source(problem, solved.steps[s], previous, front, tail, layers, value)
+    for s in range(len(solved.steps) - 1, -1, -1):
+        g, steps = groups[s], solved.steps[s]
+        found = _find_source(problem, steps, solved.tables[s], front, tail, layers, value)
         if found is None:
-            raise AssertionError("dynamic programme: no source state reproduces the optimum")
+            return None
         pair, source_tail, group_layers, source_value = found
-        steps = solved.steps[s]
         option, source_front = steps.options[int(steps.option_index[pair])], int(steps.front[pair])
         allowances = _stage_allowances(problem, g, option, source_front, source_tail, solved.bound)
         placed.append(PlacedGroup(option=option, stage_layers=_spread(group_layers, allowances)))
         front, tail, layers, value = source_front, source_tail, layers - group_layers, source_value
-    return placed
+    return placed, (front, tail, layers, value)
 
 
 def _find_source(problem, steps: GroupSteps, previous, front, tail, layers, value):
@@ -442,7 +523,7 @@ def _stage_allowances(problem: OrderedGroups, g: int, option: Option, front: int
     front_tp = problem.front_tp(front)
     result = []
     for position in range(option.pp, 0, -1):
-        first = g == 0 and position == option.pp
+        first = g == 0 and problem.starts_pipeline and position == option.pp
         last = position == 1 and front_tp is None
         send = (0.0 if last else problem.boundary_send_s[g][(option.tp, front_tp)] if position == 1
                 else option.inner_send_s)

@@ -16,8 +16,12 @@ recursion without the layer dimension, and larger ones are split in halves while
 M_low + alpha * sum(M_high) (sum falls as M grows) can still beat the k-th best. Whole (dp, grouping)
 items are skipped when a relaxation (M from a continuous cover of the layers, sum from the cheapest
 possible layer times) cannot beat it, orders when they cannot fit the layers under the best M that could
-still win. The worst case is the product of those counts, each polynomial: dps, k! orders (k <= 6 chip
-types in practice), bounds (at most options x L), groups x options x (tails x layers) per recursion.
+still win. For the best plan alone (top_k 1) every order is solved at once by orders_dp.py, a dynamic
+programme over the sets of chip types already placed (k 2^(k-1) states instead of k! orders); top_k > 1
+keeps one programme per order (the best plan of each). In the layer recursion a state is cleared when a
+state with fewer stages behind matches it (its memory caps are never tighter). The worst case is the
+product of polynomial counts: dps, bounds (at most options x L), k^2 2^k type placements, groups x
+options x (tails x layers) per placement.
 
 A time limit returns the best plan found with the bound it has proved: the least lower bound of the
 work left (the plan is within best / bound - 1 of the optimum).
@@ -26,6 +30,7 @@ work left (the plan is within best / bound - 1 of the optimum).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import math
 import time
@@ -45,6 +50,7 @@ from heteropp.auto.profiles import Profile
 from heteropp.auto.stage_terms import check_cost_model, embedding_terms, head_terms, transfer_s
 from heteropp.auto import layer_dp
 from heteropp.auto.layer_dp import Option, OrderedGroups, StageVariantCaps
+from heteropp.auto.orders_dp import AllOrders
 
 GB = 1e9
 MAX_LAYERS = 1024   # the sum tables are (tp, stages, layers) arrays: quadratic in the layers
@@ -337,6 +343,32 @@ class Planner:
                 constant += min(o.last_extra_s for o in every)
                 constant += 2 * (len(order) - 1) * self._cheapest_crossing(item)
             options = [[_without_ends(o, head_too=level == "item") for o in group_options] for group_options in options]
+        problem = self._problem(item, groups, options, level)
+        return problem, groups, constant
+
+    def all_orders(self, item: _Item) -> AllOrders:
+        """Every stage order of the item at once (orders_dp), exact cost model."""
+        key = ("every order",)
+        if key not in item.problems:
+            tp_values = sorted({o.tp for options in item.options.values() for o in options})
+            chains: dict = {}
+
+            def chain(name: str, following: str | None, starts: bool) -> OrderedGroups:
+                if (name, following, starts) not in chains:
+                    groups = item.groups[name] + (item.groups[following][:1] if following else [])
+                    options = [item.options[(group.chip.name, group.count)] for group in groups]
+                    chains[(name, following, starts)] = self._problem(
+                        item, groups, options, "exact", tp_values=tp_values, starts_pipeline=starts,
+                        follower=following is not None)
+                return chains[(name, following, starts)]
+
+            item.problems[key] = AllOrders(types=tuple(item.groups), chain=chain, alpha=self.training.alpha,
+                                           layers=self.model.num_layers)
+        return item.problems[key]
+
+    def _problem(self, item: _Item, groups: list[Group], options: list[list[Option]], level: str,
+                 **chain) -> OrderedGroups:
+        """The ordered problem of `groups` (with their options) at a level of relaxation (see ordered)."""
         boundary, same = [], []
         for g, group in enumerate(groups):
             if g == len(groups) - 1:
@@ -354,10 +386,9 @@ class Planner:
                         sends[(a.tp, b.tp)] = 0.0 if level == "item" else self._cheapest_from(item, group.chip, a.tp)
             boundary.append(sends)
             same.append(same_type)
-        problem = OrderedGroups(micro_batches=self.training.micro_batch_units // item.dp, alpha=self.training.alpha,
-                                layers=self.model.num_layers, options=options, boundary_send_s=boundary,
-                                same_type_next=same, monotone_tp=self.monotone_tp, relaxed=level != "exact")
-        return problem, groups, constant
+        return OrderedGroups(micro_batches=self.training.micro_batch_units // item.dp, alpha=self.training.alpha,
+                             layers=self.model.num_layers, options=options, boundary_send_s=boundary,
+                             same_type_next=same, monotone_tp=self.monotone_tp, relaxed=level != "exact", **chain)
 
     def _cheapest_from(self, item: _Item, chip: ChipType, tp: int) -> float:
         """The cheapest transfer from a stage of `chip` at `tp` to a stage of any other type."""
@@ -438,34 +469,34 @@ class _Search:
                                    lower_bound_s=min(self.lower_bound(), self.top[0].objective_s if self.top else math.inf),
                                    elapsed_s=now - self.started))
 
-    def least_bound(self, problem: OrderedGroups, candidates: np.ndarray) -> int | None:
+    def least_bound(self, problem: OrderedGroups | AllOrders, candidates: np.ndarray) -> int | None:
         """Index of the least candidate M under which every layer fits (None: not even the last)."""
-        if not len(candidates) or not layer_dp.feasible(problem, float(candidates[-1])):
+        if not len(candidates) or not problem.feasible(float(candidates[-1])):
             return None
         low, step = 0, 1
-        while not layer_dp.feasible(problem, float(candidates[min(low + step - 1, len(candidates) - 1)])):
+        while not problem.feasible(float(candidates[min(low + step - 1, len(candidates) - 1)])):
             self.tick()                                     # gallop up from the start, then bisect
             low, step = low + step, step * 2
         high = min(low + step - 1, len(candidates) - 1)
         while low < high:
             self.tick()
             middle = (low + high) // 2
-            if layer_dp.feasible(problem, float(candidates[middle])):
+            if problem.feasible(float(candidates[middle])):
                 high = middle
             else:
                 low = middle + 1
         return low
 
-    def candidates(self, problem: OrderedGroups, start: float, floor_sum: float) -> np.ndarray:
+    def candidates(self, problem: OrderedGroups | AllOrders, start: float, floor_sum: float) -> np.ndarray:
         """The M worth trying: from `start` (a proved least M) to what can still beat the threshold."""
-        values = layer_dp.bound_candidates(problem)
+        values = problem.bound_values()
         values = values[values >= start * (1 - 1e-12)]
         threshold = self.threshold()
         if math.isfinite(threshold):
             values = values[values + problem.alpha * floor_sum < threshold]
         return values
 
-    def bound(self, problem: OrderedGroups, start: float, floor_sum: float) -> tuple[float, float]:
+    def bound(self, problem: OrderedGroups | AllOrders, start: float, floor_sum: float) -> tuple[float, float]:
         """(least M that fits, least M + alpha * floor): a lower bound on the problem's cost; inf when it
         cannot beat the threshold."""
         candidates = self.candidates(problem, start, floor_sum)
@@ -475,13 +506,13 @@ class _Search:
         least = float(candidates[low])
         return least, least + problem.alpha * floor_sum
 
-    def solve(self, problem: OrderedGroups, relaxed: OrderedGroups, *, start: float,
-              floor_sum: float) -> tuple[float, float | None]:
+    def solve(self, problem: OrderedGroups | AllOrders, relaxed_sum: Callable[[float], float], *, start: float,
+              floor_sum: float, on_better: Callable[[float], None] | None = None) -> tuple[float, float | None]:
         """(min over M of M + alpha * sum(M), the M that gives it), skipping what cannot beat the threshold.
 
         sum(M) falls as M grows, so M_low + alpha * sum(M_high) bounds every M in between; ranges are split
-        in halves, first bounded by the relaxed problem's sum (cheap, never above the exact one), and
-        evaluated exactly only where that bound can still win."""
+        in halves, first bounded by a relaxed problem's sum (cheap, never above the exact one), and
+        evaluated exactly only where that bound can still win. on_better(M): called with each better M."""
         alpha = problem.alpha
         candidates = self.candidates(problem, start, floor_sum)
         low = self.least_bound(problem, candidates)
@@ -489,25 +520,43 @@ class _Search:
             return math.inf, None
         best = {"value": math.inf, "bound": None}
 
-        def exact(index: int) -> float:
+        def exact(index: int) -> tuple[float, bool]:
+            """(sum under the candidate, whether exact): a sum that cannot win is only bounded below."""
             self.tick()
             bound = float(candidates[index])
             self.planner.evaluated += 1
-            total = layer_dp.sum_tables(problem, bound).best()[0]
+            # a sum at or above this cap lets no candidate win (M >= candidates[low]): only bounded below
+            cap = (limit() - float(candidates[low])) / alpha if alpha > 0 else math.inf
+            total = problem.least_sum(bound, cap)
+            if total >= cap:
+                return cap, False
             if bound + alpha * total < best["value"]:
                 best["value"], best["bound"] = bound + alpha * total, bound
-            return total
+                if on_better is not None:
+                    on_better(bound)
+            return total, True
 
         def limit() -> float:
             return min(self.threshold(), best["value"]) * _TIE
 
-        first = exact(low)
+        first, first_exact = exact(low)
         if alpha == 0:
             return best["value"], best["bound"]
         # (lo, hi): the candidates strictly between are open; the sums at lo and hi are exact or lower bounds
-        stack = [(low, len(candidates), first, True, floor_sum, False)]   # hi: a sentinel at the floor
+        # ranges best first (least lower bound M_low + alpha * sum_hi): an early good plan bounds the others
+        stack: list = []
+
+        def push(lo: int, hi: int, sum_lo: float, lo_exact: bool, sum_hi: float, hi_exact: bool) -> None:
+            if hi - lo > 1:
+                heapq.heappush(stack, (float(candidates[lo + 1]) + alpha * sum_hi, lo, hi, sum_lo, lo_exact, sum_hi,
+                                       hi_exact))
+
+        push(low, len(candidates), first, first_exact, floor_sum, False)   # hi: a sentinel at the floor
         while stack:
-            lo, hi, sum_lo, lo_exact, sum_hi, hi_exact = stack.pop()
+            _, lo, hi, sum_lo, lo_exact, sum_hi, hi_exact = heapq.heappop(stack)
+            useful = int(np.searchsorted(candidates, limit() - alpha * floor_sum))   # from here none can win
+            if useful < hi:   # sum_hi still bounds every sum below hi from beneath (sums fall as M grows)
+                hi, hi_exact = useful, False
             if hi - lo <= 1:
                 continue
             if candidates[lo + 1] + alpha * sum_hi >= limit() or (
@@ -516,20 +565,21 @@ class _Search:
                 continue
             middle = (lo + hi) // 2
             self.tick()
-            lower = max(sum_hi, layer_dp.sum_tables(relaxed, float(candidates[middle])).best()[0])
+            lower = max(sum_hi, relaxed_sum(float(candidates[middle])))
             if candidates[lo + 1] + alpha * lower >= limit():     # (lo, middle] cannot win
                 self.planner.bounded += 1
-                stack.append((middle, hi, lower, False, sum_hi, hi_exact))
+                push(middle, hi, lower, False, sum_hi, hi_exact)
                 continue
-            sum_middle = exact(middle)
-            stack += [(middle, hi, sum_middle, True, sum_hi, hi_exact), (lo, middle, sum_lo, lo_exact, sum_middle, True)]
+            sum_middle, middle_exact = exact(middle)
+            push(middle, hi, sum_middle, middle_exact, sum_hi, hi_exact)
+            push(lo, middle, sum_lo, lo_exact, sum_middle, middle_exact)
         return best["value"], best["bound"]
 
-    def floor(self, problem: OrderedGroups) -> float:
+    def floor(self, problem: OrderedGroups | AllOrders) -> float:
         """The least sum of stage terms at any M (the sum tables with memory the only limit)."""
         self.tick()
         self.planner.evaluated += 1
-        return layer_dp.sum_tables(problem, math.inf).best()[0]
+        return problem.least_sum(math.inf)
 
     # ---- one item: relaxed bounds first, exact orders last ---------------------------------------------
     def bound_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
@@ -540,7 +590,10 @@ class _Search:
         least, bound = self.bound(problem, 0.0, floor)
         item.lower_bound_s, item.bounded = bound, True
         if math.isfinite(bound):
-            item.pending = [(bound, "last", name, least, floor) for name in item.groups]
+            if self.top_k == 1:   # the best plan only: every order in one programme
+                item.pending = [(bound, "every order", None, least, floor)]
+            else:                 # the best of each order: orders bounded by their last type, then one by one
+                item.pending = [(bound, "last", name, least, floor) for name in item.groups]
             return
         self.planner.bounded += 1
         self.note_cover(item, orders[0])
@@ -560,14 +613,17 @@ class _Search:
         planner = self.planner
         while item.pending:
             item.pending.sort(key=lambda entry: entry[0])
-            bound, kind, key, start, floor = item.pending[0]
+            entry = item.pending[0]
+            bound, kind, key, start, floor = entry
             if bound >= self.threshold():
                 planner.bounded += len(item.pending)
                 item.pending = []
                 break
             self.tick()
-            item.pending.pop(0)
-            if kind == "last":   # the orders ending in type `key`: head placed, embedding still free
+            if kind == "every order":
+                self.solve_every_order(item, orders, start, floor)
+                self.orders_done += len(orders)
+            elif kind == "last":   # the orders ending in type `key`: head placed, embedding still free
                 order = next(o for o in orders if o[-1] == key)
                 problem, _, constant = planner.ordered(item, order, "last")
                 floor = max(floor, self.floor(problem) + constant)
@@ -597,15 +653,37 @@ class _Search:
             else:
                 self.solve_exact(item, key, start, floor)
                 self.orders_done += 1
+            item.pending.remove(entry)   # only now: a search stopped by its time limit keeps this bound
 
     def solve_exact(self, item: _Item, order: tuple[str, ...], start: float, floor: float) -> None:
         problem, groups, _ = self.planner.ordered(item, order)
         relaxed, _, constant = self.planner.ordered(item, order, "order")
-        value, bound = self.solve(problem, relaxed, start=start, floor_sum=floor)
+        value, bound = self.solve(problem, relaxed.least_sum, start=start, floor_sum=floor)
         if bound is None or value >= self.threshold():
             return
         placed = layer_dp.rebuild(problem, layer_dp.sum_tables(problem, bound))
         self.offer(self._plan(item, groups, placed))
+
+    def solve_every_order(self, item: _Item, orders: list[tuple[str, ...]], start: float, floor: float) -> None:
+        """The best plan of the item over every order (orders_dp), ranges of M bounded by the order-free
+        relaxation of bound_item; the plan rebuilt on the order that attains it."""
+        problem = self.planner.all_orders(item)
+        relaxed, _, constant = self.planner.ordered(item, orders[0], "item")
+        floor = max(floor, self.floor(problem))
+
+        def offer(bound: float) -> None:
+            exact, groups, _ = self.planner.ordered(item, problem.best_order(bound))
+            self.offer(self._plan(item, groups, layer_dp.rebuild(exact, layer_dp.sum_tables(exact, bound))))
+
+        # under a time limit every better plan is kept at once, so that a stop mid-item still has it
+        value, bound = self.solve(problem, lambda m: relaxed.least_sum(m) + constant, start=start, floor_sum=floor,
+                                  on_better=offer if self.time_limit_s is not None else None)
+        if bound is None:
+            for order in orders:
+                self.note_cover(item, order)
+        if bound is None or value >= self.threshold() or self.time_limit_s is not None:
+            return
+        offer(bound)
 
     def _plan(self, item: _Item, groups: list[Group], placed: list[layer_dp.PlacedGroup]) -> Plan:
         planner = self.planner

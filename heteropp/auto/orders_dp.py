@@ -1,0 +1,174 @@
+"""Every stage order at once: over all orders of the chip types, the least sum of stage terms under a
+bound M, and whether the layers fit under M at all, by a dynamic programme over the sets of types placed
+from the pipeline's end (Held-Karp). The state after placing a set S of types is (S, the type in front,
+its front tp, stages behind, layers placed), so k types cost k 2^(k-1) states where the orders are k!.
+
+A type t placed in front of type f reads f only through the transfer from t's last group to f's first
+group, so t's last group is placed once per f, the minimum over f taken, and t's other groups placed once.
+The per-type pieces are layer_dp chains built by the caller: t's groups followed by f's first group (which
+only supplies the transfer and is not placed), sharing one set of tp slices. Pure Python + numpy; imports
+layer_dp only (no search code, no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from heteropp.auto import layer_dp
+from heteropp.auto.layer_dp import INF, OrderedGroups, SumTables
+
+Chain = Callable[[str, "str | None", bool], OrderedGroups]   # (type, next type or None: the end, starts)
+
+
+@dataclass
+class AllOrders:
+    """The problem of every order of `types` at one (dp, grouping)."""
+    types: tuple[str, ...]
+    chain: Chain
+    alpha: float
+    layers: int
+    _candidates: np.ndarray | None = field(default=None, repr=False)
+    _least_rate: float | None = field(default=None, repr=False)   # least time of one layer in any option
+
+    def __post_init__(self) -> None:
+        sample = self.chain(self.types[0], None, len(self.types) == 1)
+        self.fronts, self.tail_cap = sample.fronts, sample.tail_cap
+
+    # ---- the sweep over sets of types ----------------------------------------------------------------
+    def _sweep(self, start: np.ndarray, place_one: Callable, place_rest: Callable, merge, keep: bool = False):
+        """Tables after every (set, front type), built by set size; with keep, also each type's table
+        after only its last group (partial), for tracing the order back. The placements that share a
+        chain (same type, same next type) are handed over together: place_*(chain, tables) -> tables."""
+        count, full = len(self.types), (1 << len(self.types)) - 1
+        level: dict[tuple[int, int], np.ndarray] = {(0, -1): start}
+        kept: dict = {}
+        for _ in range(count):
+            jobs: dict[tuple[int, int, bool], list[tuple[int, np.ndarray]]] = {}
+            for (mask, front), table in level.items():
+                if not np.isfinite(table).any():
+                    continue   # nothing reachable: no order through this state
+                for t in range(count):
+                    if not mask >> t & 1:
+                        jobs.setdefault((t, front, (mask | 1 << t) == full), []).append((mask, table))
+            partial: dict[tuple[int, int], np.ndarray] = {}
+            for (t, front, starts), entries in jobs.items():
+                placed = place_one(self._chain(t, front, starts), [table for _, table in entries])
+                for (mask, _), after in zip(entries, placed):
+                    key = (mask | 1 << t, t)
+                    partial[key] = after if key not in partial else merge(partial[key], after)
+            rest: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+            for key in partial:
+                rest.setdefault((key[1], key[0] == full), []).append(key)
+            level = {}
+            for (t, starts), keys in rest.items():
+                level.update(zip(keys, place_rest(self._chain(t, -1, starts), [partial[key] for key in keys])))
+            if keep:
+                kept.update({("partial",) + key: table for key, table in partial.items()})
+                kept.update({("level",) + key: table for key, table in level.items()})
+        return level, kept
+
+    def _chain(self, t: int, front: int, starts: bool) -> OrderedGroups:
+        return self.chain(self.types[t], None if front < 0 else self.types[front], starts)
+
+    def _sum_sweep(self, bound: float, keep: bool = False, cap: float = INF):
+        if self._least_rate is None:
+            chains = [self._chain(t, -1, starts) for t in range(len(self.types)) for starts in (False, True)]
+            self._least_rate = min(o.compute_s for chain in chains for options in chain.options for o in options)
+
+        def stacked(chain, tables, groups):
+            together = layer_dp.place_sums(chain, np.concatenate(tables), bound, groups, cap, self._least_rate,
+                                           copies=len(tables))[0][-1]
+            return np.split(together, len(tables))
+
+        def one(chain, tables):
+            last = len(chain.options) - 1 - chain.follower
+            return stacked(chain, tables, range(last, last - 1, -1))
+
+        def rest(chain, tables):
+            return stacked(chain, tables, range(len(chain.options) - 2, -1, -1))
+
+        return self._sweep(self._start_sum(), one, rest, np.minimum, keep)
+
+    # ---- what the search asks ------------------------------------------------------------------------
+    def least_sum(self, bound: float, cap: float = INF) -> float:
+        """The least sum of stage terms over every order under bound M (inf: nothing fits); a value >= cap
+        means only 'not below cap' (layer_dp.place_sums)."""
+        level, _ = self._sum_sweep(bound, cap=cap)
+        return min((float(table[:, :, -1].min()) for table in level.values()), default=INF)
+
+    def most_layers(self, bound: float) -> float:
+        start = np.full((self.fronts, self.layers + 1), -INF)
+        start[self.fronts - 1, 0] = 0.0
+
+        def one(chain, tables):
+            last = len(chain.options) - 1 - chain.follower
+            return [layer_dp.place_most(chain, table, bound, range(last, last - 1, -1)) for table in tables]
+
+        def rest(chain, tables):
+            return [layer_dp.place_most(chain, table, bound, range(len(chain.options) - 2, -1, -1)) for table in tables]
+
+        level, _ = self._sweep(start, one, rest, np.maximum)
+        return max((float(table.max()) for table in level.values()), default=-INF)
+
+    def feasible(self, bound: float) -> bool:
+        return self.most_layers(bound) >= self.layers
+
+    def bound_values(self) -> np.ndarray:
+        """Every value a stage's weight can take in any order (see layer_dp.bound_candidates)."""
+        if self._candidates is None:
+            count = len(self.types)
+            chains = [self._chain(t, front, starts) for t in range(count) for front in range(-1, count)
+                      if front != t for starts in (False, True)]
+            self._candidates = np.unique(np.concatenate([layer_dp.bound_candidates(c) for c in chains]))
+        return self._candidates
+
+    def best_order(self, bound: float) -> tuple[str, ...]:
+        """An order whose least sum under M is the least over every order (types from the pipeline's front)."""
+        level, kept = self._sum_sweep(bound, keep=True)
+        count, full = len(self.types), (1 << len(self.types)) - 1
+        front = min(range(count), key=lambda t: float(level[(full, t)][:, :, -1].min()) if (full, t) in level else INF)
+        table = level[(full, front)][:, :, -1]
+        j, tail = np.unravel_index(int(np.argmin(table)), table.shape)
+        cell = (int(j), int(tail), self.layers, float(table[j, tail]))
+        mask, order = full, []
+        while mask:
+            order.append(self.types[front])
+            rest_chain = self._chain(front, -1, mask == full)
+            groups = range(len(rest_chain.options) - 2, -1, -1)
+            tables, steps = layer_dp.place_sums(rest_chain, kept[("partial", mask, front)], bound, groups)
+            cell = self._walk(rest_chain, tables, steps, groups, cell, bound)
+            mask ^= 1 << front
+            sources = [f for f in range(count) if mask >> f & 1] or [-1]
+            for source in sources:
+                chain = self._chain(front, source, (mask | 1 << front) == full)
+                last = len(chain.options) - 1 - chain.follower
+                table = kept.get(("level", mask, source)) if source >= 0 else self._start_sum()
+                if table is None:
+                    continue
+                tables, steps = layer_dp.place_sums(chain, table, bound, range(last, last - 1, -1))
+                walked = self._walk(chain, tables, steps, range(last, last - 1, -1), cell, bound, strict=False)
+                if walked is not None:
+                    cell, front = walked, source
+                    break
+            else:
+                raise AssertionError("orders dynamic programme: no type reproduces the optimum")
+        return tuple(order)
+
+    def _start_sum(self) -> np.ndarray:
+        start = np.full((self.fronts, self.tail_cap + 1, self.layers + 1), INF)
+        start[self.fronts - 1, 0, 0] = 0.0
+        return start
+
+    @staticmethod
+    def _walk(chain, tables, steps, groups, cell, bound, strict: bool = True):
+        if not steps:
+            return cell
+        walked = layer_dp.walk(chain, SumTables(bound=bound, tables=tables, steps=steps), groups, cell)
+        if walked is None:
+            if strict:
+                raise AssertionError("orders dynamic programme: a type's groups do not reproduce the optimum")
+            return None
+        return walked[1]
