@@ -137,6 +137,8 @@ def _train(args: argparse.Namespace) -> int:
 
 def _model_info(args) -> int:
     config = _model(RunOptions(preset=args.preset, model_config=args.model_config))
+    from heteropp.tensor_parallel import check_tp_divides
+    check_tp_divides(config, args.tp, "--tp")
     seq = args.seq_len or config.max_seq_len
     mbs = args.micro_batch_size
     info = {
