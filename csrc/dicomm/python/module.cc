@@ -306,6 +306,8 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("connect_timeout_s", &Options::connect_timeout_s)
       .def_readwrite("bind_address", &Options::bind_address)
       .def_readwrite("advertise_address", &Options::advertise_address)
+      .def_readwrite("hello_timeout_s", &Options::hello_timeout_s)
+      .def_readwrite("unexpected_bytes_per_peer", &Options::unexpected_bytes_per_peer)
       .def_readwrite("tcp_chunk_bytes", &Options::tcp_chunk_bytes)
       .def_readwrite("tcp_socket_buffer_bytes", &Options::tcp_socket_buffer_bytes)
       .def_readwrite("shm_ring_bytes", &Options::shm_ring_bytes)
