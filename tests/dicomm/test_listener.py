@@ -1,14 +1,17 @@
 """The setup listener against strangers: idle, slow or garbage connections cannot hold up a job's
-peers, a peer cannot flood a rank with messages nobody posted a receive for, and the listener
-listens only on the address the job uses."""
+peers, a peer cannot flood a rank with messages nobody posted a receive for, the listener listens
+only on the address the job uses, and shared memory that killed processes left is removed."""
+import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 
 import pytest
 
 from dicomm import _dicomm_core as core
-from scenarios import start
+from scenarios import run, start
 from test_faults import impersonate_rank_1, read_descriptor
 
 
@@ -68,3 +71,22 @@ def test_the_listener_binds_the_advertised_address_only():
             talker.results(timeout=60)
             (listened,) = listener.results(timeout=60)
     assert listened["data"] == "hello"
+
+
+def test_an_shm_endpoint_removes_segments_that_killed_processes_left(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    left = f"/dev/shm/dicomm-{child.pid}-7-0-bell"
+    with open(left, "wb") as handle:
+        handle.write(b"\0" * 64)
+    alive = f"/dev/shm/dicomm-{os.getpid()}-7-0-bell"
+    with open(alive, "wb") as handle:
+        handle.write(b"\0" * 64)
+    try:
+        (listened, _) = run("echo", transport="shm", token="t")
+        assert listened["data"] == "hello"
+        assert not os.path.exists(left) and os.path.exists(alive)
+    finally:
+        for path in (left, alive):
+            if os.path.exists(path):
+                os.remove(path)
