@@ -1,5 +1,7 @@
 #include "dicomm/options.h"
 
+#include <arpa/inet.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
@@ -98,6 +100,10 @@ void Options::validate() const {
   if (!(timeout_s > 0)) throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeout_s));
   if (!(connect_timeout_s > 0)) {
     throw std::invalid_argument("connect timeout must be positive, got " + std::to_string(connect_timeout_s));
+  }
+  in_addr parsed{};
+  if (!bind_address.empty() && inet_pton(AF_INET, bind_address.c_str(), &parsed) != 1) {
+    throw std::invalid_argument("bind address '" + bind_address + "' is not an IPv4 address (DICOMM_BIND_ADDR)");
   }
   if (!(hello_timeout_s > 0)) {
     throw std::invalid_argument("hello timeout must be positive, got " + std::to_string(hello_timeout_s));
