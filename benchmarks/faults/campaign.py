@@ -7,9 +7,10 @@ Families of cases (each case is tried, then judged survived or lost):
           the loss history is shorter than the newest checkpoint, the newest complete checkpoint
           cannot be loaded, a start leaves a temporary (`*.tmp.<pid>`) behind, or the final run does
           not end with every step logged once.
-- torn:   the newest checkpoint's shard or manifest, the `latest` pointer or the metrics log's last
-          line is cut short or overwritten, then the run resumes; lost on anything but a resume from
-          an intact checkpoint or a one-line UserError.
+- torn:   the newest checkpoint's shard or manifest, the `latest` pointer or the metrics log is cut
+          short, zeroed to its end or overwritten inside, then the run resumes; lost on anything but
+          a resume from an intact checkpoint or a one-line UserError (and, for a metrics log that was
+          only cut short or zeroed to its end, anything but a resume).
 - cli:    a table of bad flags and files for `h2 train`, `h2 model-info` and `heteroauto`; lost on
           anything but exit status 2 with one line on stderr.
 - frame:  random and mutated DiComm frame headers through the frame decoder; lost on anything but
@@ -158,7 +159,9 @@ def _pristine_run(workdir: str) -> str:
     return copy
 
 
-def _damage(path: str, rng: random.Random) -> None:
+def _damage(path: str, rng: random.Random) -> str:
+    """Cut `path` short, zero it from a random offset to its end (what a crash or a power loss can
+    leave) or overwrite 64 bytes inside it with garbage (corruption); returns which."""
     data = open(path, "rb").read()
     how = rng.choice(["truncate", "zero", "garbage"])
     if how == "truncate":
@@ -171,6 +174,7 @@ def _damage(path: str, rng: random.Random) -> None:
         data = data[:start] + bytes(rng.randrange(256) for _ in range(64)) + data[start + 64:]
     with open(path, "wb") as handle:
         handle.write(data)
+    return how
 
 
 def torn_case(rng: random.Random, workdir: str, timeout_s: float) -> None:
@@ -178,7 +182,7 @@ def torn_case(rng: random.Random, workdir: str, timeout_s: float) -> None:
     newest = os.path.join(out, "checkpoints", f"step_{STEPS:08d}")
     target = rng.choice([os.path.join(newest, "rank_00000.pt"), os.path.join(newest, "manifest.json"),
                          os.path.join(out, "checkpoints", "latest"), os.path.join(out, "metrics.jsonl")])
-    _damage(target, rng)
+    how = _damage(target, rng)
     try:
         config = TrainConfig(steps=STEPS, micro_batch_size=2, seq_len=32, warmup_steps=1, checkpoint_every=1,
                              keep_checkpoints=2)
@@ -187,9 +191,9 @@ def torn_case(rng: random.Random, workdir: str, timeout_s: float) -> None:
     except UserError as error:
         if "\n" in str(error):
             raise Lost(f"a multi-line error for damaged {os.path.basename(target)}") from None
-        if not target.endswith("metrics.jsonl"):
-            return  # refused in one line; a damaged log before its last line is refused the same way
-        raise Lost(f"damaged metrics.jsonl refused the resume: {error}") from None
+        if not target.endswith("metrics.jsonl") or how == "garbage":
+            return  # refused in one line naming the file (and the line of a log corrupted before its end)
+        raise Lost(f"metrics.jsonl cut short ({how}) refused the resume: {error}") from None
     except Exception as error:  # noqa: BLE001 - anything else is a traceback for the user
         raise Lost(f"damaged {os.path.basename(target)}: {type(error).__name__}: {error}") from None
     if trainer.step not in (STEPS, STEPS - 1):

@@ -201,8 +201,8 @@ class CheckpointDir:
 
     def latest_step(self) -> int | None:
         try:
-            with open(self.pointer, encoding="utf-8") as handle:
-                name = handle.read().strip()
+            with open(self.pointer, "rb") as handle:
+                name = handle.read().decode("utf-8", errors="replace").strip()
         except FileNotFoundError:
             return None
         match = _STEP_FOLDER.match(name)

@@ -101,3 +101,11 @@ def test_resume_with_every_checkpoint_damaged_is_one_line_error(tmp_path, corpus
         (tmp_path / "checkpoints" / f"step_{step:08d}" / "rank_00000.pt").write_bytes(b"torn")
     with pytest.raises(UserError, match="no intact checkpoint"):
         run(tmp_path, corpus, resume=True, steps=4)
+
+
+def test_resume_falls_back_past_a_garbage_latest_pointer(tmp_path, corpus):
+    run(tmp_path, corpus, steps=4, checkpoint_every=2, keep_checkpoints=3)
+    (tmp_path / "checkpoints" / "latest").write_bytes(b"step_\xea\xf3\x97")
+    trainer = Trainer(preset("tiny"), TrainConfig(steps=4, micro_batch_size=2, warmup_steps=1), str(tmp_path),
+                      resume=True, corpus=corpus, show_progress=False)
+    assert trainer.step == 4
