@@ -66,6 +66,9 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
         if values.get(name) is not None:
             raise UserError(f"{_flag(name)} does not apply with --strategy "
                             f"(the strategy file fixes the model and batch shape)")
+    if values.get("seq_len") is not None and strategy.seq_len and values["seq_len"] != strategy.seq_len:
+        raise UserError(f"--seq-len {values['seq_len']} differs from {run.strategy}'s seq_len {strategy.seq_len} "
+                        f"(the strategy file fixes the batch shape)")
     config = flags.build(TrainConfig, values)
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
