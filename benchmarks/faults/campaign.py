@@ -233,10 +233,7 @@ def _main_of(program: str):
 def cli_case(argv: list[str], workdir: str) -> None:
     argv = list(argv)
     if argv[:2] == ["h2", "train"] and "--out" not in argv:
-        argv += ["--out", os.path.join(workdir, "run"), "--steps" if "--steps" not in argv else "--quiet"]
-        if argv[-1] == "--steps":
-            argv.append("1")
-        argv.append("--quiet")
+        argv += ["--out", os.path.join(workdir, "run"), "--quiet"] + (["--steps", "1"] if "--steps" not in argv else [])
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
