@@ -90,3 +90,13 @@ def test_an_shm_endpoint_removes_segments_that_killed_processes_left(tmp_path):
         for path in (left, alive):
             if os.path.exists(path):
                 os.remove(path)
+
+
+def test_connect_timeout_bounds_the_store_look_ups_of_setup(tmp_path):
+    import dicomm
+
+    store = dicomm.FileStore(str(tmp_path), timeout=60)  # the store alone would wait 60 s for rank 0's keys
+    started = time.monotonic()
+    with pytest.raises(dicomm.CommError, match="store key 'dicomm/token' was not set within the connect timeout"):
+        dicomm.Endpoint(store, 1, 2, connect_timeout=1)
+    assert time.monotonic() - started < 10

@@ -101,7 +101,7 @@ void Engine::rendezvous(Store& store) {
       token = randomToken();
       store.set(token_key, token);
     } else {
-      token = store.get(token_key);
+      token = store.get(token_key, deadline);
     }
   }
   store.set(peerKey(options_, rank_), self_.encode());
@@ -114,15 +114,15 @@ void Engine::rendezvous(Store& store) {
   }
 }
 
-PeerDescriptor Engine::lookUpPeer(Store& store, int q) {
-  PeerDescriptor peer = PeerDescriptor::decode(store.get(peerKey(options_, q)));
+PeerDescriptor Engine::lookUpPeer(Store& store, int q, Clock::time_point deadline) {
+  PeerDescriptor peer = PeerDescriptor::decode(store.get(peerKey(options_, q), deadline));
   if (peer.rank != q) throw CommError("store key " + peerKey(options_, q) + " describes rank " + std::to_string(peer.rank));
   return peer;
 }
 
 void Engine::dialLowerRanks(Store& store, const std::string& token, Clock::time_point deadline) {
   for (int q = 0; q < rank_; ++q) {
-    const PeerDescriptor peer = lookUpPeer(store, q);
+    const PeerDescriptor peer = lookUpPeer(store, q, deadline);
     const TransportKind kind = chooseTransport(peer);
     const std::string name = "rank " + std::to_string(q) + " at " + peer.address + ":" + std::to_string(peer.port);
     Socket socket = connectTcp(peer.address, peer.port, deadline);
@@ -209,7 +209,7 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
     // The peer published its descriptor before dialling, so this look-up does not wait.
     PeerDescriptor peer;
     try {
-      peer = lookUpPeer(store, hello.rank);
+      peer = lookUpPeer(store, hello.rank, deadline);
     } catch (const std::exception& e) {
       refuse(e.what());
       continue;
