@@ -6,7 +6,6 @@ run, and a plain memcpy of the same sizes (one process) bounds what any same-hos
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -15,7 +14,9 @@ import time
 
 import numpy as np
 
+from dicomm import _dicomm_core as _core
 from dicomm.endpoint import Endpoint, probe_ibverbs
+from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.ranks import run_ranks
 
 FULL_SIZES = [8, 64, 512, 4096, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -170,6 +171,25 @@ def check_targets(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(size) for size in text.split(",")]
+    except ValueError:
+        raise UserError(f"--sizes {text}: not a comma-separated list of byte counts") from None
+    if any(size < 0 for size in sizes):
+        raise UserError(f"--sizes {text}: message sizes must be at least 0 bytes")
+    return sizes
+
+
+def _check_environment() -> None:
+    """The DICOMM_* variables the workers will read, checked before any worker starts."""
+    try:
+        _core.Options.from_environment().validate()
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
+@run_cli("dicomm.bench")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--device" or a.startswith("--device=") for a in argv):  # device tensors (dicomm/bench_device.py)
@@ -180,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         from dicomm.bench_torch import main as torch_main
 
         return torch_main([a for a in argv if a != "--torch"])
-    parser = argparse.ArgumentParser(prog="python -m dicomm.bench", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m dicomm.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few sizes and iterations (smoke test)")
     parser.add_argument("--json", metavar="FILE", help="also write {'rows': [...]} to FILE")
     parser.add_argument("--sizes", help="comma-separated message sizes in bytes (overrides the default set)")
@@ -194,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dicomm.bench: transport '{t}' is not available here ({probe_ibverbs()['message']})",
                   file=sys.stderr)
             return 2
+    _check_environment()
     if args.sizes:
-        sizes = [int(s) for s in args.sizes.split(",")]
+        sizes = _sizes(args.sizes)
     else:
         sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if "ibverbs" not in available:

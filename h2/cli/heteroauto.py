@@ -294,6 +294,8 @@ def _emulated(cluster, name: str) -> str:
 
 
 def _cmd_search(args) -> int:
+    if args.out:
+        _check_output_file(args.out, "--out")
     if args.planner == "zorse":
         return _cmd_search_zorse(args)
     if (args.memory_fraction != 1.0 or args.ministages is not None or args.offload != "auto"
@@ -580,6 +582,17 @@ def write_simulated_trace(path: str, sim, report, schedule: str) -> None:
     write_trace(path, trace_events(sim, labels, schedule == "1f1b-split-backward"), {"source": "predicted"})
 
 
+def _check_output_file(path: str, flag: str) -> None:
+    """Refuse, before any work, an output file whose folder cannot be created or written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"{flag} {path}: cannot create folder '{folder}' ({error.strerror or error})") from None
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{flag} {path}: folder '{folder}' is not writable")
+
+
 # ---- profile ------------------------------------------------------------------------------------
 def _profile_targets(args, cluster: ClusterSpec) -> list[tuple[ChipType, str]]:
     """(chip type, profile file) for each chip type to profile."""
@@ -587,7 +600,11 @@ def _profile_targets(args, cluster: ClusterSpec) -> list[tuple[ChipType, str]]:
         raise UserError("--out names one profile file: give --chip too (or --out-dir for every chip type)")
     folder = args.out_dir or os.path.join("profiles", cluster.name)
     chips = [cluster.chip(args.chip)] if args.chip is not None else list(cluster.chips)
-    return [(chip, args.out if args.out is not None else os.path.join(folder, f"{chip.name}.yaml")) for chip in chips]
+    targets = [(chip, args.out if args.out is not None else os.path.join(folder, f"{chip.name}.yaml"))
+               for chip in chips]
+    for _, path in targets:
+        _check_output_file(path, "--out" if args.out is not None else "--out-dir")
+    return targets
 
 
 def _cached(path: str, cluster: ClusterSpec, chip: ChipType, model: ModelConfig, training: TrainingSpec):

@@ -68,6 +68,9 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
         if values.get(name) is not None:
             raise UserError(f"{_flag(name)} does not apply with --strategy "
                             f"(the strategy file fixes the model and batch shape)")
+    if values.get("seq_len") is not None and strategy.seq_len and values["seq_len"] != strategy.seq_len:
+        raise UserError(f"--seq-len {values['seq_len']} differs from {run.strategy}'s seq_len {strategy.seq_len} "
+                        f"(the strategy file fixes the batch shape)")
     config = flags.build(TrainConfig, values)
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
@@ -145,6 +148,8 @@ def _train(args: argparse.Namespace) -> int:
 
 def _model_info(args) -> int:
     config = _model(RunOptions(preset=args.preset, model_config=args.model_config))
+    from heteropp.tensor_parallel import check_tp_divides
+    check_tp_divides(config, args.tp, "--tp")
     seq = args.seq_len or config.max_seq_len
     mbs = args.micro_batch_size
     info = {

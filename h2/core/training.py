@@ -57,7 +57,8 @@ class TrainConfig:
                   ("weight_decay", self.weight_decay >= 0), ("beta1", 0 <= self.beta1 < 1),
                   ("beta2", 0 <= self.beta2 < 1), ("grad_clip", self.grad_clip >= 0),
                   ("checkpoint_every", self.checkpoint_every >= 0),
-                  ("keep_checkpoints", self.keep_checkpoints >= 1)]
+                  ("keep_checkpoints", self.keep_checkpoints >= 1),
+                  ("seed", 0 <= self.seed < 2 ** 32)]  # numpy's generator takes a 32-bit seed
         if self.seq_len is not None:
             checks.append(("seq_len", self.seq_len >= 1))
         if self.lr_decay_steps is not None:

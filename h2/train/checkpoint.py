@@ -25,6 +25,7 @@ import os
 import random
 import re
 import shutil
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -200,8 +201,8 @@ class CheckpointDir:
 
     def latest_step(self) -> int | None:
         try:
-            with open(self.pointer, encoding="utf-8") as handle:
-                name = handle.read().strip()
+            with open(self.pointer, "rb") as handle:
+                name = handle.read().decode("utf-8", errors="replace").strip()
         except FileNotFoundError:
             return None
         match = _STEP_FOLDER.match(name)
@@ -237,22 +238,55 @@ class CheckpointDir:
         if os.path.exists(self.pointer):
             os.remove(self.pointer)
 
-    def load_latest(self) -> Checkpoint:
-        step = self.latest_step()
-        if step is None:
-            raise UserError(f"{self.path}: no checkpoint to resume from")
+    def complete_steps(self) -> list[int]:
+        """Steps whose checkpoint has its manifest (a write that was killed leaves none)."""
+        return [step for step in self.steps() if os.path.exists(os.path.join(self.folder(step), MANIFEST))]
+
+    def load(self, step: int) -> Checkpoint:
+        """Checkpoint `step`, its manifest and every shard it lists checked readable."""
         folder = self.folder(step)
         path = os.path.join(folder, MANIFEST)
         try:
             with open(path, encoding="utf-8") as handle:
                 manifest = json.load(handle)
         except FileNotFoundError:
-            raise UserError(f"{path}: named by 'latest' but missing") from None
+            raise UserError(f"{path}: missing") from None
         except (OSError, ValueError) as error:
             raise UserError(f"{path}: unreadable checkpoint manifest ({type(error).__name__}: {error})") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise UserError(f"{path}: not an H2 checkpoint manifest (field 'format' is not {FORMAT!r})")
-        return Checkpoint(folder, manifest)
+        checkpoint = Checkpoint(folder, manifest)
+        for rank in range(int(manifest.get("world_size", 1))):
+            checkpoint.shard(rank)
+        return checkpoint
+
+    def load_latest(self, say: Callable[[str], None] | None = None) -> Checkpoint:
+        """The newest intact checkpoint: the one `latest` names, or when that one is damaged the newest
+        complete one before it, with one line (through `say`, stderr by default) saying which."""
+        say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        try:
+            named = self.latest_step()
+            pointer_problem = None if named is not None else f"{self.pointer}: missing"
+        except UserError as error:
+            named, pointer_problem = None, str(error)
+        candidates = [step for step in reversed(self.complete_steps()) if named is None or step < named]
+        if named is not None:
+            candidates.insert(0, named)
+        if not candidates:
+            raise UserError(f"{self.path}: no checkpoint to resume from")
+        skipped: list[str] = []
+        for step in candidates:
+            try:
+                checkpoint = self.load(step)
+            except UserError as error:
+                skipped.append(str(error))
+                continue
+            if skipped or pointer_problem:
+                reason = f"skipped {len(skipped)} newer: {skipped[0]}" if skipped else pointer_problem
+                say(f"h2: resuming from {checkpoint.folder}, the newest intact checkpoint ({reason})")
+            return checkpoint
+        raise UserError(skipped[0] if len(skipped) == 1 else
+                        f"{self.path}: no intact checkpoint ({len(skipped)} unusable; newest: {skipped[0]})")
 
 
 def has_checkpoints(out_dir: str) -> bool:

@@ -10,13 +10,16 @@
   newest checkpoint, or starts over when it has none yet.
 
 Everything is decided (and every refusal made) before anything in the folder changes; `prepare()`
-then changes it, on one process only.
+then changes it, on one process only: it first removes the temporaries that killed writers of this
+run left (`<file>.tmp.<pid>` of a process that no longer exists, see h2.train.checkpoint.atomic_write).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import sys
 
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
@@ -32,6 +35,37 @@ def _first_difference(saved: dict, current: dict) -> str:
         if saved.get(key) != current.get(key):
             return f"{key} {saved.get(key)!r} vs {current.get(key)!r}"
     return "no field"
+
+
+# what atomic_write and check_writable leave behind when killed: `<name>.tmp.<pid>`, `.write_test.<pid>`
+_TEMPORARY = re.compile(r"(\.tmp|^\.write_test)\.(\d+)$")
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def sweep_stale_temporaries(out_dir: str) -> list[str]:
+    """Remove the temporaries of this run's writers that died (in the folder, its checkpoints and
+    each checkpoint's folder); returns their paths. A live writer's temporary is left alone."""
+    folders = [out_dir, os.path.join(out_dir, "checkpoints")]
+    if os.path.isdir(folders[1]):
+        folders += [os.path.join(folders[1], name) for name in sorted(os.listdir(folders[1]))]
+    removed = []
+    for folder in filter(os.path.isdir, folders):
+        for name in sorted(os.listdir(folder)):
+            match = _TEMPORARY.search(name)
+            path = os.path.join(folder, name)
+            if match and os.path.isfile(path) and not _process_exists(int(match.group(2))):
+                os.remove(path)
+                removed.append(path)
+    return removed
 
 
 def check_writable(out_dir: str) -> None:
@@ -54,7 +88,7 @@ class RunStart:
         self.checkpoints = CheckpointDir(out_dir)
         self.metrics = MetricsLog(out_dir)
         self.checkpoint: Checkpoint | None = None
-        if resume or (restarted and self.checkpoints.latest_step() is not None):
+        if resume or (restarted and self.checkpoints.complete_steps()):
             self.checkpoint = self.checkpoints.load_latest()
         elif not restarted and not overwrite:
             self._refuse_an_earlier_run()
@@ -100,8 +134,14 @@ class RunStart:
 
     def prepare(self) -> None:
         """Make the folder what the run continues from (call on one process, after every check)."""
+        swept = sweep_stale_temporaries(self.out_dir)
+        if swept:
+            print(f"h2: removed {len(swept)} temporar{'y' if len(swept) == 1 else 'ies'} left by killed writers "
+                  f"({swept[0]}{', ...' if len(swept) > 1 else ''})", file=sys.stderr, flush=True)
         if self.checkpoint is not None:
             self.metrics.keep_until(self.checkpoint.step)
         elif self.overwrite or self.restarted:
             self.checkpoints.remove_all()
             self.metrics.start_over()
+        else:
+            self.metrics.drop_torn_tail()

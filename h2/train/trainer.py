@@ -20,6 +20,7 @@ from h2.train.checkpoint import (load_optimizer_state_by_name, optimizer_state_b
 from h2.core.training import TrainConfig
 from h2.core.devices import resolve_device
 from h2.train.lr_schedule import learning_rate
+from h2.train.memory_check import check_training_fits
 from h2.train.progress import ProgressBar
 from h2.train.run_state import SINGLE_DEVICE, RunStart
 
@@ -51,6 +52,7 @@ class Trainer:
             raise UserError(f"seq_len {config.seq_len} exceeds the model's max_seq_len {model_config.max_seq_len}")
         self.model_config, self.config = model_config, config
         self.device = resolve_device(config.device)
+        check_training_fits(model_config, config, self.device)
 
         torch.manual_seed(config.seed)
         self.model = Transformer(model_config).to(self.device)

@@ -236,8 +236,10 @@ def token(rank, world, store_dir, transport, args):
 
 def echo(rank, world, store_dir, transport, args):
     """rank 0 receives one message from rank 1 and reports it (or the error)."""
+    started = time.perf_counter()
     ep = endpoint(rank, world, store_dir, transport, token=args.get("token"),
                   timeout=args.get("request_timeout", 30))
+    setup_s = time.perf_counter() - started
     if rank == 0:
         buffer = bytearray(args.get("capacity", 16))
         try:
@@ -246,7 +248,7 @@ def echo(rank, world, store_dir, transport, args):
         except dicomm.CommError as e:
             return {"error": str(e), "notes": ep.notes}
     ep.send(b"hello", 0, tag=args.get("tag", 0))
-    return {"notes": ep.notes, "transport": ep.transport(0)}
+    return {"notes": ep.notes, "transport": ep.transport(0), "setup_s": setup_s}
 
 
 def socket_buffers(rank, world, store_dir, transport, args):

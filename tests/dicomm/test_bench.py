@@ -1,5 +1,6 @@
 """python -m dicomm.bench --quick runs end to end and writes the documented JSON."""
 import json
+import os
 import subprocess
 import sys
 
@@ -33,3 +34,20 @@ def test_the_quick_torch_benchmark_measures_dicomm_beside_gloo(tmp_path):
         assert {(test, "dicomm"), (test, "gloo")} <= tests
     assert all(r["latency_us"] > 0 for r in rows)
     assert "send/recv 4 KiB latency dicomm/gloo" in run.stdout
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--sizes", "-1"], {}, "--sizes -1: message sizes must be at least 0 bytes"),
+    (["--sizes", "x"], {}, "not a comma-separated list"),
+    ([], {"DICOMM_SHM_RING_BYTES": "3"}, "shm ring size must be a power of two"),
+    ([], {"DICOMM_TIMEOUT_S": "abc"}, "DICOMM_TIMEOUT_S=abc is not a positive number"),
+    ([], {"DICOMM_BIND_ADDR": "not-an-ip"}, "'not-an-ip' is not an IPv4 address (DICOMM_BIND_ADDR)"),
+    ([], {"DICOMM_TCP_CHUNK_BYTES": "0"}, "tcp chunk size must lie in"),
+    ([], {"DICOMM_HELLO_TIMEOUT_S": "0"}, "DICOMM_HELLO_TIMEOUT_S=0 is not a positive number"),
+])
+def test_bad_benchmark_input_is_one_line_and_exit_2_before_any_worker_starts(args, env, message):
+    run = subprocess.run([sys.executable, "-m", "dicomm.bench", "--quick", "--transports", "tcp", *args],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("dicomm.bench: error: ")
+    assert message in lines[0]

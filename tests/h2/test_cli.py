@@ -33,6 +33,12 @@ def test_model_info_100b_prints_the_parameter_count(cli):
     (["train", "--device", "quantum"], "unknown device 'quantum'"),
     (["train", "--device", "cuda"], "not available on this machine"),
     (["model-info", "--tp", "0"], "--tp must be at least 1"),
+    (["model-info", "--tp", "3"], "--tp: tp 3 does not divide the model's num_heads (4)"),
+    (["train", "--seed", "-1"], "'seed' out of range: -1"),
+    (["train", "--seed", str(2 ** 64)], "'seed' out of range"),
+    (["train", "--micro-batch-size", "1000000000"], "lower --micro-batch-size or --seq-len"),
+    (["train", "--strategy", "configs/strategies/local-cpu-dipu.yaml", "--seq-len", "100000"],
+     "--seq-len 100000 differs from configs/strategies/local-cpu-dipu.yaml's seq_len"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(cli, tmp_path, args, message):
     if args[0] == "train" and "--out" not in args:

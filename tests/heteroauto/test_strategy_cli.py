@@ -251,3 +251,10 @@ def test_output_marks_emulated_chips(capsys):
 def test_flags_of_the_other_search_are_refused(capsys, flags, message):
     code, _, err = run(capsys, "search", "--cluster", LOCAL, *flags)
     assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("args", [["search", "--out", "/proc/no/such/s.yaml"],
+                                  ["profile", "--synthesise", "--out-dir", "/proc/no/such"]])
+def test_an_unwritable_output_is_refused_in_one_line_before_any_work(capsys, args):
+    code, out, err = run(capsys, args[0], "--cluster", LOCAL, *args[1:])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "cannot create folder '/proc/no" in err

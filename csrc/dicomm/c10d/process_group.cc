@@ -3,6 +3,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/distributed/c10d/exception.h>
 
+#include <chrono>
+#include <thread>
 #include <type_traits>
 
 namespace dicomm {
@@ -179,6 +181,13 @@ class C10dStore : public Store {
   std::string get(const std::string& key) override {
     const auto value = store_->get(key);
     return std::string(value.begin(), value.end());
+  }
+  std::string get(const std::string& key, Clock::time_point deadline) override {
+    while (!store_->check({key})) {
+      if (Clock::now() >= deadline) throw storeKeyMissing(key);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return get(key);
   }
 
  private:

@@ -3,7 +3,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <deque>
+#include <thread>
 #include <memory>
 #include <vector>
 
@@ -35,6 +37,24 @@ class PythonStore : public Store {
     py::object value = store_.attr("get")(key);
     if (py::isinstance<py::str>(value)) return value.cast<std::string>();
     return std::string(py::bytes(value));
+  }
+  // Stores with `check(keys)` (torch.distributed's, dicomm.FileStore) are polled up to `deadline`.
+  std::string get(const std::string& key, Clock::time_point deadline) override {
+    {
+      py::gil_scoped_acquire gil;
+      if (!py::hasattr(store_, "check")) return get(key);
+    }
+    while (true) {
+      {
+        py::gil_scoped_acquire gil;
+        py::list keys;
+        keys.append(key);
+        if (store_.attr("check")(keys).cast<bool>()) break;
+      }
+      if (Clock::now() >= deadline) throw storeKeyMissing(key);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return get(key);
   }
 
  private:
@@ -306,6 +326,8 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("connect_timeout_s", &Options::connect_timeout_s)
       .def_readwrite("bind_address", &Options::bind_address)
       .def_readwrite("advertise_address", &Options::advertise_address)
+      .def_readwrite("hello_timeout_s", &Options::hello_timeout_s)
+      .def_readwrite("unexpected_bytes_per_peer", &Options::unexpected_bytes_per_peer)
       .def_readwrite("tcp_chunk_bytes", &Options::tcp_chunk_bytes)
       .def_readwrite("tcp_socket_buffer_bytes", &Options::tcp_socket_buffer_bytes)
       .def_readwrite("shm_ring_bytes", &Options::shm_ring_bytes)

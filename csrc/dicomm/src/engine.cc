@@ -1,6 +1,10 @@
 #include "dicomm/engine.h"
 
+#include <sys/random.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <fstream>
@@ -9,16 +13,21 @@
 
 #include "dicomm/device_memory.h"
 #include "dicomm/peer.h"
+#include "hello_desk.h"
 
 namespace dicomm {
 namespace {
 
-constexpr auto kHelloTimeout = std::chrono::seconds(10);
-
+// 128 bits from the kernel's random source; a short or failed read is an error, never a weak token.
 std::string randomToken() {
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
   unsigned char bytes[16] = {0};
-  urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
+  size_t filled = 0;
+  while (filled < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw CommError(std::string("cannot draw a job token (getrandom: ") + std::strerror(errno) + ")");
+    filled += size_t(n);
+  }
   static const char* hex = "0123456789abcdef";
   std::string token;
   for (unsigned char b : bytes) {
@@ -76,8 +85,8 @@ void Engine::rendezvous(Store& store) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(options_.connect_timeout_s));
   self_.rank = rank_;
-  listener_ = listenTcp(options_.bind_address, &self_.port);
   self_.address = options_.advertise_address.empty() ? defaultAdvertiseAddress() : options_.advertise_address;
+  listener_ = listenTcp(options_.bind_address.empty() ? self_.address : options_.bind_address, &self_.port);
   const char* host_override = std::getenv("DICOMM_HOST_ID");
   self_.host_id = (host_override && *host_override) ? host_override : localHostId();
   self_.pid = int64_t(getpid());
@@ -92,7 +101,7 @@ void Engine::rendezvous(Store& store) {
       token = randomToken();
       store.set(token_key, token);
     } else {
-      token = store.get(token_key);
+      token = store.get(token_key, deadline);
     }
   }
   store.set(peerKey(options_, rank_), self_.encode());
@@ -105,15 +114,15 @@ void Engine::rendezvous(Store& store) {
   }
 }
 
-PeerDescriptor Engine::lookUpPeer(Store& store, int q) {
-  PeerDescriptor peer = PeerDescriptor::decode(store.get(peerKey(options_, q)));
+PeerDescriptor Engine::lookUpPeer(Store& store, int q, Clock::time_point deadline) {
+  PeerDescriptor peer = PeerDescriptor::decode(store.get(peerKey(options_, q), deadline));
   if (peer.rank != q) throw CommError("store key " + peerKey(options_, q) + " describes rank " + std::to_string(peer.rank));
   return peer;
 }
 
 void Engine::dialLowerRanks(Store& store, const std::string& token, Clock::time_point deadline) {
   for (int q = 0; q < rank_; ++q) {
-    const PeerDescriptor peer = lookUpPeer(store, q);
+    const PeerDescriptor peer = lookUpPeer(store, q, deadline);
     const TransportKind kind = chooseTransport(peer);
     const std::string name = "rank " + std::to_string(q) + " at " + peer.address + ":" + std::to_string(peer.port);
     Socket socket = connectTcp(peer.address, peer.port, deadline);
@@ -156,9 +165,12 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
   std::set<int> waiting;
   for (int q = rank_ + 1; q < world_size_; ++q) waiting.insert(q);
   std::string last_refusal;
+  const auto hello_timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.hello_timeout_s));
+  HelloDesk desk(listener_, options_.frameLimits(), hello_timeout);
   while (!waiting.empty()) {
-    Socket socket = acceptTcp(listener_, deadline);
-    if (!socket) {
+    std::optional<HelloDesk::Arrival> arrival = desk.next(deadline);
+    if (!arrival) {
       std::ostringstream what;
       what << "timed out waiting for rank(s)";
       for (int q : waiting) what << " " << q;
@@ -166,8 +178,9 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
       if (!last_refusal.empty()) what << " (refused meanwhile: " << last_refusal << ")";
       throw CommError(what.str());
     }
+    Socket& socket = arrival->socket;
     const std::string anonymous = "a connecting peer";
-    const auto hello_deadline = std::min(deadline, Clock::now() + kHelloTimeout);
+    const auto hello_deadline = std::min(deadline, Clock::now() + hello_timeout);
     auto refuse = [&](const std::string& why) {
       last_refusal = why;
       notes_.push_back("rank " + std::to_string(rank_) + " refused a connection: " + why);
@@ -179,17 +192,12 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
       } catch (const std::exception&) {
       }
     };
-    Hello hello;
-    try {
-      std::string payload;
-      const FrameHeader h = recvFrame(socket.fd(), &payload, options_.frameLimits(), hello_deadline, anonymous);
-      if (h.kind != FrameKind::Hello) throw FrameError(std::string("expected Hello, got ") + frameKindName(h.kind));
-      hello = Hello::decode(payload);
-    } catch (const std::exception& e) {
-      last_refusal = e.what();
-      notes_.push_back("rank " + std::to_string(rank_) + " dropped a connection: " + e.what());
+    if (!arrival->error.empty()) {
+      last_refusal = arrival->error;
+      notes_.push_back("rank " + std::to_string(rank_) + " dropped a connection: " + arrival->error);
       continue;
     }
+    const Hello& hello = arrival->hello;
     if (hello.token != token) {
       refuse("job token mismatch (the peer belongs to another job)");
       continue;
@@ -201,7 +209,7 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
     // The peer published its descriptor before dialling, so this look-up does not wait.
     PeerDescriptor peer;
     try {
-      peer = lookUpPeer(store, hello.rank);
+      peer = lookUpPeer(store, hello.rank, deadline);
     } catch (const std::exception& e) {
       refuse(e.what());
       continue;

@@ -39,6 +39,7 @@ std::optional<Inbox::Grant> Inbox::post(const RequestPtr& recv) {
   std::shared_ptr<Stored> stored = found->second.front();
   found->second.pop_front();
   if (found->second.empty()) stored_.erase(found);
+  if (!stored->rendezvous) unexpected_bytes_ -= stored->total;
   if (stored->rendezvous) {
     const bool device_source = stored->announcement.flags & kFlagDeviceRegion;
     return Grant{recv, stored->announcement, fits(recv, stored->total, device_source)};
@@ -76,6 +77,13 @@ uint8_t* Inbox::destination(const FrameHeader& h) {
       if (queue->second.empty()) posted_.erase(queue);
       if (fits(recv, h.total_bytes)) assembly.recv = recv;
     } else {
+      if (h.total_bytes > limits_.max_unexpected_bytes - std::min(unexpected_bytes_, limits_.max_unexpected_bytes)) {
+        throw FrameError("rank " + std::to_string(peer_) + " sent a " + std::to_string(h.total_bytes) +
+                         "-byte message on tag " + std::to_string(h.tag) + " with " + std::to_string(unexpected_bytes_) +
+                         " bytes already waiting for receives nobody posted: past the budget of " +
+                         std::to_string(limits_.max_unexpected_bytes) + " bytes per peer (DICOMM_UNEXPECTED_BYTES)");
+      }
+      unexpected_bytes_ += h.total_bytes;
       auto stored = std::make_shared<Stored>();
       stored->seq = h.seq;
       stored->total = h.total_bytes;
@@ -165,6 +173,7 @@ bool Inbox::postFromArrived(const RequestPtr& recv) {
   std::shared_ptr<Stored> stored = found->second.front();
   found->second.pop_front();
   if (found->second.empty()) stored_.erase(found);
+  if (!stored->rendezvous) unexpected_bytes_ -= stored->total;
   deliverStored(*stored, recv);
   return true;
 }

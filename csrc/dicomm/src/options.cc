@@ -1,5 +1,6 @@
 #include "dicomm/options.h"
 
+#include <arpa/inet.h>
 #include <sched.h>
 
 #include <cmath>
@@ -72,6 +73,8 @@ Options Options::fromEnvironment() {
   if (auto v = env("DICOMM_TIMEOUT_S")) o.timeout_s = parseSeconds("DICOMM_TIMEOUT_S", v);
   if (auto v = env("DICOMM_CONNECT_TIMEOUT_S")) o.connect_timeout_s = parseSeconds("DICOMM_CONNECT_TIMEOUT_S", v);
   if (auto v = env("DICOMM_JOB_TOKEN")) o.token = v;
+  if (auto v = env("DICOMM_HELLO_TIMEOUT_S")) o.hello_timeout_s = parseSeconds("DICOMM_HELLO_TIMEOUT_S", v);
+  if (auto v = env("DICOMM_UNEXPECTED_BYTES")) o.unexpected_bytes_per_peer = parseCount("DICOMM_UNEXPECTED_BYTES", v);
   if (auto v = env("DICOMM_BIND_ADDR")) o.bind_address = v;
   if (auto v = env("DICOMM_ADVERTISE_ADDR")) o.advertise_address = v;
   if (auto v = env("DICOMM_TCP_CHUNK_BYTES")) o.tcp_chunk_bytes = parseCount("DICOMM_TCP_CHUNK_BYTES", v);
@@ -102,6 +105,13 @@ void Options::validate() const {
   if (!(timeout_s > 0)) throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeout_s));
   if (!(connect_timeout_s > 0)) {
     throw std::invalid_argument("connect timeout must be positive, got " + std::to_string(connect_timeout_s));
+  }
+  in_addr parsed{};
+  if (!bind_address.empty() && inet_pton(AF_INET, bind_address.c_str(), &parsed) != 1) {
+    throw std::invalid_argument("bind address '" + bind_address + "' is not an IPv4 address (DICOMM_BIND_ADDR)");
+  }
+  if (!(hello_timeout_s > 0)) {
+    throw std::invalid_argument("hello timeout must be positive, got " + std::to_string(hello_timeout_s));
   }
   if (tcp_chunk_bytes < 4096 || tcp_chunk_bytes > kMaxChunkBytes) {
     throw std::invalid_argument("tcp chunk size must lie in [4 KiB, 256 MiB], got " + std::to_string(tcp_chunk_bytes));
@@ -148,6 +158,7 @@ FrameLimits Options::frameLimits() const {
   FrameLimits limits;
   limits.max_message_bytes = max_message_bytes;
   limits.max_payload_bytes = kMaxChunkBytes;
+  limits.max_unexpected_bytes = unexpected_bytes_per_peer;
   return limits;
 }
 

@@ -57,7 +57,7 @@ class Engine {
 
  private:
   void rendezvous(Store& store);
-  PeerDescriptor lookUpPeer(Store& store, int rank);
+  PeerDescriptor lookUpPeer(Store& store, int rank, Clock::time_point deadline);
   void dialLowerRanks(Store& store, const std::string& token, Clock::time_point deadline);
   void acceptHigherRanks(Store& store, const std::string& token, Clock::time_point deadline);
   // Hands a socket whose Hello exchange succeeded to the chosen transport's own setup.

@@ -48,6 +48,8 @@ struct FrameHeader {
 struct FrameLimits {
   uint64_t max_message_bytes = uint64_t(1) << 40;
   uint64_t max_payload_bytes = uint64_t(64) << 20;
+  // Bytes of messages from one peer that may wait for a receive nobody has posted yet.
+  uint64_t max_unexpected_bytes = uint64_t(512) << 20;
 };
 
 class FrameError : public std::runtime_error {

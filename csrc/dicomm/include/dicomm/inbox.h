@@ -83,6 +83,7 @@ class Inbox {
   std::unordered_map<uint64_t, std::deque<RequestPtr>> posted_;
   std::unordered_map<uint64_t, std::deque<std::shared_ptr<Stored>>> stored_;
   std::optional<Assembly> assembly_;
+  uint64_t unexpected_bytes_ = 0;  // eager bytes stored for receives not yet posted
   std::map<uint64_t, RequestPtr> awaiting_done_;
 };
 

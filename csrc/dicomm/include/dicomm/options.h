@@ -17,6 +17,7 @@ class DeviceMemory;
 
 // The largest Data frame any peer may send; one constant so peers with different settings agree.
 constexpr uint64_t kMaxChunkBytes = uint64_t(256) << 20;
+constexpr size_t kMaxPendingHellos = 64;
 
 enum class TransportKind : uint8_t { Tcp = 1, Shm = 2, Ibverbs = 3 };
 
@@ -31,8 +32,14 @@ struct Options {
   std::map<int, std::string> peer_transport;  // per-peer override of `transport`
   double timeout_s = 300.0;                   // a pending request fails after this long
   double connect_timeout_s = 300.0;           // setup (store, connections) fails after this long
-  std::string bind_address = "0.0.0.0";
+  std::string bind_address;                   // empty: the advertised address (never every interface)
   std::string advertise_address;              // empty: this host's name resolved, else 127.0.0.1
+  // A connection to the listener must present the job token within this long; at most
+  // kMaxPendingHellos such connections wait at once (the oldest is dropped for a newer one).
+  double hello_timeout_s = 2.0;
+  // Bytes of messages from one peer kept while no receive is posted for them; past it the
+  // connection closes with an error naming the peer and the tag.
+  uint64_t unexpected_bytes_per_peer = uint64_t(512) << 20;
   size_t tcp_chunk_bytes = size_t(4) << 20;
   size_t tcp_socket_buffer_bytes = size_t(4) << 20;  // SO_SNDBUF/SO_RCVBUF; 0 leaves kernel autotuning
   size_t shm_ring_bytes = size_t(4) << 20;
@@ -58,6 +65,7 @@ struct Options {
   // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN,
   // DICOMM_BIND_ADDR, DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_TCP_SOCKET_BUFFER_BYTES,
   // DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES, DICOMM_SHM_SPLIT_BYTES, DICOMM_SHM_CMA (0/1),
+  // DICOMM_HELLO_TIMEOUT_S, DICOMM_UNEXPECTED_BYTES (`unexpected_bytes_per_peer`),
   // DICOMM_MAX_MESSAGE_BYTES, DICOMM_DEVICE_DIRECT (0/1), DICOMM_SPIN_US, DICOMM_LINK_GBPS and
   // DICOMM_LINK_LATENCY_US (`link`). A malformed value throws std::invalid_argument naming the variable.
   static Options fromEnvironment();

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "dicomm/request.h"
+
 namespace dicomm {
 
 class Store {
@@ -12,6 +14,18 @@ class Store {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Blocks until the key exists; the store applies its own timeout and throws on expiry.
   virtual std::string get(const std::string& key) = 0;
+  // Blocks until the key exists or `deadline` passes (then throws CommError naming the key). A store
+  // that cannot wait with a deadline applies its own timeout instead.
+  virtual std::string get(const std::string& key, Clock::time_point deadline) {
+    (void)deadline;
+    return get(key);
+  }
 };
+
+// The error of a key still missing at the deadline.
+inline CommError storeKeyMissing(const std::string& key) {
+  return CommError("store key '" + key + "' was not set within the connect timeout (its rank never started, "
+                   "or it belongs to another job)");
+}
 
 }  // namespace dicomm

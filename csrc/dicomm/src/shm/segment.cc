@@ -1,12 +1,15 @@
 #include "shm/segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -87,6 +90,26 @@ SharedSegment SharedSegment::open(const std::string& name, size_t size) {
   s.data_ = mapSharedAndClose(fd, size, name);
   s.size_ = size;
   return s;
+}
+
+int removeSegmentsOfDeadProcesses() {
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return 0;
+  int removed = 0;
+  while (dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    const std::string prefix = "dicomm-";
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
+    if (pid <= 0 || !end || *end != '-') continue;
+    struct stat st {};
+    if (stat(("/dev/shm/" + name).c_str(), &st) != 0 || st.st_uid != getuid()) continue;
+    if (kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
 }
 
 std::string uniqueSegmentName(const std::string& what) {

@@ -37,4 +37,8 @@ class SharedSegment {
 // A fresh segment name unique to this process and call.
 std::string uniqueSegmentName(const std::string& what);
 
+// Removes this user's /dev/shm/dicomm-<pid>-* segments whose creating process no longer exists
+// (a process killed during setup, before its peers mapped them). Returns how many it removed.
+int removeSegmentsOfDeadProcesses();
+
 }  // namespace dicomm

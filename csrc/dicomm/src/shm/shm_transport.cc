@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <mutex>
+#include <random>
 #include <sstream>
 
 #include "polling_hub.h"
@@ -107,7 +109,19 @@ class ShmHub : public PollingHub {
     return connection;
   }
 
+  // Cross-memory writes go only to the process that maps the peer's ring: the announced pid and
+  // address must show, read without writing, a fresh random word placed in that ring first.
   static bool probeCrossMemoryWrite(const ShmLink& link, uint64_t peer_probe_address) {
+    auto* ring_control = static_cast<RingControl*>(link.outbound_segment.data());
+    std::random_device random;
+    const uint64_t nonce = (uint64_t(random()) << 32) | random() | 1;
+    ring_control->cma_probe.store(nonce);
+    uint64_t seen = 0;
+    iovec into{&seen, sizeof(seen)};
+    iovec from{reinterpret_cast<void*>(peer_probe_address), sizeof(seen)};
+    if (process_vm_readv(pid_t(link.peer_pid), &into, 1, &from, 1, 0) != ssize_t(sizeof(seen)) || seen != nonce) {
+      return false;  // not the ring's process, or not allowed: messages stream through the ring
+    }
     uint64_t value = kCmaProbeValue;
     iovec local{&value, sizeof(value)};
     iovec remote{reinterpret_cast<void*>(peer_probe_address), sizeof(value)};
@@ -159,6 +173,8 @@ class ShmHub : public PollingHub {
 }  // namespace
 
 std::unique_ptr<Transport> makeShmTransport(const Options& options) {
+  static std::once_flag swept;
+  std::call_once(swept, removeSegmentsOfDeadProcesses);
   auto hub = std::make_shared<ShmHub>(options);
   allowPeerMemoryWrites();
   return std::make_unique<PolledTransport>(TransportKind::Shm, std::move(hub));

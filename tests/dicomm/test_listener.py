@@ -1,0 +1,102 @@
+"""The setup listener against strangers: idle, slow or garbage connections cannot hold up a job's
+peers, a peer cannot flood a rank with messages nobody posted a receive for, the listener listens
+only on the address the job uses, and shared memory that killed processes left is removed."""
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from dicomm import _dicomm_core as core
+from scenarios import run, start
+from test_faults import impersonate_rank_1, read_descriptor
+
+
+def strangers(address, port, idle, slow, garbage):
+    """Connections that never say hello, that send half a frame header, or that send junk."""
+    opened = []
+    for count, first_bytes in ((idle, b""), (slow, b"DICO"), (garbage, b"\xff" * 64)):
+        for _ in range(count):
+            s = socket.create_connection((address, port))
+            if first_bytes:
+                s.sendall(first_bytes)
+            opened.append(s)
+    return opened
+
+
+@pytest.mark.parametrize("idle, slow, garbage", [(20, 20, 10), (60, 30, 10)])  # 100: past the pending cap
+def test_idle_slow_and_garbage_connections_add_under_a_second_to_setup(idle, slow, garbage):
+    store_dir = tempfile.mkdtemp()
+    with start("echo", ranks=[0], store_dir=store_dir, token="t") as listener:
+        address, port = read_descriptor(store_dir, 0)
+        opened = strangers(address, port, idle, slow, garbage)
+        with start("echo", ranks=[1], store_dir=store_dir, token="t") as talker:
+            (talked,) = talker.results(timeout=120)
+            (listened,) = listener.results(timeout=120)
+        for s in opened:
+            s.close()
+    assert listened["data"] == "hello"
+    assert talked["setup_s"] < 1.0, talked["setup_s"]
+
+
+def test_an_unposted_flood_is_refused_at_its_budget_naming_peer_and_tag():
+    store_dir = tempfile.mkdtemp()
+    budget, piece = 1 << 20, 256 << 10
+    with start("echo", ranks=[0], store_dir=store_dir, token="t", request_timeout=30,
+               env={"DICOMM_UNEXPECTED_BYTES": str(budget)}) as victim:
+        s = impersonate_rank_1(store_dir, "t")
+        for seq in range(2 * budget // piece):
+            frame = core.encode_frame_header("Data", tag=5, seq=seq, total_bytes=piece, payload_bytes=piece)
+            try:
+                s.sendall(frame + b"z" * piece)
+            except OSError:  # the victim closed the connection at its budget
+                break
+        (result,) = victim.results(timeout=60)
+        s.close()
+    assert "rank 1" in result["error"] and "tag 5" in result["error"] and "budget of 1048576 bytes" in result["error"]
+
+
+def test_the_listener_binds_the_advertised_address_only():
+    store_dir = tempfile.mkdtemp()
+    with start("echo", ranks=[0], store_dir=store_dir, token="t",
+               env={"DICOMM_ADVERTISE_ADDR": "127.0.0.2"}) as listener:
+        address, port = read_descriptor(store_dir, 0)
+        assert address == "127.0.0.2"
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        with start("echo", ranks=[1], store_dir=store_dir, token="t") as talker:
+            talker.results(timeout=60)
+            (listened,) = listener.results(timeout=60)
+    assert listened["data"] == "hello"
+
+
+def test_an_shm_endpoint_removes_segments_that_killed_processes_left(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    left = f"/dev/shm/dicomm-{child.pid}-7-0-bell"
+    with open(left, "wb") as handle:
+        handle.write(b"\0" * 64)
+    alive = f"/dev/shm/dicomm-{os.getpid()}-7-0-bell"
+    with open(alive, "wb") as handle:
+        handle.write(b"\0" * 64)
+    try:
+        (listened, _) = run("echo", transport="shm", token="t")
+        assert listened["data"] == "hello"
+        assert not os.path.exists(left) and os.path.exists(alive)
+    finally:
+        for path in (left, alive):
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def test_connect_timeout_bounds_the_store_look_ups_of_setup(tmp_path):
+    import dicomm
+
+    store = dicomm.FileStore(str(tmp_path), timeout=60)  # the store alone would wait 60 s for rank 0's keys
+    started = time.monotonic()
+    with pytest.raises(dicomm.CommError, match="store key 'dicomm/token' was not set within the connect timeout"):
+        dicomm.Endpoint(store, 1, 2, connect_timeout=1)
+    assert time.monotonic() - started < 10
