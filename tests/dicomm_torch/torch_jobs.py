@@ -91,6 +91,7 @@ def job_collectives(args) -> None:
 
     @check("barrier_waits_for_the_last_rank")
     def _():
+        dist.barrier()   # every rank starts the clock together (they leave init_process_group at different times)
         start = time.monotonic()
         if r == 0:
             time.sleep(0.4)

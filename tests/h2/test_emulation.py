@@ -2,6 +2,8 @@
 profile it becomes, and the trust rule over the ranks of one host."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -108,10 +110,12 @@ def test_ranks_inside_the_rule_get_no_warning():
     assert host_work_warning(CORE_SHARE_LIMIT * 2, 2) is None
 
 
-def test_a_rank_of_an_emulated_chip_sleeps_while_it_waits_on_dicomm(tmp_path, monkeypatch):
-    from heteropp.emulated_chip import open_emulated_chip
-
-    monkeypatch.delenv("DICOMM_SPIN_US", raising=False)
-    (emulated,) = load_cluster(cluster_file(tmp_path, chip())).chips
-    open_emulated_chip(emulated, str(tmp_path / "chips"))
-    assert os.environ["DICOMM_SPIN_US"] == "0"
+def test_a_rank_of_an_emulated_chip_sleeps_while_it_waits_on_dicomm(tmp_path):
+    # a fresh interpreter: the chip must be chosen before this process's dipu device first opens
+    path = cluster_file(tmp_path, chip())
+    script = ("import os; from h2.core.cluster import load_cluster; from heteropp.emulated_chip import open_emulated_chip; "
+              f"(chip,) = load_cluster({path!r}).chips; open_emulated_chip(chip, {str(tmp_path / 'chips')!r}); "
+              "print(os.environ['DICOMM_SPIN_US'])")
+    environment = {name: value for name, value in os.environ.items() if name != "DICOMM_SPIN_US"}
+    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "0", result.stderr[-2000:]
