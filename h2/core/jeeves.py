@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from h2.core.errors import UserError
-from h2.core.schedule import Action
+from h2.core.schedule import Action, with_transfers
 
 
 @dataclass(frozen=True)
@@ -233,18 +233,4 @@ def jeeves_schedule(costs: PipelineCosts, micro_batches: int, limits: int | Sequ
 
 
 def _actions_of(compute: list[tuple[str, int]], stage: int, num_stages: int) -> list[Action]:
-    actions: list[Action] = []
-    for kind, micro_batch in compute:
-        if kind == "F":
-            if stage > 0:
-                actions.append(Action("RECV_F", stage, micro_batch))
-            actions.append(Action("F", stage, micro_batch))
-            if stage < num_stages - 1:
-                actions.append(Action("SEND_F", stage, micro_batch))
-        else:
-            if stage < num_stages - 1:
-                actions.append(Action("RECV_B", stage, micro_batch))
-            actions.append(Action("B", stage, micro_batch))
-            if stage > 0:
-                actions.append(Action("SEND_B", stage, micro_batch))
-    return actions
+    return [action for kind, micro_batch in compute for action in with_transfers(kind, stage, num_stages, micro_batch)]

@@ -41,6 +41,12 @@ class Action:
         return f"{self.kind}{self.micro_batch}" + ("" if self.chunk is None else f"/{self.chunk}")
 
 
+def with_transfers(kind: str, stage: int, num_stages: int, micro_batch: int) -> list[Action]:
+    """A forward ("F") or backward ("B") of `stage` with the receive before it and the send after it
+    that its place in the pipeline needs."""
+    return _forward(stage, num_stages, micro_batch) if kind == "F" else _backward(stage, num_stages, micro_batch)
+
+
 def _forward(stage: int, num_stages: int, micro_batch: int) -> list[Action]:
     actions = [Action("RECV_F", stage, micro_batch)] if stage > 0 else []
     actions.append(Action("F", stage, micro_batch))

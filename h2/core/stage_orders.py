@@ -21,8 +21,7 @@ import re
 from typing import Sequence
 
 from h2.core.errors import UserError
-from h2.core.schedule import Action, schedule_actions
-from h2.core.schedule import _backward as backward_actions, _forward as forward_actions
+from h2.core.schedule import Action, schedule_actions, with_transfers
 
 _TOKEN = re.compile(r"([FBW])(\d+)")
 
@@ -64,10 +63,8 @@ def _check_each_once(compute: list[tuple[str, int]], micro_batches: int, where: 
 def _with_communication(compute: list[tuple[str, int]], stage: int, num_stages: int) -> list[Action]:
     actions: list[Action] = []
     for kind, micro_batch in compute:
-        if kind == "F":
-            actions += forward_actions(stage, num_stages, micro_batch)
-        elif kind == "B":
-            actions += backward_actions(stage, num_stages, micro_batch)
+        if kind in ("F", "B"):
+            actions += with_transfers(kind, stage, num_stages, micro_batch)
         else:
             actions.append(Action("W", stage, micro_batch))
     return actions
