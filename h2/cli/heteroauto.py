@@ -739,6 +739,30 @@ def _cmd_cross_site(args) -> int:
 
 
 @run_cli("heteroauto")
+# ---- for the product's commands (h2 run, h2 profile, h2 plan) --------------------------------------
+def run_profile(argv: list[str]) -> int:
+    """`heteroauto profile ARGV...` run from another command, in this process."""
+    return _cmd_profile(_parser().parse_args(["profile", *argv]))
+
+
+@dataclasses.dataclass
+class PlanningProblem:
+    """What `heteroauto search ARGV...` plans: the cluster, model and training, and the chip profiles."""
+    args: argparse.Namespace
+    cluster: ClusterSpec
+    model: ModelConfig
+    training: TrainingSpec
+
+    def profiles(self, training: TrainingSpec | None = None):
+        """The chip profiles (from --profiles, or synthesised) for `training` (default: the problem's)."""
+        return _profiles(self.args, self.cluster, self.model, training or self.training)
+
+
+def planning_problem(argv: list[str]) -> PlanningProblem:
+    args = _parser().parse_args(["search", *argv])
+    return PlanningProblem(args, *_problem(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     return {"search": _cmd_search, "simulate": _cmd_simulate, "profile": _cmd_profile,

@@ -153,8 +153,8 @@ def profile(args, cluster: ClusterSpec, model: ModelConfig) -> str:
     from h2.cli import heteroauto
 
     folder = profile_folder(args, cluster, model)
-    argv = ["profile", "--cluster", args.cluster, "--model", args.model or cluster.model, "--out-dir", folder]
-    heteroauto._cmd_profile(heteroauto._parser().parse_args(argv + (["--force"] if args.force_profile else [])))
+    argv = ["--cluster", args.cluster, "--model", args.model or cluster.model, "--out-dir", folder]
+    heteroauto.run_profile(argv + (["--force"] if args.force_profile else []))
     return folder
 
 
@@ -187,10 +187,10 @@ def make_plan(args, profiles: str) -> Plan:
     from heteropp.auto.search import search
     from heteropp.auto.simulator import simulate
 
-    argv = ["search", "--cluster", args.cluster, "--profiles", profiles] + (["--model", args.model] if args.model else [])
-    problem = heteroauto._parser().parse_args(argv)
-    cluster, model, training = heteroauto._problem(problem)
-    chip_profiles = heteroauto._profiles(problem, cluster, model, training)
+    problem = heteroauto.planning_problem(["--cluster", args.cluster, "--profiles", profiles]
+                                          + (["--model", args.model] if args.model else []))
+    cluster, model, training = problem.cluster, problem.model, problem.training
+    chip_profiles = problem.profiles()
     best = search(cluster, model, training, chip_profiles).best
     strategy = best.to_strategy(model, training, "1f1b-split-backward" if training.alpha == 0 else "1f1b")
     report = evaluate_strategy(strategy, cluster, model, training, chip_profiles)
@@ -208,13 +208,13 @@ def replayed_plan(args, out: str, profiles: str) -> Plan:
     from heteropp.auto.evaluation import evaluate_strategy, training_for
     from heteropp.auto.simulator import simulate
 
-    argv = ["search", "--cluster", args.cluster, "--profiles", profiles]
-    problem = heteroauto._parser().parse_args(argv + (["--model", args.model] if args.model else []))
-    cluster, model, training = heteroauto._problem(problem)
+    problem = heteroauto.planning_problem(["--cluster", args.cluster, "--profiles", profiles]
+                                          + (["--model", args.model] if args.model else []))
+    cluster, model = problem.cluster, problem.model
     path = os.path.join(out, STRATEGY_FILE)
     strategy = load_strategy(path)
-    training = training_for(strategy, training)
-    chip_profiles = heteroauto._profiles(problem, cluster, model, training)
+    training = training_for(strategy, problem.training)
+    chip_profiles = problem.profiles(training)
     report = evaluate_strategy(strategy, cluster, model, training, chip_profiles, source=path)
     schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
     return Plan(strategy, report, simulate(schedule, report.terms, keep_timeline=True))
