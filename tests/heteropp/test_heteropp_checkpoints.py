@@ -177,3 +177,11 @@ def test_a_bf16_pipeline_with_tp_2_computes_the_bf16_single_device_trainers_firs
     data = strategy([(1, 2, 1), (2, 2, 1)], micro_batches=4)
     records, _ = run_pipeline(data, 1, train={"dtype": "bf16"})
     assert records[0]["loss"] == run_reference(data, 1, dtype="bf16")[0]["loss"]
+
+
+def test_a_bf16_pipeline_with_tp_2_stays_within_1e_4_of_the_bf16_single_device_trainer_over_10_steps():
+    # TP's all-reduced gradients round differently from the single device's from step 2 on: 3.1e-5 at
+    # most when measured (docs/heteropp.md, bf16); a mis-scaled or unreduced gradient is far above 1e-4.
+    data = strategy([(1, 2, 1), (2, 2, 1)], micro_batches=4)
+    records, _ = run_pipeline(data, BF16_STEPS, train={"dtype": "bf16"})
+    assert max_relative_loss_difference(records, run_reference(data, BF16_STEPS, dtype="bf16")) < 1e-4
