@@ -738,7 +738,6 @@ def _cmd_cross_site(args) -> int:
     return 0
 
 
-@run_cli("heteroauto")
 # ---- for the product's commands (h2 run, h2 profile, h2 plan) --------------------------------------
 def run_profile(argv: list[str]) -> int:
     """`heteroauto profile ARGV...` run from another command, in this process."""
@@ -763,6 +762,7 @@ def planning_problem(argv: list[str]) -> PlanningProblem:
     return PlanningProblem(args, *_problem(args))
 
 
+@run_cli("heteroauto")
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     return {"search": _cmd_search, "simulate": _cmd_simulate, "profile": _cmd_profile,
