@@ -59,9 +59,21 @@ def fall(losses: list[float]) -> float:
     return (losses[0] - statistics.mean(losses[-3:])) / losses[0]
 
 
+# Stock torch 2.13's CPU gloo process group sometimes aborts at teardown after the script finished
+# ("terminate called without an active exception"; 1 of 6 plain `torchrun ddp_trainer.py --device cpu`
+# runs here): the CPU reference then counts when every rank reported before the abort.
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def reference_finished(cpu_run, processes: int) -> bool:
+    if cpu_run.returncode == 0:
+        return True
+    return GLOO_TEARDOWN_ABORT in cpu_run.stderr and sorted(results(cpu_run)) == list(range(processes))
+
+
 def check_trains_like_cpu(script: str, cpu_run, dipu_run) -> None:
     processes, stepwise = SUITE[script]
-    assert cpu_run.returncode == 0, cpu_run.stderr[-2000:]
+    assert reference_finished(cpu_run, processes), cpu_run.stderr[-2000:]
     assert dipu_run.returncode == 0, dipu_run.stderr[-2000:]
     cpu, dipu = results(cpu_run), results(dipu_run)
     assert sorted(dipu) == sorted(cpu) == list(range(processes))
