@@ -74,7 +74,9 @@ def _train(out: str, resume: bool) -> None:
     config = TrainConfig(steps=STEPS, micro_batch_size=2, seq_len=32, warmup_steps=1, checkpoint_every=1,
                          keep_checkpoints=2)
     with contextlib.redirect_stderr(io.StringIO()):
-        Trainer(preset("tiny"), config, out, resume=resume, corpus=_corpus(), show_progress=False).run()
+        # without an intact checkpoint a user starts over (the folder may hold a torn one: refused otherwise)
+        Trainer(preset("tiny"), config, out, resume=resume, overwrite=not resume, corpus=_corpus(),
+                show_progress=False).run()
 
 
 def _child(out: str, resume: bool) -> None:
