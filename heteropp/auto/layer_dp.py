@@ -358,39 +358,62 @@ def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float, groups: 
     tables, all_steps = [table], []
     positions = np.arange(width, dtype=float)
     shift = (np.arange(copies) * problem.fronts)[:, None]
+    live = np.isfinite(table).any(axis=2)                                # (fronts, tails): any layer count
     for g in groups:
         steps = group_steps(problem, g, bound)
         new = np.full((fronts, tails, width), INF)
-        reachable = np.isfinite(table).any(axis=2)                       # (fronts, tails)
         front = (steps.front[None, :] + shift).ravel()                   # per (copy, pair)
-        copy_pair, tail = np.nonzero(np.tile(steps.valid, (copies, 1)) & reachable[front])
+        copy_pair, tail = np.nonzero(np.tile(steps.valid, (copies, 1)) & live[front])
+        live = np.zeros((fronts, tails), dtype=bool)
         if len(copy_pair):
-            pair = copy_pair % len(steps.pp)
-            rate = steps.compute_s[pair][:, None]
-            shifted = table[front[copy_pair], tail] - rate * positions[None, :]
-            placed = _window_min(shifted, steps.pp[pair], steps.hi[pair, tail])
-            placed += rate * positions[None, :] + steps.ks[pair][:, None]
-            destination_front = steps.destination[pair] + copy_pair // len(steps.pp) * problem.fronts
-            destination = destination_front * tails + np.minimum(tail + steps.pp[pair], problem.tail_cap)
-            _reduce_rows(new.reshape(fronts * tails, width), destination, placed, np.minimum)
-        if cap < INF:
-            new[new + remaining >= cap] = INF
-        _drop_dominated(new, INF, np.minimum)
+            placed, destination, start = _place_rows(problem, steps, table, front, copy_pair, tail, positions)
+            if cap < INF:
+                placed[placed + remaining[start:start + placed.shape[1]] >= cap] = INF
+            reached = np.isfinite(placed).any(axis=1)
+            if reached.any():
+                placed, destination = placed[reached], destination[reached]
+                _reduce_rows(new.reshape(fronts * tails, width)[:, start:start + placed.shape[1]], destination,
+                             placed, np.minimum)
+                live.reshape(-1)[destination] = True
+                _drop_dominated(new, INF, np.minimum, live)
         tables.append(new)
         all_steps.append(steps)
         table = new
-        if not np.isfinite(table).any():
+        if not live.any():
             break
     return tables, all_steps
 
 
-def _drop_dominated(table: np.ndarray, worst: float, better) -> None:
+def _place_rows(problem: OrderedGroups, steps: GroupSteps, table: np.ndarray, front: np.ndarray,
+                copy_pair: np.ndarray, tail: np.ndarray, positions: np.ndarray):
+    """Each (copy, pair, tail) row of a group's placement: (its sums at layer columns start.., its
+    destination row in the (fronts, tails) flattening, start). Only the columns some source reaches and
+    those the group can carry them to are computed."""
+    pair = copy_pair % len(steps.pp)
+    lows, highs = steps.pp[pair], steps.hi[pair, tail]
+    sources = table[front[copy_pair], tail]
+    used = np.flatnonzero(np.isfinite(sources).any(axis=0))
+    width = table.shape[2]
+    start = int(used[0])
+    stop = int(min(width, used[-1] + min(highs.max(), width - 1) + 1))
+    columns = positions[start:stop]
+    rate = steps.compute_s[pair][:, None]
+    placed = _window_min(sources[:, start:stop] - rate * columns[None, :], lows, highs)
+    placed += rate * columns[None, :] + steps.ks[pair][:, None]
+    destination_front = steps.destination[pair] + copy_pair // len(steps.pp) * problem.fronts
+    destination = destination_front * table.shape[1] + np.minimum(tail + steps.pp[pair], problem.tail_cap)
+    return placed, destination, start
+
+
+def _drop_dominated(table: np.ndarray, worst: float, better, live: np.ndarray | None = None) -> None:
     """Clear (to `worst`) every entry that an entry with fewer stages behind (axis 1; same front and, for
     sums, same layers) matches or beats: fewer stages behind means fewer micro-batches in flight, so every
     memory cap in front is at least as loose and the costs are the same; the cleared state leads nowhere
-    the other does not lead at least as well. Sparser tables: fewer rows to place."""
+    the other does not lead at least as well. Sparser tables: fewer rows to place. live: the (front,
+    stages behind) rows holding any finite entry, when known; updated for the rows left all `worst`."""
     values = table if table.ndim == 3 else table[:, :, None]
-    live = np.isfinite(values).any(axis=2)
+    if live is None:
+        live = np.isfinite(values).any(axis=2)
     fronts = np.flatnonzero(live.sum(axis=1) > 1)
     if not len(fronts):
         return
@@ -404,6 +427,7 @@ def _drop_dominated(table: np.ndarray, worst: float, better) -> None:
     kept = padded[row, rank]
     kept[better(prior[row, rank], kept) == prior[row, rank]] = worst
     values[fronts[row], tail] = kept
+    live[fronts[row], tail] = (kept != worst).any(axis=1)
 
 
 def most_layers(problem: OrderedGroups, bound: float) -> float:

@@ -6,7 +6,9 @@ its front tp, stages behind, layers placed), so k types cost k 2^(k-1) states wh
 A type t placed in front of type f reads f only through the transfer from t's last group to f's first
 group, so t's last group is placed once per f, the minimum over f taken, and t's other groups placed once.
 The per-type pieces are layer_dp chains built by the caller: t's groups followed by f's first group (which
-only supplies the transfer and is not placed), sharing one set of tp slices. Pure Python + numpy; imports
+only supplies the transfer and is not placed), sharing one set of tp slices. Under a bound M, layer counts
+that the groups still to place cannot complete to L (at least one layer each, at most what their stages
+admit under M anywhere) are cleared after each type. Pure Python + numpy; imports
 layer_dp only (no search code, no torch).
 """
 
@@ -38,10 +40,12 @@ class AllOrders:
         self.fronts, self.tail_cap = sample.fronts, sample.tail_cap
 
     # ---- the sweep over sets of types ----------------------------------------------------------------
-    def _sweep(self, start: np.ndarray, place_one: Callable, place_rest: Callable, merge, keep: bool = False):
+    def _sweep(self, start: np.ndarray, place_one: Callable, place_rest: Callable, merge, keep: bool = False,
+               trim: Callable | None = None):
         """Tables after every (set, front type), built by set size; with keep, also each type's table
         after only its last group (partial), for tracing the order back. The placements that share a
-        chain (same type, same next type) are handed over together: place_*(chain, tables) -> tables."""
+        chain (same type, same next type) are handed over together: place_*(chain, tables) -> tables.
+        trim(placed set, type whose last group alone is placed or -1, table): clears what cannot finish."""
         count, full = len(self.types), (1 << len(self.types)) - 1
         level: dict[tuple[int, int], np.ndarray] = {(0, -1): start}
         kept: dict = {}
@@ -59,12 +63,18 @@ class AllOrders:
                 for (mask, _), after in zip(entries, placed):
                     key = (mask | 1 << t, t)
                     partial[key] = after if key not in partial else merge(partial[key], after)
+            if trim is not None:
+                for (mask, t), table in partial.items():
+                    trim(mask, t, table)
             rest: dict[tuple[int, bool], list[tuple[int, int]]] = {}
             for key in partial:
                 rest.setdefault((key[1], key[0] == full), []).append(key)
             level = {}
             for (t, starts), keys in rest.items():
                 level.update(zip(keys, place_rest(self._chain(t, -1, starts), [partial[key] for key in keys])))
+            if trim is not None:
+                for (mask, _), table in level.items():
+                    trim(mask, -1, table)
             if keep:
                 kept.update({("partial",) + key: table for key, table in partial.items()})
                 kept.update({("level",) + key: table for key, table in level.items()})
@@ -90,7 +100,40 @@ class AllOrders:
         def rest(chain, tables):
             return stacked(chain, tables, range(len(chain.options) - 2, -1, -1))
 
-        return self._sweep(self._start_sum(), one, rest, np.minimum, keep)
+        return self._sweep(self._start_sum(), one, rest, np.minimum, keep, self._layer_trim(bound))
+
+    def _layer_trim(self, bound: float) -> Callable:
+        """trim for sum tables under M: clear the layer counts the groups still to place cannot complete to
+        L, holding at least one layer each and at most what their stages admit under M at any position."""
+        most = self._group_layer_limits(bound)
+        layers = np.arange(self.layers + 1)
+
+        def trim(mask: int, partial: int, table: np.ndarray) -> None:
+            ahead = [t for t in range(len(self.types)) if not mask >> t & 1]
+            most_ahead = sum(float(most[t].sum()) for t in ahead)
+            count_ahead = sum(len(most[t]) for t in ahead)
+            if partial >= 0:   # the type's other groups are still to place
+                most_ahead += float(most[partial][:-1].sum())
+                count_ahead += len(most[partial]) - 1
+            table[:, :, (layers < self.layers - most_ahead) | (layers > self.layers - count_ahead)] = INF
+        return trim
+
+    def _group_layer_limits(self, bound: float) -> list[np.ndarray]:
+        """Per type, per group (pipeline order), the most layers the group's stages admit under M in any
+        order, position and front (a valid step's hi at any tail)."""
+        count, most = len(self.types), []
+        for t in range(count):
+            limits = None
+            for front in range(-1, count):
+                if front == t:
+                    continue
+                for starts in (False, True):
+                    chain = self._chain(t, front, starts)
+                    placed = len(chain.options) - chain.follower
+                    here = np.array([_most_of(layer_dp.group_steps(chain, g, bound)) for g in range(placed)])
+                    limits = here if limits is None else np.maximum(limits, here)
+            most.append(limits)
+        return most
 
     # ---- what the search asks ------------------------------------------------------------------------
     def least_sum(self, bound: float, cap: float = INF) -> float:
@@ -172,3 +215,9 @@ class AllOrders:
                 raise AssertionError("orders dynamic programme: a type's groups do not reproduce the optimum")
             return None
         return walked[1]
+
+
+def _most_of(steps: layer_dp.GroupSteps) -> float:
+    """The most layers any valid step of a group holds (-inf: none is valid)."""
+    held = steps.hi[steps.valid]
+    return float(held.max()) if held.size else -INF

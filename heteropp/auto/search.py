@@ -520,13 +520,14 @@ class _Search:
             return math.inf, None
         best = {"value": math.inf, "bound": None}
 
-        def exact(index: int) -> tuple[float, bool]:
-            """(sum under the candidate, whether exact): a sum that cannot win is only bounded below."""
+        def exact(index: int, lowest: int) -> tuple[float, bool]:
+            """(sum under the candidate, whether exact): a sum that cannot win is only bounded below. The sum
+            is asked for the candidates from `lowest` to `index` (it bounds theirs from beneath)."""
             self.tick()
             bound = float(candidates[index])
             self.planner.evaluated += 1
-            # a sum at or above this cap lets no candidate win (M >= candidates[low]): only bounded below
-            cap = (limit() - float(candidates[low])) / alpha if alpha > 0 else math.inf
+            # a sum at or above this cap lets no candidate in lowest..index win: only bounded below
+            cap = (limit() - float(candidates[lowest])) / alpha if alpha > 0 else math.inf
             total = problem.least_sum(bound, cap)
             if total >= cap:
                 return cap, False
@@ -539,7 +540,7 @@ class _Search:
         def limit() -> float:
             return min(self.threshold(), best["value"]) * _TIE
 
-        first, first_exact = exact(low)
+        first, first_exact = exact(low, low)
         if alpha == 0:
             return best["value"], best["bound"]
         # (lo, hi): the candidates strictly between are open; the sums at lo and hi are exact or lower bounds
@@ -570,7 +571,7 @@ class _Search:
                 self.planner.bounded += 1
                 push(middle, hi, lower, False, sum_hi, hi_exact)
                 continue
-            sum_middle, middle_exact = exact(middle)
+            sum_middle, middle_exact = exact(middle, lo + 1)
             push(middle, hi, sum_middle, middle_exact, sum_hi, hi_exact)
             push(lo, middle, sum_lo, lo_exact, sum_middle, middle_exact)
         return best["value"], best["bound"]
