@@ -439,18 +439,23 @@ def most_layers(problem: OrderedGroups, bound: float) -> float:
     return float(most.max())
 
 
-def place_most(problem: OrderedGroups, most: np.ndarray, bound: float, groups: range) -> np.ndarray:
-    """Place `groups` (from the end) onto a table of most layers held per (front, stages behind)."""
-    fronts, depth = problem.fronts, problem.layers + 1
+def place_most(problem: OrderedGroups, most: np.ndarray, bound: float, groups: range, copies: int = 1) -> np.ndarray:
+    """Place `groups` (from the end) onto a table of most layers held per (front, stages behind); copies:
+    that many tables stacked along the front axis, placed at once (as place_sums)."""
+    fronts, depth = problem.fronts * copies, problem.layers + 1
+    shift = (np.arange(copies) * problem.fronts)[:, None]
     for g in groups:
         steps = group_steps(problem, g, bound, tail_cap=problem.layers)
         new = np.full(fronts * depth, -INF)
-        pair, tail = np.nonzero(steps.valid & np.isfinite(most[steps.front]))
+        front = (steps.front[None, :] + shift).ravel()                   # per (copy, pair)
+        copy_pair, tail = np.nonzero(np.tile(steps.valid, (copies, 1)) & np.isfinite(most[front]))
+        pair = copy_pair % len(steps.pp) if len(steps.pp) else copy_pair
         keep = tail + steps.pp[pair] < depth
-        pair, tail = pair[keep], tail[keep]
+        copy_pair, pair, tail = copy_pair[keep], pair[keep], tail[keep]
         if len(pair):
-            reach = most[steps.front[pair], tail] + steps.hi[pair, tail]
-            np.maximum.at(new, steps.destination[pair] * depth + tail + steps.pp[pair], reach)
+            reach = most[front[copy_pair], tail] + steps.hi[pair, tail]
+            destination_front = steps.destination[pair] + copy_pair // len(steps.pp) * problem.fronts
+            np.maximum.at(new, destination_front * depth + tail + steps.pp[pair], reach)
         most = new.reshape(fronts, depth)
         _drop_dominated(most, -INF, np.maximum)
         if not np.isfinite(most).any():

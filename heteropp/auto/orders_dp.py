@@ -14,6 +14,7 @@ layer_dp only (no search code, no torch).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -88,25 +89,17 @@ class AllOrders:
             chains = [self._chain(t, -1, starts) for t in range(len(self.types)) for starts in (False, True)]
             self._least_rate = min(o.compute_s for chain in chains for options in chain.options for o in options)
 
-        def stacked(chain, tables, groups):
-            together = layer_dp.place_sums(chain, np.concatenate(tables), bound, groups, cap, self._least_rate,
-                                           copies=len(tables))[0][-1]
-            return np.split(together, len(tables))
+        def place(chain, tables, groups):
+            return layer_dp.place_sums(chain, np.concatenate(tables), bound, groups, cap, self._least_rate,
+                                       copies=len(tables))[0][-1]
 
-        def one(chain, tables):
-            last = len(chain.options) - 1 - chain.follower
-            return stacked(chain, tables, range(last, last - 1, -1))
-
-        def rest(chain, tables):
-            return stacked(chain, tables, range(len(chain.options) - 2, -1, -1))
-
+        one, rest = _stacked(place)
         return self._sweep(self._start_sum(), one, rest, np.minimum, keep, self._layer_trim(bound))
 
     def _layer_trim(self, bound: float) -> Callable:
         """trim for sum tables under M: clear the layer counts the groups still to place cannot complete to
         L, holding at least one layer each and at most what their stages admit under M at any position."""
         most = self._group_layer_limits(bound)
-        layers = np.arange(self.layers + 1)
 
         def trim(mask: int, partial: int, table: np.ndarray) -> None:
             ahead = [t for t in range(len(self.types)) if not mask >> t & 1]
@@ -115,7 +108,10 @@ class AllOrders:
             if partial >= 0:   # the type's other groups are still to place
                 most_ahead += float(most[partial][:-1].sum())
                 count_ahead += len(most[partial]) - 1
-            table[:, :, (layers < self.layers - most_ahead) | (layers > self.layers - count_ahead)] = INF
+            fewest = self.layers - most_ahead    # layers placed below this cannot reach L
+            if fewest > 0:
+                table[:, :, :math.ceil(min(fewest, self.layers + 1))] = INF
+            table[:, :, max(0, self.layers - count_ahead + 1):] = INF
         return trim
 
     def _group_layer_limits(self, bound: float) -> list[np.ndarray]:
@@ -146,13 +142,10 @@ class AllOrders:
         start = np.full((self.fronts, self.layers + 1), -INF)
         start[self.fronts - 1, 0] = 0.0
 
-        def one(chain, tables):
-            last = len(chain.options) - 1 - chain.follower
-            return [layer_dp.place_most(chain, table, bound, range(last, last - 1, -1)) for table in tables]
+        def place(chain, tables, groups):
+            return layer_dp.place_most(chain, np.concatenate(tables), bound, groups, copies=len(tables))
 
-        def rest(chain, tables):
-            return [layer_dp.place_most(chain, table, bound, range(len(chain.options) - 2, -1, -1)) for table in tables]
-
+        one, rest = _stacked(place)
         level, _ = self._sweep(start, one, rest, np.maximum)
         return max((float(table.max()) for table in level.values()), default=-INF)
 
@@ -215,6 +208,18 @@ class AllOrders:
                 raise AssertionError("orders dynamic programme: a type's groups do not reproduce the optimum")
             return None
         return walked[1]
+
+
+def _stacked(place: Callable) -> tuple[Callable, Callable]:
+    """The sweep's place_one (a chain's last placed group) and place_rest (its other groups) from
+    place(chain, tables stacked along the front axis, groups from the end) -> the stacked result."""
+    def one(chain, tables):
+        last = len(chain.options) - 1 - chain.follower
+        return np.split(place(chain, tables, range(last, last - 1, -1)), len(tables))
+
+    def rest(chain, tables):
+        return np.split(place(chain, tables, range(len(chain.options) - 2, -1, -1)), len(tables))
+    return one, rest
 
 
 def _most_of(steps: layer_dp.GroupSteps) -> float:
