@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -347,19 +348,22 @@ def sum_tables(problem: OrderedGroups, bound: float, cap: float = INF, least_rat
 
 
 def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float, groups: range, cap: float = INF,
-               least_rate: float = 0.0, copies: int = 1) -> tuple[list[np.ndarray], list[GroupSteps]]:
+               least_rate: float = 0.0, copies: int = 1,
+               rest: Callable[[int], np.ndarray] | None = None) -> tuple[list[np.ndarray], list[GroupSteps]]:
     """Place `groups` (from the end) onto a sum table: the table after each, and their steps (stops early
     once nothing is reachable). With a cap, states that cannot end below it (their sum plus the layers
     still to place at least_rate, the least time of a layer anywhere) are cleared: the least sum is then
     exact when below the cap and only known to be >= cap otherwise. copies: that many tables stacked along
-    the front axis, placed at once (one set of numpy calls for all)."""
-    remaining = (problem.layers - np.arange(problem.layers + 1)) * least_rate
+    the front axis, placed at once (one set of numpy calls for all). rest(i), when given: per copy and
+    layers placed, a lower bound on what the groups still to place after groups[i] add (instead of the
+    layers left at least_rate)."""
+    layers_left = (problem.layers - np.arange(problem.layers + 1)) * least_rate
     fronts, tails, width = problem.fronts * copies, problem.tail_cap + 1, problem.layers + 1
     tables, all_steps = [table], []
     positions = np.arange(width, dtype=float)
     shift = (np.arange(copies) * problem.fronts)[:, None]
     live = np.isfinite(table).any(axis=2)                                # (fronts, tails): any layer count
-    for g in groups:
+    for step, g in enumerate(groups):
         steps = group_steps(problem, g, bound)
         new = np.full((fronts, tails, width), INF)
         front = (steps.front[None, :] + shift).ravel()                   # per (copy, pair)
@@ -368,7 +372,9 @@ def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float, groups: 
         if len(copy_pair):
             placed, destination, start = _place_rows(problem, steps, table, front, copy_pair, tail, positions)
             if cap < INF:
-                placed[placed + remaining[start:start + placed.shape[1]] >= cap] = INF
+                columns = slice(start, start + placed.shape[1])
+                remaining = layers_left[columns] if rest is None else rest(step)[copy_pair // len(steps.pp), columns]
+                placed[placed + remaining >= cap] = INF
             reached = np.isfinite(placed).any(axis=1)
             if reached.any():
                 placed, destination = placed[reached], destination[reached]

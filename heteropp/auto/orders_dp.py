@@ -45,8 +45,9 @@ class AllOrders:
                trim: Callable | None = None):
         """Tables after every (set, front type), built by set size; with keep, also each type's table
         after only its last group (partial), for tracing the order back. The placements that share a
-        chain (same type, same next type) are handed over together: place_*(chain, tables) -> tables.
-        trim(placed set, type whose last group alone is placed or -1, table): clears what cannot finish."""
+        chain (same type, same next type) are handed over together: place_*(chain, tables, keys) ->
+        tables, keys[i] = (the set once the type is placed, the type). trim(placed set, type whose last
+        group alone is placed or -1, table): clears what cannot finish."""
         count, full = len(self.types), (1 << len(self.types)) - 1
         level: dict[tuple[int, int], np.ndarray] = {(0, -1): start}
         kept: dict = {}
@@ -60,7 +61,8 @@ class AllOrders:
                         jobs.setdefault((t, front, (mask | 1 << t) == full), []).append((mask, table))
             partial: dict[tuple[int, int], np.ndarray] = {}
             for (t, front, starts), entries in jobs.items():
-                placed = place_one(self._chain(t, front, starts), [table for _, table in entries])
+                placed = place_one(self._chain(t, front, starts), [table for _, table in entries],
+                                   [(mask | 1 << t, t) for mask, _ in entries])
                 for (mask, _), after in zip(entries, placed):
                     key = (mask | 1 << t, t)
                     partial[key] = after if key not in partial else merge(partial[key], after)
@@ -72,7 +74,7 @@ class AllOrders:
                 rest.setdefault((key[1], key[0] == full), []).append(key)
             level = {}
             for (t, starts), keys in rest.items():
-                level.update(zip(keys, place_rest(self._chain(t, -1, starts), [partial[key] for key in keys])))
+                level.update(zip(keys, place_rest(self._chain(t, -1, starts), [partial[key] for key in keys], keys)))
             if trim is not None:
                 for (mask, _), table in level.items():
                     trim(mask, -1, table)
@@ -89,9 +91,13 @@ class AllOrders:
             chains = [self._chain(t, -1, starts) for t in range(len(self.types)) for starts in (False, True)]
             self._least_rate = min(o.compute_s for chain in chains for options in chain.options for o in options)
 
-        def place(chain, tables, groups):
+        least_rest = self._least_rest(bound) if cap < INF else None
+
+        def place(chain, tables, groups, keys):
+            rest = None if least_rest is None else (
+                lambda step: np.array([least_rest(mask, t, groups[step]) for mask, t in keys]))
             return layer_dp.place_sums(chain, np.concatenate(tables), bound, groups, cap, self._least_rate,
-                                       copies=len(tables))[0][-1]
+                                       copies=len(tables), rest=rest)[0][-1]
 
         one, rest = _stacked(place)
         return self._sweep(self._start_sum(), one, rest, np.minimum, keep, self._layer_trim(bound))
@@ -113,6 +119,27 @@ class AllOrders:
                 table[:, :, :math.ceil(min(fewest, self.layers + 1))] = INF
             table[:, :, max(0, self.layers - count_ahead + 1):] = INF
         return trim
+
+    def _least_rest(self, bound: float) -> Callable[[int, int, int], np.ndarray]:
+        """least_rest(set, type, g) -> per layers placed, a lower bound on the sum the groups still to place
+        add once type's group g is placed (the type's groups before g and every type outside the set): at
+        least one layer per group, at most what it admits under M, each layer at its group's least rate,
+        the cheapest groups filled first; inf where they cannot complete L."""
+        most = self._group_layer_limits(bound)
+        rates = [np.array([min(o.compute_s for o in options) for options in chain.options[:len(most[t])]])
+                 for t, chain in enumerate(self._chain(t, -1, False) for t in range(len(self.types)))]
+        known: dict[tuple[int, int, int], np.ndarray] = {}
+        to_place = self.layers - np.arange(self.layers + 1, dtype=float)
+
+        def least_rest(mask: int, t: int, g: int) -> np.ndarray:
+            key = (mask, t, g)
+            if key not in known:
+                ahead = [u for u in range(len(self.types)) if not mask >> u & 1]
+                rate = np.concatenate([rates[u] for u in ahead] + [rates[t][:g], [0.0]])[:-1]
+                room = np.concatenate([most[u] for u in ahead] + [most[t][:g], [0.0]])[:-1]
+                known[key] = _least_fill(to_place, rate, room)
+            return known[key]
+        return least_rest
 
     def _group_layer_limits(self, bound: float) -> list[np.ndarray]:
         """Per type, per group (pipeline order), the most layers the group's stages admit under M in any
@@ -142,7 +169,7 @@ class AllOrders:
         start = np.full((self.fronts, self.layers + 1), -INF)
         start[self.fronts - 1, 0] = 0.0
 
-        def place(chain, tables, groups):
+        def place(chain, tables, groups, keys):
             return layer_dp.place_most(chain, np.concatenate(tables), bound, groups, copies=len(tables))
 
         one, rest = _stacked(place)
@@ -213,13 +240,26 @@ class AllOrders:
 def _stacked(place: Callable) -> tuple[Callable, Callable]:
     """The sweep's place_one (a chain's last placed group) and place_rest (its other groups) from
     place(chain, tables stacked along the front axis, groups from the end) -> the stacked result."""
-    def one(chain, tables):
+    def one(chain, tables, keys):
         last = len(chain.options) - 1 - chain.follower
-        return np.split(place(chain, tables, range(last, last - 1, -1)), len(tables))
+        return np.split(place(chain, tables, range(last, last - 1, -1), keys), len(tables))
 
-    def rest(chain, tables):
-        return np.split(place(chain, tables, range(len(chain.options) - 2, -1, -1)), len(tables))
+    def rest(chain, tables, keys):
+        return np.split(place(chain, tables, range(len(chain.options) - 2, -1, -1), keys), len(tables))
     return one, rest
+
+
+def _least_fill(counts: np.ndarray, rate: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Per count n, the least sum of rate * layers over groups holding n layers in all, one to room
+    layers each (inf where no such split exists): one layer each, the rest to the cheapest first."""
+    if (room < 1).any():
+        return np.full(len(counts), INF)
+    order = np.argsort(rate, kind="stable")
+    rate, extra = rate[order], room[order] - 1
+    spare = counts - len(rate)
+    before = np.concatenate([[0.0], np.cumsum(extra)[:-1]])
+    total = float(rate.sum()) + (np.clip(spare[:, None] - before[None, :], 0, extra[None, :]) * rate[None, :]).sum(axis=1)
+    return np.where((spare < 0) | (spare > extra.sum()), INF, total)
 
 
 def _most_of(steps: layer_dp.GroupSteps) -> float:
