@@ -576,11 +576,13 @@ class _Search:
             push(lo, middle, sum_lo, lo_exact, sum_middle, middle_exact)
         return best["value"], best["bound"]
 
-    def floor(self, problem: OrderedGroups | AllOrders) -> float:
-        """The least sum of stage terms at any M (the sum tables with memory the only limit)."""
+    def floor(self, problem: OrderedGroups | AllOrders, start: float = -math.inf) -> float:
+        """The least sum of stage terms at any M (the sum tables with memory the only limit). With start (a
+        proved least M), a sum that lets no M from start beat the threshold is only bounded below (inf)."""
         self.tick()
         self.planner.evaluated += 1
-        return problem.least_sum(math.inf)
+        cap = (self.threshold() - start) / problem.alpha if problem.alpha > 0 else math.inf
+        return problem.least_sum(math.inf, cap if math.isfinite(start) and cap > 0 else math.inf)
 
     # ---- one item: relaxed bounds first, exact orders last ---------------------------------------------
     def bound_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
@@ -670,7 +672,7 @@ class _Search:
         relaxation of bound_item; the plan rebuilt on the order that attains it."""
         problem = self.planner.all_orders(item)
         relaxed, _, constant = self.planner.ordered(item, orders[0], "item")
-        floor = max(floor, self.floor(problem))
+        floor = max(floor, self.floor(problem, start))
 
         def offer(bound: float) -> None:
             exact, groups, _ = self.planner.ordered(item, problem.best_order(bound))
