@@ -285,32 +285,40 @@ def _window_min(values: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.n
 
     A sparse table per row (level l: minima of 2^l consecutive values), rows sorted by the level their
     window needs so each level is built only for the rows that need it; a window is the minimum of two
-    overlapping blocks, read as whole row slices."""
+    overlapping blocks, read as whole row slices. Rows are padded on the left by the widest window, so a
+    window reaching below x = 0 reads inf there."""
     rows, width = values.shape
     highs = np.minimum(highs.astype(np.int64), width - 1)
     lows = lows.astype(np.int64)
-    levels = np.floor(np.log2(np.maximum(highs - lows + 1, 1))).astype(np.int64)
+    result = np.full((rows, width), INF)
+    some = lows <= highs                      # windows that fall inside the row at all
+    if not some.all():
+        values, lows, highs = values[some], lows[some], highs[some]
+    if not len(values):
+        return result
+    levels = np.floor(np.log2(highs - lows + 1)).astype(np.int64)
     order = np.argsort(-levels, kind="stable")
     levels, highs, lows = levels[order], highs[order], lows[order]
-    table = np.concatenate([np.full((rows, width), INF), values[order]], axis=1)   # x at column width + x
-    out = np.empty((rows, width))
-    for level in range(int(levels[0]) + 1 if rows else 0):
-        if level:   # level l from level l - 1, only for the rows whose windows need it
-            half = 1 << (level - 1)
-            table = np.minimum(table[:int(np.searchsorted(-levels, -level, side="right")), :-half],
-                               table[:int(np.searchsorted(-levels, -level, side="right")), half:])
+    pad = int(highs.max())
+    table = np.concatenate([np.full((len(values), pad), INF), values[order]], axis=1)   # x at column pad + x
+    out = np.empty((len(values), width))
+    for level in range(int(levels[0]) + 1):
         start = int(np.searchsorted(-levels, -level, side="left"))
         stop = int(np.searchsorted(-levels, -level, side="right"))
+        if level:   # level l from level l - 1, only for the rows whose windows need it
+            half = 1 << (level - 1)
+            table = np.minimum(table[:stop, :-half], table[:stop, half:])
         if start == stop:
             continue
         windows = np.lib.stride_tricks.sliding_window_view(table[start:stop], width, axis=1)
-        picked, last_window = np.arange(stop - start), windows.shape[1] - 1
-        first = windows[picked, np.clip(width - highs[start:stop], 0, last_window)]
-        last = windows[picked, np.clip(width - lows[start:stop] - (1 << level) + 1, 0, last_window)]
-        out[start:stop] = np.minimum(first, last)
-    out[np.arange(width)[None, :] < lows[:, None]] = INF
-    result = np.empty_like(out)
-    result[order] = out
+        picked = np.arange(stop - start)
+        out[start:stop] = np.minimum(windows[picked, pad - highs[start:stop]],
+                                     windows[picked, pad - lows[start:stop] - (1 << level) + 1])
+    placed = np.empty_like(out)
+    placed[order] = out
+    if some.all():
+        return placed
+    result[some] = placed
     return result
 
 
