@@ -257,8 +257,9 @@ def _least_fill(counts: np.ndarray, rate: np.ndarray, room: np.ndarray) -> np.nd
     order = np.argsort(rate, kind="stable")
     rate, extra = rate[order], room[order] - 1
     spare = counts - len(rate)
-    before = np.concatenate([[0.0], np.cumsum(extra)[:-1]])
-    total = float(rate.sum()) + (np.clip(spare[:, None] - before[None, :], 0, extra[None, :]) * rate[None, :]).sum(axis=1)
+    before = np.cumsum(extra) - extra          # layers beyond one each taken by the cheaper groups
+    taken = np.clip(spare[:, None] - before[None, :], 0, extra[None, :])
+    total = float(rate.sum()) + (taken * rate[None, :]).sum(axis=1)
     return np.where((spare < 0) | (spare > extra.sum()), INF, total)
 
 

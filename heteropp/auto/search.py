@@ -19,9 +19,12 @@ possible layer times) cannot beat it, orders when they cannot fit the layers und
 still win. For the best plan alone (top_k 1) every order is solved at once by orders_dp.py, a dynamic
 programme over the sets of chip types already placed (k 2^(k-1) states instead of k! orders); top_k > 1
 keeps one programme per order (the best plan of each). In the layer recursion a state is cleared when a
-state with fewer stages behind matches it (its memory caps are never tighter). The worst case is the
-product of polynomial counts: dps, bounds (at most options x L), k^2 2^k type placements, groups x
-options x (tails x layers) per placement.
+state with fewer stages behind matches it (its memory caps are never tighter), when the groups still to
+place cannot complete the layers under M, and, for a sum that only matters below a cap, when its sum plus
+the least the remaining groups can add (one layer each, then the cheapest rates up to what each admits)
+reaches the cap; the cap of an exact sum at M comes from the least M of the range it bounds. The worst
+case is the product of polynomial counts: dps, bounds (at most options x L), k^2 2^k type placements,
+groups x options x (tails x layers) per placement.
 
 A time limit returns the best plan found with the bound it has proved: the least lower bound of the
 work left (the plan is within best / bound - 1 of the optimum).
