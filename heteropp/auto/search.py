@@ -476,11 +476,16 @@ class _Search:
         """Index of the least candidate M under which every layer fits (None: not even the last)."""
         if not len(candidates) or not problem.feasible(float(candidates[-1])):
             return None
-        low, step = 0, 1
-        while not problem.feasible(float(candidates[min(low + step - 1, len(candidates) - 1)])):
-            self.tick()                                     # gallop up from the start, then bisect
-            low, step = low + step, step * 2
-        high = min(low + step - 1, len(candidates) - 1)
+        # near the start, gallop up from it then bisect; else bisect what is past the near part
+        near = math.isqrt(len(candidates) - 1)
+        if problem.feasible(float(candidates[near])):
+            low, step = 0, 1
+            while not problem.feasible(float(candidates[min(low + step - 1, near)])):
+                self.tick()
+                low, step = low + step, step * 2
+            high = min(low + step - 1, near)
+        else:
+            low, high = near + 1, len(candidates) - 1
         while low < high:
             self.tick()
             middle = (low + high) // 2
