@@ -193,6 +193,8 @@ class Master:
             if not all(shard.alive for shard in self.shards.values()):
                 raise Rejected("the run is not ready: not every shard has registered yet")
             rejoin = bool(record.session)
+            if record.active and rejoin:
+                self._drop(record, "joined again while its session was live (a restarted process replaces it)")
             record.session = f"{random.getrandbits(48):x}"
             record.active, record.last_beat = True, time.monotonic()
             self.events.write("join", f"cluster {record.id} {'rejoined' if rejoin else 'joined'}; it starts from "
@@ -348,22 +350,25 @@ class Master:
             with self.lock:
                 for record in self.clusters.values():
                     if record.active and now - record.last_beat > limit:
-                        record.active = False
-                        dropped = [push for push in self.pending if push.cluster == record.id]
-                        self.pending = [push for push in self.pending if push.cluster != record.id]
-                        for push in list(self.pushes.values()):
-                            if push.cluster == record.id:
-                                self.pushes.pop(push.ticket)
-                        self.events.write("drop", f"cluster {record.id} dropped: missed {self.config.missed_beats} "
-                                                  f"heartbeats ({len(dropped)} pending push dropped)",
-                                          cluster=record.id, pending_dropped=len(dropped))
-                        self.changed.notify_all()
+                        self._drop(record, f"missed {self.config.missed_beats} heartbeats")
                 for shard in self.shards.values():
                     if shard.alive and now - shard.last_beat > limit:
                         shard.alive = False
                         self.events.write("shard_lost", f"shard {shard.index} lost: missed "
                                                         f"{self.config.missed_beats} heartbeats", shard=shard.index)
                         self.changed.notify_all()
+
+    def _drop(self, record, reason: str) -> None:
+        """Forget a cluster's session and whatever it had pending; the caller holds the lock."""
+        record.active = False
+        dropped = [push for push in self.pending if push.cluster == record.id]
+        self.pending = [push for push in self.pending if push.cluster != record.id]
+        for push in list(self.pushes.values()):
+            if push.cluster == record.id:
+                self.pushes.pop(push.ticket)
+        self.events.write("drop", f"cluster {record.id} dropped: {reason} ({len(dropped)} pending push dropped)",
+                          cluster=record.id, pending_dropped=len(dropped), reason=reason)
+        self.changed.notify_all()
 
     # ---- rounds ------------------------------------------------------------------------------------
     def _round_ready(self) -> bool:
