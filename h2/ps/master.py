@@ -316,6 +316,8 @@ class Master:
             version = int(request["version"])
             if version != self.state.version:  # it missed a commit (or the master restarted mid-round)
                 return {"reload": self.state.version}
+            if shard.alive:
+                self._lose_shard(shard, "registered again while alive (a restarted process replaces it)")
             if shard.control is not None:
                 shard.control.close()
             shard.control, shard.data = Control(str(request["control"])), str(request["data"])
@@ -353,10 +355,7 @@ class Master:
                         self._drop(record, f"missed {self.config.missed_beats} heartbeats")
                 for shard in self.shards.values():
                     if shard.alive and now - shard.last_beat > limit:
-                        shard.alive = False
-                        self.events.write("shard_lost", f"shard {shard.index} lost: missed "
-                                                        f"{self.config.missed_beats} heartbeats", shard=shard.index)
-                        self.changed.notify_all()
+                        self._lose_shard(shard, f"missed {self.config.missed_beats} heartbeats")
 
     def _drop(self, record, reason: str) -> None:
         """Forget a cluster's session and whatever it had pending; the caller holds the lock."""
@@ -368,6 +367,12 @@ class Master:
                 self.pushes.pop(push.ticket)
         self.events.write("drop", f"cluster {record.id} dropped: {reason} ({len(dropped)} pending push dropped)",
                           cluster=record.id, pending_dropped=len(dropped), reason=reason)
+        self.changed.notify_all()
+
+    def _lose_shard(self, shard: ShardRecord, reason: str) -> None:
+        """Mark a shard lost (pushes refused, the round in progress skipped); the caller holds the lock."""
+        shard.alive = False
+        self.events.write("shard_lost", f"shard {shard.index} lost: {reason}", shard=shard.index, reason=reason)
         self.changed.notify_all()
 
     # ---- rounds ------------------------------------------------------------------------------------

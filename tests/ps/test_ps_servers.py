@@ -107,3 +107,12 @@ def test_a_cluster_joining_again_while_its_session_is_live_drops_the_old_session
     drops = [e for e in log if e["event"] == "drop"]
     assert [(e["cluster"], e["reason"]) for e in drops] == \
         [("a", "joined again while its session was live (a restarted process replaces it)")]
+
+
+def test_a_shard_registering_again_while_alive_is_logged_lost_by_name(tmp_path):
+    with running_ps(tmp_path, missed_beats=50) as (master, servers, address):
+        servers[1]._register()
+        assert master.shards[1].alive
+    log = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [(e["shard"], e["reason"]) for e in log if e["event"] == "shard_lost"] == \
+        [(1, "registered again while alive (a restarted process replaces it)")]
