@@ -205,6 +205,7 @@ class Master:
                     "inner_steps": self.config.inner_steps, "heartbeat_s": self.config.heartbeat_s,
                     "version": self.state.version, "routes": self.routes(), "model": self.config.model,
                     "eval_sequences": self.config.eval_sequences, "transfer_timeout_s": self.config.transfer_timeout_s,
+                    "sync_retry_s": self.config.sync_retry_s,
                     "finished": self.finished}
 
     def _beat(self, request: dict) -> dict:
