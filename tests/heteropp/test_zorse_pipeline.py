@@ -71,3 +71,13 @@ def test_the_simulator_prices_the_wrap_around_on_the_last_stages_link():
     wrap[1] = StageTerms(forward_s=1.0, backward_s=2.0, weight_grad_s=0.0, update_s=0.0,
                          send_occupancy_s=10.0, send_latency_s=0.0)
     assert simulate(schedule, wrap).iteration_s >= simulate(schedule, free).iteration_s + 2 * 10.0
+
+
+@pytest.mark.slow
+def test_three_stages_with_two_ministages_wrap_over_their_own_group_and_match_the_reference():
+    data = {"dp": 1, "micro_batches": 2, "micro_batch_size": 2, "seq_len": SEQ_LEN, "ministages": 2,
+            "model": {"preset": "tiny", "num_layers": 6},
+            "stages": [{"chip": "chip-a", "tp": 1, "layers": 2}, {"chip": "chip-b", "tp": 1, "layers": 2},
+                       {"chip": "chip-a", "tp": 1, "layers": 2}]}
+    records, _ = run_pipeline(data, STEPS)
+    assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
