@@ -51,7 +51,7 @@ def main() -> None:
     if os.path.exists(metrics):
         os.remove(metrics)
     command("h2.cli.main", "train", "--strategy", plan, "--cluster", args.cluster, "--steps", str(args.steps),
-            "--out", run, "--log-every", "1", capture=False)
+            "--out", run, "--overwrite", "--log-every", "1", capture=False)
     with open(metrics) as handle:
         steps = [json.loads(line)["step_time_s"] for line in handle if line.strip()]
     measured = statistics.median(steps[args.warmup:])

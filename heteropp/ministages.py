@@ -116,9 +116,11 @@ class MinistageExecutor:
         received: dict[tuple[str, int, int], PendingTensor] = {}
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         self.host_copies = 0
-        for action in actions:
+        for position, action in enumerate(actions):
             chunk, micro_batch = action.chunk, action.micro_batch
             kind = action.kind
+            if kind in ("F", "B"):
+                self._post_receives_until_next_compute(actions, position + 1, received)
             if kind in ("F", "B", "STEP"):
                 self._make_resident(chunk)
             if kind == "F":
@@ -146,13 +148,24 @@ class MinistageExecutor:
                 self.resharder.send(input_grads.pop((chunk, micro_batch)), stage, micro_batch, direction=BACKWARD,
                                     chunk=producer_chunk)
             elif kind in ("RECV_F", "RECV_B"):
-                received[(kind, chunk, micro_batch)] = self._post_receive(kind, chunk, micro_batch)
+                if (kind, chunk, micro_batch) not in received:
+                    received[(kind, chunk, micro_batch)] = self._post_receive(kind, chunk, micro_batch)
             else:
                 raise ValueError(f"a ministage stage runs F, B, STEP, SEND and RECV actions, got {action}")
         self._make_resident(None)
         if self.resharder is not None:
             self.resharder.p2p.wait_sends()
         return loss_sum
+
+    def _post_receives_until_next_compute(self, actions, start: int, received: dict) -> None:
+        """Post the receives listed before the next compute action, so they arrive while this one runs
+        (as heteropp.executor's prefetch)."""
+        for action in actions[start:]:
+            if action.kind in ("F", "B"):
+                return
+            key = (action.kind, action.chunk, action.micro_batch)
+            if action.kind in ("RECV_F", "RECV_B") and key not in received:
+                received[key] = self._post_receive(action.kind, action.chunk, action.micro_batch)
 
     def _post_receive(self, kind: str, chunk: int, micro_batch: int) -> PendingTensor:
         if kind == "RECV_F":
