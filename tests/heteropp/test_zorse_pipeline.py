@@ -81,3 +81,11 @@ def test_three_stages_with_two_ministages_wrap_over_their_own_group_and_match_th
                        {"chip": "chip-a", "tp": 1, "layers": 2}]}
     records, _ = run_pipeline(data, STEPS)
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
+
+
+@pytest.mark.slow
+def test_a_tp_2_stage_before_a_mixed_group_runs_ministages_and_matches_the_reference():
+    data = two_groups()
+    data["stages"] = [{"chip": "chip-a", "tp": 2, "dp": 1, "layers": 2}, {**data["stages"][0]}]
+    records, _ = run_pipeline(data, STEPS)
+    assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
