@@ -89,3 +89,21 @@ def test_a_tp_2_stage_before_a_mixed_group_runs_ministages_and_matches_the_refer
     data["stages"] = [{"chip": "chip-a", "tp": 2, "dp": 1, "layers": 2}, {**data["stages"][0]}]
     records, _ = run_pipeline(data, STEPS)
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
+
+
+@pytest.mark.slow
+def test_h2_train_runs_two_emulated_chips_as_two_stages_of_two_ministages_on_the_local_zorse_cluster(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import yaml
+    strategy = {"dp": 1, "micro_batches": 2, "micro_batch_size": 2, "seq_len": 32, "ministages": 2, "model": "small",
+                "stages": [{"chip": "emu-slow", "tp": 1, "layers": 4}, {"chip": "emu-fast", "tp": 1, "layers": 4}]}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(strategy))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run([sys.executable, "-m", "h2.cli.main", "train", "--strategy", str(path), "--cluster",
+                             "configs/clusters/local-zorse.yaml", "--steps", "2", "--out", str(tmp_path / "run")],
+                            cwd=root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "link stage 1 -> 0 (wrap-around, emulated)" in result.stdout
