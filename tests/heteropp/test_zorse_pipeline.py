@@ -107,3 +107,15 @@ def test_h2_train_runs_two_emulated_chips_as_two_stages_of_two_ministages_on_the
                             cwd=root, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "link stage 1 -> 0 (wrap-around, emulated)" in result.stdout
+
+
+@pytest.mark.slow
+def test_two_groups_with_ministages_zero2_and_offload_resume_from_a_checkpoint_bit_for_bit(tmp_path):
+    data = two_groups(offload=("activations", "parameters"))
+    half = {"checkpoint_every": 2, "keep_checkpoints": 5, "lr_decay_steps": 4, "warmup_steps": 1}
+    uninterrupted, _ = run_pipeline(data, 4, train=half)
+    out = str(tmp_path / "run")
+    run_pipeline(data, 2, out_dir=out, train=half)
+    resumed, _ = run_pipeline(data, 4, out_dir=out, train=half, start={"resume": True})
+    assert [(r["step"], r["loss"], r["grad_norm"]) for r in resumed] == \
+        [(r["step"], r["loss"], r["grad_norm"]) for r in uninterrupted]
