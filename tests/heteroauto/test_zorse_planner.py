@@ -121,10 +121,22 @@ def test_cluster_c_keeps_every_data_parallel_group_inside_one_region():
     assert all(len(group.regions) == 1 for group in best.groups)
 
 
-def test_cluster_b_cuts_the_model_into_more_ministages_as_it_grows():
-    plans = [best_plan("b", size) for size in ("7b", "13b", "33b")]
-    pipeline_ministages = [len(p.groups) * p.ministages for p in plans]
-    assert pipeline_ministages == sorted(pipeline_ministages) and pipeline_ministages[0] < pipeline_ministages[-1]
+def test_cluster_b_gives_each_group_no_fewer_ministages_as_the_model_grows():
+    per_group = [best_plan("b", size).ministages for size in ("7b", "13b", "33b")]
+    assert per_group == sorted(per_group) and per_group[0] < per_group[-1]
+
+
+def test_more_ministages_leave_each_group_the_layers_of_its_speed_share():
+    cluster, shape, training, rates = zorse("b", "13b")   # 8 one-VM groups: a T4 VM's share is 2 of 40 layers
+    layers = {k: [g.layers for g in plan(cluster, shape, training, rates, ministages=k, min_groups=8).best.groups]
+              for k in (1, 2)}
+    assert layers[2] == layers[1]
+
+
+def test_min_groups_2_leaves_out_the_plan_of_one_group_of_all_machines():
+    cluster, shape, training, rates = zorse("b", "7b")
+    assert len(plan(cluster, shape, training, rates).best.groups) == 1
+    assert len(plan(cluster, shape, training, rates, min_groups=2).best.groups) >= 2
 
 
 @pytest.mark.parametrize("name, size", [("a", "33b"), ("b", "13b"), ("c", "7b")])
