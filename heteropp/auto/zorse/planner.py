@@ -129,9 +129,13 @@ class _Nearest:
 
 def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates: dict[str, ChipRates], *,
          ministages: int | None = None, offload: str = "auto", micro_batch_sequences: int | None = None,
-         overlap: bool = True, max_groups: int | None = None, min_groups: int = 1) -> PlanSearch:
+         overlap: bool = True, max_groups: int | None = None, min_groups: int = 1,
+         lone_group_ministages: bool = True) -> PlanSearch:
     """The fastest plan that fits (module doc) among partitions of min_groups to max_groups groups;
-    `rates` from rates_from_profiles (which sets the memory each chip may use)."""
+    `rates` from rates_from_profiles (which sets the memory each chip may use). lone_group_ministages
+    False: a plan of one group has one ministage unless `ministages` says otherwise (the Zorse authors'
+    planner: ministages interleave a pipeline of several groups; one group of all machines with
+    ministages is ZeRO-3 with layer-wise accumulation, the seed's Cephalo baseline)."""
     started = time.perf_counter()
     if offload not in OFFLOAD_CHOICES:
         raise UserError(f"--offload: unknown choice '{offload}' (known: {', '.join(OFFLOAD_CHOICES)})")
@@ -166,6 +170,8 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
                     for g in range(len(shaped))]
             group_layers = proportional_counts([g.forward_s + g.backward_s for g in shaped], model.num_layers)
             counts = range(1, min(group_layers) + 1) if ministages is None else [ministages]
+            if ministages is None and len(shaped) == 1 and not lone_group_ministages:
+                counts = [1]
             for k in counts:
                 if k > min(group_layers):
                     continue
