@@ -153,20 +153,21 @@ def test_a_bad_zorse_strategy_field_is_refused_naming_it(changes, error):
     assert error in str(caught.value) and "\n" not in str(caught.value)
 
 
+def two_stages_of_two_ministages(layers_a: int, layers_b: int):
+    return strategy_from_mapping({"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "ministages": 2,
+                                  "model": {"preset": "tiny", "num_layers": layers_a + layers_b},
+                                  "stages": [{"chip": "A", "tp": 1, "layers": layers_a},
+                                             {"chip": "B", "tp": 1, "layers": layers_b}]}, "s.yaml")
+
+
 def test_ministage_chunks_go_round_robin_over_the_stages():
-    strategy = strategy_from_mapping({"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "ministages": 2,
-                                      "model": {"preset": "tiny", "num_layers": 8},
-                                      "stages": [{"chip": "A", "tp": 1, "layers": 4},
-                                                 {"chip": "B", "tp": 1, "layers": 4}]}, "s.yaml")
+    strategy = two_stages_of_two_ministages(4, 4)
     assert strategy.chunk_layers(0) == [range(0, 2), range(4, 6)]
     assert strategy.chunk_layers(1) == [range(2, 4), range(6, 8)]
 
 
 def test_a_stage_whose_layers_the_ministages_do_not_divide_takes_the_larger_chunks_first():
-    strategy = strategy_from_mapping({"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "ministages": 2,
-                                      "model": {"preset": "tiny", "num_layers": 8},
-                                      "stages": [{"chip": "A", "tp": 1, "layers": 5},
-                                                 {"chip": "B", "tp": 1, "layers": 3}]}, "s.yaml")
+    strategy = two_stages_of_two_ministages(5, 3)
     assert strategy.chunk_layers(0) == [range(0, 3), range(5, 7)]
     assert strategy.chunk_layers(1) == [range(3, 5), range(7, 8)]
 
