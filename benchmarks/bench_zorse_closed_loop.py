@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 
 from bench_closed_loop import command, load, train   # the HeteroAuto closed loop's runner: the same command lines
 
@@ -48,6 +49,7 @@ def main() -> None:
           f"{planned['ministages']} ministages, offload {'on' if planned['offload'] else 'off'}, recompute "
           f"{'on' if planned['recompute'] else 'off'}; predicted {planned['iteration_s']:.3f} s "
           f"(simulated {planned['simulated_iteration_s']:.3f} s)", flush=True)
+    shutil.rmtree(run, ignore_errors=True)   # this bench's own run folder: a re-run trains afresh
     measured = train(args.cluster, plan, run, args.steps, args.warmup)
     steps, step = measured["steps"], measured["step_s"]
     ratio = step / planned["simulated_iteration_s"]
