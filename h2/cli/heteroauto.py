@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
                                  "authors' planner (ministages interleave a pipeline of several groups)")
     search_cmd.add_argument("--min-groups", type=int, default=1,
                             help="--planner zorse: at least this many pipeline groups (2: no plan of one group "
-                                 "of all machines, which the Zorse authors' planner never makes)")
+                                 "of all machines)")
     search_cmd.add_argument("--no-overlap", action="store_true",
                             help="--planner zorse: price HeteroPP's runtime, which overlaps no ZeRO-2 traffic or "
                                  "offload copy with compute (default: Zorse's, which does)")
