@@ -3,6 +3,7 @@
     python benchmarks/bench_dips.py                       # configs/dips/local-4.yaml, modes sync async dips
     python benchmarks/bench_dips.py --outliers c3         # also: cluster c3 pushes 100x pseudo-gradients
     python benchmarks/bench_dips.py --faults              # also: dips with a cluster, a shard, the master killed
+    python benchmarks/bench_dips.py --tokens 900000       # a longer run than the file's budget
 
 Each mode is one `h2 ps launch` of the same run file (same clusters, emulated speeds, token budget),
 changing only `mode` (and, with --outliers, the named cluster's fault injection). The global model's
@@ -91,12 +92,17 @@ def main() -> int:
     parser.add_argument("--faults", action="store_true",
                         help="also run dips with " + " ".join(FAULTS))
     parser.add_argument("--target", type=float, help="target loss (default: sync's final loss)")
+    parser.add_argument("--tokens", type=int, help="token budget of every run (default: the run file's)")
     parser.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_dips"))
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--report-only", action="store_true", help="no runs: report the runs already in --out")
     args = parser.parse_args()
     with open(args.config, encoding="utf-8") as handle:
         base = yaml.safe_load(handle)
+    if args.tokens is not None:
+        if args.tokens <= 0:
+            parser.error(f"--tokens must be positive, got {args.tokens}")
+        base["tokens"] = args.tokens
     print(f"{len(base['clusters'])} clusters, emulated step times "
           f"{', '.join(str(c['step_time_s']) for c in base['clusters'])} s, H={base['inner_steps']}, "
           f"{base['tokens']:,} tokens; load {os.getloadavg()[0]:.2f}", flush=True)
@@ -133,6 +139,9 @@ def main() -> int:
         shown = f"{reached:.1f} s" if reached is not None else "not reached"
         print(f"{key:<16}{r['rounds']:>7}{r['final_loss']:>12.4f}{relative:>9}{shown:>16}{speedup:>9}"
               f"{r['rejected']:>10}{r['overruns']:>6}/{r['steps']}")
+    if "dips" in results and "dips+faults" in results:
+        faulted, clean = results["dips+faults"]["final_loss"], results["dips"]["final_loss"]
+        print(f"dips+faults against fault-free dips (same run): final loss {100 * (faulted / clean - 1):+.1f}%")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"target": target, "results": results}, handle)

@@ -106,9 +106,11 @@ class PipelineEngine:
             stage_device_type = self.topology.device_type(stage.index, device_type)
             resolve_device(stage_device_type)  # every rank knows every stage's device type (and its backend)
             check_stage_backend(options.stage_backend, stage_device_type)
+        # Zorse's ministages and offload run on the ministage executor (heteropp.ministages).
+        self.ministage_group = runs_ministages(strategy, options.schedule)
         self.groups = build_groups(self.topology, self.rank, device_type=device_type,
                                    p2p_backend=options.p2p_backend, stage_backend=options.stage_backend,
-                                   links=links)
+                                   links=links, wrap_around=self.ministage_group)
         self.is_last = self.place.stage == self.topology.num_stages - 1
 
         torch.manual_seed(self.config.seed)
@@ -116,11 +118,9 @@ class PipelineEngine:
         # The global gradient norm is taken as torch's clip_grad_norm_ takes it on the whole model:
         # the norm of every parameter's gradient norm, in the model's parameter order.
         self.norm_slot = {name: slot for slot, (name, _) in enumerate(model.named_parameters())}
-        schedule = options.schedule or strategy.schedule
-        # Zorse's ministages and offload run on the ministage executor (heteropp.ministages).
-        self.ministage_group = runs_ministages(strategy, schedule, source)
         if self.ministage_group:
-            self.actions = gpipe_ministages(1, self.config.micro_batches, strategy.ministages)[0]
+            self.actions = gpipe_ministages(self.topology.num_stages, self.config.micro_batches,
+                                            strategy.ministages)[self.place.stage]
         else:
             self.actions = run_schedule(strategy, options.schedule, source)[self.place.stage]
         splits_backward = any(action.kind == "W" for action in self.actions)
@@ -165,7 +165,10 @@ class PipelineEngine:
         activation_shape = (len(self.stage_info.rows(self.place.dp_index)), self.config.seq_len,
                             self.model_config.hidden_size)
         self.ministage_executor = (MinistageExecutor(chunks, device=self.device, offload=tuple(strategy.offload),
-                                                     autocast=torch.bfloat16 if self.config.dtype == "bf16" else None)
+                                                     autocast=torch.bfloat16 if self.config.dtype == "bf16" else None,
+                                                     stage_index=self.place.stage,
+                                                     num_stages=self.topology.num_stages, resharder=self.resharder,
+                                                     activation_shape=activation_shape)
                                    if self.ministage_group else None)
         self.executor = StageExecutor(chunks[0], stage_index=self.place.stage, num_stages=self.topology.num_stages,
                                       resharder=self.resharder, store=self.store, activation_shape=activation_shape,

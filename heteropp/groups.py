@@ -76,6 +76,7 @@ class RankGroups:
     dp: dist.ProcessGroup | None          # this rank's DP group (None when dp == 1)
     next_boundary: dist.ProcessGroup | None   # ranks of this stage and the next (cross-stage backend)
     prev_boundary: dist.ProcessGroup | None   # ranks of the previous stage and this one
+    wrap: dist.ProcessGroup | None        # last stage and stage 0 (ministages' wrap-around), this rank in either
     everyone: dist.ProcessGroup           # all ranks, cross-stage backend (global gradient norm)
     tp_ranks: list[int]
     dp_ranks: list[int]
@@ -91,12 +92,14 @@ def group_options(backend: str, members: list[int], links: RankLinks | None):
 
 
 def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p_backend: str = "gloo",
-                 stage_backend: str = "auto", links: RankLinks | None = None) -> RankGroups:
+                 stage_backend: str = "auto", links: RankLinks | None = None,
+                 wrap_around: bool = False) -> RankGroups:
     """`device_type`: the device of stages that do not name their own; `links`: this rank's emulated
-    links, applied by DiComm to the groups it serves."""
+    links, applied by DiComm to the groups it serves; `wrap_around`: the last stage sends to stage 0
+    (ministages: heteropp.ministages), over boundary 0's group with two stages, its own with more."""
     place = topology.place(rank)
     stage = topology.stages[place.stage]
-    mine: dict[str, dist.ProcessGroup | None] = {"tp": None, "dp": None, "next": None, "prev": None}
+    mine: dict[str, dist.ProcessGroup | None] = {"tp": None, "dp": None, "next": None, "prev": None, "wrap": None}
     for info in topology.stages:
         stage_device = topology.device_type(info.index, device_type)
         backend = chip_backend(info.chip, stage_device) if stage_backend == "auto" else stage_backend
@@ -119,8 +122,15 @@ def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p
             mine["next"] = group
         if boundary + 1 == place.stage:
             mine["prev"] = group
+    last = topology.num_stages - 1
+    if wrap_around and last == 1:
+        mine["wrap"] = mine["next"] or mine["prev"]
+    elif wrap_around and last > 1:
+        members = list(topology.stages[last].ranks) + list(topology.stages[0].ranks)
+        group = dist.new_group(members, backend=p2p_backend, pg_options=group_options(p2p_backend, members, links))
+        mine["wrap"] = group if place.stage in (0, last) else None
     world = list(range(topology.world_size))
     everyone = dist.new_group(world, backend=p2p_backend, pg_options=group_options(p2p_backend, world, links))
     return RankGroups(place=place, tp=mine["tp"], dp=mine["dp"], next_boundary=mine["next"],
-                      prev_boundary=mine["prev"], everyone=everyone,
+                      prev_boundary=mine["prev"], wrap=mine["wrap"], everyone=everyone,
                       tp_ranks=stage.tp_group(place.dp_index), dp_ranks=stage.dp_group(place.tp_index))

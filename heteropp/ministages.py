@@ -1,7 +1,14 @@
-"""Zorse's ministages on one group of ranks: a stage holding several layer chunks, run in GPipe order
-(every micro-batch through chunk 0, then chunk 1, ...; backwards in reverse chunk order) from the
-action list h2.core.schedule.gpipe_ministages builds, a STEP per chunk right after its last
-backward, and the offload of what a chunk does not need until later to host memory:
+"""Zorse's ministages: each stage (a group of ranks) holds several layer chunks, run in GPipe order
+(every micro-batch through the pipeline's chunk 0 on every stage in turn, then chunk 1, ...; backwards
+in reverse) from the action list h2.core.schedule.gpipe_ministages builds, a STEP per chunk right after
+its last backward, and the offload of what a chunk does not need until later to host memory.
+
+With one stage a chunk hands its output to the next chunk on the same rank. With several, chunk c's
+output goes to the next stage's chunk c, and the last stage's chunk c wraps around to stage 0's
+chunk c + 1 (gradients the other way), through the same resharder and p2p path as every other stage
+boundary (heteropp.resharding).
+
+Offload:
 
   activations   every tensor autograd saves for a chunk's backward is copied to the host when the
                 forward saves it and back to the device when the backward needs it
@@ -27,20 +34,20 @@ from torch import nn
 
 from h2.core.errors import UserError
 from h2.model.transformer import language_model_loss
+from heteropp.p2p import BACKWARD, FORWARD
+from heteropp.resharding import PendingTensor, Resharder
 
 OFFLOAD_KINDS = ("activations", "parameters")
 
 
-def runs_ministages(strategy, schedule: str, source: str = "strategy") -> bool:
-    """Whether a strategy runs on this executor: ministages, offload or the GPipe schedule; refused in
-    one line where it has several stages (the wrap-around transfer from the last stage's chunk c to
-    stage 0's chunk c + 1 is not written)."""
-    if not (strategy.ministages > 1 or strategy.offload or schedule == "gpipe"):
-        return False
-    if len(strategy.stages) > 1:
-        raise UserError(f"{source}: field 'ministages': this runtime runs GPipe, ministages and offload on a strategy of one "
-                        f"stage (one group), this one has {len(strategy.stages)} stages")
-    return True
+def runs_ministages(strategy, schedule_flag: str | None = None) -> bool:
+    """Whether a strategy runs on this executor: ministages, offload or the GPipe schedule. A
+    `--schedule` other than GPipe's on ministages or offload is refused in one line."""
+    zorse = strategy.ministages > 1 or bool(strategy.offload)
+    if zorse and schedule_flag not in (None, "gpipe"):
+        raise UserError(f"--schedule {schedule_flag} does not apply to a strategy with ministages or offload "
+                        f"(they run in GPipe order)")
+    return zorse or (schedule_flag or strategy.schedule) == "gpipe"
 
 
 class ParameterHome:
@@ -65,51 +72,123 @@ class ParameterHome:
 
 class MinistageExecutor:
     def __init__(self, chunks: list[nn.Module], *, device: torch.device, offload: tuple[str, ...] = (),
-                 autocast: torch.dtype | None = None):
-        """`chunks`: this rank's layer chunks in chunk order (the first embeds on the pipeline's first
-        chunk, the last computes logits on its last); `offload`: a subset of OFFLOAD_KINDS."""
+                 autocast: torch.dtype | None = None, stage_index: int = 0, num_stages: int = 1,
+                 resharder: Resharder | None = None, activation_shape: tuple[int, ...] = ()):
+        """`chunks`: this rank's layer chunks in chunk order (chunk c of stage s is the model's chunk
+        c * num_stages + s: the first embeds on stage 0's chunk 0, the last computes logits on the last
+        stage's last chunk); `offload`: a subset of OFFLOAD_KINDS. With several stages `resharder`
+        moves activations (of `activation_shape`) and their gradients between this rank's chunks and
+        the neighbouring stages' (the last stage's chunk c feeds stage 0's chunk c + 1: the wrap-around)."""
         self.chunks, self.device, self.autocast = chunks, torch.device(device), autocast
         self.offload = tuple(offload)
+        self.stage_index, self.num_stages = stage_index, num_stages
+        self.resharder, self.activation_shape = resharder, tuple(activation_shape)
+        if num_stages > 1 and resharder is None:
+            raise ValueError("ministages over several stages need a resharder to reach the other stages")
         self.homes = [ParameterHome(list(chunk.parameters()), self.device) for chunk in chunks]
         self.host_copies = 0   # tensors copied to the host by offload in the last run
         if "parameters" in self.offload:
             for home in self.homes:
                 home.to_host()
 
+    def _takes_tokens(self, chunk: int) -> bool:
+        return self.stage_index == 0 and chunk == 0
+
+    def _computes_loss(self, chunk: int) -> bool:
+        return self.stage_index == self.num_stages - 1 and chunk == len(self.chunks) - 1
+
+    def _consumer(self, chunk: int) -> tuple[int, int]:
+        """(stage, chunk) that takes the output of this stage's `chunk`."""
+        return (self.stage_index + 1, chunk) if self.stage_index < self.num_stages - 1 else (0, chunk + 1)
+
+    def _producer(self, chunk: int) -> tuple[int, int]:
+        """(stage, chunk) whose output is the input of this stage's `chunk`."""
+        return (self.stage_index - 1, chunk) if self.stage_index > 0 else (self.num_stages - 1, chunk - 1)
+
     def run(self, actions, tokens: list[torch.Tensor], targets: list[torch.Tensor], loss_scale: float,
             on_step) -> torch.Tensor:
-        """Run `actions` (F, B and STEP of one stage, no communication) on micro-batches `tokens` /
-        `targets`; returns the sum of the scaled losses."""
-        last = len(self.chunks) - 1
+        """Run `actions` (this stage's list from gpipe_ministages) on micro-batches `tokens` /
+        `targets`; returns the sum of the scaled losses. A message is tagged with the chunk that
+        produced the activation, so the chunks' messages between two ranks never mix."""
         outputs: dict[tuple[int, int], torch.Tensor] = {}
         inputs: dict[tuple[int, int], torch.Tensor] = {}
         input_grads: dict[tuple[int, int], torch.Tensor] = {}
+        received: dict[tuple[str, int, int], PendingTensor] = {}
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         self.host_copies = 0
-        for action in actions:
+        for position, action in enumerate(actions):
             chunk, micro_batch = action.chunk, action.micro_batch
-            if action.kind in ("F", "B", "STEP"):
+            kind = action.kind
+            if kind in ("F", "B"):
+                self._post_receives_until_next_compute(actions, position + 1, received)
+            if kind in ("F", "B", "STEP"):
                 self._make_resident(chunk)
-            if action.kind == "F":
-                x = tokens[micro_batch] if chunk == 0 else outputs[(chunk - 1, micro_batch)].detach().requires_grad_()
+            if kind == "F":
+                x = self._forward_input(chunk, micro_batch, tokens, outputs, received)
                 with self._saving(chunk), self._compute_precision():
                     output = self.chunks[chunk](x)
-                    if chunk == last:
+                    if self._computes_loss(chunk):
                         output = language_model_loss(output, targets[micro_batch]) * loss_scale
                         loss_sum += output.detach()
                 inputs[(chunk, micro_batch)], outputs[(chunk, micro_batch)] = x, output
-            elif action.kind == "B":
-                grad = None if chunk == last else input_grads.pop((chunk + 1, micro_batch))
+            elif kind == "B":
+                grad = self._output_grad(chunk, micro_batch, input_grads, received)
                 torch.autograd.backward(outputs.pop((chunk, micro_batch)), grad_tensors=grad)
                 x = inputs.pop((chunk, micro_batch))
-                if chunk > 0:
+                if not self._takes_tokens(chunk):
                     input_grads[(chunk, micro_batch)] = x.grad
-            elif action.kind == "STEP":
+            elif kind == "STEP":
                 on_step(chunk)
+            elif kind == "SEND_F":
+                stage, _ = self._consumer(chunk)
+                self.resharder.send(outputs[(chunk, micro_batch)].detach(), stage, micro_batch, direction=FORWARD,
+                                    chunk=chunk)
+            elif kind == "SEND_B":
+                stage, producer_chunk = self._producer(chunk)
+                self.resharder.send(input_grads.pop((chunk, micro_batch)), stage, micro_batch, direction=BACKWARD,
+                                    chunk=producer_chunk)
+            elif kind in ("RECV_F", "RECV_B"):
+                if (kind, chunk, micro_batch) not in received:
+                    received[(kind, chunk, micro_batch)] = self._post_receive(kind, chunk, micro_batch)
             else:
-                raise ValueError(f"a ministage group runs F, B and STEP only, got {action}")
+                raise ValueError(f"a ministage stage runs F, B, STEP, SEND and RECV actions, got {action}")
         self._make_resident(None)
+        if self.resharder is not None:
+            self.resharder.p2p.wait_sends()
         return loss_sum
+
+    def _post_receives_until_next_compute(self, actions, start: int, received: dict) -> None:
+        """Post the receives listed before the next compute action, so they arrive while this one runs
+        (as heteropp.executor's prefetch)."""
+        for action in actions[start:]:
+            if action.kind in ("F", "B"):
+                return
+            key = (action.kind, action.chunk, action.micro_batch)
+            if action.kind in ("RECV_F", "RECV_B") and key not in received:
+                received[key] = self._post_receive(action.kind, action.chunk, action.micro_batch)
+
+    def _post_receive(self, kind: str, chunk: int, micro_batch: int) -> PendingTensor:
+        if kind == "RECV_F":
+            stage, producer_chunk = self._producer(chunk)
+            return self.resharder.post_recv(self.activation_shape, torch.float32, stage, micro_batch,
+                                            device=self.device, direction=FORWARD, chunk=producer_chunk)
+        stage, _ = self._consumer(chunk)
+        return self.resharder.post_recv(self.activation_shape, torch.float32, stage, micro_batch,
+                                        device=self.device, direction=BACKWARD, chunk=chunk)
+
+    def _forward_input(self, chunk: int, micro_batch: int, tokens, outputs, received) -> torch.Tensor:
+        if self._takes_tokens(chunk):
+            return tokens[micro_batch]
+        if self.num_stages == 1:
+            return outputs[(chunk - 1, micro_batch)].detach().requires_grad_()
+        return received.pop(("RECV_F", chunk, micro_batch)).wait().requires_grad_()
+
+    def _output_grad(self, chunk: int, micro_batch: int, input_grads, received) -> torch.Tensor | None:
+        if self._computes_loss(chunk):
+            return None
+        if self.num_stages == 1:
+            return input_grads.pop((chunk + 1, micro_batch))
+        return received.pop(("RECV_B", chunk, micro_batch)).wait()
 
     @contextlib.contextmanager
     def resident(self, chunk: int):

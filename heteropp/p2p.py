@@ -32,9 +32,13 @@ from h2.core.links import ArrivalClock, Link
 FORWARD, BACKWARD = 0, 1
 
 
-def message_tag(micro_batch: int, direction: int) -> int:
-    """Two ranks exchange at most one message per micro-batch and direction (heteropp.topology)."""
-    return micro_batch * 2 + direction
+CHUNK_TAGS = 1024   # the most ministages a strategy may have (h2.core.strategy)
+
+
+def message_tag(micro_batch: int, direction: int, chunk: int = 0) -> int:
+    """Two ranks exchange at most one message per micro-batch, direction and ministage (`chunk`: the
+    local chunk of the stage that produced the activation; heteropp.topology, heteropp.ministages)."""
+    return (micro_batch * CHUNK_TAGS + chunk) * 2 + direction
 
 
 class _StagedRecv:

@@ -51,7 +51,13 @@ class Resharder:
         return self._plans[key]
 
     def _boundary_group(self, other_stage: int):
-        return self.groups.next_boundary if other_stage > self.place.stage else self.groups.prev_boundary
+        """The group this stage shares with `other_stage`: the next or previous boundary's, or, between
+        the last stage and stage 0 (the ministages' wrap-around), the wrap group."""
+        if other_stage == self.place.stage + 1:
+            return self.groups.next_boundary
+        if other_stage == self.place.stage - 1:
+            return self.groups.prev_boundary
+        return self.groups.wrap
 
     def _check_rows(self, shape: tuple[int, ...]) -> int:
         held = len(self.stage.rows(self.place.dp_index))
@@ -60,9 +66,13 @@ class Resharder:
                              f"micro-batch, got a tensor of shape {tuple(shape)}")
         return _numel(shape[1:])
 
-    def send(self, tensor: torch.Tensor, to_stage: int, micro_batch: int) -> None:
-        """Post this rank's part of `tensor` for stage `to_stage` (the next stage: forward; previous: backward)."""
-        direction = FORWARD if to_stage > self.place.stage else BACKWARD
+    def send(self, tensor: torch.Tensor, to_stage: int, micro_batch: int, *, direction: int | None = None,
+             chunk: int = 0) -> None:
+        """Post this rank's part of `tensor` for stage `to_stage` (the next stage: forward; previous:
+        backward, unless `direction` says otherwise: the wrap-around between the last stage and stage 0;
+        `chunk`: the ministage the message belongs to, heteropp.p2p.message_tag)."""
+        if direction is None:
+            direction = FORWARD if to_stage > self.place.stage else BACKWARD
         row_numel = self._check_rows(tuple(tensor.shape))
         first, _ = self.stage.replica_elements(self.place.dp_index, row_numel)
         flat = tensor.detach().reshape(-1)
@@ -70,16 +80,19 @@ class Resharder:
         for transfer in self._plan(self.place.stage, to_stage, row_numel):
             if transfer.src == self.rank:
                 self.p2p.send(flat[transfer.start - first:transfer.stop - first], transfer.dst, group,
-                              message_tag(micro_batch, direction))
+                              message_tag(micro_batch, direction, chunk))
 
     def post_recv(self, shape: tuple[int, ...], dtype: torch.dtype, from_stage: int, micro_batch: int,
-                  device: torch.device | str = "cpu") -> PendingTensor:
-        """Post the receives of this rank's part of a tensor of `shape` coming from stage `from_stage`.
+                  device: torch.device | str = "cpu", *, direction: int | None = None,
+                  chunk: int = 0) -> PendingTensor:
+        """Post the receives of this rank's part of a tensor of `shape` coming from stage `from_stage`
+        (`direction`, `chunk`: as for `send`).
 
         Parts are received straight into their place in one flat buffer (padded to whole TP blocks);
         in sliced mode the TP group's all-gather then fills in the other ranks' blocks.
         """
-        direction = FORWARD if from_stage < self.place.stage else BACKWARD
+        if direction is None:
+            direction = FORWARD if from_stage < self.place.stage else BACKWARD
         row_numel = self._check_rows(tuple(shape))
         first, last = self.stage.replica_elements(self.place.dp_index, row_numel)
         numel = last - first
@@ -88,13 +101,14 @@ class Resharder:
         block = block_size(numel, tp) if gather else numel
         flat = torch.empty(block * tp if gather else numel, dtype=dtype, device=device)
         group = self._boundary_group(from_stage)
-        works = [self.p2p.recv(flat[t.start - first:t.stop - first], t.src, group, message_tag(micro_batch, direction))
+        works = [self.p2p.recv(flat[t.start - first:t.stop - first], t.src, group,
+                               message_tag(micro_batch, direction, chunk))
                  for t in self._plan(from_stage, self.place.stage, row_numel) if t.dst == self.rank]
 
         def assemble() -> torch.Tensor:
             if gather:
                 _exchange_blocks(flat, block, self.groups.tp_ranks, tp_index, self.groups.tp,
-                                 message_tag(micro_batch, direction))
+                                 message_tag(micro_batch, direction, chunk))
             return flat[:numel].view(shape)
 
         return PendingTensor(works, assemble)

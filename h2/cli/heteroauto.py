@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--ministages", type=int, help="--planner zorse: fix the ministages per group")
     search_cmd.add_argument("--max-groups", type=int,
                             help="--planner zorse: at most this many pipeline groups (1: one data-parallel group)")
+    search_cmd.add_argument("--no-lone-group-ministages", action="store_true",
+                            help="--planner zorse: a plan of one group gets one ministage, as in the Zorse "
+                                 "authors' planner (ministages interleave a pipeline of several groups)")
+    search_cmd.add_argument("--min-groups", type=int, default=1,
+                            help="--planner zorse: at least this many pipeline groups (2: no plan of one group "
+                                 "of all machines)")
     search_cmd.add_argument("--no-overlap", action="store_true",
                             help="--planner zorse: price HeteroPP's runtime, which overlaps no ZeRO-2 traffic or "
                                  "offload copy with compute (default: Zorse's, which does)")
@@ -299,9 +305,10 @@ def _cmd_search(args) -> int:
     if args.planner == "zorse":
         return _cmd_search_zorse(args)
     if (args.memory_fraction != 1.0 or args.ministages is not None or args.offload != "auto"
-            or args.max_groups is not None or args.no_overlap):
-        raise UserError("--memory-fraction, --ministages, --offload, --max-groups and --no-overlap: only with "
-                        "--planner zorse")
+            or args.max_groups is not None or args.min_groups != 1 or args.no_lone_group_ministages
+            or args.no_overlap):
+        raise UserError("--memory-fraction, --ministages, --offload, --max-groups, --min-groups, "
+                        "--no-lone-group-ministages and --no-overlap: only with --planner zorse")
     cluster, model, training = _problem(args)
     profiles = _profiles(args, cluster, model, training)
     options = _search_options(args)
@@ -445,8 +452,11 @@ def _cmd_search_zorse(args) -> int:
     started = time.perf_counter()
     if args.max_groups is not None and args.max_groups < 1:
         raise UserError(f"--max-groups: must be at least 1, got {args.max_groups}")
+    if args.min_groups < 1 or (args.max_groups is not None and args.min_groups > args.max_groups):
+        raise UserError(f"--min-groups: must be at least 1 and at most --max-groups, got {args.min_groups}")
     found = zorse_plan(cluster, model, training, rates, ministages=args.ministages, offload=args.offload,
-                       overlap=not args.no_overlap, max_groups=args.max_groups)
+                       overlap=not args.no_overlap, max_groups=args.max_groups, min_groups=args.min_groups,
+                       lone_group_ministages=not args.no_lone_group_ministages)
     searched_s = time.perf_counter() - started
     simulated = simulate_plan(found.best, rates, model, training).iteration_s
     strategy = to_strategy(found.best, model)

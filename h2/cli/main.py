@@ -74,6 +74,7 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     config = flags.build(TrainConfig, values)
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
+    runs_ministages(strategy, options.schedule)
     cluster = None
     if run.cluster:
         from h2.cli.cluster_job import check_job, host_warning
@@ -91,7 +92,6 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     for stage in strategy.stages:
         device_type = resolve_device(stage.device or config.device).type
         check_stage_backend(options.stage_backend, device_type)
-    runs_ministages(strategy, options.schedule or strategy.schedule, run.strategy)
     needed = strategy.world_size
     nproc = run.nproc or needed
     if nproc != needed:

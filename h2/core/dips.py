@@ -8,6 +8,7 @@ field, or a value out of range, is one line naming the file and the field.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Literal
@@ -59,6 +60,7 @@ class DipsConfig:
     heartbeat_s: float = 1.0             # clusters and shards beat this often
     missed_beats: int = 3                # ... and are dropped after this many missed beats
     transfer_timeout_s: float = 30.0     # a layer's push or pull that takes longer fails (the sync point is skipped)
+    sync_retry_s: float = 30.0           # a skipped sync point is retried every heartbeat this long before training on
     host: str = "127.0.0.1"              # where the master and the shards listen
     master_port: int = 0                 # the master's gRPC port (0: the launcher picks a free one)
     shards: int = 2                      # shard servers; the model's layers are split over them
@@ -88,6 +90,8 @@ def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
         ("heartbeat_s", config.heartbeat_s > 0, "must be positive"),
         ("missed_beats", config.missed_beats >= 1, "must be at least 1"),
         ("transfer_timeout_s", config.transfer_timeout_s > 0, "must be positive"),
+        ("sync_retry_s", math.isfinite(config.sync_retry_s) and config.sync_retry_s >= 0,
+         "must be 0 (train on at once) or a positive number of seconds"),
         ("master_port", 0 <= config.master_port <= 65535, "must be a TCP port (0: pick a free one)"),
         ("shards", config.shards >= 1, "must be at least 1"),
         ("eval_sequences", config.eval_sequences >= 0, "must be 0 or positive"),

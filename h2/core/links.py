@@ -346,13 +346,17 @@ class ArrivalClock:
 
 
 def describe_stage_links(strategy: "Strategy", links: RankLinks) -> str:
-    """One line per stage boundary: the link classes its ranks' traffic crosses (emulated)."""
+    """One line per stage boundary: the link classes its ranks' traffic crosses (emulated); with
+    ministages over several stages also the wrap-around from the last stage to stage 0."""
     ranks = strategy.stage_ranks()
+    pairs = [(boundary, boundary + 1, "") for boundary in range(len(ranks) - 1)]
+    if strategy.ministages > 1 and len(ranks) > 1:
+        pairs.append((len(ranks) - 1, 0, "wrap-around, "))
     lines = []
-    for boundary in range(len(ranks) - 1):
+    for src, dst, label in pairs:
         used = sorted({link_between(links.cluster, links.locations[a], links.locations[b])
-                       for a in ranks[boundary] for b in ranks[boundary + 1]},
+                       for a in ranks[src] for b in ranks[dst]},
                       key=lambda item: (LINK_CLASSES.index(item[0]), item[1].latency_us, -item[1].bandwidth_gbps))
         text = "; ".join(f"{name} {link.describe()}" for name, link in used)
-        lines.append(f"link stage {boundary} -> {boundary + 1} (emulated): {text}")
+        lines.append(f"link stage {src} -> {dst} ({label}emulated): {text}")
     return "\n".join(lines)

@@ -27,7 +27,8 @@ they sum to dp * micro_batch_size). Without `rows` the replicas split a micro-ba
 Zorse's schedule is GPipe's (`schedule: gpipe`; any strategy with ministages > 1 or offload runs in
 GPipe order). With `ministages` m > 1 the layers are cut into stages * m chunks; chunk c goes to stage c % stages
 (stage s holds chunks s, s + stages, ...: Megatron's interleaved layout), each stage's `layers` being
-the sum of its m chunks, split evenly (m must divide it).
+the sum of its m chunks, split as evenly as possible (the first layers % m chunks one layer larger;
+at least one layer each), as the Zorse planner cuts a group's layers.
 
 Every stage processes the whole global batch each step, as the same `micro_batches` micro-batches of
 dp * micro_batch_size sequences; a stage with its own dp d splits each micro-batch over its d
@@ -69,6 +70,12 @@ class StageSpec:
 
     def replica_chip(self, dp_index: int) -> str:
         return self.chips[dp_index] if self.chips else self.chip
+
+
+def even_chunks(layers: int, ministages: int) -> tuple[int, ...]:
+    """`layers` cut into `ministages` chunks as evenly as possible, the larger ones first."""
+    size, extra = divmod(layers, ministages)
+    return tuple(size + (1 if chunk < extra else 0) for chunk in range(ministages))
 
 
 @dataclass
@@ -121,13 +128,17 @@ class Strategy:
         `rows`: the most any replica takes)."""
         return max(self.stage_rows(index))
 
+    def chunk_sizes(self, index: int) -> list[int]:
+        """Layers of each ministage (chunk) of stage `index` (even_chunks)."""
+        return list(even_chunks(self.stages[index].layers, self.ministages))
+
     def chunk_layers(self, index: int) -> list[range]:
         """Global layer indices of each ministage (chunk) of stage `index`, in chunk order (module doc:
         chunk c of stage s is the model's chunk c * stages + s)."""
         starts, first = {}, 0
         for chunk in range(self.ministages):
             for stage_index, stage in enumerate(self.stages):
-                size = stage.layers // self.ministages
+                size = self.chunk_sizes(stage_index)[chunk]
                 starts[(stage_index, chunk)] = range(first, first + size)
                 first += size
         return [starts[(index, chunk)] for chunk in range(self.ministages)]
@@ -194,9 +205,9 @@ class Strategy:
             raise UserError(f"{source}: field 'stages': layers sum to {total}, model '{model.name}' has {model.num_layers}")
         _check_count(source, "ministages", self.ministages, 1 << 10)
         for index, stage in enumerate(self.stages):
-            if stage.layers % self.ministages:
+            if stage.layers < self.ministages:
                 raise UserError(f"{source}: field 'stages[{index}].layers': {stage.layers} layers cannot be cut "
-                                f"into ministages = {self.ministages} equal chunks")
+                                f"into ministages = {self.ministages} chunks of at least one layer")
         if len(set(self.offload)) != len(self.offload):
             raise UserError(f"{source}: field 'offload' lists an entry twice: {self.offload}")
 

@@ -32,6 +32,12 @@ from h2.ps.rpc import Control, Rejected, Unreachable
 GIVE_UP_S = 120.0
 
 
+def sync_retries(retry_s: float, heartbeat_s: float) -> int:
+    """How many times a skipped sync point is tried again, one heartbeat apart, before the cluster trains on.
+    A count, not a clock, so every rank of a pipeline cluster makes the same choice."""
+    return int(retry_s / heartbeat_s)
+
+
 @dataclass
 class SyncResult:
     status: str                  # applied | rejected | skipped
@@ -127,6 +133,7 @@ class ClusterClient:
         self.model, self.eval_sequences = reply["model"], reply["eval_sequences"]
         self.model_layers = model_layers(preset(self.model))
         self.transfer_timeout_s = reply["transfer_timeout_s"]
+        self.sync_retries = sync_retries(reply["sync_retry_s"], reply["heartbeat_s"])
         self.follow(reply["routes"])
         self.finished = reply["finished"]
         self.needs_rejoin = False

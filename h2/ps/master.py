@@ -193,6 +193,8 @@ class Master:
             if not all(shard.alive for shard in self.shards.values()):
                 raise Rejected("the run is not ready: not every shard has registered yet")
             rejoin = bool(record.session)
+            if record.active and rejoin:
+                self._drop(record, "joined again while its session was live (a restarted process replaces it)")
             record.session = f"{random.getrandbits(48):x}"
             record.active, record.last_beat = True, time.monotonic()
             self.events.write("join", f"cluster {record.id} {'rejoined' if rejoin else 'joined'}; it starts from "
@@ -203,6 +205,7 @@ class Master:
                     "inner_steps": self.config.inner_steps, "heartbeat_s": self.config.heartbeat_s,
                     "version": self.state.version, "routes": self.routes(), "model": self.config.model,
                     "eval_sequences": self.config.eval_sequences, "transfer_timeout_s": self.config.transfer_timeout_s,
+                    "sync_retry_s": self.config.sync_retry_s,
                     "finished": self.finished}
 
     def _beat(self, request: dict) -> dict:
@@ -314,6 +317,8 @@ class Master:
             version = int(request["version"])
             if version != self.state.version:  # it missed a commit (or the master restarted mid-round)
                 return {"reload": self.state.version}
+            if shard.alive:
+                self._lose_shard(shard, "registered again while alive (a restarted process replaces it)")
             if shard.control is not None:
                 shard.control.close()
             shard.control, shard.data = Control(str(request["control"])), str(request["data"])
@@ -348,22 +353,28 @@ class Master:
             with self.lock:
                 for record in self.clusters.values():
                     if record.active and now - record.last_beat > limit:
-                        record.active = False
-                        dropped = [push for push in self.pending if push.cluster == record.id]
-                        self.pending = [push for push in self.pending if push.cluster != record.id]
-                        for push in list(self.pushes.values()):
-                            if push.cluster == record.id:
-                                self.pushes.pop(push.ticket)
-                        self.events.write("drop", f"cluster {record.id} dropped: missed {self.config.missed_beats} "
-                                                  f"heartbeats ({len(dropped)} pending push dropped)",
-                                          cluster=record.id, pending_dropped=len(dropped))
-                        self.changed.notify_all()
+                        self._drop(record, f"missed {self.config.missed_beats} heartbeats")
                 for shard in self.shards.values():
                     if shard.alive and now - shard.last_beat > limit:
-                        shard.alive = False
-                        self.events.write("shard_lost", f"shard {shard.index} lost: missed "
-                                                        f"{self.config.missed_beats} heartbeats", shard=shard.index)
-                        self.changed.notify_all()
+                        self._lose_shard(shard, f"missed {self.config.missed_beats} heartbeats")
+
+    def _drop(self, record, reason: str) -> None:
+        """Forget a cluster's session and whatever it had pending; the caller holds the lock."""
+        record.active = False
+        dropped = [push for push in self.pending if push.cluster == record.id]
+        self.pending = [push for push in self.pending if push.cluster != record.id]
+        for push in list(self.pushes.values()):
+            if push.cluster == record.id:
+                self.pushes.pop(push.ticket)
+        self.events.write("drop", f"cluster {record.id} dropped: {reason} ({len(dropped)} pending push dropped)",
+                          cluster=record.id, pending_dropped=len(dropped), reason=reason)
+        self.changed.notify_all()
+
+    def _lose_shard(self, shard: ShardRecord, reason: str) -> None:
+        """Mark a shard lost (pushes refused, the round in progress skipped); the caller holds the lock."""
+        shard.alive = False
+        self.events.write("shard_lost", f"shard {shard.index} lost: {reason}", shard=shard.index, reason=reason)
+        self.changed.notify_all()
 
     # ---- rounds ------------------------------------------------------------------------------------
     def _round_ready(self) -> bool:

@@ -101,7 +101,8 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
         join = {"routes": [{"index": route.index, "address": route.address} for route in client.layers.routes.values()],
                 "model": client.model, "version": client.version, "inner_steps": client.inner_steps,
                 "partition": client.partition, "partitions": client.partitions,
-                "transfer_timeout_s": client.transfer_timeout_s}
+                "transfer_timeout_s": client.transfer_timeout_s, "sync_retries": client.sync_retries,
+                "heartbeat_s": client.heartbeat_s}
     join = _broadcast(join, engine.groups.everyone)
     if options.outlier != "none":
         raise UserError("--outlier is fault injection for single-device clusters, not for --strategy pipelines")
@@ -117,6 +118,14 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
     if options.pace_step_s:
         say(f"emulated cluster speed: every step padded to {options.pace_step_s:g} s by sleeping")
     records, tokens, losses = [], 0, []
+
+    def record_sync(result: SyncResult) -> None:
+        if first:
+            sync_log.append({"step": trainer.step, "time": time.time(), **result.__dict__, "eval_loss": None,
+                             "pacing_overruns": pacer.overruns})
+            say(f"step {trainer.step}: {result.status} -> version {result.version}"
+                + (f" ({result.reason})" if result.reason else ""))
+
     try:
         while trainer.step < trainer.config.steps:
             started = time.perf_counter()
@@ -131,13 +140,15 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
             loss = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64)
             dist.all_reduce(loss, group=engine.groups.everyone)  # only the reporting rank's is not 0
             result = _sync_point(client, stage, tokens, float(loss.item()))
+            for _ in range(join["sync_retries"]):
+                if result.status != "skipped" or result.finished:
+                    break
+                record_sync(result)
+                time.sleep(join["heartbeat_s"])
+                result = _sync_point(client, stage, tokens, float(loss.item()))
             if result.status != "skipped":
                 tokens, losses = 0, []
-            if first:
-                sync_log.append({"step": trainer.step, "time": time.time(), **result.__dict__, "eval_loss": None,
-                                 "pacing_overruns": pacer.overruns})
-                say(f"step {trainer.step}: {result.status} -> version {result.version}"
-                    + (f" ({result.reason})" if result.reason else ""))
+            record_sync(result)
             if result.finished:
                 break
     finally:

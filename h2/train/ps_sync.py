@@ -101,6 +101,12 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
             losses.append(record["loss"])
             if trainer.step % inner_steps == 0:
                 result = client.sync(tensors, tokens, sum(losses) / len(losses))
+                for _ in range(client.sync_retries):
+                    if result.status != "skipped" or result.finished:
+                        break
+                    record_sync(result)
+                    time.sleep(client.heartbeat_s)
+                    result = client.sync(tensors, tokens, sum(losses) / len(losses))
                 if result.status != "skipped":
                     tokens, losses = 0, []
                 record_sync(result)

@@ -122,6 +122,16 @@ def test_the_planners_stage_link_is_the_slowest_class_between_the_two_stages(clu
     assert stage_link(plan, cluster, rank_locations(plan, cluster), 0, 1) == Link(0.5, 200)
 
 
+def test_stage_links_name_the_wrap_around_from_the_last_stage_to_stage_0_under_ministages(cluster_file):
+    import dataclasses
+
+    from h2.core.links import describe_stage_links
+    cluster = load_cluster(cluster_file("  inter_type: {bandwidth_gbps: 0.5, latency_us: 200}\n"))
+    plan = dataclasses.replace(strategy(("F", 1, 1), ("S", 1, 1)), ministages=2)
+    lines = describe_stage_links(plan, RankLinks.for_strategy(plan, cluster, rank=0)).splitlines()
+    assert lines[-1] == "link stage 1 -> 0 (wrap-around, emulated): inter_type 0.5 GB/s, 200 us"
+
+
 # ---- bad link fields -----------------------------------------------------------------------------
 @pytest.mark.parametrize("links, error", [
     pytest.param("  inter_node: {bandwidth_gbps: -1, latency_us: 5}\n",

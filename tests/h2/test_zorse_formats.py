@@ -140,8 +140,8 @@ def test_a_mixed_group_places_each_rank_on_its_own_chip_types_nodes(tmp_path):
     ({"stage": {"tp": 2}}, "field 'stages[0].tp': a mixed-type group (chips) runs tp 1, got 2"),
     ({"stage": {"dp": 3}}, "field 'stages[0].dp' (3) differs from the 2 replicas its 'chips' lists"),
     ({"stage": {"chip": "A100"}}, "field 'stages[0].chip' (A100) must be the first of its 'chips' (T4)"),
-    ({"stage": {"layers": 3}, "model": {"preset": "tiny", "num_layers": 3}},
-     "field 'stages[0].layers': 3 layers cannot be cut into ministages = 2 equal chunks"),
+    ({"stage": {"layers": 1}, "model": {"preset": "tiny", "num_layers": 1}},
+     "field 'stages[0].layers': 1 layers cannot be cut into ministages = 2 chunks of at least one layer"),
     ({"ministages": 0}, "field 'ministages' must be positive, got 0"),
     ({"optimizer_sharding": "zero3"}, "field 'optimizer_sharding'"),
     ({"offload": ["gradients"]}, "field 'offload'"),
@@ -153,13 +153,23 @@ def test_a_bad_zorse_strategy_field_is_refused_naming_it(changes, error):
     assert error in str(caught.value) and "\n" not in str(caught.value)
 
 
+def two_stages_of_two_ministages(layers_a: int, layers_b: int):
+    return strategy_from_mapping({"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "ministages": 2,
+                                  "model": {"preset": "tiny", "num_layers": layers_a + layers_b},
+                                  "stages": [{"chip": "A", "tp": 1, "layers": layers_a},
+                                             {"chip": "B", "tp": 1, "layers": layers_b}]}, "s.yaml")
+
+
 def test_ministage_chunks_go_round_robin_over_the_stages():
-    strategy = strategy_from_mapping({"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "ministages": 2,
-                                      "model": {"preset": "tiny", "num_layers": 8},
-                                      "stages": [{"chip": "A", "tp": 1, "layers": 4},
-                                                 {"chip": "B", "tp": 1, "layers": 4}]}, "s.yaml")
+    strategy = two_stages_of_two_ministages(4, 4)
     assert strategy.chunk_layers(0) == [range(0, 2), range(4, 6)]
     assert strategy.chunk_layers(1) == [range(2, 4), range(6, 8)]
+
+
+def test_a_stage_whose_layers_the_ministages_do_not_divide_takes_the_larger_chunks_first():
+    strategy = two_stages_of_two_ministages(5, 3)
+    assert strategy.chunk_layers(0) == [range(0, 3), range(5, 7)]
+    assert strategy.chunk_layers(1) == [range(3, 5), range(7, 8)]
 
 
 # ---- the ministage schedule ----------------------------------------------------------------------

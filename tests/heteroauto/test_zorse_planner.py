@@ -121,10 +121,36 @@ def test_cluster_c_keeps_every_data_parallel_group_inside_one_region():
     assert all(len(group.regions) == 1 for group in best.groups)
 
 
-def test_cluster_b_cuts_the_model_into_more_ministages_as_it_grows():
-    plans = [best_plan("b", size) for size in ("7b", "13b", "33b")]
-    pipeline_ministages = [len(p.groups) * p.ministages for p in plans]
-    assert pipeline_ministages == sorted(pipeline_ministages) and pipeline_ministages[0] < pipeline_ministages[-1]
+def test_cluster_b_gives_each_group_no_fewer_ministages_as_the_model_grows():
+    per_group = [best_plan("b", size).ministages for size in ("7b", "13b", "33b")]
+    assert per_group == sorted(per_group) and per_group[0] < per_group[-1]
+
+
+def test_under_the_authors_lone_group_rule_cluster_b_gives_each_group_more_ministages_as_the_model_grows():
+    per_group = []
+    for size in ("7b", "13b", "33b"):
+        cluster, shape, training, rates = zorse("b", size)
+        per_group.append(plan(cluster, shape, training, rates, lone_group_ministages=False).best.ministages)
+    assert per_group[0] < per_group[1] < per_group[2]
+
+
+def test_the_lone_group_rule_gives_a_plan_of_one_group_one_ministage():
+    cluster, shape, training, rates = zorse("a", "13b")   # without the rule: 4 ministages
+    best = plan(cluster, shape, training, rates, lone_group_ministages=False, max_groups=1).best
+    assert (len(best.groups), best.ministages) == (1, 1)
+
+
+def test_more_ministages_leave_each_group_the_layers_of_its_speed_share():
+    cluster, shape, training, rates = zorse("b", "13b")   # 8 one-VM groups: a T4 VM's share is 2 of 40 layers
+    layers = {k: [g.layers for g in plan(cluster, shape, training, rates, ministages=k, min_groups=8).best.groups]
+              for k in (1, 2)}
+    assert layers[2] == layers[1]
+
+
+def test_min_groups_2_leaves_out_the_plan_of_one_group_of_all_machines():
+    cluster, shape, training, rates = zorse("b", "7b")
+    assert len(plan(cluster, shape, training, rates).best.groups) == 1
+    assert len(plan(cluster, shape, training, rates, min_groups=2).best.groups) >= 2
 
 
 @pytest.mark.parametrize("name, size", [("a", "33b"), ("b", "13b"), ("c", "7b")])
@@ -208,6 +234,13 @@ def test_search_zorse_refuses_a_model_larger_than_all_memory_in_one_line_with_ex
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "no plan fits the memory model; nearest:" in err
+
+
+def test_search_zorse_refuses_min_groups_above_max_groups_in_one_line_with_exit_2(capsys):
+    code, out, err = run(capsys, "search", "--planner", "zorse", "--cluster", os.path.join(CLUSTERS, "zorse-b.yaml"),
+                         "--model", os.path.join(ROOT, "models", "llama-7b.yaml"), "--min-groups", "3",
+                         "--max-groups", "2")
+    assert code == 2 and err.strip() == "heteroauto: error: --min-groups: must be at least 1 and at most --max-groups, got 3"
 
 
 def test_max_groups_one_plans_a_single_data_parallel_group():

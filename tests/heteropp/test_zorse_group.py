@@ -78,21 +78,19 @@ def test_h2_train_runs_the_local_zorse_group_on_its_emulated_mixed_cluster(tmp_p
         assert [row["chip"] for row in json.load(handle)] == ["emu-slow+emu-fast"]
 
 
-def test_h2_train_refuses_ministages_over_several_stages_in_one_line_before_any_rank_starts(tmp_path):
+def test_h2_train_refuses_a_schedule_flag_other_than_gpipe_on_ministages_in_one_line(tmp_path):
     import os
     import subprocess
     import sys
     import yaml
-    data = group()
-    data["model"]["num_layers"] = 8
-    data["stages"] = [{**data["stages"][0], "layers": 4}, {"chip": "chip-a", "tp": 1, "layers": 4}]
     path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml.safe_dump(group()))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     result = subprocess.run([sys.executable, "-m", "h2.cli.main", "train", "--strategy", str(path), "--steps", "1",
-                             "--out", str(tmp_path / "run")], cwd=root, capture_output=True, text=True)
+                             "--schedule", "1f1b", "--out", str(tmp_path / "run")], cwd=root, capture_output=True,
+                            text=True)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert "this runtime runs GPipe, ministages and offload on a strategy of one stage" in result.stderr
+    assert "--schedule 1f1b does not apply to a strategy with ministages or offload" in result.stderr
 
 
 @pytest.mark.slow

@@ -63,6 +63,11 @@ def test_killing_a_cluster_a_shard_and_the_master_mid_run_is_survived_and_logged
     assert log[-1]["event"] == "stop" or any(e["event"] == "round" and e["finished"] for e in log)
     for name in ("cluster-b", "shard-1", "master"):
         assert f"fault injection: killed {name}" in result.stdout and f"restarted {name}" in result.stdout
+    syncs = [json.loads(line) for c in ("a", "b")
+             for line in (tmp_path / "out" / "clusters" / c / "ps.jsonl").read_text().splitlines()]
+    retried = [(s["step"], t["status"]) for s, t in zip(syncs, syncs[1:])
+               if s["status"] == "skipped" and t["step"] == s["step"] and t["status"] != "joined"]
+    assert retried, "no skipped sync point was tried again at the same step"
 
 
 def test_a_stopped_run_resumes_from_the_ps_snapshot_with_one_command(tmp_path):

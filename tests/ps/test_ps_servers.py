@@ -1,5 +1,7 @@
 """The master and the shards refuse bad input with one line and keep serving everyone else."""
 
+import json
+
 import grpc
 import pytest
 import zmq
@@ -92,3 +94,25 @@ def test_a_control_request_over_4_mib_is_refused_before_it_is_read_and_the_maste
     with pytest.raises(Rejected, match="RESOURCE_EXHAUSTED|larger than max|Received message larger"):
         control.call("Join", cluster="x" * (5 << 20))
     assert control.call("Status")["mode"] == "dips"
+
+
+def test_a_cluster_joining_again_while_its_session_is_live_drops_the_old_session_by_name(tmp_path):
+    with running_ps(tmp_path, clusters=("a",), missed_beats=50) as (_, _, address):
+        control = Control(address)
+        first = control.call("Join", cluster="a")["session"]
+        control.call("Join", cluster="a")
+        with pytest.raises(Rejected, match="is not current"):
+            control.call("Beat", cluster="a", session=first)
+    log = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    drops = [e for e in log if e["event"] == "drop"]
+    assert [(e["cluster"], e["reason"]) for e in drops] == \
+        [("a", "joined again while its session was live (a restarted process replaces it)")]
+
+
+def test_a_shard_registering_again_while_alive_is_logged_lost_by_name(tmp_path):
+    with running_ps(tmp_path, missed_beats=50) as (master, servers, address):
+        servers[1]._register()
+        assert master.shards[1].alive
+    log = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [(e["shard"], e["reason"]) for e in log if e["event"] == "shard_lost"] == \
+        [(1, "registered again while alive (a restarted process replaces it)")]

@@ -6,10 +6,11 @@ For every partition of the machines into k groups (k from the number of machines
 - for every micro-batch size S (a divisor of the global batch in sequences, at least one row per
   rank of the largest group): split S over each group's ranks in proportion to speed
   (costs.rows_per_rank);
-- for recompute on and off, every count k of ministages per group that cuts the layers into equal
-  chunks (the strategy format's rule: k divides the model's layers; the layers go to the groups in
-  blocks of k, in proportion to group speed, each block to the group that would finish it first),
-  and offload off/on:
+- the layers go to the groups in proportion to group speed (each layer to the group that would
+  finish it first);
+- for recompute on and off, every count k of ministages per group up to the smallest group's layers
+  (each group's layers cut into k ministages as evenly as possible, the larger ones first: the seed's
+  "evenly sized ministages"; h2.core.strategy.even_chunks, the strategy format's rule), and offload off/on:
   keep the plan if every rank fits the memory model, and the fastest by the latency model.
 When nothing fits, the error names the constraint the nearest candidate broke.
 """
@@ -24,6 +25,7 @@ from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.links import Link
 from h2.core.model_config import ModelConfig
+from h2.core.strategy import even_chunks
 from heteropp.auto.profiles import Profile
 from heteropp.auto.zorse.costs import (ChipRates, GroupShape, Latency, RankMemory, Shapes, Transfer, chip_rates,
                                        latency, proportional_counts, rank_memory, rows_per_rank, transfer)
@@ -127,9 +129,13 @@ class _Nearest:
 
 def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates: dict[str, ChipRates], *,
          ministages: int | None = None, offload: str = "auto", micro_batch_sequences: int | None = None,
-         overlap: bool = True, max_groups: int | None = None) -> PlanSearch:
-    """The fastest plan that fits (module doc); `rates` from rates_from_profiles (which sets the memory
-    each chip may use)."""
+         overlap: bool = True, max_groups: int | None = None, min_groups: int = 1,
+         lone_group_ministages: bool = True) -> PlanSearch:
+    """The fastest plan that fits (module doc) among partitions of min_groups to max_groups groups;
+    `rates` from rates_from_profiles (which sets the memory each chip may use). lone_group_ministages
+    False: a plan of one group has one ministage unless `ministages` says otherwise (the Zorse authors'
+    planner: ministages interleave a pipeline of several groups; one group of all machines with
+    ministages is ZeRO-3 with layer-wise accumulation, the seed's Cephalo baseline)."""
     started = time.perf_counter()
     if offload not in OFFLOAD_CHOICES:
         raise UserError(f"--offload: unknown choice '{offload}' (known: {', '.join(OFFLOAD_CHOICES)})")
@@ -147,7 +153,8 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
     evaluated = 0
     for partition in reversed(partitions[:len(machines)]):
         groups = group_order(cluster, [[machines[i] for i in group] for group in partition.groups])
-        if len(groups) > model.num_layers or (max_groups is not None and len(groups) > max_groups):
+        if (len(groups) > model.num_layers or len(groups) < min_groups
+                or (max_groups is not None and len(groups) > max_groups)):
             continue
         chips = [[chip for machine in group for chip in machine.chips] for group in groups]
         links = [slowest_link(cluster, group) for group in groups]
@@ -161,13 +168,14 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
                       for group_chips, link in zip(chips, links)]
             hops = [transfer(shaped[g], shaped[(g + 1) % len(shaped)], between[g], size, shapes)
                     for g in range(len(shaped))]
-            per_layer = [g.forward_s + g.backward_s for g in shaped]
-            counts = range(1, model.num_layers // len(shaped) + 1) if ministages is None else [ministages]
+            group_layers = proportional_counts([g.forward_s + g.backward_s for g in shaped], model.num_layers)
+            counts = range(1, min(group_layers) + 1) if ministages is None else [ministages]
+            if ministages is None and len(shaped) == 1 and not lone_group_ministages:
+                counts = [1]
             for k in counts:
-                if model.num_layers % k or model.num_layers // k < len(shaped):
+                if k > min(group_layers):
                     continue
-                blocks = proportional_counts([t * k for t in per_layer], model.num_layers // k)
-                chunks = [(count,) * k for count in blocks]
+                chunks = [even_chunks(layers, k) for layers in group_layers]
                 for off in offloads:
                     evaluated += 1
                     memory = [tuple(rank_memory(group, r, chunks[g], sequences // size, off, g == 0,

@@ -78,7 +78,7 @@ def from_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, 
     hops = [transfer(shaped[g], shaped[(g + 1) % count],
                      link_across(cluster, groups[g], groups[(g + 1) % count]) if count > 1 else shaped[g].link,
                      sequences, shapes) for g in range(count)]
-    chunks = [(stage.layers // strategy.ministages,) * strategy.ministages for stage in strategy.stages]
+    chunks = [tuple(strategy.chunk_sizes(index)) for index in range(count)]
     offload = bool(strategy.offload)
     memory = [tuple(rank_memory(group, r, chunks[g], strategy.micro_batches, offload, g == 0, g == count - 1, shapes)
                     for r in range(group.size)) for g, group in enumerate(shaped)]
