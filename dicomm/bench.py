@@ -25,6 +25,7 @@ LATENCY_ITERATIONS = 2000
 QUICK_ITERATIONS = 50
 BYTES_BUDGET_PER_SIZE = 2 << 30  # large sizes run fewer round trips (at least MIN_ITERATIONS)
 MIN_ITERATIONS = 20
+TCP_OVER_GLOO_TARGET = 1.2  # issue 17: tcp at least 1.2x gloo's bandwidth at 1, 16 and 64 MiB
 
 
 def iterations_for(size: int, quick: bool) -> int:
@@ -166,8 +167,8 @@ def check_targets(rows: list[dict]) -> list[str]:
     if tcp_sizes:
         worst = min(tcp_sizes, key=lambda s: by[("tcp", s)]["bandwidth_GBps"] / by[("gloo", s)]["bandwidth_GBps"])
         ratio = by[("tcp", worst)]["bandwidth_GBps"] / by[("gloo", worst)]["bandwidth_GBps"]
-        lines.append(f"{'PASS' if ratio >= 1 else 'FAIL'} tcp bandwidth / gloo at every size: worst {ratio:.2f} "
-                     f"at {human(worst)} (target >= 1)")
+        lines.append(f"{'PASS' if ratio >= TCP_OVER_GLOO_TARGET else 'FAIL'} tcp bandwidth / gloo at every size: "
+                     f"worst {ratio:.2f} at {human(worst)} (target >= {TCP_OVER_GLOO_TARGET})")
     return lines
 
 

@@ -131,7 +131,8 @@ def main(argv: list[str]) -> int:
     what = "dist.send/recv" if args.torch else "Endpoint"
     env = {"DIPU_HOST_PROFILE": args.profile, "OMP_NUM_THREADS": "1"}
     rows = run_ranks(worker, 2, (args.device, sizes, args.quick, args.torch), env=env, timeout=1800)[0]
-    title = (f"{what}: {args.device} tensors (emulated chip: host vendor, profile '{args.profile}') between two "
-             "processes; one-way latency = half the median round trip")
+    title = (f"{what}: {args.device} tensors (emulated chip: host vendor, profile '{args.profile}', whose emulated "
+             "host link sets what each host<->device and peer copy costs: docs/dipu.md) between two processes; "
+             "one-way latency = half the median round trip; every number below depends on the emulation")
     report(rows, format_table(rows, title), check_targets(rows, what), args.json)
     return 0

@@ -1,6 +1,8 @@
 """Emulation profiles of the host vendor: chosen by name or YAML path, validated on load, and
 their speed really paces the device's kernels."""
 
+import pytest
+
 
 def test_a_yaml_profile_path_sets_count_capacity_and_access(tmp_path, python_in_subprocess):
     profile = tmp_path / "tiny_chip.yaml"
@@ -14,9 +16,13 @@ def test_a_yaml_profile_path_sets_count_capacity_and_access(tmp_path, python_in_
     assert result.stdout.strip() == "3 host-emulated (tiny_chip) 67108864 False (67108864, 67108864)"
 
 
-def test_a_malformed_profile_is_reported_with_file_and_field(tmp_path, python_in_subprocess):
+@pytest.mark.parametrize("text, why", [
+    ("memory_capacity: lots\n", "field memory_capacity: expected a size like 512MiB or 16GiB, got 'lots'"),
+    ("host_link_latency_us: 5\n", "field host_link_latency_us: needs host_link_gbps (the link's bandwidth)"),
+])
+def test_a_malformed_profile_is_reported_with_file_and_field(tmp_path, python_in_subprocess, text, why):
     profile = tmp_path / "broken.yaml"
-    profile.write_text("name: broken\nmemory_capacity: lots\n")
+    profile.write_text("name: broken\n" + text)
     result = python_in_subprocess("""
         import torch, ditorch.dipu
         try:
@@ -25,8 +31,7 @@ def test_a_malformed_profile_is_reported_with_file_and_field(tmp_path, python_in
             print(str(error).splitlines()[0])
     """, DIPU_HOST_PROFILE=str(profile))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == (f"DIPU vendor host failed to start: {profile}: field memory_capacity: "
-                                     "expected a size like 512MiB or 16GiB, got 'lots'")
+    assert result.stdout.strip() == f"DIPU vendor host failed to start: {profile}: {why}"
 
 
 def test_relative_speed_paces_device_kernels(tmp_path, python_in_subprocess):

@@ -127,6 +127,7 @@ size_t Request::wait(double timeout_s) {
   if (isPending() && progress_ && progress_->activeWaitWindow().count() > 0) {
     activeWait(std::min(until, Clock::now() + progress_->activeWaitWindow()));
   }
+  if (isPending() && progress_) progress_->blockingWait(*this, until);
   if (isPending()) passiveWait(until);
   const uint32_t s = state_.load(std::memory_order_acquire);
   if (s == kDone) return bytes_;

@@ -25,7 +25,10 @@ class WaitTimeout : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A transport whose progress the waiting thread may drive itself (shm polls rings).
+class Request;
+
+// A transport whose progress the waiting thread may drive itself (shm polls rings; tcp reads the
+// socket in the waiting thread).
 class Progress {
  public:
   virtual ~Progress() = default;
@@ -36,6 +39,13 @@ class Progress {
   // How long a waiter polls before it sleeps (0: it sleeps at once and the transport's own
   // thread completes the request).
   virtual std::chrono::nanoseconds activeWaitWindow() const { return std::chrono::milliseconds(5); }
+  // Blocks the waiting thread inside the transport, doing the transport's work for `request`
+  // itself, until it finishes or `until` passes (returns earlier when another thread already does
+  // this work: the caller then sleeps until the transport completes the request).
+  virtual void blockingWait(const Request& request, Clock::time_point until) {
+    (void)request;
+    (void)until;
+  }
 };
 
 enum class Direction : uint8_t { Send, Recv };

@@ -1,5 +1,6 @@
 #include "tcp/tcp_connection.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -9,6 +10,26 @@
 #include <cstring>
 
 namespace dicomm {
+namespace {
+
+constexpr auto kWaiterPollSlice = std::chrono::milliseconds(100);  // re-checks the deadline this often
+
+// What a receive on a tcp connection offers its waiting thread: read the socket itself. No
+// spinning: the thread sleeps in poll(2) on the socket.
+class TcpWaiterRead : public Progress {
+ public:
+  explicit TcpWaiterRead(std::weak_ptr<TcpConnection> connection) : connection_(std::move(connection)) {}
+  bool poll() override { return false; }
+  std::chrono::nanoseconds activeWaitWindow() const override { return std::chrono::nanoseconds(0); }
+  void blockingWait(const Request& request, Clock::time_point until) override {
+    if (auto connection = connection_.lock()) connection->readWhileWaiting(request, until);
+  }
+
+ private:
+  std::weak_ptr<TcpConnection> connection_;
+};
+
+}  // namespace
 
 TcpConnection::TcpConnection(int peer, Socket socket, int epoll_fd, const Options& options)
     : QueuedConnection(peer, options),
@@ -32,7 +53,32 @@ void TcpConnection::postSend(const RequestPtr& send) {
 
 void TcpConnection::postRecv(const RequestPtr& recv) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!waiter_progress_) waiter_progress_ = std::make_shared<TcpWaiterRead>(weak_from_this());
+  recv->setProgress(waiter_progress_);
   if (!finishIfClosed(recv)) inbox_.post(recv);
+}
+
+void TcpConnection::readWhileWaiting(const Request& request, Clock::time_point until) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || waiter_reads_ || !request.isPending()) return;
+    waiter_reads_ = true;
+    watchLocked();
+    readAvailableLocked();  // what arrived before the epoll thread let go
+  }
+  while (request.isPending()) {
+    const auto now = Clock::now();
+    if (now >= until) break;
+    const auto slice = std::min<Clock::duration>(until - now, kWaiterPollSlice);
+    pollfd watched{socket_.fd(), POLLIN | POLLRDHUP, 0};
+    ::poll(&watched, 1, int(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) break;
+    readAvailableLocked();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  waiter_reads_ = false;
+  watchLocked();
 }
 
 bool TcpConnection::writeFrontLocked() {
@@ -102,10 +148,15 @@ void TcpConnection::flushLocked() {
 }
 
 void TcpConnection::setWantWriteLocked(bool want) {
-  if (want == want_write_ || closed_) return;
+  if (want == want_write_) return;
   want_write_ = want;
+  watchLocked();
+}
+
+void TcpConnection::watchLocked() {
+  if (closed_) return;
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | (want ? uint32_t(EPOLLOUT) : 0u);
+  ev.events = (waiter_reads_ ? 0u : uint32_t(EPOLLIN | EPOLLRDHUP)) | (want_write_ ? uint32_t(EPOLLOUT) : 0u);
   ev.data.ptr = this;
   epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, socket_.fd(), &ev);
 }
@@ -117,7 +168,10 @@ void TcpConnection::onWritable() {
 
 void TcpConnection::onReadable() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) return;
+  if (!closed_ && !waiter_reads_) readAvailableLocked();
+}
+
+void TcpConnection::readAvailableLocked() {
   try {
     while (true) {
       auto [where, size] = reader_.target();

@@ -1,8 +1,12 @@
 // One peer over a TCP socket: messages leave as Data frames of at most tcp_chunk_bytes, written
 // with writev straight from the user's buffer; arriving payloads are read straight into the
-// matched receive buffer. All socket I/O is non-blocking; the transport's epoll thread drives it.
+// matched receive buffer. All socket I/O is non-blocking. The transport's epoll thread drives it,
+// except while a thread waits for one of its receives: that thread then reads the socket itself
+// (the epoll thread stops watching it for input), so arriving bytes wake only the thread that
+// wants them instead of the epoll thread and then, through the request, the waiter.
 #pragma once
 
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -22,7 +26,7 @@ struct TcpOutgoing {
   bool started = false;
 };
 
-class TcpConnection : public QueuedConnection<TcpOutgoing> {
+class TcpConnection : public QueuedConnection<TcpOutgoing>, public std::enable_shared_from_this<TcpConnection> {
  public:
   TcpConnection(int peer, Socket socket, int epoll_fd, const Options& options);
   ~TcpConnection() override;
@@ -35,12 +39,17 @@ class TcpConnection : public QueuedConnection<TcpOutgoing> {
   void onWritable();
   void expire(Clock::time_point now);
   void closeWithError(const std::string& why);
+  // The waiting thread reads the socket until `request` finishes or `until` passes; returns at
+  // once when another thread already reads it in this way or the connection closed.
+  void readWhileWaiting(const Request& request, Clock::time_point until);
 
  private:
   // Writes as much as the socket takes; arms EPOLLOUT when it cannot take everything.
   void flushLocked();
   bool writeFrontLocked();  // true when the front message left completely
   void setWantWriteLocked(bool want);
+  void watchLocked();  // tells epoll what the epoll thread handles now
+  void readAvailableLocked();
   void setReadThresholdLocked();
   void closeLocked(const std::string& why);
   std::string describe() const;
@@ -52,6 +61,8 @@ class TcpConnection : public QueuedConnection<TcpOutgoing> {
   std::mutex mu_;
   FrameStreamReader reader_;
   bool want_write_ = false;
+  bool waiter_reads_ = false;  // a waiting thread reads the socket; the epoll thread leaves input alone
+  std::shared_ptr<Progress> waiter_progress_;
   int read_threshold_ = 1;
 };
 

@@ -89,6 +89,10 @@ std::set<std::string> parse_list(const std::string& path, const std::string& key
   return items;
 }
 
+bool latency_without_bandwidth(const Profile& profile) {
+  return profile.host_link_latency_us > 0 && profile.host_link_gbps == 0;
+}
+
 }  // namespace
 
 Profile parse_profile_file(const std::string& path) {
@@ -117,9 +121,20 @@ Profile parse_profile_file(const std::string& path) {
       if (profile.round_output_mantissa_bits < 1 || profile.round_output_mantissa_bits > 52) {
         throw std::runtime_error(path + ": field round_output_mantissa_bits: must be in [1, 52]");
       }
+    } else if (key == "host_link_gbps") {
+      profile.host_link_gbps = parse_number(path, key, value);
+      if (profile.host_link_gbps <= 0) throw std::runtime_error(path + ": field host_link_gbps: must be above 0");
+    } else if (key == "host_link_latency_us") {
+      profile.host_link_latency_us = parse_number(path, key, value);
+      if (profile.host_link_latency_us < 0) {
+        throw std::runtime_error(path + ": field host_link_latency_us: must not be negative");
+      }
     } else {
       throw std::runtime_error(path + ": unknown field '" + key + "'");
     }
+  }
+  if (latency_without_bandwidth(profile)) {
+    throw std::runtime_error(path + ": field host_link_latency_us: needs host_link_gbps (the link's bandwidth)");
   }
   return profile;
 }

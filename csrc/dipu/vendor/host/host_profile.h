@@ -19,6 +19,12 @@ struct Profile {
   // DIOPI functions whose floating-point outputs are rounded to round_output_mantissa_bits.
   std::set<std::string> round_output_ops;
   int32_t round_output_mantissa_bits = 23;
+  // The emulated link between host memory and this chip's memory (PCIe on a discrete card): a copy
+  // across it (host<->device, or device<->device with another process's memory opened through a
+  // handle) costs host_link_latency_us plus bytes / host_link_gbps. 0 GB/s: no link is emulated and
+  // a copy costs what the host's memmove costs.
+  double host_link_gbps = 0;
+  double host_link_latency_us = 0;
 };
 
 // Reads the profile that DIPU_HOST_PROFILE names; throws std::runtime_error with a one-line

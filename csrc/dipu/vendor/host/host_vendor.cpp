@@ -23,6 +23,7 @@
 #include "device_memory.h"
 #include "host_device.h"
 #include "host_ipc.h"
+#include "host_link.h"
 
 struct dipuStream_st {
   int32_t device;
@@ -49,6 +50,7 @@ std::string library_directory() {
 
 struct DeviceState {
   Profile profile;
+  HostLink link{Profile{}};
   std::string error;  // non-empty when the profile could not be loaded
 };
 
@@ -57,6 +59,7 @@ const DeviceState& state() {
     DeviceState s;
     try {
       s.profile = load_profile_from_environment(library_directory() + "/host_profiles");
+      s.link = HostLink(s.profile);
       DeviceMemory::instance().configure(s.profile.device_count, s.profile.memory_capacity,
                                          s.profile.host_accessible);
     } catch (const std::exception& e) {
@@ -308,11 +311,29 @@ dipuError_t dipuMemset(void* device_ptr, int32_t value, size_t size) {
 namespace dipu::host {
 namespace {
 
-dipuError_t copy_now(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind) {
+// Host<->device copies cross the host link; so does a device<->device copy between two devices
+// (another process's memory opened through a handle counts as another device: a peer copy).
+bool crosses_link(const void* dst, const void* src, dipuMemcpyKind_t kind) {
+  if (kind != dipuMemcpyDeviceToDevice) return true;
+  auto& memory = DeviceMemory::instance();
+  return memory.device_of(dst) != memory.device_of(src);
+}
+
+dipuError_t copy_now(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind, bool synchronous) {
   if (size == 0) return dipuSuccess;
   count_copy(kind);
+  const auto start = std::chrono::steady_clock::now();
+  const bool over_link = state().link.emulated() && crosses_link(dst, src, kind);
   if (auto error = resolve_copy(dst, src, size, kind)) return error;
   std::memmove(dst, src, size);
+  if (!over_link) return dipuSuccess;
+  if (synchronous) {
+    state().link.finish_copy(start, size);
+  } else {
+    Timeline& line = timeline(current_device);
+    std::lock_guard lock(line.mutex);
+    line.idle_at = std::max(line.idle_at, start) + state().link.cost(size);
+  }
   return dipuSuccess;
 }
 
@@ -320,14 +341,16 @@ dipuError_t copy_now(void* dst, const void* src, size_t size, dipuMemcpyKind_t k
 }  // namespace dipu::host
 
 // A synchronous copy to host memory returns when the device has produced what it reads: the host
-// waits for the emulated timeline. Other copies are queued behind the device's work and cost it nothing.
+// waits for the emulated timeline. Other copies are not ordered behind the device's work. Where the
+// profile declares a host link, a synchronous copy across it returns when the link would have moved
+// the bytes, and an asynchronous one occupies the device's timeline for that long (host_link.h).
 dipuError_t dipuMemcpy(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind) {
   if (kind == dipuMemcpyDeviceToHost) dipu::host::wait_for_device();
-  return dipu::host::copy_now(dst, src, size, kind);
+  return dipu::host::copy_now(dst, src, size, kind, /*synchronous=*/true);
 }
 
 dipuError_t dipuMemcpyAsync(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind, dipuStream_t) {
-  return dipu::host::copy_now(dst, src, size, kind);
+  return dipu::host::copy_now(dst, src, size, kind, /*synchronous=*/false);
 }
 
 dipuError_t dipuStreamCreate(dipuStream_t* stream) {
