@@ -59,6 +59,7 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     from h2.core.devices import resolve_device
     from h2.core.stage_orders import run_schedule
     from h2.core.strategy import load_strategy
+    from h2.train.memory_check import check_pipeline_fits
     from h2.train.pipeline import pipeline_start
     from heteropp.groups import check_p2p_backend, check_stage_backend
     from heteropp.ministages import runs_ministages
@@ -74,7 +75,7 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     config = flags.build(TrainConfig, values)
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
-    cluster = None
+    cluster, warning = None, None
     if run.cluster:
         from h2.cli.cluster_job import check_job, host_warning
         from heteropp.auto.jeeves_plan import with_schedule_orders
@@ -85,8 +86,9 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
         if generated:
             print(f"h2: {generated}", flush=True)
         warning = host_warning(strategy, cluster)
-        if warning:
-            print(f"h2: warning: {warning}", file=sys.stderr, flush=True)
+    check_pipeline_fits(strategy, config, cluster)
+    if warning:
+        print(f"h2: warning: {warning}", file=sys.stderr, flush=True)
     run_schedule(strategy, options.schedule, run.strategy)  # jeeves needs orders: generated above or the strategy's
     for stage in strategy.stages:
         device_type = resolve_device(stage.device or config.device).type
