@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -102,13 +103,13 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
     pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
                    source=run.strategy)  # refuses what the ranks would, before any starts
-    handle, job_path = tempfile.mkstemp(prefix="h2-job-", suffix=".yaml")
-    os.close(handle)
+    job_folder = tempfile.mkdtemp(prefix="h2-job-")  # the job file and torchrun's logs
+    job_path = os.path.join(job_folder, "job.yaml")
     try:
         flags.write_values(job_path, {**values, "strategy": run.strategy, "out": out})
         return launch(strategy, cluster, job_path, run.strategy, hosts, max_restarts=run.max_restarts or 0)
     finally:
-        os.remove(job_path)
+        shutil.rmtree(job_folder, ignore_errors=True)
 
 
 def _train(args: argparse.Namespace) -> int:
