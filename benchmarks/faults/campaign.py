@@ -137,6 +137,16 @@ def _check_state(out: str) -> int:
     return newest
 
 
+def _check_final_run(out: str, steps: int) -> None:
+    """The run that followed the faults logged every step once and left no temporary."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        logged = [record["step"] for record in read_metrics(os.path.join(out, "metrics.jsonl"))]
+    if logged != list(range(1, steps + 1)):
+        raise Lost(f"final loss history {logged}")
+    if _temporaries(out):
+        raise Lost(f"temporaries left: {_temporaries(out)}")
+
+
 def kill_case(rng: random.Random, workdir: str, timeout_s: float) -> None:
     out = os.path.join(workdir, "run")
     context = multiprocessing.get_context("fork")
@@ -160,12 +170,7 @@ def kill_case(rng: random.Random, workdir: str, timeout_s: float) -> None:
         raise Lost(f"the final run failed (exit status {child.exitcode})")
     if _check_state(out) != STEPS:
         raise Lost("the final run did not end with a checkpoint of the last step")
-    with contextlib.redirect_stderr(io.StringIO()):
-        logged = [record["step"] for record in read_metrics(os.path.join(out, "metrics.jsonl"))]
-    if logged != list(range(1, STEPS + 1)):
-        raise Lost(f"final loss history {logged}")
-    if _temporaries(out):
-        raise Lost(f"temporaries left: {_temporaries(out)}")
+    _check_final_run(out, STEPS)
 
 
 # ---- torn: damage the newest state, then resume ----------------------------------------------------
@@ -399,12 +404,7 @@ def ranks_case(rng: random.Random, workdir: str, timeout_s: float, index: int) -
     stderr = _end(again, timeout_s, "the resumed job")
     if again.returncode != 0:
         raise Lost(f"the resumed job failed (status {again.returncode}): {stderr.strip()[-300:]}")
-    with contextlib.redirect_stderr(io.StringIO()):
-        logged = [record["step"] for record in read_metrics(os.path.join(out, "metrics.jsonl"))]
-    if logged != list(range(1, RANK_STEPS + 1)):
-        raise Lost(f"final loss history {logged}")
-    if _temporaries(out):
-        raise Lost(f"temporaries left: {_temporaries(out)}")
+    _check_final_run(out, RANK_STEPS)
     _check_no_leaks(pids, tmpdir)
 
 
