@@ -15,6 +15,21 @@ Families of cases (each case is tried, then judged survived or lost):
           anything but exit status 2 with one line on stderr.
 - frame:  random and mutated DiComm frame headers through the frame decoder; lost on anything but
           a decoded header or a FrameError.
+- ranks:  a two-rank pipeline job (`h2 train --strategy`, tiny model, DiComm between the stages,
+          checkpoint every step) whose rank 0 or 1 is SIGKILLed or SIGSTOPped at a random moment of
+          its steps; lost when the job does not end within --rank-timeout plus a grace period (a
+          hang), its error does not name the rank, a process or a `/dev/shm` segment of the job is
+          left, the loss history is shorter than the newest checkpoint, or the resumed job does not
+          end with every step logged once and no temporary left.
+- dicomm: DiComm ranks against a peer that dies mid-message, a peer that stops (SIGSTOP), a peer
+          with another job's token, 20-60 idle, slow and garbage connections, an unposted flood, and
+          a rank killed during setup; lost on a hang past the configured timeout, an error that does
+          not name the peer, a setup slowed by a second or more, or a `/dev/shm` segment of a rank
+          left behind.
+
+Every case runs its processes with TMPDIR set to a folder of its own; anything left there after the
+case (a launcher's job file, torchrun's folders) counts as a leaked temporary, as does a
+`*.tmp.<pid>` file left in a run folder after the run that follows a kill.
 
 `--mode quick` (CI, through tests/test_fault_campaign.py) tries a few cases of each family; `--mode
 full` tries at least 500. Prints one line per family and the totals: tried, survived, lost; exit
@@ -40,6 +55,9 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import glob  # noqa: E402
+import subprocess  # noqa: E402
+
 import torch  # noqa: E402  (after the thread setting)
 
 from h2.core.errors import UserError  # noqa: E402
@@ -49,9 +67,12 @@ from h2.train import TrainConfig, Trainer  # noqa: E402
 from h2.train.checkpoint import CheckpointDir  # noqa: E402
 from h2.train.metrics import read_metrics  # noqa: E402
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [os.path.join(REPO_ROOT, "tests", "dicomm"), os.path.join(REPO_ROOT, "tests", "heteropp")]
+
 STEPS = 4
-CASES = {"quick": {"kill": 4, "torn": 4, "cli": 12, "frame": 40},
-         "full": {"kill": 60, "torn": 60, "cli": 40, "frame": 360}}
+CASES = {"quick": {"kill": 3, "torn": 4, "cli": 12, "frame": 40, "ranks": 1, "dicomm": 6},
+         "full": {"kill": 60, "torn": 60, "cli": 40, "frame": 360, "ranks": 12, "dicomm": 36}}
 
 
 class Lost(Exception):
@@ -116,6 +137,16 @@ def _check_state(out: str) -> int:
     return newest
 
 
+def _check_final_run(out: str, steps: int) -> None:
+    """The run that followed the faults logged every step once and left no temporary."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        logged = [record["step"] for record in read_metrics(os.path.join(out, "metrics.jsonl"))]
+    if logged != list(range(1, steps + 1)):
+        raise Lost(f"final loss history {logged}")
+    if _temporaries(out):
+        raise Lost(f"temporaries left: {_temporaries(out)}")
+
+
 def kill_case(rng: random.Random, workdir: str, timeout_s: float) -> None:
     out = os.path.join(workdir, "run")
     context = multiprocessing.get_context("fork")
@@ -139,12 +170,7 @@ def kill_case(rng: random.Random, workdir: str, timeout_s: float) -> None:
         raise Lost(f"the final run failed (exit status {child.exitcode})")
     if _check_state(out) != STEPS:
         raise Lost("the final run did not end with a checkpoint of the last step")
-    with contextlib.redirect_stderr(io.StringIO()):
-        logged = [record["step"] for record in read_metrics(os.path.join(out, "metrics.jsonl"))]
-    if logged != list(range(1, STEPS + 1)):
-        raise Lost(f"final loss history {logged}")
-    if _temporaries(out):
-        raise Lost(f"temporaries left: {_temporaries(out)}")
+    _check_final_run(out, STEPS)
 
 
 # ---- torn: damage the newest state, then resume ----------------------------------------------------
@@ -271,6 +297,241 @@ def frame_case(rng: random.Random) -> None:
         raise Lost(f"frame decoder raised {type(error).__name__}: {error}") from None
 
 
+# ---- leaks: what a case's processes left behind ---------------------------------------------------
+def _segments_of(pids) -> list[str]:
+    """The DiComm shared-memory segments (/dev/shm/dicomm-<pid>-...) of `pids`."""
+    return sorted(path for pid in pids for path in glob.glob(f"/dev/shm/dicomm-{pid}-*"))
+
+
+def _case_tmpdir(workdir: str) -> str:
+    """The TMPDIR a case's processes run with: whatever they leave there is the case's own."""
+    folder = os.path.join(workdir, "tmp")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def _check_no_leaks(pids, tmpdir: str) -> None:
+    segments = _segments_of(pids)
+    if segments:
+        raise Lost(f"/dev/shm segments left: {segments}")
+    left = [name for name in os.listdir(tmpdir) if not name.startswith("torchinductor_")]  # torch's compile cache
+    if left:
+        raise Lost(f"temporaries left in TMPDIR: {left}")
+
+
+# ---- ranks: kill or stop a rank of a two-rank pipeline job, then resume ------------------------------
+PP2 = os.path.join(REPO_ROOT, "configs", "strategies", "local-tiny-pp2.yaml")
+RANK_STEPS = 6
+RANK_TIMEOUT_S = 5.0
+# After a rank is lost the other must end within --rank-timeout; torchrun then stops the job's
+# processes (SIGTERM, SIGKILL after its own grace period), which on a busy 2-core host takes a while.
+END_GRACE_S = 60.0
+
+
+def _pipeline_job(out: str, tmpdir: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "h2", "train", "--strategy", PP2, "--steps", str(RANK_STEPS),
+                             "--checkpoint-every", "1", "--keep-checkpoints", "2", "--p2p-backend", "dicomm",
+                             "--rank-timeout", str(RANK_TIMEOUT_S), "--out", out, *extra],
+                            cwd=REPO_ROOT, env={**os.environ, "TMPDIR": tmpdir}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _end(job: subprocess.Popen, within_s: float, what: str) -> str:
+    """The job's stderr once it ended within `within_s`; a hang is killed and counted lost."""
+    try:
+        return job.communicate(timeout=within_s)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        raise Lost(f"{what} did not end within {within_s:.0f} s (a hang)") from None
+
+
+def _logged_steps(out: str) -> int:
+    try:
+        with open(os.path.join(out, "metrics.jsonl"), "rb") as handle:
+            return handle.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _wait_for_ranks(job: subprocess.Popen, out: str, step: int, timeout_s: float) -> dict[int, int]:
+    """RANK -> pid once `step` steps are logged."""
+    from test_heteropp_rank_loss import rank_pids
+
+    deadline = time.monotonic() + timeout_s
+    while _logged_steps(out) < step or len(ranks := rank_pids(job.pid)) < 2:
+        if job.poll() is not None:
+            raise Lost(f"the job ended (status {job.returncode}) before step {step}: {job.communicate()[1][-300:]}")
+        if time.monotonic() > deadline:
+            raise Lost(f"the job did not log step {step} within {timeout_s:.0f} s")
+        time.sleep(0.02)
+    return ranks
+
+
+def ranks_case(rng: random.Random, workdir: str, timeout_s: float, index: int) -> None:
+    from test_heteropp_rank_loss import alive, descendants
+
+    out, tmpdir = os.path.join(workdir, "run"), _case_tmpdir(workdir)
+    how = ("SIGKILL", "SIGSTOP")[index % 2]
+    victim = rng.randrange(2)
+    job = _pipeline_job(out, tmpdir)
+    try:
+        ranks = _wait_for_ranks(job, out, rng.randint(1, RANK_STEPS - 2), timeout_s)
+        time.sleep(rng.uniform(0.0, 0.3))  # inside a step or a checkpoint write
+        pids = [job.pid, *descendants(job.pid)]
+        os.kill(ranks[victim], getattr(signal, how))
+        stderr = _end(job, RANK_TIMEOUT_S + END_GRACE_S, f"the job after a {how} of rank {victim}")
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    if job.returncode == 0:  # the victim had finished its last step already
+        if _logged_steps(out) != RANK_STEPS:
+            raise Lost(f"the job exited 0 after a {how} of rank {victim} without logging every step")
+    else:
+        why = "died" if how == "SIGKILL" else "stopped responding"
+        if f"rank {victim} (stage {victim}, chip" not in stderr or why not in stderr:
+            raise Lost(f"a {how} of rank {victim} was not reported naming it ({why}): {stderr.strip()[-300:]}")
+    deadline = time.monotonic() + 10
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if [pid for pid in pids if alive(pid)]:
+        raise Lost(f"processes of the job left running: {[pid for pid in pids if alive(pid)]}")
+    _check_no_leaks(pids, tmpdir)
+    _check_state(out)
+    resume = bool(CheckpointDir(out).complete_steps())
+    again = _pipeline_job(out, tmpdir, "--resume" if resume else "--overwrite")
+    stderr = _end(again, timeout_s, "the resumed job")
+    if again.returncode != 0:
+        raise Lost(f"the resumed job failed (status {again.returncode}): {stderr.strip()[-300:]}")
+    _check_final_run(out, RANK_STEPS)
+    _check_no_leaks(pids, tmpdir)
+
+
+# ---- dicomm: dead, stopped, foreign and hostile peers -------------------------------------------------
+DICOMM_CASES = ("peer_killed", "silent_peer", "wrong_token", "strangers", "flood", "setup_killed")
+
+
+def _dicomm_peer_killed(rng, store_dir, pids):
+    from scenarios import start
+
+    with start("peer_killed", transport=rng.choice(["tcp", "shm"]), store_dir=store_dir) as job:
+        pids += [job.pid(0), job.pid(1)]
+        (survivor,) = job.results(ranks=[1], timeout=60)
+    # The message may have arrived whole before its sender died (shm writes into the receiver's
+    # memory); otherwise the receive must fail naming the dead peer, within seconds.
+    if (survivor["error"] and "rank 0" not in survivor["error"]) or survivor["seconds"] >= 5:
+        raise Lost(f"a peer killed mid-message: {survivor}")
+
+
+def _dicomm_silent_peer(rng, store_dir, pids):
+    from scenarios import start
+
+    with start("silent_peer", transport=rng.choice(["tcp", "shm"]), store_dir=store_dir,
+               request_timeout=1.0) as job:  # the end of the block kills the stopped rank 0
+        pids += [job.pid(0), job.pid(1)]
+        (outcome,) = job.results(ranks=[1], timeout=60)
+    if "timed out" not in outcome["recv"] or "timed out" not in outcome["large_send"] or outcome["seconds"] >= 4:
+        raise Lost(f"a stopped peer (1 s request timeout): {outcome}")
+
+
+def _dicomm_wrong_token(rng, store_dir, pids):
+    from scenarios import start
+
+    with start("token", transport="tcp", store_dir=store_dir, tokens=["job-a", "job-b"], connect_timeout=60) as job:
+        pids += [job.pid(0), job.pid(1)]
+        ours, foreign = job.results(timeout=60)
+    if not ours["error"].startswith("rank 1 gave up connecting to rank 0: ") or ours["seconds"] >= 5:
+        raise Lost(f"the listener of a peer with another job's token (60 s connect timeout): {ours}")
+    if "job token mismatch" not in foreign["error"]:
+        raise Lost(f"the peer with another job's token: {foreign}")
+
+
+def _dicomm_strangers(rng, store_dir, pids):
+    from scenarios import start
+    from test_faults import read_descriptor
+    from test_listener import strangers
+
+    with start("echo", ranks=[0], store_dir=store_dir, token="t") as listener:
+        pids.append(listener.pid(0))
+        opened = strangers(*read_descriptor(store_dir, 0), rng.randint(0, 30), rng.randint(0, 20), rng.randint(0, 10))
+        try:
+            with start("echo", ranks=[1], store_dir=store_dir, token="t") as talker:
+                pids.append(talker.pid(1))
+                (talked,) = talker.results(timeout=60)
+                (listened,) = listener.results(timeout=60)
+        finally:
+            for connection in opened:
+                connection.close()
+    if listened["data"] != "hello" or talked["setup_s"] >= 1.0:
+        raise Lost(f"{len(opened)} strangers: setup took {talked['setup_s']:.2f} s, received {listened}")
+
+
+def _dicomm_flood(rng, store_dir, pids):
+    from dicomm import _dicomm_core as core
+    from scenarios import start
+    from test_faults import impersonate_rank_1
+
+    budget, piece = 1 << 20, 256 << 10
+    tag = rng.randrange(1 << 20)
+    with start("echo", ranks=[0], store_dir=store_dir, token="t", request_timeout=30,
+               env={"DICOMM_UNEXPECTED_BYTES": str(budget)}) as victim:
+        pids.append(victim.pid(0))
+        connection = impersonate_rank_1(store_dir, "t")
+        try:
+            for seq in range(4 * budget // piece):
+                frame = core.encode_frame_header("Data", tag=tag, seq=seq, total_bytes=piece, payload_bytes=piece)
+                connection.sendall(frame + b"z" * piece)
+        except OSError:
+            pass  # the victim closed the connection at its budget
+        (result,) = victim.results(timeout=60)
+        connection.close()
+    if "rank 1" not in result["error"] or f"tag {tag}" not in result["error"] or "budget" not in result["error"]:
+        raise Lost(f"an unposted flood of 4x the budget: {result}")
+
+
+def _dicomm_setup_killed(rng, store_dir, pids):
+    from scenarios import start
+
+    connect_timeout = 5.0
+    with start("token", ranks=[0], transport="shm", store_dir=store_dir, tokens=["t", "t"],
+               connect_timeout=connect_timeout) as waiting:
+        pids.append(waiting.pid(0))
+        with start("token", ranks=[1], transport="shm", store_dir=store_dir, tokens=["t", "t"],
+                   connect_timeout=connect_timeout) as killed:
+            pids.append(killed.pid(1))
+            time.sleep(rng.uniform(0.0, 1.5))  # start-up, setup or the barrier after it
+            killed.kill(1)
+            killed.wait(1, timeout=30)
+        try:
+            waiting.wait(0, timeout=connect_timeout + 30)
+        except Exception as error:  # noqa: BLE001 - RankFailure: rank 0 did not end
+            raise Lost(f"rank 0 after its peer was killed during setup: {error}") from None
+
+
+def dicomm_case(rng: random.Random, workdir: str, timeout_s: float, index: int) -> None:
+    kind = DICOMM_CASES[index % len(DICOMM_CASES)]
+    store_dir, pids = os.path.join(workdir, "store"), []
+    os.makedirs(store_dir)
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = tmpdir = _case_tmpdir(workdir)   # the ranks' environment
+    try:
+        globals()[f"_dicomm_{kind}"](rng, store_dir, pids)
+    except Lost as lost:
+        raise Lost(f"{kind}: {lost}") from None
+    except Exception as error:  # noqa: BLE001 - a rank failed in a way the case did not expect
+        raise Lost(f"{kind}: {type(error).__name__}: {str(error)[-400:]}") from None
+    finally:
+        if previous is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous
+    try:
+        _check_no_leaks(pids, tmpdir)
+    except Lost as lost:
+        raise Lost(f"{kind}: {lost}") from None
+
+
 # ---- the campaign --------------------------------------------------------------------------------
 def run(mode: str, seed: int, timeout_s: float, show=print) -> dict[str, dict[str, int]]:
     rng = random.Random(seed)
@@ -287,6 +548,10 @@ def run(mode: str, seed: int, timeout_s: float, show=print) -> dict[str, dict[st
                     torn_case(rng, workdir, timeout_s)
                 elif family == "cli":
                     cli_case(BAD_CLI[index % len(BAD_CLI)] if mode == "full" else rng.choice(BAD_CLI), workdir)
+                elif family == "ranks":
+                    ranks_case(rng, workdir, timeout_s, index)
+                elif family == "dicomm":
+                    dicomm_case(rng, workdir, timeout_s, index)
                 else:
                     frame_case(rng)
                 tally["survived"] += 1

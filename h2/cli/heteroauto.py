@@ -59,8 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     def problem(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--cluster", required=True, help="cluster YAML (chip types, counts, links, training)")
         sub.add_argument("--model", help="model preset or YAML (default: the cluster file's `model`)")
-        sub.add_argument("--gbs-tokens", help="global batch in tokens, K/M suffixes (binary): 4M = 4 * 2^20")
-        sub.add_argument("--gbs-sequences", help="global batch in sequences")
+        global_batch = sub.add_mutually_exclusive_group()
+        global_batch.add_argument("--gbs-tokens", help="global batch in tokens, K/M suffixes (binary): 4M = 4 * 2^20")
+        global_batch.add_argument("--gbs-sequences", help="global batch in sequences")
         sub.add_argument("--seq-len", type=int, help="sequence length")
         sub.add_argument("--micro-batch-size", type=int, help="sequences per micro-batch")
         sub.add_argument("--alpha", type=float, help="bubble coefficient: 1 for 1F1B, 0 for zero-bubble")

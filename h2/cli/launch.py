@@ -35,9 +35,12 @@ _STOP_GRACE_S = 10.0
 
 
 def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts: int = 0) -> list[str]:
-    """torchrun restarts every rank of the job up to `max_restarts` times after one fails."""
+    """torchrun restarts every rank of the job up to `max_restarts` times after one fails. Its log
+    folder is made beside the job file (the launcher removes both; torchrun's default, a
+    `torchelastic_*` folder in TMPDIR, is never removed)."""
+    log_dir = os.path.join(os.path.dirname(job_path), "torchrun")
     return [sys.executable, "-m", "torch.distributed.run", *rendezvous, "--nproc-per-node", str(nproc),
-            "--max-restarts", str(max_restarts), "-m", "h2.cli.rank", "--config", job_path]
+            "--max-restarts", str(max_restarts), "--log-dir", log_dir, "-m", "h2.cli.rank", "--config", job_path]
 
 
 def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str,

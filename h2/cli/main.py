@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -59,6 +60,7 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     from h2.core.devices import resolve_device
     from h2.core.stage_orders import run_schedule
     from h2.core.strategy import load_strategy
+    from h2.train.memory_check import check_pipeline_fits
     from h2.train.pipeline import pipeline_start
     from heteropp.groups import check_p2p_backend, check_stage_backend
     from heteropp.ministages import runs_ministages
@@ -75,7 +77,7 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
     runs_ministages(strategy, options.schedule)
-    cluster = None
+    cluster, warning = None, None
     if run.cluster:
         from h2.cli.cluster_job import check_job, host_warning
         from heteropp.auto.jeeves_plan import with_schedule_orders
@@ -86,8 +88,9 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
         if generated:
             print(f"h2: {generated}", flush=True)
         warning = host_warning(strategy, cluster)
-        if warning:
-            print(f"h2: warning: {warning}", file=sys.stderr, flush=True)
+    check_pipeline_fits(strategy, config, cluster)
+    if warning:
+        print(f"h2: warning: {warning}", file=sys.stderr, flush=True)
     run_schedule(strategy, options.schedule, run.strategy)  # jeeves needs orders: generated above or the strategy's
     for stage in strategy.stages:
         device_type = resolve_device(stage.device or config.device).type
@@ -100,13 +103,13 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
     pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
                    source=run.strategy)  # refuses what the ranks would, before any starts
-    handle, job_path = tempfile.mkstemp(prefix="h2-job-", suffix=".yaml")
-    os.close(handle)
+    job_folder = tempfile.mkdtemp(prefix="h2-job-")  # the job file and torchrun's logs
+    job_path = os.path.join(job_folder, "job.yaml")
     try:
         flags.write_values(job_path, {**values, "strategy": run.strategy, "out": out})
         return launch(strategy, cluster, job_path, run.strategy, hosts, max_restarts=run.max_restarts or 0)
     finally:
-        os.remove(job_path)
+        shutil.rmtree(job_folder, ignore_errors=True)
 
 
 def _train(args: argparse.Namespace) -> int:

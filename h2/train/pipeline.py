@@ -20,6 +20,7 @@ import os
 import time
 
 import torch
+import torch.distributed as dist
 
 from h2.core.errors import UserError
 from h2.core.links import RankLinks
@@ -29,6 +30,7 @@ from h2.data.corpus import Corpus
 from h2.train.checkpoint import (Checkpoint, cut, json_value, load_optimizer_state_by_name, optimizer_state_by_name,
                                  piece_layout, rng_state, set_rng_state)
 from h2.train.lr_schedule import learning_rate
+from h2.train.memory_check import check_rank_fits
 from h2.train.run_state import PIPELINE, RunStart
 from heteropp.engine import PipelineEngine, train_config_for
 
@@ -77,6 +79,7 @@ class PipelineTrainer:
                                            restarted=restarted, explicit=explicit, source=source)
         checkpoint = start.checkpoint if start else None
         self.strategy = strategy
+        check_rank_fits(strategy, config, dist.get_rank(), chip_labels)
         self.engine = PipelineEngine(strategy, config, options, source=source, links=links, chip_labels=chip_labels)
         self.config = self.engine.config
         self.model_config = self.engine.model_config

@@ -225,11 +225,12 @@ def silent_peer(rank, world, store_dir, transport, args):
 
 
 def token(rank, world, store_dir, transport, args):
+    started = time.monotonic()
     try:
         ep = endpoint(rank, world, store_dir, transport, token=args["tokens"][rank],
                       connect_timeout=args["connect_timeout"])
     except dicomm.CommError as e:
-        return {"error": str(e)}
+        return {"error": str(e), "seconds": time.monotonic() - started}
     barrier(ep)
     return {"error": "", "notes": ep.notes}
 
@@ -238,7 +239,7 @@ def echo(rank, world, store_dir, transport, args):
     """rank 0 receives one message from rank 1 and reports it (or the error)."""
     started = time.perf_counter()
     ep = endpoint(rank, world, store_dir, transport, token=args.get("token"),
-                  timeout=args.get("request_timeout", 30))
+                  timeout=args.get("request_timeout", 30), connect_timeout=args.get("connect_timeout"))
     setup_s = time.perf_counter() - started
     if rank == 0:
         buffer = bytearray(args.get("capacity", 16))

@@ -42,6 +42,12 @@ def test_a_peer_presenting_another_jobs_token_is_refused():
     assert "job token mismatch" in ours["error"]
 
 
+def test_the_listener_stops_waiting_at_once_for_a_peer_refused_for_its_token_and_names_it():
+    ours, foreign = run("token", transport="tcp", tokens=["job-a", "job-b"], connect_timeout=60)
+    assert ours["error"].startswith("rank 1 gave up connecting to rank 0: ") and "job token mismatch" in ours["error"]
+    assert ours["seconds"] < 5, ours
+
+
 def read_descriptor(store_dir, rank, prefix="dicomm"):
     store = dicomm.FileStore(store_dir, timeout=30)
     fields = dict(line.split("=", 1) for line in store.get(f"{prefix}/peer/{rank}").decode().splitlines())

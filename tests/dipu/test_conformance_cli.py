@@ -175,3 +175,8 @@ def test_vendor_and_profile_problems_are_reported_in_one_line(args, message):
         assert result.returncode == 0 and message in result.stdout
     else:
         assert result.returncode == 2 and result.stderr.count("\n") == 1 and result.stderr.startswith(message)
+
+
+def test_conformance_with_no_samples_is_a_flag_error_not_a_vendor_failure():
+    result = ditorch("conformance", "--max-samples", "0")
+    assert result.returncode == 2 and last_line(result.stderr) == "ditorch: error: --max-samples must be at least 1, got 0"

@@ -39,6 +39,9 @@ def test_model_info_100b_prints_the_parameter_count(cli):
     (["train", "--micro-batch-size", "1000000000"], "lower --micro-batch-size or --seq-len"),
     (["train", "--strategy", "configs/strategies/local-cpu-dipu.yaml", "--seq-len", "100000"],
      "--seq-len 100000 differs from configs/strategies/local-cpu-dipu.yaml's seq_len"),
+    (["train", "--strategy", "configs/strategies/local-tiny-pp2.yaml", "--nproc", "0"],
+     "--nproc must be at least 1, got 0"),
+    (["train", "--strategy", "configs/strategies/local-tiny-pp2.yaml", "--steps", "0"], "'steps' out of range: 0"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(cli, tmp_path, args, message):
     if args[0] == "train" and "--out" not in args:
@@ -55,6 +58,14 @@ def test_malformed_model_yaml_names_the_file(cli, tmp_path):
     result = cli("h2", "train", "--model-config", str(bad), "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert f"{bad}: field 'hidden_size': expected an integer" in result.stderr
+
+
+def test_a_model_too_large_to_allocate_is_refused_naming_the_file_and_field(cli, tmp_path):
+    huge = tmp_path / "model.yaml"
+    huge.write_text("preset: tiny\nhidden_size: 100000000\n")
+    result = cli("h2", "train", "--model-config", str(huge), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
+    assert f"{huge}: model: field 'hidden_size' must be at most 1048576, got 100000000" in result.stderr
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(cli, tmp_path):

@@ -88,6 +88,8 @@ def test_gbs_flag_takes_suffixes(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["search", "--cluster", "missing.yaml"], "missing.yaml: no such file"),
     (["search", "--cluster", LOCAL, "--gbs-tokens", "12x"], "--gbs-tokens"),
+    (["search", "--cluster", LOCAL, "--gbs-tokens", "2K", "--gbs-sequences", "8"],
+     "argument --gbs-sequences: not allowed with argument --gbs-tokens"),
     (["search", "--cluster", LOCAL, "--model", "nope"], "unknown model preset 'nope'"),
     (["search", "--cluster", LOCAL, "--alpha", "2"], "field 'alpha'"),
     (["simulate", "--cluster", LOCAL, "--strategy", TINY, "--profile", "missing.yaml"], "missing.yaml: no such file"),

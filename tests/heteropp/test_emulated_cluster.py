@@ -97,13 +97,15 @@ def test_emulated_ranks_need_one_thread_each(tmp_path):
 
 @pytest.mark.slow
 def test_a_stage_over_its_chips_memory_fails_with_the_oom_naming_stage_and_chip(tmp_path):
-    strategy = write_strategy(tmp_path, layers=(1, 3))  # three layers on the small chip
-    result = h2_train("--strategy", strategy, "--cluster", write_cluster(tmp_path), "--steps", "2",
-                      "--out", str(tmp_path / "run"))
+    # One layer and the head peak at 1.73 MB on the small chip; the lower bound checked before the
+    # launch (1.38 MB) lets a 1.6 MB chip through, so its memory runs out while training.
+    chips = {"emu-big": CHIPS["emu-big"], "emu-small": {**CHIPS["emu-small"], "memory_gb": 0.0016}}
+    result = h2_train("--strategy", write_strategy(tmp_path), "--cluster", write_cluster(tmp_path, chips),
+                      "--steps", "2", "--out", str(tmp_path / "run"))
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("h2.cli.rank: error:")]
     assert errors and errors[0].startswith(
-        "h2.cli.rank: error: stage 1, chip emu-small (emulated: 0.2x a host core, 2.5 MB), rank 1 on dipu:0: "
+        "h2.cli.rank: error: stage 1, chip emu-small (emulated: 0.2x a host core, 1.6 MB), rank 1 on dipu:0: "
         "dipu out of memory on device 0")
 
 
@@ -152,3 +154,12 @@ def test_a_job_file_names_the_cluster_as_the_flag_does(tmp_path):
                                    "steps": 1, "out": str(tmp_path / "run")}))
     line = one_line_error(h2_train("--config", str(job), cores="0"))
     assert "cluster.yaml: field 'emulation.relative_speed': the 2 ranks on this host claim 0.8 cores" in line
+
+
+def test_a_rank_whose_stage_cannot_fit_its_emulated_chip_is_refused_before_any_rank_starts(tmp_path):
+    chips = {"emu-big": CHIPS["emu-big"], "emu-small": {**CHIPS["emu-small"], "memory_gb": 0.0005}}
+    line = one_line_error(h2_train("--strategy", write_strategy(tmp_path), "--cluster", write_cluster(tmp_path, chips),
+                                   "--steps", "1", "--out", str(tmp_path / "run")))
+    assert line.startswith("h2: error: rank 1 (stage 1, chip emu-small (emulated: 0.2x a host core, 0.5 MB)) "
+                           "needs at least 1.38 MB"), line
+    assert "more than the 0.50 MB emulated memory of the chip" in line

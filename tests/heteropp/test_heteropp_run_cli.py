@@ -74,3 +74,29 @@ def test_h2_train_refuses_gloo_inside_stages_on_a_vendor_device_before_launching
     result = cli("h2", "train", "--strategy", PP2, "--device", "dipu", "--stage-backend", "gloo")
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "--stage-backend gloo cannot move dipu tensors inside a stage" in result.stderr
+
+
+def test_h2_train_refuses_a_stage_larger_than_the_host_memory_before_launching(tmp_path, cli):
+    with open(PP2) as handle:
+        strategy = handle.read().replace("micro_batch_size: 2", f"micro_batch_size: {1 << 24}")
+    path = tmp_path / "huge-batch.yaml"
+    path.write_text(strategy)
+    result = cli("h2", "train", "--strategy", str(path), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr[-2000:]
+    assert "h2: error: rank 0 (stage 0, chip emu-big) needs at least " in result.stderr
+    assert "GB host memory available (MemAvailable)" in result.stderr
+
+
+def test_a_rank_refuses_a_stage_larger_than_its_device_memory_before_building_it():
+    import yaml
+
+    from h2.core.ranks import RankFailure
+    from heteropp_launch import run_pipeline
+
+    with open(PP2) as handle:
+        data = yaml.safe_load(handle)
+    data["micro_batch_size"] = 1 << 24
+    refusal = (r"rank (0|1) \(stage \1, chip emu-(big|small)\) needs at least [0-9.]+ GB .* more than the [0-9.]+ GB "
+               r"host memory available \(MemAvailable\)")
+    with pytest.raises(RankFailure, match=refusal):
+        run_pipeline(data, 1)

@@ -189,6 +189,7 @@ class C10dStore : public Store {
     }
     return get(key);
   }
+  std::optional<bool> has(const std::string& key) override { return store_->check({key}); }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

@@ -56,6 +56,13 @@ class PythonStore : public Store {
     }
     return get(key);
   }
+  std::optional<bool> has(const std::string& key) override {
+    py::gil_scoped_acquire gil;
+    if (!py::hasattr(store_, "check")) return std::nullopt;
+    py::list keys;
+    keys.append(key);
+    return store_.attr("check")(keys).cast<bool>();
+  }
 
  private:
   py::object store_;

@@ -39,6 +39,15 @@ std::string randomToken() {
 
 std::string peerKey(const Options& options, int rank) { return options.store_prefix + "/peer/" + std::to_string(rank); }
 
+// Where a rank that gave up its setup while dialling says why, so the ranks waiting for it stop
+// waiting at once (the store is trusted; a stranger on the network cannot write there).
+std::string setupFailedKey(const Options& options, int rank) {
+  return options.store_prefix + "/setup-failed/" + std::to_string(rank);
+}
+
+// How often a listener waiting for higher ranks looks in the store for one that gave up.
+constexpr auto kGaveUpPollInterval = std::chrono::milliseconds(100);
+
 }  // namespace
 
 Engine::Engine(Store& store, int rank, int world_size, Options options)
@@ -105,7 +114,15 @@ void Engine::rendezvous(Store& store) {
     }
   }
   store.set(peerKey(options_, rank_), self_.encode());
-  dialLowerRanks(store, token, deadline);
+  try {
+    dialLowerRanks(store, token, deadline);
+  } catch (const std::exception& e) {
+    try {
+      store.set(setupFailedKey(options_, rank_), e.what());
+    } catch (const std::exception&) {  // the store is gone too: the waiting ranks time out instead
+    }
+    throw;
+  }
   acceptHigherRanks(store, token, deadline);
   listener_.reset();
   for (auto& [kind, t] : transports_) t->start();
@@ -169,7 +186,11 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
       std::chrono::duration<double>(options_.hello_timeout_s));
   HelloDesk desk(listener_, options_.frameLimits(), hello_timeout);
   while (!waiting.empty()) {
-    std::optional<HelloDesk::Arrival> arrival = desk.next(deadline);
+    std::optional<HelloDesk::Arrival> arrival = desk.next(std::min(deadline, Clock::now() + kGaveUpPollInterval));
+    if (!arrival && Clock::now() < deadline) {
+      throwIfAPeerGaveUp(store, waiting);
+      continue;
+    }
     if (!arrival) {
       std::ostringstream what;
       what << "timed out waiting for rank(s)";
@@ -231,6 +252,18 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
     sendFrame(socket.fd(), reply, "", hello_deadline, "rank " + std::to_string(hello.rank));
     connectPeer(peer, hello.transport, /*initiator=*/false, std::move(socket), deadline);
     waiting.erase(hello.rank);
+  }
+}
+
+void Engine::throwIfAPeerGaveUp(Store& store, const std::set<int>& waiting) {
+  for (int q : waiting) {
+    const std::string key = setupFailedKey(options_, q);
+    const std::optional<bool> gave_up = store.has(key);
+    if (!gave_up) return;  // the store cannot tell without waiting: the connect timeout decides
+    if (*gave_up) {
+      throw CommError("rank " + std::to_string(q) + " gave up connecting to rank " + std::to_string(rank_) +
+                      ": " + store.get(key));
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,8 @@ class Engine {
   PeerDescriptor lookUpPeer(Store& store, int rank, Clock::time_point deadline);
   void dialLowerRanks(Store& store, const std::string& token, Clock::time_point deadline);
   void acceptHigherRanks(Store& store, const std::string& token, Clock::time_point deadline);
+  // Throws, naming the rank, when one of `waiting` published in the store that its setup failed.
+  void throwIfAPeerGaveUp(Store& store, const std::set<int>& waiting);
   // Hands a socket whose Hello exchange succeeded to the chosen transport's own setup.
   void connectPeer(const PeerDescriptor& peer, TransportKind kind, bool initiator, Socket socket,
                    Clock::time_point deadline);

@@ -2,6 +2,7 @@
 // torch.distributed Store qualifies), so the core never links torch.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "dicomm/request.h"
@@ -19,6 +20,12 @@ class Store {
   virtual std::string get(const std::string& key, Clock::time_point deadline) {
     (void)deadline;
     return get(key);
+  }
+  // Whether `key` is set now, without waiting; nullopt from a store that cannot answer that (setup
+  // then only learns of a peer's failure through its own timeout).
+  virtual std::optional<bool> has(const std::string& key) {
+    (void)key;
+    return std::nullopt;
   }
 };
 
