@@ -5,7 +5,6 @@ and the shards in the paper's deployment).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -33,12 +32,14 @@ MAX_RESTARTS = 10
 BAD_INPUT = 2   # a child that refused its input will refuse it again: it is not restarted
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: receive SIGTERM when the launcher dies, however it dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+# Run first in each child: arm SIGTERM for when the launcher dies, however it dies (Linux's
+# PR_SET_PDEATHSIG, kept across exec), give up if it already died, then exec the child's own command.
+# Not a preexec_fn: Python code between fork and exec runs grpc's fork handlers in a launcher that holds
+# gRPC threads, and one such child aborted (SIGABRT) before it started.
+DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
+                   "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
+                   "if os.getppid() != int(sys.argv[1]): sys.exit('h2: the launcher exited before this child started')\n"
+                   "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
 
 
 class Supervisor:
@@ -52,8 +53,9 @@ class Supervisor:
         argv = argv or child.argv
         out = open(child.log_path, "a", encoding="utf-8") if child.log_path else None
         try:
-            child.process = subprocess.Popen([sys.executable, *argv], stdout=out or None, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=self.env, preexec_fn=_die_with_parent)
+            child.process = subprocess.Popen([sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), *argv],
+                                             stdout=out or None, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=self.env)
         finally:
             if out:
                 out.close()

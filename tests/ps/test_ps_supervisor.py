@@ -1,5 +1,9 @@
 """The launcher's process keeper restarts what died and leaves alone what refused its input."""
 
+import os
+import signal
+import subprocess
+import sys
 import time
 
 from h2.ps.supervisor import Child, Supervisor
@@ -31,3 +35,26 @@ def test_a_child_that_exits_with_status_2_is_not_restarted():
     run_until_settled(supervisor, ["bad"])
     assert supervisor.children["bad"].starts == 1
     assert said == ["bad exited with 2 (see its log): not restarted"]
+
+
+def test_a_child_is_terminated_when_its_launcher_dies(tmp_path):
+    launcher = (
+        "import sys, time\n"
+        "from h2.ps.supervisor import Child, Supervisor\n"
+        "supervisor = Supervisor(print)\n"
+        f"supervisor.start(Child('worker', ['-c', 'import time; time.sleep(60)'], {str(tmp_path / 'worker.log')!r},\n"
+        "                       restart_argv=None))\n"
+        "print(supervisor.children['worker'].process.pid, flush=True)\n"
+        "time.sleep(1)\n")
+    result = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=60)
+    pid = int(result.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as stat:
+            if stat.read().split(") ")[1].startswith("Z"):
+                break
+        time.sleep(0.1)
+    alive = os.path.exists(f"/proc/{pid}") and not open(f"/proc/{pid}/stat").read().split(") ")[1].startswith("Z")
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "the worker outlived its launcher"
