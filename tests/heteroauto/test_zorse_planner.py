@@ -12,6 +12,7 @@ import pytest
 
 from h2.cli.heteroauto import main
 from h2.core.cluster import load_cluster
+from h2.core.links import Link
 from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
 from h2.core.schedule import gpipe_ministages
@@ -19,7 +20,7 @@ from h2.core.strategy import load_strategy
 from heteropp.auto.profiles import profiles_for
 from heteropp.auto.simulator import simulate
 from heteropp.auto.stage_terms import StageTerms
-from heteropp.auto.zorse.costs import ChipRates, rows_per_rank
+from heteropp.auto.zorse.costs import ChipRates, GroupShape, Shapes, rank_memory, rows_per_rank
 from heteropp.auto.zorse.partition import cut_weight, split_bound, split_partitions
 from heteropp.auto.zorse.planner import plan, rates_from_profiles
 from heteropp.auto.zorse.scoring import simulate_plan
@@ -112,6 +113,59 @@ def test_gpipe_ministages_replay_on_one_group_is_every_pass_plus_every_step():
     terms = [StageTerms(forward_s=1.0, backward_s=2.0, weight_grad_s=0.0, update_s=0.5)] * 3
     result = simulate(gpipe_ministages(1, 4, 3), terms)
     assert result.iteration_s == pytest.approx(3 * 4 * (1.0 + 2.0) + 3 * 0.5)
+
+
+# A group of 4 ranks holding ministages of 2 and 1 layers, 1000 parameters a layer, 4-byte gradients,
+# no embedding or head, no activations: the memory model's gradient and weight terms alone.
+FOUR_RANKS = GroupShape((ChipRates("x", 1.0, 2.0, 1.0, 1e9, 1.0),) * 4, (1, 1, 1, 1), Link(1.0, 0.0))
+GRADIENTS_ONLY = Shapes(layer_params=1000, embedding_params=0, head_params=0, weight_bytes=0, gradient_bytes=4,
+                        optimizer_bytes=0, checkpoint_bytes=0, layer_activation_bytes=0, boundary_bytes=0,
+                        num_layers=3)
+
+
+def gradient_bytes(grad_clip: float, overlap: bool) -> float:
+    return rank_memory(FOUR_RANKS, 0, (2, 1), 1, False, False, False, GRADIENTS_ONLY, grad_clip=grad_clip,
+                       overlap=overlap).device_bytes
+
+
+def test_heteropp_runtime_with_clipping_counts_the_held_reduced_shards_beside_the_ministage_in_backward():
+    # ministage 1 (1 layer) steps first and its owned quarter waits; ministage 0's 2 layers are whole
+    assert gradient_bytes(1.0, overlap=False) == 2 * 4000 + 1 * 4000 / 4
+
+
+def test_heteropp_runtime_without_clipping_holds_only_the_ministage_in_backward():
+    assert gradient_bytes(0.0, overlap=False) == 2 * 4000
+
+
+def test_zorse_runtime_with_clipping_holds_every_ministage_shard_and_one_whole_layer():
+    assert gradient_bytes(1.0, overlap=True) == 4000 + 3 * 4000 / 4
+
+
+def test_zorse_runtime_without_clipping_holds_the_stepping_ministage_shards_and_one_whole_layer():
+    assert gradient_bytes(0.0, overlap=True) == 4000 + 2 * 4000 / 4
+
+
+def test_heteropp_runtime_without_offload_keeps_every_layer_weights_whole():
+    weights_only = dataclasses.replace(GRADIENTS_ONLY, weight_bytes=2, gradient_bytes=0)
+    three_ministages = (1, 1, 1)
+    heteropp = rank_memory(FOUR_RANKS, 0, three_ministages, 1, False, False, False, weights_only, overlap=False)
+    zorse_runtime = rank_memory(FOUR_RANKS, 0, three_ministages, 1, False, False, False, weights_only)
+    assert (heteropp.device_bytes, zorse_runtime.device_bytes) == (3 * 2000, 2 * 2000 + 2000 / 4)
+
+
+def test_search_zorse_plans_local_hetero_with_offload_when_the_heteropp_runtime_clips(capsys):
+    # its weights alone (8 layers of 2.9 MB, replicated by HeteroPP's runtime) exceed emu-fast's 27 MB
+    code, out, err = run(capsys, "search", "--planner", "zorse", "--cluster",
+                         os.path.join(CLUSTERS, "local-hetero.yaml"), "--no-overlap", "--json")
+    assert code == 0, err
+    assert json.loads(out)["strategy"]["offload"] == ["activations", "parameters"]
+
+
+def test_search_zorse_refuses_a_negative_grad_clip_in_one_line_with_exit_2(capsys):
+    code, out, err = run(capsys, "search", "--planner", "zorse", "--cluster", os.path.join(CLUSTERS, "zorse-a.yaml"),
+                         "--grad-clip", "-1")
+    assert code == 2 and err.strip() == ("heteroauto: error: --grad-clip: must be a finite number at least 0 "
+                                         "(0: no clipping), got -1.0")
 
 
 # ---- phase 2 on the seed's clusters --------------------------------------------------------------

@@ -130,12 +130,13 @@ class _Nearest:
 def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates: dict[str, ChipRates], *,
          ministages: int | None = None, offload: str = "auto", micro_batch_sequences: int | None = None,
          overlap: bool = True, max_groups: int | None = None, min_groups: int = 1,
-         lone_group_ministages: bool = True) -> PlanSearch:
+         lone_group_ministages: bool = True, grad_clip: float = 1.0) -> PlanSearch:
     """The fastest plan that fits (module doc) among partitions of min_groups to max_groups groups;
     `rates` from rates_from_profiles (which sets the memory each chip may use). lone_group_ministages
     False: a plan of one group has one ministage unless `ministages` says otherwise (the Zorse authors'
     planner: ministages interleave a pipeline of several groups; one group of all machines with
-    ministages is ZeRO-3 with layer-wise accumulation, the seed's Cephalo baseline)."""
+    ministages is ZeRO-3 with layer-wise accumulation, the seed's Cephalo baseline). grad_clip: the
+    run's global-norm clip (h2 train --grad-clip, 0: none), which decides the gradients a rank holds."""
     started = time.perf_counter()
     if offload not in OFFLOAD_CHOICES:
         raise UserError(f"--offload: unknown choice '{offload}' (known: {', '.join(OFFLOAD_CHOICES)})")
@@ -179,7 +180,8 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
                 for off in offloads:
                     evaluated += 1
                     memory = [tuple(rank_memory(group, r, chunks[g], sequences // size, off, g == 0,
-                                                g == len(shaped) - 1, shapes) for r in range(group.size))
+                                                g == len(shaped) - 1, shapes, grad_clip=grad_clip,
+                                                overlap=overlap) for r in range(group.size))
                               for g, group in enumerate(shaped)]
                     worst_g, worst_r = max(((g, r) for g in range(len(shaped)) for r in range(shaped[g].size)),
                                            key=lambda gr: memory[gr[0]][gr[1]].fraction)
