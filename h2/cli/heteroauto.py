@@ -548,6 +548,9 @@ def _cmd_simulate(args) -> int:
     strategy = load_strategy(args.strategy)
     if is_zorse_strategy(strategy):
         return _cmd_simulate_zorse(args, strategy)
+    if args.grad_clip != 1.0:
+        raise UserError(f"--grad-clip: only for a Zorse strategy (ministages, ZeRO-2, offload or mixed-type "
+                        f"groups); {args.strategy} is none")
     cluster, model, training = _problem(args, default_model=strategy.model_config(args.strategy),
                                         default_seq_len=strategy.seq_len)
     training = training_for(strategy, training)
