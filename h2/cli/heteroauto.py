@@ -84,9 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--ministages", type=int, help="--planner zorse: fix the ministages per group")
     search_cmd.add_argument("--max-groups", type=int,
                             help="--planner zorse: at most this many pipeline groups (1: one data-parallel group)")
-    search_cmd.add_argument("--no-lone-group-ministages", action="store_true",
-                            help="--planner zorse: a plan of one group gets one ministage, as in the Zorse "
-                                 "authors' planner (ministages interleave a pipeline of several groups)")
+    search_cmd.add_argument("--lone-group-ministages", action="store_true",
+                            help="--planner zorse: a plan of one group may take several ministages too (ZeRO-3 "
+                                 "with layer-wise accumulation; default: one, as in the Zorse authors' planner, "
+                                 "where ministages interleave a pipeline of several groups)")
     search_cmd.add_argument("--min-groups", type=int, default=1,
                             help="--planner zorse: at least this many pipeline groups (2: no plan of one group "
                                  "of all machines)")
@@ -312,10 +313,10 @@ def _cmd_search(args) -> int:
     if args.planner == "zorse":
         return _cmd_search_zorse(args)
     if (args.memory_fraction != 1.0 or args.ministages is not None or args.offload != "auto"
-            or args.max_groups is not None or args.min_groups != 1 or args.no_lone_group_ministages
+            or args.max_groups is not None or args.min_groups != 1 or args.lone_group_ministages
             or args.no_overlap or args.grad_clip != 1.0):
         raise UserError("--memory-fraction, --ministages, --offload, --max-groups, --min-groups, "
-                        "--no-lone-group-ministages, --no-overlap and --grad-clip: only with --planner zorse")
+                        "--lone-group-ministages, --no-overlap and --grad-clip: only with --planner zorse")
     cluster, model, training = _problem(args)
     profiles = _profiles(args, cluster, model, training)
     options = _search_options(args)
@@ -469,7 +470,7 @@ def _cmd_search_zorse(args) -> int:
         raise UserError(f"--min-groups: must be at least 1 and at most --max-groups, got {args.min_groups}")
     found = zorse_plan(cluster, model, training, rates, ministages=args.ministages, offload=args.offload,
                        overlap=not args.no_overlap, max_groups=args.max_groups, min_groups=args.min_groups,
-                       lone_group_ministages=not args.no_lone_group_ministages, grad_clip=args.grad_clip)
+                       lone_group_ministages=args.lone_group_ministages, grad_clip=args.grad_clip)
     searched_s = time.perf_counter() - started
     simulated = simulate_plan(found.best, rates, model, training).iteration_s
     strategy = to_strategy(found.best, model)

@@ -7,7 +7,9 @@ For every partition of the machines into k groups (k from the number of machines
   rank of the largest group): split S over each group's ranks in proportion to speed
   (costs.rows_per_rank);
 - the layers go to the groups in proportion to group speed (each layer to the group that would
-  finish it first);
+  finish it first); then, for each ministage count and offload choice, while a group's fullest rank
+  exceeds its memory, one layer at a time moves from it to the group with the most room, as long as
+  that empties the fuller of the two (_relieve_memory);
 - for recompute on and off, every count k of ministages per group up to the smallest group's layers
   (each group's layers cut into k ministages as evenly as possible, the larger ones first: the seed's
   "evenly sized ministages"; h2.core.strategy.even_chunks, the strategy format's rule), and offload off/on:
@@ -127,15 +129,39 @@ class _Nearest:
     text: str = ""
 
 
+def _fullest(memory: tuple[RankMemory, ...]) -> float:
+    return max(rank.fraction for rank in memory)
+
+
+def _relieve_memory(layers_of: list[int], memory: list, k: int, group_memory) -> tuple[list[int], list]:
+    """While a group's fullest rank exceeds its memory, move one layer from it to the group with the
+    most room (each keeps at least k layers), as long as the fullest rank of the two gets emptier."""
+    layers_of, memory = list(layers_of), list(memory)
+    for _ in range(sum(layers_of)):
+        fullest = max(range(len(memory)), key=lambda g: _fullest(memory[g]))
+        if _fullest(memory[fullest]) <= 1 or layers_of[fullest] <= k:
+            break
+        roomiest = min(range(len(memory)), key=lambda g: _fullest(memory[g]))
+        if roomiest == fullest:
+            break
+        gave, took = group_memory(fullest, layers_of[fullest] - 1), group_memory(roomiest, layers_of[roomiest] + 1)
+        if max(_fullest(gave), _fullest(took)) >= _fullest(memory[fullest]):
+            break
+        layers_of[fullest] -= 1
+        layers_of[roomiest] += 1
+        memory[fullest], memory[roomiest] = gave, took
+    return layers_of, memory
+
+
 def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates: dict[str, ChipRates], *,
          ministages: int | None = None, offload: str = "auto", micro_batch_sequences: int | None = None,
          overlap: bool = True, max_groups: int | None = None, min_groups: int = 1,
-         lone_group_ministages: bool = True, grad_clip: float = 1.0) -> PlanSearch:
+         lone_group_ministages: bool = False, grad_clip: float = 1.0) -> PlanSearch:
     """The fastest plan that fits (module doc) among partitions of min_groups to max_groups groups;
     `rates` from rates_from_profiles (which sets the memory each chip may use). lone_group_ministages
-    False: a plan of one group has one ministage unless `ministages` says otherwise (the Zorse authors'
-    planner: ministages interleave a pipeline of several groups; one group of all machines with
-    ministages is ZeRO-3 with layer-wise accumulation, the seed's Cephalo baseline). grad_clip: the
+    False (the default): a plan of one group has one ministage unless `ministages` says otherwise (the
+    Zorse authors' planner: ministages interleave a pipeline of several groups; one group of all
+    machines with ministages is ZeRO-3 with layer-wise accumulation, the seed's Cephalo baseline). grad_clip: the
     run's global-norm clip (h2 train --grad-clip, 0: none), which decides the gradients a rank holds."""
     started = time.perf_counter()
     if offload not in OFFLOAD_CHOICES:
@@ -176,13 +202,18 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
             for k in counts:
                 if k > min(group_layers):
                     continue
-                chunks = [even_chunks(layers, k) for layers in group_layers]
                 for off in offloads:
                     evaluated += 1
-                    memory = [tuple(rank_memory(group, r, chunks[g], sequences // size, off, g == 0,
-                                                g == len(shaped) - 1, shapes, grad_clip=grad_clip,
-                                                overlap=overlap) for r in range(group.size))
-                              for g, group in enumerate(shaped)]
+
+                    def group_memory(g: int, layers: int) -> tuple[RankMemory, ...]:
+                        return tuple(rank_memory(shaped[g], r, even_chunks(layers, k), sequences // size, off,
+                                                 g == 0, g == len(shaped) - 1, shapes, grad_clip=grad_clip,
+                                                 overlap=overlap) for r in range(shaped[g].size))
+
+                    layers_of = list(group_layers)
+                    memory = [group_memory(g, layers) for g, layers in enumerate(layers_of)]
+                    layers_of, memory = _relieve_memory(layers_of, memory, k, group_memory)
+                    chunks = [even_chunks(layers, k) for layers in layers_of]
                     worst_g, worst_r = max(((g, r) for g in range(len(shaped)) for r in range(shaped[g].size)),
                                            key=lambda gr: memory[gr[0]][gr[1]].fraction)
                     worst = memory[worst_g][worst_r]
