@@ -197,6 +197,13 @@ def test_a_group_over_its_memory_gives_layers_to_the_group_with_room():
     assert best.max_memory_fraction <= 1 and len({group.layers for group in best.groups}) > 1
 
 
+def test_layers_move_for_memory_only_when_no_split_by_speed_fits():
+    # B 33B fits with the split by speed (19, 8, 7, 7, 7, 4, 4, 4 layers); with layers moved in every
+    # candidate the planner picked a moved split instead
+    best = best_plan("b", "33b")
+    assert [group.layers for group in best.groups] == [19, 8, 7, 7, 7, 4, 4, 4]
+
+
 def test_the_lone_group_rule_gives_a_plan_of_one_group_one_ministage():
     cluster, shape, training, rates = zorse("a", "13b")   # without the rule: 4 ministages
     best = plan(cluster, shape, training, rates, max_groups=1).best
