@@ -1,7 +1,7 @@
 """The Zorse planner's closed loop on the local emulated mixed cluster: profile -> plan -> train -> compare.
 
     .venv/bin/python benchmarks/bench_zorse_closed_loop.py [--cluster configs/clusters/local-hetero.yaml]
-        [--steps 5] [--warmup 1] [--max-groups N] [--ministages K] [--offload auto|on|off]
+        [--steps 5] [--warmup 1] [--max-groups N] [--ministages K] [--lone-group-ministages] [--offload auto|on|off]
         [--out runs/zorse-closed-loop]
 
 Through the product's command lines: `heteroauto profile` measures every chip type (cached in
@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--max-groups", type=int, help="at most this many pipeline groups (default: the planner's choice)")
     parser.add_argument("--offload", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--ministages", type=int, help="ministages per group (default: the planner's choice)")
+    parser.add_argument("--lone-group-ministages", action="store_true",
+                        help="a plan of one group may take several ministages (heteroauto search's flag)")
     parser.add_argument("--out", default="runs/zorse-closed-loop")
     args = parser.parse_args()
     if not 0 <= args.warmup < args.steps:
@@ -41,7 +43,8 @@ def main() -> None:
     profiles, plan, run = (os.path.join(args.out, name) for name in ("profiles", "plan.yaml", "run"))
     command("h2.cli.heteroauto", "profile", "--cluster", args.cluster, "--out-dir", profiles, capture=False)
     limits = (["--max-groups", str(args.max_groups)] if args.max_groups else []) + (
-        ["--ministages", str(args.ministages)] if args.ministages else [])
+        ["--ministages", str(args.ministages)] if args.ministages else []) + (
+        ["--lone-group-ministages"] if args.lone_group_ministages else [])
     planned = json.loads(command("h2.cli.heteroauto", "search", "--planner", "zorse", "--cluster", args.cluster,
                                  "--profiles", profiles, "--no-overlap", "--offload", args.offload, *limits,
                                  "--out", plan, "--json"))

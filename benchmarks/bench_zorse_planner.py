@@ -8,7 +8,7 @@ model) and its simulated step; and the ratio HeteroAuto / Zorse of the simulated
 faster). A planner that finds nothing that fits prints the one-line reason.
 
     .venv/bin/python benchmarks/bench_zorse_planner.py [--clusters a,b,c] [--models 7b,13b,33b,65b] [--min-groups N]
-        [--no-lone-group-ministages] [--memory-fraction F] [--heteroauto-limit S | --no-heteroauto]
+        [--lone-group-ministages] [--memory-fraction F] [--heteroauto-limit S | --no-heteroauto]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from heteropp.auto.zorse.planner import plan, rates_from_profiles
 from heteropp.auto.zorse.scoring import plan_schedule, plan_terms
 
 
-def zorse_row(cluster, model, training, profiles, memory_fraction, min_groups=1, lone_group_ministages=True):
+def zorse_row(cluster, model, training, profiles, memory_fraction, min_groups=1, lone_group_ministages=False):
     started = time.perf_counter()
     rates = rates_from_profiles(cluster, profiles, memory_fraction)
     try:
@@ -74,8 +74,8 @@ def main() -> None:
     parser.add_argument("--no-heteroauto", action="store_true")
     parser.add_argument("--min-groups", type=int, default=1,
                         help="Zorse plans of at least this many groups (2: none of one group of all machines)")
-    parser.add_argument("--no-lone-group-ministages", action="store_true",
-                        help="a Zorse plan of one group gets one ministage (the authors' planner)")
+    parser.add_argument("--lone-group-ministages", action="store_true",
+                        help="a Zorse plan of one group may take several ministages (default: one, the authors' planner)")
     args = parser.parse_args()
     print(f"{'cluster':7} {'model':5} {'zorse s':>7} {'predicted':>9} {'simulated':>9} {'heteroauto':>10} "
           f"{'ratio':>6}  plans")
@@ -86,7 +86,7 @@ def main() -> None:
             model = resolve_model(f"configs/models/llama-{size}.yaml")
             profiles = profiles_for(cluster, model, training, [])
             took, zorse, zorse_text = zorse_row(cluster, model, training, profiles, args.memory_fraction,
-                                                  args.min_groups, not args.no_lone_group_ministages)
+                                                  args.min_groups, args.lone_group_ministages)
             hetero, hetero_text = None, "skipped"
             if not args.no_heteroauto:
                 _, hetero, hetero_text = heteroauto_row(cluster, model, training, args.heteroauto_limit)

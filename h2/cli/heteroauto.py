@@ -85,15 +85,20 @@ def _parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--ministages", type=int, help="--planner zorse: fix the ministages per group")
     search_cmd.add_argument("--max-groups", type=int,
                             help="--planner zorse: at most this many pipeline groups (1: one data-parallel group)")
-    search_cmd.add_argument("--no-lone-group-ministages", action="store_true",
-                            help="--planner zorse: a plan of one group gets one ministage, as in the Zorse "
-                                 "authors' planner (ministages interleave a pipeline of several groups)")
+    search_cmd.add_argument("--lone-group-ministages", action="store_true",
+                            help="--planner zorse: a plan of one group may take several ministages too (ZeRO-3 "
+                                 "with layer-wise accumulation; default: one, as in the Zorse authors' planner, "
+                                 "where ministages interleave a pipeline of several groups)")
     search_cmd.add_argument("--min-groups", type=int, default=1,
                             help="--planner zorse: at least this many pipeline groups (2: no plan of one group "
                                  "of all machines)")
     search_cmd.add_argument("--no-overlap", action="store_true",
                             help="--planner zorse: price HeteroPP's runtime, which overlaps no ZeRO-2 traffic or "
                                  "offload copy with compute (default: Zorse's, which does)")
+    search_cmd.add_argument("--grad-clip", type=float, default=1.0,
+                            help="--planner zorse: the run's max global gradient norm (h2 train --grad-clip), 0 "
+                                 "if it does not clip: with clipping each rank holds its reduced gradients "
+                                 "until the last backward (default 1.0, h2 train's)")
     search_cmd.add_argument("--offload", choices=OFFLOAD_CHOICES, default="auto",
                             help="--planner zorse: activations and parameter shards to host memory (auto: try both)")
     search_cmd.add_argument("--search", choices=("exact", "paper"),
@@ -124,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     simulate_cmd.add_argument("--no-overlap", action="store_true",
                               help="a Zorse strategy: price HeteroPP's runtime (no overlap of ZeRO-2 traffic and "
                                    "offload copies with compute)")
+    simulate_cmd.add_argument("--grad-clip", type=float, default=1.0,
+                              help="a Zorse strategy: the run's max global gradient norm (h2 train --grad-clip, "
+                                   "0: none) for the memory model (default 1.0)")
     simulate_cmd.add_argument("--no-transfers", action="store_true", help="stage-to-stage transfers take no time")
     simulate_cmd.add_argument("--trace", metavar="FILE",
                               help="write the predicted schedule as a Chrome/Perfetto trace (one track per stage)")
@@ -306,10 +314,10 @@ def _cmd_search(args) -> int:
     if args.planner == "zorse":
         return _cmd_search_zorse(args)
     if (args.memory_fraction != 1.0 or args.ministages is not None or args.offload != "auto"
-            or args.max_groups is not None or args.min_groups != 1 or args.no_lone_group_ministages
-            or args.no_overlap):
+            or args.max_groups is not None or args.min_groups != 1 or args.lone_group_ministages
+            or args.no_overlap or args.grad_clip != 1.0):
         raise UserError("--memory-fraction, --ministages, --offload, --max-groups, --min-groups, "
-                        "--no-lone-group-ministages and --no-overlap: only with --planner zorse")
+                        "--lone-group-ministages, --no-overlap and --grad-clip: only with --planner zorse")
     cluster, model, training = _problem(args)
     profiles = _profiles(args, cluster, model, training)
     options = _search_options(args)
@@ -444,11 +452,17 @@ def _print_plan(plan: ZorsePlan, cluster: ClusterSpec, simulated_s: float) -> No
           f"{simulated_s:.3f} s")
 
 
+def _check_grad_clip(args) -> None:
+    if not (args.grad_clip >= 0 and math.isfinite(args.grad_clip)):
+        raise UserError(f"--grad-clip: must be a finite number at least 0 (0: no clipping), got {args.grad_clip}")
+
+
 def _cmd_search_zorse(args) -> int:
     if args.exhaustive or args.search is not None or args.dp is not None:
         raise UserError("--exhaustive, --search and --dp: only with --planner heteroauto")
     if args.ministages is not None and args.ministages < 1:
         raise UserError(f"--ministages: must be at least 1, got {args.ministages}")
+    _check_grad_clip(args)
     cluster, model, training, rates = _zorse_problem(args)
     started = time.perf_counter()
     if args.max_groups is not None and args.max_groups < 1:
@@ -457,7 +471,7 @@ def _cmd_search_zorse(args) -> int:
         raise UserError(f"--min-groups: must be at least 1 and at most --max-groups, got {args.min_groups}")
     found = zorse_plan(cluster, model, training, rates, ministages=args.ministages, offload=args.offload,
                        overlap=not args.no_overlap, max_groups=args.max_groups, min_groups=args.min_groups,
-                       lone_group_ministages=not args.no_lone_group_ministages)
+                       lone_group_ministages=args.lone_group_ministages, grad_clip=args.grad_clip)
     searched_s = time.perf_counter() - started
     simulated = simulate_plan(found.best, rates, model, training).iteration_s
     strategy = to_strategy(found.best, model)
@@ -509,7 +523,9 @@ def _cmd_simulate_zorse(args, strategy) -> int:
                                         default_seq_len=strategy.seq_len)
     training = dataclasses.replace(training_for(strategy, training), micro_batch_size=1)
     rates = rates_from_profiles(cluster, _profiles(args, cluster, model, training), 1.0)
-    scored = from_strategy(strategy, cluster, model, training, rates, args.strategy, overlap=not args.no_overlap)
+    _check_grad_clip(args)
+    scored = from_strategy(strategy, cluster, model, training, rates, args.strategy, overlap=not args.no_overlap,
+                           grad_clip=args.grad_clip)
     replay = simulate_plan(scored, rates, model, training, keep_timeline=args.trace is not None)
     simulated = replay.iteration_s
     if args.trace is not None:
@@ -534,6 +550,9 @@ def _cmd_simulate(args) -> int:
     strategy = load_strategy(args.strategy)
     if is_zorse_strategy(strategy):
         return _cmd_simulate_zorse(args, strategy)
+    if args.grad_clip != 1.0:
+        raise UserError(f"--grad-clip: only for a Zorse strategy (ministages, ZeRO-2, offload or mixed-type "
+                        f"groups); {args.strategy} is none")
     cluster, model, training = _problem(args, default_model=strategy.model_config(args.strategy),
                                         default_seq_len=strategy.seq_len)
     training = training_for(strategy, training)

@@ -12,6 +12,7 @@ import pytest
 
 from h2.cli.heteroauto import main
 from h2.core.cluster import load_cluster
+from h2.core.links import Link
 from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
 from h2.core.schedule import gpipe_ministages
@@ -19,7 +20,7 @@ from h2.core.strategy import load_strategy
 from heteropp.auto.profiles import profiles_for
 from heteropp.auto.simulator import simulate
 from heteropp.auto.stage_terms import StageTerms
-from heteropp.auto.zorse.costs import ChipRates, rows_per_rank
+from heteropp.auto.zorse.costs import ChipRates, GroupShape, Shapes, rank_memory, rows_per_rank
 from heteropp.auto.zorse.partition import cut_weight, split_bound, split_partitions
 from heteropp.auto.zorse.planner import plan, rates_from_profiles
 from heteropp.auto.zorse.scoring import simulate_plan
@@ -114,6 +115,59 @@ def test_gpipe_ministages_replay_on_one_group_is_every_pass_plus_every_step():
     assert result.iteration_s == pytest.approx(3 * 4 * (1.0 + 2.0) + 3 * 0.5)
 
 
+# A group of 4 ranks holding ministages of 2 and 1 layers, 1000 parameters a layer, 4-byte gradients,
+# no embedding or head, no activations: the memory model's gradient and weight terms alone.
+FOUR_RANKS = GroupShape((ChipRates("x", 1.0, 2.0, 1.0, 1e9, 1.0),) * 4, (1, 1, 1, 1), Link(1.0, 0.0))
+GRADIENTS_ONLY = Shapes(layer_params=1000, embedding_params=0, head_params=0, weight_bytes=0, gradient_bytes=4,
+                        optimizer_bytes=0, checkpoint_bytes=0, layer_activation_bytes=0, boundary_bytes=0,
+                        num_layers=3)
+
+
+def gradient_bytes(grad_clip: float, overlap: bool) -> float:
+    return rank_memory(FOUR_RANKS, 0, (2, 1), 1, False, False, False, GRADIENTS_ONLY, grad_clip=grad_clip,
+                       overlap=overlap).device_bytes
+
+
+def test_heteropp_runtime_with_clipping_counts_the_held_reduced_shards_beside_the_ministage_in_backward():
+    # ministage 1 (1 layer) steps first and its owned quarter waits; ministage 0's 2 layers are whole
+    assert gradient_bytes(1.0, overlap=False) == 2 * 4000 + 1 * 4000 / 4
+
+
+def test_heteropp_runtime_without_clipping_holds_only_the_ministage_in_backward():
+    assert gradient_bytes(0.0, overlap=False) == 2 * 4000
+
+
+def test_zorse_runtime_with_clipping_holds_every_ministage_shard_and_one_whole_layer():
+    assert gradient_bytes(1.0, overlap=True) == 4000 + 3 * 4000 / 4
+
+
+def test_zorse_runtime_without_clipping_holds_the_stepping_ministage_shards_and_one_whole_layer():
+    assert gradient_bytes(0.0, overlap=True) == 4000 + 2 * 4000 / 4
+
+
+def test_heteropp_runtime_without_offload_keeps_every_layer_weights_whole():
+    weights_only = dataclasses.replace(GRADIENTS_ONLY, weight_bytes=2, gradient_bytes=0)
+    three_ministages = (1, 1, 1)
+    heteropp = rank_memory(FOUR_RANKS, 0, three_ministages, 1, False, False, False, weights_only, overlap=False)
+    zorse_runtime = rank_memory(FOUR_RANKS, 0, three_ministages, 1, False, False, False, weights_only)
+    assert (heteropp.device_bytes, zorse_runtime.device_bytes) == (3 * 2000, 2 * 2000 + 2000 / 4)
+
+
+def test_search_zorse_finds_no_single_group_of_local_hetero_without_offload_on_the_heteropp_runtime(capsys):
+    # the group's weights alone (8 layers of 2.9 MB, replicated by HeteroPP's runtime) exceed emu-fast's 27 MB
+    code, out, err = run(capsys, "search", "--planner", "zorse", "--cluster",
+                         os.path.join(CLUSTERS, "local-hetero.yaml"), "--no-overlap", "--offload", "off",
+                         "--max-groups", "1", "--lone-group-ministages")
+    assert code == 2 and "rank 0 (emu-fast) of group 0 needs 0.0385 GB, its memory allows 0.027 GB" in err
+
+
+def test_search_zorse_refuses_a_negative_grad_clip_in_one_line_with_exit_2(capsys):
+    code, out, err = run(capsys, "search", "--planner", "zorse", "--cluster", os.path.join(CLUSTERS, "zorse-a.yaml"),
+                         "--grad-clip", "-1")
+    assert code == 2 and err.strip() == ("heteroauto: error: --grad-clip: must be a finite number at least 0 "
+                                         "(0: no clipping), got -1.0")
+
+
 # ---- phase 2 on the seed's clusters --------------------------------------------------------------
 def test_cluster_c_keeps_every_data_parallel_group_inside_one_region():
     best = best_plan("c", "13b")
@@ -121,36 +175,54 @@ def test_cluster_c_keeps_every_data_parallel_group_inside_one_region():
     assert all(len(group.regions) == 1 for group in best.groups)
 
 
-def test_cluster_b_gives_each_group_no_fewer_ministages_as_the_model_grows():
-    per_group = [best_plan("b", size).ministages for size in ("7b", "13b", "33b")]
-    assert per_group == sorted(per_group) and per_group[0] < per_group[-1]
-
-
-def test_under_the_authors_lone_group_rule_cluster_b_gives_each_group_more_ministages_as_the_model_grows():
+def test_with_lone_group_ministages_cluster_b_gives_each_group_no_fewer_ministages_as_the_model_grows():
     per_group = []
     for size in ("7b", "13b", "33b"):
         cluster, shape, training, rates = zorse("b", size)
-        per_group.append(plan(cluster, shape, training, rates, lone_group_ministages=False).best.ministages)
+        per_group.append(plan(cluster, shape, training, rates, lone_group_ministages=True).best.ministages)
+    assert per_group == sorted(per_group) and per_group[0] < per_group[-1]
+
+
+def test_cluster_b_gives_each_group_more_ministages_as_the_model_grows():
+    per_group = []
+    for size in ("7b", "13b", "33b"):
+        cluster, shape, training, rates = zorse("b", size)
+        per_group.append(plan(cluster, shape, training, rates).best.ministages)
     assert per_group[0] < per_group[1] < per_group[2]
+
+
+def test_a_group_over_its_memory_gives_layers_to_the_group_with_room():
+    # split by speed alone, the H100 node's rank of A 65B needs 131 GB of 84.6 (no plan at all)
+    best = best_plan("a", "65b")
+    assert best.max_memory_fraction <= 1 and len({group.layers for group in best.groups}) > 1
+
+
+def test_layers_move_for_memory_only_when_no_split_by_speed_fits():
+    # B 33B fits with the split by speed (19, 8, 7, 7, 7, 4, 4, 4 layers); with layers moved in every
+    # candidate the planner picked a moved split instead
+    best = best_plan("b", "33b")
+    assert [group.layers for group in best.groups] == [19, 8, 7, 7, 7, 4, 4, 4]
 
 
 def test_the_lone_group_rule_gives_a_plan_of_one_group_one_ministage():
     cluster, shape, training, rates = zorse("a", "13b")   # without the rule: 4 ministages
-    best = plan(cluster, shape, training, rates, lone_group_ministages=False, max_groups=1).best
+    best = plan(cluster, shape, training, rates, max_groups=1).best
     assert (len(best.groups), best.ministages) == (1, 1)
 
 
 def test_more_ministages_leave_each_group_the_layers_of_its_speed_share():
     cluster, shape, training, rates = zorse("b", "13b")   # 8 one-VM groups: a T4 VM's share is 2 of 40 layers
-    layers = {k: [g.layers for g in plan(cluster, shape, training, rates, ministages=k, min_groups=8).best.groups]
+    # at 8 sequences per micro-batch every group holds its speed share (no layer moves for memory)
+    layers = {k: [g.layers for g in plan(cluster, shape, training, rates, ministages=k, min_groups=8,
+                                         micro_batch_sequences=8).best.groups]
               for k in (1, 2)}
     assert layers[2] == layers[1]
 
 
 def test_min_groups_2_leaves_out_the_plan_of_one_group_of_all_machines():
     cluster, shape, training, rates = zorse("b", "7b")
-    assert len(plan(cluster, shape, training, rates).best.groups) == 1
-    assert len(plan(cluster, shape, training, rates, min_groups=2).best.groups) >= 2
+    assert len(plan(cluster, shape, training, rates, lone_group_ministages=True).best.groups) == 1
+    assert len(plan(cluster, shape, training, rates, lone_group_ministages=True, min_groups=2).best.groups) >= 2
 
 
 @pytest.mark.parametrize("name, size", [("a", "33b"), ("b", "13b"), ("c", "7b")])
@@ -160,7 +232,8 @@ def test_every_rank_of_a_plan_fits_the_memory_model(name, size):
 
 
 def test_at_70_percent_memory_the_plan_takes_more_ministages():
-    full, tight = best_plan("a", "33b"), best_plan("a", "33b", memory_fraction=0.7)
+    # A 7B: 1 ministage at 100%, more at 70% (A 33B at 70% moves layers between groups instead)
+    full, tight = best_plan("a", "7b"), best_plan("a", "7b", memory_fraction=0.7)
     assert tight.ministages > full.ministages
     assert tight.max_memory_fraction <= 1
 
@@ -245,7 +318,7 @@ def test_search_zorse_refuses_min_groups_above_max_groups_in_one_line_with_exit_
 
 def test_max_groups_one_plans_a_single_data_parallel_group():
     cluster, shape, training, rates = zorse("c", "7b")
-    assert len(plan(cluster, shape, training, rates, max_groups=1).best.groups) == 1
+    assert len(plan(cluster, shape, training, rates, max_groups=1, lone_group_ministages=True).best.groups) == 1
 
 
 def test_without_overlap_the_zero2_traffic_adds_to_the_compute():

@@ -33,9 +33,18 @@ Latency (start-up + steady + drain), the largest over groups and over inter-grou
 
 Memory of rank r (ZeRO-2 with ministages; bytes per element from the training spec):
 
-    whole weights   (k = 1: all l_g layers; else the largest two consecutive ministages) * P * w
+    whole weights   (k = 1: all l_g layers; else the largest two consecutive ministages) * P * w;
+                    HeteroPP's runtime (no overlap) without offload: all l_g layers (it keeps parameters
+                    replicated; only offload takes them off the device)
     sharded weights rest of the group's layers * P * w / n   (0 with offload: on the host)
-    gradients       l_g * P * gr / n + one layer's unsharded gradient P * gr
+    gradients       Zorse's runtime (layer-wise reduce-scatter): one layer's unsharded gradient P * gr
+                    + the shards of the ministage stepping (largest ministage * P * gr / n);
+                    HeteroPP's runtime (reduced at the ministage's STEP): the unsharded gradients of the
+                    ministage in its backward (l_c * P * gr). With global-norm clipping (grad_clip > 0,
+                    the default 1.0) a ministage's step waits for the norm over every ministage, so the
+                    reduced shards of every ministage stepped before are held until the last backward
+                    (docs/zorse_runtime.md): Zorse's runtime l_g * P * gr / n + P * gr; HeteroPP's the
+                    largest over ministages c of l_c * P * gr + (layers of the ministages after c) * P * gr / n
     optimizer       l_g * P * o / n
     activations     kept per layer (recompute: its input; else all its activations) for M * rows_r
                     sequences and l_g layers (with offload: two ministages' worth of one micro-batch),
@@ -259,12 +268,25 @@ class RankMemory:
         return self.device_bytes / self.capacity_bytes
 
 
+def gradient_layers(ministage_layers: tuple[int, ...], ranks: int, grad_clip: float, overlap: bool) -> float:
+    """The most layers' worth of gradients a rank holds at once (the module doc's gradients term; a
+    shard counts 1/ranks of a layer)."""
+    clipped = grad_clip > 0
+    if overlap:
+        shards = sum(ministage_layers) if clipped else max(ministage_layers)
+        return 1 + shards / ranks
+    return max(layers + (sum(ministage_layers[c + 1:]) / ranks if clipped else 0.0)
+               for c, layers in enumerate(ministage_layers))
+
+
 def rank_memory(group: GroupShape, rank: int, ministage_layers: tuple[int, ...], micro_batches: int,
-                offload: bool, first: bool, last: bool, shapes: Shapes) -> RankMemory:
-    """The module's memory model for one rank of a group."""
+                offload: bool, first: bool, last: bool, shapes: Shapes, *, grad_clip: float = 1.0,
+                overlap: bool = True) -> RankMemory:
+    """The module's memory model for one rank of a group, for a run clipping gradients by their global
+    norm at grad_clip (0: no clipping) on Zorse's runtime (overlap) or HeteroPP's."""
     n, rows = group.size, group.rows[rank]
     total = sum(ministage_layers)
-    if len(ministage_layers) == 1:
+    if len(ministage_layers) == 1 or (not overlap and not offload):
         whole = total
     else:
         whole = max(a + b for a, b in zip(ministage_layers, ministage_layers[1:]))
@@ -272,7 +294,7 @@ def rank_memory(group: GroupShape, rank: int, ministage_layers: tuple[int, ...],
     sharded_weights = (total - whole) * p * shapes.weight_bytes / n
     extra = (shapes.embedding_params if first else 0) + (shapes.head_params if last else 0)
     device = (whole * p * shapes.weight_bytes + (0.0 if offload else sharded_weights)
-              + total * p * shapes.gradient_bytes / n + p * shapes.gradient_bytes
+              + gradient_layers(ministage_layers, n, grad_clip, overlap) * p * shapes.gradient_bytes
               + total * p * shapes.optimizer_bytes / n
               + extra * (shapes.weight_bytes + (shapes.gradient_bytes + shapes.optimizer_bytes) / n))
     kept = shapes.checkpoint_bytes if group.recompute else shapes.layer_activation_bytes

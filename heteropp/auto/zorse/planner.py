@@ -7,7 +7,11 @@ For every partition of the machines into k groups (k from the number of machines
   rank of the largest group): split S over each group's ranks in proportion to speed
   (costs.rows_per_rank);
 - the layers go to the groups in proportion to group speed (each layer to the group that would
-  finish it first);
+  finish it first: the seed's rule); only when no plan of any partition fits that way, a second pass,
+  for each ministage count and offload choice, moves one layer at a time from a group whose fullest
+  rank exceeds its memory to the group with the most room, as long as that empties the fuller of the
+  two (_relieve_memory); so memory pressure first adds ministages or offload, as the seed's planner
+  does, and moves layers only where those cannot make the speed split fit;
 - for recompute on and off, every count k of ministages per group up to the smallest group's layers
   (each group's layers cut into k ministages as evenly as possible, the larger ones first: the seed's
   "evenly sized ministages"; h2.core.strategy.even_chunks, the strategy format's rule), and offload off/on:
@@ -127,15 +131,40 @@ class _Nearest:
     text: str = ""
 
 
+def _fullest(memory: tuple[RankMemory, ...]) -> float:
+    return max(rank.fraction for rank in memory)
+
+
+def _relieve_memory(layers_of: list[int], memory: list, k: int, group_memory) -> tuple[list[int], list]:
+    """While a group's fullest rank exceeds its memory, move one layer from it to the group with the
+    most room (each keeps at least k layers), as long as the fullest rank of the two gets emptier."""
+    layers_of, memory = list(layers_of), list(memory)
+    for _ in range(sum(layers_of)):
+        fullest = max(range(len(memory)), key=lambda g: _fullest(memory[g]))
+        if _fullest(memory[fullest]) <= 1 or layers_of[fullest] <= k:
+            break
+        roomiest = min(range(len(memory)), key=lambda g: _fullest(memory[g]))
+        if roomiest == fullest:
+            break
+        gave, took = group_memory(fullest, layers_of[fullest] - 1), group_memory(roomiest, layers_of[roomiest] + 1)
+        if max(_fullest(gave), _fullest(took)) >= _fullest(memory[fullest]):
+            break
+        layers_of[fullest] -= 1
+        layers_of[roomiest] += 1
+        memory[fullest], memory[roomiest] = gave, took
+    return layers_of, memory
+
+
 def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates: dict[str, ChipRates], *,
          ministages: int | None = None, offload: str = "auto", micro_batch_sequences: int | None = None,
          overlap: bool = True, max_groups: int | None = None, min_groups: int = 1,
-         lone_group_ministages: bool = True) -> PlanSearch:
+         lone_group_ministages: bool = False, grad_clip: float = 1.0) -> PlanSearch:
     """The fastest plan that fits (module doc) among partitions of min_groups to max_groups groups;
     `rates` from rates_from_profiles (which sets the memory each chip may use). lone_group_ministages
-    False: a plan of one group has one ministage unless `ministages` says otherwise (the Zorse authors'
-    planner: ministages interleave a pipeline of several groups; one group of all machines with
-    ministages is ZeRO-3 with layer-wise accumulation, the seed's Cephalo baseline)."""
+    False (the default): a plan of one group has one ministage unless `ministages` says otherwise (the
+    Zorse authors' planner: ministages interleave a pipeline of several groups; one group of all
+    machines with ministages is ZeRO-3 with layer-wise accumulation, the seed's Cephalo baseline). grad_clip: the
+    run's global-norm clip (h2 train --grad-clip, 0: none), which decides the gradients a rank holds."""
     started = time.perf_counter()
     if offload not in OFFLOAD_CHOICES:
         raise UserError(f"--offload: unknown choice '{offload}' (known: {', '.join(OFFLOAD_CHOICES)})")
@@ -151,55 +180,65 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
     best: ZorsePlan | None = None
     nearest = _Nearest()
     evaluated = 0
-    for partition in reversed(partitions[:len(machines)]):
-        groups = group_order(cluster, [[machines[i] for i in group] for group in partition.groups])
-        if (len(groups) > model.num_layers or len(groups) < min_groups
-                or (max_groups is not None and len(groups) > max_groups)):
-            continue
-        chips = [[chip for machine in group for chip in machine.chips] for group in groups]
-        links = [slowest_link(cluster, group) for group in groups]
-        between = [link_across(cluster, groups[g], groups[(g + 1) % len(groups)]) if len(groups) > 1
-                   else links[0] for g in range(len(groups))]
-        for size, recompute in itertools.product(sizes, (True, False)):
-            if size < max(len(c) for c in chips):
+    for relieve in (False, True):  # the seed's split by speed first; layers moved for memory only if none fits
+        for partition in reversed(partitions[:len(machines)]):
+            groups = group_order(cluster, [[machines[i] for i in group] for group in partition.groups])
+            if (len(groups) > model.num_layers or len(groups) < min_groups
+                    or (max_groups is not None and len(groups) > max_groups)):
                 continue
-            shaped = [GroupShape(tuple(rates[c] for c in group_chips),
-                                 rows_per_rank([rates[c] for c in group_chips], size), link, recompute)
-                      for group_chips, link in zip(chips, links)]
-            hops = [transfer(shaped[g], shaped[(g + 1) % len(shaped)], between[g], size, shapes)
-                    for g in range(len(shaped))]
-            group_layers = proportional_counts([g.forward_s + g.backward_s for g in shaped], model.num_layers)
-            counts = range(1, min(group_layers) + 1) if ministages is None else [ministages]
-            if ministages is None and len(shaped) == 1 and not lone_group_ministages:
-                counts = [1]
-            for k in counts:
-                if k > min(group_layers):
+            chips = [[chip for machine in group for chip in machine.chips] for group in groups]
+            links = [slowest_link(cluster, group) for group in groups]
+            between = [link_across(cluster, groups[g], groups[(g + 1) % len(groups)]) if len(groups) > 1
+                       else links[0] for g in range(len(groups))]
+            for size, recompute in itertools.product(sizes, (True, False)):
+                if size < max(len(c) for c in chips):
                     continue
-                chunks = [even_chunks(layers, k) for layers in group_layers]
-                for off in offloads:
-                    evaluated += 1
-                    memory = [tuple(rank_memory(group, r, chunks[g], sequences // size, off, g == 0,
-                                                g == len(shaped) - 1, shapes) for r in range(group.size))
-                              for g, group in enumerate(shaped)]
-                    worst_g, worst_r = max(((g, r) for g in range(len(shaped)) for r in range(shaped[g].size)),
-                                           key=lambda gr: memory[gr[0]][gr[1]].fraction)
-                    worst = memory[worst_g][worst_r]
-                    if worst.fraction > 1:
-                        if worst.fraction < nearest.fraction:
-                            nearest = _Nearest(worst.fraction, (
-                                f"{len(shaped)} groups, {k} ministages, {size} sequences per micro-batch, "
-                                f"offload {'on' if off else 'off'}, recompute {'on' if recompute else 'off'}: rank {worst_r} ({chips[worst_g][worst_r]}) of "
-                                f"group {worst_g} needs {worst.device_bytes / GB:.3g} GB, its memory allows "
-                                f"{worst.capacity_bytes / GB:.3g} GB"))
+                shaped = [GroupShape(tuple(rates[c] for c in group_chips),
+                                     rows_per_rank([rates[c] for c in group_chips], size), link, recompute)
+                          for group_chips, link in zip(chips, links)]
+                hops = [transfer(shaped[g], shaped[(g + 1) % len(shaped)], between[g], size, shapes)
+                        for g in range(len(shaped))]
+                group_layers = proportional_counts([g.forward_s + g.backward_s for g in shaped], model.num_layers)
+                counts = range(1, min(group_layers) + 1) if ministages is None else [ministages]
+                if ministages is None and len(shaped) == 1 and not lone_group_ministages:
+                    counts = [1]
+                for k in counts:
+                    if k > min(group_layers):
                         continue
-                    predicted = latency(shaped, chunks, hops, sequences // size, off, shapes, overlap)
-                    if best is None or predicted.iteration_s < best.latency.iteration_s * (1 - 1e-9):
-                        best = ZorsePlan(
-                            groups=tuple(GroupPlan(tuple(groups[g]), tuple(chips[g]), shaped[g].rows, chunks[g],
-                                                   links[g], memory[g]) for g in range(len(shaped))),
-                            micro_batch_sequences=size, micro_batches=sequences // size, ministages=k,
-                            offload=off, recompute=recompute, latency=predicted, transfers=tuple(hops),
-                            seq_len=training.seq_len, overlap=overlap)
+                    for off in offloads:
+                        evaluated += 1
+
+                        def group_memory(g: int, layers: int) -> tuple[RankMemory, ...]:
+                            return tuple(rank_memory(shaped[g], r, even_chunks(layers, k), sequences // size, off,
+                                                     g == 0, g == len(shaped) - 1, shapes, grad_clip=grad_clip,
+                                                     overlap=overlap) for r in range(shaped[g].size))
+
+                        layers_of = list(group_layers)
+                        memory = [group_memory(g, layers) for g, layers in enumerate(layers_of)]
+                        if relieve:
+                            layers_of, memory = _relieve_memory(layers_of, memory, k, group_memory)
+                        chunks = [even_chunks(layers, k) for layers in layers_of]
+                        worst_g, worst_r = max(((g, r) for g in range(len(shaped)) for r in range(shaped[g].size)),
+                                               key=lambda gr: memory[gr[0]][gr[1]].fraction)
+                        worst = memory[worst_g][worst_r]
+                        if worst.fraction > 1:
+                            if worst.fraction < nearest.fraction:
+                                nearest = _Nearest(worst.fraction, (
+                                    f"{len(shaped)} groups, {k} ministages, {size} sequences per micro-batch, "
+                                    f"offload {'on' if off else 'off'}, recompute {'on' if recompute else 'off'}: rank {worst_r} ({chips[worst_g][worst_r]}) of "
+                                    f"group {worst_g} needs {worst.device_bytes / GB:.3g} GB, its memory allows "
+                                    f"{worst.capacity_bytes / GB:.3g} GB"))
+                            continue
+                        predicted = latency(shaped, chunks, hops, sequences // size, off, shapes, overlap)
+                        if best is None or predicted.iteration_s < best.latency.iteration_s * (1 - 1e-9):
+                            best = ZorsePlan(
+                                groups=tuple(GroupPlan(tuple(groups[g]), tuple(chips[g]), shaped[g].rows, chunks[g],
+                                                       links[g], memory[g]) for g in range(len(shaped))),
+                                micro_batch_sequences=size, micro_batches=sequences // size, ministages=k,
+                                offload=off, recompute=recompute, latency=predicted, transfers=tuple(hops),
+                                seq_len=training.seq_len, overlap=overlap)
+        if best is not None:
+            break
     if best is None:
         if not nearest.text:
             raise UserError(f"{cluster.source}: no plan to evaluate: the model's {model.num_layers} layers and "

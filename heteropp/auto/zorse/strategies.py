@@ -63,8 +63,9 @@ def _place(strategy: Strategy, cluster: ClusterSpec, source: str) -> list[list[M
 
 
 def from_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
-                  rates: dict, source: str = "strategy", overlap: bool = True) -> ZorsePlan:
-    """The plan a strategy describes, priced by the Zorse latency and memory models."""
+                  rates: dict, source: str = "strategy", overlap: bool = True, grad_clip: float = 1.0) -> ZorsePlan:
+    """The plan a strategy describes, priced by the Zorse latency and memory models (for a run clipping
+    gradients at grad_clip, 0: none)."""
     shapes = Shapes.of(model, training)
     groups = _place(strategy, cluster, source)
     if len({stage.recompute for stage in strategy.stages}) != 1:
@@ -80,7 +81,8 @@ def from_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, 
                      sequences, shapes) for g in range(count)]
     chunks = [tuple(strategy.chunk_sizes(index)) for index in range(count)]
     offload = bool(strategy.offload)
-    memory = [tuple(rank_memory(group, r, chunks[g], strategy.micro_batches, offload, g == 0, g == count - 1, shapes)
+    memory = [tuple(rank_memory(group, r, chunks[g], strategy.micro_batches, offload, g == 0, g == count - 1, shapes,
+                                grad_clip=grad_clip, overlap=overlap)
                     for r in range(group.size)) for g, group in enumerate(shaped)]
     predicted = latency(shaped, chunks, hops, strategy.micro_batches, offload, shapes, overlap)
     plan_groups = tuple(GroupPlan(tuple(groups[g]), tuple(rate.name for rate in group.rates), group.rows, chunks[g],
