@@ -16,6 +16,7 @@ from h2.core import devices
 from ditorch.dipu import _C
 from ditorch.dipu import device as _device_module
 from ditorch.dipu import at_exit as _at_exit
+from ditorch.dipu import fallback as _fallback
 from ditorch.dipu import memory_ipc
 from ditorch.dipu import sharing as _sharing
 from ditorch.dipu.errors import DipuError
@@ -69,6 +70,8 @@ def _register_backend() -> None:
 
 if not _C._vendor_loaded():
     use_vendor(os.environ.get("DIPU_VENDOR") or "host")
+_fallback.check_operators(_fallback.operator_list(os.environ.get("DIPU_FORCE_FALLBACK_OPS", "")),
+                          "DIPU_FORCE_FALLBACK_OPS")
 _register_backend()
 devices.serve_device_memory(BACKEND_NAME, memory_ipc.memory_functions)
 _at_exit.register()

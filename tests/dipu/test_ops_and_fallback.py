@@ -84,3 +84,18 @@ def test_a_vendor_built_separately_loads_at_run_time_and_falls_back_for_missing_
     """, DIPU_VENDOR=str(library))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "minimal 1 True {'aten::mm': 1}"
+
+
+def test_an_unknown_operator_in_dipu_force_fallback_ops_stops_the_import_naming_it(python_in_subprocess):
+    result = python_in_subprocess("import ditorch.dipu", DIPU_FORCE_FALLBACK_OPS="mm, matmull,add.Tensr")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "DIPU_FORCE_FALLBACK_OPS: no ATen operator named 'matmull', 'add.Tensr' "
+        "(expected names such as 'mm' (every overload) or 'add.Tensor')")
+
+
+def test_force_fallback_refuses_an_unknown_operator_and_keeps_its_list():
+    dipu.force_fallback(["mm", "add.Tensor"])
+    with pytest.raises(dipu.DipuError, match=r"^force_fallback: no ATen operator named 'nope'"):
+        dipu.force_fallback(["nope"])
+    assert dipu.forced_fallback() == ["mm", "add.Tensor"]
