@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import tempfile
 import time
 
@@ -180,14 +181,17 @@ def peer_killed(rank, world, store_dir, transport, args):
         barrier(ep)
         with open(receiver_pid_file) as handle:
             receiver_pid = int(handle.read())
-        # The receiver is stopped while the send starts, so it cannot drain the 64 MiB before this
-        # process dies: what was posted fills the socket buffers (or the ring), the rest never leaves.
+        # The receiver is stopped while the send starts and resumed only after this process died, so
+        # it cannot drain the 64 MiB first: what was posted fills the socket buffers (or the ring; over
+        # shm a large message is pulled from this process, which is gone), the rest never leaves.
+        # (Resuming it before dying let the shm receiver pull the whole message on an idle host.)
         os.kill(receiver_pid, signal.SIGSTOP)
+        subprocess.Popen(["sh", "-c", f"sleep 0.3; kill -CONT {receiver_pid}"], start_new_session=True)
         try:
             ep.isend(np.ones(64 << 20, np.uint8), peer, tag=1)
+            time.sleep(0.05)  # the send starts
         finally:
-            os.kill(receiver_pid, signal.SIGCONT)
-        os._exit(0)  # dies while the 64 MiB message is in flight
+            os._exit(0)  # dies while the 64 MiB message is in flight
     with open(receiver_pid_file + ".tmp", "w") as handle:
         handle.write(str(os.getpid()))
     os.replace(receiver_pid_file + ".tmp", receiver_pid_file)
