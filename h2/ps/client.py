@@ -38,6 +38,20 @@ def sync_retries(retry_s: float, heartbeat_s: float) -> int:
     return int(retry_s / heartbeat_s)
 
 
+def sync_retrying(sync_once: Callable[[], "SyncResult"], retries: int, wait_s: float,
+                  on_skipped: Callable[["SyncResult"], None]) -> "SyncResult":
+    """A sync point tried again `retries` times, `wait_s` apart, while it is skipped and the run goes on;
+    every skipped attempt but the last goes to `on_skipped`."""
+    result = sync_once()
+    for _ in range(retries):
+        if result.status != "skipped" or result.finished:
+            break
+        on_skipped(result)
+        time.sleep(wait_s)
+        result = sync_once()
+    return result
+
+
 @dataclass
 class SyncResult:
     status: str                  # applied | rejected | skipped

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from h2.core.dips import PSOptions
 from h2.core.errors import UserError
 from h2.core.model_config import preset
-from h2.ps.client import ClusterClient, LayerClient, SyncResult
+from h2.ps.client import ClusterClient, LayerClient, SyncResult, sync_retrying
 from h2.ps.datapath import DataFlowError
 from h2.ps.layout import layer_of, model_layers
 from h2.ps.rpc import Rejected, Unreachable
@@ -139,13 +139,9 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
                 continue
             loss = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64)
             dist.all_reduce(loss, group=engine.groups.everyone)  # only the reporting rank's is not 0
-            result = _sync_point(client, stage, tokens, float(loss.item()))
-            for _ in range(join["sync_retries"]):
-                if result.status != "skipped" or result.finished:
-                    break
-                record_sync(result)
-                time.sleep(join["heartbeat_s"])
-                result = _sync_point(client, stage, tokens, float(loss.item()))
+            mean_loss = float(loss.item())
+            result = sync_retrying(lambda: _sync_point(client, stage, tokens, mean_loss), join["sync_retries"],
+                                   join["heartbeat_s"], record_sync)
             if result.status != "skipped":
                 tokens, losses = 0, []
             record_sync(result)

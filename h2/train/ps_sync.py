@@ -21,7 +21,7 @@ from h2.core.dips import PSOptions
 from h2.core.errors import UserError
 from h2.data import SequenceStream
 from h2.model.transformer import language_model_loss
-from h2.ps.client import ClusterClient, Outliers, SyncResult
+from h2.ps.client import ClusterClient, Outliers, SyncResult, sync_retrying
 from h2.train.pacing import Pacer
 from h2.train.progress import ProgressBar
 
@@ -100,13 +100,9 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
             tokens += record["tokens"]
             losses.append(record["loss"])
             if trainer.step % inner_steps == 0:
-                result = client.sync(tensors, tokens, sum(losses) / len(losses))
-                for _ in range(client.sync_retries):
-                    if result.status != "skipped" or result.finished:
-                        break
-                    record_sync(result)
-                    time.sleep(client.heartbeat_s)
-                    result = client.sync(tensors, tokens, sum(losses) / len(losses))
+                mean_loss = sum(losses) / len(losses)
+                result = sync_retrying(lambda: client.sync(tensors, tokens, mean_loss), client.sync_retries,
+                                       client.heartbeat_s, record_sync)
                 if result.status != "skipped":
                     tokens, losses = 0, []
                 record_sync(result)
