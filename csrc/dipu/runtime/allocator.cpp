@@ -156,6 +156,7 @@ class CachingAllocator final : public c10::DeviceAllocator {
     }
     if (status == dipuErrorOutOfMemory) {
       stats.num_ooms += 1;
+      const std::string vendor_reason = vendor().last_error_message();
       size_t free_bytes = 0;
       size_t capacity = 0;
       vendor().mem_get_info(device, &free_bytes, &capacity);
@@ -163,7 +164,8 @@ class CachingAllocator final : public c10::DeviceAllocator {
                        ": tried to allocate ", format_bytes(requested), " (", requested, " bytes); ",
                        format_bytes(stats.allocated_bytes[kAggregate].current), " allocated by tensors, ",
                        format_bytes(stats.reserved_bytes[kAggregate].current), " reserved, device capacity ",
-                       format_bytes(capacity), " (", capacity, " bytes)");
+                       format_bytes(capacity), " (", capacity, " bytes)",
+                       vendor_reason.empty() ? std::string() : "; the vendor says: " + vendor_reason);
     }
     DIPU_CHECK(status);
     stats.reserved_bytes[kAggregate].increase(size);

@@ -2,12 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 
 namespace dipu::host {
@@ -29,18 +29,23 @@ namespace {
 uint64_t page_bytes() { return uint64_t(sysconf(_SC_PAGESIZE)); }
 uint64_t round_up(uint64_t value, uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
+[[noreturn]] void fail_errno(const std::string& what) { throw std::runtime_error(what + ": " + std::strerror(errno)); }
+
 uint64_t random_nonce() {
   uint64_t value = 0;
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  urandom.read(reinterpret_cast<char*>(&value), sizeof(value));
+  if (getrandom(&value, sizeof(value), 0) != ssize_t(sizeof(value))) fail_errno("drawing the device memory nonce (getrandom)");
   return value | 1;  // never 0
 }
-
-[[noreturn]] void fail_errno(const std::string& what) { throw std::runtime_error(what + ": " + std::strerror(errno)); }
 
 uint64_t data_offset() { return round_up(sizeof(Header), page_bytes()); }
 
 }  // namespace
+
+uint64_t Arena::resident_bytes() const {
+  struct stat status {};
+  if (fstat(fd_, &status) != 0) return 0;
+  return uint64_t(status.st_blocks) * 512;
+}
 
 std::unique_ptr<Arena> Arena::create(uint64_t bytes, bool host_accessible) {
   std::unique_ptr<Arena> arena(new Arena());

@@ -57,6 +57,8 @@ class Arena {
   std::string check_range(uint32_t slot, uint64_t generation, uint64_t offset, uint64_t size) const;
 
   int fd() const { return fd_; }
+  // Bytes of the file the kernel holds pages for (touched and not handed back).
+  uint64_t resident_bytes() const;
   uint64_t nonce() const { return nonce_; }
 
  private:

@@ -1,5 +1,7 @@
 #include "device_memory.h"
 
+#include "host_memory.h"
+
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -7,7 +9,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 
@@ -44,22 +48,56 @@ void DeviceMemory::configure(int32_t device_count, uint64_t capacity, bool host_
 }
 
 Arena& DeviceMemory::arena(int32_t device) {
-  // Twice the capacity: room for alignment and fragmentation; the file is sparse.
-  if (!arenas_[device]) arenas_[device] = Arena::create(2 * capacity_, host_accessible_);
+  // Twice what can be allocated: room for alignment and fragmentation; the file is sparse. A
+  // capacity beyond the host's memory can never be backed, so the host's memory bounds it.
+  const uint64_t host_total = host_memory_total_bytes();
+  const uint64_t reachable = host_total == 0 ? capacity_ : std::min(capacity_, host_total);
+  if (!arenas_[device]) arenas_[device] = Arena::create(2 * reachable, host_accessible_);
   return *arenas_[device];
 }
 
-void* DeviceMemory::allocate(int32_t device, size_t size) {
+uint64_t DeviceMemory::host_backing_left() const {
+  const uint64_t available = host_memory_available_bytes();
+  if (available == 0) return std::numeric_limits<uint64_t>::max();
+  uint64_t allocated = 0;
+  uint64_t resident = 0;
+  for (size_t device = 0; device < used_.size(); ++device) {
+    allocated += used_[device];
+    if (arenas_[device]) resident += arenas_[device]->resident_bytes();
+  }
+  const uint64_t untouched = allocated > resident ? allocated - resident : 0;
+  return available > untouched ? available - untouched : 0;
+}
+
+uint64_t DeviceMemory::free_bytes(int32_t device) const {
+  std::shared_lock lock(mutex_);
+  return std::min(capacity_ - used_[device], host_backing_left());
+}
+
+void* DeviceMemory::allocate(int32_t device, size_t size, std::string* why) {
   std::unique_lock lock(mutex_);
-  if (used_[device] + size > capacity_) return nullptr;
+  if (used_[device] + size > capacity_) {
+    *why = "device memory capacity exceeded";
+    return nullptr;
+  }
+  const uint64_t backing = host_backing_left();
+  if (size > backing) {
+    *why = "the host cannot back it: emulated device memory lives in host memory, which has " +
+           format_gib(backing) + " left for new allocations (MemAvailable less device allocations not yet touched)";
+    return nullptr;
+  }
   Arena* owner = nullptr;
   try {
     owner = &arena(device);
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
+    *why = e.what();
     return nullptr;
   }
   auto allocation = owner->allocate(size);
-  if (!allocation) return nullptr;
+  if (!allocation) {
+    *why = "device memory too fragmented for one block of this size";
+    return nullptr;
+  }
   char* device_address = owner->device_address(allocation->offset);
   blocks_.emplace(reinterpret_cast<uintptr_t>(device_address),
                   Block{size, owner->vendor_address(allocation->offset), device, owner, *allocation, 0});

@@ -36,8 +36,9 @@ class DeviceMemory {
   static DeviceMemory& instance();
 
   void configure(int32_t device_count, uint64_t capacity, bool host_accessible);
-  // Returns nullptr when the device's capacity would be exceeded.
-  void* allocate(int32_t device, size_t size);
+  // Returns nullptr, and says why in `why`, when the device's capacity would be exceeded or the
+  // host could not back the allocation (host_memory.h).
+  void* allocate(int32_t device, size_t size, std::string* why);
   // Returns false when ptr is not the start of a live allocation.
   bool release(void* ptr);
   // The address the vendor reads and writes for device address ptr; nullptr if ptr is not in
@@ -49,6 +50,9 @@ class DeviceMemory {
   int32_t device_of(const void* ptr) const;
   uint64_t used(int32_t device) const;
   uint64_t capacity() const { return capacity_; }
+  // What the device could still allocate: its capacity left, bounded by the host memory that can
+  // back new allocations (available, less earlier allocations not yet touched).
+  uint64_t free_bytes(int32_t device) const;
 
   // Each returns "" on success, else why not (one line).
   std::string export_range(const void* ptr, size_t size, IpcHandle* handle);
@@ -67,6 +71,8 @@ class DeviceMemory {
   };
   const Block* find(const void* ptr, uintptr_t* base) const;
   Arena& arena(int32_t device);
+  // Host memory a new allocation can count on, or UINT64_MAX when /proc/meminfo cannot be read.
+  uint64_t host_backing_left() const;
   std::string attach(const IpcHandle& handle, Arena** arena);
 
   mutable std::shared_mutex mutex_;

@@ -251,7 +251,7 @@ dipuError_t dipuMemGetInfo(int32_t device, size_t* free_bytes, size_t* total_byt
   if (!dipu::host::valid_device(device)) return fail(dipuErrorInvalidDevice, "no device " + std::to_string(device));
   auto& memory = DeviceMemory::instance();
   *total_bytes = memory.capacity();
-  *free_bytes = memory.capacity() - memory.used(device);
+  *free_bytes = memory.free_bytes(device);
   return dipuSuccess;
 }
 
@@ -263,8 +263,9 @@ dipuError_t dipuDeviceSynchronize(void) {
 
 dipuError_t dipuMalloc(void** ptr, size_t size) {
   if (auto error = ready()) return error;
-  *ptr = DeviceMemory::instance().allocate(dipu::host::current_device, size);
-  if (*ptr == nullptr) return fail(dipuErrorOutOfMemory, "device memory capacity exceeded");
+  std::string why;
+  *ptr = DeviceMemory::instance().allocate(dipu::host::current_device, size, &why);
+  if (*ptr == nullptr) return fail(dipuErrorOutOfMemory, why);
   return dipuSuccess;
 }
 
