@@ -27,6 +27,7 @@ import sys
 import time
 
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster, parse_count
+from h2.core.devices import resolve_device
 from h2.core.emulation import check_core_share, describe_chip, host_cores
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.model_config import ModelConfig, resolve_model
@@ -715,6 +716,8 @@ def _cmd_profile(args) -> int:
         profiles = {name: profile for name, profile in profiles.items() if profile is not None}
         how = {name: "cached" for name in profiles}
         missing = [(chip, path) for chip, path in targets if chip.name not in profiles]
+        if any(chip.emulation is None for chip, _ in missing):
+            resolve_device(args.device)  # the measuring ranks would each fail on a device this host lacks
         for name, measurements in _measure(cluster, missing, model, training, args).items() if missing else ():
             chip = cluster.chip(name)
             profiles[name] = measured_profile(cluster, chip, model, training, measurements, device=args.device,

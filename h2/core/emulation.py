@@ -110,9 +110,12 @@ def check_core_share(chips: list[ChipType], cores: int, where: str, what: str = 
             counts[chip.name] = counts.get(chip.name, 0) + 1
         by_chip = {chip.name: chip for chip in chips}
         terms = " + ".join(f"{n} x {core_share(by_chip[name]):g} ({name})" for name, n in counts.items())
-        raise UserError(f"{where}: field 'emulation.relative_speed': the {len(chips)} {what} claim {claimed:.3g} "
+        emulated = any(chip.emulation for chip in chips)
+        field = "field 'emulation.relative_speed'" if emulated else "chips without emulation (a host core per rank)"
+        remedy = "lower the speeds or run fewer ranks here" if emulated else "run fewer ranks here"
+        raise UserError(f"{where}: {field}: the {len(chips)} {what} claim {claimed:.3g} "
                         f"cores ({terms}), more than {CORE_SHARE_LIMIT:g} x {cores} host cores = {allowed:.3g}: "
-                        f"emulated times would depend on the host's load; lower the speeds or run fewer ranks here")
+                        f"{'emulated' if emulated else 'measured'} times would depend on the host's load; {remedy}")
 
 
 def busy_host_warning(chips: list[ChipType], cores: int) -> str | None:

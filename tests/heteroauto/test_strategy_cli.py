@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 
 import pytest
 
@@ -260,3 +261,17 @@ def test_flags_of_the_other_search_are_refused(capsys, flags, message):
 def test_an_unwritable_output_is_refused_in_one_line_before_any_work(capsys, args):
     code, out, err = run(capsys, args[0], "--cluster", LOCAL, *args[1:])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "cannot create folder '/proc/no" in err
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host may have CUDA")
+def test_profile_on_a_device_this_host_lacks_is_one_line_before_any_rank_starts(cli, tmp_path):
+    # The chips of a cluster without `emulation:` are measured on --device; each measuring rank used
+    # to fail there, and the CLI printed the ranks' traceback.
+    plain = open(LOCAL).read().replace("tp_max: 2", "tp_max: 1")
+    plain = "\n".join(line for line in plain.splitlines() if "emulation:" not in line)
+    cluster = tmp_path / "plain.yaml"
+    cluster.write_text(plain)
+    result = cli("h2.cli.heteroauto", "profile", "--cluster", str(cluster), "--chip", "emu-big", "--device", "cuda",
+                 "--repeats", "1", "--out-dir", str(tmp_path / "profiles"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == "heteroauto: error: --device cuda: device 'cuda' is not available on this machine"
