@@ -128,6 +128,7 @@ def check_pipeline_fits(strategy, config: TrainConfig, cluster: ClusterSpec | No
         return  # the engine refuses the first with its own line
     topology = Topology.from_strategy(strategy)
     host = free_bytes(torch.device("cpu"))
+    in_host_memory = []  # ranks on cpu or on an emulated chip, whose memory is this host's
     for rank in range(topology.world_size):
         name = _rank_chip(topology, rank)
         chip = cluster.chip(name) if cluster is not None else None
@@ -138,6 +139,19 @@ def check_pipeline_fits(strategy, config: TrainConfig, cluster: ClusterSpec | No
         else:
             continue
         check_pipeline_rank_fits(model_config, config, topology, rank, label, available)
+        in_host_memory.append(rank)
+    _check_host_holds_ranks(model_config, config, topology, in_host_memory, host)
+
+
+def _check_host_holds_ranks(model_config: ModelConfig, config: TrainConfig, topology: Topology, ranks: list[int],
+                            host: tuple[int, str] | None) -> None:
+    """Ranks that each fit can still not fit together: their memory is one host's."""
+    needed = sum(pipeline_rank_bytes(model_config, config, topology, rank) for rank in ranks)
+    if host is None or len(ranks) < 2 or needed <= host[0]:
+        return
+    raise UserError(f"the {len(ranks)} ranks whose memory is this host's (cpu ranks and emulated chips) need at "
+                    f"least {_size(needed)} together, more than the {_size(host[0])} {host[1]}: lower the "
+                    f"strategy's micro_batch_size or run fewer ranks on this host")
 
 
 def check_rank_fits(strategy, config: TrainConfig, rank: int, chip_labels: dict[str, str] | None = None) -> None:

@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from h2.core.errors import UserError
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FIG8 = os.path.join(REPO_ROOT, "configs", "strategies", "local-fig8-pp3.yaml")
@@ -100,3 +102,20 @@ def test_a_rank_refuses_a_stage_larger_than_its_device_memory_before_building_it
                r"host memory available \(MemAvailable\)")
     with pytest.raises(RankFailure, match=refusal):
         run_pipeline(data, 1)
+
+
+def test_ranks_that_each_fit_the_host_but_not_together_are_refused_before_launching(monkeypatch):
+    from h2.core.strategy import load_strategy
+    from h2.core.training import TrainConfig
+    from h2.train import memory_check
+    from heteropp.engine import train_config_for
+    from heteropp.topology import Topology
+
+    strategy = load_strategy(PP2)
+    config = train_config_for(strategy, TrainConfig())
+    topology = Topology.from_strategy(strategy)
+    each = [memory_check.pipeline_rank_bytes(strategy.model_config(), config, topology, rank) for rank in (0, 1)]
+    host = (max(each) + min(each) // 2, "host memory available (MemAvailable)")
+    monkeypatch.setattr(memory_check, "free_bytes", lambda device: host)
+    with pytest.raises(UserError, match=r"the 2 ranks whose memory is this host's .* need at least [0-9.]+ MB together"):
+        memory_check.check_pipeline_fits(strategy, TrainConfig())
