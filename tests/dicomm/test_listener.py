@@ -92,11 +92,12 @@ def test_an_shm_endpoint_removes_segments_that_killed_processes_left(tmp_path):
                 os.remove(path)
 
 
-def test_connect_timeout_bounds_the_store_look_ups_of_setup(tmp_path):
+@pytest.mark.parametrize("token, missing_key", [(None, "dicomm/token"), ("t", "dicomm/peer/0")])
+def test_connect_timeout_bounds_the_store_look_ups_of_setup(tmp_path, token, missing_key):
     import dicomm
 
     store = dicomm.FileStore(str(tmp_path), timeout=60)  # the store alone would wait 60 s for rank 0's keys
     started = time.monotonic()
-    with pytest.raises(dicomm.CommError, match="store key 'dicomm/token' was not set within the connect timeout"):
-        dicomm.Endpoint(store, 1, 2, connect_timeout=1)
+    with pytest.raises(dicomm.CommError, match=f"store key '{missing_key}' was not set within the connect timeout"):
+        dicomm.Endpoint(store, 1, 2, token=token, connect_timeout=1)
     assert time.monotonic() - started < 10

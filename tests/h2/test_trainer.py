@@ -1,3 +1,4 @@
+import builtins
 import dataclasses
 import json
 import os
@@ -122,18 +123,41 @@ def test_fresh_run_refuses_a_folder_with_logged_metrics_and_no_checkpoint(tmp_pa
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 5.0}\n'
 
 
-def test_a_resume_killed_while_dropping_later_metrics_leaves_the_old_log_whole(tmp_path, corpus, monkeypatch):
+def kill_when_the_log_is_opened_for_writing(monkeypatch):
+    """The process dies once the metrics log (or a file beside it named after it) is open for writing."""
+    real_open = builtins.open
+
+    def open_then_die(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        if os.path.basename(str(file)).startswith("metrics.jsonl") and any(c in mode for c in "wax+"):
+            handle.close()
+            raise KeyboardInterrupt("simulated kill")
+        return handle
+
+    monkeypatch.setattr(builtins, "open", open_then_die)
+
+
+def kill_before_the_log_is_renamed(monkeypatch):
+    real_replace = os.replace
+
+    def die_before_renaming_the_log(src, dst):
+        if os.path.basename(str(dst)) == "metrics.jsonl":
+            raise KeyboardInterrupt("simulated kill")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint_module.os, "replace", die_before_renaming_the_log)
+
+
+@pytest.mark.parametrize("kill", [kill_when_the_log_is_opened_for_writing, kill_before_the_log_is_renamed])
+def test_a_resume_killed_while_dropping_later_metrics_leaves_the_old_log_whole(tmp_path, corpus, monkeypatch, kill):
     run(tmp_path, corpus, steps=4, checkpoint_every=2, keep_checkpoints=5)
     shutil.rmtree(tmp_path / "checkpoints" / "step_00000004")
     (tmp_path / "checkpoints" / "latest").write_text("step_00000002\n")
     before = (tmp_path / "metrics.jsonl").read_text()
-
-    def killed_before_rename(src, dst):
-        raise KeyboardInterrupt("simulated kill")
-
-    monkeypatch.setattr(checkpoint_module.os, "replace", killed_before_rename)
+    kill(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, corpus, resume=True, steps=4)
+    monkeypatch.undo()
     assert (tmp_path / "metrics.jsonl").read_text() == before
 
 
