@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from h2.core import environment
 from ditorch.compile import CompileMapping
 from ditorch.cuda_surface import CudaSurface
 from ditorch.device_args import DeviceArguments
@@ -56,7 +57,7 @@ def _map_onto(adapter: VendorAdapter) -> None:
 
 def activate(vendor: str | None = None) -> VendorAdapter | None:
     """Select `vendor` (or detect one) and map the CUDA surface onto it unless it is CUDA itself."""
-    if os.environ.get("DITORCH_DISABLE", "") not in ("", "0"):
+    if environment.switch("DITORCH_DISABLE"):
         STATE.disabled_reason = "DITORCH_DISABLE is set"
         return None
     name = vendor or os.environ.get("DITORCH_VENDOR") or None

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from h2.core.errors import UserError
 
 
 @dataclass
@@ -34,6 +37,8 @@ class VendorAdapter:
     def probe(self) -> Probe:
         try:
             return self.probe_fn(self)
+        except UserError:  # the user's settings are wrong (a variable out of range): say so, don't skip the vendor
+            raise
         except Exception as error:  # a broken vendor install must not break detection
             return Probe(False, f"probe failed: {type(error).__name__}: {error}")
 
@@ -71,7 +76,10 @@ def _probe_dipu(adapter: VendorAdapter) -> Probe:
         dipu = importlib.import_module("ditorch.dipu")
     except ImportError as error:
         return Probe(False, f"the dipu extension is not built ({error})")
-    except RuntimeError as error:  # DIPU_VENDOR names no installed vendor
+    except RuntimeError as error:
+        missing_by_default = getattr(error, "vendor_missing", False) and not os.environ.get("DIPU_VENDOR")
+        if isinstance(error, UserError) and not missing_by_default:
+            raise  # a DIPU_* setting is wrong (DIPU_VENDOR naming no vendor, an unknown operator): say so
         return Probe(False, str(error).splitlines()[0])
     if dipu._C._vendor_loaded():
         return _probe_builtin(adapter)

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from h2.core import devices
+from h2.core import devices, environment
 
 from ditorch.dipu import _C
 from ditorch.dipu import device as _device_module
@@ -19,7 +19,7 @@ from ditorch.dipu import at_exit as _at_exit
 from ditorch.dipu import fallback as _fallback
 from ditorch.dipu import memory_ipc
 from ditorch.dipu import sharing as _sharing
-from ditorch.dipu.errors import DipuError
+from ditorch.dipu.errors import DipuError, VendorNotFound
 from ditorch.dipu.fallback import (
     fallback_counts,
     fallback_logging,
@@ -69,7 +69,11 @@ def _register_backend() -> None:
 
 
 if not _C._vendor_loaded():
-    use_vendor(os.environ.get("DIPU_VENDOR") or "host")
+    try:
+        use_vendor(os.environ.get("DIPU_VENDOR") or "host")
+    except VendorNotFound as error:
+        raise (VendorNotFound(f"DIPU_VENDOR: {error}") if os.environ.get("DIPU_VENDOR") else error) from None
+environment.switch("DIPU_LOG_FALLBACK")  # read by the C++ fallback; 0 or 1
 _fallback.check_operators(_fallback.operator_list(os.environ.get("DIPU_FORCE_FALLBACK_OPS", "")),
                           "DIPU_FORCE_FALLBACK_OPS")
 _register_backend()

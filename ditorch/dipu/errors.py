@@ -9,3 +9,9 @@ from h2.core.errors import UserError
 
 class DipuError(UserError, RuntimeError):
     pass
+
+
+class VendorNotFound(DipuError):
+    """The vendor library named (by DIPU_VENDOR, use_vendor) is not installed."""
+
+    vendor_missing = True  # for detection, which cannot import this module when the import failed

@@ -3,7 +3,7 @@ import os
 from pathlib import Path
 
 from ditorch.dipu import _C
-from ditorch.dipu.errors import DipuError
+from ditorch.dipu.errors import DipuError, VendorNotFound
 
 _LIBRARY_DIR = Path(_C.__file__).resolve().parent
 
@@ -19,11 +19,11 @@ def resolve_vendor(name_or_path: str) -> str:
     if os.sep in name_or_path or name_or_path.endswith(".so"):
         path = Path(name_or_path).expanduser().resolve()
         if not path.is_file():
-            raise DipuError(f"DIPU vendor library {name_or_path} does not exist")
+            raise VendorNotFound(f"DIPU vendor library {name_or_path} does not exist")
         return str(path)
     path = _LIBRARY_DIR / f"libdipu_vendor_{name_or_path}.so"
     if not path.is_file():
-        raise DipuError(
+        raise VendorNotFound(
             f"no DIPU vendor named '{name_or_path}' (installed: {', '.join(available_vendors()) or 'none'})"
         )
     return str(path)

@@ -54,3 +54,27 @@ def test_backend_cuda_flags_are_accepted_harmlessly():
     result = run_python("import ditorch, torch; torch.backends.cuda.matmul.allow_tf32 = True; "
                         "torch.backends.cudnn.benchmark = True; print('ok')")
     assert result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("variable, value, error", [
+    ("DIPU_VENDOR", "nosuch", "DIPU_VENDOR: no DIPU vendor named 'nosuch' (installed: "),
+    ("DIPU_FORCE_FALLBACK_OPS", "matmull", "DIPU_FORCE_FALLBACK_OPS: no ATen operator named 'matmull'"),
+    ("DIPU_LOG_FALLBACK", "yes", "DIPU_LOG_FALLBACK='yes': expected 0 or 1"),
+    ("DITORCH_DISABLE", "maybe", "DITORCH_DISABLE='maybe': expected 0 or 1"),
+], ids=["vendor", "fallback_ops", "log_fallback", "disable"])
+def test_a_bad_setting_stops_the_import_naming_it_instead_of_leaving_the_script_without_a_device(variable, value, error):
+    # Detection used to count a dipu shim that failed on such a setting as absent: the script then ran
+    # on no accelerator at all (torch.cuda.is_available() False) without a word.
+    result = run_python("import ditorch; print(ditorch.vendor())", {variable: value})
+    assert result.returncode != 0, result.stdout
+    assert error in result.stderr.strip().splitlines()[-1], result.stderr[-1000:]
+
+
+def test_a_bad_setting_is_one_line_and_exit_2_for_a_command(cli, tmp_path):
+    result = cli("h2.cli.main", "train", "--device", "dipu", "--steps", "1", "--out", str(tmp_path / "run"),
+                 env={"DIPU_VENDOR": "nosuch"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == "h2: error: DIPU_VENDOR: no DIPU vendor named 'nosuch' (installed: host)"
