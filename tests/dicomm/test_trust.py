@@ -98,6 +98,14 @@ def test_a_hello_proved_for_another_connections_nonce_is_refused():
     assert reply["kind"] == "HelloReply" and b"job token mismatch" in reason, (reply, reason)
 
 
+def test_a_user_provided_token_is_never_written_to_the_store():
+    store_dir = tempfile.mkdtemp()
+    with start("echo", store_dir=store_dir, token=TOKEN) as job:
+        (listened, _) = job.results(timeout=60)
+    stored = b"".join(open(os.path.join(store_dir, name), "rb").read() for name in os.listdir(store_dir))
+    assert listened["data"] == "hello" and TOKEN.encode() not in stored
+
+
 GETRANDOM_FAILS_FOR_DICOMM_C = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
