@@ -6,13 +6,11 @@
 #include <cerrno>
 #include <cstring>
 
-#include "dicomm/job_secret.h"
 #include "dicomm/options.h"
 
 namespace dicomm {
 namespace {
 constexpr int kPollMillis = 20;
-constexpr size_t kChallengeNonceBytes = 16;
 }
 
 HelloDesk::HelloDesk(const Socket& listener, int rank, FrameLimits limits, Clock::duration hello_timeout)
@@ -38,9 +36,7 @@ void HelloDesk::displaceOldestWaitingLocked() {
 }
 
 void HelloDesk::acceptOne() {
-  Challenge challenge;
-  challenge.rank = rank_;
-  challenge.nonce = randomHex(kChallengeNonceBytes, "a handshake nonce");
+  const Challenge challenge = Challenge::fresh(rank_);
   const int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
   if (fd < 0) {
     if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) return;

@@ -58,6 +58,17 @@ std::string localHostId() {
          "/" + linkTarget("/proc/self/ns/pid");
 }
 
+namespace {
+constexpr size_t kNonceBytes = 16;
+}
+
+Challenge Challenge::fresh(int rank) {
+  Challenge c;
+  c.rank = rank;
+  c.nonce = randomHex(kNonceBytes, "a handshake nonce");
+  return c;
+}
+
 std::string Challenge::encode() const {
   std::ostringstream out;
   out << "rank=" << rank << "\nnonce=" << nonce << "\n";
@@ -74,8 +85,6 @@ Challenge Challenge::decode(const std::string& payload) {
 }
 
 namespace {
-
-constexpr size_t kNonceBytes = 16;
 
 // Both directions sign every value of the exchange; the labels keep one side's proof from
 // serving as the other's.

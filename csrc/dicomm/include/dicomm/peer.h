@@ -34,6 +34,9 @@ std::string localHostId();
 struct Challenge {
   int rank = -1;      // the listener's
   std::string nonce;  // fresh for this connection
+
+  // A challenge with a nonce drawn now (throws CommError if none can be drawn).
+  static Challenge fresh(int rank);
   std::string encode() const;
   static Challenge decode(const std::string& payload);  // throws FrameError
 };
