@@ -110,13 +110,17 @@ GETRANDOM_FAILS_FOR_DICOMM_C = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-/* getrandom() fails with EIO when DiComm's extension calls it; the interpreter's own calls work. */
+/* getrandom() fails with EIO when DiComm's extension calls it (only for draws of
+   FAIL_GETRANDOM_OF_BYTES bytes where that is set); the interpreter's own calls work. */
 ssize_t getrandom(void *buffer, size_t length, unsigned int flags) {
+  const char *only = getenv("FAIL_GETRANDOM_OF_BYTES");
   Dl_info caller;
-  if (dladdr(__builtin_return_address(0), &caller) && caller.dli_fname && strstr(caller.dli_fname, "_dicomm_core")) {
+  if ((!only || strtoul(only, NULL, 10) == length) && dladdr(__builtin_return_address(0), &caller) &&
+      caller.dli_fname && strstr(caller.dli_fname, "_dicomm_core")) {
     errno = EIO;
     return -1;
   }
@@ -137,14 +141,17 @@ def failing_getrandom(tmp_path_factory):
     return str(folder / "shim.so")
 
 
-@pytest.mark.parametrize("tokens, drawn", [
-    ([None, None], "a job token"),       # rank 0 draws the token first
-    (["t", "t"], "a handshake nonce"),   # the token is the user's: rank 0's first draw is its challenge
+@pytest.mark.parametrize("transport, tokens, failing_sizes, drawn", [
+    ("tcp", [None, None], {}, "a job token"),              # rank 0 draws the token first
+    ("tcp", ["t", "t"], {}, "a handshake nonce"),          # the user's token: rank 0's first draw is its challenge
+    ("shm", ["t", "t"], {"FAIL_GETRANDOM_OF_BYTES": "8"}, "a cross-memory probe word"),  # only 8-byte draws fail
 ])
-def test_a_failed_getrandom_fails_the_setup_in_one_line_naming_it(failing_getrandom, tokens, drawn):
-    results = run("token", transport="tcp", tokens=tokens, connect_timeout=3, env={"LD_PRELOAD": failing_getrandom})
-    error = results[0]["error"]
-    assert error.startswith(f"cannot draw {drawn} (getrandom: ") and "\n" not in error, results
+def test_a_failed_getrandom_fails_the_setup_in_one_line_naming_it(failing_getrandom, transport, tokens, failing_sizes,
+                                                                   drawn):
+    results = run("token", transport=transport, tokens=tokens, connect_timeout=3,
+                  env={"LD_PRELOAD": failing_getrandom, **failing_sizes})
+    assert any(r["error"].startswith(f"cannot draw {drawn} (getrandom: ") and "\n" not in r["error"] for r in results), \
+        results
 
 
 DECOY_ADDRESS = 0x3E0000000000
