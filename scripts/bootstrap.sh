@@ -12,9 +12,10 @@ torch_version="${H2_TORCH_VERSION:-2.13.0}"
 python="${PYTHON:-python3}"
 
 # System packages: the rdma-core headers and libraries, so the ibverbs transport always compiles,
-# and pyverbs, which the tests use to cross-check DiComm's RDMA probe. Installed only as root (CI and
+# pyverbs, which the tests use to cross-check DiComm's RDMA probe, and OpenSSL's libcrypto headers
+# (DiComm's setup handshake proves the job token with HMAC-SHA256). Installed only as root (CI and
 # the development machines are root); otherwise say what was skipped and build without them.
-system_packages=(libibverbs-dev librdmacm-dev rdma-core python3-pyverbs)
+system_packages=(libibverbs-dev librdmacm-dev rdma-core python3-pyverbs libssl-dev)
 missing_packages=()
 for package in "${system_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing_packages+=("$package")
@@ -26,7 +27,8 @@ if [ "${#missing_packages[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing_packages[@]}" >/dev/null
   else
     echo "[bootstrap] skipped system packages ${missing_packages[*]} (needs root and apt-get):" \
-         "the ibverbs transport is not compiled and the pyverbs cross-check is skipped"
+         "the ibverbs transport is not compiled and the pyverbs cross-check is skipped;" \
+         "without libssl-dev DiComm does not build"
   fi
 fi
 

@@ -256,6 +256,52 @@ def echo(rank, world, store_dir, transport, args):
     return {"notes": ep.notes, "transport": ep.transport(0), "setup_s": setup_s}
 
 
+class PidForgingStore(dicomm.FileStore):
+    """A FileStore through which this rank announces another process's pid as its own."""
+
+    def __init__(self, path, pid, timeout=30):
+        super().__init__(path, timeout=timeout)
+        self.forged_pid = pid
+
+    def set(self, key, value):
+        if "/peer/" in key:
+            text = value.decode() if isinstance(value, bytes) else value
+            value = text.replace(f"\npid={os.getpid()}\n", f"\npid={self.forged_pid}\n")
+        super().set(key, value)
+
+
+def map_fixed(address: int, size: int):
+    """`size` bytes of fresh anonymous memory at exactly `address` (the shared decoy address)."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    map_fixed_noreplace = 0x100000
+    got = libc.mmap(address, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                    mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | map_fixed_noreplace, -1, 0)
+    if got != address:
+        raise OSError(ctypes.get_errno(), f"cannot map {size} bytes at {address:#x}")
+    return (ctypes.c_uint8 * size).from_address(address)
+
+
+def forged_pid(rank, world, store_dir, transport, args):
+    """rank 1 announces args["decoy_pid"] as its pid and receives a large message into memory at
+    args["address"], where the decoy process keeps a canary; rank 0 sends it over shm."""
+    size = args["size"]
+    if rank == 0:
+        ep = endpoint(rank, world, store_dir, transport, timeout=60)
+        ep.send(pattern(size, 3), 1, tag=1)
+        barrier(ep)
+        return {}
+    store = PidForgingStore(store_dir, args["decoy_pid"])
+    ep = dicomm.Endpoint(store, rank, world, transport=transport, timeout=60)
+    buffer = np.frombuffer(map_fixed(args["address"], size), np.uint8)
+    n = ep.recv(buffer, 0, tag=1)
+    barrier(ep)
+    return {"transport": ep.transport(0), "intact": n == size and bool((buffer == pattern(size, 3)).all())}
+
+
 def socket_buffers(rank, world, store_dir, transport, args):
     """The kernel's send and receive buffer sizes (ss's tb and rb) of this rank's connected tcp sockets."""
     import re

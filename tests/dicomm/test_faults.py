@@ -54,9 +54,26 @@ def read_descriptor(store_dir, rank, prefix="dicomm"):
     return fields["address"], int(fields["port"])
 
 
-def hello_frame(rank, token, transport="tcp"):
-    payload = core.encode_hello(rank, token, transport)
-    return core.encode_frame_header("Hello", payload_bytes=len(payload)) + payload
+def read_frame(s):
+    """One whole frame from a socket: (its decoded header, its payload)."""
+    def exactly(n):
+        data = b""
+        while len(data) < n:
+            chunk = s.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+            data += chunk
+        return data
+    header = core.decode_frame_header(exactly(core.FRAME_HEADER_BYTES))
+    return header, exactly(header["payload_bytes"])
+
+
+def answer_challenge(s, rank, token, transport="tcp"):
+    """Reads the listener's challenge, answers it as `rank` holding `token`; returns the listener's reply."""
+    _, challenge = read_frame(s)
+    payload = core.encode_hello(rank, token, transport, challenge)
+    s.sendall(core.encode_frame_header("Hello", payload_bytes=len(payload)) + payload)
+    return read_frame(s)
 
 
 def test_garbage_sent_to_the_listening_port_is_dropped_and_setup_still_succeeds():
@@ -67,8 +84,7 @@ def test_garbage_sent_to_the_listening_port_is_dropped_and_setup_still_succeeds(
             s.sendall(os.urandom(4096))
             time.sleep(0.1)
         with socket.create_connection((address, port)) as s:
-            s.sendall(hello_frame(1, "not-the-token"))
-            s.recv(4096)
+            answer_challenge(s, 1, "not-the-token")
         with start("echo", ranks=[1], store_dir=store_dir, token="t") as talker:
             (result,) = listener.results(timeout=60)
             talker.results(timeout=60)
@@ -86,9 +102,8 @@ def impersonate_rank_1(store_dir, token):
     dicomm.FileStore(store_dir).set("dicomm/peer/1", descriptor)
     address, port = read_descriptor(store_dir, 0)
     s = socket.create_connection((address, port))
-    s.sendall(hello_frame(1, token))
-    reply = s.recv(core.FRAME_HEADER_BYTES)
-    assert core.decode_frame_header(reply)["kind"] == "HelloReply"
+    reply, _ = answer_challenge(s, 1, token)
+    assert reply["kind"] == "HelloReply" and not reply["flags"] & 1, reply
     fake.close()
     return s
 

@@ -418,13 +418,14 @@ PYBIND11_MODULE(_dicomm_core, m) {
           return headerToDict(decodeFrameHeader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), limits));
         },
         py::arg("data"), py::arg("max_message_bytes") = uint64_t(1) << 40);
-  m.def("encode_hello", [](int rank, const std::string& token, const std::string& transport) {
-    Hello h;
-    h.rank = rank;
-    h.token = token;
-    h.transport = parseTransportName(transport, "transport");
-    return py::bytes(h.encode());
-  });
+  m.def(
+      "encode_hello",
+      [](int rank, const std::string& token, const std::string& transport, const py::bytes& challenge) {
+        return py::bytes(
+            Hello::answer(Challenge::decode(challenge), rank, parseTransportName(transport, "transport"), token).encode());
+      },
+      py::arg("rank"), py::arg("token"), py::arg("transport"), py::arg("challenge"),
+      "The payload of a dialer's Hello answering a listener's challenge payload, proving `token`.");
 
   py::class_<StreamDecoder>(m, "StreamDecoder")
       .def(py::init<uint64_t>(), py::arg("max_message_bytes") = uint64_t(1) << 40)

@@ -1,6 +1,5 @@
 #include "dicomm/engine.h"
 
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,30 +11,13 @@
 #include <sstream>
 
 #include "dicomm/device_memory.h"
+#include "dicomm/job_secret.h"
 #include "dicomm/peer.h"
 #include "hello_desk.h"
+#include "text_fields.h"
 
 namespace dicomm {
 namespace {
-
-// 128 bits from the kernel's random source; a short or failed read is an error, never a weak token.
-std::string randomToken() {
-  unsigned char bytes[16] = {0};
-  size_t filled = 0;
-  while (filled < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw CommError(std::string("cannot draw a job token (getrandom: ") + std::strerror(errno) + ")");
-    filled += size_t(n);
-  }
-  static const char* hex = "0123456789abcdef";
-  std::string token;
-  for (unsigned char b : bytes) {
-    token += hex[b >> 4];
-    token += hex[b & 15];
-  }
-  return token;
-}
 
 std::string peerKey(const Options& options, int rank) { return options.store_prefix + "/peer/" + std::to_string(rank); }
 
@@ -44,6 +26,8 @@ std::string peerKey(const Options& options, int rank) { return options.store_pre
 std::string setupFailedKey(const Options& options, int rank) {
   return options.store_prefix + "/setup-failed/" + std::to_string(rank);
 }
+
+constexpr size_t kTokenBytes = 16;
 
 // How often a listener waiting for higher ranks looks in the store for one that gave up.
 constexpr auto kGaveUpPollInterval = std::chrono::milliseconds(100);
@@ -107,7 +91,7 @@ void Engine::rendezvous(Store& store) {
   const std::string token_key = options_.store_prefix + "/token";
   if (token.empty()) {
     if (rank_ == 0) {
-      token = randomToken();
+      token = randomHex(kTokenBytes, "a job token");
       store.set(token_key, token);
     } else {
       token = store.get(token_key, deadline);
@@ -143,19 +127,29 @@ void Engine::dialLowerRanks(Store& store, const std::string& token, Clock::time_
     const TransportKind kind = chooseTransport(peer);
     const std::string name = "rank " + std::to_string(q) + " at " + peer.address + ":" + std::to_string(peer.port);
     Socket socket = connectTcp(peer.address, peer.port, deadline);
-    Hello hello;
-    hello.rank = rank_;
-    hello.token = token;
-    hello.transport = kind;
+    std::string asked;
+    const FrameHeader challenge_header = recvFrame(socket.fd(), &asked, options_.frameLimits(), deadline, name);
+    if (challenge_header.kind != FrameKind::Hello) {
+      throw CommError(name + " opened the setup with a " + frameKindName(challenge_header.kind) + " frame, not a challenge");
+    }
+    const Challenge challenge = Challenge::decode(asked);
+    if (challenge.rank != q) throw CommError(name + " answered as rank " + std::to_string(challenge.rank));
+    const Hello hello = Hello::answer(challenge, rank_, kind, token);
     FrameHeader header;
     header.kind = FrameKind::Hello;
     sendFrame(socket.fd(), header, hello.encode(), deadline, name);
-    std::string reason;
-    const FrameHeader reply = recvFrame(socket.fd(), &reason, options_.frameLimits(), deadline, name);
+    std::string answer;
+    const FrameHeader reply = recvFrame(socket.fd(), &answer, options_.frameLimits(), deadline, name);
     if (reply.kind != FrameKind::HelloReply) {
       throw CommError(name + " answered the setup with a " + frameKindName(reply.kind) + " frame");
     }
-    if (reply.flags & kFlagRefused) throw CommError(name + " refused the connection: " + reason);
+    if (reply.flags & kFlagRefused) throw CommError(name + " refused the connection: " + answer);
+    const TextFields accepted = parseTextFields(answer);
+    const auto proof = accepted.find("proof");
+    if (proof == accepted.end() || !sameProof(hello.listenerProof(token, challenge), proof->second)) {
+      throw CommError(name + " did not prove it holds this job's token (job token mismatch: the listener belongs to "
+                      "another job)");
+    }
     connectPeer(peer, kind, /*initiator=*/true, std::move(socket), deadline);
   }
 }
@@ -184,7 +178,7 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
   std::string last_refusal;
   const auto hello_timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.hello_timeout_s));
-  HelloDesk desk(listener_, options_.frameLimits(), hello_timeout);
+  HelloDesk desk(listener_, rank_, options_.frameLimits(), hello_timeout);
   while (!waiting.empty()) {
     std::optional<HelloDesk::Arrival> arrival = desk.next(std::min(deadline, Clock::now() + kGaveUpPollInterval));
     if (!arrival && Clock::now() < deadline) {
@@ -219,7 +213,7 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
       continue;
     }
     const Hello& hello = arrival->hello;
-    if (hello.token != token) {
+    if (!hello.proves(token, arrival->challenge)) {
       refuse("job token mismatch (the peer belongs to another job)");
       continue;
     }
@@ -249,7 +243,8 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
     }
     FrameHeader reply;
     reply.kind = FrameKind::HelloReply;
-    sendFrame(socket.fd(), reply, "", hello_deadline, "rank " + std::to_string(hello.rank));
+    sendFrame(socket.fd(), reply, "proof=" + hello.listenerProof(token, arrival->challenge) + "\n", hello_deadline,
+              "rank " + std::to_string(hello.rank));
     connectPeer(peer, hello.transport, /*initiator=*/false, std::move(socket), deadline);
     waiting.erase(hello.rank);
   }

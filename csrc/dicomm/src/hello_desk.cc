@@ -13,8 +13,8 @@ namespace {
 constexpr int kPollMillis = 20;
 }
 
-HelloDesk::HelloDesk(const Socket& listener, FrameLimits limits, Clock::duration hello_timeout)
-    : listener_(listener), limits_(limits), hello_timeout_(hello_timeout) {}
+HelloDesk::HelloDesk(const Socket& listener, int rank, FrameLimits limits, Clock::duration hello_timeout)
+    : listener_(listener), rank_(rank), limits_(limits), hello_timeout_(hello_timeout) {}
 
 HelloDesk::~HelloDesk() {
   {
@@ -36,6 +36,7 @@ void HelloDesk::displaceOldestWaitingLocked() {
 }
 
 void HelloDesk::acceptOne() {
+  const Challenge challenge = Challenge::fresh(rank_);
   const int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
   if (fd < 0) {
     if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) return;
@@ -50,10 +51,14 @@ void HelloDesk::acceptOne() {
   waiting_.push_back(Waiting{fd, std::thread(), false});
   Waiting* self = &waiting_.back();
   const Clock::time_point hello_deadline = Clock::now() + hello_timeout_;
-  self->reader = std::thread([this, self, fd, hello_deadline] {
+  self->reader = std::thread([this, self, fd, hello_deadline, challenge] {
     Arrival arrival;
     arrival.socket = Socket(fd);
+    arrival.challenge = challenge;
     try {
+      FrameHeader asked;
+      asked.kind = FrameKind::Hello;
+      sendFrame(fd, asked, challenge.encode(), hello_deadline, "a connecting peer");
       std::string payload;
       const FrameHeader h = recvFrame(fd, &payload, limits_, hello_deadline, "a connecting peer");
       if (h.kind != FrameKind::Hello) throw FrameError(std::string("expected Hello, got ") + frameKindName(h.kind));

@@ -1,5 +1,5 @@
-// The listener's front desk during setup: every connection to the listener gets its own thread
-// that waits a short time for the connecting peer's Hello, so connections that never speak (or
+// The listener's front desk during setup: every connection to the listener gets a fresh
+// challenge (peer.h) and its own thread that waits a short time for the connecting peer's Hello, so connections that never speak (or
 // speak garbage) cannot hold up the peers of the job. At most kMaxPendingHellos wait at once;
 // a newer connection displaces the oldest one still waiting.
 #pragma once
@@ -21,16 +21,19 @@ class HelloDesk {
  public:
   struct Arrival {
     Socket socket;
+    Challenge challenge;  // what this connection was asked to prove the job token against
     Hello hello;
     std::string error;  // non-empty: no valid Hello arrived in time (the connection is dropped)
   };
 
-  HelloDesk(const Socket& listener, FrameLimits limits, Clock::duration hello_timeout);
+  // `rank`: the listener's, sent in every challenge.
+  HelloDesk(const Socket& listener, int rank, FrameLimits limits, Clock::duration hello_timeout);
   ~HelloDesk();  // shuts the still-waiting connections down and joins their threads
   HelloDesk(const HelloDesk&) = delete;
   HelloDesk& operator=(const HelloDesk&) = delete;
 
   // The next connection whose Hello arrived or failed; nullopt once `deadline` passes first.
+  // Throws CommError when no challenge nonce can be drawn (never challenges with a weak one).
   std::optional<Arrival> next(Clock::time_point deadline);
 
  private:
@@ -45,6 +48,7 @@ class HelloDesk {
   void joinFinished();
 
   const Socket& listener_;
+  const int rank_;
   const FrameLimits limits_;
   const Clock::duration hello_timeout_;
   std::mutex mu_;

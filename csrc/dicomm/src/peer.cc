@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "dicomm/frame.h"
+#include "dicomm/job_secret.h"
 #include "dicomm/request.h"
 #include "text_fields.h"
 
@@ -57,9 +58,67 @@ std::string localHostId() {
          "/" + linkTarget("/proc/self/ns/pid");
 }
 
+namespace {
+constexpr size_t kNonceBytes = 16;
+}
+
+Challenge Challenge::fresh(int rank) {
+  Challenge c;
+  c.rank = rank;
+  c.nonce = randomHex(kNonceBytes, "a handshake nonce");
+  return c;
+}
+
+std::string Challenge::encode() const {
+  std::ostringstream out;
+  out << "rank=" << rank << "\nnonce=" << nonce << "\n";
+  return out.str();
+}
+
+Challenge Challenge::decode(const std::string& payload) {
+  const auto fields = parseTextFields(payload);
+  const std::string what = "malformed frame: the listener's challenge";
+  Challenge c;
+  c.rank = int(requireInteger<FrameError>(fields, "rank", what));
+  c.nonce = requireField<FrameError>(fields, "nonce", what);
+  return c;
+}
+
+namespace {
+
+// Both directions sign every value of the exchange; the labels keep one side's proof from
+// serving as the other's.
+std::string handshakeTranscript(const char* label, const Challenge& challenge, const Hello& hello) {
+  std::ostringstream out;
+  out << label << "\nlistener_rank=" << challenge.rank << "\nlistener_nonce=" << challenge.nonce
+      << "\ndialer_rank=" << hello.rank << "\ndialer_nonce=" << hello.nonce
+      << "\ntransport=" << transportName(hello.transport) << "\n";
+  return out.str();
+}
+
+}  // namespace
+
+Hello Hello::answer(const Challenge& challenge, int rank, TransportKind transport, const std::string& token) {
+  Hello h;
+  h.rank = rank;
+  h.transport = transport;
+  h.nonce = randomHex(kNonceBytes, "a handshake nonce");
+  h.proof = tokenProof(token, handshakeTranscript("dicomm-hello-v1", challenge, h));
+  return h;
+}
+
+bool Hello::proves(const std::string& token, const Challenge& challenge) const {
+  return sameProof(tokenProof(token, handshakeTranscript("dicomm-hello-v1", challenge, *this)), proof);
+}
+
+std::string Hello::listenerProof(const std::string& token, const Challenge& challenge) const {
+  return tokenProof(token, handshakeTranscript("dicomm-reply-v1", challenge, *this));
+}
+
 std::string Hello::encode() const {
   std::ostringstream out;
-  out << "rank=" << rank << "\ntransport=" << transportName(transport) << "\ntoken=" << token << "\n";
+  out << "rank=" << rank << "\ntransport=" << transportName(transport) << "\nnonce=" << nonce << "\nproof=" << proof
+      << "\n";
   return out.str();
 }
 
@@ -74,7 +133,8 @@ Hello Hello::decode(const std::string& payload) {
   } catch (const std::invalid_argument& e) {
     throw FrameError(std::string("malformed frame: ") + e.what());
   }
-  h.token = requireField<FrameError>(fields, "token", what);
+  h.nonce = requireField<FrameError>(fields, "nonce", what);
+  h.proof = requireField<FrameError>(fields, "proof", what);
   return h;
 }
 

@@ -10,9 +10,9 @@
 
 #include <fstream>
 #include <mutex>
-#include <random>
 #include <sstream>
 
+#include "dicomm/job_secret.h"
 #include "polling_hub.h"
 #include "shm/shm_connection.h"
 #include "text_fields.h"
@@ -113,8 +113,7 @@ class ShmHub : public PollingHub {
   // address must show, read without writing, a fresh random word placed in that ring first.
   static bool probeCrossMemoryWrite(const ShmLink& link, uint64_t peer_probe_address) {
     auto* ring_control = static_cast<RingControl*>(link.outbound_segment.data());
-    std::random_device random;
-    const uint64_t nonce = (uint64_t(random()) << 32) | random() | 1;
+    const uint64_t nonce = randomWord("a cross-memory probe word") | 1;
     ring_control->cma_probe.store(nonce);
     uint64_t seen = 0;
     iovec into{&seen, sizeof(seen)};
