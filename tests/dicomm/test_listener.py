@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import dicomm
 from dicomm import _dicomm_core as core
 from scenarios import run, start
 from test_faults import impersonate_rank_1, read_descriptor
@@ -90,6 +91,41 @@ def test_an_shm_endpoint_removes_segments_that_killed_processes_left(tmp_path):
         for path in (left, alive):
             if os.path.exists(path):
                 os.remove(path)
+
+
+def shm_setup_frame_of_rank_1(store_dir):
+    """Plays rank 0 up to rank 1's shm setup message (sent once rank 1's shm transport, doorbell
+    included, exists); returns the setup connection, left open so rank 1 waits for our answer."""
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(1)
+    descriptor = (f"rank=0\naddress=127.0.0.1\nport={listening.getsockname()[1]}\nhost_id=fake\npid={os.getpid()}\n"
+                  "ibverbs=0\nibverbs_device=\n")
+    dicomm.FileStore(store_dir).set("dicomm/peer/0", descriptor)
+    listening.settimeout(60)
+    connection, _ = listening.accept()
+    listening.close()
+    connection.settimeout(60)
+    hello = connection.recv(core.FRAME_HEADER_BYTES, socket.MSG_WAITALL)
+    connection.recv(core.decode_frame_header(hello)["payload_bytes"], socket.MSG_WAITALL)
+    connection.sendall(core.encode_frame_header("HelloReply"))
+    setup = connection.recv(core.FRAME_HEADER_BYTES, socket.MSG_WAITALL)
+    assert core.decode_frame_header(setup)["kind"] == "Hello"
+    return connection
+
+
+def test_a_rank_killed_during_shm_setup_leaves_no_segment_in_dev_shm():
+    store_dir = tempfile.mkdtemp()
+    with start("token", ranks=[1], transport="shm", store_dir=store_dir, tokens=["t", "t"], connect_timeout=60,
+               env={"DICOMM_HOST_ID": "fake"}) as killed:
+        pid = killed.pid(1)
+        connection = shm_setup_frame_of_rank_1(store_dir)
+        with open(f"/proc/{pid}/maps") as maps:
+            assert "bell" in maps.read()  # its doorbell is mapped: the kill comes after it was made
+        killed.kill(1)
+        killed.wait(1, timeout=30)
+        connection.close()
+    assert [name for name in os.listdir("/dev/shm") if name.startswith(f"dicomm-{pid}-")] == []
 
 
 @pytest.mark.parametrize("token, missing_key", [(None, "dicomm/token"), ("t", "dicomm/peer/0")])
