@@ -1,8 +1,12 @@
 """The setup listener against strangers: idle, slow or garbage connections cannot hold up a job's
 peers, a peer cannot flood a rank with messages nobody posted a receive for, the listener listens
-only on the address the job uses, and shared memory that killed processes left is removed."""
+only on the address the job uses; shm setup leaves nothing in /dev/shm, takes only the files its
+peer announced, and removes the named segments that killed processes of older builds left."""
+import errno
+import fcntl
 import os
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -111,6 +115,7 @@ def shm_setup_frame_of_rank_1(store_dir):
     connection.sendall(core.encode_frame_header("HelloReply"))
     setup = connection.recv(core.FRAME_HEADER_BYTES, socket.MSG_WAITALL)
     assert core.decode_frame_header(setup)["kind"] == "Hello"
+    connection.recv(core.decode_frame_header(setup)["payload_bytes"], socket.MSG_WAITALL)
     return connection
 
 
@@ -126,6 +131,31 @@ def test_a_rank_killed_during_shm_setup_leaves_no_segment_in_dev_shm():
         killed.wait(1, timeout=30)
         connection.close()
     assert [name for name in os.listdir("/dev/shm") if name.startswith(f"dicomm-{pid}-")] == []
+
+
+def test_an_shm_peer_announcing_a_file_with_another_nonce_is_refused_naming_the_rank():
+    store_dir = tempfile.mkdtemp()
+    with start("token", ranks=[1], transport="shm", store_dir=store_dir, tokens=["t", "t"], connect_timeout=60,
+               env={"DICOMM_HOST_ID": "fake"}) as job:
+        connection = shm_setup_frame_of_rank_1(store_dir)
+        forged = os.memfd_create("forged", os.MFD_ALLOW_SEALING)
+        header_bytes, ring_control_bytes, ring_bytes = 64, 4096, 4096
+        os.ftruncate(forged, header_bytes + ring_control_bytes + ring_bytes)
+        os.pwrite(forged, struct.pack("<QQ", int.from_bytes(b"COMMCSHM", "little"), 12345), 0)  # magic, nonce
+        fcntl.fcntl(forged, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        setup = (f"ring_fd={forged}\nring_nonce=54321\nring_bytes={ring_bytes}\nbell_fd={forged}\nbell_nonce=12345\n"
+                 "probe_address=0\ndevice_direct=0\n").encode()
+        connection.sendall(core.encode_frame_header("Hello", payload_bytes=len(setup)) + setup)
+        (result,) = job.results(timeout=60)
+        connection.close()
+    assert result["error"] == (f"rank 0's shm ring (process {os.getpid()}, descriptor {forged}) is not the file "
+                               "it announced (wrong size, seals or nonce)")
+
+
+def test_shm_setup_takes_the_peers_memory_through_proc_where_pidfd_getfd_is_refused():
+    listened, talked = run("echo_refusing_pidfd_getfd", transport="shm", token="t")
+    assert listened["pidfd_getfd_errno"] == errno.EPERM and talked["pidfd_getfd_errno"] == errno.EPERM
+    assert listened["error"] == "" and listened["data"] == "hello" and listened["transport"] == "shm"
 
 
 @pytest.mark.parametrize("token, missing_key", [(None, "dicomm/token"), ("t", "dicomm/peer/0")])
