@@ -1,6 +1,6 @@
-"""python -m dicomm.bench --quick runs end to end and writes the documented JSON."""
+"""python -m dicomm.bench --quick runs end to end and writes the documented JSON; bad input is refused
+before any worker starts."""
 import json
-import os
 import subprocess
 import sys
 
