@@ -290,16 +290,56 @@ def forged_pid(rank, world, store_dir, transport, args):
     args["address"], where the decoy process keeps a canary; rank 0 sends it over shm."""
     size = args["size"]
     if rank == 0:
-        ep = endpoint(rank, world, store_dir, transport, timeout=60)
+        try:
+            ep = endpoint(rank, world, store_dir, transport, timeout=10)
+        except dicomm.CommError as e:
+            return {"refused": str(e)}
         ep.send(pattern(size, 3), 1, tag=1)
         barrier(ep)
         return {}
     store = PidForgingStore(store_dir, args["decoy_pid"])
-    ep = dicomm.Endpoint(store, rank, world, transport=transport, timeout=60)
     buffer = np.frombuffer(map_fixed(args["address"], size), np.uint8)
+    try:
+        ep = dicomm.Endpoint(store, rank, world, transport=transport, timeout=10)
+    except dicomm.CommError as e:
+        return {"refused": str(e)}
     n = ep.recv(buffer, 0, tag=1)
     barrier(ep)
     return {"transport": ep.transport(0), "intact": n == size and bool((buffer == pattern(size, 3)).all())}
+
+
+PIDFD_GETFD = 438  # the same number on every Linux architecture (the generic syscall table)
+
+
+def refuse_pidfd_getfd() -> int:
+    """Installs a seccomp filter failing pidfd_getfd with EPERM in this thread and the threads it
+    starts later (as Docker's default profile does without CAP_SYS_PTRACE); returns the errno a
+    call now gets."""
+    import ctypes
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    load_syscall_number, jump_if_equal, ret = 0x20, 0x15, 0x06
+    program = b"".join(struct.pack("HBBI", *instruction) for instruction in (
+        (load_syscall_number, 0, 0, 0),
+        (jump_if_equal, 0, 1, PIDFD_GETFD),
+        (ret, 0, 0, 0x00050000 | 1),  # SECCOMP_RET_ERRNO | EPERM
+        (ret, 0, 0, 0x7FFF0000),  # SECCOMP_RET_ALLOW
+    ))
+    filters = ctypes.create_string_buffer(program)
+    fprog = struct.pack("HxxxxxxQ", len(program) // 8, ctypes.addressof(filters))
+    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+    assert libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) == 0
+    assert libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.create_string_buffer(fprog), 0, 0) == 0, \
+        os.strerror(ctypes.get_errno())
+    libc.syscall(PIDFD_GETFD, -1, 0, 0)
+    return ctypes.get_errno()
+
+
+def echo_refusing_pidfd_getfd(rank, world, store_dir, transport, args):
+    """echo, on ranks where the kernel refuses pidfd_getfd."""
+    refused_with = refuse_pidfd_getfd()
+    return {**echo(rank, world, store_dir, transport, args), "pidfd_getfd_errno": refused_with}
 
 
 def socket_buffers(rank, world, store_dir, transport, args):

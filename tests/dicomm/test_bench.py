@@ -1,10 +1,12 @@
-"""python -m dicomm.bench --quick runs end to end and writes the documented JSON."""
+"""python -m dicomm.bench --quick runs end to end and writes the documented JSON; bad input is refused
+before any worker starts."""
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+
+from dicomm import bench
 
 
 def test_the_quick_benchmark_reports_every_transport_gloo_and_memcpy(tmp_path):
@@ -45,9 +47,14 @@ def test_the_quick_torch_benchmark_measures_dicomm_beside_gloo(tmp_path):
     ([], {"DICOMM_TCP_CHUNK_BYTES": "0"}, "tcp chunk size must lie in"),
     ([], {"DICOMM_HELLO_TIMEOUT_S": "0"}, "DICOMM_HELLO_TIMEOUT_S=0 is not a positive number"),
 ])
-def test_bad_benchmark_input_is_one_line_and_exit_2_before_any_worker_starts(args, env, message):
-    run = subprocess.run([sys.executable, "-m", "dicomm.bench", "--quick", "--transports", "tcp", *args],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, **env})
-    lines = run.stderr.strip().splitlines()
-    assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("dicomm.bench: error: ")
-    assert message in lines[0]
+def test_bad_benchmark_input_is_one_line_and_exit_2_before_any_worker_starts(capsys, monkeypatch, args, env,
+                                                                             message):
+    def workers_started(*_, **__):
+        raise AssertionError("the benchmark's workers started before its bad input was refused")
+
+    monkeypatch.setattr(bench, "run_ranks", workers_started)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = bench.main(["--quick", "--transports", "tcp", *args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("dicomm.bench: error: ") and message in lines[0]

@@ -1,8 +1,12 @@
 """The setup listener against strangers: idle, slow or garbage connections cannot hold up a job's
 peers, a peer cannot flood a rank with messages nobody posted a receive for, the listener listens
-only on the address the job uses, and shared memory that killed processes left is removed."""
+only on the address the job uses; shm setup leaves nothing in /dev/shm, takes only the files its
+peer announced, and removes the named segments that killed processes of older builds left."""
+import errno
+import fcntl
 import os
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -10,6 +14,7 @@ import time
 
 import pytest
 
+import dicomm
 from dicomm import _dicomm_core as core
 from scenarios import run, start
 from test_faults import impersonate_rank_1, read_descriptor
@@ -90,6 +95,67 @@ def test_an_shm_endpoint_removes_segments_that_killed_processes_left(tmp_path):
         for path in (left, alive):
             if os.path.exists(path):
                 os.remove(path)
+
+
+def shm_setup_frame_of_rank_1(store_dir):
+    """Plays rank 0 up to rank 1's shm setup message (sent once rank 1's shm transport, doorbell
+    included, exists); returns the setup connection, left open so rank 1 waits for our answer."""
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(1)
+    descriptor = (f"rank=0\naddress=127.0.0.1\nport={listening.getsockname()[1]}\nhost_id=fake\npid={os.getpid()}\n"
+                  "ibverbs=0\nibverbs_device=\n")
+    dicomm.FileStore(store_dir).set("dicomm/peer/0", descriptor)
+    listening.settimeout(60)
+    connection, _ = listening.accept()
+    listening.close()
+    connection.settimeout(60)
+    hello = connection.recv(core.FRAME_HEADER_BYTES, socket.MSG_WAITALL)
+    connection.recv(core.decode_frame_header(hello)["payload_bytes"], socket.MSG_WAITALL)
+    connection.sendall(core.encode_frame_header("HelloReply"))
+    setup = connection.recv(core.FRAME_HEADER_BYTES, socket.MSG_WAITALL)
+    assert core.decode_frame_header(setup)["kind"] == "Hello"
+    connection.recv(core.decode_frame_header(setup)["payload_bytes"], socket.MSG_WAITALL)
+    return connection
+
+
+def test_a_rank_killed_during_shm_setup_leaves_no_segment_in_dev_shm():
+    store_dir = tempfile.mkdtemp()
+    with start("token", ranks=[1], transport="shm", store_dir=store_dir, tokens=["t", "t"], connect_timeout=60,
+               env={"DICOMM_HOST_ID": "fake"}) as killed:
+        pid = killed.pid(1)
+        connection = shm_setup_frame_of_rank_1(store_dir)
+        with open(f"/proc/{pid}/maps") as maps:
+            assert "bell" in maps.read()  # its doorbell is mapped: the kill comes after it was made
+        killed.kill(1)
+        killed.wait(1, timeout=30)
+        connection.close()
+    assert [name for name in os.listdir("/dev/shm") if name.startswith(f"dicomm-{pid}-")] == []
+
+
+def test_an_shm_peer_announcing_a_file_with_another_nonce_is_refused_naming_the_rank():
+    store_dir = tempfile.mkdtemp()
+    with start("token", ranks=[1], transport="shm", store_dir=store_dir, tokens=["t", "t"], connect_timeout=60,
+               env={"DICOMM_HOST_ID": "fake"}) as job:
+        connection = shm_setup_frame_of_rank_1(store_dir)
+        forged = os.memfd_create("forged", os.MFD_ALLOW_SEALING)
+        header_bytes, ring_control_bytes, ring_bytes = 64, 4096, 4096
+        os.ftruncate(forged, header_bytes + ring_control_bytes + ring_bytes)
+        os.pwrite(forged, struct.pack("<QQ", int.from_bytes(b"COMMCSHM", "little"), 12345), 0)  # magic, nonce
+        fcntl.fcntl(forged, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        setup = (f"ring_fd={forged}\nring_nonce=54321\nring_bytes={ring_bytes}\nbell_fd={forged}\nbell_nonce=12345\n"
+                 "probe_address=0\ndevice_direct=0\n").encode()
+        connection.sendall(core.encode_frame_header("Hello", payload_bytes=len(setup)) + setup)
+        (result,) = job.results(timeout=60)
+        connection.close()
+    assert result["error"] == (f"rank 0's shm ring (process {os.getpid()}, descriptor {forged}) is not the file "
+                               "it announced (wrong size, seals or nonce)")
+
+
+def test_shm_setup_takes_the_peers_memory_through_proc_where_pidfd_getfd_is_refused():
+    listened, talked = run("echo_refusing_pidfd_getfd", transport="shm", token="t")
+    assert listened["pidfd_getfd_errno"] == errno.EPERM and talked["pidfd_getfd_errno"] == errno.EPERM
+    assert listened["error"] == "" and listened["data"] == "hello" and listened["transport"] == "shm"
 
 
 @pytest.mark.parametrize("token, missing_key", [(None, "dicomm/token"), ("t", "dicomm/peer/0")])

@@ -144,7 +144,7 @@ def failing_getrandom(tmp_path_factory):
 @pytest.mark.parametrize("transport, tokens, failing_sizes, drawn", [
     ("tcp", [None, None], {}, "a job token"),              # rank 0 draws the token first
     ("tcp", ["t", "t"], {}, "a handshake nonce"),          # the user's token: rank 0's first draw is its challenge
-    ("shm", ["t", "t"], {"FAIL_GETRANDOM_OF_BYTES": "8"}, "a cross-memory probe word"),  # only 8-byte draws fail
+    ("shm", ["t", "t"], {"FAIL_GETRANDOM_OF_BYTES": "8"}, "a shared memory nonce"),  # only 8-byte draws (randomWord) fail: the first is a ring's memfd nonce
 ])
 def test_a_failed_getrandom_fails_the_setup_in_one_line_naming_it(failing_getrandom, transport, tokens, failing_sizes,
                                                                    drawn):
@@ -176,11 +176,16 @@ def test_shm_writes_never_reach_a_process_a_peer_names_as_its_own():
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.path.dirname(__file__))
     try:
         assert decoy.stdout.readline().strip() == "ready"
-        _, receiver = run("forged_pid", transport="shm", decoy_pid=decoy.pid, address=DECOY_ADDRESS, size=size)
+        sender, receiver = run("forged_pid", transport="shm", decoy_pid=decoy.pid, address=DECOY_ADDRESS, size=size)
         decoy.stdin.write("check\n")
         decoy.stdin.flush()
         decoy_memory = decoy.stdout.readline().strip()
     finally:
         decoy.kill()
         decoy.wait()
-    assert (receiver["intact"], decoy_memory) == (True, "intact"), (receiver, decoy_memory)
+    assert decoy_memory == "intact", (sender, receiver)
+    # The shm rings are memfds taken from the announced process, which does not hold them: the sender
+    # refuses the setup in one line naming rank 1 (before memfds, the cross-memory probe sent the
+    # message through the ring instead).
+    assert sender.get("refused", "").startswith("rank 1's shm ring cannot be taken (process "), sender
+    assert "\n" not in sender["refused"] and "intact" not in receiver, receiver

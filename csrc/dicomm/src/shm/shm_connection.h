@@ -18,16 +18,16 @@
 
 #include "dicomm/device_memory.h"
 #include "polled_connection.h"
+#include "shm/anonymous_segment.h"
 #include "shm/bell.h"
 #include "shm/ring.h"
-#include "shm/segment.h"
 
 namespace dicomm {
 
 struct ShmLink {
-  SharedSegment inbound_segment;   // created here; the peer produces into it
-  SharedSegment outbound_segment;  // created by the peer; we produce into it
-  SharedSegment peer_bell_segment;
+  AnonymousSegment inbound_segment;   // created here; the peer produces into it
+  AnonymousSegment outbound_segment;  // taken from the peer; we produce into it
+  AnonymousSegment peer_bell_segment;
   Ring inbound;
   Ring outbound;
   Bell* peer_bell = nullptr;

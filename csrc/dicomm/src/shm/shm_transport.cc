@@ -1,19 +1,21 @@
 // The same-host transport: per peer, two shared-memory rings (one per direction) plus
 // cross-memory-attach writes for large messages. One lock serialises all shm connections of
 // an endpoint; a waiting thread polls them itself, and a background thread takes over (parked
-// on this process's doorbell) when nobody waits.
+// on this process's doorbell, a memfd peers take from us by pid and descriptor) when nobody waits.
 #include <linux/futex.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <climits>
 #include <fstream>
 #include <mutex>
 #include <sstream>
 
 #include "dicomm/job_secret.h"
 #include "polling_hub.h"
+#include "shm/segment.h"
 #include "shm/shm_connection.h"
 #include "text_fields.h"
 
@@ -38,12 +40,21 @@ uint64_t requireNumber(const TextFields& fields, const std::string& name) {
   return uint64_t(requireInteger<CommError>(fields, name, kSetupMessage));
 }
 
+// The peer's `what` ("ring" or "bell"), announced as what_fd and what_nonce in its setup message.
+AnonymousSegment takeFromPeer(int64_t pid, const TextFields& theirs, const std::string& what, size_t bytes,
+                              const std::string& who) {
+  const uint64_t fd = requireNumber(theirs, what + "_fd");
+  if (fd > uint64_t(INT_MAX)) throw CommError(who + " announced an invalid shm " + what + " descriptor " + std::to_string(fd));
+  return AnonymousSegment::takeFromPeer(pid, int(fd), requireNumber(theirs, what + "_nonce"), bytes,
+                                        who + "'s shm " + what);
+}
+
 // Polls every shm connection of an endpoint. Its background thread parks on this process's
 // doorbell when idle; peers ring it after writing a frame.
 class ShmHub : public PollingHub {
  public:
   explicit ShmHub(const Options& options) : PollingHub(options.activeWaitWindow()), options_(options) {
-    bell_segment_ = SharedSegment::create(uniqueSegmentName("bell"), kBellSegmentBytes);
+    bell_segment_ = AnonymousSegment::create("dicomm-bell", kBellSegmentBytes);
     bell_ = new (bell_segment_.data()) Bell();
   }
 
@@ -53,9 +64,8 @@ class ShmHub : public PollingHub {
   }
 
   void start() override {
-    // Every peer has mapped our doorbell by now (each connect waited for its peer's mapping);
-    // unlinking it earlier would hide it from peers that connect after the first.
-    bell_segment_.unlink();
+    // Every peer has taken our doorbell by now (each connect waited for its peer's mapping).
+    bell_segment_.stopSharing();
     PollingHub::start();
   }
 
@@ -64,7 +74,7 @@ class ShmHub : public PollingHub {
     const std::string who = "rank " + std::to_string(setup.peer.rank);
     ShmLink link;
     const size_t capacity = options_.shm_ring_bytes;
-    link.inbound_segment = SharedSegment::create(uniqueSegmentName("ring"), ringSegmentBytes(capacity));
+    link.inbound_segment = AnonymousSegment::create("dicomm-ring", ringSegmentBytes(capacity));
     auto* inbound_control = new (link.inbound_segment.data()) RingControl();
     inbound_control->head.store(0);
     inbound_control->tail.store(0);
@@ -72,8 +82,9 @@ class ShmHub : public PollingHub {
     link.inbound = Ring(link.inbound_segment.data(), capacity);
 
     std::ostringstream mine;
-    mine << "ring=" << link.inbound_segment.name() << "\nring_bytes=" << capacity << "\nbell="
-         << bell_segment_.name() << "\nprobe_address=" << reinterpret_cast<uint64_t>(&inbound_control->cma_probe)
+    mine << "ring_fd=" << link.inbound_segment.fd() << "\nring_nonce=" << link.inbound_segment.nonce()
+         << "\nring_bytes=" << capacity << "\nbell_fd=" << bell_segment_.fd() << "\nbell_nonce=" << bell_segment_.nonce()
+         << "\nprobe_address=" << reinterpret_cast<uint64_t>(&inbound_control->cma_probe)
          << "\ndevice_direct=" << (options_.device_memory && options_.device_direct ? 1 : 0) << "\n";
     FrameHeader hello;
     hello.kind = FrameKind::Hello;
@@ -85,9 +96,9 @@ class ShmHub : public PollingHub {
     if (peer_capacity < 4096 || (peer_capacity & (peer_capacity - 1)) != 0 || peer_capacity > (uint64_t(1) << 30)) {
       throw CommError(who + " announced an invalid shm ring size " + std::to_string(peer_capacity));
     }
-    link.outbound_segment = SharedSegment::open(requireField<CommError>(theirs, "ring", kSetupMessage), ringSegmentBytes(peer_capacity));
+    link.outbound_segment = takeFromPeer(setup.peer.pid, theirs, "ring", ringSegmentBytes(peer_capacity), who);
     link.outbound = Ring(link.outbound_segment.data(), peer_capacity);
-    link.peer_bell_segment = SharedSegment::open(requireField<CommError>(theirs, "bell", kSetupMessage), kBellSegmentBytes);
+    link.peer_bell_segment = takeFromPeer(setup.peer.pid, theirs, "bell", kBellSegmentBytes, who);
     link.peer_bell = static_cast<Bell*>(link.peer_bell_segment.data());
     link.peer_pid = setup.peer.pid;
     const uint64_t peer_probe_address = requireNumber(theirs, "probe_address");
@@ -96,13 +107,13 @@ class ShmHub : public PollingHub {
     link.device_direct = options_.device_memory && options_.device_direct && peer_device_direct != theirs.end() &&
                          peer_device_direct->second == "1";
 
-    // Both sides have mapped everything: the names can go.
+    // Both sides have mapped everything: nobody needs to take our ring any more.
     FrameHeader mapped;
     mapped.kind = FrameKind::HelloReply;
     sendFrame(setup.socket.fd(), mapped, "", setup.deadline, who);
     std::string ignored;
     recvFrame(setup.socket.fd(), &ignored, options_.frameLimits(), setup.deadline, who);
-    link.inbound_segment.unlink();
+    link.inbound_segment.stopSharing();
 
     auto connection = std::make_shared<ShmConnection>(setup.peer.rank, std::move(link), options_);
     connection->adoptControlSocket(std::move(setup.socket));
@@ -164,7 +175,7 @@ class ShmHub : public PollingHub {
   }
 
   const Options options_;
-  SharedSegment bell_segment_;
+  AnonymousSegment bell_segment_;
   Bell* bell_ = nullptr;
   int idle_polls_ = 0;
 };
