@@ -4,7 +4,10 @@ only on the address the job uses; shm setup leaves nothing in /dev/shm, takes on
 peer announced, and removes the named segments that killed processes of older builds left."""
 import errno
 import fcntl
+import hashlib
+import hmac
 import os
+import secrets
 import socket
 import struct
 import subprocess
@@ -97,7 +100,22 @@ def test_an_shm_endpoint_removes_segments_that_killed_processes_left(tmp_path):
                 os.remove(path)
 
 
-def shm_setup_frame_of_rank_1(store_dir):
+def answer_as_listener(connection, token):
+    """The listener's side of the handshake as rank 0 holding `token`: a challenge, then the
+    proof of the token for the dialer's hello (docs/dicomm.md, "Setup")."""
+    nonce = secrets.token_hex(16)
+    challenge = f"rank=0\nnonce={nonce}\n".encode()
+    connection.sendall(core.encode_frame_header("Hello", payload_bytes=len(challenge)) + challenge)
+    header = core.decode_frame_header(connection.recv(core.FRAME_HEADER_BYTES, socket.MSG_WAITALL))
+    hello = dict(line.split("=", 1) for line in
+                 connection.recv(header["payload_bytes"], socket.MSG_WAITALL).decode().splitlines())
+    transcript = (f"dicomm-reply-v1\nlistener_rank=0\nlistener_nonce={nonce}\ndialer_rank={hello['rank']}\n"
+                  f"dialer_nonce={hello['nonce']}\ntransport={hello['transport']}\n")
+    reply = f"proof={hmac.new(token.encode(), transcript.encode(), hashlib.sha256).hexdigest()}\n".encode()
+    connection.sendall(core.encode_frame_header("HelloReply", payload_bytes=len(reply)) + reply)
+
+
+def shm_setup_frame_of_rank_1(store_dir, token="t"):
     """Plays rank 0 up to rank 1's shm setup message (sent once rank 1's shm transport, doorbell
     included, exists); returns the setup connection, left open so rank 1 waits for our answer."""
     listening = socket.socket()
@@ -110,9 +128,7 @@ def shm_setup_frame_of_rank_1(store_dir):
     connection, _ = listening.accept()
     listening.close()
     connection.settimeout(60)
-    hello = connection.recv(core.FRAME_HEADER_BYTES, socket.MSG_WAITALL)
-    connection.recv(core.decode_frame_header(hello)["payload_bytes"], socket.MSG_WAITALL)
-    connection.sendall(core.encode_frame_header("HelloReply"))
+    answer_as_listener(connection, token)
     setup = connection.recv(core.FRAME_HEADER_BYTES, socket.MSG_WAITALL)
     assert core.decode_frame_header(setup)["kind"] == "Hello"
     connection.recv(core.decode_frame_header(setup)["payload_bytes"], socket.MSG_WAITALL)
