@@ -114,17 +114,3 @@ def test_a_receive_posted_while_its_message_arrives_gets_every_byte():
     result = decoder.result(handle)
     assert result["ok"] and result["data"] == first + second + third
     assert decoder.stored == 0
-
-
-def test_the_stream_reader_counts_a_message_in_progress_from_its_first_byte_to_its_last_across_frames():
-    # One 8-byte message in two 4-byte Data frames: the tcp waiter reads on without sleeping exactly while
-    # this is true.
-    decoder = core.StreamDecoder()
-    decoder.post_recv(tag=0, capacity=8)
-    stream = data_frame(0, 0, b"abcd", total=8) + data_frame(0, 0, b"efgh", total=8, offset=4)
-    seen = []
-    for position in range(len(stream)):
-        seen.append(decoder.message_in_progress)
-        decoder.feed(stream[position:position + 1])
-    seen.append(decoder.message_in_progress)
-    assert seen == [False] + [True] * (len(stream) - 1) + [False]

@@ -263,7 +263,6 @@ class StreamDecoder {
     return d;
   }
   size_t stored() const { return inbox_.storedCount(); }
-  bool messageInProgress() const { return reader_.messageInProgress(); }
 
  private:
   static FrameLimits limits(uint64_t max_message_bytes) {
@@ -432,6 +431,5 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def("post_recv", &StreamDecoder::postRecv, py::arg("tag"), py::arg("capacity"))
       .def("feed", &StreamDecoder::feed)
       .def("result", &StreamDecoder::result)
-      .def_property_readonly("stored", &StreamDecoder::stored)
-      .def_property_readonly("message_in_progress", &StreamDecoder::messageInProgress);
+      .def_property_readonly("stored", &StreamDecoder::stored);
 }
