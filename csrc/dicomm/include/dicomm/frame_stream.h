@@ -24,9 +24,6 @@ class FrameStreamReader {
   bool atFrameBoundary() const { return header_filled_ == 0 && !in_payload_; }
   // Payload bytes of the current frame still to come (0 between payloads).
   uint64_t payloadLeft() const { return in_payload_ ? frame_.payload_bytes - payload_received_ : 0; }
-  // True from the first header byte of a message until its last payload byte, across its frames:
-  // the rest of it is on the way.
-  bool messageInProgress() const { return header_filled_ > 0 || in_payload_ || message_open_; }
 
  private:
   void beginFrame();
@@ -40,7 +37,6 @@ class FrameStreamReader {
   FrameHeader frame_;
   uint8_t* payload_destination_ = nullptr;  // nullptr: discard
   uint64_t payload_received_ = 0;
-  bool message_open_ = false;  // the last frame ended before the end of its message
   std::vector<uint8_t> discard_;
 };
 

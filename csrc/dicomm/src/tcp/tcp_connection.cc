@@ -37,7 +37,6 @@ TcpConnection::TcpConnection(int peer, Socket socket, int epoll_fd, const Option
       epoll_fd_(epoll_fd),
       chunk_bytes_(options.tcp_chunk_bytes),
       largest_read_threshold_(options.tcp_socket_buffer_bytes / 8),
-      stream_spin_window_(options.activeWaitWindow()),
       reader_(inbox_, options.frameLimits()) {
   setNonBlocking(socket_.fd());
   setNoDelay(socket_.fd());
@@ -60,40 +59,25 @@ void TcpConnection::postRecv(const RequestPtr& recv) {
 }
 
 void TcpConnection::readWhileWaiting(const Request& request, Clock::time_point until) {
-  bool streaming = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_ || waiter_reads_ || !request.isPending()) return;
     waiter_reads_ = true;
     watchLocked();
     readAvailableLocked();  // what arrived before the epoll thread let go
-    streaming = reader_.messageInProgress();
   }
-  // While a message streams in, the peer is writing the rest of it now: the waiter reads on
-  // without sleeping (for at most the spin window), so the end of the message finds it awake.
-  // Between messages (the peer may be computing) it sleeps in poll(2).
-  const auto spin_until = std::min(until, Clock::now() + stream_spin_window_);
   while (request.isPending()) {
     const auto now = Clock::now();
     if (now >= until) break;
-    if (!streaming || now >= spin_until) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (closed_) break;
-        setReadThresholdLocked();
-      }
-      const auto slice = std::min<Clock::duration>(until - now, kWaiterPollSlice);
-      pollfd watched{socket_.fd(), POLLIN | POLLRDHUP, 0};
-      ::poll(&watched, 1, int(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
-    }
+    const auto slice = std::min<Clock::duration>(until - now, kWaiterPollSlice);
+    pollfd watched{socket_.fd(), POLLIN | POLLRDHUP, 0};
+    ::poll(&watched, 1, int(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) break;
     readAvailableLocked();
-    streaming = reader_.messageInProgress();
   }
   std::lock_guard<std::mutex> lock(mu_);
   waiter_reads_ = false;
-  setReadThresholdLocked();
   watchLocked();
 }
 
@@ -184,9 +168,7 @@ void TcpConnection::onWritable() {
 
 void TcpConnection::onReadable() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_ || waiter_reads_) return;
-  readAvailableLocked();
-  setReadThresholdLocked();
+  if (!closed_ && !waiter_reads_) readAvailableLocked();
 }
 
 void TcpConnection::readAvailableLocked() {
@@ -202,7 +184,10 @@ void TcpConnection::readAvailableLocked() {
         throw CommError("rank " + std::to_string(peer_) + " closed the tcp connection" +
                         (reader_.atFrameBoundary() ? "" : " in the middle of a frame") + " (peer exited?)");
       }
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        setReadThresholdLocked();
+        return;
+      }
       if (errno == EINTR) continue;
       throw CommError(describe() + " failed while receiving: " + std::strerror(errno));
     }
@@ -214,7 +199,6 @@ void TcpConnection::readAvailableLocked() {
 }
 
 void TcpConnection::setReadThresholdLocked() {
-  if (closed_) return;
   // While a large payload streams in, wake only when a sizeable piece can be read at once.
   const int threshold = int(std::max<uint64_t>(1, std::min<uint64_t>(reader_.payloadLeft(), largest_read_threshold_)));
   if (threshold == read_threshold_) return;

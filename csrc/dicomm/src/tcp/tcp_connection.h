@@ -3,8 +3,7 @@
 // matched receive buffer. All socket I/O is non-blocking. The transport's epoll thread drives it,
 // except while a thread waits for one of its receives: that thread then reads the socket itself
 // (the epoll thread stops watching it for input), so arriving bytes wake only the thread that
-// wants them instead of the epoll thread and then, through the request, the waiter; while a
-// message streams in, that thread reads on without sleeping for at most the spin window.
+// wants them instead of the epoll thread and then, through the request, the waiter.
 #pragma once
 
 #include <memory>
@@ -51,7 +50,7 @@ class TcpConnection : public QueuedConnection<TcpOutgoing>, public std::enable_s
   void setWantWriteLocked(bool want);
   void watchLocked();  // tells epoll what the epoll thread handles now
   void readAvailableLocked();
-  void setReadThresholdLocked();  // before the reading thread sleeps
+  void setReadThresholdLocked();
   void closeLocked(const std::string& why);
   std::string describe() const;
 
@@ -59,7 +58,6 @@ class TcpConnection : public QueuedConnection<TcpOutgoing>, public std::enable_s
   const int epoll_fd_;
   const size_t chunk_bytes_;
   const size_t largest_read_threshold_;  // an eighth of the socket buffer; 0 with kernel autotuning
-  const Clock::duration stream_spin_window_;  // how long a waiter reads a streaming message without sleeping
   std::mutex mu_;
   FrameStreamReader reader_;
   bool want_write_ = false;
