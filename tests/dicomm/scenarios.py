@@ -275,6 +275,20 @@ def socket_buffers(rank, world, store_dir, transport, args):
     return {"buffers": buffers}
 
 
+def congestion_controls(rank, world, store_dir, transport, args):
+    """The congestion control of each of this rank's connected tcp sockets, as `ss -ti` names it."""
+    import subprocess
+    ep = endpoint(rank, world, store_dir, transport)
+    barrier(ep)
+    lines = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    mine = f"pid={os.getpid()},"
+    # ss prints the socket's line, then its details starting with the algorithm's name.
+    names = [details.split()[0] for line, details in zip(lines, lines[1:]) if mine in line]
+    barrier(ep)
+    return {"congestion": names}
+
+
 def torch_store_exchange(store, rank, transport):
     ep = dicomm.Endpoint(store, rank, 2, transport=transport, timeout=30)
     peer = 1 - rank

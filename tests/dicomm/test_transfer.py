@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from h2.core.ranks import RankFailure
 from scenarios import run
 
 TRANSPORTS = ["tcp", "shm"]
@@ -93,3 +94,22 @@ def test_tcp_socket_buffers_grow_past_the_kernel_limit_as_root():
     ranks = run("socket_buffers", transport="tcp", env={"DICOMM_TCP_SOCKET_BUFFER_BYTES": str(requested)})
     # The kernel doubles what it is given (bookkeeping overhead), as socket(7) says.
     assert [rank["buffers"] for rank in ranks] == [[(2 * requested, 2 * requested)]] * 2
+
+
+def test_tcp_connections_use_reno_by_default():
+    # BBR sizes its window from the bandwidth-delay product, a few segments on loopback: a 1 MiB
+    # message then waits for acknowledgements (docs/dicomm.md, tcp).
+    ranks = run("congestion_controls", transport="tcp")
+    assert [rank["congestion"] for rank in ranks] == [["reno"]] * 2
+
+
+def test_tcp_congestion_default_leaves_the_kernels_choice():
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as default:
+        kernel_default = default.read().strip()
+    ranks = run("congestion_controls", transport="tcp", env={"DICOMM_TCP_CONGESTION": "default"})
+    assert [rank["congestion"] for rank in ranks] == [[kernel_default]] * 2
+
+
+def test_a_congestion_control_the_kernel_lacks_fails_setup_naming_it_and_what_exists():
+    with pytest.raises(RankFailure, match="tcp congestion control 'nosuchcc' .* refused by the kernel: .*available: "):
+        run("congestion_controls", transport="tcp", env={"DICOMM_TCP_CONGESTION": "nosuchcc"})

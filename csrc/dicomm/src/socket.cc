@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 namespace dicomm {
@@ -133,6 +134,23 @@ void setBufferSizes(int fd, int bytes) {
   if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof(bytes)) != 0) {
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
   }
+}
+
+namespace {
+std::string kernelList(const char* path) {
+  std::ifstream file(path);
+  std::string names;
+  std::getline(file, names);
+  return names.empty() ? "unknown" : names;
+}
+}  // namespace
+
+void setCongestionControl(int fd, const std::string& name) {
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), socklen_t(name.size())) == 0) return;
+  throw CommError("tcp congestion control '" + name + "' (DICOMM_TCP_CONGESTION) refused by the kernel: " +
+                  std::strerror(errno) + "; available: " +
+                  kernelList("/proc/sys/net/ipv4/tcp_available_congestion_control") + "; allowed to every user: " +
+                  kernelList("/proc/sys/net/ipv4/tcp_allowed_congestion_control"));
 }
 
 void sendAll(int fd, const void* data, size_t size, Clock::time_point deadline, const std::string& peer_name) {
