@@ -275,18 +275,29 @@ def socket_buffers(rank, world, store_dir, transport, args):
     return {"buffers": buffers}
 
 
-def congestion_controls(rank, world, store_dir, transport, args):
-    """The congestion control of each of this rank's connected tcp sockets, as `ss -ti` names it."""
-    import subprocess
+def tcp_socket_options(rank, world, store_dir, transport, args):
+    """Congestion control and not-sent low-water mark of each connected tcp socket of this process."""
+    import socket
     ep = endpoint(rank, world, store_dir, transport)
     barrier(ep)
-    lines = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True,
-                           check=True).stdout.splitlines()
-    mine = f"pid={os.getpid()},"
-    # ss prints the socket's line, then its details starting with the algorithm's name.
-    names = [details.split()[0] for line, details in zip(lines, lines[1:]) if mine in line]
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:  # not a socket
+            continue
+        with sock:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                sock.getpeername()
+            except OSError:  # the listener
+                continue
+            found.append({"congestion": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+                          .rstrip(b"\0").decode(),
+                          "notsent_lowat": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)})
     barrier(ep)
-    return {"congestion": names}
+    return {"sockets": found}
 
 
 def torch_store_exchange(store, rank, transport):

@@ -338,6 +338,7 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("tcp_chunk_bytes", &Options::tcp_chunk_bytes)
       .def_readwrite("tcp_socket_buffer_bytes", &Options::tcp_socket_buffer_bytes)
       .def_readwrite("tcp_congestion", &Options::tcp_congestion)
+      .def_readwrite("tcp_notsent_lowat_bytes", &Options::tcp_notsent_lowat_bytes)
       .def_readwrite("shm_ring_bytes", &Options::shm_ring_bytes)
       .def_readwrite("shm_eager_bytes", &Options::shm_eager_bytes)
       .def_readwrite("shm_split_bytes", &Options::shm_split_bytes)

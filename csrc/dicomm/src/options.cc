@@ -84,6 +84,9 @@ Options Options::fromEnvironment() {
     o.tcp_socket_buffer_bytes = parseCount("DICOMM_TCP_SOCKET_BUFFER_BYTES", v);
   }
   if (auto v = env("DICOMM_TCP_CONGESTION")) o.tcp_congestion = v;
+  if (auto v = env("DICOMM_TCP_NOTSENT_LOWAT_BYTES")) {
+    o.tcp_notsent_lowat_bytes = parseCount("DICOMM_TCP_NOTSENT_LOWAT_BYTES", v);
+  }
   if (auto v = env("DICOMM_SHM_RING_BYTES")) o.shm_ring_bytes = parseCount("DICOMM_SHM_RING_BYTES", v);
   if (auto v = env("DICOMM_SHM_EAGER_BYTES")) o.shm_eager_bytes = parseCount("DICOMM_SHM_EAGER_BYTES", v);
   if (auto v = env("DICOMM_SHM_SPLIT_BYTES")) o.shm_split_bytes = parseCount("DICOMM_SHM_SPLIT_BYTES", v);
@@ -122,6 +125,10 @@ void Options::validate() const {
   if (tcp_socket_buffer_bytes > (size_t(1) << 30)) {
     throw std::invalid_argument("tcp socket buffer size must be at most 1 GiB, got " +
                                 std::to_string(tcp_socket_buffer_bytes));
+  }
+  if (tcp_notsent_lowat_bytes > (size_t(1) << 30)) {
+    throw std::invalid_argument("tcp not-sent low-water mark must be at most 1 GiB, got " +
+                                std::to_string(tcp_notsent_lowat_bytes));
   }
   const bool congestion_name_ok =
       tcp_congestion.size() < 16 && std::all_of(tcp_congestion.begin(), tcp_congestion.end(), [](char ch) {

@@ -153,6 +153,8 @@ void setCongestionControl(int fd, const std::string& name) {
                   kernelList("/proc/sys/net/ipv4/tcp_allowed_congestion_control"));
 }
 
+void setNotSentLowWater(int fd, int bytes) { setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, sizeof(bytes)); }
+
 void sendAll(int fd, const void* data, size_t size, Clock::time_point deadline, const std::string& peer_name) {
   auto p = static_cast<const uint8_t*>(data);
   while (size > 0) {

@@ -42,6 +42,7 @@ void setBufferSizes(int fd, int bytes);
 // Selects the socket's congestion control; throws CommError naming it, with what this kernel
 // offers, when the kernel refuses it (unknown, or not permitted to this user).
 void setCongestionControl(int fd, const std::string& name);
+void setNotSentLowWater(int fd, int bytes);  // TCP_NOTSENT_LOWAT
 
 // Blocking exact-size I/O bounded by a deadline; throw CommError naming `peer_name`.
 void sendAll(int fd, const void* data, size_t size, Clock::time_point deadline, const std::string& peer_name);

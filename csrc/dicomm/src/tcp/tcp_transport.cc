@@ -37,6 +37,7 @@ class TcpTransport : public Transport {
 
   std::shared_ptr<Connection> connect(PeerSetup setup) override {
     if (options_.tcp_socket_buffer_bytes) setBufferSizes(setup.socket.fd(), int(options_.tcp_socket_buffer_bytes));
+    if (options_.tcp_notsent_lowat_bytes) setNotSentLowWater(setup.socket.fd(), int(options_.tcp_notsent_lowat_bytes));
     if (!options_.tcp_congestion.empty() && options_.tcp_congestion != "default") setCongestionControl(setup.socket.fd(), options_.tcp_congestion);
     auto connection = std::make_shared<TcpConnection>(setup.peer.rank, std::move(setup.socket), epoll_fd_, options_);
     epoll_event ev{};
