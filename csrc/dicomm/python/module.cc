@@ -263,6 +263,7 @@ class StreamDecoder {
     return d;
   }
   size_t stored() const { return inbox_.storedCount(); }
+  uint64_t streamingMessageBytes() const { return reader_.streamingMessageBytes(); }
 
  private:
   static FrameLimits limits(uint64_t max_message_bytes) {
@@ -433,5 +434,6 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def("post_recv", &StreamDecoder::postRecv, py::arg("tag"), py::arg("capacity"))
       .def("feed", &StreamDecoder::feed)
       .def("result", &StreamDecoder::result)
-      .def_property_readonly("stored", &StreamDecoder::stored);
+      .def_property_readonly("stored", &StreamDecoder::stored)
+      .def_property_readonly("streaming_message_bytes", &StreamDecoder::streamingMessageBytes);
 }
