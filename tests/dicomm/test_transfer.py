@@ -101,10 +101,14 @@ def congestion_controls(env=None):
             for rank in run("tcp_socket_options", transport="tcp", env=env)]
 
 
-def test_tcp_connections_use_reno_by_default():
+def test_tcp_connections_to_a_peer_on_this_host_use_reno_by_default():
     # BBR sizes its window from the bandwidth-delay product, a few segments on loopback: a 1 MiB
     # message then waits for acknowledgements (docs/dicomm.md, tcp).
     assert congestion_controls() == [["reno"]] * 2
+
+
+def test_tcp_connections_to_a_peer_on_this_host_use_what_is_asked_for():
+    assert congestion_controls({"DICOMM_TCP_CONGESTION": "reno"}) == [["reno"]] * 2
 
 
 def test_tcp_congestion_default_leaves_the_kernels_choice():

@@ -42,11 +42,13 @@ struct Options {
   uint64_t unexpected_bytes_per_peer = uint64_t(512) << 20;
   size_t tcp_chunk_bytes = size_t(4) << 20;
   size_t tcp_socket_buffer_bytes = size_t(4) << 20;  // SO_SNDBUF/SO_RCVBUF; 0 leaves kernel autotuning
-  // Congestion control of the tcp connections (TCP_CONGESTION); "default" (or empty): the
-  // kernel's default (net.ipv4.tcp_congestion_control). Reno, which every user may choose, by default: BBR, a
-  // common default, sizes its window from the bandwidth-delay product, a few segments where the
-  // round trip takes microseconds, so a message larger than that waits for acknowledgements.
-  std::string tcp_congestion = "reno";
+  // Congestion control of the tcp connections (TCP_CONGESTION). "auto" (the default): reno for a
+  // peer on this host, the kernel's default (net.ipv4.tcp_congestion_control) for any other, where
+  // a long or lossy path needs what the host's administrator chose; "default" (or empty): the
+  // kernel's for every peer; another name: that algorithm for every peer. On loopback BBR, a common
+  // default, sizes its window from the bandwidth-delay product, a few segments where the round trip
+  // takes microseconds, so a message larger than that waits for acknowledgements.
+  std::string tcp_congestion = "auto";
   // TCP_NOTSENT_LOWAT: the kernel holds at most this many bytes of a send not yet on the wire
   // (the rest waits in the user's buffer); 0 leaves it unlimited. Bytes queued in the kernel go
   // out from whichever core processes the acknowledgement that lets them, and on loopback

@@ -42,6 +42,8 @@ void setBufferSizes(int fd, int bytes);
 // Selects the socket's congestion control; throws CommError naming it, with what this kernel
 // offers, when the kernel refuses it (unknown, or not permitted to this user).
 void setCongestionControl(int fd, const std::string& name);
+// Whether the connected socket's peer is on this host (a loopback address, or the socket's own).
+bool peerIsOnThisHost(int fd);
 void setNotSentLowWater(int fd, int bytes);  // TCP_NOTSENT_LOWAT
 
 // Blocking exact-size I/O bounded by a deadline; throw CommError naming `peer_name`.
