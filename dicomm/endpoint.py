@@ -11,8 +11,8 @@ CommError = _core.CommError
 FrameError = _core.FrameError
 Handle = _core.Handle
 
-TUNING_OPTIONS = ("tcp_chunk_bytes", "tcp_socket_buffer_bytes", "shm_ring_bytes", "shm_eager_bytes",
-                  "shm_split_bytes", "shm_cross_memory_attach", "max_message_bytes", "bind_address", "advertise_address",
+TUNING_OPTIONS = ("tcp_chunk_bytes", "tcp_socket_buffer_bytes", "tcp_congestion", "shm_ring_bytes", "shm_eager_bytes",
+                  "tcp_notsent_lowat_bytes", "shm_split_bytes", "shm_cross_memory_attach", "max_message_bytes", "bind_address", "advertise_address",
                   "spin_wait_us", "hello_timeout_s", "unexpected_bytes_per_peer")
 
 

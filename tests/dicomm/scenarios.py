@@ -361,6 +361,31 @@ def socket_buffers(rank, world, store_dir, transport, args):
     return {"buffers": buffers}
 
 
+def tcp_socket_options(rank, world, store_dir, transport, args):
+    """Congestion control and not-sent low-water mark of each connected tcp socket of this process."""
+    import socket
+    ep = endpoint(rank, world, store_dir, transport)
+    barrier(ep)
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:  # not a socket
+            continue
+        with sock:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                sock.getpeername()
+            except OSError:  # the listener
+                continue
+            found.append({"congestion": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+                          .rstrip(b"\0").decode(),
+                          "notsent_lowat": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)})
+    barrier(ep)
+    return {"sockets": found}
+
+
 def torch_store_exchange(store, rank, transport):
     ep = dicomm.Endpoint(store, rank, 2, transport=transport, timeout=30)
     peer = 1 - rank

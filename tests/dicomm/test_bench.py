@@ -45,6 +45,7 @@ def test_the_quick_torch_benchmark_measures_dicomm_beside_gloo(tmp_path):
     ([], {"DICOMM_TIMEOUT_S": "abc"}, "DICOMM_TIMEOUT_S=abc is not a positive number"),
     ([], {"DICOMM_BIND_ADDR": "not-an-ip"}, "'not-an-ip' is not an IPv4 address (DICOMM_BIND_ADDR)"),
     ([], {"DICOMM_TCP_CHUNK_BYTES": "0"}, "tcp chunk size must lie in"),
+    ([], {"DICOMM_TCP_CONGESTION": "re no"}, "tcp congestion control 're no' is not a kernel algorithm name"),
     ([], {"DICOMM_HELLO_TIMEOUT_S": "0"}, "DICOMM_HELLO_TIMEOUT_S=0 is not a positive number"),
 ])
 def test_bad_benchmark_input_is_one_line_and_exit_2_before_any_worker_starts(capsys, monkeypatch, args, env,

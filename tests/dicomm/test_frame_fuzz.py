@@ -114,3 +114,17 @@ def test_a_receive_posted_while_its_message_arrives_gets_every_byte():
     result = decoder.result(handle)
     assert result["ok"] and result["data"] == first + second + third
     assert decoder.stored == 0
+
+
+def test_the_stream_reader_names_the_size_of_a_streaming_message_from_its_first_payload_byte_to_its_last():
+    # One 8-byte message in two 4-byte Data frames: the tcp waiter reads a small message streaming in
+    # without sleeping exactly while this is its size.
+    decoder = core.StreamDecoder()
+    decoder.post_recv(tag=0, capacity=8)
+    stream = data_frame(0, 0, b"abcd", total=8) + data_frame(0, 0, b"efgh", total=8, offset=4)
+    seen = []
+    for position in range(len(stream)):
+        seen.append(decoder.streaming_message_bytes)
+        decoder.feed(stream[position:position + 1])
+    seen.append(decoder.streaming_message_bytes)
+    assert seen == [0] * HEADER + [8] * (len(stream) - HEADER) + [0]

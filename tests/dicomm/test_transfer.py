@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from h2.core.ranks import RankFailure
 from scenarios import run
 
 TRANSPORTS = ["tcp", "shm"]
@@ -93,3 +94,36 @@ def test_tcp_socket_buffers_grow_past_the_kernel_limit_as_root():
     ranks = run("socket_buffers", transport="tcp", env={"DICOMM_TCP_SOCKET_BUFFER_BYTES": str(requested)})
     # The kernel doubles what it is given (bookkeeping overhead), as socket(7) says.
     assert [rank["buffers"] for rank in ranks] == [[(2 * requested, 2 * requested)]] * 2
+
+
+def congestion_controls(env=None):
+    return [[socket["congestion"] for socket in rank["sockets"]]
+            for rank in run("tcp_socket_options", transport="tcp", env=env)]
+
+
+def test_tcp_connections_to_a_peer_on_this_host_use_reno_by_default():
+    # BBR sizes its window from the bandwidth-delay product, a few segments on loopback: a 1 MiB
+    # message then waits for acknowledgements (docs/dicomm.md, tcp).
+    assert congestion_controls() == [["reno"]] * 2
+
+
+def test_tcp_connections_to_a_peer_on_this_host_use_what_is_asked_for():
+    assert congestion_controls({"DICOMM_TCP_CONGESTION": "reno"}) == [["reno"]] * 2
+
+
+def test_tcp_congestion_default_leaves_the_kernels_choice():
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as default:
+        kernel_default = default.read().strip()
+    assert congestion_controls({"DICOMM_TCP_CONGESTION": "default"}) == [[kernel_default]] * 2
+
+
+def test_a_congestion_control_the_kernel_lacks_fails_setup_naming_it_and_what_exists():
+    with pytest.raises(RankFailure, match="tcp congestion control 'nosuchcc' .* refused by the kernel: .*available: "):
+        congestion_controls({"DICOMM_TCP_CONGESTION": "nosuchcc"})
+
+
+@pytest.mark.parametrize("setting, expected", [(None, 1 << 20), ("65536", 65536)])
+def test_tcp_connections_keep_at_most_the_not_sent_low_water_mark_queued_in_the_kernel(setting, expected):
+    env = {"DICOMM_TCP_NOTSENT_LOWAT_BYTES": setting} if setting else None
+    ranks = run("tcp_socket_options", transport="tcp", env=env)
+    assert [[socket["notsent_lowat"] for socket in rank["sockets"]] for rank in ranks] == [[expected]] * 2

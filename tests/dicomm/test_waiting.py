@@ -1,6 +1,7 @@
 """How a thread waits on a request: it polls a polled transport (shm, ibverbs) itself for at most the
 wait window, then sleeps; the window is DICOMM_SPIN_US, or by default 5 ms while the host's ranks fit
-its cores and 0 when they outnumber them."""
+its cores and 0 when they outnumber them. A tcp waiter spends the same window reading a message that is
+streaming in, and sleeps while none is."""
 import os
 import tempfile
 
@@ -54,4 +55,13 @@ def test_a_sleeping_waiter_leaves_the_cores_to_others_while_its_peer_is_late():
     (waiter, _) = scenarios.run("delayed_replies", transport="shm", env={"DICOMM_SPIN_US": "0"}, pings=40,
                                 delay_s=0.005)
     assert waiter["window_us"] == 0
+    assert waiter["cpu_s"] < 0.1 * waiter["wall_s"], waiter
+
+
+def test_a_tcp_waiter_with_a_spin_window_sleeps_while_no_message_is_streaming_in():
+    # The tcp waiter reads without sleeping only while a message streams in; 40 replies each 5 ms late
+    # would cost the whole wait in CPU if it spun for its 5 ms window between messages too.
+    (waiter, _) = scenarios.run("delayed_replies", transport="tcp", env={"DICOMM_SPIN_US": "5000"}, pings=40,
+                                delay_s=0.005)
+    assert waiter["window_us"] == 5000
     assert waiter["cpu_s"] < 0.1 * waiter["wall_s"], waiter

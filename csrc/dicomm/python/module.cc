@@ -263,6 +263,7 @@ class StreamDecoder {
     return d;
   }
   size_t stored() const { return inbox_.storedCount(); }
+  uint64_t streamingMessageBytes() const { return reader_.streamingMessageBytes(); }
 
  private:
   static FrameLimits limits(uint64_t max_message_bytes) {
@@ -337,6 +338,8 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("unexpected_bytes_per_peer", &Options::unexpected_bytes_per_peer)
       .def_readwrite("tcp_chunk_bytes", &Options::tcp_chunk_bytes)
       .def_readwrite("tcp_socket_buffer_bytes", &Options::tcp_socket_buffer_bytes)
+      .def_readwrite("tcp_congestion", &Options::tcp_congestion)
+      .def_readwrite("tcp_notsent_lowat_bytes", &Options::tcp_notsent_lowat_bytes)
       .def_readwrite("shm_ring_bytes", &Options::shm_ring_bytes)
       .def_readwrite("shm_eager_bytes", &Options::shm_eager_bytes)
       .def_readwrite("shm_split_bytes", &Options::shm_split_bytes)
@@ -432,5 +435,6 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def("post_recv", &StreamDecoder::postRecv, py::arg("tag"), py::arg("capacity"))
       .def("feed", &StreamDecoder::feed)
       .def("result", &StreamDecoder::result)
-      .def_property_readonly("stored", &StreamDecoder::stored);
+      .def_property_readonly("stored", &StreamDecoder::stored)
+      .def_property_readonly("streaming_message_bytes", &StreamDecoder::streamingMessageBytes);
 }

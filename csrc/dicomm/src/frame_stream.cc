@@ -42,6 +42,7 @@ void FrameStreamReader::beginFrame() {
 
 void FrameStreamReader::endFrame() {
   in_payload_ = false;
+  message_open_ = frame_.offset + frame_.payload_bytes < frame_.total_bytes;
   inbox_.landed(frame_);
 }
 

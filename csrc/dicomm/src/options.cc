@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
@@ -81,6 +83,10 @@ Options Options::fromEnvironment() {
   if (auto v = env("DICOMM_TCP_SOCKET_BUFFER_BYTES")) {
     o.tcp_socket_buffer_bytes = parseCount("DICOMM_TCP_SOCKET_BUFFER_BYTES", v);
   }
+  if (auto v = env("DICOMM_TCP_CONGESTION")) o.tcp_congestion = v;
+  if (auto v = env("DICOMM_TCP_NOTSENT_LOWAT_BYTES")) {
+    o.tcp_notsent_lowat_bytes = parseCount("DICOMM_TCP_NOTSENT_LOWAT_BYTES", v);
+  }
   if (auto v = env("DICOMM_SHM_RING_BYTES")) o.shm_ring_bytes = parseCount("DICOMM_SHM_RING_BYTES", v);
   if (auto v = env("DICOMM_SHM_EAGER_BYTES")) o.shm_eager_bytes = parseCount("DICOMM_SHM_EAGER_BYTES", v);
   if (auto v = env("DICOMM_SHM_SPLIT_BYTES")) o.shm_split_bytes = parseCount("DICOMM_SHM_SPLIT_BYTES", v);
@@ -119,6 +125,18 @@ void Options::validate() const {
   if (tcp_socket_buffer_bytes > (size_t(1) << 30)) {
     throw std::invalid_argument("tcp socket buffer size must be at most 1 GiB, got " +
                                 std::to_string(tcp_socket_buffer_bytes));
+  }
+  if (tcp_notsent_lowat_bytes > (size_t(1) << 30)) {
+    throw std::invalid_argument("tcp not-sent low-water mark must be at most 1 GiB, got " +
+                                std::to_string(tcp_notsent_lowat_bytes));
+  }
+  const bool congestion_name_ok =
+      tcp_congestion.size() < 16 && std::all_of(tcp_congestion.begin(), tcp_congestion.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+      });
+  if (!congestion_name_ok) {
+    throw std::invalid_argument("tcp congestion control '" + tcp_congestion +
+                                "' is not a kernel algorithm name (DICOMM_TCP_CONGESTION; e.g. reno, cubic, bbr)");
   }
   if (shm_ring_bytes < (size_t(64) << 10) || (shm_ring_bytes & (shm_ring_bytes - 1)) != 0 ||
       shm_ring_bytes > (size_t(1) << 30)) {

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 namespace dicomm {
@@ -134,6 +135,45 @@ void setBufferSizes(int fd, int bytes) {
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
   }
 }
+
+namespace {
+std::string kernelList(const char* path) {
+  std::ifstream file(path);
+  std::string names;
+  std::getline(file, names);
+  return names.empty() ? "unknown" : names;
+}
+}  // namespace
+
+void setCongestionControl(int fd, const std::string& name) {
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), socklen_t(name.size())) == 0) return;
+  throw CommError("tcp congestion control '" + name + "' (DICOMM_TCP_CONGESTION) refused by the kernel: " +
+                  std::strerror(errno) + "; available: " +
+                  kernelList("/proc/sys/net/ipv4/tcp_available_congestion_control") + "; allowed to every user: " +
+                  kernelList("/proc/sys/net/ipv4/tcp_allowed_congestion_control"));
+}
+
+bool peerIsOnThisHost(int fd) {
+  sockaddr_storage mine{}, theirs{};
+  socklen_t mine_size = sizeof(mine), theirs_size = sizeof(theirs);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mine_size) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &theirs_size) != 0 || mine.ss_family != theirs.ss_family) {
+    return false;
+  }
+  if (theirs.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(mine).sin_addr;
+    const auto& b = reinterpret_cast<const sockaddr_in&>(theirs).sin_addr;
+    return (ntohl(b.s_addr) >> 24) == 127 || a.s_addr == b.s_addr;
+  }
+  if (theirs.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(mine).sin6_addr;
+    const auto& b = reinterpret_cast<const sockaddr_in6&>(theirs).sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&b) || std::memcmp(&a, &b, sizeof(a)) == 0;
+  }
+  return false;
+}
+
+void setNotSentLowWater(int fd, int bytes) { setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, sizeof(bytes)); }
 
 void sendAll(int fd, const void* data, size_t size, Clock::time_point deadline, const std::string& peer_name) {
   auto p = static_cast<const uint8_t*>(data);

@@ -24,6 +24,9 @@ class FrameStreamReader {
   bool atFrameBoundary() const { return header_filled_ == 0 && !in_payload_; }
   // Payload bytes of the current frame still to come (0 between payloads).
   uint64_t payloadLeft() const { return in_payload_ ? frame_.payload_bytes - payload_received_ : 0; }
+  // The size of the message whose payload is streaming in (from its first header until its last
+  // payload byte, across its frames: the rest of it is on the way); 0 between messages.
+  uint64_t streamingMessageBytes() const { return in_payload_ || message_open_ ? frame_.total_bytes : 0; }
 
  private:
   void beginFrame();
@@ -37,6 +40,7 @@ class FrameStreamReader {
   FrameHeader frame_;
   uint8_t* payload_destination_ = nullptr;  // nullptr: discard
   uint64_t payload_received_ = 0;
+  bool message_open_ = false;  // the last frame ended before the end of its message
   std::vector<uint8_t> discard_;
 };
 

@@ -42,6 +42,18 @@ struct Options {
   uint64_t unexpected_bytes_per_peer = uint64_t(512) << 20;
   size_t tcp_chunk_bytes = size_t(4) << 20;
   size_t tcp_socket_buffer_bytes = size_t(4) << 20;  // SO_SNDBUF/SO_RCVBUF; 0 leaves kernel autotuning
+  // Congestion control of the tcp connections (TCP_CONGESTION). "auto" (the default): reno for a
+  // peer on this host, the kernel's default (net.ipv4.tcp_congestion_control) for any other, where
+  // a long or lossy path needs what the host's administrator chose; "default" (or empty): the
+  // kernel's for every peer; another name: that algorithm for every peer. On loopback BBR, a common
+  // default, sizes its window from the bandwidth-delay product, a few segments where the round trip
+  // takes microseconds, so a message larger than that waits for acknowledgements.
+  std::string tcp_congestion = "auto";
+  // TCP_NOTSENT_LOWAT: the kernel holds at most this many bytes of a send not yet on the wire
+  // (the rest waits in the user's buffer); 0 leaves it unlimited. Bytes queued in the kernel go
+  // out from whichever core processes the acknowledgement that lets them, and on loopback
+  // segments sent from two cores arrive out of order (spurious retransmissions).
+  size_t tcp_notsent_lowat_bytes = size_t(1) << 20;
   size_t shm_ring_bytes = size_t(4) << 20;
   size_t shm_eager_bytes = size_t(64) << 10;
   // Cross-memory messages at least this large are copied half by each side at once (the sender
@@ -64,6 +76,7 @@ struct Options {
 
   // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN,
   // DICOMM_BIND_ADDR, DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_TCP_SOCKET_BUFFER_BYTES,
+  // DICOMM_TCP_CONGESTION, DICOMM_TCP_NOTSENT_LOWAT_BYTES,
   // DICOMM_SHM_RING_BYTES, DICOMM_SHM_EAGER_BYTES, DICOMM_SHM_SPLIT_BYTES, DICOMM_SHM_CMA (0/1),
   // DICOMM_HELLO_TIMEOUT_S, DICOMM_UNEXPECTED_BYTES (`unexpected_bytes_per_peer`),
   // DICOMM_MAX_MESSAGE_BYTES, DICOMM_DEVICE_DIRECT (0/1), DICOMM_SPIN_US, DICOMM_LINK_GBPS and

@@ -39,6 +39,12 @@ Socket connectTcp(const std::string& host, uint16_t port, Clock::time_point dead
 void setNoDelay(int fd);
 void setNonBlocking(int fd);
 void setBufferSizes(int fd, int bytes);
+// Selects the socket's congestion control; throws CommError naming it, with what this kernel
+// offers, when the kernel refuses it (unknown, or not permitted to this user).
+void setCongestionControl(int fd, const std::string& name);
+// Whether the connected socket's peer is on this host (a loopback address, or the socket's own).
+bool peerIsOnThisHost(int fd);
+void setNotSentLowWater(int fd, int bytes);  // TCP_NOTSENT_LOWAT
 
 // Blocking exact-size I/O bounded by a deadline; throw CommError naming `peer_name`.
 void sendAll(int fd, const void* data, size_t size, Clock::time_point deadline, const std::string& peer_name);

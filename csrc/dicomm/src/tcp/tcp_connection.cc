@@ -13,6 +13,13 @@ namespace dicomm {
 namespace {
 
 constexpr auto kWaiterPollSlice = std::chrono::milliseconds(100);  // re-checks the deadline this often
+// Spinning through larger messages halved 16 and 64 MiB ping-pongs when other jobs loaded the
+// host's cores (docs/dicomm.md, tcp), and bought nothing at those sizes on a quiet one.
+constexpr uint64_t kLargestSpunMessageBytes = uint64_t(2) << 20;
+
+bool spinsThrough(uint64_t streaming_message_bytes) {
+  return streaming_message_bytes > 0 && streaming_message_bytes <= kLargestSpunMessageBytes;
+}
 
 // What a receive on a tcp connection offers its waiting thread: read the socket itself. No
 // spinning: the thread sleeps in poll(2) on the socket.
@@ -37,6 +44,7 @@ TcpConnection::TcpConnection(int peer, Socket socket, int epoll_fd, const Option
       epoll_fd_(epoll_fd),
       chunk_bytes_(options.tcp_chunk_bytes),
       largest_read_threshold_(options.tcp_socket_buffer_bytes / 8),
+      stream_spin_window_(options.activeWaitWindow()),
       reader_(inbox_, options.frameLimits()) {
   setNonBlocking(socket_.fd());
   setNoDelay(socket_.fd());
@@ -59,25 +67,41 @@ void TcpConnection::postRecv(const RequestPtr& recv) {
 }
 
 void TcpConnection::readWhileWaiting(const Request& request, Clock::time_point until) {
+  bool spin = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_ || waiter_reads_ || !request.isPending()) return;
     waiter_reads_ = true;
     watchLocked();
     readAvailableLocked();  // what arrived before the epoll thread let go
+    spin = spinsThrough(reader_.streamingMessageBytes());
   }
+  // While a message of at most kLargestSpunMessageBytes streams in, the peer is writing the rest
+  // of it now: the waiter reads on without sleeping (for at most the spin window), so the end of
+  // the message finds it awake. Between messages (the peer may be computing) and through larger
+  // ones (read in SO_RCVLOWAT batches) it sleeps in poll(2).
+  const auto spin_until = std::min(until, Clock::now() + stream_spin_window_);
   while (request.isPending()) {
     const auto now = Clock::now();
     if (now >= until) break;
-    const auto slice = std::min<Clock::duration>(until - now, kWaiterPollSlice);
-    pollfd watched{socket_.fd(), POLLIN | POLLRDHUP, 0};
-    ::poll(&watched, 1, int(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
+    if (!spin || now >= spin_until) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (closed_) break;
+        setReadThresholdLocked();
+      }
+      const auto slice = std::min<Clock::duration>(until - now, kWaiterPollSlice);
+      pollfd watched{socket_.fd(), POLLIN | POLLRDHUP, 0};
+      ::poll(&watched, 1, int(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) break;
     readAvailableLocked();
+    spin = spinsThrough(reader_.streamingMessageBytes());
   }
   std::lock_guard<std::mutex> lock(mu_);
   waiter_reads_ = false;
+  setReadThresholdLocked();
   watchLocked();
 }
 
@@ -168,7 +192,9 @@ void TcpConnection::onWritable() {
 
 void TcpConnection::onReadable() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!closed_ && !waiter_reads_) readAvailableLocked();
+  if (closed_ || waiter_reads_) return;
+  readAvailableLocked();
+  setReadThresholdLocked();
 }
 
 void TcpConnection::readAvailableLocked() {
@@ -184,10 +210,7 @@ void TcpConnection::readAvailableLocked() {
         throw CommError("rank " + std::to_string(peer_) + " closed the tcp connection" +
                         (reader_.atFrameBoundary() ? "" : " in the middle of a frame") + " (peer exited?)");
       }
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        setReadThresholdLocked();
-        return;
-      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EINTR) continue;
       throw CommError(describe() + " failed while receiving: " + std::strerror(errno));
     }
@@ -199,6 +222,7 @@ void TcpConnection::readAvailableLocked() {
 }
 
 void TcpConnection::setReadThresholdLocked() {
+  if (closed_) return;
   // While a large payload streams in, wake only when a sizeable piece can be read at once.
   const int threshold = int(std::max<uint64_t>(1, std::min<uint64_t>(reader_.payloadLeft(), largest_read_threshold_)));
   if (threshold == read_threshold_) return;

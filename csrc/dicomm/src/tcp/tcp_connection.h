@@ -3,7 +3,9 @@
 // matched receive buffer. All socket I/O is non-blocking. The transport's epoll thread drives it,
 // except while a thread waits for one of its receives: that thread then reads the socket itself
 // (the epoll thread stops watching it for input), so arriving bytes wake only the thread that
-// wants them instead of the epoll thread and then, through the request, the waiter.
+// wants them instead of the epoll thread and then, through the request, the waiter; while a
+// message of at most 2 MiB streams in, that thread reads on without sleeping for at most the
+// spin window.
 #pragma once
 
 #include <memory>
@@ -50,7 +52,7 @@ class TcpConnection : public QueuedConnection<TcpOutgoing>, public std::enable_s
   void setWantWriteLocked(bool want);
   void watchLocked();  // tells epoll what the epoll thread handles now
   void readAvailableLocked();
-  void setReadThresholdLocked();
+  void setReadThresholdLocked();  // before the reading thread sleeps
   void closeLocked(const std::string& why);
   std::string describe() const;
 
@@ -58,6 +60,7 @@ class TcpConnection : public QueuedConnection<TcpOutgoing>, public std::enable_s
   const int epoll_fd_;
   const size_t chunk_bytes_;
   const size_t largest_read_threshold_;  // an eighth of the socket buffer; 0 with kernel autotuning
+  const Clock::duration stream_spin_window_;  // how long a waiter reads a streaming message without sleeping
   std::mutex mu_;
   FrameStreamReader reader_;
   bool want_write_ = false;

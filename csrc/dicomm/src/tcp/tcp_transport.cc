@@ -37,6 +37,8 @@ class TcpTransport : public Transport {
 
   std::shared_ptr<Connection> connect(PeerSetup setup) override {
     if (options_.tcp_socket_buffer_bytes) setBufferSizes(setup.socket.fd(), int(options_.tcp_socket_buffer_bytes));
+    if (options_.tcp_notsent_lowat_bytes) setNotSentLowWater(setup.socket.fd(), int(options_.tcp_notsent_lowat_bytes));
+    chooseCongestionControl(setup.socket.fd());
     auto connection = std::make_shared<TcpConnection>(setup.peer.rank, std::move(setup.socket), epoll_fd_, options_);
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
@@ -46,6 +48,18 @@ class TcpTransport : public Transport {
     }
     connections_.push_back(connection);
     return connection;
+  }
+
+  void chooseCongestionControl(int fd) const {
+    const std::string& choice = options_.tcp_congestion;
+    if (choice.empty() || choice == "default") return;
+    if (choice != "auto") return setCongestionControl(fd, choice);
+    if (!peerIsOnThisHost(fd)) return;
+    try {
+      setCongestionControl(fd, "reno");
+    } catch (const CommError&) {
+      // A kernel that does not let this user choose reno keeps its default: "auto" asked for nothing.
+    }
   }
 
   void start() override {
