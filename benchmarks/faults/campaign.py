@@ -337,12 +337,25 @@ def _pipeline_job(out: str, tmpdir: str, *extra: str) -> subprocess.Popen:
 
 
 def _end(job: subprocess.Popen, within_s: float, what: str) -> str:
-    """The job's stderr once it ended within `within_s`; a hang is killed and counted lost."""
+    """The job's stderr once it ended within `within_s`; a hang is killed and counted lost. Its ranks
+    run in sessions of their own (torchrun's), so they are killed one by one with the job's group:
+    a rank left alive would hold the job's pipes open and keep the campaign waiting."""
+    from test_heteropp_rank_loss import descendants
+
     try:
         return job.communicate(timeout=within_s)[1]
     except subprocess.TimeoutExpired:
+        every = descendants(job.pid)
         os.killpg(job.pid, signal.SIGKILL)
-        job.communicate()
+        for pid in every:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            job.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
         raise Lost(f"{what} did not end within {within_s:.0f} s (a hang)") from None
 
 

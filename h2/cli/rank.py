@@ -179,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         trace = trainer.engine.write_trace()
         if trace is not None and trainer.rank == 0:
             print(f"trace of every rank in {os.path.dirname(trace)} (rank-<r>.json)", flush=True)
-        watchdog.stop()
-        trainer.engine.barrier()  # no rank leaves (and takes a store or a peer with it) before all are done
+        leave_together(trainer.engine, watchdog)
         if trainer.writes_metrics and records:
             tokens = sum(r["tokens"] for r in records)
             seconds = sum(r["step_time_s"] for r in records)
@@ -200,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def leave_together(engine, watchdog) -> None:
+    """No rank leaves (and takes a store or a peer with it) before all are done: a barrier, still
+    under the watchdog, so that a peer frozen or killed before it is found like any other; then this
+    rank stops watching (and tells the others it finished)."""
+    engine.barrier()
+    watchdog.stop()
 
 
 def _print_stage_report(report: list[dict], labels: dict[str, str], elapsed_s: float) -> None:
