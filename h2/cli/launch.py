@@ -32,6 +32,8 @@ RENDEZVOUS_PORT = 29500
 # pacing layers add only the latency there (h2.core.links.RankLinks).
 KERNEL_SHAPED_ENV = "H2_LINKS_KERNEL_SHAPED"
 _STOP_GRACE_S = 10.0
+FINISHED_PREFIX = "finished-"   # h2.cli.rank marks each rank past the final barrier in the job folder
+EXIT_GRACE_S = 15.0             # how long ranks may take to exit once one of them has finished
 
 
 def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts: int = 0) -> list[str]:
@@ -59,12 +61,12 @@ def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sourc
     nodes = nodes_of(rank_locations(strategy, cluster, source)) if cluster is not None else []
     standalone = rank_command(strategy.world_size, job_path, ["--standalone"], max_restarts)
     if len(nodes) <= 1:
-        return subprocess.call(standalone)
+        return run_until_ranks_exit(standalone, strategy, os.path.dirname(job_path))
     missing = netns.missing_requirements()
     if missing:
         print(f"h2: {len(nodes)} emulated nodes on loopback, not network namespaces ({'; '.join(missing)}): "
               f"links paced by the pacing layers only", flush=True)
-        return subprocess.call(standalone)
+        return run_until_ranks_exit(standalone, strategy, os.path.dirname(job_path))
     locations = [location for location, _ in nodes]
 
     def bandwidth(i: int, j: int) -> float:
@@ -75,6 +77,69 @@ def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sourc
         print(f"h2: {len(nodes)} emulated nodes in {network.describe()}; bandwidth between nodes shaped by the "
               f"kernel (tc htb), latency by the pacing layers; {describe_nodes(nodes)}", flush=True)
         return _run_nodes(emulated, [ranks for _, ranks in nodes], job_path, max_restarts)
+
+
+def run_until_ranks_exit(command: list[str], strategy: Strategy, job_folder: str,
+                         exit_grace_s: float = EXIT_GRACE_S) -> int:
+    """Runs torchrun's `command` until it ends; returns its status. Once a rank has passed the final
+    barrier (its mark in `job_folder`), every rank has done its work: a rank still running
+    `exit_grace_s` later (stopped or hung while exiting, which torchrun would wait for forever) is
+    killed with one line naming it, and the status is 1."""
+    process = subprocess.Popen(command)
+    finished_at = None
+    while True:
+        try:
+            return process.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+        if finished_at is None:
+            if any(name.startswith(FINISHED_PREFIX) for name in os.listdir(job_folder)):
+                finished_at = time.monotonic()
+            continue
+        if time.monotonic() - finished_at > exit_grace_s:
+            _kill_lingering_ranks(process, strategy, exit_grace_s)
+            return 1
+
+
+def _kill_lingering_ranks(process: subprocess.Popen, strategy: Strategy, exit_grace_s: float) -> None:
+    from h2.cli.rank import rank_names
+    from heteropp.topology import Topology
+
+    describe = rank_names(Topology.from_strategy(strategy))
+    lingering = _rank_processes(process.pid)
+    for pid in [*lingering.values(), process.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait()
+    names = ", ".join(describe(rank) for rank in sorted(lingering)) or "a rank"
+    print(f"h2: error: {names} stopped responding after the job finished (still running {exit_grace_s:g} s "
+          f"after the final barrier: stopped or hung while exiting); killed. The run's checkpoints and "
+          f"metrics are complete", file=sys.stderr, flush=True)
+
+
+def _rank_processes(root: int) -> dict[int, int]:
+    """RANK -> pid of the rank processes under `root` (torchrun's workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                children.setdefault(int(handle.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+        except OSError:
+            continue
+    ranks, stack = {}, [root]
+    while stack:
+        for pid in children.get(stack.pop(), []):
+            stack.append(pid)
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as handle:
+                    environ = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
+            except OSError:
+                continue
+            if b"RANK" in environ and b"TORCHELASTIC_RUN_ID" in environ:
+                ranks[int(environ[b"RANK"])] = pid
+    return ranks
 
 
 def describe_nodes(nodes: list[tuple[Location, list[int]]]) -> str:

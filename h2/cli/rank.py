@@ -33,6 +33,7 @@ import os
 import sys
 from datetime import timedelta
 
+from h2.cli.launch import FINISHED_PREFIX
 from h2.core import flags
 from h2.core.dips import PSOptions
 from h2.core.emulation import host_cores, host_work_warning
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         if trace is not None and trainer.rank == 0:
             print(f"trace of every rank in {os.path.dirname(trace)} (rank-<r>.json)", flush=True)
         leave_together(trainer.engine, watchdog)
+        if args.config:
+            mark_finished(os.path.dirname(os.path.abspath(args.config)), rank)
         if trainer.writes_metrics and records:
             tokens = sum(r["tokens"] for r in records)
             seconds = sum(r["step_time_s"] for r in records)
@@ -207,6 +210,13 @@ def leave_together(engine, watchdog) -> None:
     rank stops watching (and tells the others it finished)."""
     engine.barrier()
     watchdog.stop()
+
+
+def mark_finished(job_folder: str, rank: int) -> None:
+    """Tell the launcher (h2.cli.launch) this rank passed the final barrier: every rank has done its
+    work, so each should now exit within seconds."""
+    with open(os.path.join(job_folder, f"{FINISHED_PREFIX}{rank}"), "w"):
+        pass
 
 
 def _print_stage_report(report: list[dict], labels: dict[str, str], elapsed_s: float) -> None:

@@ -16,6 +16,7 @@ STRATEGY = {"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny",
 def started(monkeypatch):
     commands = []
     monkeypatch.setattr(launch.subprocess, "call", lambda command: commands.append(command) or 0)
+    monkeypatch.setattr(launch, "run_until_ranks_exit", lambda command, *args: commands.append(command) or 0)
     return commands
 
 

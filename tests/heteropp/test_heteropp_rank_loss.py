@@ -182,3 +182,24 @@ def test_a_frozen_rank_makes_the_other_stop_within_the_timeout_naming_it(tmp_pat
     assert "rank 1 (stage 1, chip emu-small) stopped responding (no heartbeat for 20 s" in stderr
     # Silent for the timeout since its last heartbeat, which came up to one beat (1 s) before the freeze.
     assert TIMEOUT_S - 1 <= stopped_after_s < TIMEOUT_S + 5
+
+
+def test_a_rank_frozen_as_the_job_finishes_is_named_and_the_job_ends(tmp_path):
+    # Stopped just after the last step, rank 1 is caught past the final barrier (rank 0 then exits 0
+    # and torchrun would wait for rank 1 forever) or, rarely, before it (the watchdog names it).
+    job = h2_train("--out", str(tmp_path))
+    ranks = until_step(job, tmp_path, STEPS)
+    time.sleep(0.05)
+    frozen_at = time.monotonic()
+    try:
+        os.kill(ranks[1], signal.SIGSTOP)
+    except ProcessLookupError:
+        pytest.skip("rank 1 had exited already")
+    try:
+        _, stderr = job.communicate(timeout=TIMEOUT_S + 60)
+    finally:
+        if alive(ranks[1]):
+            os.kill(ranks[1], signal.SIGKILL)
+    assert job.returncode != 0 and time.monotonic() - frozen_at < TIMEOUT_S + 30
+    assert "rank 1 (stage 1, chip emu-small) stopped responding" in stderr, stderr[-2000:]
+    assert not alive(ranks[1])
