@@ -34,14 +34,18 @@ KERNEL_SHAPED_ENV = "H2_LINKS_KERNEL_SHAPED"
 _STOP_GRACE_S = 10.0
 FINISHED_PREFIX = "finished-"   # h2.cli.rank marks each rank past the final barrier in the job folder
 EXIT_GRACE_S = 15.0             # how long ranks may take to exit once one of them has finished
+FAILURES_PREFIX = "failures-"   # h2.cli.agent: each torchrun's failed ranks and their exit statuses
 
 
-def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts: int = 0) -> list[str]:
-    """torchrun restarts every rank of the job up to `max_restarts` times after one fails. Its log
-    folder is made beside the job file (the launcher removes both; torchrun's default, a
+def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts: int = 0, node: int = 0) -> list[str]:
+    """torchrun (through h2.cli.agent, which writes the ranks' failures to `failures-<node>.json`
+    beside the job file) restarts every rank of the job up to `max_restarts` times after one fails.
+    Its log folder is made beside the job file (the launcher removes both; torchrun's default, a
     `torchelastic_*` folder in TMPDIR, is never removed)."""
-    log_dir = os.path.join(os.path.dirname(job_path), "torchrun")
-    return [sys.executable, "-m", "torch.distributed.run", *rendezvous, "--nproc-per-node", str(nproc),
+    job_folder = os.path.dirname(job_path)
+    log_dir = os.path.join(job_folder, "torchrun")
+    failures = os.path.join(job_folder, f"{FAILURES_PREFIX}{node}.json")
+    return [sys.executable, "-m", "h2.cli.agent", failures, *rendezvous, "--nproc-per-node", str(nproc),
             "--max-restarts", str(max_restarts), "--log-dir", log_dir, "-m", "h2.cli.rank", "--config", job_path]
 
 
@@ -50,7 +54,48 @@ def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sourc
     """Runs the job's ranks until they finish; returns the exit status (the first failure's). With
     `hosts` = (N, HOST:PORT) this host runs 1/N of the ranks and meets the other hosts' torchruns at
     that rendezvous endpoint (torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT).
-    torchrun restarts every rank up to `max_restarts` times after one fails."""
+    torchrun restarts every rank up to `max_restarts` times after one fails. A rank that died by a
+    signal is named in one line (h2.cli.agent's failures)."""
+    status = _launch(strategy, cluster, job_path, source, hosts, max_restarts)
+    if status != 0:
+        report_rank_deaths(strategy, os.path.dirname(job_path))
+    return status
+
+
+def report_rank_deaths(strategy: Strategy, job_folder: str) -> None:
+    """One line for each rank that a signal ended (a rank that fails by itself, or that torchrun
+    stopped with SIGTERM once another had failed, has said why already): which rank, stage and chip,
+    which signal, and whether the job had finished (every rank past the final barrier) by then."""
+    from h2.cli.agent import read_failures
+    from h2.cli.rank import rank_names
+    from heteropp.topology import Topology
+
+    folder = job_folder or "."
+    exit_codes: dict[int, int] = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith(FAILURES_PREFIX) and name.endswith(".json"):
+            exit_codes.update(read_failures(os.path.join(folder, name)))
+    deaths = {rank: -code for rank, code in exit_codes.items() if code < 0 and -code != signal.SIGTERM}
+    if not deaths:
+        return
+    describe = rank_names(Topology.from_strategy(strategy))
+    finished = any(name.startswith(FINISHED_PREFIX) for name in os.listdir(folder))
+    for rank, signum in sorted(deaths.items()):
+        when = (" after the job finished (every rank had reached the final barrier): the run's checkpoints and "
+                "metrics are complete" if finished else "")
+        print(f"h2: error: {describe(rank)} died (killed by {_signal_name(signum)}){when}", file=sys.stderr,
+              flush=True)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str,
+            hosts: tuple[int, str] | None, max_restarts: int) -> int:
     if hosts is not None and hosts[0] > 1:
         count, endpoint = hosts
         if strategy.world_size % count:
@@ -163,7 +208,7 @@ def _run_nodes(emulated: list[netns.EmulatedNode], ranks: list[list[int]], job_p
                           "--local-addr", node.address]
             env = {**os.environ, **node.environment(), KERNEL_SHAPED_ENV: "1"}
             processes.append(subprocess.Popen(node.command(rank_command(len(node_ranks), job_path, rendezvous,
-                                                                       max_restarts)),
+                                                                       max_restarts, node=len(processes))),
                                               env=env, start_new_session=True))
         return _wait_all(processes)
     finally:

@@ -180,9 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         trace = trainer.engine.write_trace()
         if trace is not None and trainer.rank == 0:
             print(f"trace of every rank in {os.path.dirname(trace)} (rank-<r>.json)", flush=True)
-        leave_together(trainer.engine, watchdog)
-        if args.config:
-            mark_finished(os.path.dirname(os.path.abspath(args.config)), rank)
+        leave_together(trainer.engine, watchdog,
+                       job_folder=os.path.dirname(os.path.abspath(args.config)) if args.config else None)
         if trainer.writes_metrics and records:
             tokens = sum(r["tokens"] for r in records)
             seconds = sum(r["step_time_s"] for r in records)
@@ -204,11 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def leave_together(engine, watchdog) -> None:
+def leave_together(engine, watchdog, job_folder: str | None = None) -> None:
     """No rank leaves (and takes a store or a peer with it) before all are done: a barrier, still
     under the watchdog, so that a peer frozen or killed before it is found like any other; then this
-    rank stops watching (and tells the others it finished)."""
+    rank marks itself finished in `job_folder` (for the launcher) and stops watching (and tells the
+    others it finished)."""
     engine.barrier()
+    if job_folder is not None:
+        mark_finished(job_folder, watchdog.rank)
     watchdog.stop()
 
 

@@ -119,6 +119,11 @@ class RankWatchdog:
         self._stop.set()
         with self._lock:
             self.store.set(self._key("done", self.rank), "1")
+        if self._wakeup is not None:
+            try:
+                os.write(self._wakeup[1], b"\0")  # the thread waits on this pipe: it ends now, not a beat later
+            except BlockingIOError:
+                pass  # full: the thread has bytes to wake up to already
         self._thread.join()
         self._thread = None
         if self._wakeup is not None:
