@@ -67,8 +67,6 @@ def report_rank_deaths(strategy: Strategy, job_folder: str) -> None:
     stopped with SIGTERM once another had failed, has said why already): which rank, stage and chip,
     which signal, and whether the job had finished (every rank past the final barrier) by then."""
     from h2.cli.agent import read_failures
-    from h2.cli.rank import rank_names
-    from heteropp.topology import Topology
 
     folder = job_folder or "."
     exit_codes: dict[int, int] = {}
@@ -78,13 +76,26 @@ def report_rank_deaths(strategy: Strategy, job_folder: str) -> None:
     deaths = {rank: -code for rank, code in exit_codes.items() if code < 0 and -code != signal.SIGTERM}
     if not deaths:
         return
-    describe = rank_names(Topology.from_strategy(strategy))
-    finished = any(name.startswith(FINISHED_PREFIX) for name in os.listdir(folder))
+    describe = _rank_describer(strategy)
+    when = (" after the job finished (every rank had reached the final barrier): the run's checkpoints and "
+            "metrics are complete" if job_finished(folder) else "")
     for rank, signum in sorted(deaths.items()):
-        when = (" after the job finished (every rank had reached the final barrier): the run's checkpoints and "
-                "metrics are complete" if finished else "")
         print(f"h2: error: {describe(rank)} died (killed by {_signal_name(signum)}){when}", file=sys.stderr,
               flush=True)
+
+
+def job_finished(job_folder: str) -> bool:
+    """Whether a rank has marked itself past the final barrier (h2.cli.rank.mark_finished): then
+    every rank has done all its steps."""
+    return any(name.startswith(FINISHED_PREFIX) for name in os.listdir(job_folder or "."))
+
+
+def _rank_describer(strategy: Strategy):
+    """rank -> 'rank 1 (stage 1, chip B)'."""
+    from h2.cli.rank import rank_names
+    from heteropp.topology import Topology
+
+    return rank_names(Topology.from_strategy(strategy))
 
 
 def _signal_name(signum: int) -> str:
@@ -138,7 +149,7 @@ def run_until_ranks_exit(command: list[str], strategy: Strategy, job_folder: str
         except subprocess.TimeoutExpired:
             pass
         if finished_at is None:
-            if any(name.startswith(FINISHED_PREFIX) for name in os.listdir(job_folder)):
+            if job_finished(job_folder):
                 finished_at = time.monotonic()
             continue
         if time.monotonic() - finished_at > exit_grace_s:
@@ -147,10 +158,7 @@ def run_until_ranks_exit(command: list[str], strategy: Strategy, job_folder: str
 
 
 def _kill_lingering_ranks(process: subprocess.Popen, strategy: Strategy, exit_grace_s: float) -> None:
-    from h2.cli.rank import rank_names
-    from heteropp.topology import Topology
-
-    describe = rank_names(Topology.from_strategy(strategy))
+    describe = _rank_describer(strategy)
     lingering = _rank_processes(process.pid)
     for pid in [*lingering.values(), process.pid]:
         try:

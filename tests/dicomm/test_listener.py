@@ -176,8 +176,6 @@ def test_shm_setup_takes_the_peers_memory_through_proc_where_pidfd_getfd_is_refu
 
 @pytest.mark.parametrize("token, missing_key", [(None, "dicomm/token"), ("t", "dicomm/peer/0")])
 def test_connect_timeout_bounds_the_store_look_ups_of_setup(tmp_path, token, missing_key):
-    import dicomm
-
     store = dicomm.FileStore(str(tmp_path), timeout=60)  # the store alone would wait 60 s for rank 0's keys
     started = time.monotonic()
     with pytest.raises(dicomm.CommError, match=f"store key '{missing_key}' was not set within the connect timeout"):

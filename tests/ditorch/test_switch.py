@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
@@ -54,9 +56,6 @@ def test_backend_cuda_flags_are_accepted_harmlessly():
     result = run_python("import ditorch, torch; torch.backends.cuda.matmul.allow_tf32 = True; "
                         "torch.backends.cudnn.benchmark = True; print('ok')")
     assert result.stdout.strip() == "ok", result.stderr[-2000:]
-
-
-import pytest  # noqa: E402
 
 
 @pytest.mark.parametrize("variable, value, error", [

@@ -59,8 +59,22 @@ std::string localHostId() {
 }
 
 namespace {
+
 constexpr size_t kNonceBytes = 16;
+// Each direction's proof is over its own label, so one side's proof never serves as the other's.
+constexpr const char* kHelloLabel = "dicomm-hello-v1";
+constexpr const char* kReplyLabel = "dicomm-reply-v1";
+
+// Both directions sign every value of the exchange.
+std::string handshakeTranscript(const char* label, const Challenge& challenge, const Hello& hello) {
+  std::ostringstream out;
+  out << label << "\nlistener_rank=" << challenge.rank << "\nlistener_nonce=" << challenge.nonce
+      << "\ndialer_rank=" << hello.rank << "\ndialer_nonce=" << hello.nonce
+      << "\ntransport=" << transportName(hello.transport) << "\n";
+  return out.str();
 }
+
+}  // namespace
 
 Challenge Challenge::fresh(int rank) {
   Challenge c;
@@ -84,35 +98,21 @@ Challenge Challenge::decode(const std::string& payload) {
   return c;
 }
 
-namespace {
-
-// Both directions sign every value of the exchange; the labels keep one side's proof from
-// serving as the other's.
-std::string handshakeTranscript(const char* label, const Challenge& challenge, const Hello& hello) {
-  std::ostringstream out;
-  out << label << "\nlistener_rank=" << challenge.rank << "\nlistener_nonce=" << challenge.nonce
-      << "\ndialer_rank=" << hello.rank << "\ndialer_nonce=" << hello.nonce
-      << "\ntransport=" << transportName(hello.transport) << "\n";
-  return out.str();
-}
-
-}  // namespace
-
 Hello Hello::answer(const Challenge& challenge, int rank, TransportKind transport, const std::string& token) {
   Hello h;
   h.rank = rank;
   h.transport = transport;
   h.nonce = randomHex(kNonceBytes, "a handshake nonce");
-  h.proof = tokenProof(token, handshakeTranscript("dicomm-hello-v1", challenge, h));
+  h.proof = tokenProof(token, handshakeTranscript(kHelloLabel, challenge, h));
   return h;
 }
 
 bool Hello::proves(const std::string& token, const Challenge& challenge) const {
-  return sameProof(tokenProof(token, handshakeTranscript("dicomm-hello-v1", challenge, *this)), proof);
+  return sameProof(tokenProof(token, handshakeTranscript(kHelloLabel, challenge, *this)), proof);
 }
 
 std::string Hello::listenerProof(const std::string& token, const Challenge& challenge) const {
-  return tokenProof(token, handshakeTranscript("dicomm-reply-v1", challenge, *this));
+  return tokenProof(token, handshakeTranscript(kReplyLabel, challenge, *this));
 }
 
 std::string Hello::encode() const {
