@@ -1,4 +1,10 @@
-"""Where `h2 train --strategy --cluster` starts its ranks (h2.cli.launch)."""
+"""Where `h2 train --strategy --cluster` starts its ranks (h2.cli.launch), and how the launcher ends
+a job whose ranks do not exit once it has finished."""
+
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -33,3 +39,36 @@ def test_one_node_runs_one_standalone_torchrun_without_namespaces(tmp_path, caps
     (tmp_path / "c.yaml").write_text(CLUSTER.replace("chips_per_node: 1", "chips_per_node: 2"))
     launch.launch(strategy_from_mapping(STRATEGY, "s.yaml"), load_cluster(tmp_path / "c.yaml"), "job.yaml", "s.yaml")
     assert "--standalone" in started[0] and capsys.readouterr().out == ""
+
+
+# Stands in for torchrun: starts rank 1, which never exits (as one stopped or hung while exiting),
+# then marks rank 0 past the final barrier, as h2.cli.rank does, and waits for rank 1.
+TORCHRUN_WITH_A_RANK_THAT_DOES_NOT_EXIT = """\
+import os, subprocess, sys
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                        env={**os.environ, "RANK": "1", "TORCHELASTIC_RUN_ID": "test"})
+open(os.path.join(sys.argv[1], "finished-0"), "w").close()
+sys.exit(rank.wait())
+"""
+
+
+def test_a_rank_still_running_after_the_job_finished_is_killed_and_named(tmp_path, capfd):
+    # The fault campaign's ranks family: a rank stopped past the final barrier; torchrun waits for it forever.
+    script = tmp_path / "torchrun.py"
+    script.write_text(TORCHRUN_WITH_A_RANK_THAT_DOES_NOT_EXIT)
+    started = time.monotonic()
+    status = launch.run_until_ranks_exit([sys.executable, str(script), str(tmp_path)],
+                                         strategy_from_mapping(STRATEGY, "s.yaml"), str(tmp_path), exit_grace_s=1.0)
+    assert status == 1 and time.monotonic() - started < 30
+    assert capfd.readouterr().err == (
+        "h2: error: rank 1 (stage 1, chip A) stopped responding after the job finished (still running 1 s after the "
+        "final barrier: stopped or hung while exiting); killed. The run's checkpoints and metrics are complete\n")
+    survivors = subprocess.run(["pgrep", "-f", "import time; time.sleep(60)"], capture_output=True, text=True).stdout
+    assert survivors.split() == [], survivors
+
+
+def test_a_job_whose_ranks_exit_ends_with_torchruns_status(tmp_path):
+    script = tmp_path / "torchrun.py"
+    script.write_text("import os, sys\nopen(os.path.join(sys.argv[1], 'finished-0'), 'w').close()\nsys.exit(3)\n")
+    assert launch.run_until_ranks_exit([sys.executable, str(script), str(tmp_path)],
+                                       strategy_from_mapping(STRATEGY, "s.yaml"), str(tmp_path)) == 3

@@ -1,12 +1,15 @@
 """The end of a pipeline rank (h2.cli.rank.leave_together): the final barrier runs while the rank
 watchdog still watches, so a peer that freezes before reaching it is named within the timeout
-instead of holding the rank there forever (the fault campaign's ranks family found that hang)."""
+instead of holding the rank there forever (the fault campaign's ranks family found that hang); past
+it the rank marks itself finished for the launcher (h2.cli.launch.job_finished)."""
 
+import os
 import threading
 import time
 
 import torch.distributed as dist
 
+from h2.cli.launch import job_finished
 from h2.cli.rank import leave_together
 from h2.train.watchdog import RankWatchdog
 
@@ -37,3 +40,21 @@ def test_a_peer_frozen_before_the_final_barrier_is_named_within_the_timeout():
     leave_together(BarrierThatNeverCompletes(ended), watchdog)
     assert time.monotonic() - started < 10
     assert losses and "rank 1 stopped responding" in losses[0], losses
+
+
+class BarrierThatSeesTheJobFolder:
+    def __init__(self, folder):
+        self.folder, self.finished_when_called = folder, None
+
+    def barrier(self) -> None:
+        self.finished_when_called = job_finished(self.folder)
+
+
+def test_a_rank_marks_itself_finished_once_past_the_final_barrier(tmp_path):
+    store = dist.HashStore()
+    watchdog = RankWatchdog(store, 1, 2, timeout_s=5, describe=lambda rank: f"rank {rank}").start()
+    engine = BarrierThatSeesTheJobFolder(str(tmp_path))
+    leave_together(engine, watchdog, job_folder=str(tmp_path))
+    assert engine.finished_when_called is False
+    assert os.listdir(tmp_path) == ["finished-1"] and job_finished(str(tmp_path))
+    assert store.check(["h2/watch/0/done/1"])  # and stopped watching, telling the others
