@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from heteropp.auto.cross_site import compare, load_scenario  # noqa: E402
+from heteroauto.cross_site import compare, load_scenario  # noqa: E402
 
 LATENCIES_MS = (1, 2, 5, 10, 20, 30, 40)
 LIMITS = (2, 4, 6, 8, 10, 12, 14, 16)

@@ -24,10 +24,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from autohelpers import random_problem  # noqa: E402
 from h2.core.errors import UserError  # noqa: E402
-from heteropp.auto import paper_search  # noqa: E402
-from heteropp.auto.oracle import oracle_search  # noqa: E402
-from heteropp.auto.profiles import profiles_for  # noqa: E402
-from heteropp.auto.search import search  # noqa: E402
+from heteroauto import paper_search  # noqa: E402
+from heteroauto.oracle import oracle_search  # noqa: E402
+from heteroauto.profiles import profiles_for  # noqa: E402
+from heteroauto.search import search  # noqa: E402
 
 GROUP = 2
 

@@ -61,8 +61,8 @@ def predicted(strategy_path: str, cluster_path: str) -> dict[str, float]:
     from h2.core.cluster import load_cluster
     from h2.core.stage_orders import run_schedule
     from h2.core.strategy import load_strategy
-    from heteropp.auto.jeeves_plan import strategy_costs, with_schedule_orders
-    from heteropp.auto.simulator import simulate
+    from heteroauto.jeeves_plan import strategy_costs, with_schedule_orders
+    from heteroauto.simulator import simulate
 
     strategy, cluster = load_strategy(strategy_path), load_cluster(cluster_path)
     terms = strategy_costs(strategy, cluster, strategy_path).terms

@@ -41,10 +41,10 @@ sys.path.insert(0, os.path.join(HERE, "metis"))
 import to_metis  # noqa: E402
 from h2.core.schedule import schedule_actions  # noqa: E402
 from h2.core.strategy import Strategy  # noqa: E402
-from heteropp.auto.evaluation import evaluate_strategy, training_for  # noqa: E402
-from heteropp.auto.profiles import profiles_for  # noqa: E402
-from heteropp.auto.search import search  # noqa: E402
-from heteropp.auto.simulator import simulate  # noqa: E402
+from heteroauto.evaluation import evaluate_strategy, training_for  # noqa: E402
+from heteroauto.profiles import profiles_for  # noqa: E402
+from heteroauto.search import search  # noqa: E402
+from heteroauto.simulator import simulate  # noqa: E402
 
 CLUSTER = os.path.join(HERE, "metis", "cluster.yaml")
 DEFAULT_GIT = "/work/.mirror/SamsungLabs+Metis/repo"

@@ -27,11 +27,11 @@ from h2.cli import heteroauto
 from h2.core.cluster import load_cluster
 from h2.core.model_config import preset
 from h2.core.schedule import schedule_actions
-from heteropp.auto import paper_search
-from heteropp.auto.evaluation import evaluate_strategy
-from heteropp.auto.profiles import profiles_for
-from heteropp.auto.search import search
-from heteropp.auto.simulator import simulate
+from heteroauto import paper_search
+from heteroauto.evaluation import evaluate_strategy
+from heteroauto.profiles import profiles_for
+from heteroauto.search import search
+from heteroauto.simulator import simulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = ("exp-a-1", "exp-a-2", "exp-b-1", "exp-b-2", "exp-c-1", "exp-c-2")

@@ -26,8 +26,8 @@ import numpy as np
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig, preset
-from heteropp.auto.profiles import profiles_for
-from heteropp.auto.search import search
+from heteroauto.profiles import profiles_for
+from heteroauto.search import search
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTRA = {"E": dict(memory_gb=80, chips_per_node=8, peak_tflops=406, intra_node_gbps=300),

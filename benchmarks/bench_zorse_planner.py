@@ -1,5 +1,5 @@
 """Zorse's planner against HeteroAuto's on the Zorse paper's clusters A, B, C (configs/clusters/zorse-*.yaml)
-with LLaMA 7B/13B/33B/65B shapes, both plans scored by the one simulator (heteropp.auto.simulator).
+with LLaMA 7B/13B/33B/65B shapes, both plans scored by the one simulator (heteroauto.simulator).
 
 For each cluster and model it prints: the Zorse planner's wall time (the acceptance asks under 60 s),
 its plan (groups, micro-batch, ministages, offload), its latency-model prediction and its simulated
@@ -21,13 +21,13 @@ from h2.core.cluster import load_cluster
 from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
 from h2.core.schedule import schedule_actions
-from heteropp.auto.evaluation import evaluate_strategy
-from heteropp.auto.profiles import profiles_for
-from heteropp.auto.search import search
-from heteropp.auto.simulator import simulate
-from heteropp.auto.zorse.costs import Shapes
-from heteropp.auto.zorse.planner import plan, rates_from_profiles
-from heteropp.auto.zorse.scoring import plan_schedule, plan_terms
+from heteroauto.evaluation import evaluate_strategy
+from heteroauto.profiles import profiles_for
+from heteroauto.search import search
+from heteroauto.simulator import simulate
+from heteroauto.zorse.costs import Shapes
+from heteroauto.zorse.planner import plan, rates_from_profiles
+from heteroauto.zorse.scoring import plan_schedule, plan_terms
 
 
 def zorse_row(cluster, model, training, profiles, memory_fraction, min_groups=1, lone_group_ministages=False):

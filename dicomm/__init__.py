@@ -1,7 +1,7 @@
 """DiComm: point-to-point communication between chips of different vendors.
 
 Owns: the Python API over the C++ transports (tcp, shm, ibverbs) and the benchmark
-(python -m dicomm.bench); the torch.distributed "dicomm" backend registration will live here
+(python benchmarks/dicomm/bench.py); the torch.distributed "dicomm" backend registration will live here
 too. Must not import heteropp, ditorch or h2 above its bottom layer h2.core (the benchmark launches
 its processes with h2.core.ranks). The C++ core (csrc/dicomm) never needs torch:
 rendezvous takes any object with set/get. Design and configuration: docs/dicomm.md.

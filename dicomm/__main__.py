@@ -1,5 +1,5 @@
 """`python -m dicomm topology`: this node's chips, NICs and the NIC each chip uses (docs/dicomm.md).
-(The benchmark is `python -m dicomm.bench`.)"""
+(The benchmark is `python benchmarks/dicomm/bench.py`.)"""
 from __future__ import annotations
 
 import json

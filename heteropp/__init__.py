@@ -3,5 +3,5 @@ layer count and recompute setting.
 
 Owns: topology from a strategy, process groups, stage building, tensor parallelism,
 schedules (as printable action lists), resharding between stages, DP and ZeRO-1.
-`heteropp.auto` (HeteroAuto, the planner) is pure Python and never imports torch.
+`heteroauto` (HeteroAuto, the planner) is pure Python and never imports torch.
 """

@@ -18,7 +18,7 @@ Each time is the median of `repeats` runs after a warm-up, the slowest TP rank's
 it). What cannot be run here is not measured: data-parallel synchronisation is derived by the
 planner, which says so in the profile.
 
-Runtime side (it runs stages); the planner (heteropp.auto) turns these numbers into its profile
+Runtime side (it runs stages); the planner (heteroauto) turns these numbers into its profile
 format, so neither imports the other.
 """
 

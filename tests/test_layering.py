@@ -14,27 +14,30 @@ import textwrap
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("h2", "ditorch", "dicomm", "heteropp")
+PACKAGES = ("h2", "ditorch", "dicomm", "heteropp", "heteroauto")
 
 # Each layer, and the layers it may import besides itself (the most specific name decides a module's
-# layer). Nothing imports h2.cli; h2 itself (h2/__init__.py) imports nothing.
+# layer). Nothing imports h2.cli; h2 itself (h2/__init__.py) imports nothing. Inside a layer, no two
+# modules import each other, directly or through others (import_cycles).
 MAY_IMPORT = {
     "h2.core": (),
     "ditorch": ("h2.core",),
     "dicomm": ("h2.core",),
     "h2.model": ("h2.core",),
     "h2.data": ("h2.core",),
-    "heteropp.auto": ("h2.core",),
+    "heteroauto": ("h2.core",),
     "heteropp": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm"),
     "h2.ps": ("h2.core", "h2.model", "h2.data"),
     "h2.train": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "h2.ps"),
-    "h2.cli": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "heteropp.auto", "h2.ps",
-               "h2.train"),
+    "h2.launch": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "heteroauto", "h2.ps",
+                  "h2.train"),
+    "h2.cli": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "heteroauto", "h2.ps",
+               "h2.train", "h2.launch"),
     "h2.__main__": ("h2.cli",),
     "h2": (),
 }
 # Layers the planner uses without torch: torch may be imported inside functions only.
-TORCH_FREE_AT_IMPORT = ("h2.core", "heteropp.auto")
+TORCH_FREE_AT_IMPORT = ("h2.core", "heteroauto")
 
 
 def layer_of(module: str) -> str | None:
@@ -114,8 +117,89 @@ def violations(root: str, packages=PACKAGES) -> list[str]:
     return sorted(set(problems))
 
 
+def _project_modules(root: str, packages=PACKAGES) -> dict[str, tuple[str, bool]]:
+    """module name -> (path, is a package's __init__) for every module of the project."""
+    modules = {}
+    for package in packages:
+        for folder, _, files in os.walk(os.path.join(root, package)):
+            for file in files:
+                if file.endswith(".py"):
+                    path = os.path.join(folder, file)
+                    modules[module_name(root, path)] = (path, file == "__init__.py")
+    return modules
+
+
+def import_graph(root: str, packages=PACKAGES) -> dict[str, set[str]]:
+    """module -> the project's modules it imports (a name inside a module counts as that module),
+    wherever the import stands: module level, inside functions, under `if TYPE_CHECKING`. A module's
+    own enclosing packages are left out: Python runs them before the module in any case."""
+    modules = _project_modules(root, packages)
+    graph: dict[str, set[str]] = {module: set() for module in modules}
+    for module, (path, is_package) in modules.items():
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read(), path)
+        for name, _, _ in imported_names(tree, module, is_package):
+            parts = name.split(".")
+            target = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules),
+                          None)
+            if target is not None and target != module and not module.startswith(target + "."):
+                graph[module].add(target)
+    return graph
+
+
+def import_cycles(root: str, packages=PACKAGES) -> list[list[str]]:
+    """Every group of modules that import each other, directly or through others (strongly connected
+    components of more than one module, Tarjan's algorithm), each sorted."""
+    graph = import_graph(root, packages)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(start: str) -> None:
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for successor in successors:
+                if successor not in index:
+                    index[successor] = low[successor] = len(index)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(graph[successor]))))
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index[successor])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
+
+
 def test_every_import_in_the_project_points_down():
     assert violations(REPO_ROOT) == []
+
+
+def test_no_modules_import_each_other_inside_a_layer():
+    assert import_cycles(REPO_ROOT) == []
 
 
 def test_every_package_says_what_it_owns_and_must_not_import():
@@ -148,9 +232,9 @@ def _tree(tmp_path, files: dict[str, str]) -> str:
     ("ditorch/bad.py", "import importlib\nimportlib.import_module('dicomm.torch_backend')\n",
      "imports dicomm.torch_backend (dicomm)"),
     ("ditorch/bad.py", "import sys\nsys.modules.get('dicomm.torch_backend')\n", "imports dicomm.torch_backend (dicomm)"),
-    ("heteropp/bad.py", "from heteropp.auto import search\n", "heteropp.bad (heteropp) imports heteropp.auto"),
-    ("heteropp/auto/bad.py", "from heteropp.engine import PipelineEngine\n",
-     "heteropp.auto.bad (heteropp.auto) imports heteropp.engine (heteropp)"),
+    ("heteropp/bad.py", "from heteroauto import search\n", "heteropp.bad (heteropp) imports heteroauto"),
+    ("heteroauto/bad.py", "from heteropp.engine import PipelineEngine\n",
+     "heteroauto.bad (heteroauto) imports heteropp.engine (heteropp)"),
     ("h2/train/bad.py", "from h2.cli import main\n", "h2.train.bad (h2.train) imports h2.cli (h2.cli)"),
     ("h2/core/bad.py", "import torch\n", "h2.core imports torch at module level"),
     ("h2/core/sub/bad.py", "from .. import errors\nfrom ...train import trainer\n",
@@ -163,9 +247,25 @@ def test_an_import_that_points_up_or_sideways_is_found(tmp_path, relative, text,
 
 def test_imports_that_point_down_are_allowed(tmp_path):
     tree = _tree(tmp_path, {
-        "h2/cli/ok.py": "import heteropp.auto.search\nimport h2.train.trainer\nimport ditorch\nimport dicomm\n",
+        "h2/cli/ok.py": "import heteroauto.search\nimport h2.train.trainer\nimport ditorch\nimport dicomm\n",
         "heteropp/ok.py": "import dicomm\nimport ditorch.dipu\nfrom h2.model import Transformer\n",
         "h2/core/ok.py": "def f():\n    import torch\n",
         "ditorch/ok.py": "from h2.core.errors import UserError\n",
     })
     assert violations(tree) == []
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"h2/cli/a.py": "from h2.cli import b\n", "h2/cli/b.py": "def f():\n    import h2.cli.a\n"}, [["h2.cli.a", "h2.cli.b"]]),
+    ({"h2/core/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from h2.core.c import C\n",
+      "h2/core/b.py": "from h2.core.a import x\n", "h2/core/c.py": "from h2.core.b import y\n"},
+     [["h2.core.a", "h2.core.b", "h2.core.c"]]),
+])
+def test_modules_that_import_each_other_inside_a_layer_are_found(tmp_path, files, expected):
+    assert import_cycles(_tree(tmp_path, files)) == expected
+
+
+def test_a_chain_of_imports_without_a_cycle_is_allowed(tmp_path):
+    tree = _tree(tmp_path, {"h2/core/a.py": "from h2.core import b\n", "h2/core/b.py": "import h2.core.c\n",
+                            "h2/core/c.py": "import os\n"})
+    assert import_cycles(tree) == []

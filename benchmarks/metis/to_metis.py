@@ -31,9 +31,9 @@ import sys
 from h2.core.cluster import ClusterSpec, TrainingSpec, load_cluster
 from h2.core.model_config import ModelConfig, resolve_model
 from h2.core.strategy import StageSpec, Strategy
-from heteropp.auto.memory import layer_shard_params, state_bytes_per_param
-from heteropp.auto.profiles import synthesise_profile, update_s_per_layer
-from heteropp.auto.stage_terms import embedding_terms, head_terms
+from heteroauto.memory import layer_shard_params, state_bytes_per_param
+from heteroauto.profiles import synthesise_profile, update_s_per_layer
+from heteroauto.stage_terms import embedding_terms, head_terms
 
 MIB = 1 << 20
 METIS_TYPES = ("A100", "V100", "P100", "T4")   # the device types Metis's utils.DeviceType knows

@@ -7,7 +7,7 @@
     heteroauto profile  --cluster C [--chip NAME] [--model M] [--device cpu] [--synthesise] [--out-dir D | --out P.yaml]
     heteroauto cross-site --scenario configs/xdc/gpt3-175b.yaml [--latency-ms 20] [--bandwidth-gbps B] [--limit K] [--json]
 
-`search --planner zorse` plans with the Zorse planner (heteropp.auto.zorse: mixed-type groups, rows per
+`search --planner zorse` plans with the Zorse planner (heteroauto.zorse: mixed-type groups, rows per
 rank, ministages, ZeRO-2, offload); `partition` prints its phase 1 (the min-k-cut of the cluster's
 bandwidth graph, every k); `simulate` scores a Zorse strategy with the same simulator.
 `profile` measures by running the runtime's stage code on TP ranks of each chip (heteropp.profiling;
@@ -34,20 +34,20 @@ from h2.core.model_config import ModelConfig, resolve_model
 from h2.core.schedule import schedule_actions
 from h2.core.stage_orders import run_schedule
 from h2.core.strategy import load_strategy
-from heteropp.auto import paper_search
-from heteropp.auto.evaluation import evaluate_strategy, training_for
-from heteropp.auto.jeeves_plan import site_terms, with_schedule_orders
-from heteropp.auto.oracle import oracle_search
-from heteropp.auto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
+from heteroauto import paper_search
+from heteroauto.evaluation import evaluate_strategy, training_for
+from heteroauto.jeeves_plan import site_terms, with_schedule_orders
+from heteroauto.oracle import oracle_search
+from heteroauto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
                                     synthesise_profile)
-from heteropp.auto.search import Progress, search
-from heteropp.auto.simulator import simulate
-from heteropp.auto.stage_terms import COST_MODELS
-from heteropp.auto.zorse.graph import bandwidth_graph, machines_of
-from heteropp.auto.zorse.partition import split_partitions
-from heteropp.auto.zorse.planner import OFFLOAD_CHOICES, ZorsePlan, plan as zorse_plan, rates_from_profiles
-from heteropp.auto.zorse.scoring import simulate_plan
-from heteropp.auto.zorse.strategies import from_strategy, is_zorse_strategy, to_strategy
+from heteroauto.search import Progress, search
+from heteroauto.simulator import simulate
+from heteroauto.stage_terms import COST_MODELS
+from heteroauto.zorse.graph import bandwidth_graph, machines_of
+from heteroauto.zorse.partition import split_partitions
+from heteroauto.zorse.planner import OFFLOAD_CHOICES, ZorsePlan, plan as zorse_plan, rates_from_profiles
+from heteroauto.zorse.scoring import simulate_plan
+from heteroauto.zorse.strategies import from_strategy, is_zorse_strategy, to_strategy
 
 GB = 1e9
 MAX_REPLAY_MICRO_BATCHES = 1 << 16
@@ -531,7 +531,7 @@ def _cmd_simulate_zorse(args, strategy) -> int:
     simulated = replay.iteration_s
     if args.trace is not None:
         from h2.core.trace import write_trace
-        from heteropp.auto.simulator import trace_events
+        from heteroauto.simulator import trace_events
 
         labels = [f"{len(group.chips)} ranks ({', '.join(sorted(set(group.chips)))}), {group.layers} layers in "
                   f"{scored.ministages} ministages" for group in scored.groups]
@@ -607,7 +607,7 @@ def _cmd_simulate(args) -> int:
 
 def write_simulated_trace(path: str, sim, report, schedule: str) -> None:
     from h2.core.trace import write_trace
-    from heteropp.auto.simulator import trace_events
+    from heteroauto.simulator import trace_events
 
     labels = [f"{s.chip} tp {s.tp} dp {s.dp}, {s.layers} layers" for s in report.stages]
     write_trace(path, trace_events(sim, labels, schedule == "1f1b-split-backward"), {"source": "predicted"})
@@ -737,7 +737,7 @@ def _cmd_profile(args) -> int:
 
 # ---- cross-site ----------------------------------------------------------------------------------
 def _cmd_cross_site(args) -> int:
-    from heteropp.auto.cross_site import compare, load_scenario
+    from heteroauto.cross_site import compare, load_scenario
     for flag, value in (("--latency-ms", args.latency_ms), ("--bandwidth-gbps", args.bandwidth_gbps)):
         if value is not None and not (value >= 0 and math.isfinite(value)):
             raise UserError(f"{flag} must be a number >= 0, got {value:g}")

@@ -53,9 +53,9 @@ def job_from_args(args: argparse.Namespace) -> dict:
 
 
 def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None = None) -> int:
-    """`h2 train --strategy S [--cluster C]`: a HeteroPP run on local processes (h2.cli.launch); with
+    """`h2 train --strategy S [--cluster C]`: a HeteroPP run on local processes (h2.launch.launcher); with
     `hosts` (number of hosts, rendezvous endpoint) this host's share of the ranks joins the others."""
-    from h2.cli.launch import launch
+    from h2.launch.launcher import launch
     from h2.core.cluster import load_cluster
     from h2.core.devices import resolve_device
     from h2.core.stage_orders import run_schedule
@@ -79,8 +79,8 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     runs_ministages(strategy, options.schedule)
     cluster, warning = None, None
     if run.cluster:
-        from h2.cli.cluster_job import check_job, host_warning
-        from heteropp.auto.jeeves_plan import with_schedule_orders
+        from h2.launch.cluster_job import check_job, host_warning
+        from heteroauto.jeeves_plan import with_schedule_orders
 
         cluster = load_cluster(run.cluster)
         strategy = check_job(strategy, cluster, run.strategy, options.threads)

@@ -33,7 +33,7 @@ import os
 import sys
 from datetime import timedelta
 
-from h2.cli.launch import FINISHED_PREFIX
+from h2.launch.contract import KERNEL_SHAPED_ENV, mark_finished, rank_names
 from h2.core import flags
 from h2.core.dips import PSOptions
 from h2.core.emulation import host_cores, host_work_warning
@@ -76,15 +76,6 @@ def _print_progress(record: dict, topology, memory: list[dict]) -> None:
           + (f" peak MB per stage {peaks}" if peaks else ""), flush=True)
 
 
-def rank_names(topology):
-    """'rank 3 (stage 1, chip B)' for every rank of `topology`."""
-    def describe(rank: int) -> str:
-        place = topology.place(rank)
-        stage = topology.stages[place.stage]
-        return f"rank {rank} (stage {stage.index}, chip {stage.replica_chip(place.dp_index)})"
-    return describe
-
-
 def _is_communication_error(error: BaseException) -> bool:
     """Errors a collective raises when a peer is gone (gloo: 'Connection closed by peer', timeouts)."""
     import torch.distributed as dist
@@ -104,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from h2.cli.launch import KERNEL_SHAPED_ENV
     from h2.core.cluster import load_cluster
     from h2.core.links import RankLinks, describe_stage_links
     from h2.core.strategy import load_strategy
@@ -125,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     out = run.out or "runs/heteropp"
     labels = links = None
     if run.cluster:
-        from h2.cli.cluster_job import check_job, chip_labels, host_ranks_of_this_process, open_rank_chip
-        from heteropp.auto.jeeves_plan import with_schedule_orders
+        from h2.launch.cluster_job import check_job, chip_labels, host_ranks_of_this_process, open_rank_chip
+        from heteroauto.jeeves_plan import with_schedule_orders
 
         cluster = load_cluster(run.cluster)
         strategy = check_job(strategy, cluster, run.strategy, options.threads, host_ranks_of_this_process())
@@ -212,13 +202,6 @@ def leave_together(engine, watchdog, job_folder: str | None = None) -> None:
     if job_folder is not None:
         mark_finished(job_folder, watchdog.rank)
     watchdog.stop()
-
-
-def mark_finished(job_folder: str, rank: int) -> None:
-    """Tell the launcher (h2.cli.launch) this rank passed the final barrier: every rank has done its
-    work, so each should now exit within seconds."""
-    with open(os.path.join(job_folder, f"{FINISHED_PREFIX}{rank}"), "w"):
-        pass
 
 
 def _print_stage_report(report: list[dict], labels: dict[str, str], elapsed_s: float) -> None:

@@ -162,8 +162,8 @@ def profile(args, cluster: ClusterSpec, model: ModelConfig) -> str:
 @dataclasses.dataclass
 class Plan:
     strategy: object           # h2.core.strategy.Strategy
-    report: object             # heteropp.auto.evaluation.StrategyReport
-    simulation: object         # heteropp.auto.simulator.SimulationResult
+    report: object             # heteroauto.evaluation.StrategyReport
+    simulation: object         # heteroauto.simulator.SimulationResult
 
     def to_dict(self, cluster_path: str, cluster: ClusterSpec, model: ModelConfig, profiles: str) -> dict:
         return {"cluster": cluster_path, "cluster_config": cluster_identity(cluster), "model": model.name,
@@ -183,9 +183,9 @@ def make_plan(args, profiles: str) -> Plan:
     replayed by the simulator (the same calls as `heteroauto search` and `heteroauto simulate`)."""
     from h2.cli import heteroauto
     from h2.core.schedule import schedule_actions
-    from heteropp.auto.evaluation import evaluate_strategy
-    from heteropp.auto.search import search
-    from heteropp.auto.simulator import simulate
+    from heteroauto.evaluation import evaluate_strategy
+    from heteroauto.search import search
+    from heteroauto.simulator import simulate
 
     problem = heteroauto.planning_problem(["--cluster", args.cluster, "--profiles", profiles]
                                           + (["--model", args.model] if args.model else []))
@@ -205,8 +205,8 @@ def replayed_plan(args, out: str, profiles: str) -> Plan:
     from h2.cli import heteroauto
     from h2.core.schedule import schedule_actions
     from h2.core.strategy import load_strategy
-    from heteropp.auto.evaluation import evaluate_strategy, training_for
-    from heteropp.auto.simulator import simulate
+    from heteroauto.evaluation import evaluate_strategy, training_for
+    from heteroauto.simulator import simulate
 
     problem = heteroauto.planning_problem(["--cluster", args.cluster, "--profiles", profiles]
                                           + (["--model", args.model] if args.model else []))

@@ -156,7 +156,7 @@ def schedule_actions(name: str, num_stages: int, micro_batches: int) -> list[lis
         return one_f_one_b_split_backward(num_stages, micro_batches)
     if name == "jeeves":
         raise ValueError("schedule 'jeeves' has no fixed action lists: it is generated from the stages' costs "
-                         "(h2.core.jeeves) and run from a strategy's orders (h2.core.stage_orders.run_schedule)")
+                         "(heteroauto.jeeves) and run from a strategy's orders (h2.core.stage_orders.run_schedule)")
     if name == "gpipe":
         return gpipe_ministages(num_stages, micro_batches, 1)
     raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")

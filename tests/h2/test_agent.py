@@ -1,13 +1,13 @@
-"""How a pipeline job reports ranks that a signal ended (h2.cli.agent runs torchrun and records its
-ranks' exit statuses; h2.cli.launch.report_rank_deaths turns them into one line per dead rank)."""
+"""How a pipeline job reports ranks that a signal ended (h2.launch.agent runs torchrun and records its
+ranks' exit statuses; h2.launch.launcher.report_rank_deaths turns them into one line per dead rank)."""
 
 import json
 import os
 import subprocess
 import sys
 
-from h2.cli import launch
-from h2.cli.agent import read_failures, write_failures
+from h2.launch import launcher as launch
+from h2.launch.agent import read_failures, write_failures
 from h2.core.strategy import strategy_from_mapping
 
 STRATEGY = {"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny",
@@ -23,7 +23,7 @@ time.sleep(60)
 def run_agent(tmp_path, script: str):
     (tmp_path / "worker.py").write_text(script)
     failures = tmp_path / "failures-0.json"
-    completed = subprocess.run([sys.executable, "-m", "h2.cli.agent", str(failures), "--standalone",
+    completed = subprocess.run([sys.executable, "-m", "h2.launch.agent", str(failures), "--standalone",
                                 "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
                                 str(tmp_path / "worker.py")],
                                capture_output=True, text=True, timeout=120)

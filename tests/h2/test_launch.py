@@ -1,4 +1,4 @@
-"""Where `h2 train --strategy --cluster` starts its ranks (h2.cli.launch), and how the launcher ends
+"""Where `h2 train --strategy --cluster` starts its ranks (h2.launch.launcher), and how the launcher ends
 a job whose ranks do not exit once it has finished."""
 
 import os
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from h2.cli import launch
+from h2.launch import launcher as launch
 from h2.core.cluster import load_cluster
 from h2.core.strategy import strategy_from_mapping
 

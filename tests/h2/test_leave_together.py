@@ -1,7 +1,7 @@
 """The end of a pipeline rank (h2.cli.rank.leave_together): the final barrier runs while the rank
 watchdog still watches, so a peer that freezes before reaching it is named within the timeout
 instead of holding the rank there forever (the fault campaign's ranks family found that hang); past
-it the rank marks itself finished for the launcher (h2.cli.launch.job_finished)."""
+it the rank marks itself finished for the launcher (h2.launch.contract.job_finished)."""
 
 import os
 import threading
@@ -9,7 +9,7 @@ import time
 
 import torch.distributed as dist
 
-from h2.cli.launch import job_finished
+from h2.launch.contract import job_finished
 from h2.cli.rank import leave_together
 from h2.train.watchdog import RankWatchdog
 

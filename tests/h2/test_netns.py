@@ -1,4 +1,4 @@
-"""Emulated nodes in network namespaces (h2.cli.netns): a torchrun rendezvous across them, kernel
+"""Emulated nodes in network namespaces (h2.launch.netns): a torchrun rendezvous across them, kernel
 bandwidth shaping, and a teardown that leaves nothing behind on every exit."""
 
 import os
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from h2.cli import netns
+from h2.launch import netns
 
 MISSING = netns.missing_requirements()
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"network namespaces need root and iproute2: {'; '.join(MISSING)}")
@@ -90,7 +90,7 @@ def test_the_network_is_torn_down_when_the_block_raises():
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 def test_the_network_is_torn_down_when_the_launcher_is_interrupted(signum):
-    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom h2.cli.netns import EmulatedNetwork\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom h2.launch.netns import EmulatedNetwork\n"
                                "with EmulatedNetwork(2):\n    print('up', flush=True)\n    time.sleep(120)"],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "up"
@@ -101,7 +101,7 @@ def test_the_network_is_torn_down_when_the_launcher_is_interrupted(signum):
 
 
 def test_namespaces_of_a_launcher_killed_outright_are_removed_by_the_next_network():
-    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom h2.cli.netns import EmulatedNetwork\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom h2.launch.netns import EmulatedNetwork\n"
                                "with EmulatedNetwork(2):\n    print('up', flush=True)\n    time.sleep(120)"],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "up"

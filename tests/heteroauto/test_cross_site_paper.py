@@ -20,7 +20,7 @@ def run(capsys, *argv):
 
 @pytest.fixture(scope="module")
 def paper_runs():
-    from heteropp.auto.cross_site import compare, load_scenario
+    from heteroauto.cross_site import compare, load_scenario
     scenario = load_scenario(SCENARIO)
     return {latency: compare(scenario.with_link(latency_ms=latency)) for latency in (1, 20)}
 

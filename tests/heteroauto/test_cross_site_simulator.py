@@ -1,13 +1,13 @@
-"""The simulator across sites (heteropp/auto/simulator.py): replicas sharing a cross-site link, the
+"""The simulator across sites (heteroauto/simulator.py): replicas sharing a cross-site link, the
 global send list, peak in-flight micro-batches and the critical-path lower bounds."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h2.core.jeeves import Message, PipelineCosts, jeeves_schedule
+from heteroauto.jeeves import Message, PipelineCosts, jeeves_schedule
 from h2.core.schedule import one_f_one_b
-from heteropp.auto.simulator import SharedLink, critical_path_bounds, shared_links_of, simulate_replicas
-from heteropp.auto.stage_terms import StageTerms
+from heteroauto.simulator import SharedLink, critical_path_bounds, shared_links_of, simulate_replicas
+from heteroauto.stage_terms import StageTerms
 
 costs = st.floats(min_value=0.05, max_value=4.0)
 

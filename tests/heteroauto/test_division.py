@@ -1,4 +1,4 @@
-"""Memory-aware stage division (heteropp/auto/division.py), against the JEEVES paper's Figure 4(e)
+"""Memory-aware stage division (heteroauto/division.py), against the JEEVES paper's Figure 4(e)
 and an exhaustive search."""
 
 import itertools
@@ -6,10 +6,10 @@ import itertools
 import pytest
 
 from h2.core.errors import UserError
-from h2.core.jeeves import PipelineCosts, jeeves_schedule
-from heteropp.auto.division import division_for_wish, fastest_division_within
-from heteropp.auto.simulator import shared_links_of, simulate_replicas
-from heteropp.auto.stage_terms import StageTerms
+from heteroauto.jeeves import PipelineCosts, jeeves_schedule
+from heteroauto.division import division_for_wish, fastest_division_within
+from heteroauto.simulator import shared_links_of, simulate_replicas
+from heteroauto.stage_terms import StageTerms
 
 # Figure 4's toy (as in test_jeeves_schedule): 96 layers, 24 a stage, forward 1 and backward 2 per stage.
 FIGURE4 = PipelineCosts(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, occupancy_s=(2.0, 0.0, 0.0),

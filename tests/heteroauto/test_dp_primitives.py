@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heteropp.auto.layer_dp import INF, _window_min
-from heteropp.auto.orders_dp import _least_fill
+from heteroauto.layer_dp import INF, _window_min
+from heteroauto.orders_dp import _least_fill
 
 
 def brute_window_min(values, lows, highs):

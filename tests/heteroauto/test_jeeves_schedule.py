@@ -1,4 +1,4 @@
-"""The JEEVES schedule generator (h2/core/jeeves.py): the schedule's invariants over random pipelines,
+"""The JEEVES schedule generator (heteroauto/jeeves.py): the schedule's invariants over random pipelines,
 the paper's Figure 4 toy example, and its one-line errors."""
 
 from collections import Counter
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from h2.core.errors import UserError
-from h2.core.jeeves import PipelineCosts, jeeves_schedule
+from heteroauto.jeeves import PipelineCosts, jeeves_schedule
 
 # Figure 4's toy: 4 stages, forward 1 and backward 2 per stage, the cross-site link between stages 0
 # and 1 busy 2 per micro-batch with latency 1, each stage holding at most 5 micro-batches.

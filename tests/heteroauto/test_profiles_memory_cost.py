@@ -6,13 +6,13 @@ import pytest
 from h2.core.errors import UserError
 from h2.core.model_config import preset
 from h2.core.strategy import StageSpec, Strategy
-from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s, pipeline_time_s, stage_busy_s
-from heteropp.auto.evaluation import evaluate_strategy, strategy_terms
-from heteropp.auto.memory import in_flight_micro_batches, stage_memory_bytes, stage_memory_terms
-from heteropp.auto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
+from heteroauto.cost import iteration_time_s, pipeline_closed_form_s, pipeline_time_s, stage_busy_s
+from heteroauto.evaluation import evaluate_strategy, strategy_terms
+from heteroauto.memory import in_flight_micro_batches, stage_memory_bytes, stage_memory_terms
+from heteroauto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
                                     synthesise_profile, tp_collective_s)
 from h2.core.links import Link, links_from_mapping
-from heteropp.auto.stage_terms import link_between_stages
+from heteroauto.stage_terms import link_between_stages
 from h2.core.cluster import load_cluster
 from h2.core.strategy import strategy_from_mapping
 

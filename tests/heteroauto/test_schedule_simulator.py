@@ -5,16 +5,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heteropp.auto.cost import iteration_time_s, pipeline_closed_form_s, pipeline_time_s
-from heteropp.auto.simulator import simulate
-from heteropp.auto.stage_terms import StageTerms
+from heteroauto.cost import iteration_time_s, pipeline_closed_form_s, pipeline_time_s
+from heteroauto.simulator import simulate
+from heteroauto.stage_terms import StageTerms
 from h2.core.schedule import Action, format_schedule, one_f_one_b, one_f_one_b_split_backward
 
 
 def test_schedule_planner_and_cli_do_not_import_torch():
     import subprocess
     code = ("import sys, h2.core, h2.core.schedule, h2.core.cluster, h2.core.strategy, h2.core.training, "
-            "h2.core.devices, h2.cli.heteroauto, heteropp.auto.search, heteropp.auto.simulator; "
+            "h2.core.devices, h2.cli.heteroauto, heteroauto.search, heteroauto.simulator; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
@@ -185,8 +185,8 @@ def test_the_simulators_transfer_between_chip_types_crosses_the_inter_type_link(
     from h2.core.cluster import TrainingSpec, load_cluster
     from h2.core.model_config import preset
     from h2.core.strategy import strategy_from_mapping
-    from heteropp.auto.evaluation import strategy_terms, training_for
-    from heteropp.auto.profiles import profiles_for
+    from heteroauto.evaluation import strategy_terms, training_for
+    from heteroauto.profiles import profiles_for
     cluster = load_cluster(write("c.yaml", TWO_TYPES + links))
     strategy = strategy_from_mapping({"dp": 1, "micro_batches": 4, "micro_batch_size": 2, "seq_len": 64, "model": "tiny",
                                       "stages": [{"chip": "A", "tp": 2, "layers": 2}, {"chip": "B", "tp": 1, "layers": 2}]},

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster
 from h2.core.errors import UserError
 from h2.core.model_config import preset
-from heteropp.auto import paper_search
-from heteropp.auto import search as search_module
-from heteropp.auto.evaluation import evaluate_strategy
-from heteropp.auto.oracle import oracle_search
-from heteropp.auto.profiles import profiles_for
+from heteroauto import paper_search
+from heteroauto import search as search_module
+from heteroauto.evaluation import evaluate_strategy
+from heteroauto.oracle import oracle_search
+from heteroauto.profiles import profiles_for
 from h2.core.numbers import divisors
-from heteropp.auto.search import search
+from heteroauto.search import search
 
 from autohelpers import CLUSTERS, random_problem, small_model
 

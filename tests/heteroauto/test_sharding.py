@@ -3,7 +3,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heteropp.auto.sharding import absorber_bound, lower_bound, objective, shard_layers
+from heteroauto.sharding import absorber_bound, lower_bound, objective, shard_layers
 
 
 def brute_force(total, pps, compute, update, caps, b, alpha):

@@ -176,7 +176,7 @@ def test_profile_measures_a_decoder_layer_through_torch(capsys, tmp_path):
     code, out, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "emu-small", "--device", "cpu", "--out", path,
                          "--repeats", "1")
     assert code == 0, err
-    from heteropp.auto.profiles import load_profile
+    from heteroauto.profiles import load_profile
     profile = load_profile(path)
     assert profile.source == "measured" and profile.layer(1).forward_s > 0 and profile.layer(1).activation_bytes > 0
     code, out, err = run(capsys, "search", "--cluster", LOCAL, "--profile", path, "--json", "--no-baselines")

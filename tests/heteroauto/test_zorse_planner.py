@@ -1,4 +1,4 @@
-"""The Zorse planner (heteropp/auto/zorse): phase 1 (SPLIT min-k-cut), the models, phase 2 on the
+"""The Zorse planner (heteroauto/zorse): phase 1 (SPLIT min-k-cut), the models, phase 2 on the
 seed's clusters A, B, C, its strategies in the shared simulator, and its commands."""
 
 import dataclasses
@@ -17,13 +17,13 @@ from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
 from h2.core.schedule import gpipe_ministages
 from h2.core.strategy import load_strategy
-from heteropp.auto.profiles import profiles_for
-from heteropp.auto.simulator import simulate
-from heteropp.auto.stage_terms import StageTerms
-from heteropp.auto.zorse.costs import ChipRates, GroupShape, Shapes, rank_memory, rows_per_rank
-from heteropp.auto.zorse.partition import cut_weight, split_bound, split_partitions
-from heteropp.auto.zorse.planner import plan, rates_from_profiles
-from heteropp.auto.zorse.scoring import simulate_plan
+from heteroauto.profiles import profiles_for
+from heteroauto.simulator import simulate
+from heteroauto.stage_terms import StageTerms
+from heteroauto.zorse.costs import ChipRates, GroupShape, Shapes, rank_memory, rows_per_rank
+from heteroauto.zorse.partition import cut_weight, split_bound, split_partitions
+from heteroauto.zorse.planner import plan, rates_from_profiles
+from heteroauto.zorse.scoring import simulate_plan
 
 from autohelpers import CLUSTERS
 

@@ -59,7 +59,7 @@ def rank_pids(root: int) -> dict[int, int]:
                 environ = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
         except OSError:
             continue
-        if b"h2.cli.rank" in command and b"torch.distributed.run" not in command and b"h2.cli.agent" not in command \
+        if b"h2.cli.rank" in command and b"torch.distributed.run" not in command and b"h2.launch.agent" not in command \
                 and b"RANK" in environ:
             ranks[int(environ[b"RANK"])] = pid
     return ranks
@@ -142,7 +142,7 @@ def test_the_other_rank_names_the_killed_rank_its_stage_and_chip(killed):
 
 def test_the_launcher_names_the_killed_rank_and_its_signal_in_one_line_without_a_traceback(killed):
     # Whichever comes first, the other rank's watchdog or torchrun stopping it: the launcher's line
-    # (from torchrun's own record of exit statuses, h2.cli.agent) names the rank and the signal.
+    # (from torchrun's own record of exit statuses, h2.launch.agent) names the rank and the signal.
     assert "h2: error: rank 0 (stage 0, chip emu-big) died (killed by SIGKILL)\n" in killed.stderr
     assert "Traceback" not in killed.stderr and "ChildFailedError" not in killed.stderr, killed.stderr[-3000:]
 

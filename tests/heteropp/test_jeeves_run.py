@@ -13,7 +13,7 @@ import yaml
 
 from h2.core.cluster import load_cluster
 from h2.core.strategy import load_strategy
-from heteropp.auto.jeeves_plan import with_schedule_orders
+from heteroauto.jeeves_plan import with_schedule_orders
 from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from heteropp.auto.profiles import load_profile
+from heteroauto.profiles import load_profile
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

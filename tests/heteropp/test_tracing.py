@@ -10,8 +10,8 @@ import torch
 
 from h2.core.schedule import schedule_actions
 from h2.core.trace import write_trace
-from heteropp.auto.simulator import simulate, trace_events
-from heteropp.auto.stage_terms import StageTerms
+from heteroauto.simulator import simulate, trace_events
+from heteroauto.stage_terms import StageTerms
 from heteropp.stage import RecomputedLayer
 from heteropp.tracing import SpanRecorder
 

@@ -9,8 +9,8 @@ import pytest
 from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
 
 from h2.core.schedule import gpipe_ministages
-from heteropp.auto.simulator import simulate
-from heteropp.auto.stage_terms import StageTerms
+from heteroauto.simulator import simulate
+from heteroauto.stage_terms import StageTerms
 
 STEPS = 20
 TOLERANCE = 1e-5

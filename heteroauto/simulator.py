@@ -17,7 +17,7 @@ update ends.
 Several replicas (`simulate_replicas`): each replica runs its own action lists on its own stages; a
 boundary whose link crosses sites (`SharedLink`) is one link for all replicas. Either it carries one
 message at a time at its full bandwidth in the order of a global send list per direction (JEEVES's
-coordinated schedule, h2.core.jeeves), or, with no list, the replicas split its bandwidth evenly and
+coordinated schedule, heteroauto.jeeves), or, with no list, the replicas split its bandwidth evenly and
 each replica's messages queue on its share (every replica sending at once). `critical_path_bounds`
 gives the two lower bounds an iteration cannot beat (JEEVES section 3.2).
 
@@ -34,10 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from h2.core.jeeves import JeevesSchedule, Message, PipelineCosts
+from heteroauto.jeeves import JeevesSchedule, Message, PipelineCosts
 from h2.core.schedule import Action
 from h2.core.trace import span_event, track_name_event, track_order_event
-from heteropp.auto.stage_terms import StageTerms
+from heteroauto.stage_terms import StageTerms
 
 
 @dataclass

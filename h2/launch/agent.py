@@ -1,9 +1,9 @@
-"""One host's (or one emulated node's) torchrun, as h2.cli.launch starts it: torchrun's own agent,
+"""One host's (or one emulated node's) torchrun, as h2.launch.launcher starts it: torchrun's own agent,
 run from here so that ranks that fail end in a file the launcher reads (global rank -> exit status,
 negative for a signal) instead of torchrun's traceback and failure table; the launcher turns it into
 one line per rank that died.
 
-    python -m h2.cli.agent FAILURES_FILE <torchrun arguments>
+    python -m h2.launch.agent FAILURES_FILE <torchrun arguments>
 
 Exit status: 0 when every rank exited 0, 1 when a rank failed (FAILURES_FILE written), 128 + N when
 the agent itself was stopped by signal N. Imports torch's launcher only; nothing imports this module.
@@ -36,7 +36,7 @@ def read_failures(path: str) -> dict[int, int]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
-        print("usage: python -m h2.cli.agent FAILURES_FILE <torchrun arguments>", file=sys.stderr)
+        print("usage: python -m h2.launch.agent FAILURES_FILE <torchrun arguments>", file=sys.stderr)
         return 2
     failures_path, torchrun_argv = argv[0], argv[1:]
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -16,7 +16,7 @@ from h2.core.emulation import (busy_host_warning, check_core_share, describe_chi
 from h2.core.errors import UserError
 from h2.core.links import rank_locations
 from h2.core.strategy import Strategy
-from heteropp.auto.evaluation import check_chips
+from heteroauto.evaluation import check_chips
 from heteropp.emulated_chip import open_emulated_chip
 
 

@@ -30,11 +30,11 @@ from h2.core.errors import UserError
 from h2.core.links import Link
 from h2.core.model_config import ModelConfig
 from h2.core.strategy import even_chunks
-from heteropp.auto.profiles import Profile
-from heteropp.auto.zorse.costs import (ChipRates, GroupShape, Latency, RankMemory, Shapes, Transfer, chip_rates,
+from heteroauto.profiles import Profile
+from heteroauto.zorse.costs import (ChipRates, GroupShape, Latency, RankMemory, Shapes, Transfer, chip_rates,
                                        latency, proportional_counts, rank_memory, rows_per_rank, transfer)
-from heteropp.auto.zorse.graph import Machine, bandwidth_graph, link_across, machines_of, slowest_link
-from heteropp.auto.zorse.partition import Partition, split_partitions
+from heteroauto.zorse.graph import Machine, bandwidth_graph, link_across, machines_of, slowest_link
+from heteroauto.zorse.partition import Partition, split_partitions
 
 GB = 1e9
 OFFLOAD_CHOICES = ("auto", "on", "off")

@@ -20,8 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from heteropp.auto import layer_dp
-from heteropp.auto.layer_dp import INF, OrderedGroups, SumTables
+from heteroauto import layer_dp
+from heteroauto.layer_dp import INF, OrderedGroups, SumTables
 
 Chain = Callable[[str, "str | None", bool], OrderedGroups]   # (type, next type or None: the end, starts)
 

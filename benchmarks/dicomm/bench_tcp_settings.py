@@ -1,13 +1,13 @@
 """DiComm tcp under different settings against gloo, interleaved in one run.
 
-    .venv/bin/python benchmarks/bench_tcp_settings.py [--sizes 1048576,16777216,67108864] [--rounds 3]
+    .venv/bin/python benchmarks/dicomm/bench_tcp_settings.py [--sizes 1048576,16777216,67108864] [--rounds 3]
         [--setting NAME=VAR=VALUE,VAR=VALUE ...]
 
 Two local processes open one tcp Endpoint per setting (each created with its DICOMM_* variables
 set, so every setting keeps its own sockets) and one gloo group. Each round ping-pongs every size
 over gloo and then over each setting, so a neighbour's load falls on all of them alike; per size it
 prints the median over the rounds of each one's one-way bandwidth (half the median round trip, as
-`python -m dicomm.bench`), its ratio to gloo's and the per-round values. Without --setting it
+`python benchmarks/dicomm/bench.py`), its ratio to gloo's and the per-round values. Without --setting it
 compares the settings before issue 17's tcp work ("before": the kernel's congestion control, no
 not-sent limit, no spinning) with the defaults ("now").
 """
@@ -20,7 +20,7 @@ import statistics
 
 import numpy as np
 
-from dicomm.bench import iterations_for, ping_pong, rendezvous_store
+from common import iterations_for, ping_pong, rendezvous_store
 from h2.core.ranks import run_ranks
 
 DEFAULT_SETTINGS = {

@@ -1,4 +1,4 @@
-"""python -m dicomm.bench: DiComm transports against torch.distributed gloo and memcpy.
+"""python benchmarks/dicomm/bench.py: DiComm transports against torch.distributed gloo and memcpy.
 
 Two local processes ping-pong messages of each size. One-way latency is half the median round
 trip; bandwidth is bytes / one-way latency. gloo send/recv is measured the same way in the same
@@ -6,8 +6,6 @@ run, and a plain memcpy of the same sizes (one process) bounds what any same-hos
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import sys
 import time
@@ -19,50 +17,13 @@ from dicomm.endpoint import Endpoint, probe_ibverbs
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.ranks import run_ranks
 
+import bench_device
+import bench_torch
+from common import human, iterations_for, ping_pong, report, rendezvous_store, row
+
 FULL_SIZES = [8, 64, 512, 4096, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [8, 4096, 1 << 20]
-LATENCY_ITERATIONS = 2000
-QUICK_ITERATIONS = 50
-BYTES_BUDGET_PER_SIZE = 2 << 30  # large sizes run fewer round trips (at least MIN_ITERATIONS)
-MIN_ITERATIONS = 20
 TCP_OVER_GLOO_TARGET = 1.2  # issue 17: tcp at least 1.2x gloo's bandwidth at 1, 16 and 64 MiB
-
-
-def iterations_for(size: int, quick: bool) -> int:
-    top = QUICK_ITERATIONS if quick else LATENCY_ITERATIONS
-    return max(min(top, BYTES_BUDGET_PER_SIZE // max(size, 1)), 5 if quick else MIN_ITERATIONS)
-
-
-
-def ping_pong(send, recv, rank: int, buffer, iterations: int, warmup: int) -> list[float]:
-    """Round-trip times in seconds as seen by rank 0."""
-    round_trips = []
-    for i in range(warmup + iterations):
-        if rank == 0:
-            start = time.perf_counter()
-            send(buffer)
-            recv(buffer)
-            if i >= warmup:
-                round_trips.append(time.perf_counter() - start)
-        else:
-            recv(buffer)
-            send(buffer)
-    return round_trips
-
-
-def row(transport: str, size: int, one_way_s: float) -> dict:
-    return {"transport": transport, "bytes": size, "latency_us": one_way_s * 1e6,
-            "bandwidth_GBps": size / one_way_s / 1e9 if one_way_s > 0 else 0.0}
-
-
-def rendezvous_store(rank: int, world_size: int, timeout_s: float):
-    """The job's torch.distributed TCPStore at MASTER_ADDR:MASTER_PORT (set by h2.core.ranks), hosted by rank 0."""
-    import datetime
-
-    import torch.distributed as dist
-
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=rank == 0,
-                         timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def worker(rank: int, world_size: int, transports: list[str], sizes: list[int], quick: bool) -> list[dict] | None:
@@ -111,13 +72,6 @@ def worker(rank: int, world_size: int, transports: list[str], sizes: list[int], 
 
 def run(transports: list[str], sizes: list[int], quick: bool) -> list[dict]:
     return run_ranks(worker, 2, (transports, sizes, quick), timeout=1800)[0]
-
-
-def human(size: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale} {unit}"
-    return f"{size} B"
 
 
 def format_table(rows: list[dict]) -> str:
@@ -193,15 +147,11 @@ def _check_environment() -> None:
 @run_cli("dicomm.bench")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if any(a == "--device" or a.startswith("--device=") for a in argv):  # device tensors (dicomm/bench_device.py)
-        from dicomm.bench_device import main as device_main
-
-        return device_main(argv)
-    if "--torch" in argv:  # the torch.distributed backend against gloo (dicomm/bench_torch.py)
-        from dicomm.bench_torch import main as torch_main
-
-        return torch_main([a for a in argv if a != "--torch"])
-    parser = ArgumentParser(prog="python -m dicomm.bench", description=__doc__.splitlines()[0])
+    if any(a == "--device" or a.startswith("--device=") for a in argv):  # device tensors (bench_device.py)
+        return bench_device.main(argv)
+    if "--torch" in argv:  # the torch.distributed backend against gloo (bench_torch.py)
+        return bench_torch.main([a for a in argv if a != "--torch"])
+    parser = ArgumentParser(prog="python benchmarks/dicomm/bench.py", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few sizes and iterations (smoke test)")
     parser.add_argument("--json", metavar="FILE", help="also write {'rows': [...]} to FILE")
     parser.add_argument("--sizes", help="comma-separated message sizes in bytes (overrides the default set)")
@@ -225,17 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = run(transports, sizes, args.quick)
     report(rows, format_table(rows), check_targets(rows), args.json)
     return 0
-
-
-def report(rows: list[dict], table: str, targets: list[str], json_path: str | None) -> None:
-    """Print the table and the PASS/FAIL lines; with --json, also write {'rows': [...]} to the file."""
-    print(table)
-    print()
-    for line in targets:
-        print(line)
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

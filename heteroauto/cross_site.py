@@ -1,5 +1,5 @@
 """A pipeline across sites (datacenters), simulated three ways: 1F1B with the replicas splitting the
-cross-site link, JEEVES (h2.core.jeeves: its generated schedule replayed with its global send lists,
+cross-site link, JEEVES (heteroauto.jeeves: its generated schedule replayed with its global send lists,
 on the memory-aware division when that is faster), and 1F1B in one site, against the critical-path
 lower bounds. The scenario file (configs/xdc/*.yaml) gives the model, the pipeline, the chip's
 achieved speed and activation memory, the sites of the stages and the links.
@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
-from h2.core.jeeves import PipelineCosts, jeeves_schedule
+from heteroauto.jeeves import PipelineCosts, jeeves_schedule
 from h2.core.schedule import one_f_one_b
-from heteropp.auto.division import division_for_wish
-from heteropp.auto.simulator import CriticalPathBounds, critical_path_bounds, shared_links_of, simulate_replicas
-from heteropp.auto.stage_terms import StageTerms
+from heteroauto.division import division_for_wish
+from heteroauto.simulator import CriticalPathBounds, critical_path_bounds, shared_links_of, simulate_replicas
+from heteroauto.stage_terms import StageTerms
 
 
 @dataclass(frozen=True)

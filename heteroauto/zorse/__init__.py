@@ -11,5 +11,5 @@ strategies (a plan as a strategy file and back), scoring (a plan as the shared s
 lists and stage terms).
 
 Reasons about numbers only: imports h2.core, networkx and the planner's own modules
-(heteropp.auto); never torch, never the runtime (heteropp) or anything above.
+(heteroauto); never torch, never the runtime (heteropp) or anything above.
 """

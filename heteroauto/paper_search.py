@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
-from heteropp.auto.memory import stage_memory_terms_at
-from heteropp.auto.profiles import Profile
-from heteropp.auto.sharding import absorber_bound, lower_bound, shard_layers
+from heteroauto.memory import stage_memory_terms_at
+from heteroauto.profiles import Profile
+from heteroauto.sharding import absorber_bound, lower_bound, shard_layers
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
-from heteropp.auto.search import Group, Infeasibility, Plan, SearchResult, batch_dp_values
+from heteroauto.search import Group, Infeasibility, Plan, SearchResult, batch_dp_values
 
 GIB = 1e9
 _TIE = 1 - 2e-9  # a bound within rounding of the k-th best cannot beat it by more than that: prune ties

@@ -1,4 +1,4 @@
-"""A Zorse plan as the shared simulator's input (heteropp.auto.simulator): the interleaved GPipe action
+"""A Zorse plan as the shared simulator's input (heteroauto.simulator): the interleaved GPipe action
 lists (h2.core.schedule.gpipe_ministages, one list per group) and one StageTerms per ministage.
 
 Ministage c of group g is stage c * G + g. Per micro-batch it takes its share of the ministage's step
@@ -12,10 +12,10 @@ from __future__ import annotations
 from h2.core.cluster import TrainingSpec
 from h2.core.model_config import ModelConfig
 from h2.core.schedule import Action, gpipe_ministages
-from heteropp.auto.simulator import SimulationResult, simulate
-from heteropp.auto.stage_terms import StageTerms
-from heteropp.auto.zorse.costs import GroupShape, Shapes, ministage_times
-from heteropp.auto.zorse.planner import ZorsePlan
+from heteroauto.simulator import SimulationResult, simulate
+from heteroauto.stage_terms import StageTerms
+from heteroauto.zorse.costs import GroupShape, Shapes, ministage_times
+from heteroauto.zorse.planner import ZorsePlan
 
 
 def plan_schedule(plan: ZorsePlan) -> list[list[Action]]:

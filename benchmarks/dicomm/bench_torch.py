@@ -1,4 +1,4 @@
-"""python -m dicomm.bench --torch: the dicomm torch.distributed backend against gloo, same run.
+"""python benchmarks/dicomm/bench.py --torch: the dicomm torch.distributed backend against gloo, same run.
 
 Measured through the public torch.distributed API, in the same processes for both backends
 (the default group is dicomm, a gloo group spans the same ranks):
@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from dicomm.bench import human, rendezvous_store, report
+from common import human, rendezvous_store, report
 from h2.core.ranks import run_ranks
 
 P2P_SIZES = [8, 4096, 256 << 10, 4 << 20, 64 << 20]
@@ -151,7 +151,7 @@ def check_targets(rows: list[dict], world: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dicomm.bench --torch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python benchmarks/dicomm/bench.py --torch", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few sizes and iterations (smoke test)")
     parser.add_argument("--json", metavar="FILE", help="also write {'rows': [...]} to FILE")
     parser.add_argument("--sizes", help="comma-separated send/recv sizes in bytes (overrides the default set)")

@@ -1,4 +1,4 @@
-"""python -m dicomm.bench --device dipu [--torch]: device-direct against CPU-mediated, same run.
+"""python benchmarks/dicomm/bench.py --device dipu [--torch]: device-direct against CPU-mediated, same run.
 
 Two local processes ping-pong device tensors (dipu on the host vendor: an emulated chip whose
 `discrete` profile keeps device memory out of the CPU's reach). CPU-mediated stages every message
@@ -14,7 +14,7 @@ import argparse
 import os
 import statistics
 
-from dicomm.bench import human, iterations_for, ping_pong, rendezvous_store, report
+from common import human, iterations_for, ping_pong, rendezvous_store, report
 from h2.core.ranks import run_ranks
 
 SIZES = [4096, 1 << 20, 64 << 20]
@@ -118,7 +118,7 @@ def check_targets(rows: list[dict], what: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dicomm.bench --device", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python benchmarks/dicomm/bench.py --device", description=__doc__.splitlines()[0])
     parser.add_argument("--device", required=True, help="device type of the tensors (dipu)")
     parser.add_argument("--torch", action="store_true", help="through dist.send/recv on the dicomm backend")
     parser.add_argument("--profile", default="discrete",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from h2.core.model_config import ModelConfig
-from heteropp.auto.profiles import LayerProfile
+from heteroauto.profiles import LayerProfile
 from h2.core.cluster import TrainingSpec
 
 

@@ -14,10 +14,10 @@ from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from h2.core.strategy import Strategy
-from heteropp.auto.cost import pipeline_time_s
-from heteropp.auto.memory import stage_memory_bytes
-from heteropp.auto.profiles import LayerProfile, Profile
-from heteropp.auto.stage_terms import StageTerms, check_cost_model, embedding_terms, head_terms, transfer_s
+from heteroauto.cost import pipeline_time_s
+from heteroauto.memory import stage_memory_bytes
+from heteroauto.profiles import LayerProfile, Profile
+from heteroauto.stage_terms import StageTerms, check_cost_model, embedding_terms, head_terms, transfer_s
 
 
 @dataclass(frozen=True)

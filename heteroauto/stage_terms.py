@@ -30,8 +30,8 @@ from h2.core import links
 from h2.core.errors import UserError
 from h2.core.links import Link
 from h2.core.model_config import ModelConfig
-from heteropp.auto.memory import layer_shard_params
-from heteropp.auto.profiles import LayerProfile, Profile, ring_allreduce_s
+from heteroauto.memory import layer_shard_params
+from heteroauto.profiles import LayerProfile, Profile, ring_allreduce_s
 
 COST_MODELS = ("full", "paper")
 FP32_BYTES = 4

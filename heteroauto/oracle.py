@@ -20,8 +20,8 @@ from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig
 from h2.core.strategy import StageSpec, Strategy
-from heteropp.auto.evaluation import evaluate_strategy
-from heteropp.auto.profiles import Profile
+from heteroauto.evaluation import evaluate_strategy
+from heteroauto.profiles import Profile
 
 DEFAULT_LIMIT = 2_000_000
 

@@ -14,9 +14,9 @@ from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig
 from h2.core.strategy import StageSpec, Strategy
-from heteropp.auto.zorse.costs import GroupShape, Shapes, latency, rank_memory, transfer
-from heteropp.auto.zorse.graph import Machine, link_across, machines_of, slowest_link
-from heteropp.auto.zorse.planner import GroupPlan, ZorsePlan
+from heteroauto.zorse.costs import GroupShape, Shapes, latency, rank_memory, transfer
+from heteroauto.zorse.graph import Machine, link_across, machines_of, slowest_link
+from heteroauto.zorse.planner import GroupPlan, ZorsePlan
 
 OFFLOADED = ["activations", "parameters"]
 

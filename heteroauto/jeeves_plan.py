@@ -22,15 +22,15 @@ from dataclasses import dataclass
 
 from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
-from h2.core.jeeves import JeevesSchedule, PipelineCosts, jeeves_schedule
+from heteroauto.jeeves import JeevesSchedule, PipelineCosts, jeeves_schedule
 from h2.core.links import rank_locations, stage_link, stage_site
 from h2.core.model_config import ModelConfig
 from h2.core.stage_orders import orders_of
 from h2.core.strategy import Strategy
-from heteropp.auto.evaluation import evaluate_strategy, stage_layer_profile, training_for
-from heteropp.auto.memory import stage_memory_terms_at
-from heteropp.auto.profiles import Profile, profiles_for
-from heteropp.auto.stage_terms import StageTerms, micro_batch_activation_bytes
+from heteroauto.evaluation import evaluate_strategy, stage_layer_profile, training_for
+from heteroauto.memory import stage_memory_terms_at
+from heteroauto.profiles import Profile, profiles_for
+from heteroauto.stage_terms import StageTerms, micro_batch_activation_bytes
 
 
 @dataclass

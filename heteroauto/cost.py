@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from heteropp.auto.stage_terms import StageTerms
+from heteroauto.stage_terms import StageTerms
 
 
 def iteration_time_s(compute_s: Sequence[float], update_s: Sequence[float], micro_batches: int, alpha: float) -> float:

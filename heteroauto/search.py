@@ -47,13 +47,13 @@ from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig
 from h2.core.numbers import divisors
 from h2.core.strategy import StageSpec, Strategy
-from heteropp.auto.evaluation import evaluate_strategy
-from heteropp.auto.memory import stage_caps, stage_memory_terms_at
-from heteropp.auto.profiles import Profile
-from heteropp.auto.stage_terms import check_cost_model, embedding_terms, head_terms, transfer_s
-from heteropp.auto import layer_dp
-from heteropp.auto.layer_dp import Option, OrderedGroups, StageVariantCaps
-from heteropp.auto.orders_dp import AllOrders
+from heteroauto.evaluation import evaluate_strategy
+from heteroauto.memory import stage_caps, stage_memory_terms_at
+from heteroauto.profiles import Profile
+from heteroauto.stage_terms import check_cost_model, embedding_terms, head_terms, transfer_s
+from heteroauto import layer_dp
+from heteroauto.layer_dp import Option, OrderedGroups, StageVariantCaps
+from heteroauto.orders_dp import AllOrders
 
 GB = 1e9
 MAX_LAYERS = 1024   # the sum tables are (tp, stages, layers) arrays: quadratic in the layers

@@ -1,12 +1,12 @@
 """Starting a pipeline job's ranks: one local torchrun (`--standalone`), or, for a cluster whose
 ranks sit on several nodes, one torchrun per emulated node, each in its own network namespace
-(h2.cli.netns), meeting through torchrun's multi-node rendezvous (`--nnodes`, `--rdzv-backend c10d`,
+(h2.launch.netns), meeting through torchrun's multi-node rendezvous (`--nnodes`, `--rdzv-backend c10d`,
 `--rdzv-endpoint`), so torchrun, gloo and DiComm's TCP cross real (veth) interfaces.
 
 The rendezvous store is served by a small process of its own in node 0's namespace, which outlives
 every node's torchrun (a store inside node 0's torchrun would vanish while the other nodes still
 pass its exit barrier). Nodes join with their own address (`--local-addr`); the rendezvous ranks
-nodes by it, and node k's address sorts k-th (h2.cli.netns), so node k holds the k-th block of
+nodes by it, and node k's address sorts k-th (h2.launch.netns), so node k holds the k-th block of
 global ranks, as the strategy's placement says.
 
 Without root or iproute2 every node's ranks run on loopback; the link pacing of h2.core.links still
@@ -25,27 +25,23 @@ from h2.core.cluster import ClusterSpec
 from h2.core.errors import UserError
 from h2.core.links import Location, link_between, nodes_of, rank_locations
 from h2.core.strategy import Strategy
-from h2.cli import netns
+from h2.launch import netns
+from h2.launch.contract import FAILURES_PREFIX, FINISHED_PREFIX, KERNEL_SHAPED_ENV, job_finished, rank_names
 
 RENDEZVOUS_PORT = 29500
-# Set for every rank started in a namespace: the kernel shapes the bandwidth between nodes, the
-# pacing layers add only the latency there (h2.core.links.RankLinks).
-KERNEL_SHAPED_ENV = "H2_LINKS_KERNEL_SHAPED"
 _STOP_GRACE_S = 10.0
-FINISHED_PREFIX = "finished-"   # h2.cli.rank marks each rank past the final barrier in the job folder
 EXIT_GRACE_S = 15.0             # how long ranks may take to exit once one of them has finished
-FAILURES_PREFIX = "failures-"   # h2.cli.agent: each torchrun's failed ranks and their exit statuses
 
 
 def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts: int = 0, node: int = 0) -> list[str]:
-    """torchrun (through h2.cli.agent, which writes the ranks' failures to `failures-<node>.json`
+    """torchrun (through h2.launch.agent, which writes the ranks' failures to `failures-<node>.json`
     beside the job file) restarts every rank of the job up to `max_restarts` times after one fails.
     Its log folder is made beside the job file (the launcher removes both; torchrun's default, a
     `torchelastic_*` folder in TMPDIR, is never removed)."""
     job_folder = os.path.dirname(job_path)
     log_dir = os.path.join(job_folder, "torchrun")
     failures = os.path.join(job_folder, f"{FAILURES_PREFIX}{node}.json")
-    return [sys.executable, "-m", "h2.cli.agent", failures, *rendezvous, "--nproc-per-node", str(nproc),
+    return [sys.executable, "-m", "h2.launch.agent", failures, *rendezvous, "--nproc-per-node", str(nproc),
             "--max-restarts", str(max_restarts), "--log-dir", log_dir, "-m", "h2.cli.rank", "--config", job_path]
 
 
@@ -55,7 +51,7 @@ def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sourc
     `hosts` = (N, HOST:PORT) this host runs 1/N of the ranks and meets the other hosts' torchruns at
     that rendezvous endpoint (torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT).
     torchrun restarts every rank up to `max_restarts` times after one fails. A rank that died by a
-    signal is named in one line (h2.cli.agent's failures)."""
+    signal is named in one line (h2.launch.agent's failures)."""
     status = _launch(strategy, cluster, job_path, source, hosts, max_restarts)
     if status != 0:
         report_rank_deaths(strategy, os.path.dirname(job_path))
@@ -66,7 +62,7 @@ def report_rank_deaths(strategy: Strategy, job_folder: str) -> None:
     """One line for each rank that a signal ended (a rank that fails by itself, or that torchrun
     stopped with SIGTERM once another had failed, has said why already): which rank, stage and chip,
     which signal, and whether the job had finished (every rank past the final barrier) by then."""
-    from h2.cli.agent import read_failures
+    from h2.launch.agent import read_failures
 
     folder = job_folder or "."
     exit_codes: dict[int, int] = {}
@@ -84,15 +80,8 @@ def report_rank_deaths(strategy: Strategy, job_folder: str) -> None:
               flush=True)
 
 
-def job_finished(job_folder: str) -> bool:
-    """Whether a rank has marked itself past the final barrier (h2.cli.rank.mark_finished): then
-    every rank has done all its steps."""
-    return any(name.startswith(FINISHED_PREFIX) for name in os.listdir(job_folder or "."))
-
-
 def _rank_describer(strategy: Strategy):
     """rank -> 'rank 1 (stage 1, chip B)'."""
-    from h2.cli.rank import rank_names
     from heteropp.topology import Topology
 
     return rank_names(Topology.from_strategy(strategy))
