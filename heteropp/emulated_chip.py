@@ -16,8 +16,14 @@ def open_emulated_chip(chip: ChipType, directory: str) -> str | None:
     path, or None for a chip type without emulation (it runs as it is)."""
     if chip.emulation is None:
         return None
+    return open_emulated_device(host_vendor_settings(chip), directory)
+
+
+def open_emulated_device(settings: dict, directory: str) -> str:
+    """Make the dipu device the chip of the host vendor profile `settings` (h2.core.emulation's
+    host_vendor_settings; written to `directory`); returns the profile's path."""
     for name, value in rank_wait_environment().items():
         os.environ.setdefault(name, value)
     from ditorch.dipu.emulation import emulate_chip
 
-    return emulate_chip(host_vendor_settings(chip), directory)
+    return emulate_chip(settings, directory)

@@ -2,28 +2,27 @@
 
 `h2 train`'s options are generated from the job's config classes (h2.core.training: RunOptions,
 TrainConfig, PipelineOptions); `--config job.yaml` reads the same names from a file and flags given
-on the command line override it. With `--strategy` the job runs as a HeteroPP pipeline: the launcher
-writes the resolved job to a file and torchrun starts `python -m h2.cli.rank --config FILE` once per
-chip of the strategy.
+on the command line override it. With `--strategy` the job runs as a HeteroPP pipeline
+(h2.launch.pipeline_job): the job is checked and resolved once, written to one file, and torchrun
+starts `python -m h2.cli.rank --job FILE` once per chip of the strategy.
+
+`h2 ps` (h2.cli.ps) and `h2 run` with its steps (h2.cli.run) add their subcommands to this parser;
+neither imports this module.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 
 from h2.core import flags
 from h2.core.dips import PSOptions
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
+from h2.launch.pipeline_job import flag_text, run_pipeline_job
 
 JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions, PSOptions)
-# Options a strategy file fixes (the model and batch shape).
-NOT_WITH_STRATEGY = ("micro_batch_size", "micro_batches", "model_config", "preset")
 # Options that only a pipeline has, with why a single-device run refuses each.
 PIPELINE_ONLY = {"nproc": "a single-device run uses one process",
                  "max_restarts": "a single-device run has no ranks to restart; --resume continues it",
@@ -31,10 +30,6 @@ PIPELINE_ONLY = {"nproc": "a single-device run uses one process",
                  "log_every": "a single-device run shows a progress bar",
                  **{name: "it configures the pipeline" for name in flags.field_names([PipelineOptions])
                     if name != "log_every"}}
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _model(run: RunOptions):
@@ -52,74 +47,14 @@ def job_from_args(args: argparse.Namespace) -> dict:
     return values
 
 
-def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None = None) -> int:
-    """`h2 train --strategy S [--cluster C]`: a HeteroPP run on local processes (h2.launch.launcher); with
-    `hosts` (number of hosts, rendezvous endpoint) this host's share of the ranks joins the others."""
-    from h2.launch.launcher import launch
-    from h2.core.cluster import load_cluster
-    from h2.core.devices import resolve_device
-    from h2.core.stage_orders import run_schedule
-    from h2.core.strategy import load_strategy
-    from h2.train.memory_check import check_pipeline_fits
-    from h2.train.pipeline import pipeline_start
-    from heteropp.groups import check_p2p_backend, check_stage_backend
-    from heteropp.ministages import runs_ministages
-
-    strategy = load_strategy(run.strategy)
-    for name in NOT_WITH_STRATEGY:
-        if values.get(name) is not None:
-            raise UserError(f"{_flag(name)} does not apply with --strategy "
-                            f"(the strategy file fixes the model and batch shape)")
-    if values.get("seq_len") is not None and strategy.seq_len and values["seq_len"] != strategy.seq_len:
-        raise UserError(f"--seq-len {values['seq_len']} differs from {run.strategy}'s seq_len {strategy.seq_len} "
-                        f"(the strategy file fixes the batch shape)")
-    config = flags.build(TrainConfig, values)
-    options = flags.build(PipelineOptions, values)
-    check_p2p_backend(options.p2p_backend)
-    runs_ministages(strategy, options.schedule)
-    cluster, warning = None, None
-    if run.cluster:
-        from h2.launch.cluster_job import check_job, host_warning
-        from heteroauto.jeeves_plan import with_schedule_orders
-
-        cluster = load_cluster(run.cluster)
-        strategy = check_job(strategy, cluster, run.strategy, options.threads)
-        strategy, generated = with_schedule_orders(strategy, cluster, options.schedule, run.strategy)
-        if generated:
-            print(f"h2: {generated}", flush=True)
-        warning = host_warning(strategy, cluster)
-    check_pipeline_fits(strategy, config, cluster)
-    if warning:
-        print(f"h2: warning: {warning}", file=sys.stderr, flush=True)
-    run_schedule(strategy, options.schedule, run.strategy)  # jeeves needs orders: generated above or the strategy's
-    for stage in strategy.stages:
-        device_type = resolve_device(stage.device or config.device).type
-        check_stage_backend(options.stage_backend, device_type)
-    needed = strategy.world_size
-    nproc = run.nproc or needed
-    if nproc != needed:
-        raise UserError(f"{run.strategy}: needs {needed} processes (sum of tp * dp over stages), --nproc is {nproc}")
-    out = run.out or "runs/heteropp"
-    explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
-    pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
-                   source=run.strategy)  # refuses what the ranks would, before any starts
-    job_folder = tempfile.mkdtemp(prefix="h2-job-")  # the job file and torchrun's logs
-    job_path = os.path.join(job_folder, "job.yaml")
-    try:
-        flags.write_values(job_path, {**values, "strategy": run.strategy, "out": out})
-        return launch(strategy, cluster, job_path, run.strategy, hosts, max_restarts=run.max_restarts or 0)
-    finally:
-        shutil.rmtree(job_folder, ignore_errors=True)
-
-
 def _train(args: argparse.Namespace) -> int:
     values = job_from_args(args)
     run = flags.build(RunOptions, values)
     if run.strategy:
-        return _train_pipeline(values, run)
+        return run_pipeline_job(values, run)
     for name, reason in PIPELINE_ONLY.items():
         if values.get(name) is not None:
-            raise UserError(f"{_flag(name)} needs --strategy ({reason})")
+            raise UserError(f"{flag_text(name)} needs --strategy ({reason})")
     from h2.train.trainer import Trainer, summarize_losses
 
     ps = flags.build(PSOptions, values)

@@ -93,7 +93,7 @@ def _cluster_job(config, spec, out: str, master: str, resume: bool) -> list[str]
     ps = PSOptions(ps=master, cluster_id=spec.id, pace_step_s=spec.step_time_s, outlier=spec.outlier,
                    outlier_every=spec.outlier_every, outlier_scale=spec.outlier_scale)
     if spec.strategy:  # a pipeline starts over (it keeps no checkpoint) and pulls the latest version
-        from h2.cli.main import NOT_WITH_STRATEGY
+        from h2.launch.pipeline_job import NOT_WITH_STRATEGY
         flags.write_job(job, RunOptions(strategy=spec.strategy, out=folder), config.train, ps,
                         exclude=NOT_WITH_STRATEGY)
         return ["-m", "h2.cli.main", "train", "--config", job]

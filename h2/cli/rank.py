@@ -1,24 +1,23 @@
 """One rank of a HeteroPP pipeline job, started by torchrun (which sets RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT):
+MASTER_PORT) on the job file the launcher wrote (h2.launch.pipeline_job, h2.launch.job):
 
-    torchrun --standalone --nproc-per-node 4 -m h2.cli.rank --config job.yaml
-    torchrun --standalone --nproc-per-node 4 -m h2.cli.rank --strategy S.yaml --steps 20 --out runs/pp
-    torchrun --standalone --nproc-per-node 4 --max-restarts 1 -m h2.cli.rank --strategy S.yaml --out runs/pp
+    h2 train --strategy S.yaml [--cluster C.yaml] ...     # checks and resolves the job, then runs:
+    torchrun --standalone --nproc-per-node 4 -m h2.cli.rank --job JOB.yaml
 
-`h2 train --strategy` writes the options the user gave to a job file and passes only `--config`; by
-hand, the flags of `h2 train` work here too and override the file. The strategy's stages need the
-sum of tp * dp over stages processes. Only the first rank of the last stage writes metrics.jsonl and
-stage_report.json (per stage: peak device memory, emulated kernel time and how much of it the host made
-late, host CPU spent in steps) and prints progress; rank 0 prints the topology. Every rank writes its checkpoint shard (h2.train.pipeline).
+The job file is the resolved job: the strategy as it runs (its orders included), the training options,
+and each rank's chip, device and links. A rank checks none of it again and reads no other input file
+(no strategy file, no cluster file) and never imports the planner. Only the first rank of the last
+stage writes metrics.jsonl and stage_report.json (per stage: peak device memory, emulated kernel time
+and how much of it the host made late, host CPU spent in steps) and prints progress; rank 0 prints the
+topology. Every rank writes its checkpoint shard (h2.train.pipeline).
 
 Every rank watches the others (h2.train.watchdog): a rank that dies or stops responding for
 `--rank-timeout` seconds ends every other rank, each with one line naming it, its stage and chip.
 When torchrun restarts the job after such a failure (`--max-restarts`), the ranks continue from the
 job's last checkpoint, or start over if it has none yet.
 
-With `--cluster C` each rank runs as its stage's chip type of C: a chip with an `emulation:` section
-is emulated on the dipu device (its vendor profile is written to OUT/emulated-chips/), after the
-trust rule of h2.core.emulation was checked for the ranks of this host. Running out of the chip's
+A rank whose chip has an `emulation:` section in the cluster file runs on the dipu device as that chip
+(its vendor profile, from the job file, is written to OUT/emulated-chips/). Running out of the chip's
 memory ends the rank with one line naming the stage and the chip (exit status 1).
 
 A rank ends with os._exit once its output is flushed: an autograd device thread may still be
@@ -33,26 +32,19 @@ import os
 import sys
 from datetime import timedelta
 
-from h2.launch.contract import KERNEL_SHAPED_ENV, mark_finished, rank_names
-from h2.core import flags
-from h2.core.dips import PSOptions
 from h2.core.emulation import host_cores, host_work_warning
 from h2.core.errors import ArgumentParser, UserError, one_line, run_cli
-from h2.core.training import PipelineOptions, RunOptions, TrainConfig
+from h2.launch.contract import KERNEL_SHAPED_ENV, ResolvedJob, mark_finished, rank_names, read_job
 
-JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions, PSOptions)
 # Set in torchrun's store once this job has made its output folder its own: a restarted attempt
 # continues from there instead of applying the fresh-run rule again.
 FOLDER_PREPARED = "h2/job/folder-prepared"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="h2.cli.rank", description="One rank of a HeteroPP pipeline job (launch with torchrun).")
-    parser.add_argument("--config", metavar="YAML", help="the job file (h2 train --strategy writes one); flags override it")
-    flags.add_flags(parser.add_argument_group("run"), RunOptions, exclude=("quiet", "nproc", "max_restarts"))
-    flags.add_flags(parser.add_argument_group("training"), TrainConfig)
-    flags.add_flags(parser.add_argument_group("pipeline"), PipelineOptions)
-    flags.add_flags(parser.add_argument_group("Di-PS cluster"), PSOptions)
+    parser = ArgumentParser(prog="h2.cli.rank", description="One rank of a HeteroPP pipeline job (launch with torchrun; "
+                                                            "h2 train --strategy writes the job file and starts it).")
+    parser.add_argument("--job", metavar="YAML", required=True, help="the resolved job file (h2.launch.job)")
     return parser
 
 
@@ -85,112 +77,143 @@ def _is_communication_error(error: BaseException) -> bool:
 
 @run_cli("h2.cli.rank")
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    values = flags.job_values(args.config, JOB_CONFIGS) if args.config else {}
-    for config in JOB_CONFIGS:
-        values.update(flags.given(args, config))
-    run = flags.build(RunOptions, values)
-    if not run.strategy:
-        raise UserError("--strategy (or a --config job file naming one) is required")
+    job_path = build_parser().parse_args(argv).job
+    job = read_job(job_path)
+    rank = torchrun_rank(job)
+    open_chip(job, rank)
+    links = job.links(rank, kernel_shaped=os.environ.get(KERNEL_SHAPED_ENV) == "1")
+    return run_rank(job, links, job_folder=os.path.dirname(os.path.abspath(job_path)))
+
+
+def torchrun_rank(job: ResolvedJob) -> int:
+    """This process's global rank, as torchrun set it."""
+    if not os.environ.get("WORLD_SIZE"):
+        raise UserError(f"{job.source}: launch with torchrun --standalone --nproc-per-node {job.strategy.world_size} "
+                        f"-m h2.cli.rank --job FILE, or with h2 train --strategy (RANK/WORLD_SIZE are not set)")
+    return int(os.environ["RANK"])
+
+
+def torchrun_attempt() -> int:
+    """How many times torchrun has restarted the job's ranks (0: the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def open_chip(job: ResolvedJob, rank: int) -> str | None:
+    """Make this process's dipu device the emulated chip of `rank` (before the device first opens);
+    the profile's path, or None for a chip that runs as it is."""
+    entry = job.ranks[rank]
+    if entry.emulation is None:
+        return None
+    from heteropp.emulated_chip import open_emulated_device
+
+    return open_emulated_device(entry.emulation, os.path.join(job.out, "emulated-chips"))
+
+
+def run_rank(job: ResolvedJob, links, job_folder: str | None = None) -> int:
+    """Join the job's process group, train under the watchdog, leave together with the other ranks and
+    report; the exit status (1: this rank's chip ran out of memory)."""
     import torch
     import torch.distributed as dist
 
-    from h2.core.cluster import load_cluster
-    from h2.core.links import RankLinks, describe_stage_links
-    from h2.core.strategy import load_strategy
-    from h2.train.pipeline import PipelineTrainer
-    from h2.train.watchdog import RankWatchdog
-    from heteropp.groups import check_p2p_backend, check_stage_backend
     from heteropp.topology import Topology
 
-    strategy = load_strategy(run.strategy)
-    config = flags.build(TrainConfig, values)
-    options = flags.build(PipelineOptions, values)
-    explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
-    check_p2p_backend(options.p2p_backend)
-    check_stage_backend(options.stage_backend)
-    if not os.environ.get("WORLD_SIZE"):
-        raise UserError(f"{run.strategy}: launch with torchrun --standalone --nproc-per-node {strategy.world_size} "
-                        f"-m h2.cli.rank ... (RANK/WORLD_SIZE are not set)")
-    out = run.out or "runs/heteropp"
-    labels = links = None
-    if run.cluster:
-        from h2.launch.cluster_job import check_job, chip_labels, host_ranks_of_this_process, open_rank_chip
-        from heteroauto.jeeves_plan import with_schedule_orders
-
-        cluster = load_cluster(run.cluster)
-        strategy = check_job(strategy, cluster, run.strategy, options.threads, host_ranks_of_this_process())
-        strategy, _ = with_schedule_orders(strategy, cluster, options.schedule, run.strategy)
-        open_rank_chip(strategy, cluster, int(os.environ["RANK"]), os.path.join(out, "emulated-chips"))
-        labels = chip_labels(cluster)
-        links = RankLinks.for_strategy(strategy, cluster, int(os.environ["RANK"]),
-                                       kernel_shaped=os.environ.get(KERNEL_SHAPED_ENV) == "1")
-    torch.set_num_threads(options.threads)
-    describe = rank_names(Topology.from_strategy(strategy))
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    timeout = timedelta(seconds=options.rank_timeout)
-    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
-    # torchrun's agent keeps one store across restarts: a restarted attempt must not read the
-    # addresses the previous attempt's ranks published there.
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"h2/attempt/{attempt}/", store), rank=rank,
-                            world_size=world_size, timeout=timeout)
-    watchdog = RankWatchdog.connect(rank, world_size, timeout_s=options.rank_timeout, describe=describe,
-                                    attempt=attempt).start()
+    torch.set_num_threads(job.pipeline.threads)
+    describe = rank_names(Topology.from_strategy(job.strategy))
+    rank, watchdog = join_job(job, describe)
     try:
-        restarted = attempt > 0 and watchdog.store.check([FOLDER_PREPARED])
-        trainer = PipelineTrainer(strategy, config, out, options, source=run.strategy, links=links,
-                                  chip_labels=labels, resume=run.resume, overwrite=run.overwrite,
-                                  restarted=restarted, explicit=explicit)
-        if trainer.writes_metrics:
-            watchdog.store.set(FOLDER_PREPARED, "1")
-        if trainer.rank == 0:
-            print(trainer.topology.describe(default_device=trainer.config.device, chip_labels=labels), flush=True)
-            if links is not None:
-                print(describe_stage_links(strategy, links), flush=True)
-            if trainer.resumed_from is not None:
-                how = ("re-sharded from another strategy" if trainer.resharded else "same strategy")
-                print(f"resuming from step {trainer.step} ({trainer.resumed_from.folder}, {how})", flush=True)
-        ps = flags.build(PSOptions, values)
-
-        def show(record: dict) -> None:
-            if record["step"] % options.log_every == 0 or record["step"] == trainer.config.steps:
-                memory = trainer.engine.device_report()  # a collective: every rank takes part
-                if trainer.writes_metrics:
-                    _print_progress(record, trainer.topology, memory)
-
-        if ps.ps:
-            from h2.train.ps_pipeline import run_pipeline_with_ps
-            records = run_pipeline_with_ps(trainer, ps, on_step=show)
-        else:
-            records = []
-            while trainer.step < trainer.config.steps:
-                records.append(trainer.train_step())
-                show(records[-1])
-        report = trainer.stage_report()
-        trace = trainer.engine.write_trace()
-        if trace is not None and trainer.rank == 0:
-            print(f"trace of every rank in {os.path.dirname(trace)} (rank-<r>.json)", flush=True)
-        leave_together(trainer.engine, watchdog,
-                       job_folder=os.path.dirname(os.path.abspath(args.config)) if args.config else None)
-        if trainer.writes_metrics and records:
-            tokens = sum(r["tokens"] for r in records)
-            seconds = sum(r["step_time_s"] for r in records)
-            print(f"trained {trainer.model_config.name} with {trainer.topology.num_stages} stages on "
-                  f"{trainer.topology.world_size} processes: {tokens / seconds:,.0f} tokens/s; "
-                  f"metrics {trainer.metrics.path}", flush=True)
-            _print_stage_report(report, labels or {}, trainer.elapsed_s)
+        trainer = build_trainer(job, links, watchdog)
+        announce(trainer, job)
+        records = train(trainer, job)
+        finish(trainer, job, watchdog, records, job_folder)
     except torch.OutOfMemoryError as error:
         watchdog.report(f"{describe(rank)} failed: {one_line(error)}")
         print(f"h2.cli.rank: error: {one_line(error)}", file=sys.stderr, flush=True)
         return 1
     except Exception as error:
         if _is_communication_error(error):
-            watchdog.stop_on_loss(within_s=options.rank_timeout)  # names the lost rank and exits, if one is
+            watchdog.stop_on_loss(within_s=job.pipeline.rank_timeout)  # names the lost rank and exits, if one is
         watchdog.report(f"{describe(rank)} failed: {one_line(error)}")
         raise
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def join_job(job: ResolvedJob, describe):
+    """This rank in the job's gloo process group (one per torchrun attempt), watched by the others."""
+    import torch.distributed as dist
+
+    from h2.train.watchdog import RankWatchdog
+
+    attempt = torchrun_attempt()
+    timeout = timedelta(seconds=job.pipeline.rank_timeout)
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    # torchrun's agent keeps one store across restarts: a restarted attempt must not read the
+    # addresses the previous attempt's ranks published there.
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"h2/attempt/{attempt}/", store), rank=rank,
+                            world_size=world_size, timeout=timeout)
+    watchdog = RankWatchdog.connect(rank, world_size, timeout_s=job.pipeline.rank_timeout, describe=describe,
+                                    attempt=attempt).start()
+    return rank, watchdog
+
+
+def build_trainer(job: ResolvedJob, links, watchdog):
+    """The rank's PipelineTrainer; a restarted attempt continues in the folder its job made its own."""
+    from h2.train.pipeline import PipelineTrainer
+
+    restarted = torchrun_attempt() > 0 and watchdog.store.check([FOLDER_PREPARED])
+    trainer = PipelineTrainer(job.strategy, job.train, job.out, job.pipeline, source=job.source, links=links,
+                              chip_labels=job.chip_labels, resume=job.resume, overwrite=job.overwrite,
+                              restarted=restarted, explicit=job.explicit)
+    if trainer.writes_metrics:
+        watchdog.store.set(FOLDER_PREPARED, "1")
+    return trainer
+
+
+def announce(trainer, job: ResolvedJob) -> None:
+    """Rank 0 prints the topology, the links each stage boundary crosses, and where it resumed from."""
+    if trainer.rank != 0:
+        return
+    print(trainer.topology.describe(default_device=trainer.config.device, chip_labels=job.chip_labels), flush=True)
+    if job.stage_links is not None:
+        print(job.stage_links, flush=True)
+    if trainer.resumed_from is not None:
+        how = ("re-sharded from another strategy" if trainer.resharded else "same strategy")
+        print(f"resuming from step {trainer.step} ({trainer.resumed_from.folder}, {how})", flush=True)
+
+
+def train(trainer, job: ResolvedJob) -> list[dict]:
+    """The steps up to the job's last (with Di-PS: its outer loop), showing progress every log_every."""
+    def show(record: dict) -> None:
+        if record["step"] % job.pipeline.log_every == 0 or record["step"] == trainer.config.steps:
+            memory = trainer.engine.device_report()  # a collective: every rank takes part
+            if trainer.writes_metrics:
+                _print_progress(record, trainer.topology, memory)
+
+    if job.ps.ps:
+        from h2.train.ps_pipeline import run_pipeline_with_ps
+        return run_pipeline_with_ps(trainer, job.ps, on_step=show)
+    records = []
+    while trainer.step < trainer.config.steps:
+        records.append(trainer.train_step())
+        show(records[-1])
+    return records
+
+
+def finish(trainer, job: ResolvedJob, watchdog, records: list[dict], job_folder: str | None) -> None:
+    """The stage report and trace, the final barrier with the other ranks, then the run's summary."""
+    report = trainer.stage_report()
+    trace = trainer.engine.write_trace()
+    if trace is not None and trainer.rank == 0:
+        print(f"trace of every rank in {os.path.dirname(trace)} (rank-<r>.json)", flush=True)
+    leave_together(trainer.engine, watchdog, job_folder=job_folder)
+    if trainer.writes_metrics and records:
+        tokens = sum(r["tokens"] for r in records)
+        seconds = sum(r["step_time_s"] for r in records)
+        print(f"trained {trainer.model_config.name} with {trainer.topology.num_stages} stages on "
+              f"{trainer.topology.world_size} processes: {tokens / seconds:,.0f} tokens/s; "
+              f"metrics {trainer.metrics.path}", flush=True)
+        _print_stage_report(report, job.chip_labels or {}, trainer.elapsed_s)
 
 
 def leave_together(engine, watchdog, job_folder: str | None = None) -> None:

@@ -247,7 +247,7 @@ def write_plan(plan: Plan, out: str, args, cluster: ClusterSpec, model: ModelCon
 def train(args, out: str) -> int:
     """`h2 train --strategy OUT/strategy.yaml --cluster C --out OUT` with the training flags given (and
     --resume, --overwrite, --max-restarts)."""
-    from h2.cli.main import _train_pipeline
+    from h2.launch.pipeline_job import run_pipeline_job
 
     run = RunOptions(strategy=os.path.join(out, STRATEGY_FILE), cluster=args.cluster, out=out,
                      resume=bool(args.resume), overwrite=args.overwrite, max_restarts=args.max_restarts)
@@ -257,7 +257,7 @@ def train(args, out: str) -> int:
               **{name: getattr(run, name) for name in ("resume", "overwrite", "max_restarts")
                  if getattr(run, name) not in (None, False)}}
     hosts = (args.nnodes, args.rdzv_endpoint) if args.nnodes > 1 else None
-    return _train_pipeline(values, run, hosts)
+    return run_pipeline_job(values, run, hosts)
 
 
 def write_traces(folder: str, plan: Plan) -> None:

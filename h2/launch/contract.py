@@ -1,9 +1,12 @@
-"""The contract between the launcher (h2.launch.launcher) and its ranks (h2.cli.rank): the marks a rank
-leaves in the job folder, the environment the launcher sets for a rank, and how a rank is named in a
-line for the user. Both sides import these names from here only."""
+"""The contract between the launcher (h2.launch.launcher, h2.launch.pipeline_job) and its ranks
+(h2.cli.rank): the resolved job file the launcher hands every rank (its format is h2.launch.job's,
+re-exported here), the marks a rank leaves in the job folder, the environment the launcher sets for a
+rank, and how a rank is named in a line for the user. Both sides import these names from here only."""
 from __future__ import annotations
 
 import os
+
+from h2.launch.job import JobLinks, PeerLink, RankEntry, ResolvedJob, read_job, write_job  # noqa: F401 (the job file)
 
 # Set for every rank started in a namespace: the kernel shapes the bandwidth between nodes, the
 # pacing layers add only the latency there (h2.core.links.RankLinks).

@@ -42,7 +42,7 @@ def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts:
     log_dir = os.path.join(job_folder, "torchrun")
     failures = os.path.join(job_folder, f"{FAILURES_PREFIX}{node}.json")
     return [sys.executable, "-m", "h2.launch.agent", failures, *rendezvous, "--nproc-per-node", str(nproc),
-            "--max-restarts", str(max_restarts), "--log-dir", log_dir, "-m", "h2.cli.rank", "--config", job_path]
+            "--max-restarts", str(max_restarts), "--log-dir", log_dir, "-m", "h2.cli.rank", "--job", job_path]
 
 
 def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str,
