@@ -38,6 +38,9 @@ MAY_IMPORT = {
 }
 # Layers the planner uses without torch: torch may be imported inside functions only.
 TORCH_FREE_AT_IMPORT = ("h2.core", "heteroauto")
+# Modules that must not reach a package, by any chain of imports (a package's __init__ counts: Python
+# runs it first): a rank runs the job the launcher resolved (h2.launch.job) and never plans.
+MUST_NOT_REACH = {"h2.cli.rank": ("heteroauto",)}
 
 
 def layer_of(module: str) -> str | None:
@@ -194,12 +197,55 @@ def import_cycles(root: str, packages=PACKAGES) -> list[list[str]]:
     return sorted(cycles)
 
 
+def forbidden_reaches(root: str, packages=PACKAGES) -> list[str]:
+    """'A reaches B (A -> ... -> B)' for every module B of a package that MUST_NOT_REACH bans from A."""
+    graph = import_graph(root, packages)
+    problems = []
+    for start, banned in MUST_NOT_REACH.items():
+        if start not in graph:
+            continue
+        came_from: dict[str, str | None] = {start: None}
+        queue = [start]
+        while queue:
+            module = queue.pop(0)
+            parts = module.split(".")
+            packages_run = [".".join(parts[:n]) for n in range(1, len(parts))]
+            for target in sorted(graph[module]) + [name for name in packages_run if name in graph]:
+                if target not in came_from:
+                    came_from[target] = module
+                    queue.append(target)
+        for module in sorted(came_from):
+            if any(module == name or module.startswith(name + ".") for name in banned):
+                chain = [module]
+                while came_from[chain[-1]] is not None:
+                    chain.append(came_from[chain[-1]])
+                problems.append(f"{start} reaches {module} ({' -> '.join(reversed(chain))})")
+    return problems
+
+
 def test_every_import_in_the_project_points_down():
     assert violations(REPO_ROOT) == []
 
 
 def test_no_modules_import_each_other_inside_a_layer():
     assert import_cycles(REPO_ROOT) == []
+
+
+def test_a_rank_never_reaches_the_planner():
+    assert forbidden_reaches(REPO_ROOT) == []
+
+
+@pytest.mark.parametrize("files", [
+    {"h2/cli/rank.py": "def main():\n    from heteroauto.jeeves_plan import with_schedule_orders\n",
+     "heteroauto/jeeves_plan.py": ""},
+    {"h2/cli/rank.py": "from h2.launch import job\n", "h2/launch/job.py": "import heteroauto\n",
+     "heteroauto/__init__.py": ""},
+    {"h2/cli/rank.py": "import h2.launch.job\n", "h2/launch/job.py": "", "h2/launch/__init__.py": "import heteroauto\n",
+     "heteroauto/__init__.py": ""},
+])
+def test_a_rank_that_imports_the_planner_directly_or_through_others_is_found(tmp_path, files):
+    problems = forbidden_reaches(_tree(tmp_path, files))
+    assert len(problems) == 1 and problems[0].startswith("h2.cli.rank reaches heteroauto"), problems
 
 
 def test_every_package_says_what_it_owns_and_must_not_import():
