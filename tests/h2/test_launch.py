@@ -1,7 +1,9 @@
 """Where `h2 train --strategy --cluster` starts its ranks (h2.launch.launcher), and how the launcher ends
 a job whose ranks do not exit once it has finished."""
 
+import builtins
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from h2.launch import launcher as launch
 from h2.core.cluster import load_cluster
 from h2.core.strategy import strategy_from_mapping
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTER = ("chips:\n"
            "  - {name: A, count: 2, memory_gb: 1, chips_per_node: 1, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1}\n")
 STRATEGY = {"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny",
@@ -72,3 +75,51 @@ def test_a_job_whose_ranks_exit_ends_with_torchruns_status(tmp_path):
     script.write_text("import os, sys\nopen(os.path.join(sys.argv[1], 'finished-0'), 'w').close()\nsys.exit(3)\n")
     assert launch.run_until_ranks_exit([sys.executable, str(script), str(tmp_path)],
                                        strategy_from_mapping(STRATEGY, "s.yaml"), str(tmp_path)) == 3
+
+
+# ---- the resolved job: read once by the launcher, never by a rank -------------------------------------
+TWO_SITES = os.path.join(REPO_ROOT, "configs", "clusters", "local-2site.yaml")
+TWO_SITE_PP2 = os.path.join(REPO_ROOT, "configs", "strategies", "local-2site-pp2.yaml")
+
+
+def counting_reads(watched: list[str], reads: list[str]):
+    """builtins.open that appends to `reads` each path of `watched` it opens."""
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) in watched:
+            reads.append(os.path.realpath(file))
+        return real_open(file, *args, **kwargs)
+    return counting_open
+
+
+def run_rank_counting_reads(rank: int, world_size: int, job_path: str, watched: list[str]) -> dict:
+    """A rank of the job file as torchrun runs it (python -m h2.cli.rank --job FILE), in a fresh process:
+    its exit status, the watched files it opened, and whether it imported the planner."""
+    from h2.cli import rank as rank_entry
+
+    reads: list[str] = []
+    builtins.open = counting_reads(watched, reads)
+    status = rank_entry.main(["--job", job_path])
+    return {"status": status, "reads": reads, "planner_imported": "heteroauto" in sys.modules}
+
+
+@pytest.mark.slow
+def test_the_cluster_file_is_read_once_by_the_launcher_and_never_by_a_rank(tmp_path, monkeypatch):
+    from h2.cli.main import main
+    from h2.core.ranks import run_ranks
+
+    cluster, strategy = shutil.copy(TWO_SITES, tmp_path), shutil.copy(TWO_SITE_PP2, tmp_path)
+    watched = [os.path.realpath(cluster), os.path.realpath(strategy)]
+    reads: list[str] = []
+    monkeypatch.setattr(builtins, "open", counting_reads(watched, reads))
+    job_path = str(tmp_path / "job.yaml")
+    monkeypatch.setattr(launch, "launch", lambda strategy, cluster, path, *args, **kwargs:
+                        shutil.copy(path, job_path) and 0)
+    status = main(["train", "--strategy", strategy, "--cluster", cluster, "--schedule", "jeeves", "--steps", "1",
+                   "--out", str(tmp_path / "run")])
+    monkeypatch.undo()
+    assert status == 0 and sorted(reads) == sorted(watched)   # each file once, in the launcher
+    ranks = run_ranks(run_rank_counting_reads, 2, args=(job_path, watched), timeout=240)
+    assert ranks == [{"status": 0, "reads": [], "planner_imported": False}] * 2
+    assert os.path.exists(tmp_path / "run" / "metrics.jsonl")
