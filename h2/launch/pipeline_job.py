@@ -39,13 +39,9 @@ def run_pipeline_job(values: dict, run: RunOptions, hosts: tuple[int, str] | Non
     the flags) with `run.strategy`; returns the ranks' exit status. `hosts` (number of hosts, rendezvous
     endpoint): this host's share of the ranks joins the others'. `cluster`: `run.cluster` already
     loaded by the caller (else it is loaded here, once)."""
-    from h2.core.cluster import load_cluster
     from h2.launch.launcher import launch
 
-    strategy, config, options = check_options(values, run)
-    if run.cluster and cluster is None:
-        cluster = load_cluster(run.cluster)
-    job = resolve_job(strategy, config, options, values, run, cluster)
+    job, cluster = resolve_pipeline_job(values, run, cluster)
     job_folder = tempfile.mkdtemp(prefix="h2-job-")  # the job file and torchrun's logs
     job_path = os.path.join(job_folder, JOB_FILE)
     try:
@@ -53,6 +49,18 @@ def run_pipeline_job(values: dict, run: RunOptions, hosts: tuple[int, str] | Non
         return launch(job.strategy, cluster, job_path, run.strategy, hosts, max_restarts=run.max_restarts or 0)
     finally:
         shutil.rmtree(job_folder, ignore_errors=True)
+
+
+def resolve_pipeline_job(values: dict, run: RunOptions,
+                         cluster: ClusterSpec | None = None) -> tuple[ResolvedJob, ClusterSpec | None]:
+    """The job of `values` with `run.strategy` as its ranks run it, and its cluster (`cluster`, else
+    `run.cluster` loaded here, once; None without one)."""
+    from h2.core.cluster import load_cluster
+
+    strategy, config, options = check_options(values, run)
+    if run.cluster and cluster is None:
+        cluster = load_cluster(run.cluster)
+    return resolve_job(strategy, config, options, values, run, cluster), cluster
 
 
 def check_options(values: dict, run: RunOptions) -> tuple[Strategy, TrainConfig, PipelineOptions]:

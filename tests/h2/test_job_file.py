@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -87,3 +88,68 @@ def test_job_values_refuse_a_file_that_is_not_a_mapping(tmp_path):
     path.write_text("- steps\n")
     with pytest.raises(UserError, match="top level must be a mapping"):
         flags.job_values(path, (TrainConfig,))
+
+
+# ---- the resolved job a launcher hands its ranks (h2.launch.job) ----------------------------------------
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TWO_SITES = os.path.join(REPO_ROOT, "configs", "clusters", "local-2site.yaml")
+TWO_SITE_PP2 = os.path.join(REPO_ROOT, "configs", "strategies", "local-2site-pp2.yaml")
+TWO_NODES = ("chips:\n  - {name: A, count: 4, memory_gb: 1, chips_per_node: 2, tp_max: 2, intra_node_gbps: 10, "
+             "inter_node_gbps: 1, latency_us: 7}\n")
+TWO_NODE_PP2 = {"dp": 1, "micro_batches": 2, "micro_batch_size": 2, "model": "tiny",
+                "stages": [{"chip": "A", "tp": 2, "layers": 2}, {"chip": "A", "tp": 2, "layers": 2}]}
+
+
+def resolved(tmp_path, strategy: str, cluster: str | None, **values):
+    from h2.launch.pipeline_job import resolve_pipeline_job
+
+    run = RunOptions(strategy=strategy, cluster=cluster, out=str(tmp_path / "run"))
+    return resolve_pipeline_job({"strategy": strategy, "cluster": cluster, "out": run.out, **values}, run)
+
+
+def test_a_resolved_job_reads_back_as_the_launcher_wrote_it_with_the_generated_orders(tmp_path):
+    from h2.launch.contract import read_job, write_job
+
+    job, _ = resolved(tmp_path, TWO_SITE_PP2, TWO_SITES, schedule="jeeves", steps=3, lr=0.01)
+    write_job(tmp_path / "job.yaml", job)
+    back = read_job(tmp_path / "job.yaml")
+    assert back == job
+    assert back.strategy.schedule == "jeeves" and back.strategy.orders[0].startswith("F0 F1 F2 F3 F4 F5 F6 F7 B0")
+    assert [stage.device for stage in back.strategy.stages] == ["dipu", "dipu"]   # emulated chips
+    assert back.train.steps == 3 and back.explicit == frozenset({"steps", "lr"})
+    assert back.ranks[1].chip == "emu-south" and back.ranks[1].emulation["relative_speed"] == 0.2
+    assert back.stage_links == "link stage 0 -> 1 (emulated): inter_site 0.01 GB/s, 20000 us"
+
+
+def test_a_job_without_a_cluster_has_no_links_and_no_emulated_chips(tmp_path):
+    job, cluster = resolved(tmp_path, TWO_SITE_PP2, None)
+    assert cluster is None and job.chip_labels is None and job.stage_links is None
+    assert [(entry.chip, entry.device, entry.emulation) for entry in job.ranks] == [("emu-north", "cpu", None),
+                                                                                     ("emu-south", "cpu", None)]
+    assert job.links(0) is None
+
+
+@pytest.mark.parametrize("kernel_shaped", [False, True])
+@pytest.mark.parametrize("case", ["two sites", "two nodes of one chip type"])
+def test_a_ranks_links_in_the_job_file_are_those_the_cluster_file_gives(tmp_path, case, kernel_shaped):
+    import yaml
+
+    from h2.core.cluster import load_cluster
+    from h2.core.links import RankLinks
+    from h2.launch.contract import read_job, write_job
+
+    if case == "two sites":
+        strategy, cluster = TWO_SITE_PP2, TWO_SITES
+    else:
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump(TWO_NODE_PP2))
+        (tmp_path / "c.yaml").write_text(TWO_NODES)
+        strategy, cluster = str(tmp_path / "s.yaml"), str(tmp_path / "c.yaml")
+    job, spec = resolved(tmp_path, strategy, cluster)
+    write_job(tmp_path / "job.yaml", job)
+    job = read_job(tmp_path / "job.yaml")
+    world = job.strategy.world_size
+    for rank in range(world):
+        expected = RankLinks.for_strategy(job.strategy, load_cluster(cluster), rank, kernel_shaped)
+        links = job.links(rank, kernel_shaped)
+        assert [(links.class_to(peer), links.to(peer)) for peer in range(world)] == \
+               [(expected.class_to(peer), expected.to(peer)) for peer in range(world)]

@@ -14,17 +14,27 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 FIG8 = os.path.join(REPO_ROOT, "configs", "strategies", "local-fig8-pp3.yaml")
 
 
-def test_run_without_torchrun_is_a_one_line_error_naming_the_process_count(cli):
-    result = cli("h2.cli.rank", "--strategy", FIG8, "--steps", "1", env={"WORLD_SIZE": ""})
+def test_run_without_torchrun_is_a_one_line_error_naming_the_process_count(cli, tmp_path):
+    from h2.core.training import RunOptions
+    from h2.launch.contract import write_job
+    from h2.launch.pipeline_job import resolve_pipeline_job
+
+    run = RunOptions(strategy=FIG8, out=str(tmp_path / "run"))
+    job, _ = resolve_pipeline_job({"strategy": FIG8, "steps": 1, "out": run.out}, run)
+    write_job(tmp_path / "job.yaml", job)
+    result = cli("h2.cli.rank", "--job", str(tmp_path / "job.yaml"), env={"WORLD_SIZE": ""})
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "--nproc-per-node 4" in result.stderr
 
 
-def test_run_with_an_unknown_p2p_backend_is_a_one_line_error(cli):
-    result = cli("h2.cli.rank", "--strategy", FIG8, "--p2p-backend", "carrier-pigeon", "--steps", "1")
+def test_run_with_an_unknown_p2p_backend_is_a_one_line_error(cli, tmp_path):
+    # the launcher refuses it: a rank checks no option of the job it is handed
+    result = cli("h2", "train", "--strategy", FIG8, "--p2p-backend", "carrier-pigeon", "--steps", "1",
+                 "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert "--p2p-backend must be one of gloo, dicomm" in result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 PP2 = os.path.join(REPO_ROOT, "configs", "strategies", "local-tiny-pp2.yaml")
