@@ -240,8 +240,8 @@ def test_a_rank_never_reaches_the_planner():
      "heteroauto/jeeves_plan.py": ""},
     {"h2/cli/rank.py": "from h2.launch import job\n", "h2/launch/job.py": "import heteroauto\n",
      "heteroauto/__init__.py": ""},
-    {"h2/cli/rank.py": "import h2.launch.job\n", "h2/launch/job.py": "", "h2/launch/__init__.py": "import heteroauto\n",
-     "heteroauto/__init__.py": ""},
+    {"h2/cli/rank.py": "import h2.launch.job\n", "h2/launch/job.py": "",
+     "h2/launch/__init__.py": "import heteroauto\n", "heteroauto/__init__.py": ""},
 ])
 def test_a_rank_that_imports_the_planner_directly_or_through_others_is_found(tmp_path, files):
     problems = forbidden_reaches(_tree(tmp_path, files))

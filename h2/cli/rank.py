@@ -42,8 +42,8 @@ FOLDER_PREPARED = "h2/job/folder-prepared"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="h2.cli.rank", description="One rank of a HeteroPP pipeline job (launch with torchrun; "
-                                                            "h2 train --strategy writes the job file and starts it).")
+    parser = ArgumentParser(prog="h2.cli.rank", description="One rank of a HeteroPP pipeline job under torchrun "
+                                                            "(h2 train --strategy writes the job file and starts it).")
     parser.add_argument("--job", metavar="YAML", required=True, help="the resolved job file (h2.launch.job)")
     return parser
 
