@@ -5,8 +5,9 @@ import shutil
 import pytest
 
 from h2.core.errors import UserError
-from h2.cli import heteroauto as heteroauto_cli
 from h2.cli.heteroauto import main
+from h2.launch import profiling_job
+from heteroauto import planning
 from h2.core.strategy import load_strategy
 
 from autohelpers import CLUSTERS, STRATEGIES
@@ -257,13 +258,14 @@ def test_flags_of_the_other_search_are_refused(capsys, flags, message):
     assert code == 2 and message in err
 
 
-@pytest.mark.parametrize("args, work", [(["search", "--out", "/proc/no/such/s.yaml"], "_run_search"),
-                                        (["profile", "--synthesise", "--out-dir", "/proc/no/such"], "synthesise_profile")])
-def test_an_unwritable_output_is_refused_in_one_line_before_any_work(capsys, monkeypatch, args, work):
+@pytest.mark.parametrize("args, module, work", [
+    (["search", "--out", "/proc/no/such/s.yaml"], planning, "run_search"),
+    (["profile", "--synthesise", "--out-dir", "/proc/no/such"], profiling_job, "synthesise_profile")])
+def test_an_unwritable_output_is_refused_in_one_line_before_any_work(capsys, monkeypatch, args, module, work):
     def work_ran(*_, **__):  # the search, the profiling
         raise AssertionError(f"{work} ran before the unwritable output was refused")
 
-    monkeypatch.setattr(heteroauto_cli, work, work_ran)
+    monkeypatch.setattr(module, work, work_ran)
     code, out, err = run(capsys, args[0], "--cluster", LOCAL, *args[1:])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "cannot create folder '/proc/no" in err
 
