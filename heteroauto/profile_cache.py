@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
+from h2.core.emulation import describe_chip
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from heteroauto.profiles import Profile, load_profile, profile_fingerprint, save_profile
@@ -89,3 +90,27 @@ def save_profiles(targets: list[ProfileTarget], profiles: dict[str, Profile], sk
         if target.chip.name not in skip:
             os.makedirs(os.path.dirname(os.path.abspath(target.path)), exist_ok=True)
             save_profile(profiles[target.chip.name], target.path)
+
+
+def profile_report(profile: Profile, target: ProfileTarget, how: str) -> str:
+    """A profile as `heteroauto profile` and `h2 profile` print it: the chip, where the file is and
+    whether it was `how` = cached, measured or synthesised; a row per TP size, beside the formula's
+    prediction from tp 1 where the profile has one."""
+    where = describe_chip(target.chip) + (f", device {profile.device}" if profile.device else "")
+    state = f"up to date in {target.path}" if how == "cached" else f"wrote {target.path}"
+    lines = [f"profile of chip {where}: {profile.source}, {state}"]
+    lines += [f"  {line}" for line in (profile.assumptions[-1:] if profile.source == "measured" else ())]
+    formula = {entry.tp: entry for entry in profile.formula_layers}
+    header = f"{'tp':>3} {'fwd ms':>9} {'bwd ms':>9} {'recomp ms':>9} {'act MB':>8} {'act MB rc':>9}"
+    lines.append(header + (f" | {'formula from tp 1: fwd ms':>25} {'bwd ms':>9} {'measured/formula':>16}"
+                           if formula else ""))
+    for entry in profile.layers:
+        line = (f"{entry.tp:>3} {entry.forward_s * 1e3:>9.2f} {entry.backward_s * 1e3:>9.2f} "
+                f"{entry.recompute_s * 1e3:>9.2f} {entry.activation_bytes / 1e6:>8.3f} "
+                f"{entry.recompute_activation_bytes / 1e6:>9.3f}")
+        if entry.tp in formula:
+            derived = formula[entry.tp]
+            ratio = entry.compute_s(False) / derived.compute_s(False)
+            line += f" | {derived.forward_s * 1e3:>25.2f} {derived.backward_s * 1e3:>9.2f} {ratio:>16.2f}"
+        lines.append(line)
+    return "\n".join(lines)

@@ -25,8 +25,7 @@ import math
 import sys
 import time
 
-from h2.core.cluster import ChipType, ClusterSpec, load_cluster, parse_count
-from h2.core.emulation import describe_chip
+from h2.core.cluster import ClusterSpec, load_cluster, parse_count
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.model_config import ModelConfig
 from h2.core.strategy import Strategy, load_strategy
@@ -36,7 +35,7 @@ from heteroauto.evaluation import training_for
 from heteroauto.planning import SearchOptions, SearchOutcome, SimulatedStrategy
 from heteroauto.predicted_trace import write_strategy_trace, write_zorse_trace
 from heteroauto.problem import PlanningProblem, TrainingOverrides, model_for, planning_problem
-from heteroauto.profile_cache import check_output_file, cluster_folder, profile_targets
+from heteroauto.profile_cache import check_output_file, cluster_folder, profile_report, profile_targets
 from heteroauto.search import Progress
 from heteroauto.stage_terms import COST_MODELS
 from heteroauto.zorse.graph import bandwidth_graph, machines_of
@@ -568,26 +567,6 @@ def _cmd_simulate(args) -> int:
 
 
 # ---- profile ------------------------------------------------------------------------------------
-def _print_profile(profile, chip: ChipType, path: str, how: str) -> None:
-    where = describe_chip(chip) + (f", device {profile.device}" if profile.device else "")
-    state = f"up to date in {path}" if how == "cached" else f"wrote {path}"
-    print(f"profile of chip {where}: {profile.source}, {state}")
-    for line in profile.assumptions[-1:] if profile.source == "measured" else ():
-        print(f"  {line}")
-    formula = {entry.tp: entry for entry in profile.formula_layers}
-    header = f"{'tp':>3} {'fwd ms':>9} {'bwd ms':>9} {'recomp ms':>9} {'act MB':>8} {'act MB rc':>9}"
-    print(header + (f" | {'formula from tp 1: fwd ms':>25} {'bwd ms':>9} {'measured/formula':>16}" if formula else ""))
-    for entry in profile.layers:
-        line = (f"{entry.tp:>3} {entry.forward_s * 1e3:>9.2f} {entry.backward_s * 1e3:>9.2f} "
-                f"{entry.recompute_s * 1e3:>9.2f} {entry.activation_bytes / 1e6:>8.3f} "
-                f"{entry.recompute_activation_bytes / 1e6:>9.3f}")
-        if entry.tp in formula:
-            derived = formula[entry.tp]
-            ratio = entry.compute_s(False) / derived.compute_s(False)
-            line += f" | {derived.forward_s * 1e3:>25.2f} {derived.backward_s * 1e3:>9.2f} {ratio:>16.2f}"
-        print(line)
-
-
 def _cmd_profile(args) -> int:
     problem = _problem(args)
     options = MeasureOptions(device=args.device, repeats=args.repeats, attempts=args.attempts, max_late=args.max_late)
@@ -599,7 +578,7 @@ def _cmd_profile(args) -> int:
         return 0
     for target in targets:
         name = target.chip.name
-        _print_profile(profiled.profiles[name], target.chip, target.path, profiled.how[name])
+        print(profile_report(profiled.profiles[name], target, profiled.how[name]))
     return 0
 
 
