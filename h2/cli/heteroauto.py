@@ -8,12 +8,16 @@
     heteroauto cross-site --scenario configs/xdc/gpt3-175b.yaml [--latency-ms 20] [--bandwidth-gbps B] [--limit K] [--json]
 
 `search --planner zorse` plans with the Zorse planner (heteroauto.zorse: mixed-type groups, rows per
-rank, ministages, ZeRO-2, offload); `partition` prints its phase 1 (the min-k-cut of the cluster's
+rank, ministages, ZeRO-2, offload; its flags are one argument group of `search`, refused without it); `partition` prints its phase 1 (the min-k-cut of the cluster's
 bandwidth graph, every k); `simulate` scores a Zorse strategy with the same simulator.
 `profile` measures by running the runtime's stage code on TP ranks of each chip (heteropp.profiling;
 an emulated chip on its emulated dipu device) and writes one profile file per chip type into the
 profile folder (default profiles/<cluster name>/), reusing a file measured for the same chip entry,
 model and micro-batch shape unless --force; `search` and `simulate` read that folder with --profiles.
+
+The command parses, loads the cluster file once, calls the planner's functions (heteroauto.problem,
+heteroauto.planning, heteroauto.profile_cache, heteroauto.predicted_trace) and the profiling job
+(h2.launch.profiling_job), and prints.
 """
 
 from __future__ import annotations

@@ -282,3 +282,32 @@ def test_profile_on_a_device_this_host_lacks_is_one_line_before_any_rank_starts(
                  "--repeats", "1", "--out-dir", str(tmp_path / "profiles"))
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == "heteroauto: error: --device cuda: device 'cuda' is not available on this machine"
+
+
+ZORSE_FLAGS = "--memory-fraction, --ministages, --offload, --max-groups, --min-groups, --lone-group-ministages, " \
+              "--no-overlap and --grad-clip"
+
+
+@pytest.mark.parametrize("flags", [["--memory-fraction", "0.5"], ["--ministages", "2"], ["--offload", "on"],
+                                   ["--max-groups", "1"], ["--min-groups", "2"], ["--lone-group-ministages"],
+                                   ["--no-overlap"], ["--grad-clip", "0"]])
+def test_each_flag_of_the_zorse_group_is_refused_without_planner_zorse(capsys, flags):
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--no-baselines", *flags)
+    assert (code, out) == (2, "")
+    assert err.strip() == f"heteroauto: error: {ZORSE_FLAGS}: only with --planner zorse"
+
+
+@pytest.mark.parametrize("flags", [["--exhaustive"], ["--search", "paper"], ["--dp", "1"]])
+def test_the_heteroauto_search_flags_are_refused_with_planner_zorse(capsys, flags):
+    code, _, err = run(capsys, "search", "--planner", "zorse", "--cluster", LOCAL, *flags)
+    assert code == 2
+    assert err.strip() == "heteroauto: error: --exhaustive, --search and --dp: only with --planner heteroauto"
+
+
+def test_the_zorse_flags_are_one_group_of_the_search_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["search", "--help"])
+    help_text = capsys.readouterr().out
+    group = help_text[help_text.index("the Zorse planner (--planner zorse):"):]
+    assert all(flag in group for flag in ZORSE_FLAGS.replace(" and", ",").split(", "))
+    assert "--exhaustive" not in group
