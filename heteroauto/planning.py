@@ -101,7 +101,8 @@ def baseline_ratio(problem: PlanningProblem, profiles: dict[str, Profile], token
         else:
             share = training.micro_batch_units * chip.count // cluster.total_chips * training.micro_batch_size
         if share < training.micro_batch_size or share % training.micro_batch_size:
-            baselines[chip.name] = {"error": f"baseline batch of {share} sequences is not a whole number of micro-batches"}
+            baselines[chip.name] = {"error": f"baseline batch of {share} sequences is not a whole number of "
+                                             f"micro-batches"}
             return None, baselines
         alone = dataclasses.replace(training, global_batch_tokens=None, global_batch_sequences=share)
         alone_problem = dataclasses.replace(problem, cluster=cluster.only(chip.name), training=alone)
@@ -198,7 +199,8 @@ class SimulatedStrategy:
 
 
 def simulate_strategy(problem: PlanningProblem, strategy: Strategy, source: str, *, cost_model: str = "full",
-                      alpha_given: bool = False, transfers: bool = True, keep_timeline: bool = False) -> SimulatedStrategy:
+                      alpha_given: bool = False, transfers: bool = True,
+                      keep_timeline: bool = False) -> SimulatedStrategy:
     """Score `strategy` on `problem` with the cost model and replay its schedule (its explicit orders, or
     the ones its schedule generates), with the boundaries between sites at their inter-site links under
     the full cost model."""

@@ -41,8 +41,9 @@ def model_for(cluster: ClusterSpec, name: str | None = None, default: ModelConfi
     return resolve_model(os.path.join(os.path.dirname(cluster.source), cluster.model) if relative else cluster.model)
 
 
-def training_for(cluster: ClusterSpec, model: ModelConfig, overrides: TrainingOverrides = TrainingOverrides(),
-                 default_seq_len: int | None = None) -> TrainingSpec:
+def training_with_overrides(cluster: ClusterSpec, model: ModelConfig,
+                            overrides: TrainingOverrides = TrainingOverrides(),
+                            default_seq_len: int | None = None) -> TrainingSpec:
     """The cluster file's `training` (else the model's sequence length) with `overrides` applied, checked."""
     base = dataclasses.asdict(cluster.training) if cluster.training else {"seq_len": model.max_seq_len}
     seq_len = overrides.seq_len if overrides.seq_len is not None else default_seq_len
@@ -109,5 +110,5 @@ def planning_problem(cluster: ClusterSpec, model: ModelConfig, overrides: Traini
                      profile_files: list[str] = (), profile_folder: str | None = None,
                      default_seq_len: int | None = None) -> PlanningProblem:
     """The problem of planning `model` on the loaded `cluster`, priced with the given profiles."""
-    training = training_for(cluster, model, overrides, default_seq_len)
+    training = training_with_overrides(cluster, model, overrides, default_seq_len)
     return PlanningProblem(cluster, model, training, tuple(profile_paths(cluster, profile_files, profile_folder)))

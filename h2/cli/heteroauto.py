@@ -8,10 +8,10 @@
     heteroauto cross-site --scenario configs/xdc/gpt3-175b.yaml [--latency-ms 20] [--bandwidth-gbps B] [--limit K] [--json]
 
 `search --planner zorse` plans with the Zorse planner (heteroauto.zorse: mixed-type groups, rows per
-rank, ministages, ZeRO-2, offload; its flags are one argument group of `search`, refused without it); `partition` prints its phase 1 (the min-k-cut of the cluster's
-bandwidth graph, every k); `simulate` scores a Zorse strategy with the same simulator.
-`profile` measures by running the runtime's stage code on TP ranks of each chip (heteropp.profiling;
-an emulated chip on its emulated dipu device) and writes one profile file per chip type into the
+rank, ministages, ZeRO-2, offload; its flags are one argument group of `search`, refused without it);
+`partition` prints its phase 1 (the min-k-cut of the cluster's bandwidth graph, every k); `simulate` scores
+a Zorse strategy with the same simulator. `profile` measures by running the runtime's stage code on TP
+ranks of each chip (heteropp.profiling; an emulated chip on its emulated dipu device) and writes one profile file per chip type into the
 profile folder (default profiles/<cluster name>/), reusing a file measured for the same chip entry,
 model and micro-batch shape unless --force; `search` and `simulate` read that folder with --profiles.
 
@@ -361,7 +361,8 @@ def _cmd_search(args) -> int:
 
 # ---- zorse ---------------------------------------------------------------------------------------
 def _zorse_problem(args, memory_fraction: float = 1.0, default_model: ModelConfig | None = None,
-                   default_seq_len: int | None = None, strategy: Strategy | None = None) -> tuple[PlanningProblem, dict]:
+                   default_seq_len: int | None = None,
+                   strategy: Strategy | None = None) -> tuple[PlanningProblem, dict]:
     """The problem with one sequence per profiled micro-batch (of `strategy`'s shape when given), and the
     chip rates within --memory-fraction of each chip's usable memory."""
     problem = _problem(args, default_model=default_model, default_seq_len=default_seq_len)

@@ -331,34 +331,50 @@ def _reference_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, help="pass when MRE < threshold (default 0.015, the H2 paper's)")
 
 
-def _cmd_run(args) -> int:
+def _check_run_flags(args) -> None:
     if args.nnodes < 1:
         raise UserError(f"--nnodes must be at least 1, got {args.nnodes}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise UserError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (where the hosts meet)")
     if args.resume and args.overwrite:
         raise UserError("--resume continues the run in --out, --overwrite starts it over: give one")
-    cluster, model = _cluster_and_model(args)
+
+
+def _check_run_inputs(args, cluster: ClusterSpec, model: ModelConfig):
+    """--out (a run to resume, or a folder free for this one) and --reference, checked before anything
+    is written; the reference's loss log, or None."""
     if args.resume:
         check_resume(args.out, args, cluster, model)
     else:
         _check_out(args.out, args.overwrite)
-    reference = check_reference(args.reference, model) if args.reference else None
-    plan = None
-    if args.resume:   # the folder's plan as it is: no profiling, no search
+    return check_reference(args.reference, model) if args.reference else None
+
+
+def _plan_run(args, cluster: ClusterSpec, model: ModelConfig) -> tuple[str, PlannedStrategy | None]:
+    """The profile folder, and the plan profiled, searched and written to --out (None when resuming:
+    the folder's plan as it is, no profiling, no search)."""
+    if args.resume:
         profiles = _read_json(os.path.join(args.out, PLAN_FILE)).get("profiles") or profile_folder(args, cluster, model)
         print(f"resuming the run in {args.out} with its plan {os.path.join(args.out, STRATEGY_FILE)} "
               f"(not planned again)", flush=True)
-    else:
-        profiles = profile(args, cluster, model)
-        plan = make_plan(cluster, model, profiles)
-        print_plan(plan, cluster, model)
-        if not plan.report.fits:
-            raise UserError(f"{args.cluster}: the best plan does not fit the memory model (see the table above)")
-        write_plan(plan, args.out, args, cluster, model, profiles)
-        for name in (METRICS_FILE, SUMMARY_FILE, STAGE_REPORT_FILE, PLOT_FILE):  # --overwrite: the earlier run's
-            if os.path.exists(os.path.join(args.out, name)):
-                os.remove(os.path.join(args.out, name))
+        return profiles, None
+    profiles = profile(args, cluster, model)
+    plan = make_plan(cluster, model, profiles)
+    print_plan(plan, cluster, model)
+    if not plan.report.fits:
+        raise UserError(f"{args.cluster}: the best plan does not fit the memory model (see the table above)")
+    write_plan(plan, args.out, args, cluster, model, profiles)
+    for name in (METRICS_FILE, SUMMARY_FILE, STAGE_REPORT_FILE, PLOT_FILE):  # --overwrite: the earlier run's
+        if os.path.exists(os.path.join(args.out, name)):
+            os.remove(os.path.join(args.out, name))
+    return profiles, plan
+
+
+def _cmd_run(args) -> int:
+    _check_run_flags(args)
+    cluster, model = _cluster_and_model(args)
+    reference = _check_run_inputs(args, cluster, model)
+    profiles, plan = _plan_run(args, cluster, model)
     status = train(args, args.out)
     if status != 0:
         print(f"h2 run: training failed (exit {status}); plan in {os.path.join(args.out, PLAN_FILE)}", flush=True)

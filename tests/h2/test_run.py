@@ -290,7 +290,8 @@ def test_h2_plan_reads_the_cluster_file_once(cluster_reads, tmp_path, capsys):
 
     path, reads = cluster_reads
     os.makedirs(tmp_path / "profiles")
-    status = main(["plan", "--cluster", path, "--profiles", str(tmp_path / "profiles"), "--out", str(tmp_path / "plan")])
+    status = main(["plan", "--cluster", path, "--profiles", str(tmp_path / "profiles"),
+                   "--out", str(tmp_path / "plan")])
     assert status == 0, capsys.readouterr().err
     assert len(reads) == 1 and (tmp_path / "plan" / "strategy.yaml").exists()
 
