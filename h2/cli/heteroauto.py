@@ -8,12 +8,16 @@
     heteroauto cross-site --scenario configs/xdc/gpt3-175b.yaml [--latency-ms 20] [--bandwidth-gbps B] [--limit K] [--json]
 
 `search --planner zorse` plans with the Zorse planner (heteroauto.zorse: mixed-type groups, rows per
-rank, ministages, ZeRO-2, offload); `partition` prints its phase 1 (the min-k-cut of the cluster's
-bandwidth graph, every k); `simulate` scores a Zorse strategy with the same simulator.
-`profile` measures by running the runtime's stage code on TP ranks of each chip (heteropp.profiling;
-an emulated chip on its emulated dipu device) and writes one profile file per chip type into the
+rank, ministages, ZeRO-2, offload; its flags are one argument group of `search`, refused without it);
+`partition` prints its phase 1 (the min-k-cut of the cluster's bandwidth graph, every k); `simulate` scores
+a Zorse strategy with the same simulator. `profile` measures by running the runtime's stage code on TP
+ranks of each chip (heteropp.profiling; an emulated chip on its emulated dipu device) and writes one profile file per chip type into the
 profile folder (default profiles/<cluster name>/), reusing a file measured for the same chip entry,
 model and micro-batch shape unless --force; `search` and `simulate` read that folder with --profiles.
+
+The command parses, loads the cluster file once, calls the planner's functions (heteroauto.problem,
+heteroauto.planning, heteroauto.profile_cache, heteroauto.predicted_trace) and the profiling job
+(h2.launch.profiling_job), and prints.
 """
 
 from __future__ import annotations
@@ -22,26 +26,21 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 
-from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster, parse_count
-from h2.core.devices import resolve_device
-from h2.core.emulation import check_core_share, describe_chip, host_cores
+from h2.core.cluster import ClusterSpec, load_cluster, parse_count
 from h2.core.errors import ArgumentParser, UserError, run_cli
-from h2.core.model_config import ModelConfig, resolve_model
-from h2.core.schedule import schedule_actions
-from h2.core.stage_orders import run_schedule
-from h2.core.strategy import load_strategy
-from heteroauto import paper_search
-from heteroauto.evaluation import evaluate_strategy, training_for
-from heteroauto.jeeves_plan import site_terms, with_schedule_orders
-from heteroauto.oracle import oracle_search
-from heteroauto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
-                                    synthesise_profile)
-from heteroauto.search import Progress, search
-from heteroauto.simulator import simulate
+from h2.core.model_config import ModelConfig
+from h2.core.strategy import Strategy, load_strategy
+from h2.launch.profiling_job import MeasureOptions, profile_chips
+from heteroauto import planning
+from heteroauto.evaluation import training_for
+from heteroauto.planning import SearchOptions, SearchOutcome, SimulatedStrategy
+from heteroauto.predicted_trace import write_strategy_trace, write_zorse_trace
+from heteroauto.problem import PlanningProblem, TrainingOverrides, model_for, planning_problem
+from heteroauto.profile_cache import check_output_file, cluster_folder, profile_report, profile_targets
+from heteroauto.search import Progress
 from heteroauto.stage_terms import COST_MODELS
 from heteroauto.zorse.graph import bandwidth_graph, machines_of
 from heteroauto.zorse.partition import split_partitions
@@ -81,27 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--planner", choices=("heteroauto", "zorse"), default="heteroauto",
                             help="heteroauto: stages of one chip type with TP (default); zorse: groups of any chip "
                                  "types, rows per rank, ministages, ZeRO-2 and offload")
-    search_cmd.add_argument("--memory-fraction", type=float, default=1.0,
-                            help="--planner zorse: plan within this fraction of each chip's usable memory")
-    search_cmd.add_argument("--ministages", type=int, help="--planner zorse: fix the ministages per group")
-    search_cmd.add_argument("--max-groups", type=int,
-                            help="--planner zorse: at most this many pipeline groups (1: one data-parallel group)")
-    search_cmd.add_argument("--lone-group-ministages", action="store_true",
-                            help="--planner zorse: a plan of one group may take several ministages too (ZeRO-3 "
-                                 "with layer-wise accumulation; default: one, as in the Zorse authors' planner, "
-                                 "where ministages interleave a pipeline of several groups)")
-    search_cmd.add_argument("--min-groups", type=int, default=1,
-                            help="--planner zorse: at least this many pipeline groups (2: no plan of one group "
-                                 "of all machines)")
-    search_cmd.add_argument("--no-overlap", action="store_true",
-                            help="--planner zorse: price HeteroPP's runtime, which overlaps no ZeRO-2 traffic or "
-                                 "offload copy with compute (default: Zorse's, which does)")
-    search_cmd.add_argument("--grad-clip", type=float, default=1.0,
-                            help="--planner zorse: the run's max global gradient norm (h2 train --grad-clip), 0 "
-                                 "if it does not clip: with clipping each rank holds its reduced gradients "
-                                 "until the last backward (default 1.0, h2 train's)")
-    search_cmd.add_argument("--offload", choices=OFFLOAD_CHOICES, default="auto",
-                            help="--planner zorse: activations and parameter shards to host memory (auto: try both)")
+    _zorse_flags(search_cmd)
     search_cmd.add_argument("--search", choices=("exact", "paper"),
                             help="exact: every dp, stage order and tp sequence, a layer count per stage (default); "
                                  "paper: the paper's procedure and shortcuts (default with --cost-model paper)")
@@ -170,41 +149,72 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _zorse_flags(search_cmd: argparse.ArgumentParser) -> None:
+    """The Zorse planner's own flags, in their own group: refused without --planner zorse."""
+    zorse = search_cmd.add_argument_group(
+        "the Zorse planner (--planner zorse)", "groups of any chip types, rows per rank, ministages, ZeRO-2 and "
+                                               "offload (heteroauto.zorse)")
+    actions = [
+        zorse.add_argument("--memory-fraction", type=float, default=1.0,
+                           help="plan within this fraction of each chip's usable memory"),
+        zorse.add_argument("--ministages", type=int, help="fix the ministages per group"),
+        zorse.add_argument("--offload", choices=OFFLOAD_CHOICES, default="auto",
+                           help="activations and parameter shards to host memory (auto: try both)"),
+        zorse.add_argument("--max-groups", type=int,
+                           help="at most this many pipeline groups (1: one data-parallel group)"),
+        zorse.add_argument("--min-groups", type=int, default=1,
+                           help="at least this many pipeline groups (2: no plan of one group of all machines)"),
+        zorse.add_argument("--lone-group-ministages", action="store_true",
+                           help="a plan of one group may take several ministages too (ZeRO-3 with layer-wise "
+                                "accumulation; default: one, as in the Zorse authors' planner, where ministages "
+                                "interleave a pipeline of several groups)"),
+        zorse.add_argument("--no-overlap", action="store_true",
+                           help="price HeteroPP's runtime, which overlaps no ZeRO-2 traffic or offload copy with "
+                                "compute (default: Zorse's, which does)"),
+        zorse.add_argument("--grad-clip", type=float, default=1.0,
+                           help="the run's max global gradient norm (h2 train --grad-clip), 0 if it does not clip: "
+                                "with clipping each rank holds its reduced gradients until the last backward "
+                                "(default 1.0, h2 train's)"),
+    ]
+    search_cmd.set_defaults(zorse_actions=tuple(actions))
+
+
+def _listed(flags: list[str]) -> str:
+    return flags[0] if len(flags) == 1 else ", ".join(flags[:-1]) + " and " + flags[-1]
+
+
+def _check_planner_flags(args) -> None:
+    """Each planner's flags only with that planner: one line naming them, exit 2."""
+    if args.planner == "zorse":
+        if args.exhaustive or args.search is not None or args.dp is not None:
+            raise UserError("--exhaustive, --search and --dp: only with --planner heteroauto")
+    elif any(getattr(args, action.dest) != action.default for action in args.zorse_actions):
+        zorse = [action.option_strings[0] for action in args.zorse_actions]
+        raise UserError(f"{_listed(zorse)}: only with --planner zorse")
+
+
 # ---- loading the problem -------------------------------------------------------------------------
-def _problem(args, default_model: ModelConfig | None = None,
-             default_seq_len: int | None = None) -> tuple[ClusterSpec, ModelConfig, TrainingSpec]:
-    """Cluster, model (--model, else `default_model`, else the cluster file's) and training spec (the
-    cluster file's `training` with the flags applied)."""
-    cluster = load_cluster(args.cluster)
-    if args.model is not None:
-        model = resolve_model(args.model)
-    elif default_model is not None:
-        model = default_model
-    elif cluster.model is not None:   # a model file named in the cluster file is relative to it, as chip files are
-        relative = cluster.model.endswith((".yaml", ".yml")) and not os.path.isabs(cluster.model)
-        model = resolve_model(os.path.join(os.path.dirname(cluster.source), cluster.model) if relative else cluster.model)
-    else:
-        raise UserError(f"{args.cluster}: no field 'model' and no --model given")
-    base = dataclasses.asdict(cluster.training) if cluster.training else {"seq_len": model.max_seq_len}
-    if args.seq_len is not None or default_seq_len is not None:
-        base["seq_len"] = args.seq_len if args.seq_len is not None else default_seq_len
-    if args.gbs_tokens is not None:
-        base.update(global_batch_tokens=parse_count(args.gbs_tokens, "--gbs-tokens"), global_batch_sequences=None)
-    if args.gbs_sequences is not None:
-        base.update(global_batch_sequences=parse_count(args.gbs_sequences, "--gbs-sequences"), global_batch_tokens=None)
-    if args.micro_batch_size is not None:
-        base["micro_batch_size"] = args.micro_batch_size
-    if args.alpha is not None:
-        base["alpha"] = args.alpha
-    if args.no_zero1:
-        base["zero1"] = False
-    if base.get("global_batch_tokens") is None and base.get("global_batch_sequences") is None:
-        raise UserError(f"{args.cluster}: no global batch: add `training: {{global_batch_tokens: ...}}` or pass --gbs-tokens")
-    training = TrainingSpec(**base)
-    training.validate("training (cluster file and flags)")
-    if training.seq_len > model.max_seq_len:
-        raise UserError(f"training: seq_len {training.seq_len} exceeds model '{model.name}' max_seq_len {model.max_seq_len}")
-    return cluster, model, training
+def _overrides(args) -> TrainingOverrides:
+    """What the flags change in the cluster file's `training`."""
+    return TrainingOverrides(
+        seq_len=args.seq_len, micro_batch_size=args.micro_batch_size, alpha=args.alpha, no_zero1=args.no_zero1,
+        global_batch_tokens=None if args.gbs_tokens is None else parse_count(args.gbs_tokens, "--gbs-tokens"),
+        global_batch_sequences=(None if args.gbs_sequences is None
+                                else parse_count(args.gbs_sequences, "--gbs-sequences")))
+
+
+def _problem(args, cluster: ClusterSpec | None = None, default_model: ModelConfig | None = None,
+             default_seq_len: int | None = None) -> PlanningProblem:
+    """The cluster (loaded here unless given), the model (--model, else `default_model`, else the cluster
+    file's), the training spec (the cluster file's `training` with the flags applied) and the profiles
+    (--profile files and the --profiles folder)."""
+    cluster = cluster or load_cluster(args.cluster)
+    model = model_for(cluster, args.model, default_model)
+    return planning_problem(cluster, model, _overrides(args), args.profile, args.profiles, default_seq_len)
+
+
+def _emulated(cluster, name: str) -> str:
+    return " (emulated)" if cluster.chip(name).emulated else ""
 
 
 # ---- search --------------------------------------------------------------------------------------
@@ -212,7 +222,7 @@ MAX_TOP = 1000
 MAX_GROUP_SIZE = 1 << 24
 
 
-def _search_options(args) -> dict:
+def _search_options(args) -> SearchOptions:
     """The search's settings from the flags, each checked (one line, exit 2, when out of range)."""
     if not 1 <= args.top <= MAX_TOP:
         raise UserError(f"--top: must be between 1 and {MAX_TOP}, got {args.top}")
@@ -229,19 +239,10 @@ def _search_options(args) -> dict:
     if method == "paper" and (args.monotone_tp or args.time_limit is not None or args.gap):
         raise UserError("--monotone-tp, --time-limit and --gap: only with --search exact (the paper's procedure "
                         "always keeps tp monotone and has no bound to report)")
-    return {"method": method, "top_k": args.top, "group_size": args.group_size or None, "dp": args.dp,
-            "monotone_tp": args.monotone_tp, "time_limit_s": args.time_limit, "gap": args.gap,
-            "refine_all_dp": args.refine_all_dp}
-
-
-def _run_search(cluster, model, training, profiles, cost_model: str, options: dict, progress=None):
-    if options["method"] == "paper":
-        return paper_search.search(cluster, model, training, profiles, top_k=options["top_k"],
-                                   group_size=options["group_size"], refine_all_dp=options["refine_all_dp"],
-                                   dp=options["dp"])
-    return search(cluster, model, training, profiles, cost_model=cost_model, top_k=options["top_k"],
-                  group_size=options["group_size"], dp=options["dp"], monotone_tp=options["monotone_tp"],
-                  gap=options["gap"], time_limit_s=options["time_limit_s"], progress=progress)
+    return SearchOptions(method="exhaustive" if args.exhaustive else method, cost_model=args.cost_model,
+                         top_k=args.top, group_size=args.group_size or None, dp=args.dp,
+                         monotone_tp=args.monotone_tp, time_limit_s=args.time_limit, gap=args.gap,
+                         refine_all_dp=args.refine_all_dp)
 
 
 def _show_progress(progress: Progress) -> None:
@@ -255,120 +256,46 @@ def _show_progress(progress: Progress) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _baseline_ratio(cluster, model, training, profiles, result_tokens_per_s, cost_model, options,
-                    baseline_tokens=None):
-    """HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i; type i alone gets its chip share of the batch,
-    or baseline_tokens (the paper's Table 6 runs: 2M tokens on each type's 256 chips)."""
-    baselines, total = {}, 0.0
-    alone_options = {**options, "top_k": 1, "dp": None}
-    for chip in cluster.chips:
-        if baseline_tokens is not None:
-            share = baseline_tokens // training.seq_len
-        else:
-            share = training.micro_batch_units * chip.count // cluster.total_chips * training.micro_batch_size
-        if share < training.micro_batch_size or share % training.micro_batch_size:
-            baselines[chip.name] = {"error": f"baseline batch of {share} sequences is not a whole number of micro-batches"}
-            return None, baselines
-        alone = dataclasses.replace(training, global_batch_tokens=None, global_batch_sequences=share)
-        try:
-            result = _run_search(cluster.only(chip.name), model, alone, profiles, cost_model, alone_options)
-        except UserError as error:
-            baselines[chip.name] = {"error": str(error)}
-            return None, baselines
-        strategy = result.best.to_strategy(model, alone)
-        iteration = evaluate_strategy(strategy, cluster, model, alone, profiles, cost_model=cost_model).iteration_s
-        tgs = alone.tokens / iteration / chip.count
-        baselines[chip.name] = {"chips": chip.count, "gbs_tokens": alone.tokens, "iteration_s": iteration,
-                                "tokens_per_chip_s": tgs, "dp": result.best.dp, "tp": list(result.best.tps),
-                                "pp": sum(result.best.pps), "recompute": list(result.best.recompute)}
-        total += chip.count * tgs
-    return result_tokens_per_s / total, baselines
-
-
-def _profile_paths(args, cluster: ClusterSpec) -> list[str]:
-    """--profile files, then the files of the --profiles folder that name one of the cluster's chip types."""
-    paths = list(args.profile)
-    if args.profiles is not None:
-        if not os.path.isdir(args.profiles):
-            raise UserError(f"--profiles {args.profiles}: no such folder (heteroauto profile --cluster {args.cluster} "
-                            f"writes one)")
-        named = {os.path.abspath(path) for path in paths}
-        for chip in cluster.chips:
-            path = os.path.join(args.profiles, f"{chip.name}.yaml")
-            if os.path.exists(path) and os.path.abspath(path) not in named:
-                paths.append(path)
-    return paths
-
-
-def _profiles(args, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec):
-    """The chip types' profiles: --profile files and the --profiles folder, synthesised for the rest."""
-    return profiles_for(cluster, model, training, _profile_paths(args, cluster))
-
-
-def _emulated(cluster, name: str) -> str:
-    return " (emulated)" if cluster.chip(name).emulated else ""
-
-
-def _cmd_search(args) -> int:
-    if args.out:
-        _check_output_file(args.out, "--out")
-    if args.planner == "zorse":
-        return _cmd_search_zorse(args)
-    if (args.memory_fraction != 1.0 or args.ministages is not None or args.offload != "auto"
-            or args.max_groups is not None or args.min_groups != 1 or args.lone_group_ministages
-            or args.no_overlap or args.grad_clip != 1.0):
-        raise UserError("--memory-fraction, --ministages, --offload, --max-groups, --min-groups, "
-                        "--lone-group-ministages, --no-overlap and --grad-clip: only with --planner zorse")
-    cluster, model, training = _problem(args)
-    profiles = _profiles(args, cluster, model, training)
-    options = _search_options(args)
-    schedule = "1f1b-split-backward" if training.alpha == 0 else "1f1b"
+def _searched(args, problem: PlanningProblem) -> SearchOutcome:
+    """The search the flags ask for on `problem`, with progress on stderr (--progress, or a terminal)."""
     progress = _show_progress if (args.progress or sys.stderr.isatty()) else None
-    if args.exhaustive:
-        oracle = oracle_search(cluster, model, training, profiles, cost_model=args.cost_model,
-                               group_size=options["group_size"], dp=args.dp, monotone_tp=args.monotone_tp)
-        strategy, result = dataclasses.replace(oracle.strategy, schedule=schedule), None
-        search_s, search_cpu_s, evaluated, bounded = oracle.search_s, oracle.search_cpu_s, oracle.evaluated, 0
-    else:
-        result = _run_search(cluster, model, training, profiles, args.cost_model, options, progress)
-        if progress is not None and sys.stderr.isatty():
-            print(file=sys.stderr)
-        strategy = result.best.to_strategy(model, training, schedule)
-        search_s, search_cpu_s, evaluated, bounded = (result.search_s, result.search_cpu_s, result.evaluated,
-                                                      result.bounded)
-    report = evaluate_strategy(strategy, cluster, model, training, profiles, cost_model=args.cost_model)
-    ratio, baselines = (None, {})
-    if not args.no_baselines:
-        baseline_tokens = (parse_count(args.baseline_gbs_tokens, "--baseline-gbs-tokens")
-                           if args.baseline_gbs_tokens is not None else None)
-        ratio, baselines = _baseline_ratio(cluster, model, training, profiles,
-                                           report.tokens_per_iteration / report.iteration_s, args.cost_model,
-                                           options, baseline_tokens)
-    if args.out:
-        strategy.save(args.out)
-    method = "exhaustive" if args.exhaustive else options["method"]
-    optimal = args.exhaustive or (result is not None and result.optimal)
-    gap = 0.0 if args.exhaustive else (result.gap if method == "exact" else None)
+    baseline_tokens = (parse_count(args.baseline_gbs_tokens, "--baseline-gbs-tokens")
+                       if args.baseline_gbs_tokens is not None else None)
+    outcome = planning.search_strategy(problem, _search_options(args), baselines=not args.no_baselines,
+                                       baseline_tokens=baseline_tokens, progress=progress)
+    if progress is not None and outcome.result is not None and sys.stderr.isatty():
+        print(file=sys.stderr)
+    return outcome
+
+
+def _search_payload(outcome: SearchOutcome, problem: PlanningProblem) -> dict:
+    """`heteroauto search --json`'s object."""
+    cluster, training, strategy, report, result = (problem.cluster, problem.training, outcome.strategy,
+                                                   outcome.report, outcome.result)
     rows = [{"chip": s.chip, "emulated": cluster.chip(s.chip).emulated, "tp": s.tp, "dp": s.dp, "layers": s.layers,
              "recompute": s.recompute, "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB,
              "compute_s": s.compute_s, "update_s": s.update_s, "send_s": s.terms.send_s} for s in report.stages]
-    payload = {
+    return {
         "strategy": {"dp": strategy.dp, "micro_batches": strategy.micro_batches,
                      "micro_batch_size": strategy.micro_batch_size, "seq_len": strategy.seq_len,
-                     "schedule": strategy.schedule, "model": model.name, "stages": rows},
+                     "schedule": strategy.schedule, "model": problem.model.name, "stages": rows},
         "iteration_s": report.iteration_s, "tokens_per_chip_s": report.tokens_per_chip_s,
-        "hetero_speedup_ratio": ratio, "baselines": baselines, "cost_model": args.cost_model, "search": method,
-        "optimal": optimal, "gap": gap, "timed_out": bool(result is not None and result.timed_out), "lower_bound_s": None if result is None or method != "exact" else result.lower_bound_s,
-        "search_s": search_s, "search_cpu_s": search_cpu_s, "evaluated": evaluated, "bounded": bounded,
-        "exhaustive": args.exhaustive, "gbs_tokens": training.tokens, "alpha": training.alpha,
+        "hetero_speedup_ratio": outcome.hetero_speedup_ratio, "baselines": outcome.baselines,
+        "cost_model": outcome.options.cost_model, "search": outcome.method, "optimal": outcome.optimal,
+        "gap": outcome.gap, "timed_out": outcome.timed_out, "lower_bound_s": outcome.lower_bound_s,
+        "search_s": outcome.search_s, "search_cpu_s": outcome.search_cpu_s, "evaluated": outcome.evaluated,
+        "bounded": outcome.bounded, "exhaustive": outcome.method == "exhaustive", "gbs_tokens": training.tokens,
+        "alpha": training.alpha,
         "top": [] if result is None else [
             {"iteration_s": c.objective_s, "dp": c.dp, "order": list(c.order), "groups": [g.label for g in c.groups],
              "tp": list(c.tps), "pp": list(c.pps), "recompute": list(c.recompute),
              "stage_layers": [list(x) for x in c.stage_layers]} for c in result.top],
     }
-    if args.json:
-        print(json.dumps(payload))
-        return 0
+
+
+def _print_search(args, outcome: SearchOutcome, problem: PlanningProblem) -> None:
+    cluster, model, training, strategy, report = (problem.cluster, problem.model, problem.training,
+                                                  outcome.strategy, outcome.report)
     print(f"cluster {cluster.name}: {cluster.total_chips} chips ("
           + ", ".join(f"{c.name}={c.count}{' emulated' if c.emulated else ''}" for c in cluster.chips)
           + f"), model {model.name}, global batch {training.tokens} tokens ({training.sequences} x {training.seq_len}), "
@@ -382,6 +309,16 @@ def _cmd_search(args) -> int:
               f"{s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g} {s.compute_s:>9.4f} {s.update_s:>8.4f} "
               f"{s.terms.send_s:>8.4f}{_emulated(cluster, s.chip)}")
     print(f"predicted iteration: {report.iteration_s:.3f} s   tokens/chip/s: {report.tokens_per_chip_s:.2f}")
+    _print_speedup_ratio(args, outcome)
+    for rank, c in enumerate(outcome.result.top[1:] if outcome.result else [], start=2):
+        print(f"#{rank}: {c.objective_s:.3f} s dp={c.dp} order={'>'.join(c.order)} tp={list(c.tps)} "
+              f"recompute={[int(r) for r in c.recompute]} stage layers={[list(x) for x in c.stage_layers]}")
+    print(f"search ({outcome.method}): {outcome.search_s:.3f} s ({outcome.search_cpu_s:.3f} s CPU), "
+          f"{outcome.evaluated} evaluated, {outcome.bounded} skipped by bounds; {_proof(outcome)}")
+
+
+def _print_speedup_ratio(args, outcome: SearchOutcome) -> None:
+    ratio, baselines = outcome.hetero_speedup_ratio, outcome.baselines
     if ratio is not None:
         alone = ", ".join(f"{name} {b['tokens_per_chip_s']:.2f}" for name, b in baselines.items())
         batch = (f"{args.baseline_gbs_tokens} tokens each" if args.baseline_gbs_tokens is not None
@@ -389,32 +326,51 @@ def _cmd_search(args) -> int:
         print(f"HeteroSpeedupRatio: {ratio * 100:.2f}%  (each type alone, same search, {batch}: "
               f"tokens/chip/s {alone})")
     elif baselines:
-        print("HeteroSpeedupRatio: n/a (" + "; ".join(f"{k}: {v.get('error')}" for k, v in baselines.items() if 'error' in v) + ")")
-    for rank, c in enumerate(result.top[1:] if result else [], start=2):
-        print(f"#{rank}: {c.objective_s:.3f} s dp={c.dp} order={'>'.join(c.order)} tp={list(c.tps)} "
-              f"recompute={[int(r) for r in c.recompute]} stage layers={[list(x) for x in c.stage_layers]}")
-    if method == "exact":
-        proof = "proved optimal" if optimal else (
-            f"{'time limit reached; ' if result.timed_out else ''}within {gap * 100:.2f}% of the optimum "
-            f"(proved lower bound {result.lower_bound_s:.4g} s)")
-    else:
-        proof = "exhaustive" if method == "exhaustive" else "the paper's procedure: no optimality bound"
-    print(f"search ({method}): {search_s:.3f} s ({search_cpu_s:.3f} s CPU), {evaluated} evaluated, "
-          f"{bounded} skipped by bounds; {proof}")
+        print("HeteroSpeedupRatio: n/a (" + "; ".join(f"{k}: {v.get('error')}" for k, v in baselines.items()
+                                                      if 'error' in v) + ")")
+
+
+def _proof(outcome: SearchOutcome) -> str:
+    """What the search proved about its plan."""
+    if outcome.method == "exact":
+        if outcome.optimal:
+            return "proved optimal"
+        return (f"{'time limit reached; ' if outcome.timed_out else ''}within {outcome.gap * 100:.2f}% of the optimum "
+                f"(proved lower bound {outcome.lower_bound_s:.4g} s)")
+    return "exhaustive" if outcome.method == "exhaustive" else "the paper's procedure: no optimality bound"
+
+
+def _cmd_search(args) -> int:
+    if args.out:
+        check_output_file(args.out, "--out")
+    _check_planner_flags(args)
+    if args.planner == "zorse":
+        return _cmd_search_zorse(args)
+    problem = _problem(args)
+    outcome = _searched(args, problem)
+    if args.out:
+        outcome.strategy.save(args.out)
+    if args.json:
+        print(json.dumps(_search_payload(outcome, problem)))
+        return 0
+    _print_search(args, outcome, problem)
     if args.out:
         print(f"wrote {args.out}")
     return 0
 
 
 # ---- zorse ---------------------------------------------------------------------------------------
-def _zorse_problem(args):
-    """Cluster, model, training (one sequence per profiled micro-batch) and the chip rates."""
-    cluster, model, training = _problem(args)
-    training = dataclasses.replace(training, micro_batch_size=1)
-    if not (math.isfinite(args.memory_fraction) and 0 < args.memory_fraction <= 1):
-        raise UserError(f"--memory-fraction: must be in (0, 1], got {args.memory_fraction}")
-    rates = rates_from_profiles(cluster, _profiles(args, cluster, model, training), args.memory_fraction)
-    return cluster, model, training, rates
+def _zorse_problem(args, memory_fraction: float = 1.0, default_model: ModelConfig | None = None,
+                   default_seq_len: int | None = None,
+                   strategy: Strategy | None = None) -> tuple[PlanningProblem, dict]:
+    """The problem with one sequence per profiled micro-batch (of `strategy`'s shape when given), and the
+    chip rates within --memory-fraction of each chip's usable memory."""
+    problem = _problem(args, default_model=default_model, default_seq_len=default_seq_len)
+    training = problem.training if strategy is None else training_for(strategy, problem.training)
+    problem = problem.with_training(dataclasses.replace(training, micro_batch_size=1))
+    if not (math.isfinite(memory_fraction) and 0 < memory_fraction <= 1):
+        raise UserError(f"--memory-fraction: must be in (0, 1], got {memory_fraction}")
+    return problem, rates_from_profiles(problem.cluster, problem.profiles(), memory_fraction)
 
 
 def _plan_payload(plan: ZorsePlan, cluster: ClusterSpec, simulated_s: float) -> dict:
@@ -458,22 +414,35 @@ def _check_grad_clip(args) -> None:
         raise UserError(f"--grad-clip: must be a finite number at least 0 (0: no clipping), got {args.grad_clip}")
 
 
-def _cmd_search_zorse(args) -> int:
-    if args.exhaustive or args.search is not None or args.dp is not None:
-        raise UserError("--exhaustive, --search and --dp: only with --planner heteroauto")
+def _check_zorse_search_flags(args) -> None:
     if args.ministages is not None and args.ministages < 1:
         raise UserError(f"--ministages: must be at least 1, got {args.ministages}")
     _check_grad_clip(args)
-    cluster, model, training, rates = _zorse_problem(args)
-    started = time.perf_counter()
+
+
+def _check_group_counts(args) -> None:
     if args.max_groups is not None and args.max_groups < 1:
         raise UserError(f"--max-groups: must be at least 1, got {args.max_groups}")
     if args.min_groups < 1 or (args.max_groups is not None and args.min_groups > args.max_groups):
         raise UserError(f"--min-groups: must be at least 1 and at most --max-groups, got {args.min_groups}")
-    found = zorse_plan(cluster, model, training, rates, ministages=args.ministages, offload=args.offload,
-                       overlap=not args.no_overlap, max_groups=args.max_groups, min_groups=args.min_groups,
-                       lone_group_ministages=args.lone_group_ministages, grad_clip=args.grad_clip)
-    searched_s = time.perf_counter() - started
+
+
+def _zorse_searched(args, problem: PlanningProblem, rates: dict):
+    """Zorse's plan search with the flags' settings, and how long it took."""
+    started = time.perf_counter()
+    found = zorse_plan(problem.cluster, problem.model, problem.training, rates, ministages=args.ministages,
+                       offload=args.offload, overlap=not args.no_overlap, max_groups=args.max_groups,
+                       min_groups=args.min_groups, lone_group_ministages=args.lone_group_ministages,
+                       grad_clip=args.grad_clip)
+    return found, time.perf_counter() - started
+
+
+def _cmd_search_zorse(args) -> int:
+    _check_zorse_search_flags(args)
+    problem, rates = _zorse_problem(args, args.memory_fraction)
+    _check_group_counts(args)
+    found, searched_s = _zorse_searched(args, problem, rates)
+    cluster, model, training = problem.cluster, problem.model, problem.training
     simulated = simulate_plan(found.best, rates, model, training).iteration_s
     strategy = to_strategy(found.best, model)
     if args.out:
@@ -492,10 +461,9 @@ def _cmd_search_zorse(args) -> int:
     return 0
 
 
-def _cmd_partition(args) -> int:
-    cluster = load_cluster(args.cluster)
-    machines = machines_of(cluster)
-    partitions = split_partitions(bandwidth_graph(cluster, machines), f"{args.cluster}: bandwidth graph")
+def _partition_rows(cluster: ClusterSpec, machines: list) -> list[dict]:
+    """Zorse's phase 1: the machines cut into k groups for every k, each group's machines, regions and chips."""
+    partitions = split_partitions(bandwidth_graph(cluster, machines), f"{cluster.source}: bandwidth graph")
 
     def describe(group) -> dict:
         chips: dict[str, int] = {}
@@ -505,7 +473,13 @@ def _cmd_partition(args) -> int:
         return {"machines": [machines[i].name for i in group], "regions": sorted({machines[i].region for i in group}),
                 "chips": chips}
 
-    rows = [{"k": p.k, "cut_gbps": p.cut_weight, "groups": [describe(g) for g in p.groups]} for p in partitions]
+    return [{"k": p.k, "cut_gbps": p.cut_weight, "groups": [describe(g) for g in p.groups]} for p in partitions]
+
+
+def _cmd_partition(args) -> int:
+    cluster = load_cluster(args.cluster)
+    machines = machines_of(cluster)
+    rows = _partition_rows(cluster, machines)
     if args.json:
         print(json.dumps({"cluster": cluster.name, "partitions": rows}))
         return 0
@@ -519,23 +493,17 @@ def _cmd_partition(args) -> int:
 
 
 # ---- simulate ------------------------------------------------------------------------------------
-def _cmd_simulate_zorse(args, strategy) -> int:
-    cluster, model, training = _problem(args, default_model=strategy.model_config(args.strategy),
-                                        default_seq_len=strategy.seq_len)
-    training = dataclasses.replace(training_for(strategy, training), micro_batch_size=1)
-    rates = rates_from_profiles(cluster, _profiles(args, cluster, model, training), 1.0)
+def _cmd_simulate_zorse(args, strategy: Strategy) -> int:
+    problem, rates = _zorse_problem(args, default_model=strategy.model_config(args.strategy),
+                                    default_seq_len=strategy.seq_len, strategy=strategy)
+    cluster, model, training = problem.cluster, problem.model, problem.training
     _check_grad_clip(args)
     scored = from_strategy(strategy, cluster, model, training, rates, args.strategy, overlap=not args.no_overlap,
                            grad_clip=args.grad_clip)
     replay = simulate_plan(scored, rates, model, training, keep_timeline=args.trace is not None)
     simulated = replay.iteration_s
     if args.trace is not None:
-        from h2.core.trace import write_trace
-        from heteroauto.simulator import trace_events
-
-        labels = [f"{len(group.chips)} ranks ({', '.join(sorted(set(group.chips)))}), {group.layers} layers in "
-                  f"{scored.ministages} ministages" for group in scored.groups]
-        write_trace(args.trace, trace_events(replay, labels, False), {"source": "predicted"})
+        write_zorse_trace(args.trace, replay, scored)
     if args.json:
         print(json.dumps({**_plan_payload(scored, cluster, simulated), "iteration_s": simulated,
                           "latency_model_iteration_s": scored.latency.iteration_s,
@@ -547,6 +515,36 @@ def _cmd_simulate_zorse(args, strategy) -> int:
     return 0
 
 
+def _simulate_payload(args, result: SimulatedStrategy, cluster: ClusterSpec) -> dict:
+    """`heteroauto simulate --json`'s object."""
+    strategy, report, sim = result.strategy, result.report, result.simulation
+    return {"iteration_s": sim.iteration_s, "cost_model_iteration_s": report.iteration_s,
+            "cost_model": args.cost_model,
+            "tokens_per_chip_s": result.training.tokens / sim.iteration_s / report.chips,
+            "schedule": strategy.schedule, "micro_batches": strategy.micro_batches, "transfers": sim.transfers,
+            "simulate_s": result.simulate_s, "fits": report.fits,
+            "stages": [{"chip": s.chip, "emulated": cluster.chip(s.chip).emulated, "tp": s.tp, "dp": s.dp,
+                        "layers": s.layers, "recompute": s.recompute, "busy_s": busy, "bubble_s": bubble,
+                        "update_s": s.update_s, "send_s": term.send_s,
+                        "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB}
+                       for s, term, busy, bubble in zip(report.stages, result.terms, sim.busy_s, sim.bubble_s)]}
+
+
+def _print_simulation(args, result: SimulatedStrategy, cluster: ClusterSpec, tokens_per_chip_s: float) -> None:
+    strategy, report, sim = result.strategy, result.report, result.simulation
+    print(f"strategy {args.strategy}: {len(strategy.stages)} stages, dp={strategy.dp}, "
+          f"{strategy.micro_batches} micro-batches, schedule {strategy.schedule}, cost model {args.cost_model}")
+    print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'dp':>3} {'layers':>6} {'busy s':>10} {'bubble s':>10} "
+          f"{'update s':>9} {'send s':>8} {'memory GB':>10} {'cap GB':>7}")
+    for s, term, busy, bubble in zip(report.stages, result.terms, sim.busy_s, sim.bubble_s):
+        flag = "" if s.fits else "  OVER CAPACITY"
+        print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
+              f"{term.send_s:>8.4f} {s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}"
+              f"{_emulated(cluster, s.chip)}")
+    print(f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
+          f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {tokens_per_chip_s:.2f}")
+
+
 def _cmd_simulate(args) -> int:
     strategy = load_strategy(args.strategy)
     if is_zorse_strategy(strategy):
@@ -554,190 +552,46 @@ def _cmd_simulate(args) -> int:
     if args.grad_clip != 1.0:
         raise UserError(f"--grad-clip: only for a Zorse strategy (ministages, ZeRO-2, offload or mixed-type "
                         f"groups); {args.strategy} is none")
-    cluster, model, training = _problem(args, default_model=strategy.model_config(args.strategy),
-                                        default_seq_len=strategy.seq_len)
-    training = training_for(strategy, training)
-    if args.alpha is None:
-        training = dataclasses.replace(training, alpha=0.0 if strategy.schedule == "1f1b-split-backward" else 1.0)
+    problem = _problem(args, default_model=strategy.model_config(args.strategy), default_seq_len=strategy.seq_len)
     if strategy.micro_batches > MAX_REPLAY_MICRO_BATCHES:
         raise UserError(f"{args.strategy}: field 'micro_batches': the replay takes at most "
                         f"{MAX_REPLAY_MICRO_BATCHES} micro-batches, got {strategy.micro_batches}")
-    profiles = _profiles(args, cluster, model, training)
-    report = evaluate_strategy(strategy, cluster, model, training, profiles, source=args.strategy,
-                               cost_model=args.cost_model)
-    terms = report.terms
-    if args.cost_model == "full":   # boundaries between sites at their inter-site links
-        terms, _ = site_terms(strategy, cluster, terms, model, training, args.strategy)
-    strategy, generated = with_schedule_orders(strategy, cluster, None, args.strategy, profiles)
-    if generated and not args.json:
-        print(generated)
-    schedule = run_schedule(strategy, None, args.strategy)   # its explicit orders where it has them
-    started = time.perf_counter()
-    sim = simulate(schedule, terms, transfers=not args.no_transfers, keep_timeline=args.trace is not None)
-    sim_s = time.perf_counter() - started
+    result = planning.simulate_strategy(problem, strategy, args.strategy, cost_model=args.cost_model,
+                                        alpha_given=args.alpha is not None, transfers=not args.no_transfers,
+                                        keep_timeline=args.trace is not None)
+    if result.generated and not args.json:
+        print(result.generated)
     if args.trace is not None:
-        write_simulated_trace(args.trace, sim, report, strategy.schedule)
-    tokens = training.tokens
-    payload = {"iteration_s": sim.iteration_s, "cost_model_iteration_s": report.iteration_s,
-               "cost_model": args.cost_model,
-               "tokens_per_chip_s": tokens / sim.iteration_s / report.chips, "schedule": strategy.schedule,
-               "micro_batches": strategy.micro_batches, "transfers": sim.transfers, "simulate_s": sim_s,
-               "fits": report.fits,
-               "stages": [{"chip": s.chip, "emulated": cluster.chip(s.chip).emulated, "tp": s.tp, "dp": s.dp,
-                           "layers": s.layers, "recompute": s.recompute, "busy_s": busy, "bubble_s": bubble,
-                           "update_s": s.update_s, "send_s": term.send_s,
-                           "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB}
-                          for s, term, busy, bubble in zip(report.stages, terms, sim.busy_s, sim.bubble_s)]}
+        write_strategy_trace(args.trace, result.simulation, result.report, result.strategy.schedule)
+    payload = _simulate_payload(args, result, problem.cluster)
     if args.json:
         print(json.dumps(payload))
         return 0
-    print(f"strategy {args.strategy}: {len(strategy.stages)} stages, dp={strategy.dp}, "
-          f"{strategy.micro_batches} micro-batches, schedule {strategy.schedule}, cost model {args.cost_model}")
-    print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'dp':>3} {'layers':>6} {'busy s':>10} {'bubble s':>10} "
-          f"{'update s':>9} {'send s':>8} {'memory GB':>10} {'cap GB':>7}")
-    for s, term, busy, bubble in zip(report.stages, terms, sim.busy_s, sim.bubble_s):
-        flag = "" if s.fits else "  OVER CAPACITY"
-        print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
-              f"{term.send_s:>8.4f} {s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}"
-              f"{_emulated(cluster, s.chip)}")
-    print(f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
-          f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {payload['tokens_per_chip_s']:.2f}")
+    _print_simulation(args, result, problem.cluster, payload["tokens_per_chip_s"])
     return 0
 
 
-def write_simulated_trace(path: str, sim, report, schedule: str) -> None:
-    from h2.core.trace import write_trace
-    from heteroauto.simulator import trace_events
-
-    labels = [f"{s.chip} tp {s.tp} dp {s.dp}, {s.layers} layers" for s in report.stages]
-    write_trace(path, trace_events(sim, labels, schedule == "1f1b-split-backward"), {"source": "predicted"})
-
-
-def _check_output_file(path: str, flag: str) -> None:
-    """Refuse, before any work, an output file whose folder cannot be created or written."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"{flag} {path}: cannot create folder '{folder}' ({error.strerror or error})") from None
-    if not os.access(folder, os.W_OK):
-        raise UserError(f"{flag} {path}: folder '{folder}' is not writable")
-
-
 # ---- profile ------------------------------------------------------------------------------------
-def _profile_targets(args, cluster: ClusterSpec) -> list[tuple[ChipType, str]]:
-    """(chip type, profile file) for each chip type to profile."""
-    if args.out is not None and args.chip is None:
-        raise UserError("--out names one profile file: give --chip too (or --out-dir for every chip type)")
-    folder = args.out_dir or os.path.join("profiles", cluster.name)
-    chips = [cluster.chip(args.chip)] if args.chip is not None else list(cluster.chips)
-    targets = [(chip, args.out if args.out is not None else os.path.join(folder, f"{chip.name}.yaml"))
-               for chip in chips]
-    for _, path in targets:
-        _check_output_file(path, "--out" if args.out is not None else "--out-dir")
-    return targets
-
-
-def _cached(path: str, cluster: ClusterSpec, chip: ChipType, model: ModelConfig, training: TrainingSpec):
-    """The profile at `path` if it was measured for exactly this chip entry, model and shape."""
-    if not os.path.exists(path):
-        return None
-    try:
-        profile = load_profile(path)
-    except UserError:
-        return None
-    return profile if profile.fingerprint == profile_fingerprint(cluster, chip, model, training) else None
-
-
-def _measure(cluster: ClusterSpec, chips: list[tuple[ChipType, str]], model: ModelConfig, training: TrainingSpec,
-             args) -> dict:
-    """Measure every (chip, TP size) on TP ranks, with one progress bar over them all. A measurement
-    whose emulated kernels ran late by more than --max-late of their time (the host could not keep up)
-    is taken again, up to --attempts times, and the least late one kept."""
-    from h2.train.progress import ProgressBar
-    from heteropp.profiling import measure_tp  # imports torch
-
-    dtype = "bfloat16" if training.activation_bytes_per_element == 2 else "float32"
-    jobs = [(chip, path, tp) for chip, path in chips for tp in chip.tp_sizes()]
-    bar = ProgressBar(len(jobs))
-    bar.update(0, chip=jobs[0][0].name if jobs else "-")
-    measured: dict[str, list[dict]] = {}
-    for done, (chip, path, tp) in enumerate(jobs, start=1):
-        directory = os.path.join(os.path.dirname(os.path.abspath(path)), "emulated-chips")
-        attempts = []
-        while len(attempts) < args.attempts and (not attempts or attempts[-1].late_fraction > args.max_late):
-            attempts.append(measure_tp(chip, model, tp, micro_batch_size=training.micro_batch_size,
-                                       seq_len=training.seq_len, dtype=dtype, device=args.device,
-                                       repeats=args.repeats, directory=directory, cluster=cluster))
-        measurement = min(attempts, key=lambda attempt: attempt.late_fraction)
-        measured.setdefault(chip.name, []).append(dataclasses.asdict(measurement))
-        bar.update(done, chip=f"{chip.name} tp {tp}")
-    return measured
-
-
-def _print_profile(profile, chip: ChipType, path: str, how: str) -> None:
-    where = describe_chip(chip) + (f", device {profile.device}" if profile.device else "")
-    state = f"up to date in {path}" if how == "cached" else f"wrote {path}"
-    print(f"profile of chip {where}: {profile.source}, {state}")
-    for line in profile.assumptions[-1:] if profile.source == "measured" else ():
-        print(f"  {line}")
-    formula = {entry.tp: entry for entry in profile.formula_layers}
-    header = f"{'tp':>3} {'fwd ms':>9} {'bwd ms':>9} {'recomp ms':>9} {'act MB':>8} {'act MB rc':>9}"
-    print(header + (f" | {'formula from tp 1: fwd ms':>25} {'bwd ms':>9} {'measured/formula':>16}" if formula else ""))
-    for entry in profile.layers:
-        line = (f"{entry.tp:>3} {entry.forward_s * 1e3:>9.2f} {entry.backward_s * 1e3:>9.2f} "
-                f"{entry.recompute_s * 1e3:>9.2f} {entry.activation_bytes / 1e6:>8.3f} "
-                f"{entry.recompute_activation_bytes / 1e6:>9.3f}")
-        if entry.tp in formula:
-            derived = formula[entry.tp]
-            ratio = entry.compute_s(False) / derived.compute_s(False)
-            line += f" | {derived.forward_s * 1e3:>25.2f} {derived.backward_s * 1e3:>9.2f} {ratio:>16.2f}"
-        print(line)
-
-
 def _cmd_profile(args) -> int:
-    cluster, model, training = _problem(args)
-    if args.repeats < 1:
-        raise UserError("--repeats: must be at least 1")
-    if args.attempts < 1:
-        raise UserError("--attempts: must be at least 1")
-    if not 0 <= args.max_late:
-        raise UserError(f"--max-late: must be a fraction >= 0, got {args.max_late}")
-    targets = _profile_targets(args, cluster)
-    if args.synthesise:
-        profiles = {chip.name: synthesise_profile(chip, model, training) for chip, _ in targets}
-        how = {chip.name: "synthesised" for chip, _ in targets}
-    else:
-        for chip, _ in targets:  # one measurement runs tp_max ranks of the chip at once
-            check_core_share([chip] * chip.tp_max, host_cores(), cluster.source,
-                             f"profiling ranks of chip '{chip.name}' at tp {chip.tp_max}")
-        profiles = {} if args.force else {chip.name: _cached(path, cluster, chip, model, training)
-                                             for chip, path in targets}
-        profiles = {name: profile for name, profile in profiles.items() if profile is not None}
-        how = {name: "cached" for name in profiles}
-        missing = [(chip, path) for chip, path in targets if chip.name not in profiles]
-        if any(chip.emulation is None for chip, _ in missing):
-            resolve_device(args.device)  # the measuring ranks would each fail on a device this host lacks
-        for name, measurements in _measure(cluster, missing, model, training, args).items() if missing else ():
-            chip = cluster.chip(name)
-            profiles[name] = measured_profile(cluster, chip, model, training, measurements, device=args.device,
-                                              repeats=args.repeats)
-            how[name] = "measured"
-    for chip, path in targets:
-        if how[chip.name] != "cached":
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            save_profile(profiles[chip.name], path)
+    problem = _problem(args)
+    options = MeasureOptions(device=args.device, repeats=args.repeats, attempts=args.attempts, max_late=args.max_late)
+    targets = profile_targets(problem.cluster, args.out_dir or cluster_folder(problem.cluster), args.chip, args.out)
+    profiled = profile_chips(problem.cluster, problem.model, problem.training, targets, options, force=args.force,
+                             synthesise=args.synthesise)
     if args.json:
-        print(json.dumps({chip.name: profiles[chip.name].to_dict() for chip, _ in targets}))
+        print(json.dumps({target.chip.name: profiled.profiles[target.chip.name].to_dict() for target in targets}))
         return 0
-    for chip, path in targets:
-        _print_profile(profiles[chip.name], chip, path, how[chip.name])
+    for target in targets:
+        name = target.chip.name
+        print(profile_report(profiled.profiles[name], target, profiled.how[name]))
     return 0
 
 
 # ---- cross-site ----------------------------------------------------------------------------------
-def _cmd_cross_site(args) -> int:
-    from heteroauto.cross_site import compare, load_scenario
+def _cross_site_scenario(args):
+    """The scenario file with the flags' link and in-flight limit applied, each flag checked."""
+    from heteroauto.cross_site import load_scenario
+
     for flag, value in (("--latency-ms", args.latency_ms), ("--bandwidth-gbps", args.bandwidth_gbps)):
         if value is not None and not (value >= 0 and math.isfinite(value)):
             raise UserError(f"{flag} must be a number >= 0, got {value:g}")
@@ -748,7 +602,13 @@ def _cmd_cross_site(args) -> int:
     scenario = load_scenario(args.scenario)
     if args.limit is not None:
         scenario = scenario.with_limit(args.limit)
-    scenario = scenario.with_link(latency_ms=args.latency_ms, bandwidth_gbps=args.bandwidth_gbps)
+    return scenario.with_link(latency_ms=args.latency_ms, bandwidth_gbps=args.bandwidth_gbps)
+
+
+def _cmd_cross_site(args) -> int:
+    from heteroauto.cross_site import compare
+
+    scenario = _cross_site_scenario(args)
     started = time.perf_counter()
     report = compare(scenario)
     elapsed = time.perf_counter() - started
@@ -769,30 +629,6 @@ def _cmd_cross_site(args) -> int:
     print(f"  jeeves saves {1 - 1 / report.speedup:.1%} against 1f1b; {report.jeeves.iteration_s / report.one_site.iteration_s:.3f}x "
           f"the one-site time; simulated in {elapsed:.1f} s")
     return 0
-
-
-# ---- for the product's commands (h2 run, h2 profile, h2 plan) --------------------------------------
-def run_profile(argv: list[str]) -> int:
-    """`heteroauto profile ARGV...` run from another command, in this process."""
-    return _cmd_profile(_parser().parse_args(["profile", *argv]))
-
-
-@dataclasses.dataclass
-class PlanningProblem:
-    """What `heteroauto search ARGV...` plans: the cluster, model and training, and the chip profiles."""
-    args: argparse.Namespace
-    cluster: ClusterSpec
-    model: ModelConfig
-    training: TrainingSpec
-
-    def profiles(self, training: TrainingSpec | None = None):
-        """The chip profiles (from --profiles, or synthesised) for `training` (default: the problem's)."""
-        return _profiles(self.args, self.cluster, self.model, training or self.training)
-
-
-def planning_problem(argv: list[str]) -> PlanningProblem:
-    args = _parser().parse_args(["search", *argv])
-    return PlanningProblem(args, *_problem(args))
 
 
 @run_cli("heteroauto")

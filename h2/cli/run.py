@@ -33,9 +33,16 @@ import statistics
 
 from h2.core import flags
 from h2.core.cluster import ClusterSpec, load_cluster
+from h2.core.emulation import describe_chip
 from h2.core.errors import UserError
-from h2.core.model_config import ModelConfig, resolve_model
+from h2.core.model_config import ModelConfig
+from h2.core.strategy import load_strategy
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
+from h2.launch.profiling_job import profile_chips
+from heteroauto.planning import PlannedStrategy, plan_strategy, replay_strategy
+from heteroauto.predicted_trace import write_strategy_trace
+from heteroauto.problem import PlanningProblem, model_for, planning_problem
+from heteroauto.profile_cache import model_folder, profile_report, profile_targets
 
 PLAN_FILE, STRATEGY_FILE, SUMMARY_FILE, PLOT_FILE = "plan.json", "strategy.yaml", "summary.json", "precision-diff.png"
 METRICS_FILE, STAGE_REPORT_FILE = "metrics.jsonl", "stage_report.json"
@@ -51,19 +58,21 @@ MB = 1e6
 
 # ---- the problem: cluster, model, folders ----------------------------------------------------------
 def _cluster_and_model(args) -> tuple[ClusterSpec, ModelConfig]:
+    """The cluster file, loaded once for the whole command, and the model (--model, else the file's)."""
     if not os.path.isfile(args.cluster):
         raise UserError(f"--cluster {args.cluster}: no such file")
     cluster = load_cluster(args.cluster)
-    if args.model is not None:
-        return cluster, resolve_model(args.model)
-    if cluster.model is None:
-        raise UserError(f"{args.cluster}: no field 'model' and no --model given")
-    return cluster, resolve_model(cluster.model)
+    return cluster, model_for(cluster, args.model)
 
 
 def profile_folder(args, cluster: ClusterSpec, model: ModelConfig) -> str:
     """The profile cache: --profiles, else profiles/<cluster name>/<model name>/ (one file per chip type)."""
-    return args.profiles or os.path.join("profiles", cluster.name, model.name)
+    return args.profiles or model_folder(cluster, model)
+
+
+def _planning_problem(cluster: ClusterSpec, model: ModelConfig, profiles: str) -> PlanningProblem:
+    """The cluster file's training for `model`, priced with the profiles in the folder `profiles`."""
+    return planning_problem(cluster, model, profile_folder=profiles)
 
 
 def _check_out(out: str, overwrite: bool) -> None:
@@ -149,80 +158,49 @@ def _write_json(path: str, data: dict) -> None:
 
 # ---- profile ----------------------------------------------------------------------------------------
 def profile(args, cluster: ClusterSpec, model: ModelConfig) -> str:
-    """Measure the chip types without an up-to-date profile in the cache (heteroauto profile); the folder."""
-    from h2.cli import heteroauto
-
+    """Measure the chip types without an up-to-date profile in the cache (as heteroauto profile does),
+    print each chip type's profile; the folder."""
     folder = profile_folder(args, cluster, model)
-    argv = ["--cluster", args.cluster, "--model", args.model or cluster.model, "--out-dir", folder]
-    heteroauto.run_profile(argv + (["--force"] if args.force_profile else []))
+    training = planning_problem(cluster, model).training
+    targets = profile_targets(cluster, folder)
+    profiled = profile_chips(cluster, model, training, targets, force=args.force_profile)
+    for target in targets:
+        name = target.chip.name
+        print(profile_report(profiled.profiles[name], target, profiled.how[name]))
     return folder
 
 
 # ---- plan -------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Plan:
-    strategy: object           # h2.core.strategy.Strategy
-    report: object             # heteroauto.evaluation.StrategyReport
-    simulation: object         # heteroauto.simulator.SimulationResult
-
-    def to_dict(self, cluster_path: str, cluster: ClusterSpec, model: ModelConfig, profiles: str) -> dict:
-        return {"cluster": cluster_path, "cluster_config": cluster_identity(cluster), "model": model.name,
-                "model_config": model.to_dict(), "profiles": profiles,
-                "strategy": STRATEGY_FILE, "schedule": self.strategy.schedule,
-                "micro_batches": self.strategy.micro_batches, "dp": self.strategy.dp,
-                "predicted": {"simulator_step_s": self.simulation.iteration_s,
-                              "cost_model_step_s": self.report.iteration_s,
-                              "stages": [{"stage": s.index, "chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers,
-                                          "recompute": s.recompute, "memory_bytes": s.memory_bytes,
-                                          "capacity_bytes": s.capacity_bytes}
-                                         for s in self.report.stages]}}
+def plan_record(plan: PlannedStrategy, cluster_path: str, cluster: ClusterSpec, model: ModelConfig,
+                profiles: str) -> dict:
+    """PLAN_FILE's content: what the plan was made for (cluster, model, profiles) and what it predicts."""
+    strategy, report = plan.strategy, plan.report
+    return {"cluster": cluster_path, "cluster_config": cluster_identity(cluster), "model": model.name,
+            "model_config": model.to_dict(), "profiles": profiles,
+            "strategy": STRATEGY_FILE, "schedule": strategy.schedule,
+            "micro_batches": strategy.micro_batches, "dp": strategy.dp,
+            "predicted": {"simulator_step_s": plan.simulation.iteration_s,
+                          "cost_model_step_s": report.iteration_s,
+                          "stages": [{"stage": s.index, "chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers,
+                                      "recompute": s.recompute, "memory_bytes": s.memory_bytes,
+                                      "capacity_bytes": s.capacity_bytes}
+                                     for s in report.stages]}}
 
 
-def make_plan(args, profiles: str) -> Plan:
+def make_plan(cluster: ClusterSpec, model: ModelConfig, profiles: str) -> PlannedStrategy:
     """HeteroAuto's search on the cluster with the profiles in `profiles`, scored by the cost model and
-    replayed by the simulator (the same calls as `heteroauto search` and `heteroauto simulate`)."""
-    from h2.cli import heteroauto
-    from h2.core.schedule import schedule_actions
-    from heteroauto.evaluation import evaluate_strategy
-    from heteroauto.search import search
-    from heteroauto.simulator import simulate
-
-    problem = heteroauto.planning_problem(["--cluster", args.cluster, "--profiles", profiles]
-                                          + (["--model", args.model] if args.model else []))
-    cluster, model, training = problem.cluster, problem.model, problem.training
-    chip_profiles = problem.profiles()
-    best = search(cluster, model, training, chip_profiles).best
-    strategy = best.to_strategy(model, training, "1f1b-split-backward" if training.alpha == 0 else "1f1b")
-    report = evaluate_strategy(strategy, cluster, model, training, chip_profiles)
-    schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
-    simulation = simulate(schedule, report.terms, keep_timeline=True)
-    return Plan(strategy, report, simulation)
+    replayed by the simulator (as `heteroauto search` and `heteroauto simulate` do)."""
+    return plan_strategy(_planning_problem(cluster, model, profiles))
 
 
-def replayed_plan(args, out: str, profiles: str) -> Plan:
+def replayed_plan(cluster: ClusterSpec, model: ModelConfig, out: str, profiles: str) -> PlannedStrategy:
     """The plan in OUT (its strategy.yaml as it is, not searched again), scored and simulated on the
     profiles in `profiles` (for a resumed run's predicted trace)."""
-    from h2.cli import heteroauto
-    from h2.core.schedule import schedule_actions
-    from h2.core.strategy import load_strategy
-    from heteroauto.evaluation import evaluate_strategy, training_for
-    from heteroauto.simulator import simulate
-
-    problem = heteroauto.planning_problem(["--cluster", args.cluster, "--profiles", profiles]
-                                          + (["--model", args.model] if args.model else []))
-    cluster, model = problem.cluster, problem.model
     path = os.path.join(out, STRATEGY_FILE)
-    strategy = load_strategy(path)
-    training = training_for(strategy, problem.training)
-    chip_profiles = problem.profiles(training)
-    report = evaluate_strategy(strategy, cluster, model, training, chip_profiles, source=path)
-    schedule = schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches)
-    return Plan(strategy, report, simulate(schedule, report.terms, keep_timeline=True))
+    return replay_strategy(_planning_problem(cluster, model, profiles), load_strategy(path), path)
 
 
-def print_plan(plan: Plan, cluster: ClusterSpec, model: ModelConfig) -> None:
-    from h2.core.emulation import describe_chip
-
+def print_plan(plan: PlannedStrategy, cluster: ClusterSpec, model: ModelConfig) -> None:
     strategy, report = plan.strategy, plan.report
     chips = {chip.name: chip for chip in cluster.chips}
     print(f"plan for model {model.name} on cluster {cluster.name}: {len(strategy.stages)} stages, dp {strategy.dp}, "
@@ -237,41 +215,40 @@ def print_plan(plan: Plan, cluster: ClusterSpec, model: ModelConfig) -> None:
           f"(cost model)", flush=True)
 
 
-def write_plan(plan: Plan, out: str, args, cluster: ClusterSpec, model: ModelConfig, profiles: str) -> None:
+def write_plan(plan: PlannedStrategy, out: str, args, cluster: ClusterSpec, model: ModelConfig, profiles: str) -> None:
     os.makedirs(out, exist_ok=True)
     plan.strategy.save(os.path.join(out, STRATEGY_FILE))
-    _write_json(os.path.join(out, PLAN_FILE), plan.to_dict(args.cluster, cluster, model, profiles))
+    _write_json(os.path.join(out, PLAN_FILE), plan_record(plan, args.cluster, cluster, model, profiles))
 
 
 # ---- train ------------------------------------------------------------------------------------------
-def train(args, out: str) -> int:
+def train(args, out: str, cluster: ClusterSpec) -> int:
     """`h2 train --strategy OUT/strategy.yaml --cluster C --out OUT` with the training flags given (and
-    --resume, --overwrite, --max-restarts)."""
+    --resume, --overwrite, --max-restarts), on the cluster file already loaded."""
     from h2.launch.pipeline_job import run_pipeline_job
 
     run = RunOptions(strategy=os.path.join(out, STRATEGY_FILE), cluster=args.cluster, out=out,
                      resume=bool(args.resume), overwrite=args.overwrite, max_restarts=args.max_restarts)
-    # the ranks read the job from these values (h2.cli.rank): exactly the options given count as given
+    # the launcher resolves the job from these values: exactly the options given count as given
     values = {**flags.given(args, TrainConfig), **flags.given(args, PipelineOptions),
               **{name: getattr(run, name) for name in ("strategy", "cluster", "out")},
               **{name: getattr(run, name) for name in ("resume", "overwrite", "max_restarts")
                  if getattr(run, name) not in (None, False)}}
     hosts = (args.nnodes, args.rdzv_endpoint) if args.nnodes > 1 else None
-    return run_pipeline_job(values, run, hosts)
+    return run_pipeline_job(values, run, hosts, cluster)
 
 
-def write_traces(folder: str, plan: Plan) -> None:
+def write_traces(folder: str, plan: PlannedStrategy) -> None:
     """FOLDER/measured.json (every rank's spans, one track per rank) beside FOLDER/predicted.json (the
     simulator's schedule for one step, one track per stage)."""
     import glob
 
-    from h2.cli.heteroauto import write_simulated_trace
     from h2.core.trace import merge_traces
 
     ranks = sorted(glob.glob(os.path.join(folder, "rank-*.json")),
                    key=lambda path: int(os.path.basename(path)[len("rank-"):-len(".json")]))
     merge_traces(ranks, os.path.join(folder, "measured.json"))
-    write_simulated_trace(os.path.join(folder, "predicted.json"), plan.simulation, plan.report, plan.strategy.schedule)
+    write_strategy_trace(os.path.join(folder, "predicted.json"), plan.simulation, plan.report, plan.strategy.schedule)
     print(f"traces: {os.path.join(folder, 'measured.json')} (one track per rank) and "
           f"{os.path.join(folder, 'predicted.json')} (the simulator's step); open them in https://ui.perfetto.dev")
 
@@ -354,35 +331,51 @@ def _reference_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, help="pass when MRE < threshold (default 0.015, the H2 paper's)")
 
 
-def _cmd_run(args) -> int:
+def _check_run_flags(args) -> None:
     if args.nnodes < 1:
         raise UserError(f"--nnodes must be at least 1, got {args.nnodes}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise UserError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (where the hosts meet)")
     if args.resume and args.overwrite:
         raise UserError("--resume continues the run in --out, --overwrite starts it over: give one")
-    cluster, model = _cluster_and_model(args)
+
+
+def _check_run_inputs(args, cluster: ClusterSpec, model: ModelConfig):
+    """--out (a run to resume, or a folder free for this one) and --reference, checked before anything
+    is written; the reference's loss log, or None."""
     if args.resume:
         check_resume(args.out, args, cluster, model)
     else:
         _check_out(args.out, args.overwrite)
-    reference = check_reference(args.reference, model) if args.reference else None
-    plan = None
-    if args.resume:   # the folder's plan as it is: no profiling, no search
+    return check_reference(args.reference, model) if args.reference else None
+
+
+def _plan_run(args, cluster: ClusterSpec, model: ModelConfig) -> tuple[str, PlannedStrategy | None]:
+    """The profile folder, and the plan profiled, searched and written to --out (None when resuming:
+    the folder's plan as it is, no profiling, no search)."""
+    if args.resume:
         profiles = _read_json(os.path.join(args.out, PLAN_FILE)).get("profiles") or profile_folder(args, cluster, model)
         print(f"resuming the run in {args.out} with its plan {os.path.join(args.out, STRATEGY_FILE)} "
               f"(not planned again)", flush=True)
-    else:
-        profiles = profile(args, cluster, model)
-        plan = make_plan(args, profiles)
-        print_plan(plan, cluster, model)
-        if not plan.report.fits:
-            raise UserError(f"{args.cluster}: the best plan does not fit the memory model (see the table above)")
-        write_plan(plan, args.out, args, cluster, model, profiles)
-        for name in (METRICS_FILE, SUMMARY_FILE, STAGE_REPORT_FILE, PLOT_FILE):  # --overwrite: the earlier run's
-            if os.path.exists(os.path.join(args.out, name)):
-                os.remove(os.path.join(args.out, name))
-    status = train(args, args.out)
+        return profiles, None
+    profiles = profile(args, cluster, model)
+    plan = make_plan(cluster, model, profiles)
+    print_plan(plan, cluster, model)
+    if not plan.report.fits:
+        raise UserError(f"{args.cluster}: the best plan does not fit the memory model (see the table above)")
+    write_plan(plan, args.out, args, cluster, model, profiles)
+    for name in (METRICS_FILE, SUMMARY_FILE, STAGE_REPORT_FILE, PLOT_FILE):  # --overwrite: the earlier run's
+        if os.path.exists(os.path.join(args.out, name)):
+            os.remove(os.path.join(args.out, name))
+    return profiles, plan
+
+
+def _cmd_run(args) -> int:
+    _check_run_flags(args)
+    cluster, model = _cluster_and_model(args)
+    reference = _check_run_inputs(args, cluster, model)
+    profiles, plan = _plan_run(args, cluster, model)
+    status = train(args, args.out, cluster)
     if status != 0:
         print(f"h2 run: training failed (exit {status}); plan in {os.path.join(args.out, PLAN_FILE)}", flush=True)
         return status
@@ -390,7 +383,7 @@ def _cmd_run(args) -> int:
         print("h2 run: this host holds no rank of the last stage; the summary is on the host that does")
         return 0
     if args.trace:
-        write_traces(args.trace, plan or replayed_plan(args, args.out, profiles))
+        write_traces(args.trace, plan or replayed_plan(cluster, model, args.out, profiles))
     print(f"summary of {args.out}:")
     return check(args.out, reference, args.threshold)
 
@@ -405,7 +398,7 @@ def _cmd_plan(args) -> int:
     cluster, model = _cluster_and_model(args)
     _check_out(args.out, args.overwrite)
     profiles = profile_folder(args, cluster, model)
-    plan = make_plan(args, profiles)
+    plan = make_plan(cluster, model, profiles)
     print_plan(plan, cluster, model)
     write_plan(plan, args.out, args, cluster, model, profiles)
     print(f"wrote {os.path.join(args.out, STRATEGY_FILE)} and {os.path.join(args.out, PLAN_FILE)}")

@@ -3,15 +3,15 @@ the chip) and keeps the least late measurement."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 
 import pytest
 
-from h2.cli import heteroauto
 from h2.core.cluster import load_cluster
+from h2.launch.profiling_job import MeasureOptions, measure
+from heteroauto.profile_cache import ProfileTarget
 from heteropp import profiling
 
 CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -40,9 +40,9 @@ def emu_slow(monkeypatch, tmp_path):
 
     def run(late_in_turn: list[float], attempts: int = 2, max_late: float = 0.1) -> tuple[dict, list[int]]:
         lateness[:] = late_in_turn
-        args = argparse.Namespace(device="cpu", repeats=1, attempts=attempts, max_late=max_late)
-        measured = heteroauto._measure(cluster, [(chip, str(tmp_path / "emu-slow.yaml"))], None,
-                                       cluster.training, args)
+        options = MeasureOptions(device="cpu", repeats=1, attempts=attempts, max_late=max_late)
+        measured = measure(cluster, [ProfileTarget(chip, str(tmp_path / "emu-slow.yaml"))], None, cluster.training,
+                           options)
         return {entry["tp"]: entry["late_fraction"] for entry in measured["emu-slow"]}, list(calls)
 
     return run

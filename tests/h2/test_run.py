@@ -250,3 +250,61 @@ def test_resume_continues_the_run_with_its_plan_and_the_checkpoint_flags(finishe
     kept = sorted(name for name in os.listdir(out / "checkpoints") if name.startswith("step_"))
     assert kept == ["step_00000005"]
     assert json.load(open(out / "summary.json"))["steps"] == 5
+
+
+# ---- the cluster file is read once per command --------------------------------------------------------
+@pytest.fixture
+def cluster_reads(monkeypatch, tmp_path):
+    """The cluster file of this test, and a count of the times it is opened."""
+    import builtins
+
+    path = write_cluster(tmp_path)
+    opened = builtins.open
+    reads = []
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.path.abspath(file) == os.path.abspath(path):
+            reads.append(file)
+        return opened(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    return path, reads
+
+
+@pytest.fixture
+def measured_instantly(monkeypatch):
+    """Measuring a chip answers at once (a fixed measurement) instead of running its ranks."""
+    from heteropp import profiling
+
+    def measure_tp(chip, model, tp, **_):
+        return profiling.TPMeasurement(tp=tp, forward_s=1e-3, backward_s=2e-3, recompute_s=1e-3,
+                                       activation_bytes=1000, recompute_activation_bytes=100, workspace_bytes=None,
+                                       update_s=1e-4, embedding_forward_s=0.0, embedding_backward_s=0.0,
+                                       head_forward_s=0.0, head_backward_s=0.0, device="dipu:0", late_fraction=0.0)
+
+    monkeypatch.setattr(profiling, "measure_tp", measure_tp)
+
+
+def test_h2_plan_reads_the_cluster_file_once(cluster_reads, tmp_path, capsys):
+    from h2.cli.main import main
+
+    path, reads = cluster_reads
+    os.makedirs(tmp_path / "profiles")
+    status = main(["plan", "--cluster", path, "--profiles", str(tmp_path / "profiles"),
+                   "--out", str(tmp_path / "plan")])
+    assert status == 0, capsys.readouterr().err
+    assert len(reads) == 1 and (tmp_path / "plan" / "strategy.yaml").exists()
+
+
+def test_h2_run_reads_the_cluster_file_once_to_profile_plan_and_launch(cluster_reads, measured_instantly, tmp_path,
+                                                                       monkeypatch, capsys):
+    from h2.cli.main import main
+    from h2.launch import launcher
+
+    path, reads = cluster_reads
+    reads_at_launch = []
+    monkeypatch.setattr(launcher, "launch", lambda *args, **kwargs: reads_at_launch.append(len(reads)) or 1)
+    status = main(["run", "--cluster", path, "--profiles", str(tmp_path / "profiles"), "--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert status == 1 and "wrote " in out and "plan for model tiny" in out, out
+    assert reads_at_launch == [1]

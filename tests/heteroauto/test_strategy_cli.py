@@ -5,8 +5,9 @@ import shutil
 import pytest
 
 from h2.core.errors import UserError
-from h2.cli import heteroauto as heteroauto_cli
 from h2.cli.heteroauto import main
+from h2.launch import profiling_job
+from heteroauto import planning
 from h2.core.strategy import load_strategy
 
 from autohelpers import CLUSTERS, STRATEGIES
@@ -257,13 +258,14 @@ def test_flags_of_the_other_search_are_refused(capsys, flags, message):
     assert code == 2 and message in err
 
 
-@pytest.mark.parametrize("args, work", [(["search", "--out", "/proc/no/such/s.yaml"], "_run_search"),
-                                        (["profile", "--synthesise", "--out-dir", "/proc/no/such"], "synthesise_profile")])
-def test_an_unwritable_output_is_refused_in_one_line_before_any_work(capsys, monkeypatch, args, work):
+@pytest.mark.parametrize("args, module, work", [
+    (["search", "--out", "/proc/no/such/s.yaml"], planning, "run_search"),
+    (["profile", "--synthesise", "--out-dir", "/proc/no/such"], profiling_job, "synthesise_profile")])
+def test_an_unwritable_output_is_refused_in_one_line_before_any_work(capsys, monkeypatch, args, module, work):
     def work_ran(*_, **__):  # the search, the profiling
         raise AssertionError(f"{work} ran before the unwritable output was refused")
 
-    monkeypatch.setattr(heteroauto_cli, work, work_ran)
+    monkeypatch.setattr(module, work, work_ran)
     code, out, err = run(capsys, args[0], "--cluster", LOCAL, *args[1:])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "cannot create folder '/proc/no" in err
 
@@ -280,3 +282,32 @@ def test_profile_on_a_device_this_host_lacks_is_one_line_before_any_rank_starts(
                  "--repeats", "1", "--out-dir", str(tmp_path / "profiles"))
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == "heteroauto: error: --device cuda: device 'cuda' is not available on this machine"
+
+
+ZORSE_FLAGS = "--memory-fraction, --ministages, --offload, --max-groups, --min-groups, --lone-group-ministages, " \
+              "--no-overlap and --grad-clip"
+
+
+@pytest.mark.parametrize("flags", [["--memory-fraction", "0.5"], ["--ministages", "2"], ["--offload", "on"],
+                                   ["--max-groups", "1"], ["--min-groups", "2"], ["--lone-group-ministages"],
+                                   ["--no-overlap"], ["--grad-clip", "0"]])
+def test_each_flag_of_the_zorse_group_is_refused_without_planner_zorse(capsys, flags):
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--no-baselines", *flags)
+    assert (code, out) == (2, "")
+    assert err.strip() == f"heteroauto: error: {ZORSE_FLAGS}: only with --planner zorse"
+
+
+@pytest.mark.parametrize("flags", [["--exhaustive"], ["--search", "paper"], ["--dp", "1"]])
+def test_the_heteroauto_search_flags_are_refused_with_planner_zorse(capsys, flags):
+    code, _, err = run(capsys, "search", "--planner", "zorse", "--cluster", LOCAL, *flags)
+    assert code == 2
+    assert err.strip() == "heteroauto: error: --exhaustive, --search and --dp: only with --planner heteroauto"
+
+
+def test_the_zorse_flags_are_one_group_of_the_search_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["search", "--help"])
+    help_text = capsys.readouterr().out
+    group = help_text[help_text.index("the Zorse planner (--planner zorse):"):]
+    assert all(flag in group for flag in ZORSE_FLAGS.replace(" and", ",").split(", "))
+    assert "--exhaustive" not in group
