@@ -3,6 +3,7 @@ import os
 import shutil
 
 import pytest
+import yaml
 
 from h2.core.errors import UserError
 from h2.cli import heteroauto as heteroauto_cli
@@ -156,11 +157,24 @@ def test_model_that_fits_nowhere_exits_2_with_the_tightest_constraint(capsys):
 
 
 def test_profile_synthesise_writes_a_profile_the_search_accepts(capsys, tmp_path):
-    path = str(tmp_path / "p.yaml")
-    code, out, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "emu-big", "--synthesise", "--out", path)
+    path = tmp_path / "p.yaml"
+    code, out, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "emu-big", "--synthesise", "--out",
+                         str(path))
     assert code == 0, err
-    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--profile", path, "--json", "--no-baselines")
-    assert code == 0, err
+    profile = yaml.safe_load(path.read_text())
+    assert (profile["chip"], profile["source"]) == ("emu-big", "synthesised")
+    assert [layer["tp"] for layer in profile["layers"]] == [1, 2]
+
+    def searched_iteration_s():
+        code, out, err = run(capsys, "search", "--cluster", LOCAL, "--profile", str(path), "--json", "--no-baselines")
+        assert code == 0, err
+        return json.loads(out)["iteration_s"]
+
+    as_written = searched_iteration_s()
+    for layer in profile["layers"]:
+        layer["backward_s"] *= 10
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    assert searched_iteration_s() > as_written  # the search plans with the profile's times
 
 
 def test_profile_of_an_unknown_chip_exits_2(capsys, tmp_path):
