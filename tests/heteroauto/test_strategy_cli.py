@@ -236,8 +236,11 @@ def test_a_stage_with_half_the_replicas_does_twice_the_work_per_micro_batch_on_h
         assert after["busy_s"] == pytest.approx(2 * before["busy_s"])
         assert after["memory_gb"] > before["memory_gb"]
     assert halved["stages"][0]["busy_s"] == pytest.approx(uniform["stages"][0]["busy_s"])
-    chips = lambda result: result["tokens_per_chip_s"] * result["iteration_s"]  # tokens per chip per iteration
-    assert chips(uniform) / chips(halved) == pytest.approx((16 + 16 + 16) / (16 + 32 + 32))
+    def tokens_per_chip_per_iteration(result):
+        return result["tokens_per_chip_s"] * result["iteration_s"]
+
+    assert tokens_per_chip_per_iteration(uniform) / tokens_per_chip_per_iteration(halved) == pytest.approx(
+        (16 + 16 + 16) / (16 + 32 + 32))
 
 
 def test_paper_cost_model_reproduces_the_documented_exp_a1_speedup_ratio(capsys):
