@@ -15,16 +15,22 @@ fi
 
 status=0
 echo "[lint] ruff check"
-"$ruff" check --quiet . || status=1
+"$ruff" check --quiet --output-format concise . || status=1
 echo "[lint] ruff format --check"
-"$ruff" format --check --quiet . || status=1
+"$ruff" format --check --quiet --output-format concise . || status=1
 
 cpp_files=()
 while IFS= read -r -d '' file; do cpp_files+=("$file"); done < <(find csrc \( -name '*.cc' -o -name '*.cpp' -o -name '*.h' \) -print0 | sort -z)
 if command -v clang-format >/dev/null; then
   echo "[lint] clang-format --dry-run on ${#cpp_files[@]} files in csrc/"
-  clang-format --dry-run -Werror "${cpp_files[@]}" || status=1
+  if ! clang_out="$(clang-format --dry-run -Werror "${cpp_files[@]}" 2>&1)"; then
+    grep ': error: ' <<<"$clang_out" || echo "$clang_out"  # one line per place, without the quoted source
+    status=1
+  fi
 else
   echo "[lint] skipped clang-format (not installed; scripts/bootstrap.sh installs it as root)"
+fi
+if [ "$status" -ne 0 ]; then
+  echo "[lint] failed: \`ruff check --fix . && ruff format .\` and \`clang-format -i\` fix most of it; the rest is by hand" >&2
 fi
 exit "$status"
