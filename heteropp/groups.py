@@ -79,7 +79,6 @@ class RankGroups:
     wrap: dist.ProcessGroup | None        # last stage and stage 0 (ministages' wrap-around), this rank in either
     everyone: dist.ProcessGroup           # all ranks, cross-stage backend (global gradient norm)
     tp_ranks: list[int]
-    dp_ranks: list[int]
 
 
 def group_options(backend: str, members: list[int], links: RankLinks | None):
@@ -133,4 +132,4 @@ def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p
     everyone = dist.new_group(world, backend=p2p_backend, pg_options=group_options(p2p_backend, world, links))
     return RankGroups(place=place, tp=mine["tp"], dp=mine["dp"], next_boundary=mine["next"],
                       prev_boundary=mine["prev"], wrap=mine["wrap"], everyone=everyone,
-                      tp_ranks=stage.tp_group(place.dp_index), dp_ranks=stage.dp_group(place.tp_index))
+                      tp_ranks=stage.tp_group(place.dp_index))

@@ -117,7 +117,6 @@ class P2P:
         RankLinks.to); None: unpaced."""
         self.stage_through_host = stage_through_host
         self.bytes_sent = 0
-        self.messages_sent = 0
         self._pacer = LinkPacer(link_to) if link_to is not None else None
         self._pending_sends: list[tuple[dist.Work | _PacedSend, torch.Tensor]] = []
 
@@ -128,7 +127,6 @@ class P2P:
         work = self._pacer.post(post, dst, nbytes) if self._pacer is not None else post()
         self._pending_sends.append((work, tensor))
         self.bytes_sent += nbytes
-        self.messages_sent += 1
 
     def recv(self, buffer: torch.Tensor, src: int, group, tag: int):
         """Post a receive into `buffer`; returns something with `wait()`."""

@@ -12,10 +12,11 @@ torch_version="${H2_TORCH_VERSION:-2.13.0}"
 python="${PYTHON:-python3}"
 
 # System packages: the rdma-core headers and libraries, so the ibverbs transport always compiles,
-# pyverbs, which the tests use to cross-check DiComm's RDMA probe, and OpenSSL's libcrypto headers
-# (DiComm's setup handshake proves the job token with HMAC-SHA256). Installed only as root (CI and
-# the development machines are root); otherwise say what was skipped and build without them.
-system_packages=(libibverbs-dev librdmacm-dev rdma-core python3-pyverbs libssl-dev)
+# pyverbs, which the tests use to cross-check DiComm's RDMA probe, OpenSSL's libcrypto headers
+# (DiComm's setup handshake proves the job token with HMAC-SHA256), GoogleTest (DiComm's C++ unit tests)
+# and clang-format (scripts/lint.sh checks csrc/ with it). Installed only as root (CI and the development
+# machines are root); otherwise say what was skipped and build without them.
+system_packages=(libibverbs-dev librdmacm-dev rdma-core python3-pyverbs libssl-dev libgtest-dev clang-format)
 missing_packages=()
 for package in "${system_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing_packages+=("$package")
@@ -28,7 +29,8 @@ if [ "${#missing_packages[@]}" -gt 0 ]; then
   else
     echo "[bootstrap] skipped system packages ${missing_packages[*]} (needs root and apt-get):" \
          "the ibverbs transport is not compiled and the pyverbs cross-check is skipped;" \
-         "without libssl-dev DiComm does not build"
+         "without libssl-dev DiComm does not build, without libgtest-dev scripts/test.sh cannot build its C++ unit tests," \
+         "without clang-format scripts/lint.sh does not check csrc/"
   fi
 fi
 
@@ -48,6 +50,12 @@ build_and_test_deps=(numpy pyyaml "pybind11>=2.12" "scikit-build-core>=0.10" nin
 if ! "$py" -c "import numpy, yaml, pybind11, scikit_build_core, ninja, pytest, pytest_benchmark, hypothesis, expecttest, matplotlib, tensorboardX, grpc, zmq, networkx" 2>/dev/null; then
   echo "[bootstrap] installing build and test dependencies"
   "${pip[@]}" "${build_and_test_deps[@]}"
+fi
+# ruff is pinned: another version may format or lint differently and fail scripts/lint.sh on unchanged code.
+ruff_version=0.17.5
+if [ "$("$venv/bin/ruff" --version 2>/dev/null)" != "ruff $ruff_version" ]; then
+  echo "[bootstrap] installing ruff==$ruff_version"
+  "${pip[@]}" "ruff==$ruff_version"
 fi
 echo "[bootstrap] building and installing h2 (editable)"
 "${pip[@]}" --no-build-isolation --no-deps --editable "$root"

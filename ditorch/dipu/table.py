@@ -15,9 +15,6 @@ class TableEntry:
     diopi: str         # DIOPI function name
     opinfo: tuple      # OpInfo names whose samples exercise it
 
-    def implemented_by_vendor(self) -> bool:
-        return _C._vendor_implements(self.diopi)
-
 
 def diopi_table() -> list[TableEntry]:
     with open(TABLE_PATH) as f:

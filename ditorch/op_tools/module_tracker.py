@@ -102,8 +102,3 @@ def _label_backward_nodes(output, path: str, stop: dict) -> None:
 
 
 TRACKER = _ModuleTracker()
-
-
-def current_module_path() -> str:
-    """The innermost module running now ('' outside any module or with no tool active)."""
-    return TRACKER.current_path() if TRACKER.active else ""

@@ -18,7 +18,6 @@ from h2.core.errors import UserError
 from h2.core.training import TrainConfig, option
 
 MODES = ("sync", "async", "dips")
-OUTLIERS = ("none", "scale", "nan")
 
 
 @dataclass

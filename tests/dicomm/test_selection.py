@@ -80,10 +80,13 @@ def test_a_malformed_environment_value_names_the_variable(monkeypatch):
         dicomm.Endpoint(dicomm.FileStore(tempfile.mkdtemp()), 0, 1)
 
 
-def test_the_api_argument_overrides_the_environment(monkeypatch):
-    monkeypatch.setenv("DICOMM_TRANSPORT", "shm")
-    endpoint = dicomm.Endpoint(dicomm.FileStore(tempfile.mkdtemp()), 0, 1, transport="tcp")
-    endpoint.close()
+def test_the_api_argument_overrides_the_environment():
+    tcp_by_environment = {"DICOMM_TRANSPORT": "tcp"}
+    listener, dialler = run("echo", transport="auto", env=tcp_by_environment, token="t")
+    assert listener["transport"] == dialler["transport"] == "tcp", "on one host only the environment selects tcp"
+    listener, dialler = run("echo", transport="shm", env=tcp_by_environment, token="t")
+    assert listener.get("data") == "hello", listener
+    assert listener["transport"] == dialler["transport"] == "shm"
 
 
 def test_sending_to_oneself_or_outside_the_world_is_refused():

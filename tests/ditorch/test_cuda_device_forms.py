@@ -31,7 +31,16 @@ def test_set_device_takes_every_form(device):
     "get_device_capability", "mem_get_info", "get_rng_state"])
 @pytest.mark.parametrize("device", ["cuda", "cuda:1", torch.device("cuda", 1)], ids=str)
 def test_device_queries_take_cuda_names(name, device):
-    getattr(torch.cuda, name)(device)
+    named_index = 0 if device == "cuda" else 1
+    on_device_1 = torch.empty(1 << 20, dtype=torch.uint8, device="dipu:1")  # device 1's memory answers differ
+    answer = comparable(getattr(torch.cuda, name)(device))
+    assert answer == comparable(getattr(torch.cuda, name)(torch.device("dipu", named_index)))
+    del on_device_1
+
+
+def comparable(answer):
+    """A query's answer in a form `==` compares by value (RNG states are tensors, properties have no __eq__)."""
+    return answer.tolist() if isinstance(answer, torch.Tensor) else repr(answer)
 
 
 @pytest.mark.parametrize("device", FORMS_OF_DEVICE_1, ids=str)

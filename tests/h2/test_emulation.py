@@ -59,7 +59,9 @@ def test_a_bad_emulation_section_is_one_line_naming_file_and_field(tmp_path, ext
 
 def test_the_rule_admits_speeds_summing_to_the_limit_of_the_host_cores(tmp_path):
     (emulated,) = load_cluster(cluster_file(tmp_path, chip(count=4))).chips
-    check_core_share([emulated] * 4, cores=2, where="c.yaml")  # 4 x 0.25 = 1.0 = 0.5 x 2
+    ranks = [emulated] * 4
+    assert emulated.emulation.relative_speed * len(ranks) == CORE_SHARE_LIMIT * 2  # 4 x 0.25 = 0.5 x 2: the limit
+    assert check_core_share(ranks, cores=2, where="c.yaml") is None  # admitted: no error
 
 
 def test_the_rule_refuses_ranks_claiming_more_than_its_share_of_the_cores(tmp_path):

@@ -1,11 +1,14 @@
 """Infinite, NaN, huge and zero inputs: one line naming what is wrong, exit 2, and never a hang."""
 
+import json
+import math
 import os
 import time
 
 import pytest
 
 from h2.cli.heteroauto import main
+from h2.core.model_config import preset
 
 from autohelpers import CLUSTERS
 
@@ -25,12 +28,18 @@ def cluster_text(chip_field: str = "", training: str = TRAINING) -> str:
 
 
 def run_quickly(capsys, *argv):
+    code, captured = run_timed(capsys, *argv)
+    return code, captured.err
+
+
+def run_timed(capsys, *argv):
+    """The exit code and captured output of `heteroauto *argv`, which must take under 20 s of CPU."""
     started = time.process_time()
     code = main(list(argv))
     took = time.process_time() - started
     captured = capsys.readouterr()
     assert took < 20, f"took {took:.1f} s CPU"
-    return code, captured.err
+    return code, captured
 
 
 def assert_one_line_exit_2(code, err, *fragments):
@@ -111,8 +120,13 @@ def test_a_strategy_with_more_micro_batches_than_a_replay_takes_is_refused(capsy
 
 def test_a_prime_global_batch_of_a_billion_sequences_is_planned_at_once(capsys, write):
     path = write("c.yaml", cluster_text(training="training: {seq_len: 256, global_batch_sequences: 1000000007}\n"))
-    code, err = run_quickly(capsys, "search", "--cluster", path, "--model", "small", "--no-baselines", "--json")
-    assert code == 0, err
+    code, captured = run_timed(capsys, "search", "--cluster", path, "--model", "small", "--no-baselines", "--json")
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    strategy = result["strategy"]
+    assert strategy["dp"] * strategy["micro_batches"] * strategy["micro_batch_size"] == 1000000007
+    assert sum(stage["layers"] for stage in strategy["stages"]) == preset("small").num_layers
+    assert result["optimal"] and math.isfinite(result["iteration_s"]) and result["iteration_s"] > 0
 
 
 def test_a_model_deeper_than_the_planner_takes_is_refused(capsys, write):

@@ -3,6 +3,7 @@ import os
 import shutil
 
 import pytest
+import yaml
 
 from h2.core.errors import UserError
 from h2.cli.heteroauto import main
@@ -157,11 +158,24 @@ def test_model_that_fits_nowhere_exits_2_with_the_tightest_constraint(capsys):
 
 
 def test_profile_synthesise_writes_a_profile_the_search_accepts(capsys, tmp_path):
-    path = str(tmp_path / "p.yaml")
-    code, out, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "emu-big", "--synthesise", "--out", path)
+    path = tmp_path / "p.yaml"
+    code, out, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "emu-big", "--synthesise", "--out",
+                         str(path))
     assert code == 0, err
-    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--profile", path, "--json", "--no-baselines")
-    assert code == 0, err
+    profile = yaml.safe_load(path.read_text())
+    assert (profile["chip"], profile["source"]) == ("emu-big", "synthesised")
+    assert [layer["tp"] for layer in profile["layers"]] == [1, 2]
+
+    def searched_iteration_s():
+        code, out, err = run(capsys, "search", "--cluster", LOCAL, "--profile", str(path), "--json", "--no-baselines")
+        assert code == 0, err
+        return json.loads(out)["iteration_s"]
+
+    as_written = searched_iteration_s()
+    for layer in profile["layers"]:
+        layer["backward_s"] *= 10
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    assert searched_iteration_s() > as_written  # the search plans with the profile's times
 
 
 def test_profile_of_an_unknown_chip_exits_2(capsys, tmp_path):
@@ -223,8 +237,11 @@ def test_a_stage_with_half_the_replicas_does_twice_the_work_per_micro_batch_on_h
         assert after["busy_s"] == pytest.approx(2 * before["busy_s"])
         assert after["memory_gb"] > before["memory_gb"]
     assert halved["stages"][0]["busy_s"] == pytest.approx(uniform["stages"][0]["busy_s"])
-    chips = lambda result: result["tokens_per_chip_s"] * result["iteration_s"]  # tokens per chip per iteration
-    assert chips(uniform) / chips(halved) == pytest.approx((16 + 16 + 16) / (16 + 32 + 32))
+    def tokens_per_chip_per_iteration(result):
+        return result["tokens_per_chip_s"] * result["iteration_s"]
+
+    assert tokens_per_chip_per_iteration(uniform) / tokens_per_chip_per_iteration(halved) == pytest.approx(
+        (16 + 16 + 16) / (16 + 32 + 32))
 
 
 def test_paper_cost_model_reproduces_the_documented_exp_a1_speedup_ratio(capsys):

@@ -65,12 +65,14 @@ def test_replay_reports_a_changed_output_with_exit_1(tmp_path, capsys):
     assert replay([capture.saved[0]]) == 0  # one call folder on its own
 
 
-def test_replay_captured_in_place_op_with_memory_format_argument(tmp_path):
+def test_replay_captured_in_place_op_with_memory_format_argument(tmp_path, capsys):
     x = torch.randn(3, 3)
-    with OpCapture(str(tmp_path / "c"), ["add_", "clone"], report=None):
+    with OpCapture(str(tmp_path / "c"), ["add_", "clone"], report=None) as capture:
         x.add_(1.0)
         x.clone(memory_format=torch.contiguous_format)
+    assert len(capture.saved) == 2
     assert replay([str(tmp_path / "c")]) == 0
+    assert "replayed 2 op calls on cpu: 2 match, 0 differ or failed" in capsys.readouterr().out
 
 
 def test_bad_capture_folders_are_rejected_with_exit_2(tmp_path, capsys):

@@ -163,10 +163,13 @@ def test_binary_file_is_bad_input(tmp_path, reference, capsys):
     assert "not a text file" in capsys.readouterr().err
 
 
-def test_non_finite_loss_outside_the_compared_steps_is_ignored(tmp_path, reference):
+def test_non_finite_loss_outside_the_compared_steps_is_ignored(tmp_path, reference, capsys):
     records = loss_curve(120)
     candidate = write_jsonl(tmp_path / "c.jsonl", records[:50] + [(51, float("nan"))])
-    assert precision_diff(["--reference", reference, "--candidate", candidate, "--steps", "50"]) == 0
+    assert precision_diff(["--reference", reference, "--candidate", candidate, "--steps", "50", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["first_step"], result["last_step"], result["steps"]) == (1, 50, 50)
+    assert result["passed"] and result["mre"] == 0.0 and result["max_relative_error"] == 0.0
 
 
 def test_zero_reference_loss_is_bad_input(tmp_path):
