@@ -213,7 +213,7 @@ def sites_from_list(data, source: str) -> tuple[tuple[str, LinkOverride], ...]:
         else:
             raise UserError(f"{source}: field 'sites' must be {shape}, got {data!r}")
         if name in sites:
-            raise UserError(f"{where}: field 'name': site '{name}' listed twice")
+            raise UserError(f"{source}: field 'sites' must list distinct site names, got {data!r}")
         sites[name] = link
     return tuple(sites.items())
 
