@@ -29,9 +29,9 @@ from h2.core.links import Link, Location, link_between, placement_of
 class Machine:
     index: int
     name: str
-    region: str
+    region: str               # the node's site (h2.core.placement; "regions" in the planner's output)
     chips: tuple[str, ...]    # each GPU's chip type
-    link_gbps: float          # between two of its GPUs
+    bandwidth_gbps: float     # between two of its GPUs (the node's)
 
     @property
     def gpus(self) -> int:

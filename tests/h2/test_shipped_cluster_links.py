@@ -66,7 +66,7 @@ def link_table(path: str) -> dict[str, list]:
         for a, b in itertools.combinations_with_replacement(machines, 2):
             link = link_of(cluster, a, b)
             table[f"zorse {a.name}|{b.name}"] = [link.bandwidth_gbps, link.latency_us]
-        table["machines"] = [[m.name, m.region, list(m.chips), m.link_gbps] for m in machines]
+        table["machines"] = [[m.name, m.region, list(m.chips), m.bandwidth_gbps] for m in machines]
     return table
 
 
