@@ -59,7 +59,8 @@ def describe_chip(chip: ChipType) -> str:
 
 
 def host_vendor_settings(chip: ChipType) -> dict:
-    """The DIPU host vendor profile (csrc/dipu/vendor/host) that emulates `chip`: one device per rank."""
+    """The settings the DIPU host vendor (csrc/dipu/vendor/host) emulates `chip` with, one device per rank
+    (written as the vendor's profile file, DIPU_HOST_PROFILE: not a planner's profile)."""
     emulation = chip.emulation
     settings = {"name": chip.name, "description": f"emulated chip {chip.name}", "device_count": 1,
                 "memory_capacity": str(int(chip.memory_gb * 1e9)), "relative_speed": emulation.relative_speed,

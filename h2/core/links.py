@@ -61,28 +61,30 @@ def placement_of(cluster: ClusterSpec) -> Placement:
 
 @dataclass(frozen=True)
 class Location:
-    """Where a rank sits: its chip type, the node (numbered per chip type) and the site."""
+    """Where a rank sits: its chip type, its node and its site. Where the cluster file names its nodes,
+    `node_name` is the node's name and `node` its index in the file; else `node` counts the nodes of
+    the chip type."""
     chip: str
     node: int
     site: str | None = None
-    host: str | None = None     # the cluster file's node that holds the chip, where it names nodes (site: its site)
+    node_name: str | None = None
 
     def describe(self) -> str:
-        if self.host is not None:
-            return f"node {self.host} in site {self.site}"
+        if self.node_name is not None:
+            return f"node {self.node_name} in site {self.site}"
         site = f" at site {self.site}" if self.site else ""
         return f"{self.chip} node {self.node}{site}"
 
     @property
     def machine(self):
-        """What identifies the machine the rank runs on: the named node, else the whole location."""
-        return self if self.host is None else (self.host, self.site)
+        """What identifies the node the rank runs on: the named node, else the whole location."""
+        return self if self.node_name is None else (self.node_name, self.site)
 
 
 def link_class(a: Location, b: Location) -> str:
     """The class of the link between two ranks' locations."""
-    if a.host is not None and b.host is not None:
-        if a.host == b.host:
+    if a.node_name is not None and b.node_name is not None:
+        if a.node_name == b.node_name:
             return "intra_node"
         return "inter_node" if a.site == b.site else "inter_site"
     if a.site != b.site:
@@ -105,9 +107,9 @@ def _default_link(link_class_name: str, chip_a: ChipType, chip_b: ChipType) -> L
 def link_between(cluster: ClusterSpec, a: Location, b: Location) -> tuple[str, Link]:
     """The class of the link joining two locations of `cluster`, and its bandwidth and latency."""
     name = link_class(a, b)
-    if a.host is not None and b.host is not None:
+    if a.node_name is not None and b.node_name is not None:
         latency = max(cluster.chip(a.chip).latency_us, cluster.chip(b.chip).latency_us)
-        return name, placement_of(cluster).node_link(a.host, b.host, latency)
+        return name, placement_of(cluster).node_link(a.node_name, b.node_name, latency)
     default = _default_link(name, cluster.chip(a.chip), cluster.chip(b.chip))
     link = cluster.links.override(name).over(default)
     if name == "inter_site":
@@ -173,7 +175,7 @@ def _placed_locations(strategy: "Strategy", cluster: ClusterSpec, source: str) -
             raise UserError(f"{source}: field 'stages': uses more chips of type '{chip_name}' than cluster "
                             f"{cluster.source} places on its nodes")
         gpu = free[chip_name].pop(0)
-        locations.append(Location(chip_name, node_index[gpu.node], gpu.site, host=gpu.node))
+        locations.append(Location(chip_name, node_index[gpu.node], gpu.site, node_name=gpu.node))
     return locations
 
 

@@ -33,8 +33,8 @@ def placed_rank_links(cluster: ClusterSpec) -> dict[str, list]:
     ranks = list({(gpu.node, gpu.chip): gpu for gpu in placement.gpus()}.values())
     table = {}
     for a, b in itertools.combinations_with_replacement(ranks, 2):
-        name, link = link_between(cluster, Location(a.chip, index[a.node], a.site, host=a.node),
-                                  Location(b.chip, index[b.node], b.site, host=b.node))
+        name, link = link_between(cluster, Location(a.chip, index[a.node], a.site, node_name=a.node),
+                                  Location(b.chip, index[b.node], b.site, node_name=b.node))
         table[f"rank {a.node}/{a.chip}|{b.node}/{b.chip}"] = [name, link.bandwidth_gbps, link.latency_us]
     return table
 

@@ -259,7 +259,7 @@ def test_the_gpipe_schedule_is_one_ministage_of_gpipe_ministages():
 def test_each_rank_takes_the_next_chip_of_its_type_in_the_files_node_order(tmp_path):
     cluster = load_cluster(write_cluster(tmp_path, PLACED))   # a0: 4 A100; a1: 2 A100 and 2 T4
     strategy = zorse_strategy(stage={"chips": ["T4", "A100"]})
-    assert [location.host for location in rank_locations(strategy, cluster)] == ["a1", "a0"]
+    assert [location.node_name for location in rank_locations(strategy, cluster)] == ["a1", "a0"]
 
 
 def test_two_ranks_on_one_named_node_are_one_emulated_machine_joined_at_the_nodes_link(tmp_path):
