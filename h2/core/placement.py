@@ -290,14 +290,6 @@ class Placement:
                 if (bandwidth := self.bandwidth_gbps(a, b)) > 0]
 
 
-def _positive(value, where: str, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f"{where}: field '{name}' must be a number of GB/s, got {value!r}")
-    if not (value > 0 and math.isfinite(value)):
-        raise UserError(f"{where}: field '{name}' must be a positive number of GB/s, got {value}")
-    return float(value)
-
-
 def _mapping(entry, where: str, known: tuple[str, ...]) -> dict:
     if not isinstance(entry, dict):
         raise UserError(f"{where}: expected a mapping, got {entry!r}")
@@ -336,11 +328,9 @@ def _node_from_mapping(entry, where: str, source: str, prefix: str, chips: dict[
             raise UserError(f"{where}: field 'chips': unknown chip type '{chip}' (known: {', '.join(chips)})")
         if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
             raise UserError(f"{where}: field 'chips.{chip}' must be a positive count, got {count!r}")
-    bandwidth = (_positive(entry["bandwidth_gbps"], where, "bandwidth_gbps") if "bandwidth_gbps" in entry
-                 else min(chips[chip][1] for chip in counts))
-    latency = _override_from_mapping({"latency_us": entry["latency_us"]}, where).latency_us \
-        if "latency_us" in entry else None
-    return Node(name, site, tuple(counts.items()), bandwidth, latency)
+    link = _override_from_mapping({field: entry[field] for field in _LINK_FIELDS if field in entry}, where)
+    bandwidth = link.bandwidth_gbps if link.bandwidth_gbps is not None else min(chips[chip][1] for chip in counts)
+    return Node(name, site, tuple(counts.items()), bandwidth, link.latency_us)
 
 
 def placement_from_mapping(data: dict, chips: dict[str, tuple[int, float, float]],
