@@ -33,6 +33,7 @@ Pure Python: no torch, nothing of the project above core; imports h2.core.cluste
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -55,8 +56,14 @@ def placement_of(cluster: ClusterSpec) -> Placement:
     chip type filling its own nodes of chips_per_node in one site (h2.core.placement)."""
     if cluster.placed is not None:
         return cluster.placed
-    return default_placement([(c.name, c.count, c.chips_per_node, c.intra_node_gbps, c.inter_node_gbps)
-                              for c in cluster.chips])
+    return _filled_placement(tuple((chip.name, chip.count, chip.chips_per_node, chip.intra_node_gbps,
+                                    chip.inter_node_gbps) for chip in cluster.chips))
+
+
+@functools.lru_cache(maxsize=64)
+def _filled_placement(chips: tuple[tuple[str, int, int, float, float], ...]) -> Placement:
+    """Computed once per set of chip types (the planner asks for every pair of machines)."""
+    return default_placement(list(chips))
 
 
 @dataclass(frozen=True)

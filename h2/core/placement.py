@@ -55,6 +55,7 @@ A leaf: imports only h2.core.errors.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -241,7 +242,7 @@ class Gpu:
 class Placement:
     """Every chip on its node, every node in its site, and the link of each level (module doc)."""
     nodes: tuple[Node, ...]
-    sites: tuple[tuple[str, LinkOverride], ...]                    # between nodes of the site; bandwidth set
+    site_links: tuple[tuple[str, LinkOverride], ...]               # between nodes of the site; bandwidth set
     site_pairs: tuple[tuple[frozenset, LinkOverride], ...] = ()    # between two sites' nodes; bandwidth set
 
     def gpus(self) -> list[Gpu]:
@@ -254,19 +255,21 @@ class Placement:
 
     @property
     def site_names(self) -> list[str]:
-        return [name for name, _ in self.sites]
+        return [name for name, _ in self.site_links]
 
-    def node(self, name: str) -> Node:
-        return next(node for node in self.nodes if node.name == name)
+    @functools.cached_property
+    def _by_name(self) -> tuple[dict[str, Node], dict[str, LinkOverride], dict[frozenset, LinkOverride]]:
+        return {node.name: node for node in self.nodes}, dict(self.site_links), dict(self.site_pairs)
 
     def level_link(self, node_a: str, node_b: str) -> LinkOverride | None:
         """The link of the level joining chips on two nodes (None: two sites without a direct link)."""
-        a, b = self.node(node_a), self.node(node_b)
+        nodes, sites, pairs = self._by_name
+        a, b = nodes[node_a], nodes[node_b]
         if a.name == b.name:
             return LinkOverride(a.bandwidth_gbps, a.latency_us)
         if a.site == b.site:
-            return dict(self.sites)[a.site]
-        return dict(self.site_pairs).get(frozenset((a.site, b.site)))
+            return sites[a.site]
+        return pairs.get(frozenset((a.site, b.site)))
 
     def bandwidth_gbps(self, a: Gpu, b: Gpu) -> float:
         """The bandwidth joining two chips (0.0: no direct link)."""
