@@ -5,7 +5,8 @@ each chip type fill its own nodes in one site).
 A machine is one node of the placement (its `region` is the node's site). Two GPUs of one machine are
 joined at the node's bandwidth, of two machines at their site's or their site pair's. A link inside a
 site takes the larger latency_us of the chips it joins; a link between sites the `links: inter_site`
-latency where the file gives one (else the same); a latency the placement gives wins. Between two
+latency where the file gives one (else the same); a latency the placement writes on the node, the
+site or the site pair replaces both. Between two
 machines a link is also no faster than the class the emulated links pace it by (h2.core.links).
 
 The graph has one vertex per machine and an edge between every two linked machines weighted by the
@@ -68,7 +69,7 @@ def link_of(cluster: ClusterSpec, a: Machine, b: Machine) -> Link:
     level = _level_link(cluster, a, b)
     if level is not None and level.latency_us is not None:
         latency = level.latency_us
-    bandwidth = _bandwidth_gbps(cluster, a, b)
+    bandwidth = 0.0 if level is None else level.bandwidth_gbps
     if a.index != b.index:
         _, paced = link_between(cluster, Location(a.chips[0], a.index), Location(b.chips[0], b.index))
         bandwidth, latency = min(bandwidth, paced.bandwidth_gbps), max(latency, paced.latency_us)
