@@ -2,7 +2,11 @@
 
 errors (the one user error and CLI runner), config_io and flags (YAML into dataclasses, flags from
 dataclasses, job files), model_config (the model's shape and exact accounting), cluster (the cluster
-file), links (link classes between ranks and the arrival rule of link emulation), strategy (the strategy file), schedule (the pipeline schedule IR), jeeves (JEEVES's schedule generator for pipelines across sites), training (the job's
+file's spec and loader; it imports only the leaves chip_type, a chip type and its emulation section, and
+placement, where chips sit: a node within a site, a link per level), links (the queries over a loaded
+cluster: its nodes, the link between two ranks, the arrival rule of link emulation), emulation (the
+trust rule and the host vendor's settings of emulated chips), strategy (the strategy file), schedule
+(the pipeline schedule IR), training (the job's
 configs), devices (device names, which collective backend serves a device type), ranks (one function
 run as N local processes: the launcher of the multi-process tests and benchmarks).
 

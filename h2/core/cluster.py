@@ -1,27 +1,30 @@
-"""Cluster and training specs: what the planner is given, validated on load.
+"""The cluster file: its top-level spec and loader; the training spec it may carry.
 
-A cluster file lists chip types (inline, or `from: chips/x.yaml` relative to the cluster file,
-plus `count`) and may carry a `training` section (global batch, sequence length, ...), a `links`
-section (bandwidth and latency per link class; h2.core.links), a `sites` list naming the sites
-(datacenters) that stages may name besides their chip types' own `site`, and `nodes`, `regions`,
-`region_links` sections (where each chip sits and the node- and region-level bandwidths;
-h2.core.cluster_graph).
+A cluster file lists chip types (inline, or `from: chips/x.yaml` relative to the cluster file, plus
+`count`; h2.core.chip_type) and may carry a `training` section (global batch, sequence length, ...)
+and the sections that say where its chips sit and the link of each level (`nodes`, `sites`, `links`;
+h2.core.placement). The queries over a whole loaded cluster (the nodes of a cluster, the link between
+two ranks) are in h2.core.links, which imports this module.
 Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, TFLOPS in 10^12/s.
+
+Imports only leaves: h2.core.errors, config_io, chip_type and placement.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 from dataclasses import dataclass
 
-from h2.core.cluster_graph import ClusterGraph, default_graph, graph_from_mapping
+from h2.core.chip_type import ChipType, check_range
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
-from h2.core.emulation import ChipEmulation
 from h2.core.errors import UserError
-from h2.core.links import LinkSection, links_from_mapping
+from h2.core.placement import (LinkSection, Placement, links_from_mapping, placement_from_mapping, refuse_renamed,
+                               sites_from_list)
+
+__all__ = ["ChipType", "ClusterSpec", "TrainingSpec", "check_range", "load_cluster", "parse_count",
+           "training_from_mapping"]
 
 _SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
 
@@ -49,75 +52,6 @@ def parse_count(text: str | int, what: str) -> int:
     if not 0 < value <= MAX_COUNT:
         raise UserError(f"{what}: must be between 1 and {MAX_COUNT}, got {text!r}")
     return value
-
-
-def check_range(value: float, low: float, high: float, where: str, name: str) -> None:
-    """One line naming the field when a number is not finite or lies outside [low, high]."""
-    if low == 0 and value < 0:
-        raise UserError(f"{where}: field '{name}' must not be negative, got {value}")
-    if low > 0 and value <= 0:
-        raise UserError(f"{where}: field '{name}' must be positive, got {value}")
-    if not (math.isfinite(value) and low <= value <= high):
-        raise UserError(f"{where}: field '{name}' must be between {low:g} and {high:g}, got {value}")
-
-
-@dataclass(frozen=True)
-class ChipType:
-    name: str
-    count: int
-    memory_gb: float
-    chips_per_node: int
-    tp_max: int
-    intra_node_gbps: float
-    inter_node_gbps: float
-    latency_us: float = 10.0
-    usable_memory_fraction: float = 0.9
-    peak_tflops: float | None = None
-    achievable_fraction: float = 0.45
-    tp_efficiency_per_doubling: float = 1.0
-    memory_bandwidth_gbps: float = 1600.0
-    emulated: bool = False
-    emulation: ChipEmulation | None = None   # what the DIPU host vendor emulates (h2.core.emulation)
-    site: str | None = None                  # the datacenter its nodes sit in (h2.core.links); None: the default
-
-    # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
-    RANGES = {"count": (1, 1 << 24), "chips_per_node": (1, 1 << 16), "tp_max": (1, 1 << 10),
-              "memory_gb": (1e-6, 1e6), "intra_node_gbps": (1e-6, 1e9), "inter_node_gbps": (1e-6, 1e9),
-              "memory_bandwidth_gbps": (1e-6, 1e9), "latency_us": (0.0, 1e9), "usable_memory_fraction": (1e-9, 1.0),
-              "achievable_fraction": (1e-9, 1.0), "tp_efficiency_per_doubling": (1e-9, 1.0)}
-
-    def validate(self, source: str) -> None:
-        where = f"{source}: chip '{self.name}'"
-        if self.emulation is not None:
-            if not self.emulated:
-                raise UserError(f"{where}: field 'emulated' is false but the chip has an 'emulation' section")
-            self.emulation.validate(where)
-        for name, (low, high) in self.RANGES.items():
-            check_range(getattr(self, name), low, high, where, name)
-        if self.peak_tflops is not None:
-            check_range(self.peak_tflops, 1e-9, 1e9, where, "peak_tflops")
-        if self.site is not None and not (isinstance(self.site, str) and self.site):
-            raise UserError(f"{where}: field 'site' must name a site, got {self.site!r}")
-        if self.tp_max & (self.tp_max - 1):
-            raise UserError(f"{where}: field 'tp_max' must be a power of two, got {self.tp_max}")
-        if self.tp_max > self.chips_per_node:
-            raise UserError(f"{where}: field 'tp_max' ({self.tp_max}) exceeds chips_per_node ({self.chips_per_node}): "
-                            "tensor parallelism stays inside a node")
-
-    @property
-    def capacity_bytes(self) -> float:
-        return self.memory_gb * 1e9 * self.usable_memory_fraction
-
-    def tp_compute_efficiency(self, tp: int) -> float:
-        """Fraction of the achievable rate kept at TP size tp (smaller GEMMs, exposed collectives)."""
-        return self.tp_efficiency_per_doubling ** (tp.bit_length() - 1)
-
-    def tp_sizes(self) -> list[int]:
-        sizes, tp = [], 1
-        while tp <= self.tp_max:
-            sizes.append(tp)
-            tp *= 2
-        return sizes
 
 
 @dataclass(frozen=True)
@@ -181,15 +115,8 @@ class ClusterSpec:
     source: str = "cluster"
     links: LinkSection = LinkSection()
     named_sites: tuple[str, ...] = ()   # the file's `sites:` list (a chip type's site is named too)
-    placed: ClusterGraph | None = None   # the file's `nodes` section, None where it has none
-
-    @property
-    def graph(self) -> ClusterGraph:
-        """Every chip's node and region and the bandwidth between any two (h2.core.cluster_graph)."""
-        if self.placed is not None:
-            return self.placed
-        return default_graph([(c.name, c.count, c.chips_per_node, c.intra_node_gbps, c.inter_node_gbps)
-                              for c in self.chips])
+    placed: Placement | None = None     # the file's `nodes` section, None where it has none (h2.core.links:
+                                        # placement_of gives every cluster's nodes)
 
     def chip(self, name: str) -> ChipType:
         for chip in self.chips:
@@ -203,8 +130,10 @@ class ClusterSpec:
 
     @property
     def sites(self) -> frozenset:
-        """The sites the file names: in `sites:`, as its chip types' and in its site pairs."""
+        """The sites the file names: in `sites:`, as its chip types' and its nodes', and in its site pairs."""
         named = {chip.site for chip in self.chips if chip.site is not None} | set(self.named_sites)
+        if self.placed is not None:
+            named |= {node.site for node in self.placed.nodes}
         return frozenset(named.union(*(pair for pair, _ in self.links.site_pairs)))
 
     def by_descending_memory(self) -> list[ChipType]:
@@ -216,9 +145,12 @@ class ClusterSpec:
 
 
 _CHIP_FIELDS = {f.name for f in dataclasses.fields(ChipType)}
+_KNOWN = ("name", "chips", "training", "model", "description", "links", "sites", "nodes")
+# the placement's old names (one vocabulary: site, bandwidth_gbps, latency_us; h2.core.placement)
+_RENAMED = {"regions": "sites", "region_links": "links.site_pairs"}
 
 
-def _load_chip(entry: dict, base_dir: str, where: str) -> ChipType:
+def _load_chip(entry: dict, base_dir: str, where: str, source: str, prefix: str) -> ChipType:
     merged = dict(entry)
     reference = merged.pop("from", None)
     if reference is not None:
@@ -226,8 +158,10 @@ def _load_chip(entry: dict, base_dir: str, where: str) -> ChipType:
             raise UserError(f"{where}: field 'from': expected a path string, got {reference!r}")
         path = reference if os.path.isabs(reference) else os.path.join(base_dir, reference)
         base = load_yaml_mapping(path)
+        refuse_renamed(base, path, "", {"region": "site"})
         merged = {**base, **merged}
         where = f"{where} (from {path})"
+    refuse_renamed(merged, source, prefix, {"region": "site"})
     if merged.get("emulation") is not None:
         merged.setdefault("emulated", True)
     return dataclass_from_mapping(ChipType, merged, where)
@@ -243,14 +177,7 @@ def training_from_mapping(mapping: dict, source: str) -> TrainingSpec:
     return training
 
 
-def load_cluster(path: str | os.PathLike) -> ClusterSpec:
-    path = os.fspath(path)
-    data = load_yaml_mapping(path)
-    known = {"name", "chips", "training", "model", "description", "links", "sites", "nodes", "regions",
-             "region_links"}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise UserError(f"{path}: unknown field '{unknown[0]}' (known: {', '.join(sorted(known))})")
+def _load_chips(data: dict, path: str) -> tuple[ChipType, ...]:
     chips_data = data.get("chips")
     if not isinstance(chips_data, list) or not chips_data:
         raise UserError(f"{path}: field 'chips' must be a non-empty list of chip types")
@@ -260,13 +187,44 @@ def load_cluster(path: str | os.PathLike) -> ClusterSpec:
         where = f"{path}: chips[{index}]"
         if not isinstance(entry, dict):
             raise UserError(f"{where}: expected a mapping, got {type(entry).__name__}")
-        chip = _load_chip(entry, base_dir, where)
+        chip = _load_chip(entry, base_dir, where, path, f"chips[{index}].")
         chip.validate(path)
         chips.append(chip)
     names = [c.name for c in chips]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UserError(f"{path}: field 'chips': chip type '{duplicates[0]}' listed twice")
+    return tuple(chips)
+
+
+def _load_placement(data: dict, chips: tuple[ChipType, ...], links: LinkSection,
+                    path: str) -> tuple[tuple[str, ...], Placement | None]:
+    """The names of the file's sites and, where it has `nodes`, its placement (h2.core.placement)."""
+    sites = sites_from_list(data.get("sites", []), path)
+    if "nodes" not in data:
+        for index, (site, link) in enumerate(sites):
+            for field in ("bandwidth_gbps", "latency_us"):
+                if getattr(link, field) is not None:
+                    raise UserError(f"{path}: sites[{index}]: field '{field}' needs a 'nodes' section placing the "
+                                    f"chips on the site's nodes (without one, the `links:` classes set each level)")
+        return tuple(name for name, _ in sites), None
+    for index, chip in enumerate(chips):
+        if chip.site is not None:
+            raise UserError(f"{path}: chips[{index}]: field 'site': the 'nodes' section places the chips; "
+                            f"give each node its site instead")
+    placed = placement_from_mapping(data, {c.name: (c.count, c.intra_node_gbps, c.inter_node_gbps) for c in chips},
+                                    sites, links, path)
+    return tuple(name for name, _ in sites), placed
+
+
+def load_cluster(path: str | os.PathLike) -> ClusterSpec:
+    path = os.fspath(path)
+    data = load_yaml_mapping(path)
+    refuse_renamed(data, path, "", _RENAMED)
+    unknown = sorted(set(data) - set(_KNOWN))
+    if unknown:
+        raise UserError(f"{path}: unknown field '{unknown[0]}' (known: {', '.join(sorted(_KNOWN))})")
+    chips = _load_chips(data, path)
     training = None
     if data.get("training") is not None:
         if not isinstance(data["training"], dict):
@@ -279,15 +237,6 @@ def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     if not isinstance(name, str):
         raise UserError(f"{path}: field 'name': expected a string, got {name!r}")
     links = links_from_mapping(data["links"], path) if data.get("links") is not None else LinkSection()
-    sites = data.get("sites", [])
-    if (not isinstance(sites, list) or not all(isinstance(site, str) and site for site in sites)
-            or len(set(sites)) != len(sites)):
-        raise UserError(f"{path}: field 'sites' must list distinct site names, got {sites!r}")
-    placed = None
-    if "nodes" in data:
-        placed = graph_from_mapping(data, {c.name: (c.count, c.intra_node_gbps, c.inter_node_gbps) for c in chips}, path)
-    elif "regions" in data or "region_links" in data:
-        raise UserError(f"{path}: field '{'regions' if 'regions' in data else 'region_links'}' needs a 'nodes' section "
-                        f"placing the chips in regions")
-    return ClusterSpec(name=name, chips=tuple(chips), training=training, model=model, source=path, links=links,
-                       named_sites=tuple(sites), placed=placed)
+    sites, placed = _load_placement(data, chips, links, path)
+    return ClusterSpec(name=name, chips=chips, training=training, model=model, source=path, links=links,
+                       named_sites=sites, placed=placed)

@@ -1,5 +1,5 @@
-"""Emulated chips: what a cluster file's `emulation:` section of a chip type says, and the rule that
-keeps measured times honest on a small host.
+"""Emulated chips: what a cluster file's `emulation:` section of a chip type means (the section itself
+is h2.core.chip_type.ChipEmulation), and the rule that keeps measured times honest on a small host.
 
     chips:
       - name: emu-slow
@@ -24,38 +24,30 @@ of a chip without emulation runs at host speed and counts 1). The cost: an emula
 fraction of a host core, so a run of N ranks on C cores is about N / (CORE_SHARE_LIMIT x C) times
 slower than the host could go. `check_core_share` refuses a job that breaks the rule, in one line.
 
-Pure Python; imports only h2.core.errors.
+Pure Python; imports h2.core.errors and chip_type (and, for types, cluster and strategy: never the reverse).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from h2.core.chip_type import ChipEmulation, ChipType
 from h2.core.errors import UserError
 
 if TYPE_CHECKING:
-    from h2.core.cluster import ChipType, ClusterSpec
+    from h2.core.cluster import ClusterSpec
     from h2.core.strategy import Strategy
+
+__all__ = ["CORE_SHARE_LIMIT", "EMULATED_DEVICE", "ChipEmulation", "busy_host_warning", "check_core_share",
+           "core_share", "describe_chip", "emulated_stage_devices", "host_cores", "host_vendor_settings",
+           "host_work_warning", "rank_chips", "rank_wait_environment"]
 
 CORE_SHARE_LIMIT = 0.5
 # Mantissa bits a precision keeps in matmul outputs (fp32 keeps all 23: no rounding).
 MANTISSA_BITS = {"fp32": 23, "tf32": 10, "bf16": 7}
 MATMUL_KERNELS = ("diopiMm", "diopiBmm", "diopiAddmm")
 EMULATED_DEVICE = "dipu"
-
-
-@dataclass(frozen=True)
-class ChipEmulation:
-    relative_speed: float                            # (0, 1]: the chip's rate as a fraction of one host core
-    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
-    host_accessible: bool = False
-
-    def validate(self, where: str) -> None:
-        if not 0 < self.relative_speed <= 1:
-            raise UserError(f"{where}: field 'emulation.relative_speed' must be in (0, 1] (a fraction of one host "
-                            f"core), got {self.relative_speed}")
 
 
 def describe_chip(chip: ChipType) -> str:
@@ -67,7 +59,8 @@ def describe_chip(chip: ChipType) -> str:
 
 
 def host_vendor_settings(chip: ChipType) -> dict:
-    """The DIPU host vendor profile (csrc/dipu/vendor/host) that emulates `chip`: one device per rank."""
+    """The settings the DIPU host vendor (csrc/dipu/vendor/host) emulates `chip` with, one device per rank
+    (written as the vendor's profile file, DIPU_HOST_PROFILE: not a planner's profile)."""
     emulation = chip.emulation
     settings = {"name": chip.name, "description": f"emulated chip {chip.name}", "device_count": 1,
                 "memory_capacity": str(int(chip.memory_gb * 1e9)), "relative_speed": emulation.relative_speed,

@@ -1,198 +1,99 @@
-"""Link classes: which link joins two ranks, and how fast the bytes on it travel.
+"""The queries over a whole loaded cluster: its nodes, where each rank of a strategy sits, and which
+link joins two ranks and how fast the bytes on it travel.
 
-Four classes, from the fastest to the slowest in a real cluster:
+The cluster file says where its chips sit and the link of each level (h2.core.placement: a chip on a
+node, a node in a site; within a node, between nodes of a site, between sites). Four link classes,
+from the fastest to the slowest in a real cluster:
 
     intra_node   chips of one node (NVLink, HCCS, PCIe)
-    inter_node   nodes of one chip type (one vendor's network)
-    inter_type   between chip types (nodes of different vendors)
+    inter_node   nodes of one site (of one chip type where the file has no `nodes` section)
+    inter_type   nodes of two chip types in one site (a file without `nodes`)
     inter_site   between sites (cross-datacenter); a pair of sites may have its own link
 
-Each has a bandwidth in GB/s (10^9 bytes/s) and a one-way latency in microseconds. A cluster file's
-`links:` section sets them for the whole cluster (either field may be left out); what it leaves out
-comes from the chip types' own fields, which stay the defaults:
+Where ranks sit (`rank_locations`), in a file without `nodes`: a strategy's stages take consecutive
+global ranks; each chip type fills its nodes (chips_per_node) in rank order, and a node holds one
+contiguous block of ranks, so a chip type that comes back after another type's stage starts a fresh
+node. A stage sits in the site it names (`site:` in the strategy), else in its chip type's (`site:` in
+the cluster file), else in the default site (None); a stage in another site than the previous one
+starts a fresh node too. The link between two ranks is their class's: the `links:` section's entry
+over the chip types' own fields (h2.core.placement), and between two sites their pair's entry over that.
 
-    intra_node   the chip's intra_node_gbps and latency_us
-    inter_node   the chip's inter_node_gbps and latency_us
-    inter_type   the slower of the two chips' inter_node_gbps, the larger latency_us
-    inter_site   as inter_type (as inter_node between chips of one type)
-
-    links:
-      inter_type: {bandwidth_gbps: 0.5, latency_us: 200}
-      inter_site: {bandwidth_gbps: 0.1, latency_us: 20000}
-      site_pairs:
-        - {sites: [north, south], bandwidth_gbps: 0.05, latency_us: 30000}
-
-Where ranks sit (`rank_locations`): a strategy's stages take consecutive global ranks; each chip type
-fills its nodes (chips_per_node) in rank order, and a node holds one contiguous block of ranks, so a
-chip type that comes back after another type's stage starts a fresh node. A stage sits in the site it
-names (`site:` in the strategy), else in its chip type's (`site:` in the cluster file), else in the
-default site (None); a stage in another site than the previous one starts a fresh node too.
-
-    chips:
-      - {name: A, site: north, ...}
-      - {name: B, site: south, ...}
-
-Where the cluster file places its chips on named nodes (its `nodes` section, h2.core.cluster_graph),
-each rank of chip type X takes the next chip of type X in the file's node order instead, and the
-link between two ranks is the graph's: intra_node at the node's link_gbps, inter_node at the region's,
-inter_site at the region pair's (without a direct pair: the slowest region link), latency the larger
-of the two chips' latency_us; the `links:` section does not apply to such ranks.
+Where the cluster file places its chips on named nodes (its `nodes` section), each rank of chip type
+X takes the next chip of type X in the file's node order instead, and the link between two ranks is
+the placement's: intra_node at the node's, inter_node at the site's, inter_site at the site pair's
+(without a direct pair: the slowest pair), a latency the file leaves out the larger of the two chips'
+latency_us; the `links:` classes do not apply to such ranks.
 
 The arrival rule (`ArrivalClock`) is what every pacing layer applies to the messages it sends over one
 link: a message of n bytes posted at t arrives at max(previous arrival, t + latency) + n / bandwidth;
 the sender never waits for an acknowledgement, so many messages are in flight at once.
 
-Pure Python: no torch, nothing of the project above core.
+Pure Python: no torch, nothing of the project above core; imports h2.core.cluster (never the reverse).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from h2.core.cluster_graph import name_pair
+from h2.core.cluster import ChipType, ClusterSpec
 from h2.core.errors import UserError
+from h2.core.placement import (LINK_CLASSES, Link, LinkOverride, LinkSection, Placement, default_placement,
+                               links_from_mapping, slowest)
 
 if TYPE_CHECKING:
-    from h2.core.cluster import ChipType, ClusterSpec
     from h2.core.strategy import Strategy
 
-LINK_CLASSES = ("intra_node", "inter_node", "inter_type", "inter_site")
-_LINK_FIELDS = ("bandwidth_gbps", "latency_us")
+__all__ = ["LINK_CLASSES", "ArrivalClock", "Link", "LinkOverride", "LinkSection", "Location", "RankLinks",
+           "describe_stage_links", "link_between", "link_class", "links_from_mapping", "nodes_of", "placement_of",
+           "rank_locations", "slowest", "stage_link", "stage_site"]
 
 
-@dataclass(frozen=True)
-class Link:
-    """Bandwidth in GB/s (math.inf: not limited) and one-way latency in microseconds."""
-    bandwidth_gbps: float
-    latency_us: float
-
-    @property
-    def bytes_per_s(self) -> float:
-        return self.bandwidth_gbps * 1e9
-
-    @property
-    def latency_s(self) -> float:
-        return self.latency_us * 1e-6
-
-    def seconds(self, nbytes: float) -> float:
-        """One message of `nbytes` alone on the link: latency plus serialisation."""
-        return self.latency_s + nbytes / self.bytes_per_s
-
-    def without_bandwidth(self) -> "Link":
-        """The latency alone (where the kernel already shapes the bandwidth)."""
-        return Link(math.inf, self.latency_us)
-
-    def describe(self) -> str:
-        bandwidth = "unlimited" if math.isinf(self.bandwidth_gbps) else f"{self.bandwidth_gbps:g} GB/s"
-        return f"{bandwidth}, {self.latency_us:g} us"
+def placement_of(cluster: ClusterSpec) -> Placement:
+    """Every chip's node and site and the link of each level: the file's `nodes` section, else each
+    chip type filling its own nodes of chips_per_node in one site (h2.core.placement)."""
+    if cluster.placed is not None:
+        return cluster.placed
+    return _filled_placement(tuple((chip.name, chip.count, chip.chips_per_node, chip.intra_node_gbps,
+                                    chip.inter_node_gbps) for chip in cluster.chips))
 
 
-def slowest(links: list[Link]) -> Link:
-    """The smallest bandwidth and the largest latency among `links`."""
-    return Link(min(link.bandwidth_gbps for link in links), max(link.latency_us for link in links))
-
-
-@dataclass(frozen=True)
-class LinkOverride:
-    """One class's entry in a `links:` section: a field left out (None) keeps the default."""
-    bandwidth_gbps: float | None = None
-    latency_us: float | None = None
-
-    def over(self, default: Link) -> Link:
-        return Link(default.bandwidth_gbps if self.bandwidth_gbps is None else self.bandwidth_gbps,
-                    default.latency_us if self.latency_us is None else self.latency_us)
-
-
-@dataclass(frozen=True)
-class LinkSection:
-    """A cluster file's `links:` section: per-class overrides and per-site-pair links."""
-    classes: tuple[tuple[str, LinkOverride], ...] = ()
-    site_pairs: tuple[tuple[frozenset, LinkOverride], ...] = ()
-
-    def override(self, link_class: str) -> LinkOverride:
-        return dict(self.classes).get(link_class, LinkOverride())
-
-    def site_pair(self, site_a: str | None, site_b: str | None) -> LinkOverride | None:
-        return dict(self.site_pairs).get(frozenset((site_a, site_b)))
-
-
-def _number(value, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f"{where}: expected a number, got {value!r}")
-    return float(value)
-
-
-def _override_from_mapping(data, where: str, extra: tuple[str, ...] = ()) -> LinkOverride:
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: expected a mapping of bandwidth_gbps and latency_us, got {data!r}")
-    unknown = sorted(set(data) - set(_LINK_FIELDS) - set(extra))
-    if unknown:
-        raise UserError(f"{where}: unknown field '{unknown[0]}' (known: {', '.join(_LINK_FIELDS + extra)})")
-    values = {name: _number(data[name], f"{where}: field '{name}'") for name in _LINK_FIELDS if name in data}
-    _check_link_values(where, **values)
-    return LinkOverride(**values)
-
-
-def _check_link_values(where: str, bandwidth_gbps: float | None = None, latency_us: float | None = None) -> None:
-    """A bandwidth must be positive and finite, a latency finite and not negative; else a UserError
-    naming `where` and the field."""
-    if bandwidth_gbps is not None and not (bandwidth_gbps > 0 and math.isfinite(bandwidth_gbps)):
-        raise UserError(f"{where}: field 'bandwidth_gbps' must be a positive number of GB/s, got {bandwidth_gbps}")
-    if latency_us is not None and not (latency_us >= 0 and math.isfinite(latency_us)):
-        raise UserError(f"{where}: field 'latency_us' must not be negative, got {latency_us}")
-
-
-def links_from_mapping(data, source: str) -> LinkSection:
-    """Parse a `links:` section; `source` is the cluster file."""
-    where = f"{source}: links"
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: expected a mapping of link classes ({', '.join(LINK_CLASSES)}), got {data!r}")
-    known = LINK_CLASSES + ("site_pairs",)
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise UserError(f"{where}: unknown link class '{unknown[0]}' (known: {', '.join(known)})")
-    classes = tuple((name, _override_from_mapping(data[name], f"{where}.{name}"))
-                    for name in LINK_CLASSES if name in data)
-    pairs_data = data.get("site_pairs", [])
-    if not isinstance(pairs_data, list):
-        raise UserError(f"{where}.site_pairs: expected a list of {{sites: [A, B], bandwidth_gbps, latency_us}}")
-    pairs: dict[frozenset, LinkOverride] = {}
-    for index, entry in enumerate(pairs_data):
-        entry_where = f"{where}.site_pairs[{index}]"
-        override = _override_from_mapping(entry, entry_where, extra=("sites",))
-        pairs[name_pair(entry, "sites", entry_where, pairs)] = override
-    return LinkSection(classes=classes, site_pairs=tuple(pairs.items()))
+@functools.lru_cache(maxsize=64)
+def _filled_placement(chips: tuple[tuple[str, int, int, float, float], ...]) -> Placement:
+    """Computed once per set of chip types (the planner asks for every pair of machines)."""
+    return default_placement(list(chips))
 
 
 @dataclass(frozen=True)
 class Location:
-    """Where a rank sits: its chip type, the node (numbered per chip type) and the site."""
+    """Where a rank sits: its chip type, its node and its site. Where the cluster file names its nodes,
+    `node_name` is the node's name and `node` its index in the file; else `node` counts the nodes of
+    the chip type."""
     chip: str
     node: int
     site: str | None = None
-    host: str | None = None     # the cluster file's node that holds the chip, where it names nodes
-    region: str | None = None   # that node's region
+    node_name: str | None = None
 
     def describe(self) -> str:
-        if self.host is not None:
-            return f"node {self.host} in region {self.region}"
+        if self.node_name is not None:
+            return f"node {self.node_name} in site {self.site}"
         site = f" at site {self.site}" if self.site else ""
         return f"{self.chip} node {self.node}{site}"
 
     @property
     def machine(self):
-        """What identifies the machine the rank runs on: the named node, else the whole location."""
-        return self if self.host is None else (self.host, self.region)
+        """What identifies the node the rank runs on: the named node, else the whole location."""
+        return self if self.node_name is None else (self.node_name, self.site)
 
 
 def link_class(a: Location, b: Location) -> str:
     """The class of the link between two ranks' locations."""
-    if a.host is not None and b.host is not None:
-        if a.host == b.host:
+    if a.node_name is not None and b.node_name is not None:
+        if a.node_name == b.node_name:
             return "intra_node"
-        return "inter_node" if a.region == b.region else "inter_site"
+        return "inter_node" if a.site == b.site else "inter_site"
     if a.site != b.site:
         return "inter_site"
     if a.chip != b.chip:
@@ -202,7 +103,7 @@ def link_class(a: Location, b: Location) -> str:
     return "intra_node"
 
 
-def _default_link(link_class_name: str, chip_a: "ChipType", chip_b: "ChipType") -> Link:
+def _default_link(link_class_name: str, chip_a: ChipType, chip_b: ChipType) -> Link:
     if link_class_name == "intra_node":
         return Link(chip_a.intra_node_gbps, chip_a.latency_us)
     if chip_a.name == chip_b.name:
@@ -210,12 +111,12 @@ def _default_link(link_class_name: str, chip_a: "ChipType", chip_b: "ChipType") 
     return Link(min(chip_a.inter_node_gbps, chip_b.inter_node_gbps), max(chip_a.latency_us, chip_b.latency_us))
 
 
-def link_between(cluster: "ClusterSpec", a: Location, b: Location) -> tuple[str, Link]:
+def link_between(cluster: ClusterSpec, a: Location, b: Location) -> tuple[str, Link]:
     """The class of the link joining two locations of `cluster`, and its bandwidth and latency."""
     name = link_class(a, b)
-    if a.host is not None and b.host is not None:
+    if a.node_name is not None and b.node_name is not None:
         latency = max(cluster.chip(a.chip).latency_us, cluster.chip(b.chip).latency_us)
-        return name, Link(cluster.graph.node_link_gbps(a.host, b.host), latency)
+        return name, placement_of(cluster).node_link(a.node_name, b.node_name, latency)
     default = _default_link(name, cluster.chip(a.chip), cluster.chip(b.chip))
     link = cluster.links.override(name).over(default)
     if name == "inter_site":
@@ -225,7 +126,7 @@ def link_between(cluster: "ClusterSpec", a: Location, b: Location) -> tuple[str,
     return name, link
 
 
-def rank_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str = "strategy") -> list[Location]:
+def rank_locations(strategy: "Strategy", cluster: ClusterSpec, source: str = "strategy") -> list[Location]:
     """Each global rank's location (module doc: nodes fill in rank order, one contiguous block each;
     or the cluster file's named nodes)."""
     if cluster.placed is not None:
@@ -255,7 +156,7 @@ def rank_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str = "
     return locations
 
 
-def stage_site(strategy: "Strategy", cluster: "ClusterSpec", index: int, source: str = "strategy") -> str | None:
+def stage_site(strategy: "Strategy", cluster: ClusterSpec, index: int, source: str = "strategy") -> str | None:
     """The site stage `index` runs in (module doc); a site the cluster does not name is a UserError."""
     stage = strategy.stages[index]
     if stage.site is None:
@@ -267,12 +168,12 @@ def stage_site(strategy: "Strategy", cluster: "ClusterSpec", index: int, source:
     return stage.site
 
 
-def _placed_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str) -> list[Location]:
+def _placed_locations(strategy: "Strategy", cluster: ClusterSpec, source: str) -> list[Location]:
     """Each rank of chip type X on the next chip of type X in the cluster file's node order."""
-    graph = cluster.graph
-    node_index = {node.name: index for index, node in enumerate(graph.nodes)}
+    placement = placement_of(cluster)
+    node_index = {node.name: index for index, node in enumerate(placement.nodes)}
     free: dict[str, list] = {}
-    for gpu in graph.gpus():
+    for gpu in placement.gpus():
         free.setdefault(gpu.chip, []).append(gpu)
     locations = []
     for chip_name in strategy.rank_chips():
@@ -281,7 +182,7 @@ def _placed_locations(strategy: "Strategy", cluster: "ClusterSpec", source: str)
             raise UserError(f"{source}: field 'stages': uses more chips of type '{chip_name}' than cluster "
                             f"{cluster.source} places on its nodes")
         gpu = free[chip_name].pop(0)
-        locations.append(Location(chip_name, node_index[gpu.node], host=gpu.node, region=gpu.region))
+        locations.append(Location(chip_name, node_index[gpu.node], gpu.site, node_name=gpu.node))
     return locations
 
 
@@ -302,12 +203,12 @@ class RankLinks:
     With `kernel_shaped` the bandwidth between nodes is already enforced by the kernel (network
     namespaces with tc shaping), so only the latency is paced for peers on other nodes."""
 
-    def __init__(self, cluster: "ClusterSpec", locations: list[Location], rank: int, kernel_shaped: bool = False):
+    def __init__(self, cluster: ClusterSpec, locations: list[Location], rank: int, kernel_shaped: bool = False):
         self.cluster, self.locations, self.rank = cluster, locations, rank
         self.kernel_shaped = kernel_shaped
 
     @classmethod
-    def for_strategy(cls, strategy: "Strategy", cluster: "ClusterSpec", rank: int,
+    def for_strategy(cls, strategy: "Strategy", cluster: ClusterSpec, rank: int,
                      kernel_shaped: bool = False) -> "RankLinks":
         return cls(cluster, rank_locations(strategy, cluster), rank, kernel_shaped)
 
@@ -323,7 +224,7 @@ class RankLinks:
         return link_class(self.locations[self.rank], self.locations[peer])
 
 
-def stage_link(strategy: "Strategy", cluster: "ClusterSpec", locations: list[Location], src: int, dst: int) -> Link:
+def stage_link(strategy: "Strategy", cluster: ClusterSpec, locations: list[Location], src: int, dst: int) -> Link:
     """The slowest link between any rank of stage `src` and any rank of stage `dst`."""
     ranks = strategy.stage_ranks()
     nodes_a = {locations[r] for r in ranks[src]}

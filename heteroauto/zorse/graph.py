@@ -1,11 +1,12 @@
 """The cluster's machines and the bandwidth graph between them, from the cluster file's placement
-(h2.core.cluster_graph: nodes in regions, node-, region- and region-pair bandwidths; a file without
-`nodes` has each chip type fill its own nodes in one region).
+(h2.core.placement: nodes in sites, node-, site- and site-pair bandwidths; a file without `nodes` has
+each chip type fill its own nodes in one site).
 
-A machine is one node of the cluster graph. Two GPUs of one machine are joined at the node's
-bandwidth, of two machines at their region's or their region pair's. Latency is not in the cluster
-graph: a link inside a region takes the larger latency_us of the chips it joins; a link between
-regions the `links: inter_site` latency where the file gives one (else the same). Between two
+A machine is one node of the placement (its `region` is the node's site). Two GPUs of one machine are
+joined at the node's bandwidth, of two machines at their site's or their site pair's. A link inside a
+site takes the larger latency_us of the chips it joins; a link between sites the `links: inter_site`
+latency where the file gives one (else the same); a latency the placement writes on the node, the
+site or the site pair replaces both. Between two
 machines a link is also no faster than the class the emulated links pace it by (h2.core.links).
 
 The graph has one vertex per machine and an edge between every two linked machines weighted by the
@@ -22,16 +23,16 @@ from dataclasses import dataclass
 import networkx as nx
 
 from h2.core.cluster import ClusterSpec
-from h2.core.links import Link, Location, link_between
+from h2.core.links import Link, Location, link_between, placement_of
 
 
 @dataclass(frozen=True)
 class Machine:
     index: int
     name: str
-    region: str
+    region: str               # the node's site (h2.core.placement; "regions" in the planner's output)
     chips: tuple[str, ...]    # each GPU's chip type
-    link_gbps: float          # between two of its GPUs
+    bandwidth_gbps: float     # between two of its GPUs (the node's)
 
     @property
     def gpus(self) -> int:
@@ -44,17 +45,18 @@ class Machine:
 
 def machines_of(cluster: ClusterSpec) -> list[Machine]:
     """Every node of the cluster graph, in the cluster file's order."""
-    return [Machine(index, node.name, node.region, tuple(chip for chip, count in node.chips for _ in range(count)),
-                    node.link_gbps) for index, node in enumerate(cluster.graph.nodes)]
+    return [Machine(index, node.name, node.site, tuple(chip for chip, count in node.chips for _ in range(count)),
+                    node.bandwidth_gbps) for index, node in enumerate(placement_of(cluster).nodes)]
+
+
+def _level_link(cluster: ClusterSpec, a: Machine, b: Machine):
+    """The placement's link between the two machines' level (None: two sites without a direct link)."""
+    return placement_of(cluster).level_link(a.name, b.name)
 
 
 def _bandwidth_gbps(cluster: ClusterSpec, a: Machine, b: Machine) -> float:
-    graph = cluster.graph
-    if a.index == b.index:
-        return a.link_gbps
-    if a.region == b.region:
-        return dict(graph.region_gbps)[a.region]
-    return dict(graph.region_links).get(frozenset((a.region, b.region)), 0.0)
+    link = _level_link(cluster, a, b)
+    return 0.0 if link is None else link.bandwidth_gbps
 
 
 def link_of(cluster: ClusterSpec, a: Machine, b: Machine) -> Link:
@@ -64,7 +66,10 @@ def link_of(cluster: ClusterSpec, a: Machine, b: Machine) -> Link:
     latency = max(cluster.chip(chip).latency_us for chip in set(a.chips) | set(b.chips))
     if a.region != b.region and cluster.links.override("inter_site").latency_us is not None:
         latency = cluster.links.override("inter_site").latency_us
-    bandwidth = _bandwidth_gbps(cluster, a, b)
+    level = _level_link(cluster, a, b)
+    if level is not None and level.latency_us is not None:
+        latency = level.latency_us
+    bandwidth = 0.0 if level is None else level.bandwidth_gbps
     if a.index != b.index:
         _, paced = link_between(cluster, Location(a.chips[0], a.index), Location(b.chips[0], b.index))
         bandwidth, latency = min(bandwidth, paced.bandwidth_gbps), max(latency, paced.latency_us)

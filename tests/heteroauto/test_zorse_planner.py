@@ -285,13 +285,15 @@ CLUSTER_HEAD = ("name: bad\nchips:\n  - {name: x, count: 2, memory_gb: 16, chips
 
 
 @pytest.mark.parametrize("body, error", [
-    pytest.param("nodes:\n  - {name: n0, region: r0, chips: {x: 1}}\n  - {name: n1, region: r1, chips: {x: 1}}\n",
-                 r"bad.yaml: field 'region_links': the cluster graph is disconnected", id="disconnected_graph"),
+    pytest.param("nodes:\n  - {name: n0, site: r0, chips: {x: 1}}\n  - {name: n1, site: r1, chips: {x: 1}}\n",
+                 r"bad.yaml: field 'links.site_pairs': the cluster graph is disconnected",
+                 id="disconnected_graph"),
     pytest.param("nodes:\n  - {name: n0, chips: {y: 2}}\n", r"bad.yaml: nodes\[0\]: field 'chips': unknown chip type 'y'",
                  id="unknown_chip"),
-    pytest.param("nodes:\n  - {name: n0, region: r0, chips: {x: 1}}\n  - {name: n1, region: r1, chips: {x: 1}}\n"
-                 "region_links:\n  - {regions: [r0, r1], link_gbps: -1}\n",
-                 r"bad.yaml: region_links\[0\]: field 'link_gbps' must be a positive", id="negative_bandwidth"),
+    pytest.param("nodes:\n  - {name: n0, site: r0, chips: {x: 1}}\n  - {name: n1, site: r1, chips: {x: 1}}\n"
+                 "links:\n  site_pairs:\n    - {sites: [r0, r1], bandwidth_gbps: -1}\n",
+                 r"bad.yaml: links.site_pairs\[0\]: field 'bandwidth_gbps' must be a positive",
+                 id="negative_bandwidth"),
 ])
 def test_partition_refuses_a_bad_cluster_in_one_line_with_exit_2(capsys, write, body, error):
     path = write("bad.yaml", CLUSTER_HEAD + body)

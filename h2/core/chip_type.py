@@ -1,0 +1,110 @@
+"""A cluster file's chip type (one entry of `chips:`) and its `emulation:` section, validated on load.
+
+    chips:
+      - name: emu-slow
+        count: 2
+        memory_gb: 0.08            # the emulated capacity: allocations past it raise OutOfMemoryError
+        chips_per_node: 2
+        intra_node_gbps: 2         # default bandwidth between two chips of one node (GB/s)
+        inter_node_gbps: 1         # default bandwidth between two nodes of this type (GB/s)
+        latency_us: 50             # default one-way latency of its links
+        site: north                # the site its nodes sit in, where the file has no `nodes` section
+        emulation:                 # what the DIPU host vendor emulates (h2.core.emulation)
+          relative_speed: 0.05
+          precision: fp32
+          host_accessible: false
+
+Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, TFLOPS in 10^12/s.
+
+A leaf: imports only h2.core.errors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from h2.core.errors import UserError
+
+
+def check_range(value: float, low: float, high: float, where: str, name: str) -> None:
+    """One line naming the field when a number is not finite or lies outside [low, high]."""
+    if low == 0 and value < 0:
+        raise UserError(f"{where}: field '{name}' must not be negative, got {value}")
+    if low > 0 and value <= 0:
+        raise UserError(f"{where}: field '{name}' must be positive, got {value}")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise UserError(f"{where}: field '{name}' must be between {low:g} and {high:g}, got {value}")
+
+
+@dataclass(frozen=True)
+class ChipEmulation:
+    """A chip type's `emulation:` section (the trust rule and the host vendor: h2.core.emulation)."""
+    relative_speed: float                            # (0, 1]: the chip's rate as a fraction of one host core
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    host_accessible: bool = False
+
+    def validate(self, where: str) -> None:
+        if not 0 < self.relative_speed <= 1:
+            raise UserError(f"{where}: field 'emulation.relative_speed' must be in (0, 1] (a fraction of one host "
+                            f"core), got {self.relative_speed}")
+
+
+@dataclass(frozen=True)
+class ChipType:
+    name: str
+    count: int
+    memory_gb: float
+    chips_per_node: int
+    tp_max: int
+    intra_node_gbps: float
+    inter_node_gbps: float
+    latency_us: float = 10.0
+    usable_memory_fraction: float = 0.9
+    peak_tflops: float | None = None
+    achievable_fraction: float = 0.45
+    tp_efficiency_per_doubling: float = 1.0
+    memory_bandwidth_gbps: float = 1600.0
+    emulated: bool = False
+    emulation: ChipEmulation | None = None   # what the DIPU host vendor emulates (h2.core.emulation)
+    site: str | None = None                  # the site its nodes sit in (h2.core.links); None: the default
+
+    # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
+    RANGES = {"count": (1, 1 << 24), "chips_per_node": (1, 1 << 16), "tp_max": (1, 1 << 10),
+              "memory_gb": (1e-6, 1e6), "intra_node_gbps": (1e-6, 1e9), "inter_node_gbps": (1e-6, 1e9),
+              "memory_bandwidth_gbps": (1e-6, 1e9), "latency_us": (0.0, 1e9), "usable_memory_fraction": (1e-9, 1.0),
+              "achievable_fraction": (1e-9, 1.0), "tp_efficiency_per_doubling": (1e-9, 1.0)}
+
+    def validate(self, source: str) -> None:
+        where = f"{source}: chip '{self.name}'"
+        if self.emulation is not None:
+            if not self.emulated:
+                raise UserError(f"{where}: field 'emulated' is false but the chip has an 'emulation' section")
+            self.emulation.validate(where)
+        for name, (low, high) in self.RANGES.items():
+            check_range(getattr(self, name), low, high, where, name)
+        if self.peak_tflops is not None:
+            check_range(self.peak_tflops, 1e-9, 1e9, where, "peak_tflops")
+        if self.site is not None and not (isinstance(self.site, str) and self.site):
+            raise UserError(f"{where}: field 'site' must name a site, got {self.site!r}")
+        if self.tp_max & (self.tp_max - 1):
+            raise UserError(f"{where}: field 'tp_max' must be a power of two, got {self.tp_max}")
+        if self.tp_max > self.chips_per_node:
+            raise UserError(f"{where}: field 'tp_max' ({self.tp_max}) exceeds chips_per_node ({self.chips_per_node}): "
+                            "tensor parallelism stays inside a node")
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.memory_gb * 1e9 * self.usable_memory_fraction
+
+    def tp_compute_efficiency(self, tp: int) -> float:
+        """Fraction of the achievable rate kept at TP size tp (smaller GEMMs, exposed collectives)."""
+        return self.tp_efficiency_per_doubling ** (tp.bit_length() - 1)
+
+    def tp_sizes(self) -> list[int]:
+        sizes, tp = [], 1
+        while tp <= self.tp_max:
+            sizes.append(tp)
+            tp *= 2
+        return sizes
