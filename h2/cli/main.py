@@ -63,7 +63,7 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     from h2.train.memory_check import check_pipeline_fits
     from h2.train.pipeline import pipeline_start
     from heteropp.groups import check_p2p_backend, check_stage_backend
-    from heteropp.ministages import runs_ministages
+    from heteropp.job_checks import check_pipeline_job
 
     strategy = load_strategy(run.strategy)
     for name in NOT_WITH_STRATEGY:
@@ -76,7 +76,7 @@ def _train_pipeline(values: dict, run: RunOptions, hosts: tuple[int, str] | None
     config = flags.build(TrainConfig, values)
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
-    runs_ministages(strategy, options.schedule)
+    check_pipeline_job(strategy, config, options, run.strategy)
     cluster, warning = None, None
     if run.cluster:
         from h2.launch.cluster_job import check_job, host_warning
