@@ -50,7 +50,7 @@ def accepted_by_the_command_line(name: str) -> bool:
     from h2.cli.main import build_parser
     try:
         build_parser().parse_args(["train", "--schedule", name])
-    except SystemExit:
+    except (UserError, SystemExit):
         return False
     return True
 
