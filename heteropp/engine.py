@@ -31,7 +31,7 @@ from h2.model.transformer import Transformer
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm, clip_coefficient
 from heteropp.executor import StageExecutor
 from heteropp.ministages import MinistageExecutor
-from heteropp.groups import build_groups, p2p_needs_host_staging
+from heteropp.groups import build_groups, dicomm_registered, p2p_needs_host_staging
 from heteropp.p2p import P2P
 from heteropp.resharding import Resharder
 from heteropp.stage import apply_recompute, build_stage, model_parameter_name
@@ -115,11 +115,19 @@ class PipelineEngine:
         self.is_last = self.place.stage == self.topology.num_stages - 1
         device_type = self.config.device
         self.device = rank_device(self.stage_info.device or device_type, self.rank)
-        for stage in self.topology.stages:
-            resolve_device(self.topology.device_type(stage.index, device_type))
+        self._load_backends()
         self.groups = build_groups(self.topology, self.rank, device_type=device_type,
                                    p2p_backend=self.options.p2p_backend, stage_backend=self.options.stage_backend,
                                    links=links, wrap_around=self.ministage_group)
+
+    def _load_backends(self) -> None:
+        """Every stage's device type (and its collective backend) and DiComm's torch.distributed backend
+        where the options name it, loaded in this process before any group is built."""
+        for stage in self.topology.stages:
+            resolve_device(self.topology.device_type(stage.index, self.config.device))
+        if "dicomm" in (self.options.p2p_backend, self.options.stage_backend):
+            registered = dicomm_registered()   # imports DiComm, which registers its backend
+            assert registered, "DiComm's backend is registered (the launcher checked the build)"
 
     def _build_chunks(self, chunk_layers: list[range]) -> list[torch.nn.Module]:
         """Build chunks: this rank's layer chunks of the whole (seeded) model, each cut to its stage, split
