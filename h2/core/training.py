@@ -100,7 +100,8 @@ class PipelineOptions:
         "(a strategy's optimizer_sharding wins)")
     schedule: ScheduleName | None = option(
         None, "override the strategy's schedule (jeeves: generated from the --cluster's costs and links, or "
-              "the strategy's own orders)", default_text="the strategy's")
+              "the strategy's own orders; gpipe: GPipe order, what ministages and offload run)",
+        default_text="the strategy's")
     prefetch: bool = option(True, "post receives one compute action ahead (--no-prefetch: only where the "
                                   "schedule lists them)")
     threads: int = option(1, "torch intra-op threads per rank")
