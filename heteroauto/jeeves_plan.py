@@ -25,7 +25,7 @@ from h2.core.errors import UserError
 from heteroauto.jeeves import JeevesSchedule, PipelineCosts, jeeves_schedule
 from h2.core.links import rank_locations, stage_link, stage_site
 from h2.core.model_config import ModelConfig
-from h2.core.stage_orders import orders_of
+from h2.core.stage_orders import needs_generated_orders, orders_of
 from h2.core.strategy import Strategy
 from heteroauto.evaluation import evaluate_strategy, stage_layer_profile, training_for
 from heteroauto.memory import stage_memory_terms_at
@@ -131,7 +131,7 @@ def with_schedule_orders(strategy: Strategy, cluster: ClusterSpec, schedule: str
     the cluster's costs (on `profiles`, else synthesised ones), sites and memory, when `schedule`
     (--schedule, else the strategy's) is jeeves and the strategy carries no jeeves orders of its own;
     else the strategy as it is and None."""
-    if (schedule or strategy.schedule) != "jeeves" or (strategy.schedule == "jeeves" and strategy.orders is not None):
+    if not needs_generated_orders(strategy, schedule, source):
         return strategy, None
     costs = strategy_costs(strategy, cluster, source, profiles)
     strategy, generated = generate_jeeves(strategy, costs, source)

@@ -23,20 +23,19 @@ import torch
 import torch.distributed as dist
 
 from h2.core.devices import resolve_device
-from h2.core.errors import UserError
 from h2.core.links import RankLinks
-from h2.core.schedule import gpipe_ministages
+from h2.core.schedule import resolve_schedule
 from h2.core.stage_orders import run_schedule
 from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.transformer import Transformer
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm, clip_coefficient
 from heteropp.executor import StageExecutor
-from heteropp.ministages import MinistageExecutor, runs_ministages
-from heteropp.groups import build_groups, check_p2p_backend, check_stage_backend, p2p_needs_host_staging
+from heteropp.ministages import MinistageExecutor
+from heteropp.groups import build_groups, dicomm_registered, p2p_needs_host_staging
 from heteropp.p2p import P2P
 from heteropp.resharding import Resharder
 from heteropp.stage import apply_recompute, build_stage, model_parameter_name
-from heteropp.tensor_parallel import WeightGradStore, apply_tp, check_tp_divides, is_tp_sharded, split_dim
+from heteropp.tensor_parallel import WeightGradStore, apply_tp, is_tp_sharded, split_dim
 from heteropp.topology import Topology
 from heteropp.tracing import SpanRecorder, span
 
@@ -77,58 +76,70 @@ class PipelineEngine:
         """`links`: this rank's emulated link to every other rank (h2.core.links); its sends across
         stages are paced to them (gloo: in P2P; dicomm: in DiComm's shaping layer). `chip_labels`: how
         outputs name each chip type (e.g. 'emu-slow (emulated: 0.02x a host core, 120 MB)'); the chip's
-        name where absent."""
-        options = options or PipelineOptions()
+        name where absent. The job was checked before any rank started (heteropp.job_checks); what it
+        checked is asserted here."""
+        self.strategy, self.options = strategy, options or PipelineOptions()
         self.chip_labels = dict(chip_labels or {})
-        check_p2p_backend(options.p2p_backend)
-        self.strategy, self.options = strategy, options
         self.model_config = strategy.model_config()
-        if self.model_config.tie_embeddings and len(strategy.stages) > 1:
-            raise UserError(f"{source}: model '{self.model_config.name}' ties embeddings, "
-                            f"which HeteroPP does not support across stages")
         self.config = train_config_for(strategy, config)
-        if self.config.seq_len > self.model_config.max_seq_len:
-            raise UserError(f"{source}: seq_len {self.config.seq_len} exceeds the model's max_seq_len "
-                            f"{self.model_config.max_seq_len}")
-        self.topology = Topology.from_strategy(strategy)
-        for stage in self.topology.stages:
-            check_tp_divides(self.model_config, stage.tp, f"{source}: field 'stages[{stage.index}].tp'")
-        world_size, self.rank = dist.get_world_size(), dist.get_rank()
-        if world_size != self.topology.world_size:
-            raise UserError(f"{source}: needs {self.topology.world_size} processes "
-                            f"(sum of tp * dp over stages), the launch has {world_size}")
+        self.schedule = resolve_schedule(strategy, self.options.schedule, source)
+        self.ministage_group = self.schedule.ministage_executor
+        self._check_invariants()
+        self._place_rank_and_build_groups(links)
+        self.actions = run_schedule(strategy, self.options.schedule, source)[self.place.stage]
+        self.recorder = (SpanRecorder(self.rank, f"stage {self.place.stage}, {self.chip_label}", self.device)
+                         if self.options.trace else None)
+        chunk_layers = (strategy.chunk_layers(self.place.stage) if self.ministage_group
+                        else [self.stage_info.layers])
+        chunks = self._build_chunks(chunk_layers)
+        self.stage = torch.nn.ModuleList(chunks) if self.ministage_group else chunks[0]
+        self._set_up_optimizer(chunks, chunk_layers)
+        self._connect_stages(links)
+        self.executor = self._executor_for_schedule(chunks)
+
+    def _check_invariants(self) -> None:
+        """What heteropp.job_checks.check_pipeline_job refused before the ranks started."""
+        strategy, model = self.strategy, self.model_config
+        assert not (model.tie_embeddings and len(strategy.stages) > 1), "tied embeddings across stages"
+        assert self.config.seq_len <= model.max_seq_len, "seq_len beyond the model's max_seq_len"
+
+    def _place_rank_and_build_groups(self, links: RankLinks | None) -> None:
+        """Topology and groups: this rank's place and device, every stage's device type known here (and
+        its backend loaded), and the process groups (wrapping around for ministages)."""
+        self.topology = Topology.from_strategy(self.strategy)
+        self.rank = dist.get_rank()
+        assert dist.get_world_size() == self.topology.world_size, "the launch's processes are the strategy's ranks"
         self.micro_batch_sequences = self.topology.micro_batch_sequences
         self.place = self.topology.place(self.rank)
         self.stage_info = self.topology.stages[self.place.stage]
+        self.is_last = self.place.stage == self.topology.num_stages - 1
         device_type = self.config.device
         self.device = rank_device(self.stage_info.device or device_type, self.rank)
-        for stage in self.topology.stages:
-            stage_device_type = self.topology.device_type(stage.index, device_type)
-            resolve_device(stage_device_type)  # every rank knows every stage's device type (and its backend)
-            check_stage_backend(options.stage_backend, stage_device_type)
-        # Zorse's ministages and offload run on the ministage executor (heteropp.ministages).
-        self.ministage_group = runs_ministages(strategy, options.schedule)
+        self._load_backends()
         self.groups = build_groups(self.topology, self.rank, device_type=device_type,
-                                   p2p_backend=options.p2p_backend, stage_backend=options.stage_backend,
+                                   p2p_backend=self.options.p2p_backend, stage_backend=self.options.stage_backend,
                                    links=links, wrap_around=self.ministage_group)
-        self.is_last = self.place.stage == self.topology.num_stages - 1
 
+    def _load_backends(self) -> None:
+        """Every stage's device type (and its collective backend) and DiComm's torch.distributed backend
+        where the options name it, loaded in this process before any group is built."""
+        for stage in self.topology.stages:
+            resolve_device(self.topology.device_type(stage.index, self.config.device))
+        if "dicomm" in (self.options.p2p_backend, self.options.stage_backend):
+            registered = dicomm_registered()   # imports DiComm, which registers its backend
+            assert registered, "DiComm's backend is registered (the launcher checked the build)"
+
+    def _build_chunks(self, chunk_layers: list[range]) -> list[torch.nn.Module]:
+        """Build chunks: this rank's layer chunks of the whole (seeded) model, each cut to its stage, split
+        by TP and wrapped in recompute where the stage asks, on the rank's chip. Notes the whole model's
+        parameter order for the global norm (`norm_slot`) and the weight-gradient store a split backward
+        needs (`store`)."""
         torch.manual_seed(self.config.seed)
         model = Transformer(self.model_config)
         # The global gradient norm is taken as torch's clip_grad_norm_ takes it on the whole model:
         # the norm of every parameter's gradient norm, in the model's parameter order.
         self.norm_slot = {name: slot for slot, (name, _) in enumerate(model.named_parameters())}
-        if self.ministage_group:
-            self.actions = gpipe_ministages(self.topology.num_stages, self.config.micro_batches,
-                                            strategy.ministages)[self.place.stage]
-        else:
-            self.actions = run_schedule(strategy, options.schedule, source)[self.place.stage]
-        splits_backward = any(action.kind == "W" for action in self.actions)
-        self.store = WeightGradStore() if splits_backward else None
-        self.recorder = (SpanRecorder(self.rank, f"stage {self.place.stage}, {self.chip_label}", self.device)
-                         if options.trace else None)
-        chunk_layers = (strategy.chunk_layers(self.place.stage) if self.ministage_group
-                        else [self.stage_info.layers])
+        self.store = WeightGradStore() if any(action.kind == "W" for action in self.actions) else None
         chunks = []
         for index, layers in enumerate(chunk_layers):
             chunk = build_stage(model, layers, first=self.place.stage == 0 and index == 0,
@@ -139,16 +150,18 @@ class PipelineEngine:
                 chunk = apply_recompute(chunk, self.recorder)
             with self.on_chip():
                 chunks.append(chunk.to(self.device))
-        self.stage = chunks[0] if not self.ministage_group else torch.nn.ModuleList(chunks)
-        del model
+        return chunks
 
-        # Parameters go by their names in the whole model, which a checkpoint's shards share.
+    def _set_up_optimizer(self, chunks: list[torch.nn.Module], chunk_layers: list[range]) -> None:
+        """Optimizer and norm accounting: the stage's optimizer over its parameters by their names in the
+        whole model (which a checkpoint's shards share), each chunk's parameter indices, and which
+        gradient elements this rank counts in the global norm."""
         named, self.chunk_params = [], []
         for chunk, layers in zip(chunks, chunk_layers):
             first = len(named)
             named += [(model_parameter_name(name, layers), param) for name, param in chunk.named_parameters()]
             self.chunk_params.append(list(range(first, len(named))))
-        self.sharding = strategy.optimizer_sharding or options.optimizer_sharding
+        self.sharding = self.strategy.optimizer_sharding or self.options.optimizer_sharding
         self.optimizer = StageOptimizer(named, lr=self.config.lr, betas=(self.config.beta1, self.config.beta2),
                                         weight_decay=self.config.weight_decay, dp_group=self.groups.dp,
                                         dp_rank=self.place.dp_index, dp_size=self.stage_info.dp,
@@ -159,21 +172,28 @@ class PipelineEngine:
                                 and (is_tp_sharded(name) or self.place.tp_index == 0)
                                 for index, (name, _) in enumerate(named)]
         self.param_slots = [self.norm_slot[name] for name, _ in named]
-        self.p2p = P2P(stage_through_host=p2p_needs_host_staging(options.p2p_backend, self.device.type),
-                       link_to=links.to if links is not None and options.p2p_backend == "gloo" else None)
-        self.resharder = Resharder(self.topology, self.rank, self.groups, self.p2p, mode=options.resharding)
+
+    def _connect_stages(self, links: RankLinks | None) -> None:
+        """The point-to-point path to the neighbouring stages (paced to `links` under gloo) and the
+        resharder that moves activations and gradients over it."""
+        self.p2p = P2P(stage_through_host=p2p_needs_host_staging(self.options.p2p_backend, self.device.type),
+                       link_to=links.to if links is not None and self.options.p2p_backend == "gloo" else None)
+        self.resharder = Resharder(self.topology, self.rank, self.groups, self.p2p, mode=self.options.resharding)
+
+    def _executor_for_schedule(self, chunks: list[torch.nn.Module]) -> StageExecutor | MinistageExecutor:
+        """The executor that runs this schedule's actions (the registry's `ministage_executor` flag)."""
         activation_shape = (len(self.stage_info.rows(self.place.dp_index)), self.config.seq_len,
                             self.model_config.hidden_size)
-        self.ministage_executor = (MinistageExecutor(chunks, device=self.device, offload=tuple(strategy.offload),
-                                                     autocast=torch.bfloat16 if self.config.dtype == "bf16" else None,
-                                                     stage_index=self.place.stage,
-                                                     num_stages=self.topology.num_stages, resharder=self.resharder,
-                                                     activation_shape=activation_shape)
-                                   if self.ministage_group else None)
-        self.executor = StageExecutor(chunks[0], stage_index=self.place.stage, num_stages=self.topology.num_stages,
-                                      resharder=self.resharder, store=self.store, activation_shape=activation_shape,
-                                      prefetch=options.prefetch, device=self.device, recorder=self.recorder,
-                                      autocast=torch.bfloat16 if self.config.dtype == "bf16" else None)
+        autocast = torch.bfloat16 if self.config.dtype == "bf16" else None
+        if self.ministage_group:
+            return MinistageExecutor(chunks, device=self.device, offload=tuple(self.strategy.offload),
+                                     autocast=autocast, stage_index=self.place.stage,
+                                     num_stages=self.topology.num_stages, resharder=self.resharder,
+                                     activation_shape=activation_shape)
+        return StageExecutor(chunks[0], stage_index=self.place.stage, num_stages=self.topology.num_stages,
+                             resharder=self.resharder, store=self.store, activation_shape=activation_shape,
+                             prefetch=self.options.prefetch, device=self.device, recorder=self.recorder,
+                             autocast=autocast)
 
     def parameter_pieces(self) -> list[tuple[str, torch.nn.Parameter, int | None]]:
         """(name in the whole model, this rank's tensor, the dimension along which TP cuts it or None
@@ -282,7 +302,7 @@ class PipelineEngine:
                 self.waiting_grads[chunk] = [self.optimizer.params[index].grad for index in indices]
                 self.optimizer.zero_grad(indices)
 
-        loss = self.ministage_executor.run(self.actions, inputs, targets, self.loss_weight, on_step)
+        loss = self.executor.run(self.actions, inputs, targets, self.loss_weight, on_step)
         return loss, immediate
 
     def _deferred_ministage_steps(self, global_norm: torch.Tensor, max_norm: float, lr: float) -> float:
@@ -291,7 +311,7 @@ class PipelineEngine:
         coefficient = clip_coefficient(global_norm, max_norm)
         for chunk in reversed(range(len(self.chunk_params))):
             indices = self.chunk_params[chunk]
-            with self.ministage_executor.resident(chunk):
+            with self.executor.resident(chunk):
                 for index, grad in zip(indices, self.waiting_grads.pop(chunk)):
                     if grad is not None:   # ZeRO-2: the owner's
                         self.optimizer.params[index].grad = grad.mul_(coefficient)

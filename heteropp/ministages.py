@@ -32,22 +32,11 @@ import contextlib
 import torch
 from torch import nn
 
-from h2.core.errors import UserError
 from h2.model.transformer import language_model_loss
 from heteropp.p2p import BACKWARD, FORWARD
 from heteropp.resharding import PendingTensor, Resharder
 
 OFFLOAD_KINDS = ("activations", "parameters")
-
-
-def runs_ministages(strategy, schedule_flag: str | None = None) -> bool:
-    """Whether a strategy runs on this executor: ministages, offload or the GPipe schedule. A
-    `--schedule` other than GPipe's on ministages or offload is refused in one line."""
-    zorse = strategy.ministages > 1 or bool(strategy.offload)
-    if zorse and schedule_flag not in (None, "gpipe"):
-        raise UserError(f"--schedule {schedule_flag} does not apply to a strategy with ministages or offload "
-                        f"(they run in GPipe order)")
-    return zorse or (schedule_flag or strategy.schedule) == "gpipe"
 
 
 class ParameterHome:

@@ -12,16 +12,22 @@ Ministages (Zorse): with m > 1 a stage holds m layer chunks (`chunk`); chunk c o
 model's chunk c * stages + s, so activations leave the last stage's chunk c for stage 0's chunk c + 1.
 `gpipe_ministages` runs every forward of a chunk before the next chunk's, then the backwards in
 reverse chunk order, and a chunk's STEP right after its last backward.
+
+The registry (`REGISTRY`, name -> `Schedule`) is the one list of schedule names: what a strategy file,
+a job file, `--schedule` and `PipelineOptions` accept (`ScheduleName`), which builder makes each one's
+action lists, which one needs a strategy's explicit orders (jeeves), which one runs on the ministage
+executor (gpipe), and its bubble coefficient for the planner. `resolve_schedule(strategy, override)`
+is the one rule for which schedule a strategy runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Literal
 
 from h2.core.errors import UserError
 
 KINDS = ("F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "STEP")
-SCHEDULES = ("1f1b", "1f1b-split-backward", "jeeves", "gpipe")
 
 
 @dataclass(frozen=True)
@@ -149,24 +155,84 @@ def gpipe_ministages(num_stages: int, micro_batches: int, ministages: int) -> li
     return schedule
 
 
-def schedule_actions(name: str, num_stages: int, micro_batches: int) -> list[list[Action]]:
-    if name == "1f1b":
-        return one_f_one_b(num_stages, micro_batches)
-    if name == "1f1b-split-backward":
-        return one_f_one_b_split_backward(num_stages, micro_batches)
-    if name == "jeeves":
-        raise ValueError("schedule 'jeeves' has no fixed action lists: it is generated from the stages' costs "
+Builder = Callable[[int, int, int], list[list[Action]]]   # (stages, micro-batches, ministages) -> action lists
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One entry of the schedule registry. `build` is None for a schedule generated elsewhere (it needs
+    a strategy's `orders`); `ministage_executor`: its action lists run on heteropp.ministages (chunks and
+    a STEP per chunk) rather than on heteropp.executor; `alpha`: the bubble coefficient the planner's
+    cost model prices it with (1 for 1F1B's bubble, 0 for zero-bubble)."""
+    name: str
+    build: Builder | None
+    ministage_executor: bool = False
+    alpha: float = 1.0
+
+    @property
+    def needs_orders(self) -> bool:
+        return self.build is None
+
+
+def _one_ministage(build: Callable[[int, int], list[list[Action]]]) -> Builder:
+    def build_one(num_stages: int, micro_batches: int, ministages: int) -> list[list[Action]]:
+        if ministages != 1:
+            raise ValueError(f"this schedule runs one ministage per stage, got {ministages}")
+        return build(num_stages, micro_batches)
+    return build_one
+
+
+REGISTRY: dict[str, Schedule] = {schedule.name: schedule for schedule in (
+    Schedule("1f1b", _one_ministage(one_f_one_b)),
+    Schedule("1f1b-split-backward", _one_ministage(one_f_one_b_split_backward), alpha=0.0),
+    Schedule("jeeves", None),                     # heteroauto.jeeves generates it from the stages' costs
+    Schedule("gpipe", gpipe_ministages, ministage_executor=True),   # Zorse's: ministages, offload
+)}
+SCHEDULES = tuple(REGISTRY)
+ScheduleName = Literal[SCHEDULES]   # what a strategy file, a job file and --schedule accept
+MINISTAGE_SCHEDULE = "gpipe"   # what a strategy with ministages or offload runs
+
+
+def schedule_named(name: str, where: str = "schedule") -> Schedule:
+    """The registry's entry for `name`; a one-line UserError naming `where` for an unknown name."""
+    if name not in REGISTRY:
+        raise UserError(f"{where}: unknown schedule '{name}' (known: {', '.join(SCHEDULES)})")
+    return REGISTRY[name]
+
+
+def schedule_for_alpha(alpha: float) -> str:
+    """The built-in schedule a planner's bubble coefficient stands for: zero-bubble at 0, else 1F1B."""
+    return "1f1b-split-backward" if alpha == 0 else "1f1b"
+
+
+def needs_ministages(strategy) -> bool:
+    """Whether a strategy can run only in GPipe order over ministages: it has ministages or offload."""
+    return strategy.ministages > 1 or bool(strategy.offload)
+
+
+def resolve_schedule(strategy, override: str | None = None, source: str = "strategy") -> Schedule:
+    """The schedule `strategy` runs, `override` (--schedule; None: the strategy's own) applied: a
+    strategy with ministages or offload runs GPipe's (an override naming another is a one-line
+    UserError); else the override, else the strategy's."""
+    if override is not None:
+        schedule_named(override, "--schedule")
+    if needs_ministages(strategy):
+        if override not in (None, MINISTAGE_SCHEDULE):
+            raise UserError(f"--schedule {override} does not apply to a strategy with ministages or offload "
+                            f"(they run in GPipe order)")
+        return REGISTRY[MINISTAGE_SCHEDULE]
+    return schedule_named(override or strategy.schedule, f"{source}: field 'schedule'")
+
+
+def schedule_actions(name: str, num_stages: int, micro_batches: int, ministages: int = 1) -> list[list[Action]]:
+    """The action lists of built-in schedule `name`; a ValueError for a generated or unknown one."""
+    schedule = REGISTRY.get(name)
+    if schedule is None:
+        raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
+    if schedule.build is None:
+        raise ValueError(f"schedule {name!r} has no fixed action lists: it is generated from the stages' costs "
                          "(heteroauto.jeeves) and run from a strategy's orders (h2.core.stage_orders.run_schedule)")
-    if name == "gpipe":
-        return gpipe_ministages(num_stages, micro_batches, 1)
-    raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
-
-
-def stage_actions(schedule: str, num_stages: int, micro_batches: int, stage: int) -> list[Action]:
-    """The action list of one stage, with a one-line error for an unknown schedule name."""
-    if schedule not in SCHEDULES:
-        raise UserError(f"unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
-    return schedule_actions(schedule, num_stages, micro_batches)[stage]
+    return schedule.build(num_stages, micro_batches, ministages)
 
 
 def format_schedule(schedule: list[list[Action]]) -> str:

@@ -21,7 +21,7 @@ import re
 from typing import Sequence
 
 from h2.core.errors import UserError
-from h2.core.schedule import Action, schedule_actions, with_transfers
+from h2.core.schedule import Action, Schedule, resolve_schedule, schedule_actions, with_transfers
 
 _TOKEN = re.compile(r"([FBW])(\d+)")
 
@@ -121,17 +121,27 @@ def _compute_after(actions: Sequence[Action], position: int) -> Action:
 
 
 def run_schedule(strategy, schedule: str | None = None, source: str = "strategy") -> list[list[Action]]:
-    """What the stages of `strategy` run: its explicit orders when it has them and `schedule` (an
-    override such as --schedule) is absent or names the strategy's own schedule; else the named
-    built-in schedule. A generated schedule without orders is a UserError."""
-    name = schedule or strategy.schedule
+    """What the stages of `strategy` run (the schedule h2.core.schedule.resolve_schedule picks with the
+    `schedule` override): its explicit orders when it has them and they are of that schedule; else the
+    schedule's built-in action lists. A generated schedule without orders is a UserError."""
+    resolved = resolve_schedule(strategy, schedule, source)
     stages, micro_batches = len(strategy.stages), strategy.micro_batches
-    if strategy.orders is not None and name == strategy.schedule:
+    if runs_own_orders(strategy, resolved):
         return parse_orders(strategy.orders, stages, micro_batches, source)
-    if name in GENERATED_SCHEDULES:
-        raise UserError(f"{source}: schedule '{name}' is generated from the cluster's costs: give the strategy "
-                        f"per-stage orders (field 'orders') or run with --cluster, which generates them")
-    return schedule_actions(name, stages, micro_batches)
+    if resolved.needs_orders:
+        raise UserError(f"{source}: schedule '{resolved.name}' is generated from the cluster's costs: give the "
+                        f"strategy per-stage orders (field 'orders') or run with --cluster, which generates them")
+    return schedule_actions(resolved.name, stages, micro_batches, strategy.ministages)
 
 
-GENERATED_SCHEDULES = ("jeeves",)
+def runs_own_orders(strategy, resolved: Schedule) -> bool:
+    """Whether the strategy's `orders` are what runs: it has them, they are of the schedule that runs,
+    and that schedule runs on the executor of per-stage orders (not the ministage one)."""
+    return strategy.orders is not None and resolved.name == strategy.schedule and not resolved.ministage_executor
+
+
+def needs_generated_orders(strategy, schedule: str | None = None, source: str = "strategy") -> bool:
+    """Whether the schedule that runs (`schedule` override applied) must be generated for this job: it
+    needs orders and the strategy carries none of its own for it."""
+    resolved = resolve_schedule(strategy, schedule, source)
+    return resolved.needs_orders and not runs_own_orders(strategy, resolved)

@@ -52,6 +52,7 @@ import yaml
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig, resolve_model
+from h2.core.schedule import ScheduleName, schedule_named
 from h2.core.stage_orders import parse_orders
 
 
@@ -85,7 +86,7 @@ class Strategy:
     micro_batch_size: int
     stages: list[StageSpec]
     model: str | dict = "tiny"
-    schedule: Literal["1f1b", "1f1b-split-backward", "jeeves", "gpipe"] = "1f1b"
+    schedule: ScheduleName = "1f1b"
     seq_len: int | None = None
     orders: list[str] | None = None   # per stage, the compute actions in the order they run (h2.core.stage_orders)
     in_flight_limit: int | None = None  # jeeves: micro-batches a stage may hold at once (k); None: what its memory holds
@@ -194,6 +195,7 @@ class Strategy:
                 if self.micro_batch_sequences % stage.dp:
                     raise UserError(f"{source}: field 'stages[{index}].dp': {stage.dp} replicas cannot split a "
                                     f"micro-batch of dp * micro_batch_size = {self.micro_batch_sequences} sequences")
+        schedule_named(self.schedule, f"{source}: field 'schedule'")
         if self.in_flight_limit is not None and self.in_flight_limit < 1:
             raise UserError(f"{source}: field 'in_flight_limit' must be at least 1 (one micro-batch), "
                             f"got {self.in_flight_limit}")

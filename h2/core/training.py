@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from h2.core.errors import UserError
-from h2.core.schedule import SCHEDULES
+from h2.core.schedule import SCHEDULES, ScheduleName
 
 # Fields that define the run's trajectory: a resumed run must keep them.
 TRAJECTORY_FIELDS = ("micro_batch_size", "micro_batches", "seq_len", "lr", "min_lr", "warmup_steps",
@@ -98,9 +98,10 @@ class PipelineOptions:
     optimizer_sharding: Literal["none", "zero1", "zero2"] = option(
         "none", "ZeRO-1: shard AdamW state over each stage's data-parallel replicas; ZeRO-2: and gradients "
         "(a strategy's optimizer_sharding wins)")
-    schedule: Literal["1f1b", "1f1b-split-backward", "jeeves"] | None = option(
+    schedule: ScheduleName | None = option(
         None, "override the strategy's schedule (jeeves: generated from the --cluster's costs and links, or "
-              "the strategy's own orders)", default_text="the strategy's")
+              "the strategy's own orders; gpipe: GPipe order, what ministages and offload run)",
+        default_text="the strategy's")
     prefetch: bool = option(True, "post receives one compute action ahead (--no-prefetch: only where the "
                                   "schedule lists them)")
     threads: int = option(1, "torch intra-op threads per rank")

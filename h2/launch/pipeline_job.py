@@ -67,7 +67,7 @@ def check_options(values: dict, run: RunOptions) -> tuple[Strategy, TrainConfig,
     """The strategy file and the options that go with it, each refusal one line."""
     from h2.core.strategy import load_strategy
     from heteropp.groups import check_p2p_backend
-    from heteropp.ministages import runs_ministages
+    from heteropp.job_checks import check_pipeline_job
 
     strategy = load_strategy(run.strategy)
     for name in NOT_WITH_STRATEGY:
@@ -80,9 +80,7 @@ def check_options(values: dict, run: RunOptions) -> tuple[Strategy, TrainConfig,
     config = flags.build(TrainConfig, values)
     options = flags.build(PipelineOptions, values)
     check_p2p_backend(options.p2p_backend)
-    runs_ministages(strategy, options.schedule)
-    # issue 31 (helper sched): the engine's user-input checks, made here once before any rank starts:
-    # heteropp.job_checks.check_pipeline_job(...) is called at this point.
+    check_pipeline_job(strategy, config, options, run.strategy)
     return strategy, config, options
 
 

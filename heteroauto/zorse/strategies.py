@@ -3,9 +3,10 @@
 Plan to strategy: one stage per group, in pipeline order, with the chip type and rows of each rank
 (`chips`, `rows`: a mixed-type group), tp 1, the group's layers and the plan's recompute; the
 strategy's dp * micro_batch_size is the micro-batch's S sequences (dp = S, micro_batch_size = 1),
-`ministages`, `optimizer_sharding: zero2` and `offload`. Strategy to plan (to score any strategy of
-this shape with the same models and simulator): each rank of chip type X takes the next GPU of type X
-in the cluster graph's node order, and a group's machines are the nodes its ranks land on.
+`schedule: gpipe` (the order it runs in), `ministages`, `optimizer_sharding: zero2` and `offload`.
+Strategy to plan (to score any strategy of this shape with the same models and simulator): each rank
+of chip type X takes the next GPU of type X in the cluster graph's node order, and a group's machines
+are the nodes its ranks land on.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig
+from h2.core.schedule import MINISTAGE_SCHEDULE
 from h2.core.strategy import StageSpec, Strategy
 from heteroauto.zorse.costs import GroupShape, Shapes, latency, rank_memory, transfer
 from heteroauto.zorse.graph import Machine, link_across, machines_of, slowest_link
@@ -26,7 +28,7 @@ def to_strategy(plan: ZorsePlan, model: ModelConfig) -> Strategy:
                         chips=list(group.chips), rows=list(group.rows)) for group in plan.groups]
     strategy = Strategy(dp=plan.micro_batch_sequences, micro_batches=plan.micro_batches, micro_batch_size=1,
                         stages=stages, model=model.name if PRESETS.get(model.name) == model else model.to_dict(),
-                        seq_len=plan.seq_len, ministages=plan.ministages, optimizer_sharding="zero2",
+                        schedule=MINISTAGE_SCHEDULE, seq_len=plan.seq_len, ministages=plan.ministages, optimizer_sharding="zero2",
                         offload=list(OFFLOADED) if plan.offload else [])
     strategy.validate("zorse plan")
     return strategy

@@ -1,0 +1,28 @@
+"""The checks of a pipeline job that only the runtime knows how to make, made once by the launcher
+before any rank starts (h2.cli.main); the engine (heteropp.engine) then asserts them as invariants.
+
+Each refusal is a one-line UserError naming the strategy file and field (or the flag).
+"""
+
+from __future__ import annotations
+
+from h2.core.errors import UserError
+from h2.core.schedule import resolve_schedule
+from h2.core.training import PipelineOptions, TrainConfig
+from heteropp.engine import train_config_for
+from heteropp.tensor_parallel import check_tp_divides
+
+
+def check_pipeline_job(strategy, config: TrainConfig, options: PipelineOptions, source: str = "strategy") -> None:
+    """Refuse what HeteroPP cannot run: a schedule the strategy cannot run in (--schedule other than
+    GPipe's on ministages or offload), tied embeddings across stages, a sequence longer than the
+    model's, or a stage's TP size that does not divide the model's heads, KV heads, FFN or vocabulary."""
+    resolve_schedule(strategy, options.schedule, source)
+    model = strategy.model_config(source)
+    if model.tie_embeddings and len(strategy.stages) > 1:
+        raise UserError(f"{source}: model '{model.name}' ties embeddings, which HeteroPP does not support across stages")
+    seq_len = train_config_for(strategy, config).seq_len
+    if seq_len > model.max_seq_len:
+        raise UserError(f"{source}: seq_len {seq_len} exceeds the model's max_seq_len {model.max_seq_len}")
+    for index, stage in enumerate(strategy.stages):
+        check_tp_divides(model, stage.tp, f"{source}: field 'stages[{index}].tp'")
