@@ -12,14 +12,14 @@ from typing import Callable
 
 from h2.core.cluster import TrainingSpec
 from h2.core.errors import UserError
-from h2.core.schedule import schedule_actions
+from h2.core.schedule import schedule_actions, schedule_for_alpha, schedule_named
 from h2.core.stage_orders import run_schedule
 from h2.core.strategy import Strategy
 from heteroauto import paper_search
 from heteroauto.evaluation import StrategyReport, evaluate_strategy, training_for
 from heteroauto.jeeves_plan import site_terms, with_schedule_orders
 from heteroauto.oracle import oracle_search
-from heteroauto.problem import PlanningProblem, default_schedule
+from heteroauto.problem import PlanningProblem
 from heteroauto.profiles import Profile
 from heteroauto.search import Progress, SearchResult, search
 from heteroauto.simulator import SimulationResult, simulate
@@ -126,7 +126,7 @@ def _searched(problem: PlanningProblem, profiles: dict[str, Profile], options: S
               progress: Callable[[Progress], None] | None) -> tuple[Strategy, SearchResult | None, tuple]:
     """The best strategy, the search's result (None for the oracle) and (seconds, CPU seconds, evaluated,
     bounded)."""
-    schedule = default_schedule(problem.training)
+    schedule = schedule_for_alpha(problem.training.alpha)
     if options.method == "exhaustive":
         oracle = oracle_search(problem.cluster, problem.model, problem.training, profiles,
                                cost_model=options.cost_model, group_size=options.group_size, dp=options.dp,
@@ -173,7 +173,7 @@ def plan_strategy(problem: PlanningProblem) -> PlannedStrategy:
     by the simulator."""
     profiles = problem.profiles()
     best = search(problem.cluster, problem.model, problem.training, profiles).best
-    strategy = best.to_strategy(problem.model, problem.training, default_schedule(problem.training))
+    strategy = best.to_strategy(problem.model, problem.training, schedule_for_alpha(problem.training.alpha))
     return _replayed(strategy, evaluate_strategy(strategy, problem.cluster, problem.model, problem.training, profiles))
 
 
@@ -206,7 +206,7 @@ def simulate_strategy(problem: PlanningProblem, strategy: Strategy, source: str,
     the full cost model."""
     training = training_for(strategy, problem.training)
     if not alpha_given:
-        training = dataclasses.replace(training, alpha=0.0 if strategy.schedule == "1f1b-split-backward" else 1.0)
+        training = dataclasses.replace(training, alpha=schedule_named(strategy.schedule).alpha)
     profiles = problem.profiles(training)
     report = evaluate_strategy(strategy, problem.cluster, problem.model, training, profiles, source=source,
                                cost_model=cost_model)

@@ -84,11 +84,6 @@ def profile_paths(cluster: ClusterSpec, files: list[str] = (), folder: str | Non
     return paths
 
 
-def default_schedule(training: TrainingSpec) -> str:
-    """The schedule a searched strategy runs: zero-bubble when the bubble coefficient is 0, else 1F1B."""
-    return "1f1b-split-backward" if training.alpha == 0 else "1f1b"
-
-
 @dataclass(frozen=True)
 class PlanningProblem:
     """The cluster, model and training being planned, and the profile files measured for it."""

@@ -163,11 +163,13 @@ class Schedule:
     """One entry of the schedule registry. `build` is None for a schedule generated elsewhere (it needs
     a strategy's `orders`); `ministage_executor`: its action lists run on heteropp.ministages (chunks and
     a STEP per chunk) rather than on heteropp.executor; `alpha`: the bubble coefficient the planner's
-    cost model prices it with (1 for 1F1B's bubble, 0 for zero-bubble)."""
+    cost model prices it with (1 for 1F1B's bubble, 0 for zero-bubble); `splits_backward`: its backward
+    runs as separate input- and weight-gradient actions (traces label the two)."""
     name: str
     build: Builder | None
     ministage_executor: bool = False
     alpha: float = 1.0
+    splits_backward: bool = False
 
     @property
     def needs_orders(self) -> bool:
@@ -184,7 +186,7 @@ def _one_ministage(build: Callable[[int, int], list[list[Action]]]) -> Builder:
 
 REGISTRY: dict[str, Schedule] = {schedule.name: schedule for schedule in (
     Schedule("1f1b", _one_ministage(one_f_one_b)),
-    Schedule("1f1b-split-backward", _one_ministage(one_f_one_b_split_backward), alpha=0.0),
+    Schedule("1f1b-split-backward", _one_ministage(one_f_one_b_split_backward), alpha=0.0, splits_backward=True),
     Schedule("jeeves", None),                     # heteroauto.jeeves generates it from the stages' costs
     Schedule("gpipe", gpipe_ministages, ministage_executor=True),   # Zorse's: ministages, offload
 )}
