@@ -35,8 +35,9 @@ from heteropp.ministages import MinistageExecutor, runs_ministages
 from heteropp.groups import build_groups, check_p2p_backend, check_stage_backend, p2p_needs_host_staging
 from heteropp.p2p import P2P
 from heteropp.resharding import Resharder
-from heteropp.stage import apply_recompute, build_stage, model_parameter_name
-from heteropp.tensor_parallel import WeightGradStore, apply_tp, check_tp_divides, is_tp_sharded, split_dim
+from heteropp.stage import apply_recompute, build_stage
+from heteropp.stage_parameters import StageParameter, stage_parameters
+from heteropp.tensor_parallel import WeightGradStore, apply_tp, check_tp_divides
 from heteropp.topology import Topology
 from heteropp.tracing import SpanRecorder, span
 
@@ -143,11 +144,12 @@ class PipelineEngine:
         del model
 
         # Parameters go by their names in the whole model, which a checkpoint's shards share.
-        named, self.chunk_params = [], []
+        self.pieces, self.chunk_params = [], []
         for chunk, layers in zip(chunks, chunk_layers):
-            first = len(named)
-            named += [(model_parameter_name(name, layers), param) for name, param in chunk.named_parameters()]
-            self.chunk_params.append(list(range(first, len(named))))
+            first = len(self.pieces)
+            self.pieces += stage_parameters(chunk, layers)
+            self.chunk_params.append(list(range(first, len(self.pieces))))
+        named = [(name, param) for name, param, _ in self.pieces]
         self.sharding = strategy.optimizer_sharding or options.optimizer_sharding
         self.optimizer = StageOptimizer(named, lr=self.config.lr, betas=(self.config.beta1, self.config.beta2),
                                         weight_decay=self.config.weight_decay, dp_group=self.groups.dp,
@@ -156,8 +158,8 @@ class PipelineEngine:
         # Each gradient element enters the global norm once: on the replica that counts it (replica 0,
         # or its owner under ZeRO-2), and for parameters replicated over TP (norm weights) on TP index 0 only.
         self.counted_in_norm = [self.optimizer.holds_reduced_gradient(index)
-                                and (is_tp_sharded(name) or self.place.tp_index == 0)
-                                for index, (name, _) in enumerate(named)]
+                                and (split_dim is not None or self.place.tp_index == 0)
+                                for index, (_, _, split_dim) in enumerate(self.pieces)]
         self.param_slots = [self.norm_slot[name] for name, _ in named]
         self.p2p = P2P(stage_through_host=p2p_needs_host_staging(options.p2p_backend, self.device.type),
                        link_to=links.to if links is not None and options.p2p_backend == "gloo" else None)
@@ -175,12 +177,10 @@ class PipelineEngine:
                                       prefetch=options.prefetch, device=self.device, recorder=self.recorder,
                                       autocast=torch.bfloat16 if self.config.dtype == "bf16" else None)
 
-    def parameter_pieces(self) -> list[tuple[str, torch.nn.Parameter, int | None]]:
-        """(name in the whole model, this rank's tensor, the dimension along which TP cuts it or None
+    def parameter_pieces(self) -> list[StageParameter]:
+        """(name in the whole model, this rank's tensor, the dimension along which TP cut it or None
         where this rank holds it whole) for every parameter of the rank's stage."""
-        tp = self.stage_info.tp
-        return [(name, param, split_dim(name) if tp > 1 else None)
-                for name, param in zip(self.optimizer.names, self.optimizer.params)]
+        return list(self.pieces)
 
     def barrier(self) -> None:
         """Return once every rank has called this (one all-reduce of a host scalar over all ranks)."""
