@@ -34,8 +34,9 @@ from heteropp.ministages import MinistageExecutor
 from heteropp.groups import build_groups, dicomm_registered, p2p_needs_host_staging
 from heteropp.p2p import P2P
 from heteropp.resharding import Resharder
-from heteropp.stage import apply_recompute, build_stage, model_parameter_name
-from heteropp.tensor_parallel import WeightGradStore, apply_tp, is_tp_sharded, split_dim
+from heteropp.stage import apply_recompute, build_stage
+from heteropp.stage_parameters import StageParameter, stage_parameters
+from heteropp.tensor_parallel import WeightGradStore, apply_tp
 from heteropp.topology import Topology
 from heteropp.tracing import SpanRecorder, span
 
@@ -156,11 +157,12 @@ class PipelineEngine:
         """Optimizer and norm accounting: the stage's optimizer over its parameters by their names in the
         whole model (which a checkpoint's shards share), each chunk's parameter indices, and which
         gradient elements this rank counts in the global norm."""
-        named, self.chunk_params = [], []
+        self.pieces, self.chunk_params = [], []
         for chunk, layers in zip(chunks, chunk_layers):
-            first = len(named)
-            named += [(model_parameter_name(name, layers), param) for name, param in chunk.named_parameters()]
-            self.chunk_params.append(list(range(first, len(named))))
+            first = len(self.pieces)
+            self.pieces += stage_parameters(chunk, layers)
+            self.chunk_params.append(list(range(first, len(self.pieces))))
+        named = [(name, param) for name, param, _ in self.pieces]
         self.sharding = self.strategy.optimizer_sharding or self.options.optimizer_sharding
         self.optimizer = StageOptimizer(named, lr=self.config.lr, betas=(self.config.beta1, self.config.beta2),
                                         weight_decay=self.config.weight_decay, dp_group=self.groups.dp,
@@ -169,8 +171,8 @@ class PipelineEngine:
         # Each gradient element enters the global norm once: on the replica that counts it (replica 0,
         # or its owner under ZeRO-2), and for parameters replicated over TP (norm weights) on TP index 0 only.
         self.counted_in_norm = [self.optimizer.holds_reduced_gradient(index)
-                                and (is_tp_sharded(name) or self.place.tp_index == 0)
-                                for index, (name, _) in enumerate(named)]
+                                and (split_dim is not None or self.place.tp_index == 0)
+                                for index, (_, _, split_dim) in enumerate(self.pieces)]
         self.param_slots = [self.norm_slot[name] for name, _ in named]
 
     def _connect_stages(self, links: RankLinks | None) -> None:
@@ -195,12 +197,10 @@ class PipelineEngine:
                              prefetch=self.options.prefetch, device=self.device, recorder=self.recorder,
                              autocast=autocast)
 
-    def parameter_pieces(self) -> list[tuple[str, torch.nn.Parameter, int | None]]:
-        """(name in the whole model, this rank's tensor, the dimension along which TP cuts it or None
+    def parameter_pieces(self) -> list[StageParameter]:
+        """(name in the whole model, this rank's tensor, the dimension along which TP cut it or None
         where this rank holds it whole) for every parameter of the rank's stage."""
-        tp = self.stage_info.tp
-        return [(name, param, split_dim(name) if tp > 1 else None)
-                for name, param in zip(self.optimizer.names, self.optimizer.params)]
+        return list(self.pieces)
 
     def barrier(self) -> None:
         """Return once every rank has called this (one all-reduce of a host scalar over all ranks)."""

@@ -90,6 +90,11 @@ def group_options(backend: str, members: list[int], links: RankLinks | None):
     return GroupOptions(links={peer: links.to(peer) for peer in members if peer != links.rank})
 
 
+def new_group(members: list[int], backend: str, links: RankLinks | None) -> dist.ProcessGroup:
+    """A process group of `members` (every rank must call this, in the same order)."""
+    return dist.new_group(members, backend=backend, pg_options=group_options(backend, members, links))
+
+
 def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p_backend: str = "gloo",
                  stage_backend: str = "auto", links: RankLinks | None = None,
                  wrap_around: bool = False) -> RankGroups:
@@ -102,21 +107,17 @@ def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p
     for info in topology.stages:
         stage_device = topology.device_type(info.index, device_type)
         backend = chip_backend(info.chip, stage_device) if stage_backend == "auto" else stage_backend
-        for d in range(info.dp):
-            members = info.tp_group(d)
-            group = (dist.new_group(members, backend=backend, pg_options=group_options(backend, members, links))
-                     if info.tp > 1 else None)
-            if rank in members:
-                mine["tp"] = group
-        for t in range(info.tp):
-            members = info.dp_group(t)
-            group = (dist.new_group(members, backend=backend, pg_options=group_options(backend, members, links))
-                     if info.dp > 1 else None)
-            if rank in members:
-                mine["dp"] = group
+        # every TP group of the stage (one per replica), then every DP group (one per TP index)
+        for kind, size, groups_of, count in (("tp", info.tp, info.tp_group, info.dp),
+                                             ("dp", info.dp, info.dp_group, info.tp)):
+            for index in range(count):
+                members = groups_of(index)
+                group = new_group(members, backend, links) if size > 1 else None
+                if rank in members:
+                    mine[kind] = group
     for boundary in range(topology.num_stages - 1):
         members = topology.boundary_ranks(boundary)
-        group = dist.new_group(members, backend=p2p_backend, pg_options=group_options(p2p_backend, members, links))
+        group = new_group(members, p2p_backend, links)
         if boundary == place.stage:
             mine["next"] = group
         if boundary + 1 == place.stage:
@@ -126,10 +127,10 @@ def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p
         mine["wrap"] = mine["next"] or mine["prev"]
     elif wrap_around and last > 1:
         members = list(topology.stages[last].ranks) + list(topology.stages[0].ranks)
-        group = dist.new_group(members, backend=p2p_backend, pg_options=group_options(p2p_backend, members, links))
+        group = new_group(members, p2p_backend, links)
         mine["wrap"] = group if place.stage in (0, last) else None
     world = list(range(topology.world_size))
-    everyone = dist.new_group(world, backend=p2p_backend, pg_options=group_options(p2p_backend, world, links))
+    everyone = new_group(world, p2p_backend, links)
     return RankGroups(place=place, tp=mine["tp"], dp=mine["dp"], next_boundary=mine["next"],
                       prev_boundary=mine["prev"], wrap=mine["wrap"], everyone=everyone,
                       tp_ranks=stage.tp_group(place.dp_index))

@@ -40,7 +40,7 @@ from h2.core.model_config import ModelConfig
 from h2.core.ranks import run_ranks
 from h2.model.transformer import Transformer, language_model_loss
 from heteropp.emulated_chip import open_emulated_chip
-from heteropp.groups import chip_backend, group_options
+from heteropp.groups import chip_backend, new_group
 from heteropp.stage import RecomputedLayer, build_stage
 from heteropp.tensor_parallel import apply_tp, check_tp_divides
 
@@ -239,7 +239,7 @@ def _measure_rank(rank: int, world_size: int, chip: ChipType, model: ModelConfig
             # A TP group sits in one node: its traffic crosses the cluster's intra-node link (h2.core.links).
             links = (RankLinks(cluster, [Location(chip.name, 0)] * world_size, rank) if cluster is not None
                      else None)
-            group = dist.new_group(ranks, backend=backend, pg_options=group_options(backend, ranks, links))
+            group = new_group(ranks, backend, links)
         dtype = getattr(torch, dtype_name)
         timed = _Timer(device, group, repeats)
         torch.manual_seed(0)

@@ -40,23 +40,11 @@ def build_stage(model: Transformer, layers: range, *, first: bool, last: bool) -
     return PipelineStage(model, layers, first=first, last=last)
 
 
-# Modules a stage wraps around the model's own, which add a level to parameter names: tensor
-# parallelism's ParallelBlock (`inner`) and ColumnParallelHead (`proj`), recompute's RecomputedLayer (`layer`).
-WRAPPER_ATTRIBUTES = ("inner", "proj", "layer")
-
-
-def model_parameter_name(stage_name: str, layers: range) -> str:
-    """The name in the whole `Transformer` of a parameter of a stage holding decoder layers `layers`:
-    'layers.0.attn.inner.q_proj.weight' of a stage whose layers start at 3 is 'layers.3.attn.q_proj.weight'."""
-    parts = [part for part in stage_name.split(".") if part not in WRAPPER_ATTRIBUTES]
-    if parts[0] == "layers":
-        parts[1] = str(layers.start + int(parts[1]))
-    return ".".join(parts)
-
-
 class RecomputedLayer(nn.Module):
     """Keeps only its input for backward and re-runs the layer's forward when the gradient arrives
     (a span of kind recompute on `recorder`, when the run is traced)."""
+
+    wraps = "layer"  # the model's layer; it stands where this one does (heteropp.stage_parameters)
 
     def __init__(self, layer: nn.Module, recorder: SpanRecorder | None = None):
         super().__init__()

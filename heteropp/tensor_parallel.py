@@ -26,6 +26,7 @@ from torch import nn
 
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
+from heteropp.stage_parameters import shard_of
 
 
 # ---- collectives as autograd functions ---------------------------------------------------------
@@ -163,15 +164,18 @@ class _Linear(torch.autograd.Function):
 
 
 class ShardLinear(nn.Module):
-    """A bias-free linear holding one shard (or all) of a weight [out, in]. `partial_sums`: its
-    outputs are partial sums that the TP group adds up (row-parallel); under autocast they are then
-    left unrounded (the operands rounded, the product in fp32, as a low-precision GEMM with fp32
-    output), so the sum is rounded once, after the reduction, as the single-device product is."""
+    """A bias-free linear holding one shard (or all) of a weight [out, in], cut along `tp_split_dim`
+    (0: column-parallel, 1: row-parallel, None: whole; heteropp.stage_parameters reads it).
+    `partial_sums`: its outputs are partial sums that the TP group adds up (row-parallel); under
+    autocast they are then left unrounded (the operands rounded, the product in fp32, as a
+    low-precision GEMM with fp32 output), so the sum is rounded once, after the reduction, as the
+    single-device product is."""
 
-    def __init__(self, weight: torch.Tensor, store: WeightGradStore | None, partial_sums: bool = False):
+    def __init__(self, weight: torch.Tensor, store: WeightGradStore | None, partial_sums: bool = False,
+                 tp_split_dim: int | None = None):
         super().__init__()
         self.weight = nn.Parameter(weight.detach().clone())
-        self.store, self.partial_sums = store, partial_sums
+        self.store, self.partial_sums, self.tp_split_dim = store, partial_sums, tp_split_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rounding = _autocast_dtype(x) if self.partial_sums else None
@@ -194,6 +198,8 @@ class ParallelBlock(nn.Module):
     reduced in fp32; under autocast the sum is then rounded to the autocast dtype once, where the
     single-device product is rounded (the row-parallel shards leave their partial sums unrounded)."""
 
+    wraps = "inner"  # the model's block; it stands where this one does (heteropp.stage_parameters)
+
     def __init__(self, inner: nn.Module, group):
         super().__init__()
         self.inner, self.group = inner, group
@@ -204,11 +210,14 @@ class ParallelBlock(nn.Module):
 
 
 class ColumnParallelHead(nn.Module):
-    """The output head split by vocabulary; logits are gathered so the loss sees all of them."""
+    """The output head split by vocabulary (`weight`: this rank's rows, cut along `tp_split_dim`);
+    logits are gathered so the loss sees all of them."""
 
-    def __init__(self, weight: torch.Tensor, group, store):
+    wraps = "proj"  # the head's linear; its weight is the model's head weight (heteropp.stage_parameters)
+
+    def __init__(self, weight: torch.Tensor, group, store, tp_split_dim: int | None = None):
         super().__init__()
-        self.proj, self.group = ShardLinear(weight, store), group
+        self.proj, self.group = ShardLinear(weight, store, tp_split_dim=tp_split_dim), group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Gathered in fp32 (exact for bf16 logits): the loss reads them in fp32 anyway, and every
@@ -217,12 +226,13 @@ class ColumnParallelHead(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Rows [first, first + rows) of the embedding; other tokens look up zero, then all-reduce."""
+    """Rows [first, first + rows) of the embedding (cut along `tp_split_dim`, None: all rows); other
+    tokens look up zero, then all-reduce."""
 
-    def __init__(self, weight: torch.Tensor, first: int, group):
+    def __init__(self, weight: torch.Tensor, first: int, group, tp_split_dim: int | None = None):
         super().__init__()
         self.weight = nn.Parameter(weight.detach().clone())
-        self.first, self.group = first, group
+        self.first, self.group, self.tp_split_dim = first, group, tp_split_dim
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -241,51 +251,42 @@ def check_tp_divides(config: ModelConfig, tp: int, where: str) -> None:
             raise UserError(f"{where}: tp {tp} does not divide the model's {name} ({getattr(config, name)})")
 
 
-def _rows(weight: torch.Tensor, index: int, parts: int) -> torch.Tensor:
-    return weight.chunk(parts, dim=0)[index]
-
-
-def _columns(weight: torch.Tensor, index: int, parts: int) -> torch.Tensor:
-    return weight.chunk(parts, dim=1)[index]
+ROWS, COLUMNS = 0, 1  # the dimension of a weight [out, in] that column- and row-parallel layers cut
 
 
 def apply_tp(stage: nn.Module, *, tp_index: int, tp_size: int, group, store: WeightGradStore | None) -> nn.Module:
     """Replace the stage's linears and embedding by this rank's shards (in place); returns the stage.
+    Each shard records the dimension it was cut along (heteropp.stage_parameters reads it).
 
     With tp_size 1 the weights stay whole but still become `ShardLinear`s, so that with a `store`
     (the split-backward schedule) their weight gradients can be deferred.
     """
     group = group if tp_size > 1 else None
     t, n = tp_index, tp_size
+
+    def cut(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, int | None]:
+        return shard_of(weight, dim, t, n), dim if n > 1 else None
+
+    def linear(weight: torch.Tensor, dim: int) -> ShardLinear:
+        shard, split_dim = cut(weight, dim)
+        return ShardLinear(shard, store, partial_sums=dim == COLUMNS and group is not None, tp_split_dim=split_dim)
+
     if stage.embed is not None:
-        full = stage.embed.weight
-        rows = full.shape[0] // n
-        stage.embed = VocabParallelEmbedding(_rows(full, t, n), t * rows, group)
+        rows, split_dim = cut(stage.embed.weight, ROWS)
+        stage.embed = VocabParallelEmbedding(rows, t * rows.shape[0], group, tp_split_dim=split_dim)
     for layer in stage.layers:
         attn, mlp = layer.attn, layer.mlp
-        attn.q_proj = ShardLinear(_rows(attn.q_proj.weight, t, n), store)
-        attn.k_proj = ShardLinear(_rows(attn.k_proj.weight, t, n), store)
-        attn.v_proj = ShardLinear(_rows(attn.v_proj.weight, t, n), store)
-        attn.o_proj = ShardLinear(_columns(attn.o_proj.weight, t, n), store, partial_sums=group is not None)
-        mlp.gate_proj = ShardLinear(_rows(mlp.gate_proj.weight, t, n), store)
-        mlp.up_proj = ShardLinear(_rows(mlp.up_proj.weight, t, n), store)
-        mlp.down_proj = ShardLinear(_columns(mlp.down_proj.weight, t, n), store, partial_sums=group is not None)
+        attn.q_proj = linear(attn.q_proj.weight, ROWS)
+        attn.k_proj = linear(attn.k_proj.weight, ROWS)
+        attn.v_proj = linear(attn.v_proj.weight, ROWS)
+        attn.o_proj = linear(attn.o_proj.weight, COLUMNS)
+        mlp.gate_proj = linear(mlp.gate_proj.weight, ROWS)
+        mlp.up_proj = linear(mlp.up_proj.weight, ROWS)
+        mlp.down_proj = linear(mlp.down_proj.weight, COLUMNS)
         if group is not None:
             layer.attn = ParallelBlock(attn, group)
             layer.mlp = ParallelBlock(mlp, group)
     if stage.head is not None:
-        stage.head = ColumnParallelHead(_rows(stage.head.weight, t, n), group, store)
+        rows, split_dim = cut(stage.head.weight, ROWS)
+        stage.head = ColumnParallelHead(rows, group, store, tp_split_dim=split_dim)
     return stage
-
-
-def split_dim(name: str) -> int | None:
-    """The dimension along which `apply_tp` cuts parameter `name` over the TP group: 0 (rows: the
-    embedding, q/k/v, gate/up, the head), 1 (columns: o, down), None (replicated RMSNorm weights)."""
-    if name.endswith("norm.weight"):
-        return None
-    return 1 if name.endswith(("o_proj.weight", "down_proj.weight")) else 0
-
-
-def is_tp_sharded(name: str) -> bool:
-    """Whether the parameter `name` of a TP stage is split across the group (else replicated)."""
-    return split_dim(name) is not None

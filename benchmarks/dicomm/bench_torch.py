@@ -15,19 +15,14 @@ import statistics
 import sys
 import time
 
-from common import human, rendezvous_store, report
+from common import Iterations, human, iterations_for, rendezvous_store, report
 from h2.core.ranks import run_ranks
 
 P2P_SIZES = [8, 4096, 256 << 10, 4 << 20, 64 << 20]
 QUICK_P2P_SIZES = [4096, 1 << 20]
 ALLREDUCE_SIZES = [4096, 1 << 20, 64 << 20]
 QUICK_ALLREDUCE_SIZES = [1 << 20]
-BYTES_BUDGET = 1 << 30
-
-
-def iterations_for(size: int, quick: bool) -> int:
-    top = 50 if quick else 1000
-    return max(min(top, BYTES_BUDGET // max(size, 1)), 3 if quick else 10)
+ITERATIONS = Iterations(most=1000, least=10, bytes_budget=1 << 30, quick_least=3)
 
 
 def timed(fn, iterations: int, warmup: int) -> list[float]:
@@ -53,7 +48,7 @@ def p2p_worker(rank: int, world: int, sizes: list[int], quick: bool) -> list[dic
     peer = 1 - rank
     rows = []
     for size in sizes:
-        n = iterations_for(size, quick)
+        n = iterations_for(size, quick, ITERATIONS)
         for name, group in groups.items():
             buffer = torch.zeros(size, dtype=torch.uint8)
             incoming = torch.zeros(size, dtype=torch.uint8)

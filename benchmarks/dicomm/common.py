@@ -5,16 +5,26 @@ from __future__ import annotations
 import json
 import os
 import time
-
-LATENCY_ITERATIONS = 2000
-QUICK_ITERATIONS = 50
-BYTES_BUDGET_PER_SIZE = 2 << 30  # large sizes run fewer round trips (at least MIN_ITERATIONS)
-MIN_ITERATIONS = 20
+from dataclasses import dataclass
 
 
-def iterations_for(size: int, quick: bool) -> int:
-    top = QUICK_ITERATIONS if quick else LATENCY_ITERATIONS
-    return max(min(top, BYTES_BUDGET_PER_SIZE // max(size, 1)), 5 if quick else MIN_ITERATIONS)
+@dataclass(frozen=True)
+class Iterations:
+    """How many times a benchmark repeats a message size: `most` (`quick_most` under --quick), fewer for
+    large sizes so that about `bytes_budget` bytes move, and never fewer than `least` (`quick_least`)."""
+    most: int
+    least: int
+    bytes_budget: int
+    quick_most: int = 50
+    quick_least: int = 5
+
+
+LATENCY_ITERATIONS = Iterations(most=2000, least=20, bytes_budget=2 << 30)
+
+
+def iterations_for(size: int, quick: bool, budget: Iterations = LATENCY_ITERATIONS) -> int:
+    top = budget.quick_most if quick else budget.most
+    return max(min(top, budget.bytes_budget // max(size, 1)), budget.quick_least if quick else budget.least)
 
 
 def ping_pong(send, recv, rank: int, buffer, iterations: int, warmup: int) -> list[float]:

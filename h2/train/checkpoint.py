@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from h2.core.errors import UserError
+from heteropp.stage_parameters import shard_of, whole_of
 
 FORMAT = "h2-checkpoint-1"
 MANIFEST = "manifest.json"
@@ -74,10 +75,8 @@ def piece_layout(dim: int | None, index: int = 0, parts: int = 1) -> dict:
 
 
 def cut(whole: torch.Tensor, layout: dict) -> torch.Tensor:
-    """The piece `layout` of `whole` (torch.chunk's split, as tensor parallelism cuts weights)."""
-    if layout["parts"] == 1 or layout["dim"] is None:
-        return whole
-    return whole.chunk(layout["parts"], dim=layout["dim"])[layout["index"]]
+    """The piece `layout` of `whole`, as tensor parallelism cuts weights."""
+    return shard_of(whole, layout["dim"], layout["index"], layout["parts"])
 
 
 def _assemble(pieces: list[tuple[dict, torch.Tensor]], what: str) -> torch.Tensor:
@@ -90,7 +89,7 @@ def _assemble(pieces: list[tuple[dict, torch.Tensor]], what: str) -> torch.Tenso
     missing = [index for index in range(layout["parts"]) if index not in by_index]
     if missing:
         raise UserError(f"{what}: no shard holds piece {missing[0]} of {layout['parts']}")
-    return torch.cat([by_index[index] for index in range(layout["parts"])], dim=layout["dim"])
+    return whole_of([by_index[index] for index in range(layout["parts"])], layout["dim"])
 
 
 # ---- RNG and optimizer state -------------------------------------------------------------------

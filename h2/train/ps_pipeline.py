@@ -29,7 +29,7 @@ from h2.ps.layout import layer_of, model_layers
 from h2.ps.rpc import Rejected, Unreachable
 from h2.train.pacing import Pacer
 from h2.train.ps_sync import SyncLog
-from heteropp.stage_parameters import full_name, gather_full, load_full
+from heteropp.stage_parameters import gather_full, load_full
 
 
 def _everyone_ok(ok: bool, group) -> bool:
@@ -50,12 +50,11 @@ class StageSync:
     def __init__(self, trainer, join: dict):
         engine = trainer.engine
         self.engine, self.group = engine, engine.groups.everyone
-        self.named = list(engine.stage.named_parameters())
-        self.layers_range = engine.stage_info.layers
+        self.pieces = engine.parameter_pieces()
         layers = self.model_layers = model_layers(preset(join["model"]))
         self.transfer_timeout_s = join["transfer_timeout_s"]
         self.follow(join["routes"])
-        self.layer_names = sorted({layer_of(full_name(name, self.layers_range)) for name, _ in self.named})
+        self.layer_names = sorted({layer_of(name) for name, _, _ in self.pieces})
         by_name = {layer.name: layer for layer in layers}
         self.buffers = {name: torch.empty(shape) for layer in self.layer_names for name, shape in by_name[layer].params}
         self.pushes = self.engine.place.dp_index == 0
@@ -68,7 +67,7 @@ class StageSync:
     def push(self, ticket: int, order: list[int]) -> bool:
         ok = True
         if self.pushes:
-            whole = gather_full(self.named, self.layers_range, self.engine.groups.tp, self.engine.stage_info.tp)
+            whole = gather_full(self.pieces, self.engine.groups.tp, self.engine.stage_info.tp)
             if self.sends:
                 try:
                     self.layers.push(ticket, whole, self.layer_names, order)
@@ -83,8 +82,7 @@ class StageSync:
         except DataFlowError:
             ok = False
         if _everyone_ok(ok, self.group):
-            load_full(self.named, self.layers_range, self.engine.place.tp_index, self.engine.stage_info.tp,
-                      self.buffers)
+            load_full(self.pieces, self.engine.place.tp_index, self.engine.stage_info.tp, self.buffers)
             return True
         return False
 

@@ -29,6 +29,7 @@ from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.links import Link
 from h2.core.model_config import ModelConfig
+from h2.core.numbers import divisors
 from h2.core.strategy import even_chunks
 from heteroauto.profiles import Profile
 from heteroauto.zorse.costs import (ChipRates, GroupShape, Latency, RankMemory, Shapes, Transfer, chip_rates,
@@ -117,11 +118,6 @@ def group_order(cluster: ClusterSpec, groups: list[list[Machine]]) -> list[list[
         order.append(nearest)
         left.remove(nearest)
     return [groups[i] for i in order]
-
-
-def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 @dataclass

@@ -446,6 +446,17 @@ def job_training(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+def expect_failure(name: str, wait, since: float, otherwise: str) -> None:
+    """`wait()` must raise: its first line and the seconds since `since` go to findings as `name`'s."""
+    try:
+        wait()
+    except Exception as e:  # noqa: BLE001
+        findings[f"{name}_error"] = str(e).splitlines()[0]
+        findings[f"{name}_seconds"] = time.monotonic() - since
+    else:
+        raise AssertionError(otherwise)
+
+
 def job_killed_peer(args) -> None:
     init(timeout_s=60)
     dist.barrier()
@@ -458,13 +469,7 @@ def job_killed_peer(args) -> None:
     for name, work in (("recv", recv), ("all_reduce", reduce)):
         @check(f"{name}_fails_when_the_peer_dies")
         def _():
-            try:
-                work.wait()
-            except Exception as e:  # noqa: BLE001
-                findings[f"{name}_error"] = str(e).splitlines()[0]
-                findings[f"{name}_seconds"] = time.monotonic() - started
-            else:
-                raise AssertionError("completed although the peer was killed")
+            expect_failure(name, work.wait, started, "completed although the peer was killed")
 
 
 def job_timeout(args) -> None:
@@ -477,14 +482,8 @@ def job_timeout(args) -> None:
                         ("all_reduce", lambda: dist.all_reduce(torch.ones(4), async_op=True))):
         @check(f"{name}_fails_after_the_timeout")
         def _():
-            began = time.monotonic()
-            try:
-                start().wait()
-            except Exception as e:  # noqa: BLE001
-                findings[f"{name}_error"] = str(e).splitlines()[0]
-                findings[f"{name}_seconds"] = time.monotonic() - began
-            else:
-                raise AssertionError("completed although the peer never took part")
+            expect_failure(name, lambda: start().wait(), time.monotonic(),
+                           "completed although the peer never took part")
 
 
 def job_dipu_p2p(args) -> None:

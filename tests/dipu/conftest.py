@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import subprocess
 import sys
@@ -19,3 +20,16 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
 @pytest.fixture
 def python_in_subprocess():
     return run_python
+
+
+def module_from_file(path: Path):
+    """The Python file `path` (a script of no package) imported as a module named after it."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def import_file():
+    return module_from_file

@@ -1,5 +1,4 @@
 """The DIOPI table generator refuses entries it cannot turn into correct kernels, naming them."""
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -8,11 +7,8 @@ GENERATOR = Path(__file__).resolve().parents[2] / "csrc" / "dipu" / "codegen" / 
 
 
 @pytest.fixture(scope="module")
-def generator():
-    spec = importlib.util.spec_from_file_location("gen_registration", GENERATOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def generator(import_file):
+    return import_file(GENERATOR)
 
 
 def generate_from(generator, tmp_path, text: str) -> str:

@@ -2,7 +2,6 @@
 transformer, a conv net, an LSTM language model and a transformer encoder, and an AdamW step of each,
 run on dipu under the op log (benchmarks/dipu_op_coverage.py), fall back to the CPU only for the
 random draws of dropout."""
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,11 +11,8 @@ RANDOM_DRAWS = {"aten::bernoulli_.float"}
 
 
 @pytest.fixture(scope="module")
-def coverage_tool():
-    spec = importlib.util.spec_from_file_location("dipu_op_coverage", COVERAGE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def coverage_tool(import_file):
+    return import_file(COVERAGE)
 
 
 @pytest.mark.parametrize("model", ["llama", "convnet", "lstm", "encoder"])

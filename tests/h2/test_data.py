@@ -6,11 +6,6 @@ from h2.data import ByteTokenizer, SequenceStream, load_stdlib_corpus
 from h2.core.errors import UserError
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return load_stdlib_corpus(max_bytes=1 << 20)
-
-
 def test_byte_tokenizer_round_trips_unicode():
     text = "def f(x):  # naïve → ok\n"
     tokenizer = ByteTokenizer()

@@ -7,15 +7,9 @@ import sys
 import pytest
 
 from h2.core.errors import UserError
-from h2.data import load_stdlib_corpus
 from h2.model import preset
 from h2.train import TrainConfig, Trainer
 from h2.train.metrics import read_metrics
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return load_stdlib_corpus(max_bytes=1 << 20)
 
 
 def run(out, corpus, resume=False, **options):

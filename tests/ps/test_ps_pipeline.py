@@ -13,7 +13,7 @@ from h2.model.transformer import Transformer
 from h2.train.ps_sync import run_with_ps
 from h2.train.trainer import Trainer
 from heteropp.stage import apply_recompute, build_stage
-from heteropp.stage_parameters import full_name, split_dim
+from heteropp.stage_parameters import stage_parameters
 from heteropp.tensor_parallel import apply_tp
 from ps_harness import running_ps
 from ps_pipeline_ranks import pipeline_cluster_rank
@@ -28,10 +28,13 @@ def test_a_stage_names_every_parameter_after_the_full_model():
     model = Transformer(preset("tiny"))
     stage = apply_recompute(apply_tp(build_stage(model, range(2, 4), first=False, last=True), tp_index=0, tp_size=1,
                                      group=None, store=None))
-    names = [full_name(name, range(2, 4)) for name, _ in stage.named_parameters()]
+    names = [name for name, _, _ in stage_parameters(stage, range(2, 4))]
     assert sorted(names) == sorted(n for n in dict(model.named_parameters()) if not n.startswith(("embed", "layers.0",
                                                                                                    "layers.1")))
-    assert (split_dim("layers.2.attn.o_proj.weight"), split_dim("head.weight"), split_dim("norm.weight")) == (1, 0, None)
+    tp2 = apply_tp(build_stage(Transformer(preset("tiny")), range(2, 4), first=False, last=True), tp_index=0, tp_size=2,
+                   group=None, store=None)
+    dim = {name: dim for name, _, dim in stage_parameters(tp2, range(2, 4))}
+    assert (dim["layers.2.attn.o_proj.weight"], dim["head.weight"], dim["norm.weight"]) == (1, 0, None)
 
 
 def single_device_cluster_losses(tmp_path, outer: OuterOptions) -> list[float]:
