@@ -205,7 +205,7 @@ def _measure_stage_ends(timed: _Timer, shard, hidden, grad, tokens) -> dict:
 
     embedding_forward_s, embedding_backward_s = timed.pair(embedding_forward,
                                                            lambda: embedding_forward().backward(grad))
-    del embedding
+    embedding = None  # its weights are freed before the head is built
     head = shard(False, range(0, 0), True)
 
     def head_forward():

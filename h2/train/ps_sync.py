@@ -54,7 +54,9 @@ class SyncLog:
 
 def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=print) -> list[dict]:
     """Train `trainer` (h2.train.trainer.Trainer) as cluster `options.cluster_id` of the run at `options.ps`."""
-    say = (lambda message: log(f"[cluster {options.cluster_id}] {message}"))
+    def say(message: str) -> None:
+        log(f"[cluster {options.cluster_id}] {message}")
+
     client = ClusterClient(options.ps, options.cluster_id, log=say,
                            outliers=Outliers(options.outlier, options.outlier_every, options.outlier_scale))
     if client.model != trainer.model_config.name:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from h2.launch import launcher as launch
+from h2.launch.contract import FAILURES_PREFIX, FINISHED_PREFIX
 from h2.launch.agent import read_failures, write_failures
 from h2.core.strategy import strategy_from_mapping
 
@@ -52,9 +53,9 @@ def test_failures_are_written_whole_and_read_back(tmp_path):
 
 
 def report(tmp_path, capsys, exit_codes: dict, finished: bool) -> str:
-    write_failures(str(tmp_path / f"{launch.FAILURES_PREFIX}0.json"), exit_codes)
+    write_failures(str(tmp_path / f"{FAILURES_PREFIX}0.json"), exit_codes)
     if finished:
-        (tmp_path / f"{launch.FINISHED_PREFIX}0").write_text("")
+        (tmp_path / f"{FINISHED_PREFIX}0").write_text("")
     launch.report_rank_deaths(strategy_from_mapping(STRATEGY, "s.yaml"), str(tmp_path))
     return capsys.readouterr().err
 

@@ -53,7 +53,10 @@ SHIM_META = "shim"
 def check_registrable(aten_name: str, meta: str | None = None) -> None:
     load_schema(aten_name)
     full = f"aten::{aten_name}"
-    has = lambda key: torch._C._dispatch_has_kernel_for_dispatch_key(full, key)
+
+    def has(key: str) -> bool:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(full, key)
+
     if has("CompositeImplicitAutograd") and not has("CPU"):
         raise TableError(f"'{aten_name}' is CompositeImplicitAutograd: register the operators it decomposes into")
     if meta not in (None, SHIM_META):
