@@ -62,22 +62,26 @@ def uniform_split(strategy: dict) -> dict:
 
 
 def simulate(cluster: str, strategy: str, profiles: str) -> dict:
-    return json.loads(command("h2.cli.heteroauto", "simulate", "--cluster", cluster, "--strategy", strategy,
-                              "--profiles", profiles, "--json"))
+    return json.loads(
+        command("h2.cli.heteroauto", "simulate", "--cluster", cluster, "--strategy", strategy, "--profiles", profiles,
+                "--json"))
 
 
 def train(cluster: str, strategy: str, out: str, steps: int, warmup: int) -> dict:
     """Train `steps` steps; the median step time after `warmup` steps and the stage report."""
     if os.path.exists(os.path.join(out, "metrics.jsonl")):
         os.remove(os.path.join(out, "metrics.jsonl"))
-    command("h2.cli.main", "train", "--strategy", strategy, "--cluster", cluster, "--steps", str(steps),
-            "--out", out, "--log-every", str(steps), capture=False)
+    command("h2.cli.main", "train", "--strategy", strategy, "--cluster", cluster, "--steps", str(steps), "--out", out,
+            "--log-every", str(steps), capture=False)
     with open(os.path.join(out, "metrics.jsonl")) as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     with open(os.path.join(out, "stage_report.json")) as handle:
         report = json.load(handle)
-    return {"step_s": statistics.median(r["step_time_s"] for r in records[warmup:]),
-            "steps": [r["step_time_s"] for r in records], "stages": report}
+    return {
+        "step_s": statistics.median(r["step_time_s"]
+                                    for r in records[warmup:]), "steps": [r["step_time_s"]
+                                                                          for r in records], "stages": report
+    }
 
 
 def chip_work(results: dict) -> None:
@@ -121,8 +125,9 @@ def main() -> int:
     command("h2.cli.heteroauto", "profile", "--cluster", args.cluster, "--out-dir", profiles,
             *(["--force"] if args.force_profile else []), capture=False)
     plan_path, uniform_path = os.path.join(out, "planned.yaml"), os.path.join(out, "uniform.yaml")
-    searched = json.loads(command("h2.cli.heteroauto", "search", "--cluster", args.cluster, "--profiles", profiles,
-                                  "--out", plan_path, "--json", "--no-baselines"))
+    searched = json.loads(
+        command("h2.cli.heteroauto", "search", "--cluster", args.cluster, "--profiles", profiles, "--out", plan_path,
+                "--json", "--no-baselines"))
     with open(plan_path) as handle:
         plan = yaml.safe_load(handle)
     with open(uniform_path, "w") as handle:
@@ -138,9 +143,9 @@ def main() -> int:
         results[name] = {"predicted": predicted, "measured": measured}
     after = load()
 
-    print(f"\nplanned strategy (heteroauto search, {searched['evaluated']} configurations evaluated): "
-          + ", ".join(f"{s['chip']} tp {s['tp']} layers {s['layers']}{' recompute' if s['recompute'] else ''}"
-                      for s in searched["strategy"]["stages"]))
+    print(f"\nplanned strategy (heteroauto search, {searched['evaluated']} configurations evaluated): " +
+          ", ".join(f"{s['chip']} tp {s['tp']} layers {s['layers']}{' recompute' if s['recompute'] else ''}"
+                    for s in searched["strategy"]["stages"]))
     print("uniform split: " + ", ".join(f"{s['chip']} layers {s['layers']}" for s in uniform_split(plan)["stages"]))
     print(f"\n{'strategy':<9} {'cost model s':>12} {'simulator s':>12} {'measured s':>11} "
           f"{'measured/cost':>13} {'measured/sim':>12}  steps (s)")
@@ -159,8 +164,9 @@ def main() -> int:
             measured_mb = measured_row["peak_allocated_bytes"] / 1e6
             late = measured_row["overrun_s"] / measured_row["emulated_s"] if measured_row["emulated_s"] else 0.0
             memory_ratios.append(measured_mb / model_mb)
-            print(f"{name:<9} {measured_row['stage']:>5} {measured_row['chip']:>9} {model_mb:>9.2f} {measured_mb:>11.2f} "
-                  f"{measured_mb / model_mb:>14.3f} {late:>16.2%}")
+            print(
+                f"{name:<9} {measured_row['stage']:>5} {measured_row['chip']:>9} {model_mb:>9.2f} {measured_mb:>11.2f} "
+                f"{measured_mb / model_mb:>14.3f} {late:>16.2%}")
 
     print(f"\n{'strategy':<9} {'stage':>5} {'chip':>9} {'chip busy s/step: simulator':>28} {'measured':>9} "
           f"{'measured/simulator':>18} {'host cores used':>15}")

@@ -27,8 +27,9 @@ LIMITS = (2, 4, 6, 8, 10, 12, 14, 16)
 def _row(label, report) -> str:
     f, j, o = report.one_f_one_b, report.jeeves, report.one_site
     fits = "" if f.fits else " (1f1b does not fit)"
-    return (f"{label:>8} {f.iteration_s:8.3f} {j.iteration_s:8.3f} {o.iteration_s:8.3f} {f.iteration_s / j.iteration_s:6.2f}x "
-            f"{j.iteration_s / o.iteration_s:6.3f}x {j.bounds.bound_s:8.3f}  {list(j.layers)}{fits}")
+    return (
+        f"{label:>8} {f.iteration_s:8.3f} {j.iteration_s:8.3f} {o.iteration_s:8.3f} {f.iteration_s / j.iteration_s:6.2f}x "
+        f"{j.iteration_s / o.iteration_s:6.3f}x {j.bounds.bound_s:8.3f}  {list(j.layers)}{fits}")
 
 
 def main() -> int:
@@ -58,9 +59,11 @@ def main() -> int:
     def plot(xs, reports, xlabel, path, fits_only_1f1b=False):
         fig, ax = plt.subplots(figsize=(6, 3.6))
         ones = [(x, r.one_f_one_b.iteration_s) for x, r in zip(xs, reports) if r.one_f_one_b.fits or not fits_only_1f1b]
-        ax.plot(*zip(*ones), "o-", label="1F1B (replicas split the link)" + (", where it fits" if fits_only_1f1b else ""))
+        ax.plot(*zip(*ones), "o-",
+                label="1F1B (replicas split the link)" + (", where it fits" if fits_only_1f1b else ""))
         ax.plot(xs, [r.jeeves.iteration_s for r in reports], "s-", label="JEEVES")
-        ax.plot(xs, [r.one_site.iteration_s for r in reports], "--", label="1F1B, one site" + (" (fits from k = 8)" if fits_only_1f1b else ""))
+        ax.plot(xs, [r.one_site.iteration_s
+                     for r in reports], "--", label="1F1B, one site" + (" (fits from k = 8)" if fits_only_1f1b else ""))
         ax.plot(xs, [r.jeeves.bounds.bound_s for r in reports], ":", label="critical-path bound (JEEVES' division)")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("iteration time (s, simulated)")

@@ -40,8 +40,10 @@ FAULTS = ["--kill", "cluster-c1@r10", "--kill", "shard-1@r20", "--kill", "master
 def launch(base: dict, mode: str, out: str, outlier: str | None, extra: list[str] = ()) -> dict:
     config = dict(base, mode=mode, out=out)
     if outlier:
-        config["clusters"] = [dict(c, outlier="scale", outlier_every=2, outlier_scale=100.0) if c["id"] == outlier
-                              else c for c in base["clusters"]]
+        config["clusters"] = [
+            dict(c, outlier="scale", outlier_every=2, outlier_scale=100.0) if c["id"] == outlier else c
+            for c in base["clusters"]
+        ]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
         yaml.safe_dump(config, handle)
         path = handle.name
@@ -75,9 +77,10 @@ def measure(base: dict, mode: str, out: str) -> dict:
         steps += syncs[-1]["step"] if syncs else 0
     curve = sorted((t - start, loss, version) for version, (t, loss) in first_seen.items())
     rounds = [e for e in events if e["event"] == "round"]
-    return {"mode": mode, "curve": curve, "final_loss": curve[-1][1], "final_time_s": curve[-1][0],
-            "rounds": len(rounds), "rejected": sum(len(r["rejected"]) for r in rounds),
-            "overruns": overruns, "steps": steps}
+    return {
+        "mode": mode, "curve": curve, "final_loss": curve[-1][1], "final_time_s": curve[-1][0], "rounds": len(rounds),
+        "rejected": sum(len(r["rejected"]) for r in rounds), "overruns": overruns, "steps": steps
+    }
 
 
 def time_to(curve: list, target: float) -> float | None:
@@ -89,8 +92,7 @@ def main() -> int:
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "dips", "local-4.yaml"))
     parser.add_argument("--modes", default="sync,async,dips")
     parser.add_argument("--outliers", metavar="CLUSTER", help="also run async and dips with this cluster's outliers")
-    parser.add_argument("--faults", action="store_true",
-                        help="also run dips with " + " ".join(FAULTS))
+    parser.add_argument("--faults", action="store_true", help="also run dips with " + " ".join(FAULTS))
     parser.add_argument("--target", type=float, help="target loss (default: sync's final loss)")
     parser.add_argument("--tokens", type=int, help="token budget of every run (default: the run file's)")
     parser.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_dips"))
@@ -103,28 +105,32 @@ def main() -> int:
         if args.tokens <= 0:
             parser.error(f"--tokens must be positive, got {args.tokens}")
         base["tokens"] = args.tokens
-    print(f"{len(base['clusters'])} clusters, emulated step times "
-          f"{', '.join(str(c['step_time_s']) for c in base['clusters'])} s, H={base['inner_steps']}, "
-          f"{base['tokens']:,} tokens; load {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"{len(base['clusters'])} clusters, emulated step times "
+        f"{', '.join(str(c['step_time_s']) for c in base['clusters'])} s, H={base['inner_steps']}, "
+        f"{base['tokens']:,} tokens; load {os.getloadavg()[0]:.2f}", flush=True)
     run = launch if not args.report_only else (lambda base, mode, out, *_: measure(base, mode, out))
     results = {}
     for mode in args.modes.split(","):
         results[mode] = run(base, mode, os.path.join(args.out, mode), None)
         r = results[mode]
-        print(f"  ran {mode}: {r['rounds']} rounds, final loss {r['final_loss']:.4f} at {r['final_time_s']:.1f} s; "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"  ran {mode}: {r['rounds']} rounds, final loss {r['final_loss']:.4f} at {r['final_time_s']:.1f} s; "
+            f"load {os.getloadavg()[0]:.2f}", flush=True)
     if args.outliers:
         for mode in ("async", "dips"):
             key = f"{mode}+outliers"
             results[key] = run(base, mode, os.path.join(args.out, key), args.outliers)
             r = results[key]
-            print(f"  ran {key}: {r['rounds']} rounds, final loss {r['final_loss']:.4f}, {r['rejected']} rejected; "
-                  f"load {os.getloadavg()[0]:.2f}", flush=True)
+            print(
+                f"  ran {key}: {r['rounds']} rounds, final loss {r['final_loss']:.4f}, {r['rejected']} rejected; "
+                f"load {os.getloadavg()[0]:.2f}", flush=True)
     if args.faults:
         results["dips+faults"] = run(base, "dips", os.path.join(args.out, "dips+faults"), None, FAULTS)
         r = results["dips+faults"]
-        print(f"  ran dips+faults: {r['rounds']} rounds, final loss {r['final_loss']:.4f}; "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"  ran dips+faults: {r['rounds']} rounds, final loss {r['final_loss']:.4f}; "
+            f"load {os.getloadavg()[0]:.2f}", flush=True)
     baseline = results.get("sync")
     target = args.target or baseline["final_loss"]
     base_time = time_to(baseline["curve"], target) if baseline else None

@@ -29,7 +29,7 @@ MiB = 1 << 20
 
 
 def zeromq_seconds(nbytes: int, repeats: int) -> float:
-    layer = Layer("blob", (("blob", (nbytes // 4,)),))
+    layer = Layer("blob", (("blob", (nbytes // 4, )), ))
     staging = np.empty(nbytes // 4, dtype=np.float32)
 
     def on_push(ticket, name, payload):
@@ -58,8 +58,8 @@ def grpc_seconds(nbytes: int, repeats: int) -> float:
 
     options = [("grpc.max_receive_message_length", nbytes + MiB), ("grpc.max_send_message_length", nbytes + MiB)]
     server = grpc.server(ThreadPoolExecutor(max_workers=2), options=options)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "bench.Blob", {"Push": grpc.unary_unary_rpc_method_handler(handle)}),))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("bench.Blob", {"Push": grpc.unary_unary_rpc_method_handler(handle)}), ))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
@@ -86,8 +86,9 @@ def main() -> int:
     print(f"{'size':>8}{'ZeroMQ s':>11}{'MiB/s':>9}{'gRPC s':>10}{'MiB/s':>9}{'ZeroMQ/gRPC':>13}")
     for size in (int(s) for s in args.sizes.split(",")):
         zmq_s, grpc_s = zeromq_seconds(size * MiB, args.repeats), grpc_seconds(size * MiB, args.repeats)
-        print(f"{size:>5} MiB{zmq_s:>11.4f}{size / zmq_s:>9.0f}{grpc_s:>10.4f}{size / grpc_s:>9.0f}"
-              f"{grpc_s / zmq_s:>12.2f}x", flush=True)
+        print(
+            f"{size:>5} MiB{zmq_s:>11.4f}{size / zmq_s:>9.0f}{grpc_s:>10.4f}{size / grpc_s:>9.0f}"
+            f"{grpc_s / zmq_s:>12.2f}x", flush=True)
     print(f"load {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -27,8 +27,8 @@ import time
 from h2.core.ranks import run_ranks
 
 
-def _chip_rank(rank: int, world_size: int, speed: float | None, iterations: int, stop_file: str,
-               directory: str, measures: bool) -> dict | None:
+def _chip_rank(rank: int, world_size: int, speed: float | None, iterations: int, stop_file: str, directory: str,
+               measures: bool) -> dict | None:
     """An emulated chip at `speed` (None: the host's CPU itself) training one layer; or, when not
     `measures` and speed is None, a process that only keeps a core busy until the measurement ends."""
     import torch
@@ -79,7 +79,7 @@ def measure(speed: float | None, neighbours: str, iterations: int) -> dict:
 
         args = [(neighbour_speed(rank), iterations, stop_file, directory, rank == 0 or neighbours == "chips")
                 for rank in range(world)]
-        results = run_ranks(_per_rank, world, (args,), timeout=900)
+        results = run_ranks(_per_rank, world, (args, ), timeout=900)
     return results[0]
 
 
@@ -97,8 +97,9 @@ def main() -> int:
     parser.add_argument("--speed", type=float, default=0.1, help="the emulated chip's relative speed")
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
-    print(f"one decoder layer of `small`, forward + backward of 1 x 128 tokens, median of {args.iterations} "
-          f"iterations; {os.cpu_count()} host cores; before: {load()}", flush=True)
+    print(
+        f"one decoder layer of `small`, forward + backward of 1 x 128 tokens, median of {args.iterations} "
+        f"iterations; {os.cpu_count()} host cores; before: {load()}", flush=True)
     print(f"{'chip':<24} {'neighbours':<32} {'median ms':>10} {'vs alone':>9} {'late kernel time':>17}")
     rows = [(args.speed, f"emulated at {args.speed:g}"), (None, "host CPU (not emulated)")]
     for speed, label in rows:
@@ -107,12 +108,14 @@ def main() -> int:
                                  ("busy", "3 processes keeping a core busy")):
             result = measure(speed, neighbours, args.iterations)
             alone = alone or result["median_s"]
-            print(f"{label:<24} {text:<32} {result['median_s'] * 1e3:>10.1f} {result['median_s'] / alone:>9.2f} "
-                  f"{result['late']:>17.2%}", flush=True)
+            print(
+                f"{label:<24} {text:<32} {result['median_s'] * 1e3:>10.1f} {result['median_s'] / alone:>9.2f} "
+                f"{result['late']:>17.2%}", flush=True)
     half = measure(args.speed / 2, "none", args.iterations)
     full = measure(args.speed, "none", args.iterations)
-    print(f"emulated at {args.speed / 2:g} alone: {half['median_s'] * 1e3:.1f} ms, {half['median_s'] / full['median_s']:.2f}x "
-          f"the chip at {args.speed:g} ({full['median_s'] * 1e3:.1f} ms; expected 2.00x)")
+    print(
+        f"emulated at {args.speed / 2:g} alone: {half['median_s'] * 1e3:.1f} ms, {half['median_s'] / full['median_s']:.2f}x "
+        f"the chip at {args.speed:g} ({full['median_s'] * 1e3:.1f} ms; expected 2.00x)")
     print(f"after: {load()}")
     return 0
 

@@ -65,7 +65,7 @@ def main() -> None:
         profiles = profiles_for(cluster, model, training)
         try:
             full_oracle = oracle_search(cluster, model, training, profiles, group_size=GROUP)
-        except UserError:   # infeasible, or too large for the oracle
+        except UserError:  # infeasible, or too large for the oracle
             full_oracle = None
         if full_oracle is not None:
             exact = objective_or_none(lambda: search(cluster, model, training, profiles, group_size=GROUP))
@@ -83,9 +83,9 @@ def main() -> None:
             losses.append((procedure / oracle.objective_s - 1, seed, cause(oracle.strategy, cluster)))
     print(f"seeds {start}..{stop - 1} (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     print(f"default search vs oracle (full cost model):  {exact_checked} compared, {exact_wrong} different")
-    print(f"paper's procedure vs oracle (paper's model): {paper_checked} compared, {len(losses)} worse"
-          + (f" (largest gap {max(losses)[0] * 100:.2f}%)" if losses else "")
-          + f", {paper_infeasible} found infeasible though a plan exists")
+    print(f"paper's procedure vs oracle (paper's model): {paper_checked} compared, {len(losses)} worse" +
+          (f" (largest gap {max(losses)[0] * 100:.2f}%)" if losses else "") +
+          f", {paper_infeasible} found infeasible though a plan exists")
     for reason in sorted({reason for _, _, reason in losses}):
         gaps = [gap for gap, _, r in losses if r == reason]
         print(f"  {reason}: {len(gaps)} worse, largest {max(gaps) * 100:.2f}%")

@@ -28,11 +28,15 @@ SCHEDULES = ("1f1b", "jeeves")
 
 
 def train(strategy: str, cluster: str, schedule: str, steps: int, out: str) -> list[dict]:
-    command = [sys.executable, "-m", "h2", "train", "--strategy", strategy, "--cluster", cluster,
-               "--schedule", schedule, "--steps", str(steps), "--threads", "1", "--out", out, "--overwrite"]
+    command = [
+        sys.executable, "-m", "h2", "train", "--strategy", strategy, "--cluster", cluster, "--schedule", schedule,
+        "--steps",
+        str(steps), "--threads", "1", "--out", out, "--overwrite"
+    ]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     if result.returncode != 0:
-        raise SystemExit(f"bench_jeeves_run: {' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        raise SystemExit(
+            f"bench_jeeves_run: {' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     print("\n".join(line for line in result.stdout.splitlines() if line.startswith("h2: ")), flush=True)
     with open(os.path.join(out, "metrics.jsonl")) as handle:
         return [json.loads(line) for line in handle if line.strip()]
@@ -47,9 +51,8 @@ def reference(strategy_path: str, steps: int) -> list[dict]:
 
     strategy = load_strategy(strategy_path)
     model = strategy.model_config()
-    config = TrainConfig(steps=steps, micro_batch_size=strategy.micro_batch_size,
-                         micro_batches=strategy.micro_batches * strategy.dp,
-                         seq_len=strategy.seq_len or model.max_seq_len)
+    config = TrainConfig(steps=steps, micro_batch_size=strategy.micro_batch_size, micro_batches=strategy.micro_batches *
+                         strategy.dp, seq_len=strategy.seq_len or model.max_seq_len)
     torch.set_num_threads(1)
     return Trainer(model, config, tempfile.mkdtemp(prefix="bench-jeeves-ref-"), show_progress=False).run()
 
@@ -78,16 +81,17 @@ def main() -> int:
     parser.add_argument("--cluster", default="configs/clusters/local-2site.yaml")
     parser.add_argument("--strategy", default="configs/strategies/local-2site-pp2.yaml")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each schedule, alternating (1f1b jeeves jeeves 1f1b)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="runs of each schedule, alternating (1f1b jeeves jeeves 1f1b)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     load_before = os.getloadavg()
     out_root = tempfile.mkdtemp(prefix="bench-jeeves-")
-    order = [SCHEDULES[(index + index // 2) % 2] for index in range(2 * args.rounds)]   # 1f1b jeeves jeeves 1f1b ...
+    order = [SCHEDULES[(index + index // 2) % 2] for index in range(2 * args.rounds)]  # 1f1b jeeves jeeves 1f1b ...
     runs: dict[str, list[list[dict]]] = {schedule: [] for schedule in SCHEDULES}
     for index, schedule in enumerate(order):
-        runs[schedule].append(train(args.strategy, args.cluster, schedule, args.steps,
-                                    os.path.join(out_root, f"{index}-{schedule}")))
+        runs[schedule].append(
+            train(args.strategy, args.cluster, schedule, args.steps, os.path.join(out_root, f"{index}-{schedule}")))
     ref = reference(args.strategy, args.steps)
     prediction = predicted(args.strategy, args.cluster)
     load_after = os.getloadavg()
@@ -96,12 +100,13 @@ def main() -> int:
         for records in rounds:
             assert [r["step"] for r in records] == [r["step"] for r in ref], "steps differ from the reference"
         loss_diff = max(abs(r["loss"] - q["loss"]) / abs(q["loss"]) for records in rounds for r, q in zip(records, ref))
-        results[schedule] = {"max_relative_loss_difference": loss_diff,
-                             "measured_step_s": statistics.median(r["step_time_s"] for records in rounds
-                                                                  for r in records[1:]),
-                             "round_medians_s": [statistics.median(r["step_time_s"] for r in records[1:])
-                                                 for records in rounds],
-                             "predicted_step_s": prediction[schedule]}
+        results[schedule] = {
+            "max_relative_loss_difference": loss_diff, "measured_step_s": statistics.median(r["step_time_s"]
+                                                                                            for records in rounds
+                                                                                            for r in records[1:]),
+            "round_medians_s": [statistics.median(r["step_time_s"] for r in records[1:])
+                                for records in rounds], "predicted_step_s": prediction[schedule]
+        }
     print(f"two emulated sites ({args.cluster}), {args.strategy}, {args.steps} steps x {args.rounds} rounds "
           f"({' '.join(order)}); load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"{'schedule':>8} {'loss diff':>10} {'measured s':>11} {'per round s':>14} {'predicted s':>12}")
@@ -114,8 +119,11 @@ def main() -> int:
     print(f"jeeves / 1f1b: measured {measured_ratio:.3f}, predicted {predicted_ratio:.3f}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"results": results, "measured_ratio": measured_ratio, "predicted_ratio": predicted_ratio,
-                       "load_before": load_before, "load_after": load_after}, handle, indent=1)
+            json.dump(
+                {
+                    "results": results, "measured_ratio": measured_ratio, "predicted_ratio": predicted_ratio,
+                    "load_before": load_before, "load_after": load_after
+                }, handle, indent=1)
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from h2.core.ranks import run_ranks
 PATHS = ("tcp", "shm", "gloo")
 DEFAULT_PAIRS = "1:20,0.1:1000,0.01:20000"
 PING_BYTES = 8
-MESSAGE_SECONDS = 0.010        # one bandwidth message takes this long on the shaped link
+MESSAGE_SECONDS = 0.010  # one bandwidth message takes this long on the shaped link
 BASELINE_MESSAGE_BYTES = 4 << 20
 TOLERANCE = 0.10
 
@@ -59,12 +58,15 @@ def plan(link: Link | None, seconds: float) -> dict:
         return {"rounds": 500, "message_bytes": BASELINE_MESSAGE_BYTES, "messages": 40}
     round_trip = 2 * link.seconds(PING_BYTES)
     message_bytes = max(4096, int(link.bytes_per_s * MESSAGE_SECONDS))
-    return {"rounds": int(min(500, max(20, seconds / max(round_trip, 1e-5)))), "message_bytes": message_bytes,
-            "messages": int(max(10, seconds / MESSAGE_SECONDS))}
+    return {
+        "rounds": int(min(500, max(20, seconds / max(round_trip, 1e-5)))), "message_bytes": message_bytes,
+        "messages": int(max(10, seconds / MESSAGE_SECONDS))
+    }
 
 
 # ---- one path's two ranks -----------------------------------------------------------------------
 class DiCommPath:
+
     def __init__(self, rank: int, store_dir: str, transport: str, link: Link | None, index: int):
         import dicomm
         self.endpoint = dicomm.Endpoint(dicomm.FileStore(store_dir), rank, 2, transport=transport, link=link,
@@ -86,6 +88,7 @@ class DiCommPath:
 
 
 class GlooP2PPath:
+
     def __init__(self, rank: int, link: Link | None):
         from heteropp.p2p import P2P
         self.p2p = P2P(link_to=(lambda peer: link) if link is not None else None)
@@ -161,8 +164,7 @@ def _measure_path(rank: int, world_size: int, path_name: str, links: list, secon
         dist.init_process_group("gloo", timeout=timedelta(minutes=10))
     results = []
     for index, link in enumerate(links):
-        path = (GlooP2PPath(rank, link) if path_name == "gloo"
-                else DiCommPath(rank, store_dir, path_name, link, index))
+        path = (GlooP2PPath(rank, link) if path_name == "gloo" else DiCommPath(rank, store_dir, path_name, link, index))
         shape = plan(link, seconds)
         one_way = latency_s(path, rank, shape["rounds"])
         bandwidth = bandwidth_bytes_per_s(path, rank, shape["message_bytes"], shape["messages"])
@@ -176,36 +178,43 @@ def _measure_path(rank: int, world_size: int, path_name: str, links: list, secon
 def measure(path_name: str, links: list, seconds: float) -> list[dict]:
     ranks = run_ranks(_measure_path, 2, (path_name, links, seconds, tempfile.mkdtemp(prefix="bench-links-")),
                       timeout=1800, start_method="forkserver", preload=["torch", "dicomm", "heteropp.p2p"])
-    return [{"latency_s": a["latency_s"], "bandwidth_bytes_per_s": b["bandwidth_bytes_per_s"],
-             "message_bytes": a["message_bytes"], "messages": a["messages"], "rounds": a["rounds"]}
-            for a, b in zip(*ranks)]
+    return [{
+        "latency_s": a["latency_s"], "bandwidth_bytes_per_s": b["bandwidth_bytes_per_s"],
+        "message_bytes": a["message_bytes"], "messages": a["messages"], "rounds": a["rounds"]
+    } for a, b in zip(*ranks)]
 
 
 # ---- report -------------------------------------------------------------------------------------
 def report(rows: list[dict]) -> list[str]:
-    lines = [f"{'path':<5} {'link':<22} {'latency us: configured':>22} {'measured':>10} {'ratio':>6}   "
-             f"{'bandwidth GB/s: configured':>26} {'measured':>9} {'ratio':>6}   {'host path alone':>26}"]
+    lines = [
+        f"{'path':<5} {'link':<22} {'latency us: configured':>22} {'measured':>10} {'ratio':>6}   "
+        f"{'bandwidth GB/s: configured':>26} {'measured':>9} {'ratio':>6}   {'host path alone':>26}"
+    ]
     for row in rows:
         link, base = row["link"], row["baseline"]
         latency_ratio = row["latency_s"] / link.latency_s if link.latency_s else math.nan
         bandwidth_ratio = row["bandwidth_bytes_per_s"] / link.bytes_per_s
         row["latency_ratio"], row["bandwidth_ratio"] = latency_ratio, bandwidth_ratio
-        lines.append(f"{row['path']:<5} {link.describe():<22} {link.latency_us:>22.1f} {row['latency_s'] * 1e6:>10.1f} "
-                     f"{latency_ratio:>6.3f}   {link.bandwidth_gbps:>26.4g} {row['bandwidth_bytes_per_s'] / 1e9:>9.4f} "
-                     f"{bandwidth_ratio:>6.3f}   {base['latency_s'] * 1e6:>9.1f} us, {base['bandwidth_bytes_per_s'] / 1e9:>6.3f} GB/s")
+        lines.append(
+            f"{row['path']:<5} {link.describe():<22} {link.latency_us:>22.1f} {row['latency_s'] * 1e6:>10.1f} "
+            f"{latency_ratio:>6.3f}   {link.bandwidth_gbps:>26.4g} {row['bandwidth_bytes_per_s'] / 1e9:>9.4f} "
+            f"{bandwidth_ratio:>6.3f}   {base['latency_s'] * 1e6:>9.1f} us, {base['bandwidth_bytes_per_s'] / 1e9:>6.3f} GB/s"
+        )
     lines.append("")
     for row in rows:
         for what in ("latency", "bandwidth"):
             ratio = row[f"{what}_ratio"]
             verdict = "PASS" if abs(ratio - 1) <= TOLERANCE else "FAIL"
-            lines.append(f"{verdict} {row['path']} {row['link'].describe()}: {what} measured / configured = {ratio:.3f} "
-                         f"(within {TOLERANCE:.0%})")
+            lines.append(
+                f"{verdict} {row['path']} {row['link'].describe()}: {what} measured / configured = {ratio:.3f} "
+                f"(within {TOLERANCE:.0%})")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", default=DEFAULT_PAIRS, help=f"links as GB/s:us, comma-separated (default {DEFAULT_PAIRS})")
+    parser.add_argument("--pairs", default=DEFAULT_PAIRS,
+                        help=f"links as GB/s:us, comma-separated (default {DEFAULT_PAIRS})")
     parser.add_argument("--paths", default=",".join(PATHS), help="tcp, shm, gloo (default all)")
     parser.add_argument("--seconds", type=float, default=0.5, help="about how long each measurement runs")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
@@ -225,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load after: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump([{**row, "link": {"bandwidth_gbps": row["link"].bandwidth_gbps,
-                                        "latency_us": row["link"].latency_us}} for row in rows], handle, indent=2)
+            json.dump(
+                [{**row, "link": {"bandwidth_gbps": row["link"].bandwidth_gbps, "latency_us": row["link"].latency_us}}
+                 for row in rows], handle, indent=2)
     return 0
 
 

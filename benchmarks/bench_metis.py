@@ -99,7 +99,7 @@ def independent_step_s(strategy: Strategy, cluster, model, training, profile_dir
         count = stage.layers + (index == 0) + (index == last)
         compute_ms = sum(computes[first_layer:first_layer + count])
         if index == last:
-            compute_ms += profile["execution_time"]["forward_backward_time_ms"] - sum(computes)   # the loss
+            compute_ms += profile["execution_time"]["forward_backward_time_ms"] - sum(computes)  # the loss
         first_layer += count
         chip = cluster.chip(stage.chip)
         parameters = sum(profile["model"]["parameters"]["parameters_per_layer_bytes"][first_layer - count:first_layer]) \
@@ -113,8 +113,8 @@ def independent_step_s(strategy: Strategy, cluster, model, training, profile_dir
             peer = cluster.chip(stages[index + 1].chip)
             lanes = min(stage.tp * stage_dp, stages[index + 1].tp * strategy.stage_dp(index + 1))
             volume = sequences * training.seq_len * model.hidden_size * training.activation_bytes_per_element
-            sends.append(volume / lanes / (min(chip.inter_node_gbps, peer.inter_node_gbps) * 1e9)
-                         + max(chip.latency_us, peer.latency_us) * 1e-6)
+            sends.append(volume / lanes / (min(chip.inter_node_gbps, peer.inter_node_gbps) * 1e9) +
+                         max(chip.latency_us, peer.latency_us) * 1e-6)
         else:
             sends.append(0.0)
     b = strategy.micro_batches
@@ -141,8 +141,8 @@ def metis_estimate(checkout: str, arguments: list[str], strategy: Strategy, orde
     config = ModelConfig(model_name=args.model_name, num_layers=args.num_layers, sequence_length=args.sequence_length,
                          vocab_size=args.vocab_size, hidden_size=args.hidden_size,
                          attention_head_size=args.attention_head_size)
-    estimator = HeteroCostEstimator(profile_data, config, GPTActivationAndParam(config, profile_data["model"]["parameters"]),
-                                    cluster)
+    estimator = HeteroCostEstimator(profile_data, config,
+                                    GPTActivationAndParam(config, profile_data["model"]["parameters"]), cluster)
     groups = [stage.tp * strategy.stage_dp(i) for i, stage in enumerate(strategy.stages)]
     partition, total = [0], 0
     for index, stage in enumerate(strategy.stages):
@@ -166,13 +166,15 @@ def scores(strategy: Strategy, cluster, model, training, profile_dir: str) -> di
     profiles = profiles_for(cluster, model, training)
     report = evaluate_strategy(strategy, cluster, model, training, profiles)
     replay = simulate(schedule_actions(strategy.schedule, len(strategy.stages), strategy.micro_batches), report.terms)
-    return {"cost model": report.iteration_s, "simulator": replay.iteration_s,
-            "independent": independent_step_s(strategy, cluster, model, training, profile_dir), "fits": report.fits}
+    return {
+        "cost model": report.iteration_s, "simulator": replay.iteration_s, "independent": independent_step_s(
+            strategy, cluster, model, training, profile_dir), "fits": report.fits
+    }
 
 
 def describe(strategy: Strategy) -> str:
-    return (f"dp={strategy.dp} b={strategy.micro_batches} mbs={strategy.micro_batch_size} stages="
-            + " ".join(f"{s.chip}:tp{s.tp}x{strategy.stage_dp(i)}:{s.layers}" for i, s in enumerate(strategy.stages)))
+    return (f"dp={strategy.dp} b={strategy.micro_batches} mbs={strategy.micro_batch_size} stages=" +
+            " ".join(f"{s.chip}:tp{s.tp}x{strategy.stage_dp(i)}:{s.layers}" for i, s in enumerate(strategy.stages)))
 
 
 def main() -> None:
@@ -191,8 +193,8 @@ def main() -> None:
         inputs = os.path.join(workdir, "inputs")
         arguments = to_metis.write_inputs(CLUSTER, inputs)
         profile_dir = os.path.join(inputs, "profile")
-        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; cluster {cluster.name}: "
-              + ", ".join(f"{c.count} {c.name}" for c in cluster.chips) + f"; model {model.name} "
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; cluster {cluster.name}: " +
+              ", ".join(f"{c.count} {c.name}" for c in cluster.chips) + f"; model {model.name} "
               f"({model.num_layers} layers), {training.sequences} x {training.seq_len} tokens per step")
         ranked, metis_cpu, metis_wall = run_metis(checkout, arguments, os.path.join(workdir, "metis_output.txt"))
         metis_best = next(((p, s) for p in ranked if (s := to_metis.plan_strategy(p, cluster, model, training))), None)
@@ -210,18 +212,21 @@ def main() -> None:
               f"H2 {ours_cpu:.4f} (best of {args.repeats}); Metis / H2 = {metis_cpu / ours_cpu:,.0f}x")
         print(f"Metis's plan (its rank {plan['rank']}): {describe(theirs)}")
         print(f"H2's plan:                {describe(ours)}")
-        rows = {"Metis": scores(theirs, cluster, model, training, profile_dir),
-                "H2": scores(ours, cluster, model, training, profile_dir)}
+        rows = {
+            "Metis": scores(theirs, cluster, model, training, profile_dir), "H2": scores(
+                ours, cluster, model, training, profile_dir)
+        }
         rows["Metis"]["Metis estimator"] = metis_estimate(checkout, arguments, theirs, plan["types"])
         rows["H2"]["Metis estimator"] = metis_estimate(checkout, arguments, ours, list(result.best.order))
-        print(f"{'plan':<6} {'H2 cost model s':>16} {'H2 simulator s':>15} {'independent s':>14} {'Metis estimator ms':>19} "
-              f"{'fits (H2 memory)':>17}")
+        print(
+            f"{'plan':<6} {'H2 cost model s':>16} {'H2 simulator s':>15} {'independent s':>14} {'Metis estimator ms':>19} "
+            f"{'fits (H2 memory)':>17}")
         for name, row in rows.items():
             print(f"{name:<6} {row['cost model']:>16.4f} {row['simulator']:>15.4f} {row['independent']:>14.4f} "
                   f"{row['Metis estimator']:>19.1f} {str(row['fits']):>17}")
-        print("Metis / H2 (above 1: H2's plan is faster): "
-              + ", ".join(f"{key} {rows['Metis'][key] / rows['H2'][key]:.3f}"
-                          for key in ("cost model", "simulator", "independent", "Metis estimator")))
+        print("Metis / H2 (above 1: H2's plan is faster): " +
+              ", ".join(f"{key} {rows['Metis'][key] / rows['H2'][key]:.3f}"
+                        for key in ("cost model", "simulator", "independent", "Metis estimator")))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

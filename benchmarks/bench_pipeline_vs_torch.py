@@ -27,12 +27,16 @@ STAGES = 4
 
 
 def strategy_data(args) -> dict:
-    model = {"preset": "tiny", "hidden_size": args.hidden, "num_heads": 4, "num_kv_heads": 2,
-             "intermediate_size": args.hidden * 11 // 4, "num_layers": args.layers, "max_seq_len": args.seq_len}
-    return {"dp": 1, "micro_batches": args.micro_batches, "micro_batch_size": args.micro_batch_size,
-            "seq_len": args.seq_len, "schedule": "1f1b", "model": model,
-            "stages": [{"chip": "emu", "tp": 1, "layers": args.layers // STAGES, "recompute": False}
-                       for _ in range(STAGES)]}
+    model = {
+        "preset": "tiny", "hidden_size": args.hidden, "num_heads": 4, "num_kv_heads": 2,
+        "intermediate_size": args.hidden * 11 // 4, "num_layers": args.layers, "max_seq_len": args.seq_len
+    }
+    return {
+        "dp": 1, "micro_batches": args.micro_batches, "micro_batch_size": args.micro_batch_size,
+        "seq_len": args.seq_len, "schedule": "1f1b", "model": model, "stages": [{
+            "chip": "emu", "tp": 1, "layers": args.layers // STAGES, "recompute": False
+        } for _ in range(STAGES)]
+    }
 
 
 def _timed(step, steps: int) -> float:
@@ -48,13 +52,13 @@ def _timed(step, steps: int) -> float:
 def _rank_main(rank: int, world_size: int, args) -> dict:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
+    from h2.core.strategy import strategy_from_mapping
     from h2.data import SequenceStream, load_stdlib_corpus
     from h2.model.transformer import Transformer, language_model_loss
     from h2.train import TrainConfig
-    from h2.train.trainer import build_adamw
-    from h2.core.strategy import strategy_from_mapping
-    from heteropp.stage import build_stage
     from h2.train.pipeline import PipelineTrainer
+    from h2.train.trainer import build_adamw
+    from heteropp.stage import build_stage
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
@@ -66,8 +70,8 @@ def _rank_main(rank: int, world_size: int, args) -> dict:
     model_config = strategy.model_config()
     torch.manual_seed(0)
     per_stage = args.layers // STAGES
-    module = build_stage(Transformer(model_config), range(rank * per_stage, (rank + 1) * per_stage),
-                         first=rank == 0, last=rank == STAGES - 1)
+    module = build_stage(Transformer(model_config), range(rank * per_stage, (rank + 1) * per_stage), first=rank == 0,
+                         last=rank == STAGES - 1)
     stage = PipelineStage(module, rank, STAGES, torch.device("cpu"))
     schedule = Schedule1F1B(stage, args.micro_batches, loss_fn=language_model_loss)
     optimizer = build_adamw(module, config)
@@ -95,12 +99,12 @@ def _rank_main(rank: int, world_size: int, args) -> dict:
 
 def run(args) -> dict:
     # forkserver: the ranks fork from a server that imported torch once, not from this process
-    results = run_ranks(_rank_main, STAGES, (args,), timeout=None, start_method="forkserver",
+    results = run_ranks(_rank_main, STAGES, (args, ), timeout=None, start_method="forkserver",
                         preload=["torch", "h2.model", "heteropp"])[0]
     tokens = args.micro_batches * args.micro_batch_size * args.seq_len
     ratios = sorted(t / o for o, t in zip(results["ours"], results["torch"]))
-    return {name: tokens / min(times) for name, times in results.items()} | {
-        "rounds": results, "median_ratio": ratios[len(ratios) // 2]}
+    return {name: tokens / min(times)
+            for name, times in results.items()} | {"rounds": results, "median_ratio": ratios[len(ratios) // 2]}
 
 
 def main(argv=None) -> int:
@@ -121,8 +125,7 @@ def main(argv=None) -> int:
     print(f"ratio ours / torch (best rounds): {result['ours'] / result['torch']:.3f}; "
           f"median of per-round ratios: {result['median_ratio']:.3f}")
     pairs = zip(result["rounds"]["ours"], result["rounds"]["torch"])
-    print("per round (ours ms/step, torch ms/step): " +
-          ", ".join(f"({o * 1e3:.0f}, {t * 1e3:.0f})" for o, t in pairs))
+    print("per round (ours ms/step, torch ms/step): " + ", ".join(f"({o * 1e3:.0f}, {t * 1e3:.0f})" for o, t in pairs))
     return 0
 
 

@@ -33,17 +33,23 @@ from h2.core.ranks import run_ranks
 
 WORLD = 4
 MODES = ("full", "sliced")
-LAYOUTS = {"uniform": {"p2p_backend": "gloo", "stage_backend": "gloo"},
-           "topology": {"p2p_backend": "gloo", "stage_backend": "dicomm"}}
+LAYOUTS = {
+    "uniform": {"p2p_backend": "gloo", "stage_backend": "gloo"},
+    "topology": {"p2p_backend": "gloo", "stage_backend": "dicomm"}
+}
 
 
 def strategy_data(args) -> dict:
-    model = {"preset": "tiny", "hidden_size": args.hidden, "num_heads": 4, "num_kv_heads": 2,
-             "intermediate_size": args.hidden * 2, "num_layers": 2, "max_seq_len": args.seq_len}
-    return {"dp": 1, "micro_batches": args.micro_batches, "micro_batch_size": args.micro_batch_size,
-            "seq_len": args.seq_len, "schedule": "1f1b", "model": model,
-            "stages": [{"chip": "emu-a", "tp": 2, "layers": 1, "recompute": False},
-                       {"chip": "emu-b", "tp": 2, "layers": 1, "recompute": False}]}
+    model = {
+        "preset": "tiny", "hidden_size": args.hidden, "num_heads": 4, "num_kv_heads": 2,
+        "intermediate_size": args.hidden * 2, "num_layers": 2, "max_seq_len": args.seq_len
+    }
+    return {
+        "dp": 1, "micro_batches": args.micro_batches, "micro_batch_size": args.micro_batch_size,
+        "seq_len": args.seq_len, "schedule": "1f1b", "model": model, "stages": [{
+            "chip": "emu-a", "tp": 2, "layers": 1, "recompute": False
+        }, {"chip": "emu-b", "tp": 2, "layers": 1, "recompute": False}]
+    }
 
 
 def time_transfers(resharder, groups, mib: int) -> tuple[list[float], int]:
@@ -73,14 +79,14 @@ def time_transfers(resharder, groups, mib: int) -> tuple[list[float], int]:
 
 def _rank_main(rank: int, world_size: int, args) -> dict:
     import dicomm  # noqa: F401  (registers the backend)
-    from h2.train import TrainConfig
     from h2.core.strategy import strategy_from_mapping
+    from h2.core.training import PipelineOptions
+    from h2.train import TrainConfig
+    from h2.train.pipeline import PipelineTrainer
     from heteropp.groups import build_groups
     from heteropp.p2p import P2P
     from heteropp.resharding import Resharder
     from heteropp.topology import Topology
-    from h2.core.training import PipelineOptions
-    from h2.train.pipeline import PipelineTrainer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
@@ -98,8 +104,10 @@ def _rank_main(rank: int, world_size: int, args) -> dict:
                 seconds, nbytes = time_transfers(resharder, groups, mib)
                 transfers[str(mib)] = {"seconds": seconds, "bytes": nbytes}
             results[f"{layout}/{mode}"] = {"transfers": transfers, "step_s": [], "bytes": 0}
-        trainers = {mode: PipelineTrainer(strategy, config, None, PipelineOptions(resharding=mode, **backends))
-                    for mode in MODES}
+        trainers = {
+            mode: PipelineTrainer(strategy, config, None, PipelineOptions(resharding=mode, **backends))
+            for mode in MODES
+        }
         for _ in range(args.rounds):
             for mode, trainer in trainers.items():
                 trainer.train_step()  # warm-up
@@ -116,7 +124,7 @@ def _rank_main(rank: int, world_size: int, args) -> dict:
 
 
 def run(args) -> dict:
-    return run_ranks(_rank_main, WORLD, (args,), timeout=None)[0]
+    return run_ranks(_rank_main, WORLD, (args, ), timeout=None)[0]
 
 
 def main(argv=None) -> int:
@@ -143,8 +151,9 @@ def main(argv=None) -> int:
         for mib in args.transfer_mib:
             f, q = full["transfers"][str(mib)], sliced["transfers"][str(mib)]
             tf, tq = statistics.median(f["seconds"]), statistics.median(q["seconds"])
-            print(f"  {f'{mib} MiB activation':<24} {tf * 1e6:9.0f} {tq * 1e6:10.0f} {f['bytes']:>12,} {q['bytes']:>13,} "
-                  f"{tq / tf:17.3f}")
+            print(
+                f"  {f'{mib} MiB activation':<24} {tf * 1e6:9.0f} {tq * 1e6:10.0f} {f['bytes']:>12,} {q['bytes']:>13,} "
+                f"{tq / tf:17.3f}")
         step_ratios = sorted(q / f for q, f in zip(sliced["step_s"], full["step_s"]))
         print(f"  training step (hidden {args.hidden}, {args.micro_batches} micro-batches of {args.micro_batch_size} x "
               f"{args.seq_len} tokens, {activation:,}-byte activations): full {min(full['step_s']) * 1e3:.1f} ms, "
@@ -156,8 +165,8 @@ def main(argv=None) -> int:
         full, sliced = result[f"{layout}/full"], result[f"{layout}/sliced"]
         fewer = sliced["bytes"] < full["bytes"]
         largest = str(max(args.transfer_mib))
-        ratio = (statistics.median(sliced["transfers"][largest]["seconds"])
-                 / statistics.median(full["transfers"][largest]["seconds"]))
+        ratio = (statistics.median(sliced["transfers"][largest]["seconds"]) /
+                 statistics.median(full["transfers"][largest]["seconds"]))
         step_ratios = sorted(q / f for q, f in zip(sliced["step_s"], full["step_s"]))
         step = step_ratios[len(step_ratios) // 2]
         print(f"{layout}: {'PASS' if fewer else 'FAIL'} fewer bytes across stages; "

@@ -35,7 +35,9 @@ from heteroauto.simulator import simulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = ("exp-a-1", "exp-a-2", "exp-b-1", "exp-b-2", "exp-c-1", "exp-c-2")
-PAPER_SEARCH_S = {"exp-a-1": 0.62, "exp-a-2": 0.62, "exp-b-1": 5.48, "exp-b-2": 5.48, "exp-c-1": 12.29, "exp-c-2": 12.29}
+PAPER_SEARCH_S = {
+    "exp-a-1": 0.62, "exp-a-2": 0.62, "exp-b-1": 5.48, "exp-b-2": 5.48, "exp-c-1": 12.29, "exp-c-2": 12.29
+}
 PAPER_RATIO = {"exp-a-2": 1.0903, "exp-b-2": 1.0429, "exp-a-1": 0.8956, "exp-b-1": 0.7745}
 MODEL = preset("h2-100b")
 
@@ -63,15 +65,18 @@ def best_cpu_s(run, repeats: int) -> tuple[float, object]:
 def cli_search(name: str, cost_model: str) -> dict:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        heteroauto.main(["search", "--cluster", cluster_path(name), "--model", "h2-100b", "--cost-model", cost_model,
-                         "--baseline-gbs-tokens", "2M", "--json"])
+        heteroauto.main([
+            "search", "--cluster",
+            cluster_path(name), "--model", "h2-100b", "--cost-model", cost_model, "--baseline-gbs-tokens", "2M",
+            "--json"
+        ])
     return json.loads(out.getvalue())
 
 
 def describe(result: dict) -> str:
     strategy = result["strategy"]
-    return (f"dp={strategy['dp']} b={strategy['micro_batches']} stages="
-            + " ".join(f"{s['chip']}:tp{s['tp']}:{s['layers']}" for s in strategy["stages"]))
+    return (f"dp={strategy['dp']} b={strategy['micro_batches']} stages=" +
+            " ".join(f"{s['chip']}:tp{s['tp']}:{s['layers']}" for s in strategy["stages"]))
 
 
 def main() -> None:
@@ -91,7 +96,7 @@ def main() -> None:
     print()
     print("Full cost model vs event-driven replay of the default search's plan (1F1B action lists, same terms)")
     print(f"{'experiment':<10} {'stages':>6} {'b':>5} {'cost model s':>13} {'replay s':>9} {'replay/model':>13}")
-    for name in EXPERIMENTS + ("exp-d",):
+    for name in EXPERIMENTS + ("exp-d", ):
         cluster, training, profiles = problem(name)
         strategy = search(cluster, MODEL, training, profiles).best.to_strategy(MODEL, training)
         report = evaluate_strategy(strategy, cluster, MODEL, training, profiles)
@@ -103,8 +108,9 @@ def main() -> None:
     print("Predicted HeteroSpeedupRatio (synthesised profiles; each type alone with 2M tokens, searched the same way)")
     for name in ("exp-a-2", "exp-b-2", "exp-a-1", "exp-b-1"):
         paper, full = cli_search(name, "paper"), cli_search(name, "full")
-        print(f"  {name}: paper {PAPER_RATIO[name] * 100:6.2f}%   --cost-model paper {paper['hetero_speedup_ratio'] * 100:6.2f}% "
-              f"({paper['iteration_s']:.2f} s; {describe(paper)})")
+        print(
+            f"  {name}: paper {PAPER_RATIO[name] * 100:6.2f}%   --cost-model paper {paper['hetero_speedup_ratio'] * 100:6.2f}% "
+            f"({paper['iteration_s']:.2f} s; {describe(paper)})")
         print(f"  {'':7}  {'':14}   --cost-model full  {full['hetero_speedup_ratio'] * 100:6.2f}% "
               f"({full['iteration_s']:.2f} s; {describe(full)})")
 

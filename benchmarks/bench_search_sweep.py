@@ -30,8 +30,10 @@ from heteroauto.profiles import profiles_for
 from heteroauto.search import search
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXTRA = {"E": dict(memory_gb=80, chips_per_node=8, peak_tflops=406, intra_node_gbps=300),
-         "F": dict(memory_gb=48, chips_per_node=8, peak_tflops=187, intra_node_gbps=150)}
+EXTRA = {
+    "E": dict(memory_gb=80, chips_per_node=8, peak_tflops=406, intra_node_gbps=300), "F": dict(
+        memory_gb=48, chips_per_node=8, peak_tflops=187, intra_node_gbps=150)
+}
 
 
 def chip_types() -> list[ChipType]:
@@ -42,15 +44,15 @@ def chip_types() -> list[ChipType]:
 
 
 def cluster(types: int, chips: int) -> ClusterSpec:
-    unit = 1 << max(0, int(math.log2(chips / types / 2)))   # counts in large powers of two: dp can grow
+    unit = 1 << max(0, int(math.log2(chips / types / 2)))  # counts in large powers of two: dp can grow
     counts = [chips // types // unit * unit] * types
     for i in range(types):
         if sum(counts) + unit <= chips:
             counts[i] += unit
     counts[0] += chips - sum(counts)
     kinds = chip_types()[:types]
-    return ClusterSpec(name=f"sweep-{types}x{chips}", source="sweep",
-                       chips=tuple(dataclasses.replace(kind, count=count) for kind, count in zip(kinds, counts)))
+    return ClusterSpec(name=f"sweep-{types}x{chips}", source="sweep", chips=tuple(
+        dataclasses.replace(kind, count=count) for kind, count in zip(kinds, counts)))
 
 
 def model(chips: int, layers: int) -> ModelConfig:
@@ -62,19 +64,22 @@ def model(chips: int, layers: int) -> ModelConfig:
 
 def run_point(types: int, chips: int, layers: int, time_limit: float | None) -> dict:
     spec, net = cluster(types, chips), model(chips, layers)
-    training = TrainingSpec(seq_len=4096, global_batch_tokens=4 * 2 ** 20)
+    training = TrainingSpec(seq_len=4096, global_batch_tokens=4 * 2**20)
     profiles = profiles_for(spec, net, training)
     started = time.process_time()
     try:
         result = search(spec, net, training, profiles, time_limit_s=time_limit)
-        outcome = {"iteration_s": result.best.objective_s, "optimal": result.optimal, "gap": result.gap,
-                   "dp": result.best.dp, "stages": sum(result.best.pps), "order": "".join(result.best.order),
-                   "evaluated": result.evaluated}
-    except UserError as error:   # infeasible (proved), or no plan within the time limit (nothing proved)
+        outcome = {
+            "iteration_s": result.best.objective_s, "optimal": result.optimal, "gap": result.gap, "dp": result.best.dp,
+            "stages": sum(result.best.pps), "order": "".join(result.best.order), "evaluated": result.evaluated
+        }
+    except UserError as error:  # infeasible (proved), or no plan within the time limit (nothing proved)
         proved = "time limit" not in str(error)
         outcome = {"error": str(error)[:80], "optimal": proved, "gap": 0.0 if proved else math.inf}
-    return {"types": types, "chips": chips, "layers": layers, "counts": [c.count for c in spec.chips],
-            "cpu_s": time.process_time() - started, **outcome}
+    return {
+        "types": types, "chips": chips, "layers": layers, "counts": [c.count for c in spec.chips],
+        "cpu_s": time.process_time() - started, **outcome
+    }
 
 
 def fit(rows: list[dict]) -> tuple[float, float, float, float]:
@@ -94,8 +99,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, help="CPU seconds per search (the plan is then within its gap)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
-          + (f"; time limit {args.time_limit:g} CPU s per search" if args.time_limit else ""))
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores" +
+          (f"; time limit {args.time_limit:g} CPU s per search" if args.time_limit else ""))
     print(f"{'types':>5} {'chips':>6} {'layers':>6} {'cpu s':>8} {'proved':>7} {'gap':>7} {'dp':>4} {'stages':>6} "
           f"{'order':>7} {'evals':>6}  iteration s / outcome")
     rows = []
@@ -105,9 +110,10 @@ def main() -> None:
                 row = run_point(types, chips, layers, args.time_limit)
                 rows.append(row)
                 outcome = f"{row['iteration_s']:.3f}" if "iteration_s" in row else row["error"]
-                print(f"{types:>5} {chips:>6} {layers:>6} {row['cpu_s']:>8.2f} {'yes' if row['optimal'] else 'no':>7} "
-                      f"{row['gap'] * 100:>6.2f}% {row.get('dp', '-'):>4} {row.get('stages', '-'):>6} "
-                      f"{row.get('order', '-'):>7} {row.get('evaluated', '-'):>6}  {outcome}", flush=True)
+                print(
+                    f"{types:>5} {chips:>6} {layers:>6} {row['cpu_s']:>8.2f} {'yes' if row['optimal'] else 'no':>7} "
+                    f"{row['gap'] * 100:>6.2f}% {row.get('dp', '-'):>4} {row.get('stages', '-'):>6} "
+                    f"{row.get('order', '-'):>7} {row.get('evaluated', '-'):>6}  {outcome}", flush=True)
     worst = max(rows, key=lambda r: r["cpu_s"])
     a, b, c, _ = fit(rows)
     print(f"points {len(rows)}; worst {worst['cpu_s']:.2f} CPU s ({worst['types']} types, {worst['chips']} chips, "

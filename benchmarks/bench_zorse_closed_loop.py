@@ -20,7 +20,7 @@ import json
 import os
 import statistics
 
-from bench_closed_loop import command, load   # the HeteroAuto closed loop's runner: the same command lines
+from bench_closed_loop import command, load  # the HeteroAuto closed loop's runner: the same command lines
 
 TARGET = 0.20
 
@@ -30,7 +30,8 @@ def main() -> None:
     parser.add_argument("--cluster", default="configs/clusters/local-hetero.yaml")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--max-groups", type=int, help="at most this many pipeline groups (default: the planner's choice)")
+    parser.add_argument("--max-groups", type=int,
+                        help="at most this many pipeline groups (default: the planner's choice)")
     parser.add_argument("--offload", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--ministages", type=int, help="ministages per group (default: the planner's choice)")
     parser.add_argument("--lone-group-ministages", action="store_true",
@@ -42,22 +43,23 @@ def main() -> None:
     print(f"before: {load()}", flush=True)
     profiles, plan, run = (os.path.join(args.out, name) for name in ("profiles", "plan.yaml", "run"))
     command("h2.cli.heteroauto", "profile", "--cluster", args.cluster, "--out-dir", profiles, capture=False)
-    limits = (["--max-groups", str(args.max_groups)] if args.max_groups else []) + (
-        ["--ministages", str(args.ministages)] if args.ministages else []) + (
-        ["--lone-group-ministages"] if args.lone_group_ministages else [])
-    planned = json.loads(command("h2.cli.heteroauto", "search", "--planner", "zorse", "--cluster", args.cluster,
-                                 "--profiles", profiles, "--no-overlap", "--offload", args.offload, *limits,
-                                 "--out", plan, "--json"))
+    limits = (["--max-groups", str(args.max_groups)] if args.max_groups else []) + ([
+        "--ministages", str(args.ministages)
+    ] if args.ministages else []) + (["--lone-group-ministages"] if args.lone_group_ministages else [])
+    planned = json.loads(
+        command("h2.cli.heteroauto", "search", "--planner", "zorse", "--cluster", args.cluster, "--profiles", profiles,
+                "--no-overlap", "--offload", args.offload, *limits, "--out", plan, "--json"))
     groups = "; ".join(f"group {g}: {', '.join(group['chips'])} rows {group['rows']}"
                        for g, group in enumerate(planned["groups"]))
-    print(f"plan: {len(planned['groups'])} groups ({groups}), {planned['ministages']} ministages per group, "
-          f"offload {'on' if planned['offload'] else 'off'}, recompute {'on' if planned['recompute'] else 'off'}; "
-          f"predicted {planned['iteration_s']:.3f} s (simulated {planned['simulated_iteration_s']:.3f} s)", flush=True)
+    print(
+        f"plan: {len(planned['groups'])} groups ({groups}), {planned['ministages']} ministages per group, "
+        f"offload {'on' if planned['offload'] else 'off'}, recompute {'on' if planned['recompute'] else 'off'}; "
+        f"predicted {planned['iteration_s']:.3f} s (simulated {planned['simulated_iteration_s']:.3f} s)", flush=True)
     metrics = os.path.join(run, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    command("h2.cli.main", "train", "--strategy", plan, "--cluster", args.cluster, "--steps", str(args.steps),
-            "--out", run, "--overwrite", "--log-every", "1", capture=False)
+    command("h2.cli.main", "train", "--strategy", plan, "--cluster", args.cluster, "--steps", str(args.steps), "--out",
+            run, "--overwrite", "--log-every", "1", capture=False)
     with open(metrics) as handle:
         steps = [json.loads(line)["step_time_s"] for line in handle if line.strip()]
     measured = statistics.median(steps[args.warmup:])

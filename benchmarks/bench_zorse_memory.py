@@ -28,10 +28,11 @@ import yaml
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = (("gpipe, 1 ministage (baseline: PP + ZeRO-2)", "gpipe", 1, []),
-            ("1f1b, 1 ministage (H2's schedule)", "1f1b", 1, []),
-            ("gpipe, 2 ministages, parameters offloaded", "gpipe", 2, ["parameters"]),
-            ("gpipe, 4 ministages, parameters offloaded", "gpipe", 4, ["parameters"]),
-            ("gpipe, 4 ministages, parameters + activations", "gpipe", 4, ["parameters", "activations"]))
+            ("1f1b, 1 ministage (H2's schedule)", "1f1b", 1,
+             []), ("gpipe, 2 ministages, parameters offloaded",
+                   "gpipe", 2, ["parameters"]), ("gpipe, 4 ministages, parameters offloaded", "gpipe", 4, [
+                       "parameters"
+                   ]), ("gpipe, 4 ministages, parameters + activations", "gpipe", 4, ["parameters", "activations"]))
 
 
 def load() -> str:
@@ -44,18 +45,21 @@ def train(cluster: str, strategy: dict, out: str, steps: int) -> dict:
     path = os.path.join(out, "strategy.yaml")
     with open(path, "w") as handle:
         yaml.safe_dump(strategy, handle, sort_keys=False)
-    run = subprocess.run([sys.executable, "-m", "h2.cli.main", "train", "--strategy", path, "--cluster", cluster,
-                          "--steps", str(steps), "--out", out, "--overwrite", "--log-every", str(steps)],
-                         cwd=REPO_ROOT, text=True, capture_output=True)
+    run = subprocess.run([
+        sys.executable, "-m", "h2.cli.main", "train", "--strategy", path, "--cluster", cluster, "--steps",
+        str(steps), "--out", out, "--overwrite", "--log-every",
+        str(steps)
+    ], cwd=REPO_ROOT, text=True, capture_output=True)
     if run.returncode != 0:
         sys.exit(f"bench_zorse_memory: h2 train failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
     with open(os.path.join(out, "metrics.jsonl")) as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     with open(os.path.join(out, "stage_report.json")) as handle:
         report = json.load(handle)
-    return {"peak_bytes": max(row["peak_allocated_bytes"] for row in report),
-            "step_s": statistics.median(r["step_time_s"] for r in records[1:] or records),
-            "loss": records[-1]["loss"]}
+    return {
+        "peak_bytes": max(row["peak_allocated_bytes"] for row in report),
+        "step_s": statistics.median(r["step_time_s"] for r in records[1:] or records), "loss": records[-1]["loss"]
+    }
 
 
 def main() -> None:

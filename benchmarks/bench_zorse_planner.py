@@ -74,8 +74,9 @@ def main() -> None:
     parser.add_argument("--no-heteroauto", action="store_true")
     parser.add_argument("--min-groups", type=int, default=1,
                         help="Zorse plans of at least this many groups (2: none of one group of all machines)")
-    parser.add_argument("--lone-group-ministages", action="store_true",
-                        help="a Zorse plan of one group may take several ministages (default: one, the authors' planner)")
+    parser.add_argument(
+        "--lone-group-ministages", action="store_true",
+        help="a Zorse plan of one group may take several ministages (default: one, the authors' planner)")
     args = parser.parse_args()
     print(f"{'cluster':7} {'model':5} {'zorse s':>7} {'predicted':>9} {'simulated':>9} {'heteroauto':>10} "
           f"{'ratio':>6}  plans")
@@ -86,15 +87,16 @@ def main() -> None:
             model = resolve_model(f"configs/models/llama-{size}.yaml")
             profiles = profiles_for(cluster, model, training, [])
             took, zorse, zorse_text = zorse_row(cluster, model, training, profiles, args.memory_fraction,
-                                                  args.min_groups, args.lone_group_ministages)
+                                                args.min_groups, args.lone_group_ministages)
             hetero, hetero_text = None, "skipped"
             if not args.no_heteroauto:
                 _, hetero, hetero_text = heteroauto_row(cluster, model, training, args.heteroauto_limit)
             predicted, simulated = zorse if zorse else (float("nan"), float("nan"))
             ratio = hetero / simulated if zorse and hetero else float("nan")
-            print(f"{name:7} {size:5} {took:7.2f} {predicted:9.2f} {simulated:9.2f} "
-                  f"{hetero if hetero else float('nan'):10.2f} {ratio:6.2f}  zorse: {zorse_text}; "
-                  f"heteroauto: {hetero_text}", flush=True)
+            print(
+                f"{name:7} {size:5} {took:7.2f} {predicted:9.2f} {simulated:9.2f} "
+                f"{hetero if hetero else float('nan'):10.2f} {ratio:6.2f}  zorse: {zorse_text}; "
+                f"heteroauto: {hetero_text}", flush=True)
 
 
 if __name__ == "__main__":

@@ -34,9 +34,9 @@ class ConvNet(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(2))
+        self.features = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                      nn.AdaptiveAvgPool2d(2))
         self.classifier = nn.Sequential(nn.Flatten(), nn.Dropout(0.25), nn.Linear(64, 10))
 
     def forward(self, images):
@@ -73,8 +73,8 @@ class EncoderClassifier(nn.Module):
 
 
 def llama():
-    config = ModelConfig(name="coverage", vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
-                         num_kv_heads=2, intermediate_size=64, max_seq_len=16)
+    config = ModelConfig(name="coverage", vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                         intermediate_size=64, max_seq_len=16)
     tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
     return Transformer(config), tokens[:, :-1], lambda logits: language_model_loss(logits, tokens[:, 1:].to("dipu"))
 
@@ -106,9 +106,11 @@ def observed(run) -> dict:
     diopi_before = sum(dipu._C._diopi_call_counts().values())
     with OpObserve(keep_records=True, report=None) as log:
         run()
-    return {"op_calls": log.calls, "distinct_ops": len({record["op"] for record in log.records}),
-            "diopi_calls": sum(dipu._C._diopi_call_counts().values()) - diopi_before,
-            "fallbacks": dict(sorted(dipu.fallback_counts().items()))}
+    return {
+        "op_calls": log.calls, "distinct_ops": len({record["op"] for record in log.records}),
+        "diopi_calls": sum(dipu._C._diopi_call_counts().values()) - diopi_before, "fallbacks": dict(
+            sorted(dipu.fallback_counts().items()))
+    }
 
 
 def coverage(name: str) -> dict:
@@ -117,12 +119,16 @@ def coverage(name: str) -> dict:
     model = model.to("dipu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     inputs = inputs.to("dipu")
-    return {"forward_backward": observed(lambda: loss_of(model(inputs)).backward()),
-            "optimizer_step": observed(optimizer.step)}
+    return {
+        "forward_backward": observed(lambda: loss_of(model(inputs)).backward()),
+        "optimizer_step": observed(optimizer.step)
+    }
 
 
 def report_lines(results: dict) -> list[str]:
-    lines = [f"{'model':<9} {'phase':<17} {'op calls':>8} {'ops':>4} {'DIOPI':>6} {'fallback':>8}  operators that fell back"]
+    lines = [
+        f"{'model':<9} {'phase':<17} {'op calls':>8} {'ops':>4} {'DIOPI':>6} {'fallback':>8}  operators that fell back"
+    ]
     for name, phases in results.items():
         for phase, r in phases.items():
             fell = ", ".join(f"{op} x{count}" for op, count in r["fallbacks"].items()) or "-"

@@ -59,9 +59,13 @@ def train(out_dir: str, args, device: str, profile: str | None) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     if profile:
         env["DIPU_HOST_PROFILE"] = profile
-    command = [sys.executable, "-m", "h2", "train", "--preset", args.preset, "--steps", str(args.steps),
-               "--seq-len", str(args.seq_len), "--micro-batch-size", str(args.micro_batch_size),
-               "--device", device, "--out", out_dir, "--overwrite", "--quiet", "--checkpoint-every", "0"]
+    command = [
+        sys.executable, "-m", "h2", "train", "--preset", args.preset, "--steps",
+        str(args.steps), "--seq-len",
+        str(args.seq_len), "--micro-batch-size",
+        str(args.micro_batch_size), "--device", device, "--out", out_dir, "--overwrite", "--quiet",
+        "--checkpoint-every", "0"
+    ]
     started = time.perf_counter()
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if result.returncode != 0:
@@ -88,8 +92,11 @@ def autocompare_worker() -> None:
         optimizer.step()
     flagged = sorted({f"{row['op']} ({row['phase']})" for row in tool.mismatches})
     first = tool.first_mismatch
-    print(json.dumps({"compared": len(tool.rows), "flagged": flagged,
-                      "first": f"{first['op']} in {first['module']}" if first else None}))
+    print(
+        json.dumps({
+            "compared": len(tool.rows), "flagged": flagged,
+            "first": f"{first['op']} in {first['module']}" if first else None
+        }))
 
 
 def autocompare_profile(profile: str) -> dict:
@@ -128,8 +135,9 @@ def main() -> None:
     os.makedirs(os.path.join(out, "profiles"), exist_ok=True)
     reference_dir = os.path.join(out, "reference-cpu-fp32")
     seconds = train(reference_dir, args, "cpu", None)
-    print(f"reference: {args.preset} on cpu fp32, {args.steps} steps ({seconds:.0f} s{', reused' if not seconds else ''})",
-          flush=True)
+    print(
+        f"reference: {args.preset} on cpu fp32, {args.steps} steps ({seconds:.0f} s{', reused' if not seconds else ''})",
+        flush=True)
     reference = read_loss_log(reference_dir)
     rows = []
     for name, (description, ops, bits) in [(CONTROL[0], CONTROL[1:]), *PROFILES.items()]:
@@ -143,19 +151,21 @@ def main() -> None:
                        candidate_label=f"dipu {name} (emulated)")
         flagged = autocompare_profile(profile)
         rows.append((name, description, diff, early, flagged))
-        print(f"{name}: MRE {100 * diff.mre:.4f}% max {100 * diff.max_relative_error:.4f}% "
-              f"first {len(early.steps)} steps {100 * early.mre:.4f}% ({seconds:.0f} s); "
-              f"autocompare flags {', '.join(flagged['flagged']) or 'nothing'}", flush=True)
+        print(
+            f"{name}: MRE {100 * diff.mre:.4f}% max {100 * diff.max_relative_error:.4f}% "
+            f"first {len(early.steps)} steps {100 * early.mre:.4f}% ({seconds:.0f} s); "
+            f"autocompare flags {', '.join(flagged['flagged']) or 'nothing'}", flush=True)
 
     header = (f"Emulation on one CPU machine: h2 `{args.preset}` preset, {args.steps} steps, "
               f"micro-batch {args.micro_batch_size} x {args.seq_len} tokens, reference = CPU float32; "
               f"chips = dipu host vendor under the profiles below. Command: `python benchmarks/precision_table1.py "
               f"--steps {args.steps} --preset {args.preset} --seq-len {args.seq_len} "
               f"--micro-batch-size {args.micro_batch_size} --threads {args.threads}`.")
-    table = [header, "",
-             f"| emulated chip | what the profile changes | MRE ({args.steps} steps) | max rel. error | < 1.5 % "
-             f"| MRE (first {min(args.early_steps, args.steps)} steps) | autocompare flags (tiny model, one step) |",
-             "|---|---|---|---|---|---|---|"]
+    table = [
+        header, "", f"| emulated chip | what the profile changes | MRE ({args.steps} steps) | max rel. error | < 1.5 % "
+        f"| MRE (first {min(args.early_steps, args.steps)} steps) | autocompare flags (tiny model, one step) |",
+        "|---|---|---|---|---|---|---|"
+    ]
     for name, description, diff, early, flagged in rows:
         table.append(f"| {name} | {description} | {100 * diff.mre:.4f}% | {100 * diff.max_relative_error:.4f}% | "
                      f"{'yes' if diff.passed else 'no'} | {100 * early.mre:.4f}% | "

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from h2.core.errors import ArgumentParser, run_cli
-
 from dicomm import topology
+from h2.core.errors import ArgumentParser, run_cli
 
 
 def _parser() -> ArgumentParser:
@@ -25,12 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     found = topology.discover(args.sysfs)
     choices = topology.choose_nics(found)
     if args.json:
-        print(json.dumps({
-            "chips": [{"pci": c.chip.address, "vendor": c.chip.vendor, "numa": c.chip.numa_node, "nic": c.nic.name,
-                       "reason": c.reason} for c in choices] or [{"pci": chip.address, "nic": None}
-                                                                 for chip in found.chips],
-            "nics": [{"name": n.name, "pci": n.address, "numa": n.numa_node} for n in found.nics],
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    "chips": [{
+                        "pci": c.chip.address, "vendor": c.chip.vendor, "numa": c.chip.numa_node, "nic": c.nic.name,
+                        "reason": c.reason
+                    } for c in choices] or [{"pci": chip.address, "nic": None} for chip in found.chips],
+                    "nics": [{"name": n.name, "pci": n.address, "numa": n.numa_node} for n in found.nics],
+                }, indent=1))
     else:
         print(topology.format_map(found, choices))
     return 0

@@ -12,8 +12,8 @@ FrameError = _core.FrameError
 Handle = _core.Handle
 
 TUNING_OPTIONS = ("tcp_chunk_bytes", "tcp_socket_buffer_bytes", "tcp_congestion", "shm_ring_bytes", "shm_eager_bytes",
-                  "tcp_notsent_lowat_bytes", "shm_split_bytes", "shm_cross_memory_attach", "max_message_bytes", "bind_address", "advertise_address",
-                  "spin_wait_us", "hello_timeout_s", "unexpected_bytes_per_peer")
+                  "tcp_notsent_lowat_bytes", "shm_split_bytes", "shm_cross_memory_attach", "max_message_bytes",
+                  "bind_address", "advertise_address", "spin_wait_us", "hello_timeout_s", "unexpected_bytes_per_peer")
 
 
 class Endpoint:
@@ -128,8 +128,8 @@ class Endpoint:
             self._prune_at = max(1024, 2 * len(self._inflight))
         return handle
 
-    def set_copy_hooks(self, to_host: Callable[[int, int, int], None],
-                       from_host: Callable[[int, int, int], None]) -> None:
+    def set_copy_hooks(self, to_host: Callable[[int, int, int], None], from_host: Callable[[int, int, int],
+                                                                                           None]) -> None:
         """How device memory is read and written: each hook is called as ``hook(dst_address,
         src_address, nbytes)``. Requests with ``device=True`` that do not move device-direct are then
         staged through host memory with these hooks."""

@@ -12,6 +12,7 @@ import urllib.parse
 
 
 class FileStore:
+
     def __init__(self, path: str | os.PathLike, timeout: float = 300.0):
         self.path = os.fspath(path)
         self.timeout = timeout

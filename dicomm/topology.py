@@ -29,10 +29,10 @@ PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 @dataclass(frozen=True)
 class PciDevice:
-    name: str              # a chip's PCI address, or a NIC's name (mlx5_0, eth0)
-    address: str           # PCI address, e.g. 0000:1b:00.0
-    vendor: str            # PCI vendor id, e.g. 0x10de
-    numa_node: int         # -1 when the firmware does not say
+    name: str  # a chip's PCI address, or a NIC's name (mlx5_0, eth0)
+    address: str  # PCI address, e.g. 0000:1b:00.0
+    vendor: str  # PCI vendor id, e.g. 0x10de
+    numa_node: int  # -1 when the firmware does not say
     bridges: tuple[str, ...]  # PCI bridges from the root port down to the device (excluded)
 
     def shared_switch_depth(self, other: "PciDevice") -> int:
@@ -90,8 +90,9 @@ def _nic_addresses(sysfs: str) -> list[tuple[str, str]]:
             if not os.path.exists(device):
                 continue  # virtual interface (lo, bridges)
             # The PCI function itself, or the one above a bus of its own (virtio2 under 0000:00:03.0).
-            address = next((part for part in reversed(os.path.realpath(device).split(os.sep))
-                            if PCI_ADDRESS.fullmatch(part)), None)
+            address = next(
+                (part
+                 for part in reversed(os.path.realpath(device).split(os.sep)) if PCI_ADDRESS.fullmatch(part)), None)
             pci_class = _read(os.path.join(sysfs, "bus", "pci", "devices", address or "-", "class"))
             if address is None or (folder == "net" and not pci_class.startswith(NETWORK_CLASS)):
                 continue

@@ -48,7 +48,8 @@ def _create_backend(common, options: GroupOptions | None):
     peer_links = {}
     if options is not None:
         if not isinstance(options, GroupOptions):
-            raise TypeError(f"dicomm: pg_options must be dicomm.torch_backend.GroupOptions, got {type(options).__name__}")
+            raise TypeError(
+                f"dicomm: pg_options must be dicomm.torch_backend.GroupOptions, got {type(options).__name__}")
         for group_rank, global_rank in enumerate(global_ranks):
             link = options.links.get(global_rank)
             if link is not None and group_rank != common.group_rank:

@@ -230,8 +230,9 @@ class ProbeResult:
 
 def run_probe(rank: int, world_size: int, code: str) -> tuple[bool, str]:
     """One probe in this process: `import ditorch`, then the user's code."""
-    import ditorch  # noqa: F401  the first line of the user's script
     import torch
+
+    import ditorch  # noqa: F401  the first line of the user's script
 
     namespace = {"torch": torch}
     try:
@@ -260,8 +261,8 @@ def run_probes(probes=PROBES, timeout: float = 120, progress=None) -> list[Probe
     results = []
     for index, (area, api, code) in enumerate(probes, start=1):
         try:
-            (outcome,) = run_ranks(run_probe, 1, args=(code,), timeout=timeout, start_method="forkserver",
-                                   preload=("torch",), env={"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+            (outcome, ) = run_ranks(run_probe, 1, args=(code, ), timeout=timeout, start_method="forkserver",
+                                    preload=("torch", ), env={"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
             works, detail = outcome
         except RankFailure as failure:
             works, detail = False, f"the process died: {str(failure).splitlines()[0]}"

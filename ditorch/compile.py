@@ -34,8 +34,9 @@ class VendorAwareInductor:
             return self.inductor(graph_module, example_inputs)
         if not self.warned:
             self.warned = True
-            print(f"ditorch: torch.compile: inductor has no code generator for the {self.device_type} device; "
-                  f"its graphs run eagerly (backend 'eager')", file=sys.stderr, flush=True)
+            print(
+                f"ditorch: torch.compile: inductor has no code generator for the {self.device_type} device; "
+                f"its graphs run eagerly (backend 'eager')", file=sys.stderr, flush=True)
         return graph_module.forward
 
     def reset(self):
@@ -55,13 +56,12 @@ class CompileMapping:
 
         def compile(model=None, *, backend=None, mode=None, options=None, dynamic=None, name=None, **kwargs):
             if model is None:  # used as @torch.compile(...)
-                return lambda fn: compile(fn, backend=backend, mode=mode, options=options, dynamic=dynamic,
-                                          name=name, **kwargs)
+                return lambda fn: compile(fn, backend=backend, mode=mode, options=options, dynamic=dynamic, name=name,
+                                          **kwargs)
             if backend in (None, "inductor") and not (options or {}).get("use_aoti"):
                 backend = VendorAwareInductor(device_type, mode, options, dynamic, name)
                 mode = options = None
-            return original(model, backend=backend, mode=mode, options=options, dynamic=dynamic, name=name,
-                            **kwargs)
+            return original(model, backend=backend, mode=mode, options=options, dynamic=dynamic, name=name, **kwargs)
 
         compile.__wrapped__ = original
         compile.__doc__ = original.__doc__

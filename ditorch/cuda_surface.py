@@ -29,31 +29,56 @@ def native_cuda_device_count() -> int:
 
 # Names taken from the vendor module as they are when it has them.
 DIRECT_NAMES = (
-    "is_available", "device_count", "current_device", "set_device", "synchronize",
-    "get_device_properties", "get_device_name", "get_device_capability", "is_bf16_supported",
-    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-    "reset_peak_memory_stats", "reset_max_memory_allocated", "memory_stats", "empty_cache",
-    "mem_get_info", "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
-    "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all",
-    "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream", "device",
-    "is_initialized", "init", "get_arch_list",
+    "is_available",
+    "device_count",
+    "current_device",
+    "set_device",
+    "synchronize",
+    "get_device_properties",
+    "get_device_name",
+    "get_device_capability",
+    "is_bf16_supported",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "reset_max_memory_allocated",
+    "memory_stats",
+    "empty_cache",
+    "mem_get_info",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "initial_seed",
+    "get_rng_state",
+    "set_rng_state",
+    "get_rng_state_all",
+    "set_rng_state_all",
+    "Stream",
+    "Event",
+    "current_stream",
+    "default_stream",
+    "set_stream",
+    "stream",
+    "device",
+    "is_initialized",
+    "init",
+    "get_arch_list",
 )
-
 
 # Where each name takes a device (positionally, or as the keyword `device`): every form torch accepts
 # there ("cuda", "cuda:1", torch.device("cuda", 1), an int) is translated to the vendor's device.
 DEVICE_ARGUMENT_POSITION = {
-    **dict.fromkeys((
-        "set_device", "synchronize", "get_device_properties", "get_device_name", "get_device_capability",
-        "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-        "reset_peak_memory_stats", "reset_max_memory_allocated", "memory_stats", "mem_get_info",
-        "get_rng_state", "Stream", "current_stream", "default_stream", "device"), 0),
+    **dict.fromkeys(("set_device", "synchronize", "get_device_properties", "get_device_name", "get_device_capability", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated", "memory_stats", "mem_get_info", "get_rng_state", "Stream", "current_stream", "default_stream", "device"), 0),
     "set_rng_state": 1,
 }
 
 
 def _with_device_translated(original, position: int, translate):
     """`original` (a function or a class) with its device argument translated."""
+
     def translated(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if len(args) > position:
             args = (*args[:position], translate(args[position]), *args[position + 1:])
@@ -62,21 +87,26 @@ def _with_device_translated(original, position: int, translate):
         return args, kwargs
 
     if isinstance(original, type):
+
         def __new__(cls, *args, **kwargs):
             args, kwargs = translated(args, kwargs)
             return original(*args, **kwargs)  # an instance of original: its own __init__ has run
-        return type(original.__name__, (original,), {"__new__": __new__, "__doc__": original.__doc__})
+
+        return type(original.__name__, (original, ), {"__new__": __new__, "__doc__": original.__doc__})
 
     def call(*args, **kwargs):
         args, kwargs = translated(args, kwargs)
         return original(*args, **kwargs)
+
     call.__name__, call.__doc__ = original.__name__, original.__doc__
     return call
 
 
 def _unsupported(name: str, vendor: str):
+
     def raise_unsupported(*args, **kwargs):
         raise RuntimeError(f"torch.cuda.{name} has no equivalent on the {vendor} device (mapped by ditorch)")
+
     raise_unsupported.__name__ = name
     return raise_unsupported
 
@@ -95,17 +125,21 @@ def _generic(name: str, module, device_type: str):
     if name == "get_device_name":
         return lambda device=None: module.get_device_properties(device_index(device)).name
     if name == "get_device_capability":
+
         def capability(device=None):
             props = module.get_device_properties(device_index(device))
             return (getattr(props, "major", 0), getattr(props, "minor", 0))
+
         return capability
     if name == "is_bf16_supported":
         return lambda including_emulation=True: True
     if name == "manual_seed_all":
+
         def manual_seed_all(seed):
             for index in range(module.device_count()):
                 with _device_context(module, index):
                     module.manual_seed(seed)
+
         return manual_seed_all
     if name in ("max_memory_reserved", "memory_stats"):
         if hasattr(accelerator, name):
@@ -122,7 +156,7 @@ def _generic(name: str, module, device_type: str):
         return _stream_context
     if name == "device":
         return lambda device: _device_context(module, device_index(device))
-    if name in ("is_initialized",):
+    if name in ("is_initialized", ):
         return lambda: True
     if name == "init":
         return lambda: None
@@ -195,8 +229,8 @@ class CudaSurface:
         class VendorGradScaler(torch.amp.GradScaler):
             """torch.cuda.amp.GradScaler, on the mapped vendor's device."""
 
-            def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
-                         growth_interval=2000, enabled=True):
+            def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                         enabled=True):
                 super().__init__(device_type, init_scale=init_scale, growth_factor=growth_factor,
                                  backoff_factor=backoff_factor, growth_interval=growth_interval, enabled=enabled)
 

@@ -20,15 +20,43 @@ from ditorch.patches import Patches
 ALIASES = ("cuda", "device")
 
 FACTORY_FUNCTIONS = (
-    "tensor", "as_tensor", "asarray", "empty", "empty_like", "empty_strided", "zeros", "zeros_like",
-    "ones", "ones_like", "full", "full_like", "rand", "rand_like", "randn", "randn_like", "randint",
-    "randint_like", "randperm", "arange", "range", "linspace", "logspace", "eye", "tril_indices",
-    "triu_indices", "normal", "scalar_tensor", "sparse_coo_tensor", "frombuffer", "empty_permuted",
+    "tensor",
+    "as_tensor",
+    "asarray",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "zeros",
+    "zeros_like",
+    "ones",
+    "ones_like",
+    "full",
+    "full_like",
+    "rand",
+    "rand_like",
+    "randn",
+    "randn_like",
+    "randint",
+    "randint_like",
+    "randperm",
+    "arange",
+    "range",
+    "linspace",
+    "logspace",
+    "eye",
+    "tril_indices",
+    "triu_indices",
+    "normal",
+    "scalar_tensor",
+    "sparse_coo_tensor",
+    "frombuffer",
+    "empty_permuted",
 )
 TENSOR_FACTORY_METHODS = ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")
 
 
 class DeviceTranslator:
+
     def __init__(self, device_type: str):
         self.device_type = device_type
 
@@ -68,11 +96,13 @@ class DeviceArguments:
         device_type = self.device_type
 
         def with_device_kwarg(original):
+
             def factory(*args, **kwargs):
                 device = kwargs.get("device")
                 if device is not None:
                     kwargs["device"] = translate(device)
                 return original(*args, **kwargs)
+
             return factory
 
         # torch's default-device mode (`with torch.device(...)`) caches the factory functions it
@@ -85,19 +115,23 @@ class DeviceArguments:
             self._wrap(torch.Tensor, name, with_device_kwarg)
 
         def default_device_init(original):
+
             def __init__(self, device):
                 return original(self, translate(device))
+
             return __init__
 
         self._wrap(torch.utils._device.DeviceContext, "__init__", default_device_init)
 
         def tensor_to(original):
+
             def to(self, *args, **kwargs):
                 if args and isinstance(args[0], (str, torch.device)):
                     args = (translate(args[0]), *args[1:])
                 if "device" in kwargs:
                     kwargs["device"] = translate(kwargs["device"])
                 return original(self, *args, **kwargs)
+
             return to
 
         self._wrap(torch.Tensor, "to", tensor_to)
@@ -112,13 +146,17 @@ class DeviceArguments:
             return torch.device(translate(device))
 
         def tensor_cuda(original):
+
             def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
                 return self.to(vendor_device(device), non_blocking=non_blocking, memory_format=memory_format)
+
             return cuda
 
         def module_cuda(original):
+
             def cuda(self, device=None):
                 return self.to(vendor_device(device))
+
             return cuda
 
         self._wrap(torch.Tensor, "cuda", tensor_cuda)
@@ -127,26 +165,32 @@ class DeviceArguments:
         self.mapped.append("Tensor.is_cuda")
 
         def load(original):
+
             def load(*args, **kwargs):
                 location = kwargs.get("map_location")
                 if isinstance(location, (str, torch.device)):
                     kwargs["map_location"] = translate(location)
                 return original(*args, **kwargs)
+
             return load
 
         self._wrap(torch, "load", load)
 
         def autocast_init(original):
+
             def __init__(self, device_type, *args, **kwargs):
                 return original(self, translate(device_type), *args, **kwargs)
+
             return __init__
 
         self._wrap(torch.amp.autocast, "__init__", autocast_init)
         self._wrap_autocast_state()
 
         def grad_scaler_init(original):
+
             def __init__(self, device="cuda", *args, **kwargs):
                 return original(self, translate(device), *args, **kwargs)
+
             return __init__
 
         self._wrap(torch.amp.GradScaler, "__init__", grad_scaler_init)
@@ -157,18 +201,24 @@ class DeviceArguments:
         translate, device_type = self.translate, self.device_type
 
         def by_device(original):
+
             def function(device, *args):
                 return original(translate(device), *args)
+
             return function
 
         def is_autocast_enabled(original):
+
             def is_autocast_enabled(*args):
                 return original(translate(args[0]) if args else device_type)
+
             return is_autocast_enabled
 
         def set_autocast_enabled(original):
+
             def set_autocast_enabled(*args):
                 return original(translate(args[0]), args[1]) if len(args) == 2 else original(device_type, *args)
+
             return set_autocast_enabled
 
         self._wrap(torch, "is_autocast_enabled", is_autocast_enabled)

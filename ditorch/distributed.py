@@ -204,6 +204,5 @@ class DistributedMapping:
         for module in (_random, _dispatch):
             self._patches.replace(module, "is_rng_supported_mesh", is_rng_supported_mesh)
 
-
     def undo(self) -> None:
         self._patches.undo()

@@ -9,6 +9,7 @@ _ABSENT = object()
 
 
 class Patches:
+
     def __init__(self):
         self._originals: dict[tuple[object, str], object] = {}
 

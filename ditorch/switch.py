@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from h2.core import environment
 from ditorch.compile import CompileMapping
 from ditorch.cuda_surface import CudaSurface
 from ditorch.device_args import DeviceArguments
 from ditorch.distributed import DistributedMapping
-from ditorch.vendors import DETECTION_ORDER, ADAPTERS, Probe, VendorAdapter, detect, get_adapter
+from ditorch.vendors import ADAPTERS, DETECTION_ORDER, Probe, VendorAdapter, detect, get_adapter
+from h2.core import environment
 
 
 @dataclass
@@ -64,8 +64,9 @@ def activate(vendor: str | None = None) -> VendorAdapter | None:
     if name:
         adapter = get_adapter(name)
         probe = adapter.probe()
-        STATE.probes = {**{n: Probe(False, "not probed: vendor chosen explicitly") for n in DETECTION_ORDER},
-                        name: probe}
+        STATE.probes = {
+            **{n: Probe(False, "not probed: vendor chosen explicitly") for n in DETECTION_ORDER}, name: probe
+        }
         if not probe.available:
             raise RuntimeError(f"ditorch vendor '{name}' is not usable here: {probe.reason}")
     else:
@@ -117,8 +118,12 @@ def info() -> dict:
         "disabled": STATE.disabled_reason,
         "devices": devices,
         "devices_error": devices_error,
-        "adapters": {name: {"label": ADAPTERS[name].label, "available": p.available, "reason": p.reason,
-                            "device_count": p.device_count} for name, p in STATE.probes.items()},
+        "adapters": {
+            name: {
+                "label": ADAPTERS[name].label, "available": p.available, "reason": p.reason,
+                "device_count": p.device_count
+            } for name, p in STATE.probes.items()
+        },
         "cuda_mapped": STATE.mapped,
         "mappings": {
             "torch.cuda": dict(STATE.surface.mapped) if STATE.surface else {},

@@ -27,10 +27,10 @@ class Probe:
 
 @dataclass(frozen=True)
 class VendorAdapter:
-    name: str               # the adapter's name: cuda, npu, mlu, musa, xpu, dipu
-    label: str              # who makes it
-    device_type: str        # torch device type the vendor's tensors live on
-    package: str | None     # the Python package that brings the device (None: built into torch)
+    name: str  # the adapter's name: cuda, npu, mlu, musa, xpu, dipu
+    label: str  # who makes it
+    device_type: str  # torch device type the vendor's tensors live on
+    package: str | None  # the Python package that brings the device (None: built into torch)
     collective_backend: str  # torch.distributed backend for collectives on this device
     probe_fn: Callable[["VendorAdapter"], Probe] = field(compare=False)
 
@@ -88,14 +88,16 @@ def _probe_dipu(adapter: VendorAdapter) -> Probe:
     return Probe(True, "available (the vendor opens at first use)")
 
 
-ADAPTERS: dict[str, VendorAdapter] = {a.name: a for a in (
-    VendorAdapter("cuda", "NVIDIA CUDA (native)", "cuda", None, "nccl", _probe_cuda),
-    VendorAdapter("npu", "Huawei Ascend", "npu", "torch_npu", "hccl", _probe_plugin),
-    VendorAdapter("mlu", "Cambricon", "mlu", "torch_mlu", "cncl", _probe_plugin),
-    VendorAdapter("musa", "Moore Threads", "musa", "torch_musa", "mccl", _probe_plugin),
-    VendorAdapter("xpu", "Intel GPU", "xpu", None, "xccl", _probe_builtin),
-    VendorAdapter("dipu", "DIPU (H2 device shim)", "dipu", None, "dipu-gloo", _probe_dipu),
-)}
+ADAPTERS: dict[str, VendorAdapter] = {
+    a.name: a for a in (
+        VendorAdapter("cuda", "NVIDIA CUDA (native)", "cuda", None, "nccl", _probe_cuda),
+        VendorAdapter("npu", "Huawei Ascend", "npu", "torch_npu", "hccl", _probe_plugin),
+        VendorAdapter("mlu", "Cambricon", "mlu", "torch_mlu", "cncl", _probe_plugin),
+        VendorAdapter("musa", "Moore Threads", "musa", "torch_musa", "mccl", _probe_plugin),
+        VendorAdapter("xpu", "Intel GPU", "xpu", None, "xccl", _probe_builtin),
+        VendorAdapter("dipu", "DIPU (H2 device shim)", "dipu", None, "dipu-gloo", _probe_dipu),
+    )
+}
 
 DETECTION_ORDER = tuple(ADAPTERS)
 

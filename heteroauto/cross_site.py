@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
-from heteroauto.jeeves import PipelineCosts, jeeves_schedule
 from h2.core.schedule import one_f_one_b
 from heteroauto.division import division_for_wish
+from heteroauto.jeeves import PipelineCosts, jeeves_schedule
 from heteroauto.simulator import CriticalPathBounds, critical_path_bounds, shared_links_of, simulate_replicas
 from heteroauto.stage_terms import StageTerms
 
@@ -26,7 +26,7 @@ class XdcModel:
     layers: int
     hidden_size: int
     seq_len: int
-    activation_bytes: float          # bytes per element of the activation sent between stages
+    activation_bytes: float  # bytes per element of the activation sent between stages
 
 
 @dataclass(frozen=True)
@@ -34,22 +34,22 @@ class XdcPipeline:
     stages: int
     tensor_parallel: int
     replicas: int
-    micro_batches: int               # per replica per iteration
+    micro_batches: int  # per replica per iteration
     micro_batch_size: int
 
 
 @dataclass(frozen=True)
 class XdcChip:
     name: str
-    achieved_tflops: float           # per chip, on a decoder layer
-    backward_factor: float           # backward time / forward time
-    activation_gb_per_layer: float   # one layer's stored activations of one micro-batch, per chip
-    activation_budget_gb: float      # what one chip has left for activations
+    achieved_tflops: float  # per chip, on a decoder layer
+    backward_factor: float  # backward time / forward time
+    activation_gb_per_layer: float  # one layer's stored activations of one micro-batch, per chip
+    activation_budget_gb: float  # what one chip has left for activations
 
 
 @dataclass(frozen=True)
 class XdcLink:
-    bandwidth_gbps: float            # GB/s (10^9 bytes/s)
+    bandwidth_gbps: float  # GB/s (10^9 bytes/s)
     latency_us: float
 
 
@@ -61,8 +61,8 @@ class XdcSite:
 
 @dataclass(frozen=True)
 class XdcLinks:
-    intra_site: XdcLink              # per replica between two stages of one site (all its TP lanes)
-    inter_site: XdcLink              # one link between two sites, shared by every replica
+    intra_site: XdcLink  # per replica between two stages of one site (all its TP lanes)
+    inter_site: XdcLink  # one link between two sites, shared by every replica
 
 
 @dataclass(frozen=True)
@@ -145,10 +145,11 @@ class XdcScenario:
         intra, inter = self.links.intra_site, self.links.inter_site
         shared = tuple(not one_site and self.site_of(b) != self.site_of(b + 1) for b in range(len(layers) - 1))
         nbytes = self.activation_bytes()
-        return PipelineCosts(
-            forward_s=forward, backward_s=tuple(f * self.chip.backward_factor for f in forward),
-            occupancy_s=tuple(nbytes / ((inter if s else intra).bandwidth_gbps * 1e9) for s in shared),
-            latency_s=tuple((inter if s else intra).latency_us * 1e-6 for s in shared), shared=shared)
+        return PipelineCosts(forward_s=forward, backward_s=tuple(f * self.chip.backward_factor for f in forward),
+                             occupancy_s=tuple(nbytes / ((inter if s else intra).bandwidth_gbps * 1e9)
+                                               for s in shared), latency_s=tuple(
+                                                   (inter if s else intra).latency_us * 1e-6
+                                                   for s in shared), shared=shared)
 
     def uniform_layers(self) -> tuple[int, ...]:
         base, extra = divmod(self.model.layers, self.pipeline.stages)
@@ -176,7 +177,7 @@ class ScheduleRun:
     peak_in_flight: list[int]
     bounds: CriticalPathBounds
 
-    fits: bool = True                # every stage's in-flight micro-batches fit its activation budget
+    fits: bool = True  # every stage's in-flight micro-batches fit its activation budget
 
     @property
     def peak_layer_units(self) -> int:
@@ -185,8 +186,10 @@ class ScheduleRun:
 
 
 def _terms(costs: PipelineCosts) -> list[StageTerms]:
-    return [StageTerms(f, b, 0.0, 0.0, send_occupancy_s=o, send_latency_s=l)
-            for f, b, o, l in zip(costs.forward_s, costs.backward_s, costs.occupancy_s + (0.0,), costs.latency_s + (0.0,))]
+    return [
+        StageTerms(f, b, 0.0, 0.0, send_occupancy_s=o, send_latency_s=l)
+        for f, b, o, l in zip(costs.forward_s, costs.backward_s, costs.occupancy_s + (0.0, ), costs.latency_s + (0.0, ))
+    ]
 
 
 def _bounds(scenario: XdcScenario, costs: PipelineCosts) -> CriticalPathBounds:
@@ -204,9 +207,9 @@ def one_f_one_b_run(scenario: XdcScenario, *, one_site: bool = False) -> Schedul
     limits = [scenario.limit_micro_batches(l) for l in layers]
     result = simulate_replicas([schedule] * (1 if one_site else p.replicas), _terms(costs),
                                shared_links=shared_links_of(costs))
-    return ScheduleRun("1f1b (one site)" if one_site else "1f1b", layers, limits, result.iteration_s,
-                       result.peak_in_flight, _bounds(scenario, costs),
-                       fits=all(held <= k for held, k in zip(result.peak_in_flight, limits)))
+    return ScheduleRun(
+        "1f1b (one site)" if one_site else "1f1b", layers, limits, result.iteration_s, result.peak_in_flight,
+        _bounds(scenario, costs), fits=all(held <= k for held, k in zip(result.peak_in_flight, limits)))
 
 
 def jeeves_run(scenario: XdcScenario, layers: tuple[int, ...] | None = None, name: str = "jeeves", *,
@@ -223,9 +226,10 @@ def jeeves_run(scenario: XdcScenario, layers: tuple[int, ...] | None = None, nam
         generated = jeeves_schedule(costs, p.micro_batches, limits, replicas=p.replicas, source=scenario.source)
         result = simulate_replicas(generated.actions, _terms(costs), shared_links=shared_links_of(costs, generated))
     else:
-        share = replace(costs, occupancy_s=tuple(o * p.replicas if shared else o
-                                                 for o, shared in zip(costs.occupancy_s, costs.shared)),
-                        shared=(False,) * len(costs.shared))
+        share = replace(
+            costs, occupancy_s=tuple(o * p.replicas if shared else o
+                                     for o, shared in zip(costs.occupancy_s, costs.shared)),
+            shared=(False, ) * len(costs.shared))
         generated = jeeves_schedule(share, p.micro_batches, limits, source=scenario.source)
         result = simulate_replicas(generated.actions * p.replicas, _terms(costs), shared_links=shared_links_of(costs))
     return ScheduleRun(name, layers, limits, result.iteration_s, result.peak_in_flight, _bounds(scenario, costs))
@@ -241,7 +245,7 @@ def memory_aware_jeeves_run(scenario: XdcScenario) -> ScheduleRun:
     kept (the bound prunes exactly: no schedule beats it)."""
     best = jeeves_run(scenario)
     if all(held < k for held, k in zip(best.peak_in_flight, best.limits)):
-        return best   # no stage reached its limit: memory does not bind
+        return best  # no stage reached its limit: memory does not bind
     unlimited = replace(scenario, chip=replace(scenario.chip, activation_budget_gb=math.inf))
     wish = jeeves_run(unlimited).peak_in_flight
     uniform = max(scenario.uniform_layers())
@@ -264,7 +268,7 @@ class CrossSiteReport:
     latency_ms: float
     bandwidth_gbps: float
     one_f_one_b: ScheduleRun
-    uncoordinated: ScheduleRun       # JEEVES's rules on the uniform division, no global send list
+    uncoordinated: ScheduleRun  # JEEVES's rules on the uniform division, no global send list
     jeeves: ScheduleRun
     one_site: ScheduleRun
 
@@ -273,22 +277,26 @@ class CrossSiteReport:
         return self.one_f_one_b.iteration_s / self.jeeves.iteration_s
 
     def to_dict(self) -> dict:
+
         def run(r: ScheduleRun) -> dict:
-            return {"schedule": r.name, "layers": list(r.layers), "limits": r.limits, "iteration_s": r.iteration_s,
-                    "peak_in_flight": r.peak_in_flight, "peak_layer_units": r.peak_layer_units, "fits": r.fits,
-                    "compute_bound_s": r.bounds.compute_s,
-                    "communication_bound_s": r.bounds.communication_s}
-        return {"latency_ms": self.latency_ms, "bandwidth_gbps": self.bandwidth_gbps,
-                "1f1b": run(self.one_f_one_b), "jeeves_uncoordinated": run(self.uncoordinated),
-                "jeeves": run(self.jeeves), "one_site": run(self.one_site),
-                "jeeves_saves": 1 - self.jeeves.iteration_s / self.one_f_one_b.iteration_s,
-                "jeeves_over_one_site": self.jeeves.iteration_s / self.one_site.iteration_s}
+            return {
+                "schedule": r.name, "layers": list(r.layers), "limits": r.limits, "iteration_s": r.iteration_s,
+                "peak_in_flight": r.peak_in_flight, "peak_layer_units": r.peak_layer_units, "fits": r.fits,
+                "compute_bound_s": r.bounds.compute_s, "communication_bound_s": r.bounds.communication_s
+            }
+
+        return {
+            "latency_ms": self.latency_ms, "bandwidth_gbps": self.bandwidth_gbps, "1f1b": run(self.one_f_one_b),
+            "jeeves_uncoordinated": run(self.uncoordinated), "jeeves": run(self.jeeves), "one_site": run(
+                self.one_site), "jeeves_saves": 1 - self.jeeves.iteration_s / self.one_f_one_b.iteration_s,
+            "jeeves_over_one_site": self.jeeves.iteration_s / self.one_site.iteration_s
+        }
 
 
 def compare(scenario: XdcScenario, *, memory_aware: bool = True) -> CrossSiteReport:
     inter = scenario.links.inter_site
     return CrossSiteReport(latency_ms=inter.latency_us / 1000.0, bandwidth_gbps=inter.bandwidth_gbps,
-                           one_f_one_b=one_f_one_b_run(scenario),
-                           uncoordinated=jeeves_run(scenario, name="jeeves without the send list", coordinated=False),
-                           jeeves=memory_aware_jeeves_run(scenario) if memory_aware else jeeves_run(scenario),
-                           one_site=one_f_one_b_run(scenario, one_site=True))
+                           one_f_one_b=one_f_one_b_run(scenario), uncoordinated=jeeves_run(
+                               scenario, name="jeeves without the send list",
+                               coordinated=False), jeeves=memory_aware_jeeves_run(scenario)
+                           if memory_aware else jeeves_run(scenario), one_site=one_f_one_b_run(scenario, one_site=True))

@@ -67,12 +67,13 @@ def fastest_division_within(num_layers: int, in_flight: Sequence[int], limit_uni
     stage; None when no division fits."""
     layer_s = list(layer_s) if layer_s is not None else [1.0] * len(in_flight)
     _check(num_layers, in_flight, layer_s)
-    value, layers = _min_max(num_layers, len(in_flight),
-                             lambda s, l: l * layer_s[s] if l * in_flight[s] <= limit_units else math.inf)
+    value, layers = _min_max(num_layers, len(in_flight), lambda s, l: l * layer_s[s]
+                             if l * in_flight[s] <= limit_units else math.inf)
     return None if math.isinf(value) else _division(layers, in_flight, layer_s)
 
 
-def division_for_wish(num_layers: int, wish: Sequence[int], limit_units: float, max_layers: int) -> tuple[int, ...] | None:
+def division_for_wish(num_layers: int, wish: Sequence[int], limit_units: float,
+                      max_layers: int) -> tuple[int, ...] | None:
     """Layers per stage (none above max_layers) maximising min_s min(1, k_s / wish_s), where k_s =
     floor(limit_units / layers_s) micro-batches fit stage s; None when max_layers cannot hold the model."""
     _check(num_layers, wish, [1.0] * len(wish))

@@ -96,9 +96,9 @@ def stage_layer_profile(strategy: Strategy, profiles: dict[str, Profile], index:
     if layer is None or ratio == 1:
         return layer
     return dataclasses.replace(layer, forward_s=layer.forward_s * ratio, backward_s=layer.backward_s * ratio,
-                               recompute_s=layer.recompute_s * ratio,
-                               activation_bytes=int(layer.activation_bytes * ratio),
-                               recompute_activation_bytes=int(layer.recompute_activation_bytes * ratio))
+                               recompute_s=layer.recompute_s * ratio, activation_bytes=int(
+                                   layer.activation_bytes * ratio), recompute_activation_bytes=int(
+                                       layer.recompute_activation_bytes * ratio))
 
 
 def stage_end_s(strategy: Strategy, profiles: dict[str, Profile], index: int) -> tuple[float, float] | None:
@@ -143,11 +143,12 @@ def strategy_terms(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig,
             micro_batch_size = strategy.stage_micro_batch_size(index)
             ends = []
             if index == 0:
-                ends.append(embedding_terms(model, training, chip, profile, tp=stage.tp, dp=dp,
-                                            micro_batch_size=micro_batch_size))
+                ends.append(
+                    embedding_terms(model, training, chip, profile, tp=stage.tp, dp=dp,
+                                    micro_batch_size=micro_batch_size))
             if index == last:
                 ends.append(head_terms(model, training, chip, profile, layer, dp=dp, micro_batch_size=micro_batch_size))
-            measured = stage_end_s(strategy, profiles, index)   # the profile's own, where it measured them
+            measured = stage_end_s(strategy, profiles, index)  # the profile's own, where it measured them
             for end in ends:
                 update_s += end.update_s
                 if measured is None:
@@ -159,13 +160,15 @@ def strategy_terms(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig,
                 occupancy, latency = transfer_s(cluster, model, training, strategy.micro_batch_sequences, chip,
                                                 stage.tp * dp, cluster.chip(peer.chip),
                                                 peer.tp * strategy.stage_dp(index + 1))
-        terms.append(StageTerms(forward_s=forward, backward_s=backward, weight_grad_s=weight_grad, update_s=update_s,
-                                send_occupancy_s=occupancy, send_latency_s=latency))
+        terms.append(
+            StageTerms(forward_s=forward, backward_s=backward, weight_grad_s=weight_grad, update_s=update_s,
+                       send_occupancy_s=occupancy, send_latency_s=latency))
     return terms
 
 
 def evaluate_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
-                      profiles: dict[str, Profile], source: str = "strategy", cost_model: str = "full") -> StrategyReport:
+                      profiles: dict[str,
+                                     Profile], source: str = "strategy", cost_model: str = "full") -> StrategyReport:
     check_chips(strategy, cluster, source)
     terms = strategy_terms(strategy, cluster, model, training, profiles, cost_model, source)
     num_stages = len(strategy.stages)
@@ -177,10 +180,10 @@ def evaluate_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConf
         memory = stage_memory_bytes(model, stage_training, stage_layer_profile(strategy, profiles, index), dp=dp,
                                     recompute=stage.recompute, position=index, num_stages=num_stages,
                                     micro_batches=strategy.micro_batches, layers=stage.layers)
-        reports.append(StageReport(index=index, chip=stage.chip, tp=stage.tp, dp=dp, layers=stage.layers,
-                                   recompute=stage.recompute, memory_bytes=memory, capacity_bytes=chip.capacity_bytes,
-                                   terms=stage_terms))
+        reports.append(
+            StageReport(index=index, chip=stage.chip, tp=stage.tp, dp=dp, layers=stage.layers,
+                        recompute=stage.recompute, memory_bytes=memory, capacity_bytes=chip.capacity_bytes,
+                        terms=stage_terms))
     iteration = pipeline_time_s(terms, strategy.micro_batches, training.alpha)
     return StrategyReport(stages=reports, iteration_s=iteration, tokens_per_iteration=training.tokens,
                           chips=strategy.world_size, cost_model=cost_model)
-

@@ -119,8 +119,8 @@ class _Link:
         return self.free_at + self.latency_s
 
 
-def jeeves_schedule(costs: PipelineCosts, micro_batches: int, limits: int | Sequence[int], *,
-                    replicas: int = 1, source: str = "jeeves") -> JeevesSchedule:
+def jeeves_schedule(costs: PipelineCosts, micro_batches: int, limits: int | Sequence[int], *, replicas: int = 1,
+                    source: str = "jeeves") -> JeevesSchedule:
     """List-schedule `micro_batches` per replica through the pipeline `costs` with in-flight limit k
     per stage (`limits`: one number or one per stage). See the module docstring for the rules."""
     costs.check(source)
@@ -130,7 +130,7 @@ def jeeves_schedule(costs: PipelineCosts, micro_batches: int, limits: int | Sequ
         raise UserError(f"{source}: need at least one micro-batch and one replica, got {micro_batches} and {replicas}")
     last = num_stages - 1
 
-    links: dict[tuple[int, int, str], _Link] = {}   # (replica or -1 when shared, boundary, direction)
+    links: dict[tuple[int, int, str], _Link] = {}  # (replica or -1 when shared, boundary, direction)
 
     def link(replica: int, boundary: int, direction: str) -> _Link:
         key = (-1 if costs.shared[boundary] else replica, boundary, direction)
@@ -139,8 +139,8 @@ def jeeves_schedule(costs: PipelineCosts, micro_batches: int, limits: int | Sequ
         return links[key]
 
     workers = [(r, s) for r in range(replicas) for s in range(num_stages)]
-    ready_forward = {w: [] for w in workers}     # micro-batches whose input has arrived, in order
-    ready_backward = {w: [] for w in workers}    # micro-batches whose gradient has arrived (a heap)
+    ready_forward = {w: [] for w in workers}  # micro-batches whose input has arrived, in order
+    ready_backward = {w: [] for w in workers}  # micro-batches whose gradient has arrived (a heap)
     next_forward = {w: 0 for w in workers}
     in_flight = {w: 0 for w in workers}
     peak = {w: 0 for w in workers}
@@ -152,7 +152,7 @@ def jeeves_schedule(costs: PipelineCosts, micro_batches: int, limits: int | Sequ
         ready_forward[(r, 0)] = list(range(micro_batches))
         ready_s.update({(r, 0, "F", m): 0.0 for m in range(micro_batches)})
 
-    events: list[tuple[float, int, str, tuple[int, int], int]] = []   # (time, seq, kind, worker, micro-batch)
+    events: list[tuple[float, int, str, tuple[int, int], int]] = []  # (time, seq, kind, worker, micro-batch)
     sequence = 0
 
     def push(time: float, kind: str, worker: tuple[int, int], micro_batch: int) -> None:
@@ -183,7 +183,7 @@ def jeeves_schedule(costs: PipelineCosts, micro_batches: int, limits: int | Sequ
     makespan = 0.0
     done = 0
     now = 0.0
-    touched = set(workers)   # workers whose state changed at `now`: only they may start something
+    touched = set(workers)  # workers whose state changed at `now`: only they may start something
     while True:
         for worker in sorted(touched):
             if not busy[worker]:
@@ -228,8 +228,8 @@ def jeeves_schedule(costs: PipelineCosts, micro_batches: int, limits: int | Sequ
     send_lists = {(boundary, direction): l.order for (owner, boundary, direction), l in sorted(links.items())
                   if owner == -1}
     peak_per_stage = [max(peak[(r, s)] for r in range(replicas)) for s in range(num_stages)]
-    return JeevesSchedule(actions=actions, send_lists=send_lists, peak_in_flight=peak_per_stage,
-                          makespan_s=makespan, limits=k, ready_s=ready_s, start_s=start_s)
+    return JeevesSchedule(actions=actions, send_lists=send_lists, peak_in_flight=peak_per_stage, makespan_s=makespan,
+                          limits=k, ready_s=ready_s, start_s=start_s)
 
 
 def _actions_of(compute: list[tuple[str, int]], stage: int, num_stages: int) -> list[Action]:

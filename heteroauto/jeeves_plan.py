@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
-from heteroauto.jeeves import JeevesSchedule, PipelineCosts, jeeves_schedule
 from h2.core.links import rank_locations, stage_link, stage_site
 from h2.core.model_config import ModelConfig
 from h2.core.stage_orders import needs_generated_orders, orders_of
 from h2.core.strategy import Strategy
 from heteroauto.evaluation import evaluate_strategy, stage_layer_profile, training_for
+from heteroauto.jeeves import JeevesSchedule, PipelineCosts, jeeves_schedule
 from heteroauto.memory import stage_memory_terms_at
 from heteroauto.profiles import Profile, profiles_for
 from heteroauto.stage_terms import StageTerms, micro_batch_activation_bytes
@@ -38,7 +38,7 @@ class StrategyCosts:
     """A strategy priced on a cluster: each stage's terms with its sites' links, which boundaries join
     two sites, and what the memory model needs to find each stage's in-flight limit."""
     terms: list[StageTerms]
-    shared: list[bool]            # per boundary: it joins two sites
+    shared: list[bool]  # per boundary: it joins two sites
     model: ModelConfig
     training: TrainingSpec
     profiles: dict[str, Profile]
@@ -66,8 +66,8 @@ def site_terms(strategy: Strategy, cluster: ClusterSpec, terms: list[StageTerms]
         if crosses:
             link = stage_link(strategy, cluster, locations, boundary, boundary + 1)
             lanes = min(strategy.stages[index].tp * strategy.stage_dp(index) for index in (boundary, boundary + 1))
-            terms[boundary] = dataclasses.replace(terms[boundary], send_occupancy_s=activation / lanes / link.bytes_per_s,
-                                                  send_latency_s=link.latency_s)
+            terms[boundary] = dataclasses.replace(terms[boundary], send_occupancy_s=activation / lanes /
+                                                  link.bytes_per_s, send_latency_s=link.latency_s)
     return terms, shared
 
 
@@ -114,12 +114,13 @@ def in_flight_limits(strategy: Strategy, costs: StrategyCosts) -> list[int]:
     return memory_limits(strategy, costs.cluster, costs.model, costs.training, costs.profiles, costs.source)
 
 
-def generate_jeeves(strategy: Strategy, costs: StrategyCosts, source: str = "strategy") -> tuple[Strategy, JeevesSchedule]:
+def generate_jeeves(strategy: Strategy, costs: StrategyCosts,
+                    source: str = "strategy") -> tuple[Strategy, JeevesSchedule]:
     """`strategy` with schedule jeeves and the generated per-stage orders, and the generator's result."""
     terms = costs.terms
     pipeline = PipelineCosts(forward_s=tuple(t.forward_s for t in terms), backward_s=tuple(t.backward_s for t in terms),
-                             occupancy_s=tuple(t.send_occupancy_s for t in terms[:-1]),
-                             latency_s=tuple(t.send_latency_s for t in terms[:-1]), shared=tuple(costs.shared))
+                             occupancy_s=tuple(t.send_occupancy_s for t in terms[:-1]), latency_s=tuple(
+                                 t.send_latency_s for t in terms[:-1]), shared=tuple(costs.shared))
     generated = jeeves_schedule(pipeline, strategy.micro_batches, in_flight_limits(strategy, costs), source=source)
     orders = orders_of(generated.actions[0])
     return dataclasses.replace(strategy, schedule="jeeves", orders=orders), generated

@@ -58,14 +58,14 @@ class Option:
     tp: int
     recompute: bool
     pp: int
-    compute_s: float          # t: one layer, one micro-batch
-    update_s: float           # u: one layer, one step
+    compute_s: float  # t: one layer, one micro-batch
+    update_s: float  # u: one layer, one step
     caps: StageVariantCaps
-    first_extra_s: float      # embedding compute per micro-batch on the pipeline's first stage
+    first_extra_s: float  # embedding compute per micro-batch on the pipeline's first stage
     first_update_s: float
-    last_extra_s: float       # head and loss compute per micro-batch on the pipeline's last stage
+    last_extra_s: float  # head and loss compute per micro-batch on the pipeline's last stage
     last_update_s: float
-    inner_send_s: float       # transfer to the next stage of the same group
+    inner_send_s: float  # transfer to the next stage of the same group
 
 
 @dataclass
@@ -76,20 +76,20 @@ class OrderedGroups:
     alpha: float
     layers: int
     options: list[list[Option]]
-    boundary_send_s: list[dict[tuple[int, int], float]]   # g -> {(tp of g, tp of g + 1): seconds}; last g: {}
-    same_type_next: list[bool]                          # g and g + 1 are one chip type (monotone tp)
+    boundary_send_s: list[dict[tuple[int, int], float]]  # g -> {(tp of g, tp of g + 1): seconds}; last g: {}
+    same_type_next: list[bool]  # g and g + 1 are one chip type (monotone tp)
     monotone_tp: bool = False
-    relaxed: bool = False       # memory caps by the stage's position in its group only (a lower bound)
+    relaxed: bool = False  # memory caps by the stage's position in its group only (a lower bound)
     tp_values: list[int] = field(default_factory=list)  # every tp any option uses, sorted (given: shared slices)
-    starts_pipeline: bool = True   # group 0 is the pipeline's first (False: a chain inside a longer pipeline)
-    follower: bool = False         # the last group is the next chain's first: it gives the transfer, is not placed
+    starts_pipeline: bool = True  # group 0 is the pipeline's first (False: a chain inside a longer pipeline)
+    follower: bool = False  # the last group is the next chain's first: it gives the transfer, is not placed
 
     def __post_init__(self) -> None:
         self.tp_values = self.tp_values or sorted({o.tp for options in self.options for o in options})
         # stages behind matter only through micro-batches in flight; relaxed: not at all
         self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.layers)
         self.shapes: dict = {}
-        self.steps_at: tuple[float, dict] = (math.nan, {})   # the steps of the last bound asked, by (g, tail cap)
+        self.steps_at: tuple[float, dict] = (math.nan, {})  # the steps of the last bound asked, by (g, tail cap)
         self.candidates: np.ndarray | None = None
 
     @property
@@ -120,14 +120,14 @@ class GroupSteps:
     already behind), the most layers its stages admit (hi), whether each stage admits one (valid), and
     the fixed part of their per-micro-batch terms (ks, per pair)."""
     options: list[Option]
-    option_index: np.ndarray   # per pair
-    front: np.ndarray          # per pair: the slice it reads
-    destination: np.ndarray    # per pair: the slice it writes (its tp)
+    option_index: np.ndarray  # per pair
+    front: np.ndarray  # per pair: the slice it reads
+    destination: np.ndarray  # per pair: the slice it writes (its tp)
     pp: np.ndarray
     compute_s: np.ndarray
     ks: np.ndarray
-    hi: np.ndarray             # (pairs, tails)
-    valid: np.ndarray          # (pairs, tails)
+    hi: np.ndarray  # (pairs, tails)
+    valid: np.ndarray  # (pairs, tails)
 
 
 def _allowance(option: Option, bound: float, fixed_weight: float, b_minus_alpha: float) -> float:
@@ -166,17 +166,17 @@ class _GroupShape:
     """What group g's steps are made of, independent of the bound M: per option its inner stages (their
     caps by distance, the stage range, their fixed weight), its first stage when g is the pipeline's first,
     and per (option, front) pair the group's last stage."""
-    steps: GroupSteps                  # hi and valid left empty
-    weight: np.ndarray                 # A per option
-    inner_caps: np.ndarray             # (options, depth)
-    inner_far: np.ndarray              # per option: distance offset of the farthest inner stage (0: none)
+    steps: GroupSteps  # hi and valid left empty
+    weight: np.ndarray  # A per option
+    inner_caps: np.ndarray  # (options, depth)
+    inner_far: np.ndarray  # per option: distance offset of the farthest inner stage (0: none)
     inner_near: np.ndarray
-    inner_fixed: np.ndarray            # KW of an inner stage, per option
-    first_caps: np.ndarray | None      # (options, tails) or None
+    inner_fixed: np.ndarray  # KW of an inner stage, per option
+    first_caps: np.ndarray | None  # (options, tails) or None
     first_fixed: np.ndarray | None
     pair_weight: np.ndarray
-    edge_caps: np.ndarray              # (pairs, tails)
-    edge_fixed: np.ndarray             # per pair
+    edge_caps: np.ndarray  # (pairs, tails)
+    edge_fixed: np.ndarray  # per pair
 
 
 def _shape(problem: OrderedGroups, g: int, tail_cap: int) -> _GroupShape:
@@ -223,17 +223,18 @@ def _shape(problem: OrderedGroups, g: int, tail_cap: int) -> _GroupShape:
             kss.append(inner_ks[index] + first_ks[index] + extra)
     columns = list(zip(*pairs)) if pairs else [[]] * 5
     index = np.array(columns[0], dtype=np.int64)
-    steps = GroupSteps(options=options, option_index=index, front=np.array(columns[1], dtype=np.int64),
-                       destination=np.array(columns[2], dtype=np.int64), pp=np.array(columns[3], dtype=np.int64),
-                       compute_s=np.array(columns[4], dtype=float), ks=np.array(kss, dtype=float),
-                       hi=np.zeros((len(pairs), len(tails))), valid=np.zeros((len(pairs), len(tails)), dtype=bool))
+    steps = GroupSteps(options=options,
+                       option_index=index, front=np.array(columns[1], dtype=np.int64), destination=np.array(
+                           columns[2], dtype=np.int64), pp=np.array(columns[3], dtype=np.int64), compute_s=np.array(
+                               columns[4], dtype=float), ks=np.array(kss, dtype=float), hi=np.zeros(
+                                   (len(pairs), len(tails))), valid=np.zeros((len(pairs), len(tails)), dtype=bool))
     has_first = first_group and any(o.pp >= 2 for o in options)
-    return _GroupShape(steps=steps, weight=weight, inner_caps=np.array([o.caps.middle for o in options]),
-                       inner_far=np.array(far), inner_near=np.array(near), inner_fixed=np.array(inner_fixed),
-                       first_caps=np.array(first_caps) if has_first else None,
-                       first_fixed=np.array(first_fixed) if has_first else None,
-                       pair_weight=weight[index] if len(pairs) else np.zeros(0),
-                       edge_caps=np.array(edge_caps).reshape(len(pairs), len(tails)), edge_fixed=np.array(edge_fixed))
+    return _GroupShape(steps=steps, weight=weight, inner_caps=np.array([o.caps.middle
+                                                                        for o in options]), inner_far=np.array(far),
+                       inner_near=np.array(near), inner_fixed=np.array(inner_fixed), first_caps=np.array(first_caps)
+                       if has_first else None, first_fixed=np.array(first_fixed) if has_first else None,
+                       pair_weight=weight[index] if len(pairs) else np.zeros(0), edge_caps=np.array(edge_caps).reshape(
+                           len(pairs), len(tails)), edge_fixed=np.array(edge_fixed))
 
 
 def group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int | None = None) -> GroupSteps:
@@ -263,8 +264,9 @@ def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) ->
     running = np.concatenate([np.zeros((len(limited), 1)), np.cumsum(limited[:, 1:], axis=1)], axis=1)
     rows = np.arange(len(limited))[:, None]
     has_inner = (shape.inner_far > 0)[:, None]
-    inner_hi = np.where(has_inner, running[rows, tails[None, :] + shape.inner_far[:, None]]
-                        - running[rows, tails[None, :] + shape.inner_near[:, None] - 1], 0.0)
+    inner_hi = np.where(
+        has_inner, running[rows, tails[None, :] + shape.inner_far[:, None]] -
+        running[rows, tails[None, :] + shape.inner_near[:, None] - 1], 0.0)
     inner_valid = ~has_inner | (limited[rows, tails[None, :] + shape.inner_far[:, None]] >= 1)
     if shape.first_caps is not None:
         first_hi = np.minimum(shape.first_caps, _allowances(bound, shape.first_fixed, shape.weight)[:, None])
@@ -291,7 +293,7 @@ def _window_min(values: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.n
     highs = np.minimum(highs.astype(np.int64), width - 1)
     lows = lows.astype(np.int64)
     result = np.full((rows, width), INF)
-    some = lows <= highs                      # windows that fall inside the row at all
+    some = lows <= highs  # windows that fall inside the row at all
     if not some.all():
         values, lows, highs = values[some], lows[some], highs[some]
     if not len(values):
@@ -300,12 +302,12 @@ def _window_min(values: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.n
     order = np.argsort(-levels, kind="stable")
     levels, highs, lows = levels[order], highs[order], lows[order]
     pad = int(highs.max())
-    table = np.concatenate([np.full((len(values), pad), INF), values[order]], axis=1)   # x at column pad + x
+    table = np.concatenate([np.full((len(values), pad), INF), values[order]], axis=1)  # x at column pad + x
     out = np.empty((len(values), width))
     for level in range(int(levels[0]) + 1):
         start = int(np.searchsorted(-levels, -level, side="left"))
         stop = int(np.searchsorted(-levels, -level, side="right"))
-        if level:   # level l from level l - 1, only for the rows whose windows need it
+        if level:  # level l from level l - 1, only for the rows whose windows need it
             half = 1 << (level - 1)
             table = np.minimum(table[:stop, :-half], table[:stop, half:])
         if start == stop:
@@ -370,11 +372,11 @@ def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float, groups: 
     tables, all_steps = [table], []
     positions = np.arange(width, dtype=float)
     shift = (np.arange(copies) * problem.fronts)[:, None]
-    live = np.isfinite(table).any(axis=2)                                # (fronts, tails): any layer count
+    live = np.isfinite(table).any(axis=2)  # (fronts, tails): any layer count
     for step, g in enumerate(groups):
         steps = group_steps(problem, g, bound)
         new = np.full((fronts, tails, width), INF)
-        front = (steps.front[None, :] + shift).ravel()                   # per (copy, pair)
+        front = (steps.front[None, :] + shift).ravel()  # per (copy, pair)
         copy_pair, tail = np.nonzero(np.tile(steps.valid, (copies, 1)) & live[front])
         live = np.zeros((fronts, tails), dtype=bool)
         if len(copy_pair):
@@ -386,8 +388,9 @@ def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float, groups: 
             reached = np.isfinite(placed).any(axis=1)
             if reached.any():
                 placed, destination = placed[reached], destination[reached]
-                _reduce_rows(new.reshape(fronts * tails, width)[:, start:start + placed.shape[1]], destination,
-                             placed, np.minimum)
+                _reduce_rows(
+                    new.reshape(fronts * tails, width)[:, start:start + placed.shape[1]], destination, placed,
+                    np.minimum)
                 live.reshape(-1)[destination] = True
                 _drop_dominated(new, INF, np.minimum, live)
         tables.append(new)
@@ -398,8 +401,8 @@ def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float, groups: 
     return tables, all_steps
 
 
-def _place_rows(problem: OrderedGroups, steps: GroupSteps, table: np.ndarray, front: np.ndarray,
-                copy_pair: np.ndarray, tail: np.ndarray, positions: np.ndarray):
+def _place_rows(problem: OrderedGroups, steps: GroupSteps, table: np.ndarray, front: np.ndarray, copy_pair: np.ndarray,
+                tail: np.ndarray, positions: np.ndarray):
     """Each (copy, pair, tail) row of a group's placement: (its sums at layer columns start.., its
     destination row in the (fronts, tails) flattening, start). Only the columns some source reaches and
     those the group can carry them to are computed."""
@@ -432,12 +435,13 @@ def _drop_dominated(table: np.ndarray, worst: float, better, live: np.ndarray | 
     if not len(fronts):
         return
     sub = live[fronts]
-    row, tail = np.nonzero(sub)                              # live tails of those fronts, by front then tail
-    rank = (np.cumsum(sub, axis=1) - 1)[row, tail]           # a live tail's place among its front's
+    row, tail = np.nonzero(sub)  # live tails of those fronts, by front then tail
+    rank = (np.cumsum(sub, axis=1) - 1)[row, tail]  # a live tail's place among its front's
     padded = np.full((len(fronts), int(rank.max()) + 1, values.shape[2]), worst)
     padded[row, rank] = values[fronts[row], tail]
-    prior = np.concatenate([np.full((len(fronts), 1, values.shape[2]), worst),
-                            better.accumulate(padded, axis=1)[:, :-1]], axis=1)
+    prior = np.concatenate(
+        [np.full((len(fronts), 1, values.shape[2]), worst),
+         better.accumulate(padded, axis=1)[:, :-1]], axis=1)
     kept = padded[row, rank]
     kept[better(prior[row, rank], kept) == prior[row, rank]] = worst
     values[fronts[row], tail] = kept
@@ -461,7 +465,7 @@ def place_most(problem: OrderedGroups, most: np.ndarray, bound: float, groups: r
     for g in groups:
         steps = group_steps(problem, g, bound, tail_cap=problem.layers)
         new = np.full(fronts * depth, -INF)
-        front = (steps.front[None, :] + shift).ravel()                   # per (copy, pair)
+        front = (steps.front[None, :] + shift).ravel()  # per (copy, pair)
         copy_pair, tail = np.nonzero(np.tile(steps.valid, (copies, 1)) & np.isfinite(most[front]))
         pair = copy_pair % len(steps.pp) if len(steps.pp) else copy_pair
         keep = tail + steps.pp[pair] < depth
@@ -513,7 +517,7 @@ def _bound_candidates(problem: OrderedGroups) -> np.ndarray:
 @dataclass(frozen=True)
 class PlacedGroup:
     option: Option
-    stage_layers: list[int]   # in pipeline order
+    stage_layers: list[int]  # in pipeline order
 
 
 def rebuild(problem: OrderedGroups, solved: SumTables) -> list[PlacedGroup]:
@@ -559,8 +563,7 @@ def _find_source(problem, steps: GroupSteps, previous, front, tail, layers, valu
     return None
 
 
-def _stage_allowances(problem: OrderedGroups, g: int, option: Option, front: int, tail: int,
-                      bound: float) -> list[int]:
+def _stage_allowances(problem: OrderedGroups, g: int, option: Option, front: int, tail: int, bound: float) -> list[int]:
     """Each stage's allowance (pipeline order within the group) at this tail."""
     b_minus_alpha = problem.micro_batches - problem.alpha
     front_tp = problem.front_tp(front)
@@ -568,8 +571,8 @@ def _stage_allowances(problem: OrderedGroups, g: int, option: Option, front: int
     for position in range(option.pp, 0, -1):
         first = g == 0 and problem.starts_pipeline and position == option.pp
         last = position == 1 and front_tp is None
-        send = (0.0 if last else problem.boundary_send_s[g][(option.tp, front_tp)] if position == 1
-                else option.inner_send_s)
+        send = (0.0 if last else problem.boundary_send_s[g][(option.tp,
+                                                             front_tp)] if position == 1 else option.inner_send_s)
         extra, update = _ends(option, first, last, send)
         allowance = _allowance(option, bound, b_minus_alpha * extra + update, b_minus_alpha)
         result.append(int(min(option.caps.of(first, last)[tail + position], allowance)))

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from h2.core.cluster import TrainingSpec
 from h2.core.model_config import ModelConfig
 from heteroauto.profiles import LayerProfile
-from h2.core.cluster import TrainingSpec
 
 
 def in_flight_micro_batches(position: int, num_stages: int, micro_batches: int) -> int:
@@ -62,13 +62,12 @@ class StageMemoryTerms:
 
 def stage_memory_terms(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
                        position: int, num_stages: int, micro_batches: int) -> StageMemoryTerms:
-    return stage_memory_terms_at(model, training, layer, dp=dp, recompute=recompute,
-                                 in_flight=in_flight_micro_batches(position, num_stages, micro_batches),
-                                 first=position == 0, last=position == num_stages - 1)
+    return stage_memory_terms_at(model, training, layer, dp=dp, recompute=recompute, in_flight=in_flight_micro_batches(
+        position, num_stages, micro_batches), first=position == 0, last=position == num_stages - 1)
 
 
-def stage_memory_terms_at(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int,
-                          recompute: bool, in_flight: int, first: bool, last: bool) -> StageMemoryTerms:
+def stage_memory_terms_at(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
+                          in_flight: int, first: bool, last: bool) -> StageMemoryTerms:
     """The same, by what the position implies: micro-batches in flight, first stage, last stage."""
     tp = layer.tp
     per_param = state_bytes_per_param(training, dp)

@@ -39,11 +39,11 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
     """Every vector of `parts` counts >= 1 summing to `total`."""
     if parts == 1:
         if total >= 1:
-            yield (total,)
+            yield (total, )
         return
     for first in range(1, total - parts + 2):
         for rest in compositions(total - first, parts - 1):
-            yield (first,) + rest
+            yield (first, ) + rest
 
 
 def _chip_groups(chip: ChipType, group_size: int | None) -> list[int]:
@@ -57,7 +57,7 @@ def _chip_groups(chip: ChipType, group_size: int | None) -> list[int]:
 def _space_size(cluster: ClusterSpec, layers: int, units: int, group_size: int | None) -> int:
     """An upper bound on the plans enumerated: dps x groupings x orders x options x layer splits."""
     options = math.prod(2 * len(c.tp_sizes()) for c in cluster.chips for _ in _chip_groups(c, group_size))
-    dps = sum(1 for d in range(1, min(units, 10 ** 6) + 1) if units % d == 0) if units <= 10 ** 6 else units
+    dps = sum(1 for d in range(1, min(units, 10**6) + 1) if units % d == 0) if units <= 10**6 else units
     return dps * 2 * math.factorial(len(cluster.chips)) * options * math.comb(layers - 1, (layers - 1) // 2)
 
 
@@ -82,8 +82,9 @@ def oracle_search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSp
                                     if count % (tp * dp_value) == 0 and profiles[chip.name].layer(tp) is not None
                                     and profiles[chip.name].update_s(dp_value, tp) is not None])
                 for picked in itertools.product(*choices):
-                    if monotone_tp and any(groups[g][0].name == groups[g + 1][0].name
-                                           and picked[g][0] < picked[g + 1][0] for g in range(len(groups) - 1)):
+                    if monotone_tp and any(
+                            groups[g][0].name == groups[g + 1][0].name and picked[g][0] < picked[g + 1][0]
+                            for g in range(len(groups) - 1)):
                         continue
                     chips_per_stage = [(chip, tp, recompute) for (chip, count), (tp, recompute) in zip(groups, picked)
                                        for _ in range(count // (tp * dp_value))]
@@ -93,9 +94,10 @@ def oracle_search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSp
                         evaluated += 1
                         strategy = Strategy(
                             dp=dp_value, micro_batches=units // dp_value, micro_batch_size=training.micro_batch_size,
-                            stages=[StageSpec(chip=chip.name, tp=tp, layers=count, recompute=recompute)
-                                    for (chip, tp, recompute), count in zip(chips_per_stage, layers)],
-                            model=model_field, seq_len=training.seq_len)
+                            stages=[
+                                StageSpec(chip=chip.name, tp=tp, layers=count, recompute=recompute)
+                                for (chip, tp, recompute), count in zip(chips_per_stage, layers)
+                            ], model=model_field, seq_len=training.seq_len)
                         report = evaluate_strategy(strategy, cluster, model, training, profiles, cost_model=cost_model)
                         if report.fits and (best is None or report.iteration_s < best[0]):
                             best = (report.iteration_s, strategy)

@@ -23,7 +23,7 @@ import numpy as np
 from heteroauto import layer_dp
 from heteroauto.layer_dp import INF, OrderedGroups, SumTables
 
-Chain = Callable[[str, "str | None", bool], OrderedGroups]   # (type, next type or None: the end, starts)
+Chain = Callable[[str, "str | None", bool], OrderedGroups]  # (type, next type or None: the end, starts)
 
 
 @dataclass
@@ -34,7 +34,7 @@ class AllOrders:
     alpha: float
     layers: int
     _candidates: np.ndarray | None = field(default=None, repr=False)
-    _least_rate: float | None = field(default=None, repr=False)   # least time of one layer in any option
+    _least_rate: float | None = field(default=None, repr=False)  # least time of one layer in any option
 
     def __post_init__(self) -> None:
         sample = self.chain(self.types[0], None, len(self.types) == 1)
@@ -55,14 +55,15 @@ class AllOrders:
             jobs: dict[tuple[int, int, bool], list[tuple[int, np.ndarray]]] = {}
             for (mask, front), table in level.items():
                 if not np.isfinite(table).any():
-                    continue   # nothing reachable: no order through this state
+                    continue  # nothing reachable: no order through this state
                 for t in range(count):
                     if not mask >> t & 1:
                         jobs.setdefault((t, front, (mask | 1 << t) == full), []).append((mask, table))
             partial: dict[tuple[int, int], np.ndarray] = {}
             for (t, front, starts), entries in jobs.items():
-                placed = place_one(self._chain(t, front, starts), [table for _, table in entries],
-                                   [(mask | 1 << t, t) for mask, _ in entries])
+                placed = place_one(self._chain(t, front, starts), [table
+                                                                   for _, table in entries], [(mask | 1 << t, t)
+                                                                                              for mask, _ in entries])
                 for (mask, _), after in zip(entries, placed):
                     key = (mask | 1 << t, t)
                     partial[key] = after if key not in partial else merge(partial[key], after)
@@ -79,8 +80,8 @@ class AllOrders:
                 for (mask, _), table in level.items():
                     trim(mask, -1, table)
             if keep:
-                kept.update({("partial",) + key: table for key, table in partial.items()})
-                kept.update({("level",) + key: table for key, table in level.items()})
+                kept.update({("partial", ) + key: table for key, table in partial.items()})
+                kept.update({("level", ) + key: table for key, table in level.items()})
         return level, kept
 
     def _chain(self, t: int, front: int, starts: bool) -> OrderedGroups:
@@ -111,13 +112,14 @@ class AllOrders:
             ahead = [t for t in range(len(self.types)) if not mask >> t & 1]
             most_ahead = sum(float(most[t].sum()) for t in ahead)
             count_ahead = sum(len(most[t]) for t in ahead)
-            if partial >= 0:   # the type's other groups are still to place
+            if partial >= 0:  # the type's other groups are still to place
                 most_ahead += float(most[partial][:-1].sum())
                 count_ahead += len(most[partial]) - 1
-            fewest = self.layers - most_ahead    # layers placed below this cannot reach L
+            fewest = self.layers - most_ahead  # layers placed below this cannot reach L
             if fewest > 0:
                 table[:, :, :math.ceil(min(fewest, self.layers + 1))] = INF
             table[:, :, max(0, self.layers - count_ahead + 1):] = INF
+
         return trim
 
     def _least_rest(self, bound: float) -> Callable[[int, int, int], np.ndarray]:
@@ -126,8 +128,10 @@ class AllOrders:
         least one layer per group, at most what it admits under M, each layer at its group's least rate,
         the cheapest groups filled first; inf where they cannot complete L."""
         most = self._group_layer_limits(bound)
-        rates = [np.array([min(o.compute_s for o in options) for options in chain.options[:len(most[t])]])
-                 for t, chain in enumerate(self._chain(t, -1, False) for t in range(len(self.types)))]
+        rates = [
+            np.array([min(o.compute_s for o in options) for options in chain.options[:len(most[t])]])
+            for t, chain in enumerate(self._chain(t, -1, False) for t in range(len(self.types)))
+        ]
         known: dict[tuple[int, int, int], np.ndarray] = {}
         to_place = self.layers - np.arange(self.layers + 1, dtype=float)
 
@@ -139,6 +143,7 @@ class AllOrders:
                 room = np.concatenate([most[u] for u in ahead] + [most[t][:g], [0.0]])[:-1]
                 known[key] = _least_fill(to_place, rate, room)
             return known[key]
+
         return least_rest
 
     def _group_layer_limits(self, bound: float) -> list[np.ndarray]:
@@ -183,8 +188,10 @@ class AllOrders:
         """Every value a stage's weight can take in any order (see layer_dp.bound_candidates)."""
         if self._candidates is None:
             count = len(self.types)
-            chains = [self._chain(t, front, starts) for t in range(count) for front in range(-1, count)
-                      if front != t for starts in (False, True)]
+            chains = [
+                self._chain(t, front, starts) for t in range(count) for front in range(-1, count) if front != t
+                for starts in (False, True)
+            ]
             self._candidates = np.unique(np.concatenate([layer_dp.bound_candidates(c) for c in chains]))
         return self._candidates
 
@@ -240,12 +247,14 @@ class AllOrders:
 def _stacked(place: Callable) -> tuple[Callable, Callable]:
     """The sweep's place_one (a chain's last placed group) and place_rest (its other groups) from
     place(chain, tables stacked along the front axis, groups from the end) -> the stacked result."""
+
     def one(chain, tables, keys):
         last = len(chain.options) - 1 - chain.follower
         return np.split(place(chain, tables, range(last, last - 1, -1), keys), len(tables))
 
     def rest(chain, tables, keys):
         return np.split(place(chain, tables, range(len(chain.options) - 2, -1, -1), keys), len(tables))
+
     return one, rest
 
 
@@ -257,7 +266,7 @@ def _least_fill(counts: np.ndarray, rate: np.ndarray, room: np.ndarray) -> np.nd
     order = np.argsort(rate, kind="stable")
     rate, extra = rate[order], room[order] - 1
     spare = counts - len(rate)
-    before = np.cumsum(extra) - extra          # layers beyond one each taken by the cheaper groups
+    before = np.cumsum(extra) - extra  # layers beyond one each taken by the cheaper groups
     taken = np.clip(spare[:, None] - before[None, :], 0, extra[None, :])
     total = float(rate.sum()) + (taken * rate[None, :]).sum(axis=1)
     return np.where((spare < 0) | (spare > extra.sum()), INF, total)

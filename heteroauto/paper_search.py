@@ -24,13 +24,13 @@ import math
 import time
 from dataclasses import dataclass
 
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from heteroauto.memory import stage_memory_terms_at
 from heteroauto.profiles import Profile
-from heteroauto.sharding import absorber_bound, lower_bound, shard_layers
-from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from heteroauto.search import Group, Infeasibility, Plan, SearchResult, batch_dp_values
+from heteroauto.sharding import absorber_bound, lower_bound, shard_layers
 
 GIB = 1e9
 _TIE = 1 - 2e-9  # a bound within rounding of the k-th best cannot beat it by more than that: prune ties
@@ -59,8 +59,8 @@ class Candidate:
 
     def plan(self) -> Plan:
         return Plan(objective_s=self.objective_s, dp=self.dp, micro_batches=self.micro_batches, groups=self.groups,
-                    tps=self.tps, recompute=self.recompute,
-                    stage_layers=tuple(tuple(counts) for _, counts in self.stage_layers()))
+                    tps=self.tps, recompute=self.recompute, stage_layers=tuple(
+                        tuple(counts) for _, counts in self.stage_layers()))
 
 
 def type_groups(cluster: ClusterSpec) -> list[Group]:
@@ -89,8 +89,7 @@ class Planner:
     only relax the problem, so no skipped leaf holds a better strategy.
     """
 
-    def __init__(self, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
-                 profiles: dict[str, Profile]):
+    def __init__(self, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile]):
         self.cluster, self.model, self.training, self.profiles = cluster, model, training, profiles
         self.evaluated = 0
         self.bounded = 0
@@ -124,12 +123,13 @@ class Planner:
                                           in_flight=in_flight, first=first, last=last)
             cap = self._caps[key] = terms.max_layers(chip.capacity_bytes, self.model.num_layers)
             if cap < 1:
-                where = ("the first stage" if first else "the last stage" if last
-                         else f"a stage with {in_flight} micro-batches in flight")
-                self.infeasible.note_overflow(terms.bytes(1) / chip.capacity_bytes, (
-                    f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} tp={tp} "
-                    f"recompute={'on' if recompute else 'off'}, {where}) needs {terms.bytes(1) / GIB:.1f} GB per "
-                    f"chip for one layer, capacity {chip.capacity_bytes / GIB:.1f} GB"))
+                where = ("the first stage" if first else
+                         "the last stage" if last else f"a stage with {in_flight} micro-batches in flight")
+                self.infeasible.note_overflow(
+                    terms.bytes(1) / chip.capacity_bytes,
+                    (f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} tp={tp} "
+                     f"recompute={'on' if recompute else 'off'}, {where}) needs {terms.bytes(1) / GIB:.1f} GB per "
+                     f"chip for one layer, capacity {chip.capacity_bytes / GIB:.1f} GB"))
         return cap
 
     def options_at(self, group: Group, g: int, dp: int, micro_batches: int, tp: int, pp: int, tail: int,
@@ -236,10 +236,16 @@ class Planner:
                         t = profile.layer(tp).compute_s(False)
                         weight = (micro_batches - alpha) * t + profile.update_s(dp, tp)
                         in_flight = min(behind + pp, micro_batches)
-                        cap = max(self.memory_cap(groups[h].chip, tp, dp, recompute, in_flight, False, False)
-                                  for recompute in (False, True))
-                        best = [min(best[0], pp), max(best[1], pp / weight if weight > 0 else float("inf")),
-                                max(best[2], pp * cap), min(best[3], t), min(best[4], weight)]
+                        cap = max(
+                            self.memory_cap(groups[h].chip, tp, dp, recompute, in_flight, False, False)
+                            for recompute in (False, True))
+                        best = [
+                            min(best[0], pp),
+                            max(best[1], pp / weight if weight > 0 else float("inf")),
+                            max(best[2], pp * cap),
+                            min(best[3], t),
+                            min(best[4], weight)
+                        ]
                     open_absorbers[key] = tuple(best)
                 return open_absorbers[key]
 
@@ -253,20 +259,21 @@ class Planner:
                                                  f"stages than the model's {total_layers} layers")
                         continue
                     useful = -(-(total_layers - tail - g) // pp)
-                    group_options, group_relaxed = self.options_at(groups[g], g, dp, micro_batches, tp, pp,
-                                                                   tail + pp, g == last, useful)
+                    group_options, group_relaxed = self.options_at(groups[g], g, dp, micro_batches, tp, pp, tail + pp,
+                                                                   g == last, useful)
                     if not group_options:
                         continue
                     tps[g], pps[g], options[g], relaxed[g] = tp, pp, group_options, group_relaxed
                     _, t, u, cap = group_relaxed
                     weight = (micro_batches - alpha) * t + u
-                    absorbers = chosen + ((pp, pp / weight if weight > 0 else float("inf"), pp * cap, t, weight),)
+                    absorbers = chosen + ((pp, pp / weight if weight > 0 else float("inf"), pp * cap, t, weight), )
                     if g > 0:
                         if len(heap) >= top_k:
                             same_type = groups[g].chip.name
                             open_groups = tuple(
-                                open_absorber(h, tail + pp + (g - 1 - h),
-                                              tp if monotone_tp and groups[h].chip.name == same_type else 0)
+                                open_absorber(h, tail + pp +
+                                              (g - 1 -
+                                               h), tp if monotone_tp and groups[h].chip.name == same_type else 0)
                                 for h in range(g))
                             self.bounded += 1
                             if absorber_bound(total_layers, open_groups + absorbers, alpha) >= -heap[0][0] * _TIE:
@@ -289,10 +296,10 @@ class Planner:
     def _note_cover(self, groups, dp, tps, pps, relaxed) -> None:
         total_layers = self.model.num_layers
         held = sum(p * o[3] for p, o in zip(pps, relaxed))
-        self.infeasible.note_cover(held / total_layers, (
-            f"no feasible strategy: memory: the closest configuration (dp={dp}, "
-            + ", ".join(f"{grp.label} tp={tp} pp={pp}" for grp, tp, pp in zip(groups, tps, pps))
-            + f") holds at most {held} of the model's {total_layers} layers within memory"))
+        self.infeasible.note_cover(held / total_layers,
+                                   (f"no feasible strategy: memory: the closest configuration (dp={dp}, " +
+                                    ", ".join(f"{grp.label} tp={tp} pp={pp}" for grp, tp, pp in zip(groups, tps, pps)) +
+                                    f") holds at most {held} of the model's {total_layers} layers within memory"))
 
     def run(self, groups: list[Group], dp_values: list[int], heap: list, top_k: int, monotone_tp: bool) -> None:
         leaves = self.dfs(groups, dp_values, monotone_tp, heap, top_k)
@@ -303,9 +310,9 @@ class Planner:
             self.solve_leaf(groups, dp, tps, pps, options, relaxed, heap, top_k)
 
 
-def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str, Profile], *,
-           top_k: int = 1, group_size: int | None = 128, refine_all_dp: bool = False,
-           dp: int | None = None) -> SearchResult:
+def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, profiles: dict[str,
+                                                                                            Profile], *, top_k: int = 1,
+           group_size: int | None = 128, refine_all_dp: bool = False, dp: int | None = None) -> SearchResult:
     """Stage 1 over chip types, then (group_size set) stage 2 over groups of group_size chips at stage 1's
     dp (or, refine_all_dp, at every dp: slower, and no longer loses when the grouped optimum's dp differs).
     dp fixes the data-parallel size."""

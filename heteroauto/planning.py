@@ -30,7 +30,7 @@ from heteroauto.stage_terms import StageTerms
 @dataclass(frozen=True)
 class SearchOptions:
     """The search's settings (heteroauto search's flags, checked there)."""
-    method: str = "exact"                  # exact | paper | exhaustive (the oracle)
+    method: str = "exact"  # exact | paper | exhaustive (the oracle)
     cost_model: str = "full"
     top_k: int = 1
     group_size: int | None = 128
@@ -47,7 +47,7 @@ class SearchOutcome:
     strategy: Strategy
     report: StrategyReport
     options: SearchOptions
-    result: SearchResult | None            # None for the exhaustive search
+    result: SearchResult | None  # None for the exhaustive search
     search_s: float
     search_cpu_s: float
     evaluated: int
@@ -88,8 +88,8 @@ def run_search(problem: PlanningProblem, profiles: dict[str, Profile], options: 
                   time_limit_s=options.time_limit_s, progress=progress)
 
 
-def baseline_ratio(problem: PlanningProblem, profiles: dict[str, Profile], tokens_per_s: float,
-                   options: SearchOptions, baseline_tokens: int | None = None) -> tuple[float | None, dict]:
+def baseline_ratio(problem: PlanningProblem, profiles: dict[str, Profile], tokens_per_s: float, options: SearchOptions,
+                   baseline_tokens: int | None = None) -> tuple[float | None, dict]:
     """HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i; type i alone gets its chip share of the batch,
     or baseline_tokens (the paper's Table 6 runs: 2M tokens on each type's 256 chips)."""
     cluster, model, training = problem.cluster, problem.model, problem.training
@@ -101,8 +101,10 @@ def baseline_ratio(problem: PlanningProblem, profiles: dict[str, Profile], token
         else:
             share = training.micro_batch_units * chip.count // cluster.total_chips * training.micro_batch_size
         if share < training.micro_batch_size or share % training.micro_batch_size:
-            baselines[chip.name] = {"error": f"baseline batch of {share} sequences is not a whole number of "
-                                             f"micro-batches"}
+            baselines[chip.name] = {
+                "error": f"baseline batch of {share} sequences is not a whole number of "
+                f"micro-batches"
+            }
             return None, baselines
         alone = dataclasses.replace(training, global_batch_tokens=None, global_batch_sequences=share)
         alone_problem = dataclasses.replace(problem, cluster=cluster.only(chip.name), training=alone)
@@ -115,9 +117,11 @@ def baseline_ratio(problem: PlanningProblem, profiles: dict[str, Profile], token
         iteration = evaluate_strategy(strategy, cluster, model, alone, profiles,
                                       cost_model=options.cost_model).iteration_s
         tgs = alone.tokens / iteration / chip.count
-        baselines[chip.name] = {"chips": chip.count, "gbs_tokens": alone.tokens, "iteration_s": iteration,
-                                "tokens_per_chip_s": tgs, "dp": result.best.dp, "tp": list(result.best.tps),
-                                "pp": sum(result.best.pps), "recompute": list(result.best.recompute)}
+        baselines[chip.name] = {
+            "chips": chip.count, "gbs_tokens": alone.tokens, "iteration_s": iteration, "tokens_per_chip_s": tgs,
+            "dp": result.best.dp, "tp": list(result.best.tps), "pp": sum(result.best.pps), "recompute": list(
+                result.best.recompute)
+        }
         total += chip.count * tgs
     return tokens_per_s / total, baselines
 
@@ -131,16 +135,15 @@ def _searched(problem: PlanningProblem, profiles: dict[str, Profile], options: S
         oracle = oracle_search(problem.cluster, problem.model, problem.training, profiles,
                                cost_model=options.cost_model, group_size=options.group_size, dp=options.dp,
                                monotone_tp=options.monotone_tp)
-        return (dataclasses.replace(oracle.strategy, schedule=schedule), None,
-                (oracle.search_s, oracle.search_cpu_s, oracle.evaluated, 0))
+        return (dataclasses.replace(oracle.strategy, schedule=schedule), None, (oracle.search_s, oracle.search_cpu_s,
+                                                                                oracle.evaluated, 0))
     result = run_search(problem, profiles, options, progress)
     return (result.best.to_strategy(problem.model, problem.training, schedule), result,
             (result.search_s, result.search_cpu_s, result.evaluated, result.bounded))
 
 
-def search_strategy(problem: PlanningProblem, options: SearchOptions, *, baselines: bool = True,
-                    baseline_tokens: int | None = None,
-                    progress: Callable[[Progress], None] | None = None) -> SearchOutcome:
+def search_strategy(problem: PlanningProblem, options: SearchOptions, *, baselines: bool = True, baseline_tokens: int
+                    | None = None, progress: Callable[[Progress], None] | None = None) -> SearchOutcome:
     """Search the best strategy of `problem`, score it with the cost model, and (`baselines`) search each
     chip type alone for its HeteroSpeedupRatio."""
     profiles = problem.profiles()
@@ -195,7 +198,7 @@ class SimulatedStrategy:
     terms: list[StageTerms]
     simulation: SimulationResult
     simulate_s: float
-    generated: str | None                  # the line saying which orders were generated, if any
+    generated: str | None  # the line saying which orders were generated, if any
 
 
 def simulate_strategy(problem: PlanningProblem, strategy: Strategy, source: str, *, cost_model: str = "full",

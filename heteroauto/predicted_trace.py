@@ -20,6 +20,8 @@ def write_strategy_trace(path: str, simulation: SimulationResult, report: Strate
 
 def write_zorse_trace(path: str, replay: SimulationResult, plan: ZorsePlan) -> None:
     """One track per pipeline group of the Zorse `plan`."""
-    labels = [f"{len(group.chips)} ranks ({', '.join(sorted(set(group.chips)))}), {group.layers} layers in "
-              f"{plan.ministages} ministages" for group in plan.groups]
+    labels = [
+        f"{len(group.chips)} ranks ({', '.join(sorted(set(group.chips)))}), {group.layers} layers in "
+        f"{plan.ministages} ministages" for group in plan.groups
+    ]
     write_trace(path, trace_events(replay, labels, False), PREDICTED)

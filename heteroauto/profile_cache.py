@@ -53,8 +53,9 @@ def profile_targets(cluster: ClusterSpec, folder: str, chip: str | None = None,
     if out_file is not None and chip is None:
         raise UserError("--out names one profile file: give --chip too (or --out-dir for every chip type)")
     chips = [cluster.chip(chip)] if chip is not None else list(cluster.chips)
-    targets = [ProfileTarget(c, out_file if out_file is not None else os.path.join(folder, f"{c.name}.yaml"))
-               for c in chips]
+    targets = [
+        ProfileTarget(c, out_file if out_file is not None else os.path.join(folder, f"{c.name}.yaml")) for c in chips
+    ]
     for target in targets:
         check_output_file(target.path, "--out" if out_file is not None else "--out-dir")
     return targets
@@ -102,8 +103,8 @@ def profile_report(profile: Profile, target: ProfileTarget, how: str) -> str:
     lines += [f"  {line}" for line in (profile.assumptions[-1:] if profile.source == "measured" else ())]
     formula = {entry.tp: entry for entry in profile.formula_layers}
     header = f"{'tp':>3} {'fwd ms':>9} {'bwd ms':>9} {'recomp ms':>9} {'act MB':>8} {'act MB rc':>9}"
-    lines.append(header + (f" | {'formula from tp 1: fwd ms':>25} {'bwd ms':>9} {'measured/formula':>16}"
-                           if formula else ""))
+    lines.append(header +
+                 (f" | {'formula from tp 1: fwd ms':>25} {'bwd ms':>9} {'measured/formula':>16}" if formula else ""))
     for entry in profile.layers:
         line = (f"{entry.tp:>3} {entry.forward_s * 1e3:>9.2f} {entry.backward_s * 1e3:>9.2f} "
                 f"{entry.recompute_s * 1e3:>9.2f} {entry.activation_bytes / 1e6:>8.3f} "

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
+from h2.core.links import Link, Location, link_between
 from h2.core.model_config import ModelConfig
 from h2.core.numbers import divisors
-from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
-from h2.core.links import Link, Location, link_between
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,9 @@ class LayerProfile:
     forward_s: float
     backward_s: float
     recompute_s: float
-    activation_bytes: int              # kept per layer per micro-batch in flight, no recompute
-    recompute_activation_bytes: int    # kept per layer per micro-batch in flight, with full recompute
-    workspace_bytes: int = 0           # memory one layer's backward needs beyond what it kept (measured)
+    activation_bytes: int  # kept per layer per micro-batch in flight, no recompute
+    recompute_activation_bytes: int  # kept per layer per micro-batch in flight, with full recompute
+    workspace_bytes: int = 0  # memory one layer's backward needs beyond what it kept (measured)
 
     def compute_s(self, recompute: bool) -> float:
         """t_fwd + t_bwd + r * t_recomp: one layer, one micro-batch."""
@@ -62,7 +62,7 @@ class Profile:
     micro_batch_size: int
     layers: list[LayerProfile]
     update: list[UpdateProfile]
-    source: str = "synthesised"     # or "measured"
+    source: str = "synthesised"  # or "measured"
     device: str | None = None
     assumptions: list[str] = field(default_factory=list)
     stage_ends: list[StageEndProfile] = field(default_factory=list)
@@ -90,8 +90,10 @@ class Profile:
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
-        keys = ["chip", "source", "device", "model", "seq_len", "micro_batch_size", "assumptions", "layers",
-                "update", "stage_ends"]
+        keys = [
+            "chip", "source", "device", "model", "seq_len", "micro_batch_size", "assumptions", "layers", "update",
+            "stage_ends"
+        ]
         keys += [key for key in ("formula_layers", "fingerprint") if data[key]]
         return {key: data[key] for key in keys}
 
@@ -149,13 +151,13 @@ def synthesise_profile(chip: ChipType, model: ModelConfig, training: TrainingSpe
         collective = tp_collective_s(model, training, chip, tp)
         tp_rate = rate * tp * chip.tp_compute_efficiency(tp)
         full, kept = activation_entry_bytes(model, training, tp)
-        layers.append(LayerProfile(tp=tp,
-                                   forward_s=forward_flops / tp_rate + 2 * collective,
-                                   backward_s=backward_flops / tp_rate + 2 * collective,
-                                   recompute_s=recompute_flops / tp_rate + 2 * collective,
-                                   activation_bytes=full, recompute_activation_bytes=kept))
+        layers.append(
+            LayerProfile(tp=tp, forward_s=forward_flops / tp_rate + 2 * collective,
+                         backward_s=backward_flops / tp_rate + 2 * collective, recompute_s=recompute_flops / tp_rate +
+                         2 * collective, activation_bytes=full, recompute_activation_bytes=kept))
         for dp in dp_sizes(chip, tp):
-            update.append(UpdateProfile(dp=dp, tp=tp, seconds_per_layer=update_s_per_layer(model, training, chip, dp, tp)))
+            update.append(
+                UpdateProfile(dp=dp, tp=tp, seconds_per_layer=update_s_per_layer(model, training, chip, dp, tp)))
     assumptions = [
         f"compute at {chip.achievable_fraction:g} x {chip.peak_tflops:g} peak TFLOPS = {rate / 1e12:.1f} TFLOPS achieved, "
         f"split over the TP group at {chip.tp_efficiency_per_doubling:g} efficiency per doubling of tp "
@@ -164,16 +166,16 @@ def synthesise_profile(chip: ChipType, model: ModelConfig, training: TrainingSpe
         f"TP: 2 ring all-reduces of s*b*h activations per pass over {chip.intra_node_gbps:g} GB/s intra-node, "
         f"{chip.latency_us:g} us latency per step",
         f"update: Adam touching {training.gradient_bytes + 2 * training.optimizer_bytes + training.weight_bytes} bytes "
-        f"per parameter at {chip.memory_bandwidth_gbps:g} GB/s"
-        + (", sharded over dp (ZeRO-1)" if training.zero1 else "")
-        + f"; gradient sync = ring all-reduce volume over {chip.inter_node_gbps:g} GB/s inter-node, not overlapped",
+        f"per parameter at {chip.memory_bandwidth_gbps:g} GB/s" +
+        (", sharded over dp (ZeRO-1)" if training.zero1 else "") +
+        f"; gradient sync = ring all-reduce volume over {chip.inter_node_gbps:g} GB/s inter-node, not overlapped",
         f"activations: h2.model.config accounting at {training.activation_bytes_per_element} bytes per element, "
         "fused attention (no s x s probabilities kept); recompute keeps only the layer input",
         "stage ends (embedding, head) not synthesised: the paper's model counts decoder layers only",
     ]
     return Profile(chip=chip.name, model=model.name, seq_len=training.seq_len,
-                   micro_batch_size=training.micro_batch_size, layers=layers, update=update,
-                   source="synthesised", assumptions=assumptions)
+                   micro_batch_size=training.micro_batch_size, layers=layers, update=update, source="synthesised",
+                   assumptions=assumptions)
 
 
 def load_profile(path: str | os.PathLike) -> Profile:
@@ -256,14 +258,16 @@ def profile_fingerprint(cluster: ClusterSpec, chip: ChipType, model: ModelConfig
     import hashlib
     import json
 
-    basis = {"chip": dataclasses.asdict(chip), "link": dataclasses.asdict(intra_node_link(cluster, chip)),
-             "model": model.to_dict(), "seq_len": training.seq_len,
-             "micro_batch_size": training.micro_batch_size, "bytes": training.activation_bytes_per_element}
+    basis = {
+        "chip": dataclasses.asdict(chip), "link": dataclasses.asdict(intra_node_link(cluster, chip)),
+        "model": model.to_dict(), "seq_len": training.seq_len, "micro_batch_size": training.micro_batch_size,
+        "bytes": training.activation_bytes_per_element
+    }
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def formula_layer(measured_tp1: LayerProfile, model: ModelConfig, training: TrainingSpec, chip: ChipType,
-                  tp: int, link: Link) -> LayerProfile:
+def formula_layer(measured_tp1: LayerProfile, model: ModelConfig, training: TrainingSpec, chip: ChipType, tp: int,
+                  link: Link) -> LayerProfile:
     """A layer at `tp` derived from its tp = 1 measurement as the spec-sheet synthesis does: compute
     split over tp at the chip's efficiency per doubling, plus two ring all-reduces per pass over the
     intra-node `link`; activation memory scaled by the model's tp-sharded accounting."""
@@ -274,10 +278,10 @@ def formula_layer(measured_tp1: LayerProfile, model: ModelConfig, training: Trai
     full_tp1, _ = activation_entry_bytes(model, training, 1)
     return LayerProfile(tp=tp, forward_s=measured_tp1.forward_s / slowdown + 2 * collective,
                         backward_s=measured_tp1.backward_s / slowdown + 2 * collective,
-                        recompute_s=measured_tp1.recompute_s / slowdown + 2 * collective,
-                        activation_bytes=int(measured_tp1.activation_bytes * full_tp / full_tp1),
-                        recompute_activation_bytes=measured_tp1.recompute_activation_bytes,
-                        workspace_bytes=int(measured_tp1.workspace_bytes / tp))
+                        recompute_s=measured_tp1.recompute_s / slowdown + 2 * collective, activation_bytes=int(
+                            measured_tp1.activation_bytes * full_tp / full_tp1),
+                        recompute_activation_bytes=measured_tp1.recompute_activation_bytes, workspace_bytes=int(
+                            measured_tp1.workspace_bytes / tp))
 
 
 def measured_profile(cluster: ClusterSpec, chip: ChipType, model: ModelConfig, training: TrainingSpec,
@@ -289,16 +293,20 @@ def measured_profile(cluster: ClusterSpec, chip: ChipType, model: ModelConfig, t
     layers, update, ends = [], [], []
     for tp in sorted(by_tp):
         m = by_tp[tp]
-        layers.append(LayerProfile(tp=tp, forward_s=m["forward_s"], backward_s=m["backward_s"],
-                                   recompute_s=m["recompute_s"], activation_bytes=m["activation_bytes"],
-                                   recompute_activation_bytes=m["recompute_activation_bytes"],
-                                   workspace_bytes=m["workspace_bytes"] or 0))
-        ends.append(StageEndProfile(tp=tp, embedding_forward_s=m["embedding_forward_s"],
-                                    embedding_backward_s=m["embedding_backward_s"],
-                                    head_forward_s=m["head_forward_s"], head_backward_s=m["head_backward_s"]))
+        layers.append(
+            LayerProfile(tp=tp, forward_s=m["forward_s"], backward_s=m["backward_s"], recompute_s=m["recompute_s"],
+                         activation_bytes=m["activation_bytes"],
+                         recompute_activation_bytes=m["recompute_activation_bytes"],
+                         workspace_bytes=m["workspace_bytes"] or 0))
+        ends.append(
+            StageEndProfile(tp=tp, embedding_forward_s=m["embedding_forward_s"],
+                            embedding_backward_s=m["embedding_backward_s"], head_forward_s=m["head_forward_s"],
+                            head_backward_s=m["head_backward_s"]))
         for dp in dp_sizes(chip, tp):
-            update.append(UpdateProfile(dp=dp, tp=tp, seconds_per_layer=update_s_per_layer(
-                model, training, chip, dp, tp, optimizer_s_at_dp1=m["update_s"])))
+            update.append(
+                UpdateProfile(
+                    dp=dp, tp=tp, seconds_per_layer=update_s_per_layer(model, training, chip, dp, tp,
+                                                                       optimizer_s_at_dp1=m["update_s"])))
     link = intra_node_link(cluster, chip)
     formula = [formula_layer(layers[0], model, training, chip, tp, link) for tp in sorted(by_tp)] if 1 in by_tp else []
     late = max(m["late_fraction"] for m in measurements)
@@ -318,5 +326,5 @@ def measured_profile(cluster: ClusterSpec, chip: ChipType, model: ModelConfig, t
     ]
     return Profile(chip=chip.name, model=model.name, seq_len=training.seq_len,
                    micro_batch_size=training.micro_batch_size, layers=layers, update=update, source="measured",
-                   device="dipu (emulated)" if chip.emulation else device, assumptions=assumptions,
-                   stage_ends=ends, formula_layers=formula, fingerprint=profile_fingerprint(cluster, chip, model, training))
+                   device="dipu (emulated)" if chip.emulation else device, assumptions=assumptions, stage_ends=ends,
+                   formula_layers=formula, fingerprint=profile_fingerprint(cluster, chip, model, training))

@@ -47,16 +47,16 @@ from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig
 from h2.core.numbers import divisors
 from h2.core.strategy import StageSpec, Strategy
+from heteroauto import layer_dp
 from heteroauto.evaluation import evaluate_strategy
+from heteroauto.layer_dp import Option, OrderedGroups, StageVariantCaps
 from heteroauto.memory import stage_caps, stage_memory_terms_at
+from heteroauto.orders_dp import AllOrders
 from heteroauto.profiles import Profile
 from heteroauto.stage_terms import check_cost_model, embedding_terms, head_terms, transfer_s
-from heteroauto import layer_dp
-from heteroauto.layer_dp import Option, OrderedGroups, StageVariantCaps
-from heteroauto.orders_dp import AllOrders
 
 GB = 1e9
-MAX_LAYERS = 1024   # the sum tables are (tp, stages, layers) arrays: quadratic in the layers
+MAX_LAYERS = 1024  # the sum tables are (tp, stages, layers) arrays: quadratic in the layers
 _TIE = 1 - 2e-9  # a bound within rounding of the incumbent cannot beat it by more than that: prune ties
 
 
@@ -97,8 +97,10 @@ def batch_dp_values(cluster: ClusterSpec, training: TrainingSpec, fixed_dp: int 
                                 f"{chip.tp_sizes()}")
         return [fixed_dp]
     common = math.gcd(*[chip.count for chip in cluster.chips])
-    return [dp for dp in divisors(math.gcd(units, common))
-            if all(any(chip.count % (tp * dp) == 0 for tp in chip.tp_sizes()) for chip in cluster.chips)]
+    return [
+        dp for dp in divisors(math.gcd(units, common)) if all(
+            any(chip.count % (tp * dp) == 0 for tp in chip.tp_sizes()) for chip in cluster.chips)
+    ]
 
 
 # ---- results -------------------------------------------------------------------------------------------
@@ -131,9 +133,11 @@ class Plan:
         return tuple(names)
 
     def to_strategy(self, model: ModelConfig, training: TrainingSpec, schedule: str = "1f1b") -> Strategy:
-        stages = [StageSpec(chip=group.chip.name, tp=tp, layers=layers, recompute=recompute)
-                  for group, tp, recompute, counts in zip(self.groups, self.tps, self.recompute, self.stage_layers)
-                  for layers in counts]
+        stages = [
+            StageSpec(chip=group.chip.name, tp=tp, layers=layers, recompute=recompute)
+            for group, tp, recompute, counts in zip(self.groups, self.tps, self.recompute, self.stage_layers)
+            for layers in counts
+        ]
         return Strategy(dp=self.dp, micro_batches=self.micro_batches, micro_batch_size=training.micro_batch_size,
                         stages=stages, model=model.name if PRESETS.get(model.name) == model else model.to_dict(),
                         schedule=schedule, seq_len=training.seq_len)
@@ -143,13 +147,13 @@ class Plan:
 class SearchResult:
     best: Plan
     top: list[Plan]
-    evaluated: int          # sum tables built (one per bound tried)
-    bounded: int            # items, orders and bound ranges skipped by a bound
+    evaluated: int  # sum tables built (one per bound tried)
+    bounded: int  # items, orders and bound ranges skipped by a bound
     search_s: float
     search_cpu_s: float
-    lower_bound_s: float    # proved: no plan of the space is faster
-    optimal: bool           # False when the time limit stopped the search
-    orders: int = 0         # stage orders of the space
+    lower_bound_s: float  # proved: no plan of the space is faster
+    optimal: bool  # False when the time limit stopped the search
+    orders: int = 0  # stage orders of the space
     timed_out: bool = False
 
     @property
@@ -173,8 +177,8 @@ class Progress:
 class Infeasibility:
     """The tightest constraint seen failing, for the 'no feasible strategy' message."""
     depth: str | None = None
-    memory_overflow: tuple[float, str] | None = None   # (needed / capacity, message) at one layer per stage
-    memory_cover: tuple[float, str] | None = None      # (layers held / layers needed, message)
+    memory_overflow: tuple[float, str] | None = None  # (needed / capacity, message) at one layer per stage
+    memory_cover: tuple[float, str] | None = None  # (layers held / layers needed, message)
     profile: str | None = None
 
     def note_overflow(self, ratio: float, message: str) -> None:
@@ -204,8 +208,8 @@ class _Item:
     dp: int
     groups: dict[str, list[Group]]
     options: dict[tuple[str, int], list[Option]]
-    lower_bound_s: float = 0.0          # below every plan of the item (order-free relaxation)
-    pending: list = field(default_factory=list)   # (lower bound, kind, key, least M, floor) of work not done yet
+    lower_bound_s: float = 0.0  # below every plan of the item (order-free relaxation)
+    pending: list = field(default_factory=list)  # (lower bound, kind, key, least M, floor) of work not done yet
     problems: dict = field(default_factory=dict)  # ordered problems built so far
     bounded: bool = False
 
@@ -259,12 +263,12 @@ class Planner:
                               micro_batch_size=self.training.micro_batch_size) if self.full else None
             for recompute in (False, True):
                 caps = self.caps(chip, layer, dp, recompute)
-                options.append(Option(
-                    tp=tp, recompute=recompute, pp=pp, compute_s=layer.compute_s(recompute), update_s=update, caps=caps,
-                    first_extra_s=first.forward_s + first.backward_s if first else 0.0,
-                    first_update_s=first.update_s if first else 0.0,
-                    last_extra_s=last.forward_s + last.backward_s if last else 0.0,
-                    last_update_s=last.update_s if last else 0.0, inner_send_s=self.send_s(chip, tp, chip, tp, dp)))
+                options.append(
+                    Option(tp=tp, recompute=recompute, pp=pp, compute_s=layer.compute_s(recompute), update_s=update,
+                           caps=caps, first_extra_s=first.forward_s + first.backward_s if first else 0.0,
+                           first_update_s=first.update_s if first else 0.0,
+                           last_extra_s=last.forward_s + last.backward_s if last else 0.0, last_update_s=last.update_s
+                           if last else 0.0, inner_send_s=self.send_s(chip, tp, chip, tp, dp)))
                 if not recompute and caps.fewest() >= total_layers:
                     break  # recompute would only cost time: every stage already holds every layer
         return options
@@ -275,20 +279,22 @@ class Planner:
             return self._caps[key]
         total = self.model.num_layers
         in_flight = np.minimum(np.arange(2 * total + 2), self.training.micro_batch_units // dp)
-        in_flight[0] = 1   # distance 0 is never read
+        in_flight[0] = 1  # distance 0 is never read
         variants = {}
         for first, last in ((False, False), (True, False), (False, True), (True, True)):
             variants[(first, last)] = stage_caps(self.model, self.training, layer, dp=dp, recompute=recompute,
                                                  in_flight=in_flight, first=first, last=last,
                                                  capacity=chip.capacity_bytes, limit=total)
             if variants[(first, last)][1] < 1:
-                terms = stage_memory_terms_at(self.model, self.training, layer, dp=dp, recompute=recompute,
-                                              in_flight=1, first=first, last=last)
+                terms = stage_memory_terms_at(self.model, self.training, layer, dp=dp, recompute=recompute, in_flight=1,
+                                              first=first, last=last)
                 where = "the first stage" if first else "the last stage" if last else "a middle stage"
-                self.infeasible.note_overflow(terms.bytes(1) / chip.capacity_bytes, (
-                    f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} "
-                    f"tp={layer.tp} recompute={'on' if recompute else 'off'}, {where}) needs "
-                    f"{terms.bytes(1) / GB:.1f} GB per chip for one layer, capacity {chip.capacity_bytes / GB:.1f} GB"))
+                self.infeasible.note_overflow(
+                    terms.bytes(1) / chip.capacity_bytes,
+                    (f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} "
+                     f"tp={layer.tp} recompute={'on' if recompute else 'off'}, {where}) needs "
+                     f"{terms.bytes(1) / GB:.1f} GB per chip for one layer, capacity {chip.capacity_bytes / GB:.1f} GB"
+                     ))
         self._caps[key] = StageVariantCaps(middle=variants[(False, False)], first=variants[(True, False)],
                                            last=variants[(False, True)], both=variants[(True, True)])
         return self._caps[key]
@@ -320,7 +326,8 @@ class Planner:
             return None
         return _Item(dp=dp, groups=groups, options=options)
 
-    def ordered(self, item: _Item, order: tuple[str, ...], level: str = "exact") -> tuple[OrderedGroups, list[Group], float]:
+    def ordered(self, item: _Item, order: tuple[str, ...],
+                level: str = "exact") -> tuple[OrderedGroups, list[Group], float]:
         """The problem of one stage order at a level of relaxation, its groups, and a constant to add to
         the sum of stage terms. Levels, each a relaxation of the one before (only lowers the cost):
           exact: the cost model;
@@ -351,7 +358,7 @@ class Planner:
 
     def all_orders(self, item: _Item) -> AllOrders:
         """Every stage order of the item at once (orders_dp), exact cost model."""
-        key = ("every order",)
+        key = ("every order", )
         if key not in item.problems:
             tp_values = sorted({o.tp for options in item.options.values() for o in options})
             chains: dict = {}
@@ -360,9 +367,9 @@ class Planner:
                 if (name, following, starts) not in chains:
                     groups = item.groups[name] + (item.groups[following][:1] if following else [])
                     options = [item.options[(group.chip.name, group.count)] for group in groups]
-                    chains[(name, following, starts)] = self._problem(
-                        item, groups, options, "exact", tp_values=tp_values, starts_pipeline=starts,
-                        follower=following is not None)
+                    chains[(name, following,
+                            starts)] = self._problem(item, groups, options, "exact", tp_values=tp_values,
+                                                     starts_pipeline=starts, follower=following is not None)
                 return chains[(name, following, starts)]
 
             item.problems[key] = AllOrders(types=tuple(item.groups), chain=chain, alpha=self.training.alpha,
@@ -395,15 +402,14 @@ class Planner:
 
     def _cheapest_from(self, item: _Item, chip: ChipType, tp: int) -> float:
         """The cheapest transfer from a stage of `chip` at `tp` to a stage of any other type."""
-        return min(self.send_s(chip, tp, other.chip, option.tp, item.dp)
-                   for name, groups in item.groups.items() if name != chip.name
-                   for other in groups for option in item.options[(name, other.count)])
+        return min(
+            self.send_s(chip, tp, other.chip, option.tp, item.dp) for name, groups in item.groups.items()
+            if name != chip.name for other in groups for option in item.options[(name, other.count)])
 
     def _cheapest_crossing(self, item: _Item) -> float:
         """The cheapest transfer between stages of two different types."""
-        return min((self._cheapest_from(item, groups[0].chip, option.tp)
-                    for name, groups in item.groups.items() for option in item.options[(name, groups[0].count)]),
-                   default=0.0) if len(item.groups) > 1 else 0.0
+        return min((self._cheapest_from(item, groups[0].chip, option.tp) for name, groups in item.groups.items()
+                    for option in item.options[(name, groups[0].count)]), default=0.0) if len(item.groups) > 1 else 0.0
 
 
 def _without_ends(option: Option, head_too: bool) -> Option:
@@ -419,7 +425,7 @@ def _without_ends(option: Option, head_too: bool) -> Option:
 def _covers(split: _Item, whole: _Item) -> bool:
     """Whether every plan of the whole-type item is also one of the split item: each type's groups offer
     every (tp, recompute) the whole type does."""
-    for name, (group,) in whole.groups.items():
+    for name, (group, ) in whole.groups.items():
         wanted = {(o.tp, o.recompute) for o in whole.options[(name, group.count)]}
         for part in split.groups[name]:
             if not wanted <= {(o.tp, o.recompute) for o in split.options[(name, part.count)]}:
@@ -435,13 +441,14 @@ def _orders(cluster: ClusterSpec) -> list[tuple[str, ...]]:
 
 # ---- solving one problem: min over bounds M of M + alpha * sum(M) --------------------------------------
 class _Search:
+
     def __init__(self, planner: Planner, top_k: int, gap: float, time_limit_s: float | None,
                  progress: Callable[[Progress], None] | None):
         self.planner, self.top_k, self.gap = planner, top_k, gap
         self.started_cpu = time.process_time()
         self.started = time.perf_counter()
         self.time_limit_s, self.progress = time_limit_s, progress
-        self.top: list[Plan] = []          # best first, one per (dp, grouping, order)
+        self.top: list[Plan] = []  # best first, one per (dp, grouping, order)
         self.items: list[_Item] = []
         self.items_done = self.orders_done = 0
         self._last_report = self.started
@@ -467,10 +474,11 @@ class _Search:
         now = time.perf_counter()
         if self.progress is not None and now - self._last_report >= 1.0:
             self._last_report = now
-            self.progress(Progress(items_done=self.items_done, items=len(self.items), orders_done=self.orders_done,
-                                   best_s=self.top[0].objective_s if self.top else math.inf,
-                                   lower_bound_s=min(self.lower_bound(), self.top[0].objective_s if self.top else math.inf),
-                                   elapsed_s=now - self.started))
+            self.progress(
+                Progress(items_done=self.items_done, items=len(self.items), orders_done=self.orders_done,
+                         best_s=self.top[0].objective_s if self.top else math.inf, lower_bound_s=min(
+                             self.lower_bound(),
+                             self.top[0].objective_s if self.top else math.inf), elapsed_s=now - self.started))
 
     def least_bound(self, problem: OrderedGroups | AllOrders, candidates: np.ndarray) -> int | None:
         """Index of the least candidate M under which every layer fits (None: not even the last)."""
@@ -557,25 +565,25 @@ class _Search:
 
         def push(lo: int, hi: int, sum_lo: float, lo_exact: bool, sum_hi: float, hi_exact: bool) -> None:
             if hi - lo > 1:
-                heapq.heappush(stack, (float(candidates[lo + 1]) + alpha * sum_hi, lo, hi, sum_lo, lo_exact, sum_hi,
-                                       hi_exact))
+                heapq.heappush(stack,
+                               (float(candidates[lo + 1]) + alpha * sum_hi, lo, hi, sum_lo, lo_exact, sum_hi, hi_exact))
 
-        push(low, len(candidates), first, first_exact, floor_sum, False)   # hi: a sentinel at the floor
+        push(low, len(candidates), first, first_exact, floor_sum, False)  # hi: a sentinel at the floor
         while stack:
             _, lo, hi, sum_lo, lo_exact, sum_hi, hi_exact = heapq.heappop(stack)
-            useful = int(np.searchsorted(candidates, limit() - alpha * floor_sum))   # from here none can win
-            if useful < hi:   # sum_hi still bounds every sum below hi from beneath (sums fall as M grows)
+            useful = int(np.searchsorted(candidates, limit() - alpha * floor_sum))  # from here none can win
+            if useful < hi:  # sum_hi still bounds every sum below hi from beneath (sums fall as M grows)
                 hi, hi_exact = useful, False
             if hi - lo <= 1:
                 continue
-            if candidates[lo + 1] + alpha * sum_hi >= limit() or (
-                    lo_exact and hi_exact and sum_lo <= sum_hi * (1 + 1e-12)):
+            if candidates[lo + 1] + alpha * sum_hi >= limit() or (lo_exact and hi_exact and sum_lo <= sum_hi *
+                                                                  (1 + 1e-12)):
                 self.planner.bounded += 1
                 continue
             middle = (lo + hi) // 2
             self.tick()
             lower = max(sum_hi, relaxed_sum(float(candidates[middle])))
-            if candidates[lo + 1] + alpha * lower >= limit():     # (lo, middle] cannot win
+            if candidates[lo + 1] + alpha * lower >= limit():  # (lo, middle] cannot win
                 self.planner.bounded += 1
                 push(middle, hi, lower, False, sum_hi, hi_exact)
                 continue
@@ -601,9 +609,9 @@ class _Search:
         least, bound = self.bound(problem, 0.0, floor)
         item.lower_bound_s, item.bounded = bound, True
         if math.isfinite(bound):
-            if self.top_k == 1:   # the best plan only: every order in one programme
+            if self.top_k == 1:  # the best plan only: every order in one programme
                 item.pending = [(bound, "every order", None, least, floor)]
-            else:                 # the best of each order: orders bounded by their last type, then one by one
+            else:  # the best of each order: orders bounded by their last type, then one by one
                 item.pending = [(bound, "last", name, least, floor) for name in item.groups]
             return
         self.planner.bounded += 1
@@ -615,10 +623,11 @@ class _Search:
             return
         held = layer_dp.most_layers(self.planner.ordered(item, order)[0], math.inf)
         if held >= 0:
-            self.planner.infeasible.note_cover(held / self.planner.model.num_layers, (
-                f"no feasible strategy: memory: the closest configuration (dp={item.dp}, stage order "
-                f"{' > '.join(order)}, {sum(len(g) for g in item.groups.values())} groups) holds at most "
-                f"{int(held)} of the model's {self.planner.model.num_layers} layers within memory"))
+            self.planner.infeasible.note_cover(
+                held / self.planner.model.num_layers,
+                (f"no feasible strategy: memory: the closest configuration (dp={item.dp}, stage order "
+                 f"{' > '.join(order)}, {sum(len(g) for g in item.groups.values())} groups) holds at most "
+                 f"{int(held)} of the model's {self.planner.model.num_layers} layers within memory"))
 
     def run_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
         planner = self.planner
@@ -634,7 +643,7 @@ class _Search:
             if kind == "every order":
                 self.solve_every_order(item, orders, start, floor)
                 self.orders_done += len(orders)
-            elif kind == "last":   # the orders ending in type `key`: head placed, embedding still free
+            elif kind == "last":  # the orders ending in type `key`: head placed, embedding still free
                 order = next(o for o in orders if o[-1] == key)
                 problem, _, constant = planner.ordered(item, order, "last")
                 floor = max(floor, self.floor(problem) + constant)
@@ -644,7 +653,7 @@ class _Search:
                 else:
                     planner.bounded += 1
                     self.note_cover(item, order)
-            elif kind == "order":   # the order's least M exactly (memory at every position), its sum relaxed
+            elif kind == "order":  # the order's least M exactly (memory at every position), its sum relaxed
                 relaxed, _, constant = planner.ordered(item, key, "order")
                 floor = max(floor, self.floor(relaxed) + constant)
                 least, tighter = self.bound(planner.ordered(item, key)[0], start, floor)
@@ -664,7 +673,7 @@ class _Search:
             else:
                 self.solve_exact(item, key, start, floor)
                 self.orders_done += 1
-            item.pending.remove(entry)   # only now: a search stopped by its time limit keeps this bound
+            item.pending.remove(entry)  # only now: a search stopped by its time limit keeps this bound
 
     def solve_exact(self, item: _Item, order: tuple[str, ...], start: float, floor: float) -> None:
         problem, groups, _ = self.planner.ordered(item, order)
@@ -699,9 +708,8 @@ class _Search:
     def _plan(self, item: _Item, groups: list[Group], placed: list[layer_dp.PlacedGroup]) -> Plan:
         planner = self.planner
         plan = Plan(objective_s=0.0, dp=item.dp, micro_batches=planner.training.micro_batch_units // item.dp,
-                    groups=tuple(groups), tps=tuple(p.option.tp for p in placed),
-                    recompute=tuple(p.option.recompute for p in placed),
-                    stage_layers=tuple(tuple(p.stage_layers) for p in placed))
+                    groups=tuple(groups), tps=tuple(p.option.tp for p in placed), recompute=tuple(
+                        p.option.recompute for p in placed), stage_layers=tuple(tuple(p.stage_layers) for p in placed))
         report = evaluate_strategy(plan.to_strategy(planner.model, planner.training), planner.cluster, planner.model,
                                    planner.training, planner.profiles, cost_model=planner.cost_model)
         return dataclasses.replace(plan, objective_s=report.iteration_s)
@@ -725,7 +733,7 @@ def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, pro
         for dp_value in batch_dp_values(cluster, training, dp):
             items = [planner.item(dp_value, grouping) for grouping in groupings(cluster, group_size)]
             if len(items) == 2 and items[0] is not None and items[1] is not None and _covers(items[1], items[0]):
-                items = items[1:]   # every whole-type plan is a split plan with one tp per type
+                items = items[1:]  # every whole-type plan is a split plan with one tp per type
             run.items += [item for item in items if item is not None]
         for item in run.items:
             run.tick()
@@ -741,9 +749,8 @@ def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, pro
             raise UserError(f"--time-limit {time_limit_s:g}: no feasible plan found within the time limit")
         raise UserError(planner.infeasible.reason())
     best = run.top[0]
-    unbounded = [0.0 for item in run.items if not item.bounded]   # not even bounded: nothing proved
+    unbounded = [0.0 for item in run.items if not item.bounded]  # not even bounded: nothing proved
     lower = min([best.objective_s / (1 + gap), run.lower_bound()] + unbounded)
     return SearchResult(best=best, top=list(run.top), evaluated=planner.evaluated, bounded=planner.bounded,
                         search_s=time.perf_counter() - run.started, search_cpu_s=time.process_time() - run.started_cpu,
-                        lower_bound_s=lower, optimal=optimal and gap == 0, orders=len(orders),
-                        timed_out=not optimal)
+                        lower_bound_s=lower, optimal=optimal and gap == 0, orders=len(orders), timed_out=not optimal)

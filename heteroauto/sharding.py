@@ -30,7 +30,8 @@ def _stage_caps(bound: float, weights: Sequence[float], caps: Sequence[int]) -> 
     return result
 
 
-def _fill_cheapest_first(total: int, pps: Sequence[int], stage_caps: Sequence[int], order: Sequence[int]) -> list[int] | None:
+def _fill_cheapest_first(total: int, pps: Sequence[int], stage_caps: Sequence[int],
+                         order: Sequence[int]) -> list[int] | None:
     layers = list(pps)
     remaining = total - sum(pps)
     for g in order:
@@ -77,8 +78,8 @@ def _feasible(total: int, pps: Sequence[int], caps: Sequence[int]) -> bool:
     return sum(pps) <= total and min(caps) >= 1 and sum(p * k for p, k in zip(pps, caps)) >= total
 
 
-def lower_bound(total: int, pps: Sequence[int], compute: Sequence[float], update: Sequence[float],
-                caps: Sequence[int], micro_batches: int, alpha: float) -> float:
+def lower_bound(total: int, pps: Sequence[int], compute: Sequence[float], update: Sequence[float], caps: Sequence[int],
+                micro_batches: int, alpha: float) -> float:
     """A bound below shard_layers' optimum (inf when infeasible), without its refinement: the equalised
     max term plus alpha times the cheapest-first fill under memory alone."""
     if not _feasible(total, pps, caps):
@@ -119,8 +120,8 @@ def absorber_bound(total: int, absorbers: Sequence[tuple[int, float, int, float,
     return (bottleneck + alpha * cost) * _SAFE
 
 
-def shard_layers(total: int, pps: Sequence[int], compute: Sequence[float], update: Sequence[float],
-                 caps: Sequence[int], micro_batches: int, alpha: float) -> tuple[float, list[int]] | None:
+def shard_layers(total: int, pps: Sequence[int], compute: Sequence[float], update: Sequence[float], caps: Sequence[int],
+                 micro_batches: int, alpha: float) -> tuple[float, list[int]] | None:
     """The layer vector minimising T, or None when the groups cannot hold `total` layers."""
     if not _feasible(total, pps, caps):
         return None
@@ -137,8 +138,9 @@ def shard_layers(total: int, pps: Sequence[int], compute: Sequence[float], updat
         marginal = max((compute[g] for g in range(len(pps)) if layers[g] > pps[g]), default=None)
         if marginal is None:
             return best
-        raisable = [w * (u + 1) for w, u, k, t in zip(weights, stage_caps, caps, compute)
-                    if u < k and w > 0 and t < marginal]
+        raisable = [
+            w * (u + 1) for w, u, k, t in zip(weights, stage_caps, caps, compute) if u < k and w > 0 and t < marginal
+        ]
         if not raisable:
             return best
         bound = min(raisable)

@@ -34,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from heteroauto.jeeves import JeevesSchedule, Message, PipelineCosts
 from h2.core.schedule import Action
 from h2.core.trace import span_event, track_name_event, track_order_event
+from heteroauto.jeeves import JeevesSchedule, Message, PipelineCosts
 from heteroauto.stage_terms import StageTerms
 
 
@@ -66,9 +66,11 @@ class SharedLink:
 def shared_links_of(pipeline: PipelineCosts, schedule: JeevesSchedule | None = None) -> dict[int, SharedLink]:
     """The pipeline's shared (cross-site) boundaries as SharedLinks: with the generated schedule's
     global send lists, or without (the replicas split the bandwidth)."""
-    return {b: SharedLink(pipeline.occupancy_s[b], pipeline.latency_s[b],
-                          None if schedule is None else {d: schedule.send_lists[(b, d)] for d in "FB"})
-            for b, shared in enumerate(pipeline.shared) if shared}
+    return {
+        b: SharedLink(pipeline.occupancy_s[b], pipeline.latency_s[b],
+                      None if schedule is None else {d: schedule.send_lists[(b, d)] for d in "FB"})
+        for b, shared in enumerate(pipeline.shared) if shared
+    }
 
 
 class _Queue:
@@ -120,8 +122,8 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
     replicas. `shared_links` maps a boundary (stage i to i + 1) to its SharedLink."""
     replicas = len(schedules)
     num_stages = len(schedules[0])
-    chunks = 1 + max((a.chunk for stages in schedules for actions in stages for a in actions
-                      if a.chunk is not None), default=0)
+    chunks = 1 + max((a.chunk for stages in schedules for actions in stages
+                      for a in actions if a.chunk is not None), default=0)
     if len(terms) != num_stages * chunks:
         raise ValueError(f"{len(terms)} stage terms for {num_stages * chunks} stages")
     if any(len(stages) != num_stages for stages in schedules):
@@ -142,7 +144,7 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
     held = {lane: 0 for lane in lanes}
     peak = {lane: 0 for lane in lanes}
     cursor = {lane: 0 for lane in lanes}
-    arrivals: dict[tuple[str, int, int, int], float] = {}   # (kind, replica, receiving ministage, micro-batch)
+    arrivals: dict[tuple[str, int, int, int], float] = {}  # (kind, replica, receiving ministage, micro-batch)
     queues: dict[tuple, _Queue] = {}
     timeline: list[list[tuple[str, float, float]]] = [[] for _ in range(num_stages)]
     sent = 0
@@ -160,7 +162,7 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
         if key not in queues:
             if not transfers:
                 queues[key] = _Queue(0.0, 0.0)
-            elif link.send_lists is None:   # the replicas split the bandwidth
+            elif link.send_lists is None:  # the replicas split the bandwidth
                 queues[key] = _Queue(link.occupancy_s * replicas, link.latency_s)
             else:
                 queues[key] = _Queue(link.occupancy_s, link.latency_s, link.send_lists[direction])
@@ -199,8 +201,8 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
                     boundary = min(here, peer)
                     link = queue(replica, stage, boundary, peer % num_stages, direction)
                     own = (() if boundary in shared_links else
-                           (terms[boundary].send_occupancy_s, terms[boundary].send_latency_s) if transfers
-                           else (0.0, 0.0))
+                           (terms[boundary].send_occupancy_s, terms[boundary].send_latency_s) if transfers else (0.0,
+                                                                                                                 0.0))
                     posted = Message(replica, action.micro_batch)
                     for message, start, arrival in link.post(clock[lane], posted, *own):
                         if keep_timeline and message.replica == 0:
@@ -226,8 +228,10 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
                 remaining -= 1
                 progressed = True
         if not progressed:
-            stuck = [f"replica {r} stage {s}: {schedules[r][s][cursor[(r, s)]]}" for r, s in lanes
-                     if cursor[(r, s)] < len(schedules[r][s])]
+            stuck = [
+                f"replica {r} stage {s}: {schedules[r][s][cursor[(r, s)]]}" for r, s in lanes
+                if cursor[(r, s)] < len(schedules[r][s])
+            ]
             raise ValueError("schedule deadlocks: " + "; ".join(stuck[:8]))
     for lane in lanes:
         if not stepped[lane]:
@@ -240,9 +244,10 @@ def simulate_replicas(schedules: Sequence[Sequence[Sequence[Action]]], terms: Se
                 timeline[s].append(("update", clock[(0, s)], finish[s]))
     iteration = max(finish_all.values())
     bubble = [iteration - busy[(0, s)] - updates[(0, s)] for s in range(num_stages)]
-    return SimulationResult(iteration_s=iteration, busy_s=[busy[(0, s)] for s in range(num_stages)],
-                            bubble_s=bubble, finish_s=finish, transfers=sent, timeline=timeline,
-                            peak_in_flight=[max(peak[(r, s)] for r in range(replicas)) for s in range(num_stages)])
+    return SimulationResult(iteration_s=iteration, busy_s=[busy[(0, s)] for s in range(num_stages)], bubble_s=bubble,
+                            finish_s=finish, transfers=sent, timeline=timeline, peak_in_flight=[
+                                max(peak[(r, s)] for r in range(replicas)) for s in range(num_stages)
+                            ])
 
 
 @dataclass(frozen=True)
@@ -264,7 +269,7 @@ def critical_path_bounds(terms: Sequence[StageTerms], micro_batches: int, *, rep
     shared_links = dict(shared_links or {})
     num_stages = len(terms)
 
-    def hop(boundary: int) -> float:   # one message alone on its link
+    def hop(boundary: int) -> float:  # one message alone on its link
         link = shared_links.get(boundary)
         if link is not None:
             return link.occupancy_s + link.latency_s
@@ -272,7 +277,7 @@ def critical_path_bounds(terms: Sequence[StageTerms], micro_batches: int, *, rep
 
     forward = [t.forward_s for t in terms]
     backward = [t.backward_s for t in terms]
-    way_in = [sum(forward[j] + hop(j) for j in range(s)) for s in range(num_stages)]   # mb 0 reaches stage s
+    way_in = [sum(forward[j] + hop(j) for j in range(s)) for s in range(num_stages)]  # mb 0 reaches stage s
     way_out = [sum(backward[j] + hop(j) for j in range(s)) for s in range(num_stages)]  # a gradient leaves s
     update_0 = terms[0].update_s
     compute = max(way_in[s] + micro_batches * (forward[s] + backward[s]) + max(way_out[s] + update_0, terms[s].update_s)
@@ -283,18 +288,20 @@ def critical_path_bounds(terms: Sequence[StageTerms], micro_batches: int, *, rep
         above = range(boundary + 1, num_stages)
         down_from_top = sum(backward[j] for j in above) + sum(hop(j) for j in range(boundary + 1, num_stages - 1))
         # forward direction: mb 0 reaches the link, every message crosses, the last one goes up and back
-        forward_path = (way_in[boundary] + forward[boundary] + carried + link.latency_s
-                        + sum(forward[j] for j in above) + sum(hop(j) for j in range(boundary + 1, num_stages - 1))
-                        + down_from_top + hop(boundary) + way_out[boundary] + backward[boundary] + update_0)
+        forward_path = (way_in[boundary] + forward[boundary] + carried + link.latency_s +
+                        sum(forward[j] for j in above) + sum(hop(j) for j in range(boundary + 1, num_stages - 1)) +
+                        down_from_top + hop(boundary) + way_out[boundary] + backward[boundary] + update_0)
         # backward direction: mb 0's first gradient reaches the link, every message crosses, then down
-        backward_path = (way_in[num_stages - 1] + forward[num_stages - 1] + down_from_top + carried
-                         + link.latency_s + way_out[boundary] + backward[boundary] + update_0)
+        backward_path = (way_in[num_stages - 1] + forward[num_stages - 1] + down_from_top + carried + link.latency_s +
+                         way_out[boundary] + backward[boundary] + update_0)
         communication = max(communication, forward_path, backward_path)
     return CriticalPathBounds(compute_s=compute, communication_s=communication)
 
 
-_SPAN_KIND = {"F": "forward", "W": "backward-weight", "SEND_F": "send", "SEND_B": "send", "RECV_F": "recv",
-              "RECV_B": "recv", "update": "optimizer"}
+_SPAN_KIND = {
+    "F": "forward", "W": "backward-weight", "SEND_F": "send", "SEND_B": "send", "RECV_F": "recv", "RECV_B": "recv",
+    "update": "optimizer"
+}
 
 
 def trace_events(result: SimulationResult, stage_labels: Sequence[str], split_backward: bool) -> list[dict]:

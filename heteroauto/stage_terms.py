@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core import links
+from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.links import Link
 from h2.core.model_config import ModelConfig
@@ -79,8 +79,8 @@ def micro_batch_activation_bytes(model: ModelConfig, training: TrainingSpec, seq
     return float(sequences) * training.seq_len * model.hidden_size * training.activation_bytes_per_element
 
 
-def transfer_s(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, sequences: int,
-               chip_a: ChipType, lanes_a: int, chip_b: ChipType, lanes_b: int) -> tuple[float, float]:
+def transfer_s(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, sequences: int, chip_a: ChipType,
+               lanes_a: int, chip_b: ChipType, lanes_b: int) -> tuple[float, float]:
     """(link occupancy, latency) of one micro-batch of `sequences` between stages of lanes_a and lanes_b
     (tp x dp) chips: one copy crosses, spread over the smaller side's chips, each with its own NIC."""
     link = link_between_stages(cluster, chip_a, chip_b)
@@ -96,8 +96,8 @@ class EndTerms:
     update_s: float
 
 
-def embedding_terms(model: ModelConfig, training: TrainingSpec, chip: ChipType, profile: Profile, *, tp: int,
-                    dp: int, micro_batch_size: int) -> EndTerms:
+def embedding_terms(model: ModelConfig, training: TrainingSpec, chip: ChipType, profile: Profile, *, tp: int, dp: int,
+                    micro_batch_size: int) -> EndTerms:
     """Lookup (read the rows, write the activation) and its gradient's scatter-add into fp32, plus the
     all-reduce of the vocab-parallel embedding's output over the TP group, per micro-batch; and the
     update of its vocab / tp rows."""
@@ -107,8 +107,8 @@ def embedding_terms(model: ModelConfig, training: TrainingSpec, chip: ChipType, 
                                   chip.latency_us)
     forward = 2 * elements * training.activation_bytes_per_element / bandwidth + collective
     backward = elements * (training.activation_bytes_per_element + 2 * FP32_BYTES) / bandwidth
-    return EndTerms(forward_s=forward, backward_s=backward,
-                    update_s=_update_of(model, profile, dp=dp, tp=tp, params=model.embedding_params() / tp))
+    return EndTerms(forward_s=forward, backward_s=backward, update_s=_update_of(model, profile, dp=dp, tp=tp,
+                                                                                params=model.embedding_params() / tp))
 
 
 def head_terms(model: ModelConfig, training: TrainingSpec, chip: ChipType, profile: Profile, layer: LayerProfile, *,
@@ -122,8 +122,8 @@ def head_terms(model: ModelConfig, training: TrainingSpec, chip: ChipType, profi
     matmul = model.head_forward_flops_per_token() * tokens * rate_s_per_flop
     logits_pass = tokens * model.vocab_size / tp * FP32_BYTES / (chip.memory_bandwidth_gbps * 1e9)
     params = model.head_params() / tp + model.final_norm_params()
-    return EndTerms(forward_s=matmul + 2 * logits_pass, backward_s=2 * matmul + 2 * logits_pass,
-                    update_s=_update_of(model, profile, dp=dp, tp=tp, params=params))
+    return EndTerms(forward_s=matmul + 2 * logits_pass, backward_s=2 * matmul + 2 * logits_pass, update_s=_update_of(
+        model, profile, dp=dp, tp=tp, params=params))
 
 
 def _update_of(model: ModelConfig, profile: Profile, *, dp: int, tp: int, params: float) -> float:

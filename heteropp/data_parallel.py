@@ -69,7 +69,7 @@ class StageOptimizer:
         groups = [{"params": [p for p in owned if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in owned if p.dim() < 2], "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas)
-        self.reduced_gradient_elements = 0   # what the last step's reduce_gradients left on this rank
+        self.reduced_gradient_elements = 0  # what the last step's reduce_gradients left on this rank
 
     def owned_state_elements(self) -> int:
         """Parameter elements whose optimizer state this rank keeps."""
@@ -137,8 +137,8 @@ class StageOptimizer:
             mine = [p.data for i, (p, o) in enumerate(zip(self.params, self.owner)) if o == replica and i in chosen]
             if not mine:
                 continue
-            flat = (_flat(mine) if replica == self.dp_rank
-                    else torch.empty(sum(p.numel() for p in mine), dtype=mine[0].dtype, device=mine[0].device))
+            flat = (_flat(mine) if replica == self.dp_rank else torch.empty(sum(
+                p.numel() for p in mine), dtype=mine[0].dtype, device=mine[0].device))
             dist.broadcast(flat, group_src=replica, group=self.dp_group)
             if replica != self.dp_rank:
                 _unflat_into(flat, mine)
@@ -157,7 +157,7 @@ def clip_by_global_norm(norm: torch.Tensor, params: list[nn.Parameter], max_norm
     if max_norm > 0 and math.isfinite(max_norm):
         coefficient = clip_coefficient(norm, max_norm)
         for param in params:
-            if param.grad is not None:   # ZeRO-2: only the owner holds a reduced gradient
+            if param.grad is not None:  # ZeRO-2: only the owner holds a reduced gradient
                 param.grad.mul_(coefficient)
     return float(norm)
 

@@ -30,8 +30,8 @@ from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.transformer import Transformer
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm, clip_coefficient
 from heteropp.executor import StageExecutor
-from heteropp.ministages import MinistageExecutor
 from heteropp.groups import build_groups, dicomm_registered, p2p_needs_host_staging
+from heteropp.ministages import MinistageExecutor
 from heteropp.p2p import P2P
 from heteropp.resharding import Resharder
 from heteropp.stage import apply_recompute, build_stage
@@ -55,9 +55,8 @@ def train_config_for(strategy, config: TrainConfig) -> TrainConfig:
     """The strategy fixes the batch shape; everything else comes from `config`."""
     model = strategy.model_config()
     seq_len = strategy.seq_len or config.seq_len or model.max_seq_len
-    return dataclasses.replace(config, micro_batch_size=strategy.micro_batch_size,
-                               micro_batches=strategy.micro_batches, seq_len=seq_len,
-                               lr_decay_steps=config.lr_decay_steps or config.steps)
+    return dataclasses.replace(config, micro_batch_size=strategy.micro_batch_size, micro_batches=strategy.micro_batches,
+                               seq_len=seq_len, lr_decay_steps=config.lr_decay_steps or config.steps)
 
 
 PACING_FIELDS = ("kernels", "late_kernels", "emulated_s", "overrun_s")
@@ -65,15 +64,15 @@ PACING_FIELDS = ("kernels", "late_kernels", "emulated_s", "overrun_s")
 
 @dataclasses.dataclass
 class StepResult:
-    loss: torch.Tensor          # the step's mean loss (meaningful on the last stage)
+    loss: torch.Tensor  # the step's mean loss (meaningful on the last stage)
     grad_norm: float
-    cross_stage_bytes: int      # bytes sent across all stage boundaries in this step, summed over ranks
+    cross_stage_bytes: int  # bytes sent across all stage boundaries in this step, summed over ranks
 
 
 class PipelineEngine:
-    def __init__(self, strategy, config: TrainConfig, options: PipelineOptions | None = None,
-                 source: str = "strategy", links: RankLinks | None = None,
-                 chip_labels: dict[str, str] | None = None):
+
+    def __init__(self, strategy, config: TrainConfig, options: PipelineOptions | None = None, source: str = "strategy",
+                 links: RankLinks | None = None, chip_labels: dict[str, str] | None = None):
         """`links`: this rank's emulated link to every other rank (h2.core.links); its sends across
         stages are paced to them (gloo: in P2P; dicomm: in DiComm's shaping layer). `chip_labels`: how
         outputs name each chip type (e.g. 'emu-slow (emulated: 0.02x a host core, 120 MB)'); the chip's
@@ -90,8 +89,7 @@ class PipelineEngine:
         self.actions = run_schedule(strategy, self.options.schedule, source)[self.place.stage]
         self.recorder = (SpanRecorder(self.rank, f"stage {self.place.stage}, {self.chip_label}", self.device)
                          if self.options.trace else None)
-        chunk_layers = (strategy.chunk_layers(self.place.stage) if self.ministage_group
-                        else [self.stage_info.layers])
+        chunk_layers = (strategy.chunk_layers(self.place.stage) if self.ministage_group else [self.stage_info.layers])
         chunks = self._build_chunks(chunk_layers)
         self.stage = torch.nn.ModuleList(chunks) if self.ministage_group else chunks[0]
         self._set_up_optimizer(chunks, chunk_layers)
@@ -127,7 +125,7 @@ class PipelineEngine:
         for stage in self.topology.stages:
             resolve_device(self.topology.device_type(stage.index, self.config.device))
         if "dicomm" in (self.options.p2p_backend, self.options.stage_backend):
-            registered = dicomm_registered()   # imports DiComm, which registers its backend
+            registered = dicomm_registered()  # imports DiComm, which registers its backend
             assert registered, "DiComm's backend is registered (the launcher checked the build)"
 
     def _build_chunks(self, chunk_layers: list[range]) -> list[torch.nn.Module]:
@@ -143,8 +141,8 @@ class PipelineEngine:
         self.store = WeightGradStore() if any(action.kind == "W" for action in self.actions) else None
         chunks = []
         for index, layers in enumerate(chunk_layers):
-            chunk = build_stage(model, layers, first=self.place.stage == 0 and index == 0,
-                                last=self.is_last and index == len(chunk_layers) - 1)
+            chunk = build_stage(model, layers, first=self.place.stage == 0 and index == 0, last=self.is_last
+                                and index == len(chunk_layers) - 1)
             chunk = apply_tp(chunk, tp_index=self.place.tp_index, tp_size=self.stage_info.tp, group=self.groups.tp,
                              store=self.store)
             if self.stage_info.recompute:
@@ -166,13 +164,13 @@ class PipelineEngine:
         self.sharding = self.strategy.optimizer_sharding or self.options.optimizer_sharding
         self.optimizer = StageOptimizer(named, lr=self.config.lr, betas=(self.config.beta1, self.config.beta2),
                                         weight_decay=self.config.weight_decay, dp_group=self.groups.dp,
-                                        dp_rank=self.place.dp_index, dp_size=self.stage_info.dp,
-                                        sharding=self.sharding)
+                                        dp_rank=self.place.dp_index, dp_size=self.stage_info.dp, sharding=self.sharding)
         # Each gradient element enters the global norm once: on the replica that counts it (replica 0,
         # or its owner under ZeRO-2), and for parameters replicated over TP (norm weights) on TP index 0 only.
-        self.counted_in_norm = [self.optimizer.holds_reduced_gradient(index)
-                                and (split_dim is not None or self.place.tp_index == 0)
-                                for index, (_, _, split_dim) in enumerate(self.pieces)]
+        self.counted_in_norm = [
+            self.optimizer.holds_reduced_gradient(index) and (split_dim is not None or self.place.tp_index == 0)
+            for index, (_, _, split_dim) in enumerate(self.pieces)
+        ]
         self.param_slots = [self.norm_slot[name] for name, _ in named]
 
     def _connect_stages(self, links: RankLinks | None) -> None:
@@ -188,8 +186,8 @@ class PipelineEngine:
                             self.model_config.hidden_size)
         autocast = torch.bfloat16 if self.config.dtype == "bf16" else None
         if self.ministage_group:
-            return MinistageExecutor(chunks, device=self.device, offload=tuple(self.strategy.offload),
-                                     autocast=autocast, stage_index=self.place.stage,
+            return MinistageExecutor(chunks, device=self.device, offload=tuple(
+                self.strategy.offload), autocast=autocast, stage_index=self.place.stage,
                                      num_stages=self.topology.num_stages, resharder=self.resharder,
                                      activation_shape=activation_shape)
         return StageExecutor(chunks[0], stage_index=self.place.stage, num_stages=self.topology.num_stages,
@@ -232,19 +230,23 @@ class PipelineEngine:
         peak = module.max_memory_allocated(self.device) if hasattr(module, "max_memory_allocated") else -1
         pacing = getattr(module, "pacing_stats", lambda: None)() or {}
         stages = self.topology.num_stages
-        peaks = torch.full((stages,), -1.0, dtype=torch.float64)
+        peaks = torch.full((stages, ), -1.0, dtype=torch.float64)
         peaks[self.place.stage] = float(peak)
         sums = torch.zeros((stages, len(PACING_FIELDS) + 1), dtype=torch.float64)
-        sums[self.place.stage] = torch.tensor([float(pacing.get(key, 0.0)) for key in PACING_FIELDS] + [host_cpu_s],
-                                              dtype=torch.float64)
+        sums[self.place.stage] = torch.tensor([float(pacing.get(key, 0.0))
+                                               for key in PACING_FIELDS] + [host_cpu_s], dtype=torch.float64)
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=self.groups.everyone)
         dist.all_reduce(sums, group=self.groups.everyone)
         report = []
         for stage in self.topology.stages:
-            row = {"stage": stage.index, "chip": "+".join(dict.fromkeys(stage.replica_chips or (stage.chip,))),
-                   "peak_allocated_bytes": None if peaks[stage.index] < 0 else int(peaks[stage.index])}
-            row.update({key: (int(value) if key.endswith("kernels") else float(value))
-                        for key, value in zip(PACING_FIELDS, sums[stage.index].tolist())})
+            row = {
+                "stage": stage.index, "chip": "+".join(dict.fromkeys(stage.replica_chips or (stage.chip, ))),
+                "peak_allocated_bytes": None if peaks[stage.index] < 0 else int(peaks[stage.index])
+            }
+            row.update({
+                key: (int(value) if key.endswith("kernels") else float(value))
+                for key, value in zip(PACING_FIELDS, sums[stage.index].tolist())
+            })
             row["host_cpu_s"] = float(sums[stage.index, -1])
             report.append(row)
         return report
@@ -313,7 +315,7 @@ class PipelineEngine:
             indices = self.chunk_params[chunk]
             with self.executor.resident(chunk):
                 for index, grad in zip(indices, self.waiting_grads.pop(chunk)):
-                    if grad is not None:   # ZeRO-2: the owner's
+                    if grad is not None:  # ZeRO-2: the owner's
                         self.optimizer.params[index].grad = grad.mul_(coefficient)
                 self.optimizer.step(lr, indices)
                 self.optimizer.zero_grad(indices)

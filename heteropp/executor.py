@@ -19,9 +19,8 @@ master weights), matrix products run in bf16, the loss is computed in fp32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import contextlib
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,7 +36,7 @@ COMMUNICATION_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 @dataclass
 class _MicroBatchState:
     stage_input: torch.Tensor | None = None
-    stage_output: torch.Tensor | None = None   # activation, or the scaled loss on the last stage
+    stage_output: torch.Tensor | None = None  # activation, or the scaled loss on the last stage
     input_grad: torch.Tensor | None = None
     weight_work: list = field(default_factory=list)
     received_input: PendingTensor | None = None
@@ -45,6 +44,7 @@ class _MicroBatchState:
 
 
 class StageExecutor:
+
     def __init__(self, stage: torch.nn.Module, *, stage_index: int, num_stages: int, resharder: Resharder,
                  store: WeightGradStore | None, activation_shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
                  prefetch: bool = True, device: torch.device | str = "cpu", recorder: SpanRecorder | None = None,
@@ -123,7 +123,8 @@ class StageExecutor:
         if self.is_first:
             x = tokens
         else:
-            with span(self.recorder, f"RECV_F{micro_batch}", "recv", micro_batch=micro_batch, from_stage=self.index - 1):
+            with span(self.recorder, f"RECV_F{micro_batch}", "recv", micro_batch=micro_batch,
+                      from_stage=self.index - 1):
                 x = state.received_input.wait().requires_grad_()
             state.received_input = None
         with span(self.recorder, f"F{micro_batch}", "forward", micro_batch=micro_batch):
@@ -145,7 +146,8 @@ class StageExecutor:
         if self.is_last:
             grad = None
         else:
-            with span(self.recorder, f"RECV_B{micro_batch}", "recv", micro_batch=micro_batch, from_stage=self.index + 1):
+            with span(self.recorder, f"RECV_B{micro_batch}", "recv", micro_batch=micro_batch,
+                      from_stage=self.index + 1):
                 grad = state.received_grad.wait()
             state.received_grad = None
         kind = "backward-input" if split_backward else "backward"

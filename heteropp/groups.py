@@ -72,12 +72,12 @@ def check_stage_backend(name: str, device_type: str = "cpu") -> str:
 @dataclass
 class RankGroups:
     place: RankPlace
-    tp: dist.ProcessGroup | None          # this rank's TP group (None when tp == 1)
-    dp: dist.ProcessGroup | None          # this rank's DP group (None when dp == 1)
-    next_boundary: dist.ProcessGroup | None   # ranks of this stage and the next (cross-stage backend)
-    prev_boundary: dist.ProcessGroup | None   # ranks of the previous stage and this one
-    wrap: dist.ProcessGroup | None        # last stage and stage 0 (ministages' wrap-around), this rank in either
-    everyone: dist.ProcessGroup           # all ranks, cross-stage backend (global gradient norm)
+    tp: dist.ProcessGroup | None  # this rank's TP group (None when tp == 1)
+    dp: dist.ProcessGroup | None  # this rank's DP group (None when dp == 1)
+    next_boundary: dist.ProcessGroup | None  # ranks of this stage and the next (cross-stage backend)
+    prev_boundary: dist.ProcessGroup | None  # ranks of the previous stage and this one
+    wrap: dist.ProcessGroup | None  # last stage and stage 0 (ministages' wrap-around), this rank in either
+    everyone: dist.ProcessGroup  # all ranks, cross-stage backend (global gradient norm)
     tp_ranks: list[int]
 
 
@@ -96,8 +96,7 @@ def new_group(members: list[int], backend: str, links: RankLinks | None) -> dist
 
 
 def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p_backend: str = "gloo",
-                 stage_backend: str = "auto", links: RankLinks | None = None,
-                 wrap_around: bool = False) -> RankGroups:
+                 stage_backend: str = "auto", links: RankLinks | None = None, wrap_around: bool = False) -> RankGroups:
     """`device_type`: the device of stages that do not name their own; `links`: this rank's emulated
     links, applied by DiComm to the groups it serves; `wrap_around`: the last stage sends to stage 0
     (ministages: heteropp.ministages), over boundary 0's group with two stages, its own with more."""
@@ -108,8 +107,8 @@ def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p
         stage_device = topology.device_type(info.index, device_type)
         backend = chip_backend(info.chip, stage_device) if stage_backend == "auto" else stage_backend
         # every TP group of the stage (one per replica), then every DP group (one per TP index)
-        for kind, size, groups_of, count in (("tp", info.tp, info.tp_group, info.dp),
-                                             ("dp", info.dp, info.dp_group, info.tp)):
+        for kind, size, groups_of, count in (("tp", info.tp, info.tp_group, info.dp), ("dp", info.dp, info.dp_group,
+                                                                                       info.tp)):
             for index in range(count):
                 members = groups_of(index)
                 group = new_group(members, backend, links) if size > 1 else None
@@ -131,6 +130,5 @@ def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p
         mine["wrap"] = group if place.stage in (0, last) else None
     world = list(range(topology.world_size))
     everyone = new_group(world, p2p_backend, links)
-    return RankGroups(place=place, tp=mine["tp"], dp=mine["dp"], next_boundary=mine["next"],
-                      prev_boundary=mine["prev"], wrap=mine["wrap"], everyone=everyone,
-                      tp_ranks=stage.tp_group(place.dp_index))
+    return RankGroups(place=place, tp=mine["tp"], dp=mine["dp"], next_boundary=mine["next"], prev_boundary=mine["prev"],
+                      wrap=mine["wrap"], everyone=everyone, tp_ranks=stage.tp_group(place.dp_index))

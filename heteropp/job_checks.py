@@ -20,7 +20,8 @@ def check_pipeline_job(strategy, config: TrainConfig, options: PipelineOptions, 
     resolve_schedule(strategy, options.schedule, source)
     model = strategy.model_config(source)
     if model.tie_embeddings and len(strategy.stages) > 1:
-        raise UserError(f"{source}: model '{model.name}' ties embeddings, which HeteroPP does not support across stages")
+        raise UserError(
+            f"{source}: model '{model.name}' ties embeddings, which HeteroPP does not support across stages")
     seq_len = train_config_for(strategy, config).seq_len
     if seq_len > model.max_seq_len:
         raise UserError(f"{source}: seq_len {seq_len} exceeds the model's max_seq_len {model.max_seq_len}")

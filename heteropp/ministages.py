@@ -60,6 +60,7 @@ class ParameterHome:
 
 
 class MinistageExecutor:
+
     def __init__(self, chunks: list[nn.Module], *, device: torch.device, offload: tuple[str, ...] = (),
                  autocast: torch.dtype | None = None, stage_index: int = 0, num_stages: int = 1,
                  resharder: Resharder | None = None, activation_shape: tuple[int, ...] = ()):
@@ -75,7 +76,7 @@ class MinistageExecutor:
         if num_stages > 1 and resharder is None:
             raise ValueError("ministages over several stages need a resharder to reach the other stages")
         self.homes = [ParameterHome(list(chunk.parameters()), self.device) for chunk in chunks]
-        self.host_copies = 0   # tensors copied to the host by offload in the last run
+        self.host_copies = 0  # tensors copied to the host by offload in the last run
         if "parameters" in self.offload:
             for home in self.homes:
                 home.to_host()
@@ -162,8 +163,8 @@ class MinistageExecutor:
             return self.resharder.post_recv(self.activation_shape, torch.float32, stage, micro_batch,
                                             device=self.device, direction=FORWARD, chunk=producer_chunk)
         stage, _ = self._consumer(chunk)
-        return self.resharder.post_recv(self.activation_shape, torch.float32, stage, micro_batch,
-                                        device=self.device, direction=BACKWARD, chunk=chunk)
+        return self.resharder.post_recv(self.activation_shape, torch.float32, stage, micro_batch, device=self.device,
+                                        direction=BACKWARD, chunk=chunk)
 
     def _forward_input(self, chunk: int, micro_batch: int, tokens, outputs, received) -> torch.Tensor:
         if self._takes_tokens(chunk):

@@ -31,8 +31,7 @@ from h2.core.links import ArrivalClock, Link
 
 FORWARD, BACKWARD = 0, 1
 
-
-CHUNK_TAGS = 1024   # the most ministages a strategy may have (h2.core.strategy)
+CHUNK_TAGS = 1024  # the most ministages a strategy may have (h2.core.strategy)
 
 
 def message_tag(micro_batch: int, direction: int, chunk: int = 0) -> int:
@@ -112,6 +111,7 @@ class LinkPacer:
 
 
 class P2P:
+
     def __init__(self, stage_through_host: bool = False, link_to: Callable[[int], Link] | None = None):
         """`link_to(peer)`: the emulated link to global rank `peer`, which paces the sends (h2.core.links
         RankLinks.to); None: unpaced."""

@@ -54,16 +54,16 @@ class TPMeasurement:
     forward_s: float
     backward_s: float
     recompute_s: float
-    activation_bytes: int               # held by one layer from its forward to its backward, no recompute
-    recompute_activation_bytes: int     # the same under recompute
-    workspace_bytes: int | None         # device memory a layer's backward needs beyond what is kept (None: no statistics)
-    update_s: float                     # optimizer update of one layer's shard
+    activation_bytes: int  # held by one layer from its forward to its backward, no recompute
+    recompute_activation_bytes: int  # the same under recompute
+    workspace_bytes: int | None  # device memory a layer's backward needs beyond what is kept (None: no statistics)
+    update_s: float  # optimizer update of one layer's shard
     embedding_forward_s: float
     embedding_backward_s: float
-    head_forward_s: float               # final norm + head + loss
+    head_forward_s: float  # final norm + head + loss
     head_backward_s: float
     device: str
-    late_fraction: float                # emulated kernel time the host made late (0 when not emulated)
+    late_fraction: float  # emulated kernel time the host made late (0 when not emulated)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -191,9 +191,11 @@ def _measure_layer(timed: _Timer, layer, hidden, grad) -> dict:
     workspace = _workspace_bytes(timed.device, layer, hidden, grad, activation_bytes)
     update_s = timed(_adamw_update(list(layer.parameters())))
     hidden.grad = None
-    return {"forward_s": forward_s, "backward_s": backward_s, "recompute_s": recompute_s,
-            "activation_bytes": activation_bytes, "recompute_activation_bytes": recompute_bytes,
-            "workspace_bytes": workspace, "update_s": update_s}
+    return {
+        "forward_s": forward_s, "backward_s": backward_s, "recompute_s": recompute_s,
+        "activation_bytes": activation_bytes, "recompute_activation_bytes": recompute_bytes,
+        "workspace_bytes": workspace, "update_s": update_s
+    }
 
 
 def _measure_stage_ends(timed: _Timer, shard, hidden, grad, tokens) -> dict:
@@ -213,13 +215,14 @@ def _measure_stage_ends(timed: _Timer, shard, hidden, grad, tokens) -> dict:
 
     head_forward_s, head_backward_s = timed.pair(head_forward, lambda: head_forward().backward())
     hidden.grad = None
-    return {"embedding_forward_s": embedding_forward_s, "embedding_backward_s": embedding_backward_s,
-            "head_forward_s": head_forward_s, "head_backward_s": head_backward_s}
+    return {
+        "embedding_forward_s": embedding_forward_s, "embedding_backward_s": embedding_backward_s,
+        "head_forward_s": head_forward_s, "head_backward_s": head_backward_s
+    }
 
 
-def _measure_rank(rank: int, world_size: int, chip: ChipType, model: ModelConfig, micro_batch_size: int,
-                  seq_len: int, dtype_name: str, device_type: str, repeats: int, directory: str,
-                  cluster: ClusterSpec | None) -> dict:
+def _measure_rank(rank: int, world_size: int, chip: ChipType, model: ModelConfig, micro_batch_size: int, seq_len: int,
+                  dtype_name: str, device_type: str, repeats: int, directory: str, cluster: ClusterSpec | None) -> dict:
     """One TP rank of `measure_tp` (runs in its own process)."""
     from datetime import timedelta
 
@@ -237,8 +240,7 @@ def _measure_rank(rank: int, world_size: int, chip: ChipType, model: ModelConfig
         if world_size > 1:
             ranks, backend = list(range(world_size)), chip_backend(chip.name, device.type)
             # A TP group sits in one node: its traffic crosses the cluster's intra-node link (h2.core.links).
-            links = (RankLinks(cluster, [Location(chip.name, 0)] * world_size, rank) if cluster is not None
-                     else None)
+            links = (RankLinks(cluster, [Location(chip.name, 0)] * world_size, rank) if cluster is not None else None)
             group = new_group(ranks, backend, links)
         dtype = getattr(torch, dtype_name)
         timed = _Timer(device, group, repeats)
@@ -276,8 +278,8 @@ def measure_tp(chip: ChipType, model: ModelConfig, tp: int, *, micro_batch_size:
     split `tp` ways or one layer does not fit."""
     check_tp_divides(model, tp, f"chip '{chip.name}': tp {tp}")
     os.makedirs(directory, exist_ok=True)
-    results = run_ranks(_measure_rank, tp, (chip, model, micro_batch_size, seq_len, dtype, device, repeats, directory,
-                                            cluster),
+    results = run_ranks(_measure_rank, tp,
+                        (chip, model, micro_batch_size, seq_len, dtype, device, repeats, directory, cluster),
                         timeout=TIMEOUT_S, start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
     for result in results:
         if "out_of_memory" in result:

@@ -35,6 +35,7 @@ class PendingTensor:
 
 
 class Resharder:
+
     def __init__(self, topology: Topology, rank: int, groups, p2p: P2P, mode: str = "sliced"):
         if mode not in MODES:
             raise ValueError(f"resharding mode must be one of {MODES}, got {mode!r}")
@@ -83,8 +84,7 @@ class Resharder:
                               message_tag(micro_batch, direction, chunk))
 
     def post_recv(self, shape: tuple[int, ...], dtype: torch.dtype, from_stage: int, micro_batch: int,
-                  device: torch.device | str = "cpu", *, direction: int | None = None,
-                  chunk: int = 0) -> PendingTensor:
+                  device: torch.device | str = "cpu", *, direction: int | None = None, chunk: int = 0) -> PendingTensor:
         """Post the receives of this rank's part of a tensor of `shape` coming from stage `from_stage`
         (`direction`, `chunk`: as for `send`).
 
@@ -101,9 +101,11 @@ class Resharder:
         block = block_size(numel, tp) if gather else numel
         flat = torch.empty(block * tp if gather else numel, dtype=dtype, device=device)
         group = self._boundary_group(from_stage)
-        works = [self.p2p.recv(flat[t.start - first:t.stop - first], t.src, group,
-                               message_tag(micro_batch, direction, chunk))
-                 for t in self._plan(from_stage, self.place.stage, row_numel) if t.dst == self.rank]
+        works = [
+            self.p2p.recv(flat[t.start - first:t.stop - first], t.src, group, message_tag(
+                micro_batch, direction, chunk)) for t in self._plan(from_stage, self.place.stage, row_numel)
+            if t.dst == self.rank
+        ]
 
         def assemble() -> torch.Tensor:
             if gather:

@@ -20,9 +20,9 @@ from torch import nn
 
 
 class StageParameter(NamedTuple):
-    name: str                 # its name in the whole `Transformer`
-    param: nn.Parameter       # this rank's tensor
-    split_dim: int | None     # the dimension TP cut it along; None where this rank holds it whole
+    name: str  # its name in the whole `Transformer`
+    param: nn.Parameter  # this rank's tensor
+    split_dim: int | None  # the dimension TP cut it along; None where this rank holds it whole
 
 
 def shard_of(whole: torch.Tensor, dim: int | None, index: int, parts: int) -> torch.Tensor:

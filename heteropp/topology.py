@@ -58,14 +58,14 @@ class StageInfo:
     index: int
     chip: str
     tp: int
-    layers: range           # global decoder-layer indices of this stage
+    layers: range  # global decoder-layer indices of this stage
     recompute: bool
     first_rank: int
     dp: int
-    micro_batch_size: int   # sequences of one micro-batch per replica
+    micro_batch_size: int  # sequences of one micro-batch per replica
     device: str | None = None  # torch device type, None: the run's default
-    row_counts: tuple[int, ...] = ()   # sequences of a micro-batch per replica; empty: micro_batch_size each
-    replica_chips: tuple[str, ...] = ()   # chip type per replica of a mixed-type group; empty: `chip`
+    row_counts: tuple[int, ...] = ()  # sequences of a micro-batch per replica; empty: micro_batch_size each
+    replica_chips: tuple[str, ...] = ()  # chip type per replica of a mixed-type group; empty: `chip`
 
     def replica_chip(self, dp_index: int) -> str:
         return self.replica_chips[dp_index] if self.replica_chips else self.chip
@@ -107,6 +107,7 @@ def block_size(length: int, parts: int) -> int:
 
 
 class Topology:
+
     def __init__(self, stages: list[StageInfo], micro_batch_sequences: int):
         self.stages = stages
         self.micro_batch_sequences = micro_batch_sequences
@@ -117,11 +118,11 @@ class Topology:
         stages, first_rank, first_layer = [], 0, 0
         for index, spec in enumerate(strategy.stages):
             dp = strategy.stage_dp(index)
-            stages.append(StageInfo(index=index, chip=spec.chip, tp=spec.tp,
-                                    layers=range(first_layer, first_layer + spec.layers),
-                                    recompute=bool(spec.recompute), first_rank=first_rank, dp=dp,
-                                    micro_batch_size=strategy.stage_micro_batch_size(index), device=spec.device,
-                                    row_counts=tuple(spec.rows or ()), replica_chips=tuple(spec.chips or ())))
+            stages.append(
+                StageInfo(index=index, chip=spec.chip, tp=spec.tp, layers=range(first_layer, first_layer + spec.layers),
+                          recompute=bool(spec.recompute), first_rank=first_rank, dp=dp,
+                          micro_batch_size=strategy.stage_micro_batch_size(index), device=spec.device, row_counts=tuple(
+                              spec.rows or ()), replica_chips=tuple(spec.chips or ())))
             first_rank += spec.tp * dp
             first_layer += spec.layers
         return cls(stages, strategy.micro_batch_sequences)
@@ -189,14 +190,14 @@ class Topology:
             recompute = "recompute" if stage.recompute else "no recompute"
             sequences = "sequence" if stage.micro_batch_size == 1 else "sequences"
             device = self.device_type(stage.index, default_device)
-            names = list(dict.fromkeys(stage.replica_chips or (stage.chip,)))
+            names = list(dict.fromkeys(stage.replica_chips or (stage.chip, )))
             if chip_labels and all(name in chip_labels for name in names):
                 chip = " + ".join(chip_labels[name] for name in names) + f" on {device}"
             else:
                 chip = f"{' + '.join(names)} ({'emulated on cpu' if device == 'cpu' else f'on {device}'})"
             lines.append(f"stage {stage.index}: chip {chip}, tp {stage.tp} x dp {stage.dp}, "
                          f"layers {stage.layers.start}..{stage.layers.stop - 1}, {recompute}, "
-                         f"ranks {stage.ranks.start}..{stage.ranks.stop - 1}, "
-                         + (f"rows {'/'.join(map(str, stage.row_counts))} of each micro-batch per replica"
-                            if stage.row_counts else f"{stage.micro_batch_size} {sequences} per micro-batch per replica"))
+                         f"ranks {stage.ranks.start}..{stage.ranks.stop - 1}, " +
+                         (f"rows {'/'.join(map(str, stage.row_counts))} of each micro-batch per replica" if stage.
+                          row_counts else f"{stage.micro_batch_size} {sequences} per micro-batch per replica"))
         return "\n".join(lines)

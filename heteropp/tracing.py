@@ -20,6 +20,7 @@ COMPUTE_SPANS = ("forward", "backward", "backward-input", "backward-weight", "re
 
 
 class SpanRecorder:
+
     def __init__(self, rank: int, label: str, device: torch.device):
         self.rank, self.label = rank, label
         module = getattr(torch, device.type, None)

@@ -51,11 +51,17 @@ if ! "$py" -c "import numpy, yaml, pybind11, scikit_build_core, ninja, pytest, p
   echo "[bootstrap] installing build and test dependencies"
   "${pip[@]}" "${build_and_test_deps[@]}"
 fi
-# ruff is pinned: another version may format or lint differently and fail scripts/lint.sh on unchanged code.
+# The linter (ruff) and the formatter (yapf) are pinned: another version may lint or format differently
+# and fail scripts/lint.sh on unchanged code.
 ruff_version=0.17.5
+yapf_version=0.43.0
 if [ "$("$venv/bin/ruff" --version 2>/dev/null)" != "ruff $ruff_version" ]; then
   echo "[bootstrap] installing ruff==$ruff_version"
   "${pip[@]}" "ruff==$ruff_version"
+fi
+if [ "$("$venv/bin/yapf" --version 2>/dev/null)" != "yapf $yapf_version" ]; then
+  echo "[bootstrap] installing yapf==$yapf_version"
+  "${pip[@]}" "yapf==$yapf_version"
 fi
 echo "[bootstrap] building and installing h2 (editable)"
 "${pip[@]}" --no-build-isolation --no-deps --editable "$root"

@@ -21,26 +21,25 @@ PACKAGES = ("h2", "ditorch", "dicomm", "heteropp", "heteroauto")
 # modules import each other, directly or through others (import_cycles).
 MAY_IMPORT = {
     "h2.core": (),
-    "ditorch": ("h2.core",),
-    "dicomm": ("h2.core",),
-    "h2.model": ("h2.core",),
-    "h2.data": ("h2.core",),
-    "heteroauto": ("h2.core",),
+    "ditorch": ("h2.core", ),
+    "dicomm": ("h2.core", ),
+    "h2.model": ("h2.core", ),
+    "h2.data": ("h2.core", ),
+    "heteroauto": ("h2.core", ),
     "heteropp": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm"),
     "h2.ps": ("h2.core", "h2.model", "h2.data"),
     "h2.train": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "h2.ps"),
-    "h2.launch": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "heteroauto", "h2.ps",
-                  "h2.train"),
-    "h2.cli": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "heteroauto", "h2.ps",
-               "h2.train", "h2.launch"),
-    "h2.__main__": ("h2.cli",),
+    "h2.launch": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "heteroauto", "h2.ps", "h2.train"),
+    "h2.cli": ("h2.core", "h2.model", "h2.data", "ditorch", "dicomm", "heteropp", "heteroauto", "h2.ps", "h2.train",
+               "h2.launch"),
+    "h2.__main__": ("h2.cli", ),
     "h2": (),
 }
 # Layers the planner uses without torch: torch may be imported inside functions only.
 TORCH_FREE_AT_IMPORT = ("h2.core", "heteroauto")
 # Modules that must not reach a package, by any chain of imports (a package's __init__ counts: Python
 # runs it first): a rank runs the job the launcher resolved (h2.launch.job) and never plans.
-MUST_NOT_REACH = {"h2.cli.rank": ("heteroauto",)}
+MUST_NOT_REACH = {"h2.cli.rank": ("heteroauto", )}
 
 
 def layer_of(module: str) -> str | None:
@@ -143,8 +142,8 @@ def import_graph(root: str, packages=PACKAGES) -> dict[str, set[str]]:
             tree = ast.parse(handle.read(), path)
         for name, _, _ in imported_names(tree, module, is_package):
             parts = name.split(".")
-            target = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules),
-                          None)
+            target = next((".".join(parts[:n])
+                           for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules), None)
             if target is not None and target != module and not module.startswith(target + "."):
                 graph[module].add(target)
     return graph
@@ -236,12 +235,18 @@ def test_a_rank_never_reaches_the_planner():
 
 
 @pytest.mark.parametrize("files", [
-    {"h2/cli/rank.py": "def main():\n    from heteroauto.jeeves_plan import with_schedule_orders\n",
-     "heteroauto/jeeves_plan.py": ""},
-    {"h2/cli/rank.py": "from h2.launch import job\n", "h2/launch/job.py": "import heteroauto\n",
-     "heteroauto/__init__.py": ""},
-    {"h2/cli/rank.py": "import h2.launch.job\n", "h2/launch/job.py": "",
-     "h2/launch/__init__.py": "import heteroauto\n", "heteroauto/__init__.py": ""},
+    {
+        "h2/cli/rank.py": "def main():\n    from heteroauto.jeeves_plan import with_schedule_orders\n",
+        "heteroauto/jeeves_plan.py": ""
+    },
+    {
+        "h2/cli/rank.py": "from h2.launch import job\n", "h2/launch/job.py": "import heteroauto\n",
+        "heteroauto/__init__.py": ""
+    },
+    {
+        "h2/cli/rank.py": "import h2.launch.job\n", "h2/launch/job.py": "",
+        "h2/launch/__init__.py": "import heteroauto\n", "heteroauto/__init__.py": ""
+    },
 ])
 def test_a_rank_that_imports_the_planner_directly_or_through_others_is_found(tmp_path, files):
     problems = forbidden_reaches(_tree(tmp_path, files))
@@ -277,7 +282,8 @@ def _tree(tmp_path, files: dict[str, str]) -> str:
     ("dicomm/bad.py", "from ditorch import dipu\n", "dicomm.bad (dicomm) imports ditorch (ditorch)"),
     ("ditorch/bad.py", "import importlib\nimportlib.import_module('dicomm.torch_backend')\n",
      "imports dicomm.torch_backend (dicomm)"),
-    ("ditorch/bad.py", "import sys\nsys.modules.get('dicomm.torch_backend')\n", "imports dicomm.torch_backend (dicomm)"),
+    ("ditorch/bad.py", "import sys\nsys.modules.get('dicomm.torch_backend')\n",
+     "imports dicomm.torch_backend (dicomm)"),
     ("heteropp/bad.py", "from heteroauto import search\n", "heteropp.bad (heteropp) imports heteroauto"),
     ("heteroauto/bad.py", "from heteropp.engine import PipelineEngine\n",
      "heteroauto.bad (heteroauto) imports heteropp.engine (heteropp)"),
@@ -292,26 +298,30 @@ def test_an_import_that_points_up_or_sideways_is_found(tmp_path, relative, text,
 
 
 def test_imports_that_point_down_are_allowed(tmp_path):
-    tree = _tree(tmp_path, {
-        "h2/cli/ok.py": "import heteroauto.search\nimport h2.train.trainer\nimport ditorch\nimport dicomm\n",
-        "heteropp/ok.py": "import dicomm\nimport ditorch.dipu\nfrom h2.model import Transformer\n",
-        "h2/core/ok.py": "def f():\n    import torch\n",
-        "ditorch/ok.py": "from h2.core.errors import UserError\n",
-    })
+    tree = _tree(
+        tmp_path, {
+            "h2/cli/ok.py": "import heteroauto.search\nimport h2.train.trainer\nimport ditorch\nimport dicomm\n",
+            "heteropp/ok.py": "import dicomm\nimport ditorch.dipu\nfrom h2.model import Transformer\n",
+            "h2/core/ok.py": "def f():\n    import torch\n",
+            "ditorch/ok.py": "from h2.core.errors import UserError\n",
+        })
     assert violations(tree) == []
 
 
 @pytest.mark.parametrize("files, expected", [
-    ({"h2/cli/a.py": "from h2.cli import b\n", "h2/cli/b.py": "def f():\n    import h2.cli.a\n"}, [["h2.cli.a", "h2.cli.b"]]),
-    ({"h2/core/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from h2.core.c import C\n",
-      "h2/core/b.py": "from h2.core.a import x\n", "h2/core/c.py": "from h2.core.b import y\n"},
-     [["h2.core.a", "h2.core.b", "h2.core.c"]]),
+    ({"h2/cli/a.py": "from h2.cli import b\n", "h2/cli/b.py": "def f():\n    import h2.cli.a\n"
+      }, [["h2.cli.a", "h2.cli.b"]]),
+    ({
+        "h2/core/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from h2.core.c import C\n",
+        "h2/core/b.py": "from h2.core.a import x\n", "h2/core/c.py": "from h2.core.b import y\n"
+    }, [["h2.core.a", "h2.core.b", "h2.core.c"]]),
 ])
 def test_modules_that_import_each_other_inside_a_layer_are_found(tmp_path, files, expected):
     assert import_cycles(_tree(tmp_path, files)) == expected
 
 
 def test_a_chain_of_imports_without_a_cycle_is_allowed(tmp_path):
-    tree = _tree(tmp_path, {"h2/core/a.py": "from h2.core import b\n", "h2/core/b.py": "import h2.core.c\n",
-                            "h2/core/c.py": "import os\n"})
+    tree = _tree(tmp_path, {
+        "h2/core/a.py": "from h2.core import b\n", "h2/core/b.py": "import h2.core.c\n", "h2/core/c.py": "import os\n"
+    })
     assert import_cycles(tree) == []

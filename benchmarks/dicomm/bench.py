@@ -12,14 +12,13 @@ import time
 
 import numpy as np
 
+import bench_device
+import bench_torch
+from common import human, iterations_for, ping_pong, rendezvous_store, report, row
 from dicomm import _dicomm_core as _core
 from dicomm.endpoint import Endpoint, probe_ibverbs
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.ranks import run_ranks
-
-import bench_device
-import bench_torch
-from common import human, iterations_for, ping_pong, report, rendezvous_store, row
 
 FULL_SIZES = [8, 64, 512, 4096, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [8, 4096, 1 << 20]
@@ -49,8 +48,8 @@ def worker(rank: int, world_size: int, transports: list[str], sizes: list[int], 
     for size in sizes:
         tensor = torch.zeros(size, dtype=torch.uint8)
         n = iterations_for(size, quick)
-        times = ping_pong(lambda t: dist.send(t, peer), lambda t: dist.recv(t, peer), rank, tensor, n,
-                          warmup=max(n // 10, 2))
+        times = ping_pong(lambda t: dist.send(t, peer), lambda t: dist.recv(t, peer), rank, tensor, n, warmup=max(
+            n // 10, 2))
         if rank == 0:
             rows.append(row("gloo", size, statistics.median(times) / 2))
     dist.destroy_process_group()
@@ -79,8 +78,9 @@ def format_table(rows: list[dict]) -> str:
     names = [t for t in ("shm", "ibverbs", "tcp", "gloo", "memcpy") if any(r["transport"] == t for r in rows)]
     sizes = sorted({r["bytes"] for r in rows})
     lines = ["one-way latency (us), half the median round trip; memcpy: one copy"]
-    lines.append(f"{'size':>8} " + " ".join(f"{n:>9}" for n in names) +
-                 "".join(f" {n + '/gloo':>10}" for n in names if n not in ("gloo", "memcpy")))
+    lines.append(f"{'size':>8} " + " ".join(f"{n:>9}"
+                                            for n in names) + "".join(f" {n + '/gloo':>10}"
+                                                                      for n in names if n not in ("gloo", "memcpy")))
     for s in sizes:
         gloo = by.get(("gloo", s))
         cells = " ".join(f"{by[(n, s)]['latency_us']:9.2f}" for n in names)
@@ -89,8 +89,9 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{human(s):>8} {cells}{ratios}")
     lines.append("")
     lines.append("bandwidth (GB/s) = bytes / one-way latency")
-    lines.append(f"{'size':>8} " + " ".join(f"{n:>9}" for n in names) +
-                 "".join(f" {n + '/gloo':>10}" for n in names if n not in ("gloo", "memcpy")) +
+    lines.append(f"{'size':>8} " + " ".join(f"{n:>9}"
+                                            for n in names) + "".join(f" {n + '/gloo':>10}"
+                                                                      for n in names if n not in ("gloo", "memcpy")) +
                  "".join(f" {n + '/memcpy':>12}" for n in names if n not in ("gloo", "memcpy")))
     for s in sizes:
         gloo, memcpy = by.get(("gloo", s)), by.get(("memcpy", s))

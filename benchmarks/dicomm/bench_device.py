@@ -56,8 +56,10 @@ def _torch_transfers(rank: int, store, peer: int):
     dist.init_process_group("dicomm", store=dist.PrefixStore("bench-device-torch", store), rank=rank, world_size=2)
     os.environ["DICOMM_DEVICE_DIRECT"] = "1"
     groups = {"cpu-mediated": dist.group.WORLD, "device-direct": dist.new_group(backend="dicomm")}
-    return {mode: (lambda t, g=group: dist.send(t, peer, group=g), lambda t, g=group: dist.recv(t, peer, group=g))
-            for mode, group in groups.items()}
+    return {
+        mode: (lambda t, g=group: dist.send(t, peer, group=g), lambda t, g=group: dist.recv(t, peer, group=g))
+        for mode, group in groups.items()
+    }
 
 
 def worker(rank: int, world: int, device: str, sizes: list[int], quick: bool, through_torch: bool) -> list[dict] | None:
@@ -81,8 +83,10 @@ def worker(rank: int, world: int, device: str, sizes: list[int], quick: bool, th
         if rank == 0:
             for mode in MODES:
                 one_way = statistics.median(times[mode]) / 2
-                rows.append({"transport": mode, "bytes": size, "latency_us": one_way * 1e6,
-                             "bandwidth_GBps": size / one_way / 1e9})
+                rows.append({
+                    "transport": mode, "bytes": size, "latency_us": one_way * 1e6,
+                    "bandwidth_GBps": size / one_way / 1e9
+                })
     if through_torch:
         import torch.distributed as dist
 
@@ -92,8 +96,10 @@ def worker(rank: int, world: int, device: str, sizes: list[int], quick: bool, th
 
 def format_table(rows: list[dict], title: str) -> str:
     by = {(r["transport"], r["bytes"]): r for r in rows}
-    lines = [title, f"{'size':>8} {'mediated us':>12} {'direct us':>10} {'latency direct/mediated':>24} "
-                    f"{'mediated GB/s':>14} {'direct GB/s':>12} {'bandwidth direct/mediated':>26}"]
+    lines = [
+        title, f"{'size':>8} {'mediated us':>12} {'direct us':>10} {'latency direct/mediated':>24} "
+        f"{'mediated GB/s':>14} {'direct GB/s':>12} {'bandwidth direct/mediated':>26}"
+    ]
     for size in sorted({r["bytes"] for r in rows}):
         mediated, direct = by[("cpu-mediated", size)], by[("device-direct", size)]
         lines.append(f"{human(size):>8} {mediated['latency_us']:12.1f} {direct['latency_us']:10.1f} "
@@ -118,7 +124,8 @@ def check_targets(rows: list[dict], what: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python benchmarks/dicomm/bench.py --device", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python benchmarks/dicomm/bench.py --device",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--device", required=True, help="device type of the tensors (dipu)")
     parser.add_argument("--torch", action="store_true", help="through dist.send/recv on the dicomm backend")
     parser.add_argument("--profile", default="discrete",

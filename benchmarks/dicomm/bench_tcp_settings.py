@@ -59,8 +59,9 @@ def worker(rank: int, world_size: int, sizes: list[int], rounds: int, settings: 
 
     store = rendezvous_store(rank, world_size, timeout_s=120)
     peer = 1 - rank
-    endpoints = {name: endpoint_with(store, rank, f"settings/{name}", variables)
-                 for name, variables in settings.items()}
+    endpoints = {
+        name: endpoint_with(store, rank, f"settings/{name}", variables) for name, variables in settings.items()
+    }
     dist.init_process_group("gloo", store=dist.PrefixStore("settings/gloo", store), rank=rank, world_size=2)
     one_way: dict[tuple[str, int], list[float]] = {}
     for _ in range(rounds):
@@ -71,8 +72,8 @@ def worker(rank: int, world_size: int, sizes: list[int], rounds: int, settings: 
             one_way.setdefault(("gloo", size), []).append(statistics.median(times or [0.0]) / 2)
             buffer = np.zeros(size, np.uint8)
             for name, endpoint in endpoints.items():
-                times = ping_pong(lambda b: endpoint.send(b, peer), lambda b: endpoint.recv(b, peer), rank, buffer,
-                                  n, 5)
+                times = ping_pong(lambda b: endpoint.send(b, peer), lambda b: endpoint.recv(b, peer), rank, buffer, n,
+                                  5)
                 one_way.setdefault((name, size), []).append(statistics.median(times or [0.0]) / 2)
     for endpoint in endpoints.values():
         endpoint.close()

@@ -72,11 +72,15 @@ def p2p_worker(rank: int, world: int, sizes: list[int], quick: bool) -> list[dic
             exchanges = timed(exchange, n, max(n // 10, 2))
             if rank == 0:
                 one_way = statistics.median(round_trips) / 2
-                rows.append({"test": "send/recv", "backend": name, "bytes": size, "latency_us": one_way * 1e6,
-                             "bandwidth_GBps": size / one_way / 1e9})
+                rows.append({
+                    "test": "send/recv", "backend": name, "bytes": size, "latency_us": one_way * 1e6,
+                    "bandwidth_GBps": size / one_way / 1e9
+                })
                 per_exchange = statistics.median(exchanges)
-                rows.append({"test": "batch_isend_irecv", "backend": name, "bytes": size,
-                             "latency_us": per_exchange * 1e6, "bandwidth_GBps": size / per_exchange / 1e9})
+                rows.append({
+                    "test": "batch_isend_irecv", "backend": name, "bytes": size, "latency_us": per_exchange * 1e6,
+                    "bandwidth_GBps": size / per_exchange / 1e9
+                })
     dist.destroy_process_group()
     return rows if rank == 0 else None
 
@@ -100,8 +104,10 @@ def allreduce_worker(rank: int, world: int, sizes: list[int], quick: bool) -> li
             times = timed(lambda: dist.all_reduce(tensor, group=group), n, 2)
             if rank == 0:
                 t = statistics.median(times)
-                rows.append({"test": f"all_reduce x{world}", "backend": name, "bytes": size, "latency_us": t * 1e6,
-                             "bandwidth_GBps": 2 * (world - 1) / world * size / t / 1e9})
+                rows.append({
+                    "test": f"all_reduce x{world}", "backend": name, "bytes": size, "latency_us": t * 1e6,
+                    "bandwidth_GBps": 2 * (world - 1) / world * size / t / 1e9
+                })
     dist.destroy_process_group()
     return rows if rank == 0 else None
 
@@ -113,8 +119,10 @@ def spawn(target, world: int, *args) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     by = {(r["test"], r["backend"], r["bytes"]): r for r in rows}
-    lines = [f"{'test':<18} {'size':>8} {'dicomm us':>11} {'gloo us':>11} {'dicomm GB/s':>12} {'gloo GB/s':>10} "
-             f"{'time dicomm/gloo':>17}"]
+    lines = [
+        f"{'test':<18} {'size':>8} {'dicomm us':>11} {'gloo us':>11} {'dicomm GB/s':>12} {'gloo GB/s':>10} "
+        f"{'time dicomm/gloo':>17}"
+    ]
     for test in dict.fromkeys(r["test"] for r in rows):
         for size in sorted({r["bytes"] for r in rows if r["test"] == test}):
             ours, gloo = by[(test, "dicomm", size)], by[(test, "gloo", size)]
@@ -134,7 +142,8 @@ def check_targets(rows: list[dict], world: int) -> list[str]:
         lines.append(f"{'PASS' if ratio <= 0.2 else 'FAIL'} send/recv 4 KiB latency dicomm/gloo = {ratio:.3f} "
                      "(target <= 0.2)")
     if ("send/recv", "dicomm", large) in by:
-        ratio = by[("send/recv", "dicomm", large)]["bandwidth_GBps"] / by[("send/recv", "gloo", large)]["bandwidth_GBps"]
+        ratio = by[("send/recv", "dicomm", large)]["bandwidth_GBps"] / by[("send/recv", "gloo",
+                                                                           large)]["bandwidth_GBps"]
         lines.append(f"{'PASS' if ratio >= 2 else 'FAIL'} send/recv 64 MiB bandwidth dicomm/gloo = {ratio:.2f} "
                      "(target >= 2)")
     test = f"all_reduce x{world}"
@@ -146,16 +155,18 @@ def check_targets(rows: list[dict], world: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python benchmarks/dicomm/bench.py --torch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python benchmarks/dicomm/bench.py --torch",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few sizes and iterations (smoke test)")
     parser.add_argument("--json", metavar="FILE", help="also write {'rows': [...]} to FILE")
     parser.add_argument("--sizes", help="comma-separated send/recv sizes in bytes (overrides the default set)")
     parser.add_argument("--allreduce-sizes", help="comma-separated all_reduce sizes in bytes")
     parser.add_argument("--world", type=int, default=4, help="processes for all_reduce (default 4)")
     args = parser.parse_args(argv)
-    p2p_sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (QUICK_P2P_SIZES if args.quick else P2P_SIZES)
-    ar_sizes = ([int(s) for s in args.allreduce_sizes.split(",")] if args.allreduce_sizes
-                else (QUICK_ALLREDUCE_SIZES if args.quick else ALLREDUCE_SIZES))
+    p2p_sizes = [int(s)
+                 for s in args.sizes.split(",")] if args.sizes else (QUICK_P2P_SIZES if args.quick else P2P_SIZES)
+    ar_sizes = ([int(s) for s in args.allreduce_sizes.split(",")] if args.allreduce_sizes else
+                (QUICK_ALLREDUCE_SIZES if args.quick else ALLREDUCE_SIZES))
     rows = spawn(p2p_worker, 2, p2p_sizes, args.quick) if p2p_sizes else []
     if ar_sizes and args.world > 1:
         rows += spawn(allreduce_worker, args.world, ar_sizes, args.quick)

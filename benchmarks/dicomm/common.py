@@ -44,8 +44,10 @@ def ping_pong(send, recv, rank: int, buffer, iterations: int, warmup: int) -> li
 
 
 def row(transport: str, size: int, one_way_s: float) -> dict:
-    return {"transport": transport, "bytes": size, "latency_us": one_way_s * 1e6,
-            "bandwidth_GBps": size / one_way_s / 1e9 if one_way_s > 0 else 0.0}
+    return {
+        "transport": transport, "bytes": size, "latency_us": one_way_s * 1e6,
+        "bandwidth_GBps": size / one_way_s / 1e9 if one_way_s > 0 else 0.0
+    }
 
 
 def rendezvous_store(rank: int, world_size: int, timeout_s: float):

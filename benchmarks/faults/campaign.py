@@ -71,8 +71,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 sys.path[:0] = [os.path.join(REPO_ROOT, "tests", "dicomm"), os.path.join(REPO_ROOT, "tests", "heteropp")]
 
 STEPS = 4
-CASES = {"quick": {"kill": 3, "torn": 4, "cli": 12, "frame": 40, "ranks": 1, "dicomm": 6},
-         "full": {"kill": 60, "torn": 60, "cli": 40, "frame": 360, "ranks": 12, "dicomm": 36}}
+CASES = {
+    "quick": {"kill": 3, "torn": 4, "cli": 12, "frame": 40, "ranks": 1, "dicomm": 6},
+    "full": {"kill": 60, "torn": 60, "cli": 40, "frame": 360, "ranks": 12, "dicomm": 36}
+}
 
 
 class Lost(Exception):
@@ -208,8 +210,12 @@ def _damage(path: str, rng: random.Random) -> str:
 def torn_case(rng: random.Random, workdir: str, timeout_s: float) -> None:
     out = _pristine_run(workdir)
     newest = os.path.join(out, "checkpoints", f"step_{STEPS:08d}")
-    target = rng.choice([os.path.join(newest, "rank_00000.pt"), os.path.join(newest, "manifest.json"),
-                         os.path.join(out, "checkpoints", "latest"), os.path.join(out, "metrics.jsonl")])
+    target = rng.choice([
+        os.path.join(newest, "rank_00000.pt"),
+        os.path.join(newest, "manifest.json"),
+        os.path.join(out, "checkpoints", "latest"),
+        os.path.join(out, "metrics.jsonl")
+    ])
     how = _damage(target, rng)
     try:
         config = TrainConfig(steps=STEPS, micro_batch_size=2, seq_len=32, warmup_steps=1, checkpoint_every=1,
@@ -230,23 +236,46 @@ def torn_case(rng: random.Random, workdir: str, timeout_s: float) -> None:
 
 # ---- cli: bad flags and files ------------------------------------------------------------------------
 BAD_CLI = [
-    ["h2", "train", "--steps", "0"], ["h2", "train", "--steps", "-3"], ["h2", "train", "--steps", "x"],
-    ["h2", "train", "--seed", "-1"], ["h2", "train", "--seed", str(2 ** 70)], ["h2", "train", "--lr", "-1"],
-    ["h2", "train", "--lr", "nan"], ["h2", "train", "--micro-batch-size", "0"],
-    ["h2", "train", "--micro-batch-size", "1000000000"], ["h2", "train", "--micro-batches", "0"],
-    ["h2", "train", "--seq-len", "100000"], ["h2", "train", "--seq-len", "0"], ["h2", "train", "--beta1", "1"],
-    ["h2", "train", "--beta2", "-0.1"], ["h2", "train", "--grad-clip", "-1"], ["h2", "train", "--dtype", "fp8"],
-    ["h2", "train", "--device", "quantum"], ["h2", "train", "--checkpoint-every", "-1"],
-    ["h2", "train", "--keep-checkpoints", "0"], ["h2", "train", "--warmup-steps", "-1"],
-    ["h2", "train", "--preset", "huge"], ["h2", "train", "--model-config", "/no/such.yaml"],
-    ["h2", "train", "--config", "/no/such.yaml"], ["h2", "train", "--resume"],
-    ["h2", "train", "--resume", "--overwrite"], ["h2", "train", "--out", "/proc/no/such/dir"],
-    ["h2", "train", "--strategy", "/no/such.yaml"], ["h2", "train", "--nproc", "0"],
-    ["h2", "train", "--threads", "2"], ["h2", "train", "--min-lr", "1"], ["h2", "train", "--weight-decay", "-1"],
-    ["h2", "model-info", "--tp", "0"], ["h2", "model-info", "--tp", "3"], ["h2", "model-info", "--seq-len", "0"],
-    ["h2", "model-info", "--preset", "nope"], ["h2", "model-info", "--micro-batch-size", "-1"],
-    ["heteroauto", "search", "--cluster", "/no/such.yaml"], ["heteroauto", "profile", "--cluster", "/no/such.yaml"],
-    ["heteroauto", "bogus"], ["h2", "bogus"],
+    ["h2", "train", "--steps", "0"],
+    ["h2", "train", "--steps", "-3"],
+    ["h2", "train", "--steps", "x"],
+    ["h2", "train", "--seed", "-1"],
+    ["h2", "train", "--seed", str(2**70)],
+    ["h2", "train", "--lr", "-1"],
+    ["h2", "train", "--lr", "nan"],
+    ["h2", "train", "--micro-batch-size", "0"],
+    ["h2", "train", "--micro-batch-size", "1000000000"],
+    ["h2", "train", "--micro-batches", "0"],
+    ["h2", "train", "--seq-len", "100000"],
+    ["h2", "train", "--seq-len", "0"],
+    ["h2", "train", "--beta1", "1"],
+    ["h2", "train", "--beta2", "-0.1"],
+    ["h2", "train", "--grad-clip", "-1"],
+    ["h2", "train", "--dtype", "fp8"],
+    ["h2", "train", "--device", "quantum"],
+    ["h2", "train", "--checkpoint-every", "-1"],
+    ["h2", "train", "--keep-checkpoints", "0"],
+    ["h2", "train", "--warmup-steps", "-1"],
+    ["h2", "train", "--preset", "huge"],
+    ["h2", "train", "--model-config", "/no/such.yaml"],
+    ["h2", "train", "--config", "/no/such.yaml"],
+    ["h2", "train", "--resume"],
+    ["h2", "train", "--resume", "--overwrite"],
+    ["h2", "train", "--out", "/proc/no/such/dir"],
+    ["h2", "train", "--strategy", "/no/such.yaml"],
+    ["h2", "train", "--nproc", "0"],
+    ["h2", "train", "--threads", "2"],
+    ["h2", "train", "--min-lr", "1"],
+    ["h2", "train", "--weight-decay", "-1"],
+    ["h2", "model-info", "--tp", "0"],
+    ["h2", "model-info", "--tp", "3"],
+    ["h2", "model-info", "--seq-len", "0"],
+    ["h2", "model-info", "--preset", "nope"],
+    ["h2", "model-info", "--micro-batch-size", "-1"],
+    ["heteroauto", "search", "--cluster", "/no/such.yaml"],
+    ["heteroauto", "profile", "--cluster", "/no/such.yaml"],
+    ["heteroauto", "bogus"],
+    ["h2", "bogus"],
 ]
 
 
@@ -282,9 +311,10 @@ def frame_case(rng: random.Random) -> None:
     if rng.random() < 0.5:
         header = bytes(rng.randrange(256) for _ in range(core.FRAME_HEADER_BYTES))
     else:
-        header = bytearray(core.encode_frame_header(
-            rng.choice(["Data", "Hello", "HelloReply", "ReadyToSend"]), tag=rng.randrange(1 << 32),
-            seq=rng.randrange(1 << 16), total_bytes=rng.randrange(1 << 40), payload_bytes=rng.randrange(1 << 28)))
+        header = bytearray(
+            core.encode_frame_header(rng.choice(["Data", "Hello", "HelloReply", "ReadyToSend"
+                                                 ]), tag=rng.randrange(1 << 32), seq=rng.randrange(1 << 16),
+                                     total_bytes=rng.randrange(1 << 40), payload_bytes=rng.randrange(1 << 28)))
         for _ in range(rng.randint(1, 4)):
             header[rng.randrange(len(header))] = rng.randrange(256)
         header = bytes(header)
@@ -329,11 +359,13 @@ END_GRACE_S = 60.0
 
 
 def _pipeline_job(out: str, tmpdir: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "h2", "train", "--strategy", PP2, "--steps", str(RANK_STEPS),
-                             "--checkpoint-every", "1", "--keep-checkpoints", "2", "--p2p-backend", "dicomm",
-                             "--rank-timeout", str(RANK_TIMEOUT_S), "--out", out, *extra],
-                            cwd=REPO_ROOT, env={**os.environ, "TMPDIR": tmpdir}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen([
+        sys.executable, "-m", "h2", "train", "--strategy", PP2, "--steps",
+        str(RANK_STEPS), "--checkpoint-every", "1", "--keep-checkpoints", "2", "--p2p-backend", "dicomm",
+        "--rank-timeout",
+        str(RANK_TIMEOUT_S), "--out", out, *extra
+    ], cwd=REPO_ROOT, env={**os.environ, "TMPDIR": tmpdir}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
 def _end(job: subprocess.Popen, within_s: float, what: str) -> str:
@@ -433,7 +465,7 @@ def _dicomm_peer_killed(rng, store_dir, pids):
 
     with start("peer_killed", transport=rng.choice(["tcp", "shm"]), store_dir=store_dir) as job:
         pids += [job.pid(0), job.pid(1)]
-        (survivor,) = job.results(ranks=[1], timeout=60)
+        (survivor, ) = job.results(ranks=[1], timeout=60)
     # The message may have arrived whole before its sender died (shm writes into the receiver's
     # memory); otherwise the receive must fail naming the dead peer, within seconds.
     if (survivor["error"] and "rank 0" not in survivor["error"]) or survivor["seconds"] >= 5:
@@ -446,7 +478,7 @@ def _dicomm_silent_peer(rng, store_dir, pids):
     with start("silent_peer", transport=rng.choice(["tcp", "shm"]), store_dir=store_dir,
                request_timeout=1.0) as job:  # the end of the block kills the stopped rank 0
         pids += [job.pid(0), job.pid(1)]
-        (outcome,) = job.results(ranks=[1], timeout=60)
+        (outcome, ) = job.results(ranks=[1], timeout=60)
     if "timed out" not in outcome["recv"] or "timed out" not in outcome["large_send"] or outcome["seconds"] >= 4:
         raise Lost(f"a stopped peer (1 s request timeout): {outcome}")
 
@@ -474,8 +506,8 @@ def _dicomm_strangers(rng, store_dir, pids):
         try:
             with start("echo", ranks=[1], store_dir=store_dir, token="t") as talker:
                 pids.append(talker.pid(1))
-                (talked,) = talker.results(timeout=60)
-                (listened,) = listener.results(timeout=60)
+                (talked, ) = talker.results(timeout=60)
+                (listened, ) = listener.results(timeout=60)
         finally:
             for connection in opened:
                 connection.close()
@@ -500,7 +532,7 @@ def _dicomm_flood(rng, store_dir, pids):
                 connection.sendall(frame + b"z" * piece)
         except OSError:
             pass  # the victim closed the connection at its budget
-        (result,) = victim.results(timeout=60)
+        (result, ) = victim.results(timeout=60)
         connection.close()
     if "rank 1" not in result["error"] or f"tag {tag}" not in result["error"] or "budget" not in result["error"]:
         raise Lost(f"an unposted flood of 4x the budget: {result}")
@@ -530,7 +562,7 @@ def dicomm_case(rng: random.Random, workdir: str, timeout_s: float, index: int) 
     store_dir, pids = os.path.join(workdir, "store"), []
     os.makedirs(store_dir)
     previous = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = tmpdir = _case_tmpdir(workdir)   # the ranks' environment
+    os.environ["TMPDIR"] = tmpdir = _case_tmpdir(workdir)  # the ranks' environment
     try:
         globals()[f"_dicomm_{kind}"](rng, store_dir, pids)
     except Lost as lost:

@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from dicomm import _dicomm_core as core
 from scenarios import start
 from test_faults import impersonate_rank_1
+
 store_dir = tempfile.mkdtemp()
 piece = 4 << 20
 sent = 0
@@ -23,8 +24,8 @@ with start("echo", ranks=[0], store_dir=store_dir, token="t", request_timeout=12
         try:
             s.sendall(frame + b"z" * piece)
             sent += piece
-        except OSError as e:
+        except OSError:
             break
-    (result,) = victim.results(timeout=120)
+    (result, ) = victim.results(timeout=120)
     s.close()
 print(f"sent {sent >> 20} MiB of a 1 GiB unposted flood in {time.perf_counter() - t0:.1f} s; victim: {result['error']}")

@@ -36,7 +36,7 @@ from heteroauto.profiles import synthesise_profile, update_s_per_layer
 from heteroauto.stage_terms import embedding_terms, head_terms
 
 MIB = 1 << 20
-METIS_TYPES = ("A100", "V100", "P100", "T4")   # the device types Metis's utils.DeviceType knows
+METIS_TYPES = ("A100", "V100", "P100", "T4")  # the device types Metis's utils.DeviceType knows
 
 
 def problem(cluster_path: str) -> tuple[ClusterSpec, ModelConfig, TrainingSpec]:
@@ -64,29 +64,35 @@ def profile_json(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpe
     logits_pass = batch * training.seq_len * model.vocab_size / tp * 4 / (chip.memory_bandwidth_gbps * 1e9)
     loss_ms = 4 * logits_pass * 1e3
     head_ms = (head.forward_s + head.backward_s) * 1e3 - loss_ms
-    computes = ([(embedding.forward_s + embedding.backward_s) * 1e3]
-                + [(layer.forward_s + layer.backward_s) * 1e3] * model.num_layers + [head_ms])
+    computes = ([(embedding.forward_s + embedding.backward_s) * 1e3] +
+                [(layer.forward_s + layer.backward_s) * 1e3] * model.num_layers + [head_ms])
     per_param = state_bytes_per_param(training, 1)
     layer_mb = (layer_shard_params(model, tp) * per_param + layer.activation_bytes) / MIB
     embedding_mb = (model.embedding_params() / tp * per_param + layer.recompute_activation_bytes) / MIB
-    head_mb = ((model.head_params() / tp + model.final_norm_params()) * per_param
-               + batch * training.seq_len * model.vocab_size / tp * 4) / MIB
+    head_mb = ((model.head_params() / tp + model.final_norm_params()) * per_param +
+               batch * training.seq_len * model.vocab_size / tp * 4) / MIB
     weights = [model.embedding_params() * training.weight_bytes] + \
               [model.layer_params() * training.weight_bytes] * model.num_layers + \
               [(model.head_params() + model.final_norm_params()) * training.weight_bytes]
     optimizer_ms = max(update_s_per_layer(model, training, c, 1, 1) for c in cluster.chips) * \
         (model.num_layers + 2) * 1e3
     return {
-        "model": {"model_name": model.name, "num_layers": model.num_layers + 2,
-                  "parameters": {"total_parameters_bytes": sum(weights), "parameters_per_layer_bytes": weights,
-                                 "activation_parameters_bytes": weights}},
-        "execution_time": {"total_time_ms": sum(computes) + loss_ms + optimizer_ms,
-                           "forward_backward_time_ms": sum(computes) + loss_ms,
-                           "batch_generator_time_ms": 0.0, "layernorm_grads_all_reduce_time_ms": 0.0,
-                           "embedding_grads_all_reduce_time_ms": 0.0, "optimizer_time_ms": optimizer_ms,
-                           "layer_compute_total_ms": computes},
-        "execution_memory": {"total_memory_mb": embedding_mb + layer_mb * model.num_layers + head_mb,
-                             "layer_memory_total_mb": [embedding_mb] + [layer_mb] * model.num_layers + [head_mb]},
+        "model": {
+            "model_name": model.name, "num_layers": model.num_layers + 2, "parameters": {
+                "total_parameters_bytes": sum(weights), "parameters_per_layer_bytes": weights,
+                "activation_parameters_bytes": weights
+            }
+        },
+        "execution_time": {
+            "total_time_ms": sum(computes) + loss_ms + optimizer_ms,
+            "forward_backward_time_ms": sum(computes) + loss_ms, "batch_generator_time_ms": 0.0,
+            "layernorm_grads_all_reduce_time_ms": 0.0, "embedding_grads_all_reduce_time_ms": 0.0,
+            "optimizer_time_ms": optimizer_ms, "layer_compute_total_ms": computes
+        },
+        "execution_memory": {
+            "total_memory_mb": embedding_mb + layer_mb * model.num_layers + head_mb,
+            "layer_memory_total_mb": [embedding_mb] + [layer_mb] * model.num_layers + [head_mb]
+        },
     }
 
 
@@ -104,8 +110,10 @@ def write_inputs(cluster_path: str, out: str) -> list[str]:
         for _ in range(chip.count // chip.chips_per_node):
             ip = f"10.0.{len(hosts) // 250}.{len(hosts) % 250 + 1}"
             hosts.append(f"{ip} slots={chip.chips_per_node}")
-            nodes[ip] = {"instance_type": chip.name, "inter_bandwidth": chip.inter_node_gbps * 1e9 / MIB,
-                         "intra_bandwidth": chip.intra_node_gbps * 1e9 / MIB, "memory": chip.capacity_bytes / (1 << 30)}
+            nodes[ip] = {
+                "instance_type": chip.name, "inter_bandwidth": chip.inter_node_gbps * 1e9 / MIB,
+                "intra_bandwidth": chip.intra_node_gbps * 1e9 / MIB, "memory": chip.capacity_bytes / (1 << 30)
+            }
     with open(os.path.join(out, "hostfile"), "w") as handle:
         handle.write("\n".join(hosts) + "\n")
     with open(os.path.join(out, "clusterfile.json"), "w") as handle:
@@ -116,14 +124,22 @@ def write_inputs(cluster_path: str, out: str) -> list[str]:
             for batch in batch_sizes(training):
                 with open(os.path.join(out, "profile", f"DeviceType.{chip.name}_tp{tp}_bs{batch}.json"), "w") as handle:
                     json.dump(profile_json(cluster, model, training, chip.name, tp, batch), handle)
-    return ["--model_name", "GPT", "--model_size", model.name, "--num_layers", str(model.num_layers + 2),
-            "--gbs", str(training.sequences), "--hidden_size", str(model.hidden_size),
-            "--sequence_length", str(training.seq_len), "--vocab_size", str(model.vocab_size),
-            "--attention_head_size", str(model.head_dim), "--hostfile_path", os.path.join(out, "hostfile"),
-            "--clusterfile_path", os.path.join(out, "clusterfile.json"),
-            "--profile_data_path", os.path.join(out, "profile"), "--max_profiled_tp_degree", str(max(tps)),
-            "--max_profiled_batch_size", str(max(batch_sizes(training))), "--min_group_scale_variance", "1",
-            "--max_permute_len", "4", "--home_dir", out, "--log_path", os.path.join(out, "logs")]
+    return [
+        "--model_name", "GPT", "--model_size", model.name, "--num_layers",
+        str(model.num_layers + 2), "--gbs",
+        str(training.sequences), "--hidden_size",
+        str(model.hidden_size), "--sequence_length",
+        str(training.seq_len), "--vocab_size",
+        str(model.vocab_size), "--attention_head_size",
+        str(model.head_dim), "--hostfile_path",
+        os.path.join(out, "hostfile"), "--clusterfile_path",
+        os.path.join(out, "clusterfile.json"), "--profile_data_path",
+        os.path.join(out, "profile"), "--max_profiled_tp_degree",
+        str(max(tps)), "--max_profiled_batch_size",
+        str(max(batch_sizes(training))), "--min_group_scale_variance", "1", "--max_permute_len", "4", "--home_dir", out,
+        "--log_path",
+        os.path.join(out, "logs")
+    ]
 
 
 # ---- Metis's answer back into a strategy ----------------------------------------------------------------
@@ -137,10 +153,12 @@ def metis_plans(output: str) -> list[dict]:
         match = RESULT.match(line)
         if match:
             rank, cost, sequence, groups, strategies, batches, partition = match.groups()
-            plans.append({"rank": int(rank), "cost": float(cost), "types": re.findall(r"DeviceType\.(\w+)", sequence),
-                          "device_groups": json.loads(groups),
-                          "strategies": [tuple(map(int, s)) for s in re.findall(r"\((\d+), (\d+)\)", strategies)],
-                          "batches": int(batches), "partition": json.loads(partition)})
+            plans.append({
+                "rank": int(rank), "cost": float(cost), "types": re.findall(r"DeviceType\.(\w+)", sequence),
+                "device_groups": json.loads(groups), "strategies": [
+                    tuple(map(int, s)) for s in re.findall(r"\((\d+), (\d+)\)", strategies)
+                ], "batches": int(batches), "partition": json.loads(partition)
+            })
     return plans
 
 

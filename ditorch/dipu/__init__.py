@@ -11,13 +11,10 @@ import os
 
 import torch
 
-from h2.core import devices, environment
-
-from ditorch.dipu import _C
-from ditorch.dipu import device as _device_module
+from ditorch.dipu import _C, memory_ipc
 from ditorch.dipu import at_exit as _at_exit
+from ditorch.dipu import device as _device_module
 from ditorch.dipu import fallback as _fallback
-from ditorch.dipu import memory_ipc
 from ditorch.dipu import sharing as _sharing
 from ditorch.dipu.errors import DipuError, VendorNotFound
 from ditorch.dipu.fallback import (
@@ -30,6 +27,7 @@ from ditorch.dipu.fallback import (
 )
 from ditorch.dipu.table import TableEntry, diopi_table
 from ditorch.dipu.vendor import available_vendors, resolve_vendor, use_vendor, vendor_name
+from h2.core import devices, environment
 
 BACKEND_NAME = "dipu"
 
@@ -63,9 +61,8 @@ def _register_backend() -> None:
     if not hasattr(torch, BACKEND_NAME):
         torch._register_device_module(BACKEND_NAME, _device_module)
     if not hasattr(torch.Tensor, BACKEND_NAME):
-        torch.utils.generate_methods_for_privateuse1_backend(
-            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
-        )
+        torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_packed_sequence=True,
+                                                             for_storage=True)
 
 
 if not _C._vendor_loaded():

@@ -27,7 +27,7 @@ def settle_autograd_workers() -> None:
         for index in range(_C._device_count()):
             leaf = torch.zeros((), device=f"dipu:{index}", requires_grad=True)
             output = leaf * 1
-            engine.run_backward((output,), (torch.ones_like(output),), False, False, (), True, True)
+            engine.run_backward((output, ), (torch.ones_like(output), ), False, False, (), True, True)
     except RuntimeError:
         pass  # a device in a failed state at exit: nothing more to do for it
 

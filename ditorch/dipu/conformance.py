@@ -53,9 +53,9 @@ class NotApplicable(Exception):
 # ---- what is checked -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Check:
-    opinfo: str                 # OpInfo name, "name" or "name.variant"
-    mode: str                   # forward | inplace | out | backward
-    aten: str | None = None     # the DIOPI table entry it checks (None in the fallback sweep)
+    opinfo: str  # OpInfo name, "name" or "name.variant"
+    mode: str  # forward | inplace | out | backward
+    aten: str | None = None  # the DIOPI table entry it checks (None in the fallback sweep)
     diopi: str | None = None
 
     @property
@@ -167,12 +167,12 @@ class DtypeResult:
 class CheckResult:
     check: Check
     dtypes: dict = field(default_factory=dict)  # dtype name -> DtypeResult
-    diopi_calls: int = 0        # DIOPI kernel calls made by the compared samples on dipu
-    fallback_calls: int = 0     # CPU fallback calls made by them
-    degraded: bool = False      # a sample reached a kernel the profile rounds, in a dtype it changes, with a non-empty output
-    not_compared: str = ""      # why no sample was compared (OpInfo declares the output nondeterministic, ...)
-    declared: str = ""          # what PyTorch's own compare-with-CPU test declares about the op
-    error: str = ""             # the check could not run (a crash, samples that cannot be made on dipu)
+    diopi_calls: int = 0  # DIOPI kernel calls made by the compared samples on dipu
+    fallback_calls: int = 0  # CPU fallback calls made by them
+    degraded: bool = False  # a sample reached a kernel the profile rounds, in a dtype it changes, with a non-empty output
+    not_compared: str = ""  # why no sample was compared (OpInfo declares the output nondeterministic, ...)
+    declared: str = ""  # what PyTorch's own compare-with-CPU test declares about the op
+    error: str = ""  # the check could not run (a crash, samples that cannot be made on dipu)
 
     @property
     def samples(self) -> int:
@@ -205,12 +205,14 @@ class CheckResult:
         return "diopi" if self.diopi_calls else "fallback" if self.fallback_calls else "native"
 
     def to_dict(self) -> dict:
-        return {"opinfo": self.check.opinfo, "mode": self.check.mode, "aten": self.check.aten,
-                "diopi": self.check.diopi, "status": self.status, "samples": self.samples,
-                "failures": self.failures, "path": self.path, "diopi_calls": self.diopi_calls,
-                "fallback_calls": self.fallback_calls, "degraded": self.degraded,
-                "not_compared": self.not_compared, "declared": self.declared, "error": self.error,
-                "dtypes": {name: asdict(r) for name, r in self.dtypes.items()}}
+        return {
+            "opinfo": self.check.opinfo, "mode": self.check.mode, "aten": self.check.aten, "diopi": self.check.diopi,
+            "status": self.status, "samples": self.samples, "failures": self.failures, "path": self.path,
+            "diopi_calls": self.diopi_calls, "fallback_calls": self.fallback_calls, "degraded": self.degraded,
+            "not_compared": self.not_compared, "declared": self.declared, "error": self.error, "dtypes": {
+                name: asdict(r) for name, r in self.dtypes.items()
+            }
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> "CheckResult":
@@ -257,8 +259,10 @@ def evaluate(op, mode: str, sample, seed: int):
         out = torch.empty(0, dtype=result.dtype, device=result.device)
         op(inputs, *args, **kwargs, out=out)
         return out
-    outputs = [t for t in tensors_in(sample.output_process_fn_grad(op(inputs, *args, **kwargs)))
-               if isinstance(t, torch.Tensor) and t.requires_grad]
+    outputs = [
+        t for t in tensors_in(sample.output_process_fn_grad(op(inputs, *args, **kwargs)))
+        if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
     leaves = [t for t in tensors_in((inputs, args, kwargs)) if t.requires_grad]
     if not outputs or not leaves:
         raise NotApplicable
@@ -352,8 +356,10 @@ def declared_by_pytorch(op) -> str:
         for decorator in decorators:
             if getattr(decorator, "__name__", "") == "expectedFailure":
                 return "PyTorch's test_compare_cpu expects it to fail on every device"
-            reasons = [cell.cell_contents for cell in getattr(decorator, "__closure__", None) or ()
-                       if isinstance(cell.cell_contents, str)]
+            reasons = [
+                cell.cell_contents for cell in getattr(decorator, "__closure__", None) or ()
+                if isinstance(cell.cell_contents, str)
+            ]
             if reasons:
                 return f"PyTorch's test_compare_cpu skips it ({reasons[0]})"
     return ""
@@ -463,24 +469,27 @@ WORKER = (sys.executable, "-W", "ignore", "-m", "ditorch.dipu.conformance", "--w
 CHECK_TIMEOUT_S = 600.0
 
 
-def run_isolated(checks: list[Check], dtypes=DEFAULT_DTYPES, max_samples: int = 16,
-                 progress=None, worker=WORKER, timeout: float = CHECK_TIMEOUT_S) -> list[CheckResult]:
+def run_isolated(checks: list[Check], dtypes=DEFAULT_DTYPES, max_samples: int = 16, progress=None, worker=WORKER,
+                 timeout: float = CHECK_TIMEOUT_S) -> list[CheckResult]:
     """Run the checks in worker processes (same vendor and profile, from the environment); a check
     that kills its worker, or runs longer than `timeout` seconds, is a failed result saying so, and
     the rest go on in a new worker. `progress(done, total, result)` is called after each check."""
     results: list[CheckResult] = []
     while len(results) < len(checks):
         remaining = checks[len(results):]
-        job = {"checks": [[c.opinfo, c.mode, c.aten, c.diopi] for c in remaining],
-               "dtypes": [str(d).removeprefix("torch.") for d in dtypes], "max_samples": max_samples}
+        job = {
+            "checks": [[c.opinfo, c.mode, c.aten, c.diopi]
+                       for c in remaining], "dtypes": [str(d).removeprefix("torch.")
+                                                       for d in dtypes], "max_samples": max_samples
+        }
         with tempfile.TemporaryFile("w+") as errors:  # a file, so a chatty worker never blocks on it
-            process = subprocess.Popen(list(worker), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=errors, text=True)
+            process = subprocess.Popen(list(worker), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+                                       text=True)
             process.stdin.write(json.dumps(job))
             process.stdin.close()
             lines: queue.Queue = queue.Queue()
-            threading.Thread(target=lambda: [lines.put(line) for line in process.stdout] + [lines.put(None)],
-                             daemon=True).start()
+            threading.Thread(target=lambda: [lines.put(line)
+                                             for line in process.stdout] + [lines.put(None)], daemon=True).start()
             started, timed_out = len(results), False
             while True:
                 try:
@@ -499,7 +508,8 @@ def run_isolated(checks: list[Check], dtypes=DEFAULT_DTYPES, max_samples: int = 
             stderr = errors.read()
         if len(results) < len(checks):
             if not timed_out and returncode >= 0 and len(results) == started:  # died before its first check
-                raise DipuError(f"conformance worker failed: {stderr.strip().splitlines()[-1] if stderr.strip() else returncode}")
+                raise DipuError(
+                    f"conformance worker failed: {stderr.strip().splitlines()[-1] if stderr.strip() else returncode}")
             why = f"ran longer than {timeout:g} s" if timed_out else f"crashed the process ({_signal_name(returncode)})"
             results.append(CheckResult(checks[len(results)], error=why))
             if progress:
@@ -547,11 +557,15 @@ def known_difference(result: CheckResult, degradation: Degradation) -> str:
 def summary(results: list[CheckResult]) -> dict:
     failed = [r for r in results if r.status == "fail"]
     degraded = [r for r in results if r.degraded]
-    return {"checks": len(results), "passed": sum(r.status == "pass" for r in results), "failed": len(failed),
-            "skipped": sum(r.status == "skip" for r in results), "samples": sum(r.samples for r in results),
-            "failed_checks": [r.check.label for r in failed],
-            "degraded_checks": [r.check.label for r in degraded],
-            "fails_exactly_the_degraded": {r.check.label for r in failed} == {r.check.label for r in degraded}}
+    return {
+        "checks": len(results), "passed": sum(r.status == "pass" for r in results), "failed": len(failed),
+        "skipped": sum(r.status == "skip"
+                       for r in results), "samples": sum(r.samples for r in results), "failed_checks": [
+                           r.check.label for r in failed
+                       ], "degraded_checks": [r.check.label for r in degraded], "fails_exactly_the_degraded": {
+                           r.check.label for r in failed
+                       } == {r.check.label for r in degraded}
+    }
 
 
 def _cell(text: str) -> str:
@@ -565,8 +579,10 @@ def format_markdown(results: list[CheckResult], degradation: Degradation) -> str
     table = [r for r in results if r.check.aten]
     sweep = [r for r in results if not r.check.aten]
     if table:
-        lines += ["| ATen operator | DIOPI function | OpInfo check | samples | pass | known difference |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "| ATen operator | DIOPI function | OpInfo check | samples | pass | known difference |",
+            "|---|---|---|---|---|---|"
+        ]
         for r in table:
             lines.append(f"| `{r.check.aten}` | `{r.check.diopi}` | `{r.check.label}` | {r.samples} | "
                          f"{r.samples - r.failures} | {_cell(known_difference(r, degradation))} |")

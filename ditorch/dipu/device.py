@@ -25,6 +25,7 @@ def _index(device=None) -> int:
 
 # ---- devices ----
 
+
 def is_available() -> bool:
     try:
         return _C._device_count() > 0
@@ -102,6 +103,7 @@ def is_bf16_supported() -> bool:
 
 # ---- streams and events ----
 
+
 class Stream:
     """Creates a dipu stream (a torch.Stream): work queued on it runs in order."""
 
@@ -144,6 +146,7 @@ def stream(stream: torch.Stream):
 
 
 # ---- random numbers ----
+
 
 def default_generator(device=None) -> torch.Generator:
     return _C._default_generator(_index(device))
@@ -190,6 +193,7 @@ def set_rng_state_all(new_states) -> None:
 
 # ---- memory ----
 
+
 def memory_stats(device=None) -> dict:
     """Caching-allocator statistics: {allocated_bytes, reserved_bytes, ...: {current, peak, allocated, freed}}."""
     return _C._memory_stats(_index(device))
@@ -228,6 +232,7 @@ def mem_get_info(device=None) -> tuple:
 
 
 # ---- emulation ----
+
 
 def pacing_stats() -> dict | None:
     """How well an emulating vendor kept its chip's kernel times since the device opened:

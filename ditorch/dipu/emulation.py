@@ -16,6 +16,7 @@ PROFILE_VARIABLE = "DIPU_HOST_PROFILE"
 
 
 def _profile_text(settings: dict) -> str:
+
     def value(item) -> str:
         if isinstance(item, bool):
             return "true" if item else "false"

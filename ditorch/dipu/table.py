@@ -11,9 +11,9 @@ TABLE_PATH = Path(_C.__file__).resolve().parent / "diopi_table.yaml"
 
 @dataclass(frozen=True)
 class TableEntry:
-    aten: str          # ATen operator, name.overload
-    diopi: str         # DIOPI function name
-    opinfo: tuple      # OpInfo names whose samples exercise it
+    aten: str  # ATen operator, name.overload
+    diopi: str  # DIOPI function name
+    opinfo: tuple  # OpInfo names whose samples exercise it
 
 
 def diopi_table() -> list[TableEntry]:

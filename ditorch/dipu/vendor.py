@@ -24,8 +24,7 @@ def resolve_vendor(name_or_path: str) -> str:
     path = _LIBRARY_DIR / f"libdipu_vendor_{name_or_path}.so"
     if not path.is_file():
         raise VendorNotFound(
-            f"no DIPU vendor named '{name_or_path}' (installed: {', '.join(available_vendors()) or 'none'})"
-        )
+            f"no DIPU vendor named '{name_or_path}' (installed: {', '.join(available_vendors()) or 'none'})")
     return str(path)
 
 

@@ -14,8 +14,16 @@ import torch
 from ditorch.op_tools.compare import Comparison, Tolerances, compare_tensors
 from ditorch.op_tools.converted_call import written_arguments
 from ditorch.op_tools.op_filter import name_forms
-from ditorch.op_tools.tensors import (STDERR, CsvRows, copy_to, describe_tensors, hidden, map_devices, map_tensors,
-                                      tensors_of)
+from ditorch.op_tools.tensors import (
+    STDERR,
+    CsvRows,
+    copy_to,
+    describe_tensors,
+    hidden,
+    map_devices,
+    map_tensors,
+    tensors_of,
+)
 from ditorch.op_tools.tool import OpCall, OpTool, is_random, returns_alias
 
 # Ops whose result depends on accumulation order or intermediate precision.
@@ -26,11 +34,15 @@ PRECISION_SENSITIVE = re.compile(
     r"addr|einsum|_weight_norm.*)$")
 DEFAULT_UPCAST = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 # Ops that compute nothing to compare, or whose outputs are undefined.
-NOT_COMPARED = {"_local_scalar_dense", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
-                "set_", "resize_", "resize_as_", "record_stream", "_has_compatible_shallow_copy_type"}
+NOT_COMPARED = {
+    "_local_scalar_dense", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "set_", "resize_",
+    "resize_as_", "record_stream", "_has_compatible_shallow_copy_type"
+}
 
-CSV_FIELDS = ["index", "op", "phase", "module", "inputs", "outputs", "reference", "max_abs", "max_rel",
-              "cosine", "rtol", "atol", "allclose", "status"]
+CSV_FIELDS = [
+    "index", "op", "phase", "module", "inputs", "outputs", "reference", "max_abs", "max_rel", "cosine", "rtol", "atol",
+    "allclose", "status"
+]
 
 
 def _packet(func) -> str:
@@ -83,10 +95,12 @@ class OpAutoCompare(OpTool):
             for row in failed:
                 counts[f"{row['op']} {row['phase']}"] = counts.get(f"{row['op']} {row['phase']}", 0) + 1
             first = self.first_mismatch
-            text += (" (" + ", ".join(f"{op} x{n}" for op, n in counts.items()) + ")"
-                     f"\n  first: call {first['index']} {first['op']} ({first['phase']}) in "
-                     f"{first['module'] or '<no module>'}: max abs {first['max_abs']:.3g}, max rel "
-                     f"{first['max_rel']:.3g}, cosine {first['cosine']:.8f} (rtol {first['rtol']:g}, atol {first['atol']:g})")
+            text += (
+                " (" + ", ".join(f"{op} x{n}" for op, n in counts.items()) + ")"
+                f"\n  first: call {first['index']} {first['op']} ({first['phase']}) in "
+                f"{first['module'] or '<no module>'}: max abs {first['max_abs']:.3g}, max rel "
+                f"{first['max_rel']:.3g}, cosine {first['cosine']:.8f} (rtol {first['rtol']:g}, atol {first['atol']:g})"
+            )
         errors = [row for row in self.rows if row["status"].startswith("reference failed")]
         if errors:
             text += f"\n  {len(errors)} calls could not run on the reference (see status column)"
@@ -108,8 +122,9 @@ class OpAutoCompare(OpTool):
 
         args, kwargs = map_tensors(copy, (call.args, call.kwargs))
         args, kwargs = map_devices((args, kwargs), self.reference_device)
-        upcast = sorted({f"{t.dtype}->{promote[t.dtype]}".replace("torch.", "")
-                         for t in call.tensors if t.dtype in promote})
+        upcast = sorted({
+            f"{t.dtype}->{promote[t.dtype]}".replace("torch.", "") for t in call.tensors if t.dtype in promote
+        })
         return args, kwargs, upcast
 
     def handle(self, call: OpCall):
@@ -117,9 +132,11 @@ class OpAutoCompare(OpTool):
             return call.run()
         ref_args, ref_kwargs, upcast = self._reference_inputs(call)
         out = call.run()
-        row = {"index": call.index, "op": call.name, "phase": call.phase, "module": call.module,
-               "inputs": describe_tensors((call.args, call.kwargs)), "outputs": describe_tensors(out),
-               "reference": self.reference_device.type + (" " + " ".join(upcast) if upcast else "")}
+        row = {
+            "index": call.index, "op": call.name, "phase": call.phase, "module": call.module,
+            "inputs": describe_tensors((call.args, call.kwargs)), "outputs": describe_tensors(out),
+            "reference": self.reference_device.type + (" " + " ".join(upcast) if upcast else "")
+        }
         try:
             with hidden():
                 expected = call.func(*ref_args, **ref_kwargs)
@@ -148,12 +165,11 @@ class OpAutoCompare(OpTool):
 
     def _record(self, row: dict, result: Comparison | None, error: str | None) -> None:
         if result is None:
-            row.update(max_abs=math.nan, max_rel=math.nan, cosine=math.nan, rtol="", atol="", allclose="",
-                       status=error or "no tensor outputs")
+            row.update(max_abs=math.nan, max_rel=math.nan, cosine=math.nan, rtol="", atol="", allclose="", status=error
+                       or "no tensor outputs")
         else:
             row.update(max_abs=result.max_abs, max_rel=result.max_rel, cosine=result.cosine, rtol=result.rtol,
-                       atol=result.atol, allclose=result.allclose,
-                       status="ok" if result.allclose else "mismatch")
+                       atol=result.atol, allclose=result.allclose, status="ok" if result.allclose else "mismatch")
             if result.note:
                 row["status"] += f": {result.note}"
         self.log.append(row)

@@ -24,21 +24,25 @@ FORMAT_VERSION = 1
 CALL_FILE = "call.pt"
 META_FILE = "meta.json"
 # torch.memory_format values cannot be pickled: they are saved by name.
-MEMORY_FORMATS = {str(fmt).replace("torch.", ""): fmt for fmt in
-                  (torch.contiguous_format, torch.preserve_format, torch.channels_last, torch.channels_last_3d)}
+MEMORY_FORMATS = {
+    str(fmt).replace("torch.", ""): fmt
+    for fmt in (torch.contiguous_format, torch.preserve_format, torch.channels_last, torch.channels_last_3d)
+}
 _FORMAT_TAG = "__torch_memory_format__"
 
 
 def encode_leaves(value):
-    return tree_map(lambda v: {_FORMAT_TAG: str(v).replace("torch.", "")} if isinstance(v, torch.memory_format) else v,
-                    value)
+    return tree_map(lambda v: {_FORMAT_TAG: str(v).replace("torch.", "")}
+                    if isinstance(v, torch.memory_format) else v, value)
 
 
 def decode_leaves(value):
+
     def decode(v):
         if isinstance(v, dict) and set(v) == {_FORMAT_TAG}:
             return MEMORY_FORMATS[v[_FORMAT_TAG]]
         return v
+
     return tree_map(decode, value, is_leaf=lambda v: isinstance(v, dict) and set(v) == {_FORMAT_TAG})
 
 
@@ -48,8 +52,8 @@ class OpCapture(OpTool):
 
     tool_name = "capture"
 
-    def __init__(self, out_dir: str, ops=None, *, max_calls: int | None = None,
-                 report: TextIO | None = STDERR, **filters):
+    def __init__(self, out_dir: str, ops=None, *, max_calls: int | None = None, report: TextIO | None = STDERR,
+                 **filters):
         super().__init__(ops, **filters)
         self.out_dir = out_dir
         self.max_calls = max_calls
@@ -77,10 +81,11 @@ class OpCapture(OpTool):
             shutil.rmtree(folder, ignore_errors=True)
             self.unsaved[call.name] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
             return out
-        meta = {"format": FORMAT_VERSION, "op": call.name, "index": call.index, "phase": call.phase,
-                "module": call.module, "device": str(device_of((call.args, call.kwargs))),
-                "inputs": describe_tensors((call.args, call.kwargs)), "outputs": describe_tensors(out),
-                "torch": torch.__version__}
+        meta = {
+            "format": FORMAT_VERSION, "op": call.name, "index": call.index, "phase": call.phase, "module": call.module,
+            "device": str(device_of((call.args, call.kwargs))), "inputs": describe_tensors(
+                (call.args, call.kwargs)), "outputs": describe_tensors(out), "torch": torch.__version__
+        }
         with open(os.path.join(folder, META_FILE), "w", encoding="utf-8") as handle:
             json.dump(meta, handle, indent=1)
         self.saved.append(folder)

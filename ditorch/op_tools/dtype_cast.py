@@ -29,8 +29,8 @@ def parse_casts(text: str) -> dict[torch.dtype, torch.dtype]:
 class OpDtypeCast(OpTool):
     tool_name = "dtype cast"
 
-    def __init__(self, ops=None, *, casts: dict[torch.dtype, torch.dtype] | None = None,
-                 report: TextIO | None = STDERR, **filters):
+    def __init__(self, ops=None, *, casts: dict[torch.dtype, torch.dtype] | None = None, report: TextIO | None = STDERR,
+                 **filters):
         super().__init__(ops, **filters)
         self.casts = DEFAULT_CASTS if casts is None else dict(casts)
         self.report = report

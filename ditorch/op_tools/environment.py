@@ -39,6 +39,7 @@ def requested(environ=os.environ) -> bool:
 
 
 def _filters(environ, variable: str) -> dict:
+
     def pick(suffix: str) -> str | None:
         return environ.get(f"{variable}_{suffix}") or environ.get(f"DITORCH_{suffix}") or None
 
@@ -84,8 +85,8 @@ def build_tools(environ=os.environ) -> list:
         elif variable == "DITORCH_OP_TIME":
             tools.append(OpTimeMeasure(csv_path=os.path.join(out_dir, f"op_time_{pid}.csv"), **filters))
         elif variable == "DITORCH_OP_OBSERVE":
-            tools.append(OpObserve(log_path=os.path.join(out_dir, f"op_observe_{pid}.log"), keep_records=False,
-                                   **filters))
+            tools.append(
+                OpObserve(log_path=os.path.join(out_dir, f"op_observe_{pid}.log"), keep_records=False, **filters))
     return tools
 
 

@@ -19,6 +19,7 @@ _LABEL = "ditorch_module"
 
 
 class _ModuleTracker:
+
     def __init__(self):
         self._holders = 0
         self._handles = []
@@ -33,8 +34,10 @@ class _ModuleTracker:
     def acquire(self) -> None:
         with self._lock:
             if self._holders == 0:
-                self._handles = [nn_module.register_module_forward_pre_hook(self._enter),
-                                 nn_module.register_module_forward_hook(self._leave, always_call=True)]
+                self._handles = [
+                    nn_module.register_module_forward_pre_hook(self._enter),
+                    nn_module.register_module_forward_hook(self._leave, always_call=True)
+                ]
             self._holders += 1
 
     def release(self) -> None:
@@ -67,8 +70,9 @@ class _ModuleTracker:
     def _enter(self, module, args):
         stack = self._stack()
         path = self._path_of(module, stack[-1][0] if stack else None)
-        inputs = {id(t.grad_fn): t.grad_fn for t in tree_leaves(args)
-                  if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+        inputs = {
+            id(t.grad_fn): t.grad_fn for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.grad_fn is not None
+        }
         stack.append((path, inputs))
 
     def _leave(self, module, args, output):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import TextIO
 
 from ditorch.op_tools.tensors import STDERR, describe_tensors, device_of, open_output
@@ -32,9 +31,11 @@ class OpObserve(OpTool):
 
     def handle(self, call: OpCall):
         out = call.run()
-        record = {"index": call.index, "op": call.name, "phase": call.phase, "module": call.module,
-                  "device": str(device_of((call.args, call.kwargs))),
-                  "inputs": describe_tensors((call.args, call.kwargs)), "outputs": describe_tensors(out)}
+        record = {
+            "index": call.index, "op": call.name, "phase": call.phase, "module": call.module, "device": str(
+                device_of((call.args, call.kwargs))), "inputs": describe_tensors((call.args, call.kwargs)),
+            "outputs": describe_tensors(out)
+        }
         self.calls += 1
         if self.keep_records:
             self.records.append(record)

@@ -15,8 +15,10 @@ def name_forms(func) -> frozenset[str]:
     """The spellings an exact name may use: mm, mm.default, aten.mm, aten::mm, aten.mm.default."""
     namespace, packet = func.namespace, func._schema.name.split("::", 1)[-1]
     overload = func._overloadname
-    return frozenset({packet, f"{packet}.{overload}", f"{namespace}.{packet}", f"{namespace}::{packet}",
-                      f"{namespace}.{packet}.{overload}", f"{namespace}::{packet}.{overload}"})
+    return frozenset({
+        packet, f"{packet}.{overload}", f"{namespace}.{packet}", f"{namespace}::{packet}",
+        f"{namespace}.{packet}.{overload}", f"{namespace}::{packet}.{overload}"
+    })
 
 
 def _names(value: str | Iterable[str] | None) -> frozenset[str]:
@@ -71,7 +73,9 @@ class OpFilter:
         return self.matches_op(call.func) and (self.predicate is None or bool(self.predicate(call)))
 
     def __repr__(self) -> str:
-        parts = [f"ops={sorted(self.ops)}" if self.ops else "",
-                 f"patterns={[p.pattern for p in self.patterns]}" if self.patterns else "",
-                 "predicate" if self.predicate else "", f"exclude={sorted(self.exclude)}" if self.exclude else ""]
+        parts = [
+            f"ops={sorted(self.ops)}" if self.ops else "",
+            f"patterns={[p.pattern for p in self.patterns]}" if self.patterns else "",
+            "predicate" if self.predicate else "", f"exclude={sorted(self.exclude)}" if self.exclude else ""
+        ]
         return f"OpFilter({', '.join(p for p in parts if p) or 'all ops'})"

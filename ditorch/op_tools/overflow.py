@@ -25,8 +25,10 @@ class OverflowEvent:
     output_stats: dict
 
     def describe(self) -> str:
-        lines = [f"overflow check: call {self.index} {self.op} ({self.phase}) in {self.module or '<no module>'} "
-                 f"produced {self.kind} in output {self.output_index} ({format_stats(self.output_stats)})"]
+        lines = [
+            f"overflow check: call {self.index} {self.op} ({self.phase}) in {self.module or '<no module>'} "
+            f"produced {self.kind} in output {self.output_index} ({format_stats(self.output_stats)})"
+        ]
         lines += [f"  input {i}: {format_stats(stats)}" for i, stats in enumerate(self.input_stats)]
         return "\n".join(lines)
 

@@ -38,8 +38,8 @@ def call_folders(path: str) -> list[str]:
         raise UserError(f"{path}: no such folder")
     if os.path.isfile(os.path.join(path, META_FILE)):
         return [path]
-    folders = sorted(os.path.join(path, name) for name in os.listdir(path)
-                     if os.path.isfile(os.path.join(path, name, META_FILE)))
+    folders = sorted(
+        os.path.join(path, name) for name in os.listdir(path) if os.path.isfile(os.path.join(path, name, META_FILE)))
     if not folders:
         raise UserError(f"{path}: holds no captured op calls (no */{META_FILE})")
     return folders
@@ -68,7 +68,8 @@ def load_call(folder: str) -> tuple[dict, dict]:
     try:
         saved = decode_leaves(torch.load(call_path, map_location="cpu", weights_only=True))
     except Exception as error:  # torch.load raises many kinds for a damaged file
-        raise UserError(f"{call_path}: cannot load ({type(error).__name__}: {str(error).splitlines()[0][:160]})") from None
+        raise UserError(
+            f"{call_path}: cannot load ({type(error).__name__}: {str(error).splitlines()[0][:160]})") from None
     if not isinstance(saved, dict) or not {"args", "kwargs", "outputs"} <= set(saved):
         raise UserError(f"{call_path}: expected a dict with 'args', 'kwargs' and 'outputs'")
     return meta, saved
@@ -114,8 +115,7 @@ def format_results(results: list[ReplayResult], device: torch.device) -> str:
     return "\n".join(lines)
 
 
-def run_replay(capture: str, device_name: str = "cpu", rtol: float | None = None,
-               atol: float | None = None) -> int:
+def run_replay(capture: str, device_name: str = "cpu", rtol: float | None = None, atol: float | None = None) -> int:
     """Replay every call under `capture` on `device_name` and print the table; 0 when all match, else 1."""
     if (rtol is None) != (atol is None):
         raise UserError("--rtol and --atol go together")

@@ -29,8 +29,8 @@ def start_children_with_ditorch(environ=os.environ) -> None:
 def run_program(argv: list[str], prog: str, warn_without_tools: bool = True) -> int:
     """Run `script.py args...` or `-m module args...` as __main__, with the requested op tools on."""
     if not argv or argv[0] in ("-h", "--help") or (argv[0] == "-m" and len(argv) < 2):
-        print(f"usage: {prog} [-m module | script.py] [args...]\nswitch op tools on with: "
-              + ", ".join(TOOL_VARIABLES), file=sys.stderr)
+        print(f"usage: {prog} [-m module | script.py] [args...]\nswitch op tools on with: " + ", ".join(TOOL_VARIABLES),
+              file=sys.stderr)
         return 2
     if argv[0] != "-m" and not os.path.isfile(argv[0]):
         print(f"{prog}: cannot open script {argv[0]}: no such file", file=sys.stderr)

@@ -8,12 +8,14 @@ import os
 import sys
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_leaves, tree_map
 
-_SHORT_DTYPES = {torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
-                 torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
-                 torch.bool: "bool", torch.complex64: "c64", torch.complex128: "c128"}
+_SHORT_DTYPES = {
+    torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int64: "i64",
+    torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "bool",
+    torch.complex64: "c64", torch.complex128: "c128"
+}
 
 
 class _CurrentStderr:
@@ -90,8 +92,9 @@ def copy_to(tensor: torch.Tensor, device: torch.device | str, dtype: torch.dtype
 def tensor_stats(tensor: torch.Tensor) -> dict:
     """Shape, dtype and value statistics (over finite elements) of a tensor, computed on the CPU."""
     with hidden():
-        stats = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).replace("torch.", ""),
-                 "device": str(tensor.device)}
+        stats = {
+            "shape": list(tensor.shape), "dtype": str(tensor.dtype).replace("torch.", ""), "device": str(tensor.device)
+        }
         if tensor.is_floating_point() or tensor.is_complex():
             values = tensor.detach().to("cpu", torch.float64 if tensor.is_floating_point() else torch.complex128)
             values = values.abs() if values.is_complex() else values

@@ -44,8 +44,10 @@ class OpTimeMeasure(OpTool):
         out = call.run()
         synchronize(device)
         elapsed_ms = 1e3 * (time.perf_counter() - started)
-        row = {"index": call.index, "op": call.name, "phase": call.phase, "module": call.module,
-               "inputs": describe_tensors((call.args, call.kwargs)), "device": str(device), "time_ms": elapsed_ms}
+        row = {
+            "index": call.index, "op": call.name, "phase": call.phase, "module": call.module,
+            "inputs": describe_tensors((call.args, call.kwargs)), "device": str(device), "time_ms": elapsed_ms
+        }
         self.log.append(row)
         return out
 
@@ -64,8 +66,10 @@ class OpTimeMeasure(OpTool):
         grand = sum(t.total_ms for t in totals) or 1.0
         width = max([len(t.op) for t in totals[:limit]] + [2])
         lines = [f"{'op':<{width}} {'calls':>7} {'total ms':>11} {'mean ms':>9} {'share':>7}"]
-        lines += [f"{t.op:<{width}} {t.calls:>7} {t.total_ms:>11.3f} {t.mean_ms:>9.4f} {100 * t.total_ms / grand:>6.1f}%"
-                  for t in totals[:limit]]
+        lines += [
+            f"{t.op:<{width}} {t.calls:>7} {t.total_ms:>11.3f} {t.mean_ms:>9.4f} {100 * t.total_ms / grand:>6.1f}%"
+            for t in totals[:limit]
+        ]
         if len(totals) > limit:
             rest = totals[limit:]
             lines.append(f"{f'({len(rest)} more ops)':<{width}} {sum(t.calls for t in rest):>7} "

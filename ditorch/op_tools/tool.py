@@ -8,8 +8,8 @@ import itertools
 from typing import Any, Callable, Iterable
 
 import torch
-from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._pytree import tree_leaves
 
 from ditorch.op_tools.module_tracker import TRACKER
 from ditorch.op_tools.op_filter import OpFilter, qualified_name

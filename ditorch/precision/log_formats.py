@@ -23,8 +23,8 @@ import json
 import os
 import re
 
-from h2.core.errors import UserError
 from ditorch.precision import tfevents
+from h2.core.errors import UserError
 
 FORMATS = ("h2", "jsonl", "csv", "megatron", "torchtitan", "nanogpt", "tensorboard")
 
@@ -130,8 +130,8 @@ def read_jsonl(path: str, lines: list[str], key: str | None = None) -> Records:
             continue
         for name, label in ((step_name, "step"), (loss_name, "loss")):
             if name not in record:
-                raise UserError(f"{where}: field '{name}' missing" if name == label else
-                                f"{where}: field '{name}' ({label}) missing")
+                raise UserError(f"{where}: field '{name}' missing" if name ==
+                                label else f"{where}: field '{name}' ({label}) missing")
         step, loss = parse_step(record[step_name], where), parse_loss(record[loss_name], where)
         tokens = None
         if is_h2 and "tokens" in record:
@@ -199,8 +199,8 @@ def read_csv(path: str, lines: list[str], key: str | None = None) -> Records:
         tokens = None
         if token_column is not None and len(row) > token_column and row[token_column].strip():
             tokens = parse_count(row[token_column], "tokens", where)
-        records.append((number, parse_step(row[step_column].strip(), where),
-                        parse_loss(row[loss_column].strip(), where), tokens))
+        records.append((number, parse_step(row[step_column].strip(), where), parse_loss(
+            row[loss_column].strip(), where), tokens))
     return Records("csv", records)
 
 
@@ -315,8 +315,10 @@ def read_tensorboard(paths: list[str], key: str | None = None) -> Records:
 
 
 # ---- recognising a format -------------------------------------------------------------------------
-TEXT_READERS = {"h2": read_jsonl, "jsonl": read_jsonl, "csv": read_csv, "megatron": read_megatron,
-                "torchtitan": read_torchtitan, "nanogpt": read_nanogpt}
+TEXT_READERS = {
+    "h2": read_jsonl, "jsonl": read_jsonl, "csv": read_csv, "megatron": read_megatron, "torchtitan": read_torchtitan,
+    "nanogpt": read_nanogpt
+}
 LINE_PATTERNS = {"megatron": MEGATRON_LINE, "torchtitan": TORCHTITAN_LINE, "nanogpt": NANOGPT_LINE}
 
 
@@ -331,5 +333,6 @@ def detect_text_format(path: str, lines: list[str]) -> str:
         return best
     if path.endswith(".csv") or "," in first or not _is_header(first.split(",")):
         return "csv"
-    raise UserError(f"{path}: not a loss log this reads (h2 metrics.jsonl, JSONL, CSV, a Megatron-LM, "
-                    f"torchtitan or nanoGPT log, TensorBoard events); name the format with --reference-format/--candidate-format")
+    raise UserError(
+        f"{path}: not a loss log this reads (h2 metrics.jsonl, JSONL, CSV, a Megatron-LM, "
+        f"torchtitan or nanoGPT log, TensorBoard events); name the format with --reference-format/--candidate-format")

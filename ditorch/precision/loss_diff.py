@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from h2.core.errors import UserError
 from ditorch.precision.loss_log import LossLog, check_finite
+from h2.core.errors import UserError
 
 DEFAULT_THRESHOLD = 0.015  # the paper's criterion: MRE < 1.5 %
 DEFAULT_WINDOW = 50
@@ -54,12 +54,13 @@ class LossDiff:
         return self.mre < self.threshold
 
     def to_dict(self) -> dict:
-        return {"steps": len(self.steps), "first_step": self.steps[0], "last_step": self.steps[-1],
-                "mre": self.mre, "max_relative_error": self.max_relative_error,
-                "max_error_step": self.max_error_step, "threshold": self.threshold, "passed": self.passed,
-                "align": self.align, "requested_steps": self.requested,
-                "candidate_first_step": self.candidate_steps[0], "candidate_last_step": self.candidate_steps[-1],
-                "windows": [dataclasses.asdict(w) for w in self.windows]}
+        return {
+            "steps": len(self.steps), "first_step": self.steps[0], "last_step": self.steps[-1], "mre": self.mre,
+            "max_relative_error": self.max_relative_error, "max_error_step": self.max_error_step,
+            "threshold": self.threshold, "passed": self.passed, "align": self.align, "requested_steps": self.requested,
+            "candidate_first_step": self.candidate_steps[0], "candidate_last_step": self.candidate_steps[-1],
+            "windows": [dataclasses.asdict(w) for w in self.windows]
+        }
 
 
 def requested_steps(reference: LossLog, steps: int | None) -> list[int]:
@@ -97,7 +98,8 @@ def aligned_by_tokens(reference: LossLog, candidate: LossLog, steps: int | None 
     for step in sorted(candidate.steps):
         tokens = candidate.consumed_tokens(step, "candidate")
         if tokens in by_tokens:
-            raise UserError(f"{candidate.where(step)}: steps {by_tokens[tokens]} and {step} both end at {tokens} tokens")
+            raise UserError(
+                f"{candidate.where(step)}: steps {by_tokens[tokens]} and {step} both end at {tokens} tokens")
         by_tokens[tokens] = step
     reached = max(by_tokens)
     if reached < needed:
@@ -106,16 +108,16 @@ def aligned_by_tokens(reference: LossLog, candidate: LossLog, steps: int | None 
     pairs = [(step, by_tokens[tokens], tokens) for step in wanted
              if (tokens := reference.consumed_tokens(step, "reference")) in by_tokens]
     if not pairs:
-        raise UserError(f"{candidate.path}: no candidate step ends at a token count a reference step ends at "
-                        f"(reference step {wanted[0]} ends at {reference.consumed_tokens(wanted[0], 'reference')} tokens)")
+        raise UserError(
+            f"{candidate.path}: no candidate step ends at a token count a reference step ends at "
+            f"(reference step {wanted[0]} ends at {reference.consumed_tokens(wanted[0], 'reference')} tokens)")
     return pairs
 
 
 def _window_stats(steps: list[int], errors: list[float]) -> WindowStats:
-    return WindowStats(first_step=steps[0], last_step=steps[-1], count=len(steps),
-                       mre=sum(abs(e) for e in errors) / len(errors),
-                       max_relative_error=max(abs(e) for e in errors),
-                       mean_signed_error=sum(errors) / len(errors))
+    return WindowStats(first_step=steps[0], last_step=steps[-1],
+                       count=len(steps), mre=sum(abs(e) for e in errors) / len(errors), max_relative_error=max(
+                           abs(e) for e in errors), mean_signed_error=sum(errors) / len(errors))
 
 
 def compare_losses(reference: LossLog, candidate: LossLog, *, threshold: float = DEFAULT_THRESHOLD,
@@ -150,8 +152,8 @@ def compare_losses(reference: LossLog, candidate: LossLog, *, threshold: float =
     return LossDiff(chosen, y, y_hat, errors, threshold, windows, align, candidate_steps, tokens, requested)
 
 
-def format_report(diff: LossDiff, reference_path: str, candidate_path: str,
-                  reference_format: str = "", candidate_format: str = "") -> str:
+def format_report(diff: LossDiff, reference_path: str, candidate_path: str, reference_format: str = "",
+                  candidate_format: str = "") -> str:
     verdict = "PASS" if diff.passed else "FAIL"
     lines = [
         f"reference {reference_path}" + (f" ({reference_format})" if reference_format else ""),

@@ -9,8 +9,8 @@ import dataclasses
 import math
 import os
 
-from h2.core.errors import UserError
 from ditorch.precision import log_formats, tfevents
+from h2.core.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 FORMATS = ("auto", *log_formats.FORMATS)
@@ -22,7 +22,8 @@ class LossLog:
     losses: dict[int, float]  # step -> loss, in the file's order
     lines: dict[int, int]  # step -> line (or event) number, for messages
     format: str = "jsonl"
-    tokens: dict[int, int] = dataclasses.field(default_factory=dict)  # step -> tokens consumed through it, where the log says
+    tokens: dict[int, int] = dataclasses.field(
+        default_factory=dict)  # step -> tokens consumed through it, where the log says
     tokens_per_step: int | None = None  # where the log (or the user) says
     unit: str = "line"
 
@@ -54,7 +55,8 @@ def _read_text(path: str) -> list[str]:
         with open(path, encoding="utf-8") as handle:
             return handle.read().splitlines()
     except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file (expected JSONL, CSV, a training log or TensorBoard events)") from None
+        raise UserError(
+            f"{path}: not a text file (expected JSONL, CSV, a training log or TensorBoard events)") from None
     except OSError as error:
         raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
 
@@ -106,8 +108,8 @@ def read_loss_log(path: str, form: str = "auto", key: str | None = None) -> Loss
         if consumed is not None:
             tokens[step] = consumed
     if not losses:
-        raise UserError(f"{shown}: no loss records" + ("" if records.format in ("h2", "jsonl", "csv")
-                                                      else f" (read as a {records.format} log)"))
+        raise UserError(f"{shown}: no loss records" +
+                        ("" if records.format in ("h2", "jsonl", "csv") else f" (read as a {records.format} log)"))
     return LossLog(shown, losses, position, records.format, tokens, records.tokens_per_step, records.unit)
 
 

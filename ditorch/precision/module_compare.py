@@ -16,8 +16,10 @@ from ditorch.op_tools.compare import Comparison, Tolerances, compare_tensors
 from ditorch.op_tools.tensors import tensors_of
 
 # Looser than the op-level defaults: a module's output carries the error of all its ops.
-MODULE_TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-7, 1e-7),
-                     torch.bfloat16: (1.6e-2, 1e-3), torch.float16: (1e-3, 1e-4)}
+MODULE_TOLERANCES = {
+    torch.float32: (1e-4, 1e-5), torch.float64: (1e-7, 1e-7), torch.bfloat16: (1.6e-2, 1e-3),
+    torch.float16: (1e-3, 1e-4)
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +60,11 @@ class ModuleCompareReport:
         return None
 
     def format(self, limit: int = 10) -> str:
-        lines = [f"module compare: {self.candidate_device} against {self.reference_device}; loss "
-                 f"{self.candidate_loss:.6f} vs {self.reference_loss:.6f}; {len(self.forward)} module outputs, "
-                 f"{len(self.backward)} output gradients, {len(self.parameters)} parameter gradients compared"]
+        lines = [
+            f"module compare: {self.candidate_device} against {self.reference_device}; loss "
+            f"{self.candidate_loss:.6f} vs {self.reference_loss:.6f}; {len(self.forward)} module outputs, "
+            f"{len(self.backward)} output gradients, {len(self.parameters)} parameter gradients compared"
+        ]
         first = self.first_divergence
         lines.append(f"first divergence: {first.describe()}" if first else "no module diverges beyond tolerance")
         for title, diffs in (("forward", self.forward), ("backward", self.backward), ("parameters", self.parameters)):
@@ -86,11 +90,14 @@ def _record_step(model: torch.nn.Module, inputs: tuple, targets, loss_fn, device
     handles = []
 
     def keep(store, key):
+
         def hook(grad):
             store[key] = grad.detach().to("cpu", copy=True)
+
         return hook
 
     def forward_hook(path):
+
         def hook(module, args, output):
             call = calls[path] = calls.get(path, -1) + 1
             for index, tensor in enumerate(tensors_of(output)):
@@ -98,6 +105,7 @@ def _record_step(model: torch.nn.Module, inputs: tuple, targets, loss_fn, device
                 outputs[key] = tensor.detach().to("cpu", copy=True)
                 if tensor.requires_grad:
                     tensor.register_hook(keep(output_grads, key))
+
         return hook
 
     for name, module in model.named_modules():
@@ -112,8 +120,10 @@ def _record_step(model: torch.nn.Module, inputs: tuple, targets, loss_fn, device
     finally:
         for handle in handles:
             handle.remove()
-    grads = {f"{root}.{name}": p.grad.detach().to("cpu", copy=True)
-             for name, p in model.named_parameters() if p.grad is not None}
+    grads = {
+        f"{root}.{name}": p.grad.detach().to("cpu", copy=True) for name, p in model.named_parameters()
+        if p.grad is not None
+    }
     return _StepRecord(float(loss.detach().to("cpu")), outputs, output_grads, grads)
 
 
@@ -132,8 +142,8 @@ def _diffs(reference: dict, candidate: dict, kind: str, tolerances: Tolerances) 
 
 
 def compare_module_step(model: torch.nn.Module, inputs: tuple, *, candidate_device: str | torch.device,
-                        reference_device: str | torch.device = "cpu", targets=None,
-                        loss_fn: Callable | None = None, tolerances: Tolerances | None = None,
+                        reference_device: str | torch.device = "cpu", targets=None, loss_fn: Callable | None = None,
+                        tolerances: Tolerances | None = None,
                         candidate_context: Callable[[], ContextManager] | None = None,
                         reference_context: Callable[[], ContextManager] | None = None) -> ModuleCompareReport:
     """Run model(*inputs), loss_fn(output, targets) (default: output.sum()) and backward on copies of
@@ -145,11 +155,12 @@ def compare_module_step(model: torch.nn.Module, inputs: tuple, *, candidate_devi
     for device, context in ((reference_device, reference_context), (candidate_device, candidate_context)):
         replica = copy.deepcopy(model).to(device)
         replica.zero_grad(set_to_none=True)
-        records.append(_record_step(replica, tuple(inputs), targets, loss_fn, device,
-                                    context() if context else contextlib.nullcontext()))
+        records.append(
+            _record_step(replica, tuple(inputs), targets, loss_fn, device,
+                         context() if context else contextlib.nullcontext()))
     reference, candidate = records
     return ModuleCompareReport(
-        str(reference_device), str(candidate_device), reference.loss, candidate.loss,
-        forward=_diffs(reference.outputs, candidate.outputs, "output", tolerances),
-        backward=_diffs(reference.output_grads, candidate.output_grads, "output grad", tolerances),
-        parameters=_diffs(reference.param_grads, candidate.param_grads, "param grad", tolerances))
+        str(reference_device), str(candidate_device), reference.loss, candidate.loss, forward=_diffs(
+            reference.outputs, candidate.outputs, "output", tolerances), backward=_diffs(
+                reference.output_grads, candidate.output_grads, "output grad", tolerances), parameters=_diffs(
+                    reference.param_grads, candidate.param_grads, "param grad", tolerances))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from h2.core.errors import UserError
 from ditorch.precision.loss_diff import LossDiff
+from h2.core.errors import UserError
 
 
 def plot_loss_diff(diff: LossDiff, path: str, *, reference_label: str, candidate_label: str) -> None:
@@ -13,8 +13,7 @@ def plot_loss_diff(diff: LossDiff, path: str, *, reference_label: str, candidate
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    figure, (losses, errors) = pyplot.subplots(2, 1, figsize=(8, 6), sharex=True,
-                                               gridspec_kw={"height_ratios": [3, 2]})
+    figure, (losses, errors) = pyplot.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     losses.plot(diff.steps, diff.reference, label=f"reference: {reference_label}", linewidth=1.2)
     losses.plot(diff.steps, diff.candidate, label=f"candidate: {candidate_label}", linewidth=1.0, linestyle="--")
     losses.set_ylabel("training loss")

@@ -106,7 +106,8 @@ def _saved_conformance(path: str):
         raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
     except (ValueError, KeyError, TypeError) as error:
         raise UserError(f"{path}: not a ditorch conformance --json file ({error})") from None
-    degradation = conformance.profile_degradation(saved["profile"]) if saved.get("degrades") else conformance.Degradation()
+    degradation = conformance.profile_degradation(
+        saved["profile"]) if saved.get("degrades") else conformance.Degradation()
     return saved, results, degradation
 
 
@@ -161,9 +162,13 @@ def _report_conformance(args, results, degradation, vendor: str, profile: str) -
     _print_conformance_summary(results, degradation, profile, baseline)
     totals = conformance.summary(results)
     if args.json:
-        _write_output(args.json, json.dumps({"vendor": vendor, "profile": profile,
-                                             "degrades": sorted(degradation.functions),
-                                             "summary": totals, "results": [r.to_dict() for r in results]}, indent=1))
+        _write_output(
+            args.json,
+            json.dumps(
+                {
+                    "vendor": vendor, "profile": profile, "degrades": sorted(degradation.functions), "summary": totals,
+                    "results": [r.to_dict() for r in results]
+                }, indent=1))
     if args.markdown:
         _write_output(args.markdown, conformance.format_markdown(results, degradation))
     return 1 if totals["failed"] else 0
@@ -175,13 +180,12 @@ def _conformance_progress(done: int, total: int, result) -> None:
 
 
 def _print_conformance_summary(results, degradation, profile: str, baseline=None) -> None:
-    from ditorch.dipu import conformance
 
     table = [r for r in results if r.check.aten]
     failed = [r for r in table if r.status == "fail"]
     if table:
-        print(f"summary: {len(table) - len(failed)} passed, {len(failed)} failed of {len(table)} table checks"
-              + (f"; failed: {', '.join(r.check.aten for r in failed)}" if failed else ""))
+        print(f"summary: {len(table) - len(failed)} passed, {len(failed)} failed of {len(table)} table checks" +
+              (f"; failed: {', '.join(r.check.aten for r in failed)}" if failed else ""))
     sweep = [r for r in results if not r.check.aten]
     if sweep:
         counts = {status: sum(r.status == status for r in sweep) for status in ("pass", "fail", "skip")}
@@ -230,18 +234,21 @@ def command_compat(args) -> int:
     _check_writable(args.markdown)
     probes = [p for p in compat.PROBES if not args.area or p[0] in args.area.split(",")]
     if not probes:
-        raise UserError(f"--area: no probes in '{args.area}' (areas: {', '.join(dict.fromkeys(p[0] for p in compat.PROBES))})")
+        raise UserError(
+            f"--area: no probes in '{args.area}' (areas: {', '.join(dict.fromkeys(p[0] for p in compat.PROBES))})")
     device = ditorch.info()["device_type"] or "cpu"
 
     def progress(done, total, result):
-        print(f"[compat] {done}/{total} {result.api}: {'works' if result.works else 'fails'}", file=sys.stderr, flush=True)
+        print(f"[compat] {done}/{total} {result.api}: {'works' if result.works else 'fails'}", file=sys.stderr,
+              flush=True)
 
     results = compat.run_probes(probes, progress=progress)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     else:
         for r in results:
-            print(f"{'works' if r.works else 'FAILS':<6} {r.area:<12} {r.api}" + (f"  ({r.detail})" if r.detail else ""))
+            print(f"{'works' if r.works else 'FAILS':<6} {r.area:<12} {r.api}" +
+                  (f"  ({r.detail})" if r.detail else ""))
         print(f"summary: {sum(r.works for r in results)} of {len(results)} probes work on {device}")
     if args.markdown:
         _write_output(args.markdown, compat.format_markdown(results, device))
@@ -253,18 +260,21 @@ def add_precision_diff_arguments(parser: argparse.ArgumentParser) -> None:
     from ditorch.precision.loss_diff import DEFAULT_THRESHOLD, DEFAULT_WINDOW
     from ditorch.precision.loss_log import FORMATS
 
-    parser.add_argument("--reference", required=True, metavar="REF",
-                        help="reference loss log: h2 metrics.jsonl or run folder, JSONL, CSV (W&B exports too), a "
-                             "Megatron-LM, torchtitan or nanoGPT log, a TensorBoard event file or run folder")
+    parser.add_argument(
+        "--reference", required=True, metavar="REF",
+        help="reference loss log: h2 metrics.jsonl or run folder, JSONL, CSV (W&B exports too), a "
+        "Megatron-LM, torchtitan or nanoGPT log, a TensorBoard event file or run folder")
     parser.add_argument("--candidate", required=True, metavar="RUN", help="candidate loss log (same forms)")
     for role in ("reference", "candidate"):
         parser.add_argument(f"--{role}-format", choices=FORMATS, default="auto",
                             help=f"format of the {role} log (default: recognised from the file)")
-        parser.add_argument(f"--{role}-key", metavar="NAME",
-                            help=f"the {role}'s loss column, field or TensorBoard tag (default: the first of loss, "
-                                 f"lm loss, train/loss, ... it has)")
-        parser.add_argument(f"--{role}-tokens-per-step", type=int, metavar="N",
-                            help=f"tokens the {role} consumes per step, for --align tokens (default: what its log says)")
+        parser.add_argument(
+            f"--{role}-key", metavar="NAME",
+            help=f"the {role}'s loss column, field or TensorBoard tag (default: the first of loss, "
+            f"lm loss, train/loss, ... it has)")
+        parser.add_argument(
+            f"--{role}-tokens-per-step", type=int, metavar="N",
+            help=f"tokens the {role} consumes per step, for --align tokens (default: what its log says)")
     parser.add_argument("--align", choices=("step", "tokens"), default="step",
                         help="pair steps by number (default) or by consumed tokens, when the batch sizes differ")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
@@ -300,9 +310,11 @@ def command_precision_diff(args: argparse.Namespace) -> int:
         from ditorch.precision.plot import plot_loss_diff
         plot_loss_diff(diff, args.plot, reference_label=reference.path, candidate_label=candidate.path)
     if args.json:
-        print(json.dumps({"reference": reference.path, "candidate": candidate.path,
-                          "reference_format": reference.format, "candidate_format": candidate.format,
-                          **diff.to_dict(), "plot": args.plot}))
+        print(
+            json.dumps({
+                "reference": reference.path, "candidate": candidate.path, "reference_format": reference.format,
+                "candidate_format": candidate.format, **diff.to_dict(), "plot": args.plot
+            }))
     else:
         print(format_report(diff, reference.path, candidate.path, reference.format, candidate.format))
         if args.plot:
@@ -314,7 +326,7 @@ def add_precision_diff_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "precision-diff", help="compare a loss curve with a reference run (the H2 paper's MRE criterion)",
         description="Compare a candidate run's loss curve with a reference run's. Exit 0 when the mean "
-                    "relative error is below the threshold, 1 when it is not, 2 on bad input.")
+        "relative error is below the threshold, 1 when it is not, 2 on bad input.")
     add_precision_diff_arguments(parser)
     parser.set_defaults(run=command_precision_diff)
     return parser
@@ -332,7 +344,7 @@ def add_replay_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "replay", help="rerun op calls saved by the capture tool on a device and compare the outputs",
         description="Rerun op calls saved by the capture tool (ditorch.op_tools.OpCapture) and compare "
-                    "with the saved outputs. Exit 0 when all match, 1 when some do not, 2 on bad input.")
+        "with the saved outputs. Exit 0 when all match, 1 when some do not, 2 on bad input.")
     parser.add_argument("capture", metavar="DIR", help="a capture folder (or one call folder inside it)")
     parser.add_argument("--device", default="cpu", help="device to replay on (default cpu)")
     parser.add_argument("--rtol", type=float, help="relative tolerance for all outputs (default: per dtype)")
@@ -352,8 +364,8 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "run", help="run an unmodified CUDA-written script on this node's accelerator (as python -m ditorch)",
         description="Run script.py (or -m module) with its arguments as if its first line were `import "
-                    "ditorch`; Python processes it starts (torchrun workers, spawned children) import ditorch "
-                    "too. DITORCH_* variables switch op tools on.")
+        "ditorch`; Python processes it starts (torchrun workers, spawned children) import ditorch "
+        "too. DITORCH_* variables switch op tools on.")
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py|-m module [args]")
     parser.set_defaults(run=command_run)
     return parser
@@ -369,23 +381,27 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--vendor", help="vendor name or library path (default: DIPU_VENDOR or host)")
     conformance.add_argument("--profile", help="host vendor emulation profile: built-in name or YAML path")
     conformance.add_argument("--ops", help="comma-separated ATen or OpInfo names (default: the whole table)")
-    conformance.add_argument("--dtypes", help="comma-separated dtypes (default: float32,float64,bfloat16,float16,int64,bool)")
+    conformance.add_argument("--dtypes",
+                             help="comma-separated dtypes (default: float32,float64,bfloat16,float16,int64,bool)")
     conformance.add_argument("--max-samples", type=int, default=16, help="samples per operator and dtype")
-    conformance.add_argument("--fallback", action="store_true",
-                             help="also sweep every OpInfo of torch's op_db (forward and backward), which covers "
-                                  "the ops that run through the CPU fallback")
+    conformance.add_argument(
+        "--fallback", action="store_true",
+        help="also sweep every OpInfo of torch's op_db (forward and backward), which covers "
+        "the ops that run through the CPU fallback")
     conformance.add_argument("--json", metavar="FILE", help="write every result and the summary as JSON ('-': stdout)")
     conformance.add_argument("--markdown", metavar="FILE", help="write the summary tables as Markdown ('-': stdout)")
     conformance.add_argument("--verbose", action="store_true", help="print passing op_db checks too")
-    conformance.add_argument("--baseline", metavar="FILE",
-                             help="an exact profile's --json: the profile's verdict leaves out the checks that fail there too")
+    conformance.add_argument(
+        "--baseline", metavar="FILE",
+        help="an exact profile's --json: the profile's verdict leaves out the checks that fail there too")
     conformance.add_argument("--from-json", metavar="FILE",
                              help="report the results an earlier run saved with --json, without running anything")
     conformance.add_argument("--check-timeout", type=float, default=600.0, metavar="SECONDS",
                              help="a check running longer fails and the sweep goes on (default 600)")
     conformance.set_defaults(run=command_conformance)
-    compat = commands.add_parser("compat", help="which torch.cuda APIs, distributed entry points and torch features "
-                                                 "a CUDA script can use here after `import ditorch`")
+    compat = commands.add_parser(
+        "compat", help="which torch.cuda APIs, distributed entry points and torch features "
+        "a CUDA script can use here after `import ditorch`")
     compat.add_argument("--area", help="comma-separated areas to probe (default: all)")
     compat.add_argument("--json", action="store_true", help="print the results as JSON")
     compat.add_argument("--markdown", metavar="FILE", help="write the results as a Markdown table ('-': stdout)")
@@ -396,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@run_cli("ditorch", also=(RuntimeError,))  # vendor and profile failures surface as RuntimeError
+@run_cli("ditorch", also=(RuntimeError, ))  # vendor and profile failures surface as RuntimeError
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.run(args)

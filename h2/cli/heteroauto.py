@@ -44,7 +44,8 @@ from heteroauto.search import Progress
 from heteroauto.stage_terms import COST_MODELS
 from heteroauto.zorse.graph import bandwidth_graph, machines_of
 from heteroauto.zorse.partition import split_partitions
-from heteroauto.zorse.planner import OFFLOAD_CHOICES, ZorsePlan, plan as zorse_plan, rates_from_profiles
+from heteroauto.zorse.planner import OFFLOAD_CHOICES, ZorsePlan, rates_from_profiles
+from heteroauto.zorse.planner import plan as zorse_plan
 from heteroauto.zorse.scoring import simulate_plan
 from heteroauto.zorse.strategies import from_strategy, is_zorse_strategy, to_strategy
 
@@ -77,14 +78,17 @@ def _parser() -> argparse.ArgumentParser:
     search_cmd = commands.add_parser("search", help="find the best strategy")
     problem(search_cmd)
     search_cmd.add_argument("--out", help="write the best strategy here (YAML)")
-    search_cmd.add_argument("--planner", choices=("heteroauto", "zorse"), default="heteroauto",
-                            help="heteroauto: stages of one chip type with TP (default); zorse: groups of any chip "
-                                 "types, rows per rank, ministages, ZeRO-2 and offload")
+    search_cmd.add_argument(
+        "--planner", choices=("heteroauto", "zorse"), default="heteroauto",
+        help="heteroauto: stages of one chip type with TP (default); zorse: groups of any chip "
+        "types, rows per rank, ministages, ZeRO-2 and offload")
     _zorse_flags(search_cmd)
-    search_cmd.add_argument("--search", choices=("exact", "paper"),
-                            help="exact: every dp, stage order and tp sequence, a layer count per stage (default); "
-                                 "paper: the paper's procedure and shortcuts (default with --cost-model paper)")
-    search_cmd.add_argument("--top", type=int, default=1, help="also list the K best plans (distinct dp, grouping, order)")
+    search_cmd.add_argument(
+        "--search", choices=("exact", "paper"),
+        help="exact: every dp, stage order and tp sequence, a layer count per stage (default); "
+        "paper: the paper's procedure and shortcuts (default with --cost-model paper)")
+    search_cmd.add_argument("--top", type=int, default=1,
+                            help="also list the K best plans (distinct dp, grouping, order)")
     search_cmd.add_argument("--exhaustive", action="store_true", help="the oracle: enumerate the whole space")
     search_cmd.add_argument("--group-size", type=int, default=128,
                             help="chips per group of a type, each with its own tp and recompute (0: whole types)")
@@ -106,44 +110,53 @@ def _parser() -> argparse.ArgumentParser:
     simulate_cmd = commands.add_parser("simulate", help="replay a strategy's pipeline schedule")
     problem(simulate_cmd)
     simulate_cmd.add_argument("--strategy", required=True)
-    simulate_cmd.add_argument("--no-overlap", action="store_true",
-                              help="a Zorse strategy: price HeteroPP's runtime (no overlap of ZeRO-2 traffic and "
-                                   "offload copies with compute)")
-    simulate_cmd.add_argument("--grad-clip", type=float, default=1.0,
-                              help="a Zorse strategy: the run's max global gradient norm (h2 train --grad-clip, "
-                                   "0: none) for the memory model (default 1.0)")
+    simulate_cmd.add_argument(
+        "--no-overlap", action="store_true",
+        help="a Zorse strategy: price HeteroPP's runtime (no overlap of ZeRO-2 traffic and "
+        "offload copies with compute)")
+    simulate_cmd.add_argument(
+        "--grad-clip", type=float, default=1.0,
+        help="a Zorse strategy: the run's max global gradient norm (h2 train --grad-clip, "
+        "0: none) for the memory model (default 1.0)")
     simulate_cmd.add_argument("--no-transfers", action="store_true", help="stage-to-stage transfers take no time")
     simulate_cmd.add_argument("--trace", metavar="FILE",
                               help="write the predicted schedule as a Chrome/Perfetto trace (one track per stage)")
 
-    cross_site_cmd = commands.add_parser("cross-site", help="a pipeline across sites: 1F1B, JEEVES and one site, "
-                                                            "simulated (JEEVES, HotNets '25)")
+    cross_site_cmd = commands.add_parser(
+        "cross-site", help="a pipeline across sites: 1F1B, JEEVES and one site, "
+        "simulated (JEEVES, HotNets '25)")
     cross_site_cmd.add_argument("--scenario", required=True, help="the scenario file (configs/xdc/*.yaml)")
     cross_site_cmd.add_argument("--latency-ms", type=float, help="the cross-site link's one-way latency")
     cross_site_cmd.add_argument("--bandwidth-gbps", type=float, help="the cross-site link's bandwidth in GB/s")
-    cross_site_cmd.add_argument("--limit", type=int, metavar="K",
-                                help="activation memory for K micro-batches of a uniform stage (default: the chip's budget)")
+    cross_site_cmd.add_argument(
+        "--limit", type=int, metavar="K",
+        help="activation memory for K micro-batches of a uniform stage (default: the chip's budget)")
     cross_site_cmd.add_argument("--json", action="store_true")
-    partition_cmd = commands.add_parser("partition", help="Zorse's phase 1: the cluster's machines cut into k "
-                                                         "groups for every k (min-k-cut of the bandwidth graph)")
+    partition_cmd = commands.add_parser(
+        "partition", help="Zorse's phase 1: the cluster's machines cut into k "
+        "groups for every k (min-k-cut of the bandwidth graph)")
     partition_cmd.add_argument("--cluster", required=True, help="cluster YAML")
     partition_cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
-    profile_cmd = commands.add_parser("profile", help="profile the cluster's chip types (measured by running TP ranks "
-                                                     "of each, or synthesised)")
+    profile_cmd = commands.add_parser(
+        "profile", help="profile the cluster's chip types (measured by running TP ranks "
+        "of each, or synthesised)")
     problem(profile_cmd)
     profile_cmd.add_argument("--chip", help="only this chip type (default: every chip type of the cluster)")
-    profile_cmd.add_argument("--device", default="cpu",
-                             help="torch device of chips without emulation (cpu, dipu, ...); an emulated chip runs "
-                                  "on its emulated dipu device")
-    profile_cmd.add_argument("--synthesise", action="store_true", help="derive from the spec sheet instead of measuring")
+    profile_cmd.add_argument(
+        "--device", default="cpu",
+        help="torch device of chips without emulation (cpu, dipu, ...); an emulated chip runs "
+        "on its emulated dipu device")
+    profile_cmd.add_argument("--synthesise", action="store_true",
+                             help="derive from the spec sheet instead of measuring")
     profile_cmd.add_argument("--repeats", type=int, default=5, help="timed rounds per measurement (median)")
     profile_cmd.add_argument("--out-dir", metavar="DIR", help="profile folder (default profiles/<cluster name>)")
     profile_cmd.add_argument("--out", metavar="FILE", help="with --chip: write this file instead of DIR/<chip>.yaml")
     profile_cmd.add_argument("--force", action="store_true", help="measure again even where a profile is up to date")
-    profile_cmd.add_argument("--max-late", type=float, default=0.1, metavar="FRACTION",
-                             help="measure a TP size again when more than this fraction of its emulated kernel time "
-                                  "was late (the host's load, not the chip); default 0.1")
+    profile_cmd.add_argument(
+        "--max-late", type=float, default=0.1, metavar="FRACTION",
+        help="measure a TP size again when more than this fraction of its emulated kernel time "
+        "was late (the host's load, not the chip); default 0.1")
     profile_cmd.add_argument("--attempts", type=int, default=2,
                              help="measurements of one TP size at most; the least late is kept (default 2)")
     return parser
@@ -153,7 +166,7 @@ def _zorse_flags(search_cmd: argparse.ArgumentParser) -> None:
     """The Zorse planner's own flags, in their own group: refused without --planner zorse."""
     zorse = search_cmd.add_argument_group(
         "the Zorse planner (--planner zorse)", "groups of any chip types, rows per rank, ministages, ZeRO-2 and "
-                                               "offload (heteroauto.zorse)")
+        "offload (heteroauto.zorse)")
     actions = [
         zorse.add_argument("--memory-fraction", type=float, default=1.0,
                            help="plan within this fraction of each chip's usable memory"),
@@ -164,17 +177,20 @@ def _zorse_flags(search_cmd: argparse.ArgumentParser) -> None:
                            help="at most this many pipeline groups (1: one data-parallel group)"),
         zorse.add_argument("--min-groups", type=int, default=1,
                            help="at least this many pipeline groups (2: no plan of one group of all machines)"),
-        zorse.add_argument("--lone-group-ministages", action="store_true",
-                           help="a plan of one group may take several ministages too (ZeRO-3 with layer-wise "
-                                "accumulation; default: one, as in the Zorse authors' planner, where ministages "
-                                "interleave a pipeline of several groups)"),
-        zorse.add_argument("--no-overlap", action="store_true",
-                           help="price HeteroPP's runtime, which overlaps no ZeRO-2 traffic or offload copy with "
-                                "compute (default: Zorse's, which does)"),
-        zorse.add_argument("--grad-clip", type=float, default=1.0,
-                           help="the run's max global gradient norm (h2 train --grad-clip), 0 if it does not clip: "
-                                "with clipping each rank holds its reduced gradients until the last backward "
-                                "(default 1.0, h2 train's)"),
+        zorse.add_argument(
+            "--lone-group-ministages", action="store_true",
+            help="a plan of one group may take several ministages too (ZeRO-3 with layer-wise "
+            "accumulation; default: one, as in the Zorse authors' planner, where ministages "
+            "interleave a pipeline of several groups)"),
+        zorse.add_argument(
+            "--no-overlap", action="store_true",
+            help="price HeteroPP's runtime, which overlaps no ZeRO-2 traffic or offload copy with "
+            "compute (default: Zorse's, which does)"),
+        zorse.add_argument(
+            "--grad-clip", type=float, default=1.0,
+            help="the run's max global gradient norm (h2 train --grad-clip), 0 if it does not clip: "
+            "with clipping each rank holds its reduced gradients until the last backward "
+            "(default 1.0, h2 train's)"),
     ]
     search_cmd.set_defaults(zorse_actions=tuple(actions))
 
@@ -199,8 +215,8 @@ def _overrides(args) -> TrainingOverrides:
     return TrainingOverrides(
         seq_len=args.seq_len, micro_batch_size=args.micro_batch_size, alpha=args.alpha, no_zero1=args.no_zero1,
         global_batch_tokens=None if args.gbs_tokens is None else parse_count(args.gbs_tokens, "--gbs-tokens"),
-        global_batch_sequences=(None if args.gbs_sequences is None
-                                else parse_count(args.gbs_sequences, "--gbs-sequences")))
+        global_batch_sequences=(None
+                                if args.gbs_sequences is None else parse_count(args.gbs_sequences, "--gbs-sequences")))
 
 
 def _problem(args, cluster: ClusterSpec | None = None, default_model: ModelConfig | None = None,
@@ -239,17 +255,16 @@ def _search_options(args) -> SearchOptions:
     if method == "paper" and (args.monotone_tp or args.time_limit is not None or args.gap):
         raise UserError("--monotone-tp, --time-limit and --gap: only with --search exact (the paper's procedure "
                         "always keeps tp monotone and has no bound to report)")
-    return SearchOptions(method="exhaustive" if args.exhaustive else method, cost_model=args.cost_model,
-                         top_k=args.top, group_size=args.group_size or None, dp=args.dp,
-                         monotone_tp=args.monotone_tp, time_limit_s=args.time_limit, gap=args.gap,
-                         refine_all_dp=args.refine_all_dp)
+    return SearchOptions(method="exhaustive" if args.exhaustive else method, cost_model=args.cost_model, top_k=args.top,
+                         group_size=args.group_size or None, dp=args.dp, monotone_tp=args.monotone_tp,
+                         time_limit_s=args.time_limit, gap=args.gap, refine_all_dp=args.refine_all_dp)
 
 
 def _show_progress(progress: Progress) -> None:
     gap = progress.best_s / progress.lower_bound_s - 1 if 0 < progress.lower_bound_s < math.inf else math.inf
     line = (f"heteroauto: searching {progress.elapsed_s:6.1f} s, dp/grouping {progress.items_done}/{progress.items}, "
-            f"{progress.orders_done} stage orders solved, best {progress.best_s:.4g} s, gap <= "
-            + (f"{gap * 100:.2f}%" if math.isfinite(gap) else "?"))
+            f"{progress.orders_done} stage orders solved, best {progress.best_s:.4g} s, gap <= " +
+            (f"{gap * 100:.2f}%" if math.isfinite(gap) else "?"))
     if sys.stderr.isatty():
         print("\r" + line, end="", file=sys.stderr, flush=True)
     else:
@@ -270,38 +285,53 @@ def _searched(args, problem: PlanningProblem) -> SearchOutcome:
 
 def _search_payload(outcome: SearchOutcome, problem: PlanningProblem) -> dict:
     """`heteroauto search --json`'s object."""
-    cluster, training, strategy, report, result = (problem.cluster, problem.training, outcome.strategy,
-                                                   outcome.report, outcome.result)
-    rows = [{"chip": s.chip, "emulated": cluster.chip(s.chip).emulated, "tp": s.tp, "dp": s.dp, "layers": s.layers,
-             "recompute": s.recompute, "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB,
-             "compute_s": s.compute_s, "update_s": s.update_s, "send_s": s.terms.send_s} for s in report.stages]
+    cluster, training, strategy, report, result = (problem.cluster, problem.training, outcome.strategy, outcome.report,
+                                                   outcome.result)
+    rows = [{
+        "chip": s.chip, "emulated": cluster.chip(s.chip).emulated, "tp": s.tp, "dp": s.dp, "layers": s.layers,
+        "recompute": s.recompute, "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB,
+        "compute_s": s.compute_s, "update_s": s.update_s, "send_s": s.terms.send_s
+    } for s in report.stages]
     return {
-        "strategy": {"dp": strategy.dp, "micro_batches": strategy.micro_batches,
-                     "micro_batch_size": strategy.micro_batch_size, "seq_len": strategy.seq_len,
-                     "schedule": strategy.schedule, "model": problem.model.name, "stages": rows},
-        "iteration_s": report.iteration_s, "tokens_per_chip_s": report.tokens_per_chip_s,
-        "hetero_speedup_ratio": outcome.hetero_speedup_ratio, "baselines": outcome.baselines,
-        "cost_model": outcome.options.cost_model, "search": outcome.method, "optimal": outcome.optimal,
-        "gap": outcome.gap, "timed_out": outcome.timed_out, "lower_bound_s": outcome.lower_bound_s,
-        "search_s": outcome.search_s, "search_cpu_s": outcome.search_cpu_s, "evaluated": outcome.evaluated,
-        "bounded": outcome.bounded, "exhaustive": outcome.method == "exhaustive", "gbs_tokens": training.tokens,
+        "strategy": {
+            "dp": strategy.dp, "micro_batches": strategy.micro_batches, "micro_batch_size": strategy.micro_batch_size,
+            "seq_len": strategy.seq_len, "schedule": strategy.schedule, "model": problem.model.name, "stages": rows
+        },
+        "iteration_s": report.iteration_s,
+        "tokens_per_chip_s": report.tokens_per_chip_s,
+        "hetero_speedup_ratio": outcome.hetero_speedup_ratio,
+        "baselines": outcome.baselines,
+        "cost_model": outcome.options.cost_model,
+        "search": outcome.method,
+        "optimal": outcome.optimal,
+        "gap": outcome.gap,
+        "timed_out": outcome.timed_out,
+        "lower_bound_s": outcome.lower_bound_s,
+        "search_s": outcome.search_s,
+        "search_cpu_s": outcome.search_cpu_s,
+        "evaluated": outcome.evaluated,
+        "bounded": outcome.bounded,
+        "exhaustive": outcome.method == "exhaustive",
+        "gbs_tokens": training.tokens,
         "alpha": training.alpha,
-        "top": [] if result is None else [
-            {"iteration_s": c.objective_s, "dp": c.dp, "order": list(c.order), "groups": [g.label for g in c.groups],
-             "tp": list(c.tps), "pp": list(c.pps), "recompute": list(c.recompute),
-             "stage_layers": [list(x) for x in c.stage_layers]} for c in result.top],
+        "top": [] if result is None else [{
+            "iteration_s": c.objective_s, "dp": c.dp, "order": list(c.order), "groups": [g.label for g in c.groups],
+            "tp": list(c.tps), "pp": list(c.pps), "recompute": list(
+                c.recompute), "stage_layers": [list(x) for x in c.stage_layers]
+        } for c in result.top],
     }
 
 
 def _print_search(args, outcome: SearchOutcome, problem: PlanningProblem) -> None:
-    cluster, model, training, strategy, report = (problem.cluster, problem.model, problem.training,
-                                                  outcome.strategy, outcome.report)
-    print(f"cluster {cluster.name}: {cluster.total_chips} chips ("
-          + ", ".join(f"{c.name}={c.count}{' emulated' if c.emulated else ''}" for c in cluster.chips)
-          + f"), model {model.name}, global batch {training.tokens} tokens ({training.sequences} x {training.seq_len}), "
+    cluster, model, training, strategy, report = (problem.cluster, problem.model, problem.training, outcome.strategy,
+                                                  outcome.report)
+    print(f"cluster {cluster.name}: {cluster.total_chips} chips (" +
+          ", ".join(f"{c.name}={c.count}{' emulated' if c.emulated else ''}" for c in cluster.chips) +
+          f"), model {model.name}, global batch {training.tokens} tokens ({training.sequences} x {training.seq_len}), "
           f"alpha {training.alpha:g}, cost model {args.cost_model}")
-    print(f"strategy: dp={strategy.dp} micro_batches={strategy.micro_batches} micro_batch_size={strategy.micro_batch_size} "
-          f"pp={len(strategy.stages)} schedule={strategy.schedule}")
+    print(
+        f"strategy: dp={strategy.dp} micro_batches={strategy.micro_batches} micro_batch_size={strategy.micro_batch_size} "
+        f"pp={len(strategy.stages)} schedule={strategy.schedule}")
     print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'dp':>4} {'layers':>6} {'recomp':>6} {'memory GB':>10} {'cap GB':>7} "
           f"{'T_comp s':>9} {'T_upd s':>8} {'send s':>8}")
     for s in report.stages:
@@ -321,13 +351,13 @@ def _print_speedup_ratio(args, outcome: SearchOutcome) -> None:
     ratio, baselines = outcome.hetero_speedup_ratio, outcome.baselines
     if ratio is not None:
         alone = ", ".join(f"{name} {b['tokens_per_chip_s']:.2f}" for name, b in baselines.items())
-        batch = (f"{args.baseline_gbs_tokens} tokens each" if args.baseline_gbs_tokens is not None
-                 else "its chip share of the batch")
+        batch = (f"{args.baseline_gbs_tokens} tokens each"
+                 if args.baseline_gbs_tokens is not None else "its chip share of the batch")
         print(f"HeteroSpeedupRatio: {ratio * 100:.2f}%  (each type alone, same search, {batch}: "
               f"tokens/chip/s {alone})")
     elif baselines:
-        print("HeteroSpeedupRatio: n/a (" + "; ".join(f"{k}: {v.get('error')}" for k, v in baselines.items()
-                                                      if 'error' in v) + ")")
+        print("HeteroSpeedupRatio: n/a (" + "; ".join(f"{k}: {v.get('error')}"
+                                                      for k, v in baselines.items() if 'error' in v) + ")")
 
 
 def _proof(outcome: SearchOutcome) -> str:
@@ -360,9 +390,8 @@ def _cmd_search(args) -> int:
 
 
 # ---- zorse ---------------------------------------------------------------------------------------
-def _zorse_problem(args, memory_fraction: float = 1.0, default_model: ModelConfig | None = None,
-                   default_seq_len: int | None = None,
-                   strategy: Strategy | None = None) -> tuple[PlanningProblem, dict]:
+def _zorse_problem(args, memory_fraction: float = 1.0, default_model: ModelConfig | None = None, default_seq_len: int
+                   | None = None, strategy: Strategy | None = None) -> tuple[PlanningProblem, dict]:
     """The problem with one sequence per profiled micro-batch (of `strategy`'s shape when given), and the
     chip rates within --memory-fraction of each chip's usable memory."""
     problem = _problem(args, default_model=default_model, default_seq_len=default_seq_len)
@@ -374,17 +403,22 @@ def _zorse_problem(args, memory_fraction: float = 1.0, default_model: ModelConfi
 
 
 def _plan_payload(plan: ZorsePlan, cluster: ClusterSpec, simulated_s: float) -> dict:
-    return {"planner": "zorse", "iteration_s": plan.latency.iteration_s, "simulated_iteration_s": simulated_s,
-            "startup_s": plan.latency.startup_s, "steady_s": plan.latency.steady_s, "drain_s": plan.latency.drain_s,
-            "bottleneck": plan.latency.bottleneck, "micro_batch_sequences": plan.micro_batch_sequences,
-            "micro_batches": plan.micro_batches, "ministages": plan.ministages, "offload": plan.offload,
-            "recompute": plan.recompute, "overlap": plan.overlap, "max_memory_fraction": plan.max_memory_fraction,
-            "groups": [{"machines": [m.name for m in g.machines], "regions": sorted(g.regions), "chips": list(g.chips),
-                        "emulated": [cluster.chip(c).emulated for c in g.chips], "rows": list(g.rows),
-                        "ministage_layers": list(g.ministage_layers),
-                        "memory_gb": [m.device_bytes / GB for m in g.memory],
-                        "host_gb": [m.host_bytes / GB for m in g.memory],
-                        "capacity_gb": [m.capacity_bytes / GB for m in g.memory]} for g in plan.groups]}
+    return {
+        "planner": "zorse", "iteration_s": plan.latency.iteration_s, "simulated_iteration_s": simulated_s,
+        "startup_s": plan.latency.startup_s, "steady_s": plan.latency.steady_s, "drain_s": plan.latency.drain_s,
+        "bottleneck": plan.latency.bottleneck, "micro_batch_sequences": plan.micro_batch_sequences,
+        "micro_batches": plan.micro_batches, "ministages": plan.ministages, "offload": plan.offload,
+        "recompute": plan.recompute, "overlap": plan.overlap, "max_memory_fraction": plan.max_memory_fraction,
+        "groups": [{
+            "machines": [m.name
+                         for m in g.machines], "regions": sorted(g.regions), "chips": list(g.chips), "emulated": [
+                             cluster.chip(c).emulated for c in g.chips
+                         ], "rows": list(g.rows), "ministage_layers": list(g.ministage_layers), "memory_gb": [
+                             m.device_bytes / GB for m in g.memory
+                         ], "host_gb": [m.host_bytes / GB
+                                        for m in g.memory], "capacity_gb": [m.capacity_bytes / GB for m in g.memory]
+        } for g in plan.groups]
+    }
 
 
 def _print_plan(plan: ZorsePlan, cluster: ClusterSpec, simulated_s: float) -> None:
@@ -448,8 +482,11 @@ def _cmd_search_zorse(args) -> int:
     if args.out:
         strategy.save(args.out)
     if args.json:
-        print(json.dumps({**_plan_payload(found.best, cluster, simulated), "search_s": searched_s,
-                          "evaluated": found.evaluated, "strategy": strategy.to_dict()}))
+        print(
+            json.dumps({
+                **_plan_payload(found.best, cluster, simulated), "search_s": searched_s, "evaluated": found.evaluated,
+                "strategy": strategy.to_dict()
+            }))
         return 0
     print(f"cluster {cluster.name}: {cluster.total_chips} chips on {len(machines_of(cluster))} machines, model "
           f"{model.name}, global batch {training.tokens} tokens ({training.sequences} x {training.seq_len})")
@@ -470,8 +507,10 @@ def _partition_rows(cluster: ClusterSpec, machines: list) -> list[dict]:
         for index in group:
             for chip in machines[index].chips:
                 chips[chip] = chips.get(chip, 0) + 1
-        return {"machines": [machines[i].name for i in group], "regions": sorted({machines[i].region for i in group}),
-                "chips": chips}
+        return {
+            "machines": [machines[i].name for i in group], "regions": sorted({machines[i].region
+                                                                              for i in group}), "chips": chips
+        }
 
     return [{"k": p.k, "cut_gbps": p.cut_weight, "groups": [describe(g) for g in p.groups]} for p in partitions]
 
@@ -505,9 +544,11 @@ def _cmd_simulate_zorse(args, strategy: Strategy) -> int:
     if args.trace is not None:
         write_zorse_trace(args.trace, replay, scored)
     if args.json:
-        print(json.dumps({**_plan_payload(scored, cluster, simulated), "iteration_s": simulated,
-                          "latency_model_iteration_s": scored.latency.iteration_s,
-                          "fits": scored.max_memory_fraction <= 1}))
+        print(
+            json.dumps({
+                **_plan_payload(scored, cluster, simulated), "iteration_s": simulated,
+                "latency_model_iteration_s": scored.latency.iteration_s, "fits": scored.max_memory_fraction <= 1
+            }))
         return 0
     print(f"strategy {args.strategy}: Zorse groups priced by the Zorse latency and memory models, replayed by the "
           f"simulator")
@@ -518,16 +559,16 @@ def _cmd_simulate_zorse(args, strategy: Strategy) -> int:
 def _simulate_payload(args, result: SimulatedStrategy, cluster: ClusterSpec) -> dict:
     """`heteroauto simulate --json`'s object."""
     strategy, report, sim = result.strategy, result.report, result.simulation
-    return {"iteration_s": sim.iteration_s, "cost_model_iteration_s": report.iteration_s,
-            "cost_model": args.cost_model,
-            "tokens_per_chip_s": result.training.tokens / sim.iteration_s / report.chips,
-            "schedule": strategy.schedule, "micro_batches": strategy.micro_batches, "transfers": sim.transfers,
-            "simulate_s": result.simulate_s, "fits": report.fits,
-            "stages": [{"chip": s.chip, "emulated": cluster.chip(s.chip).emulated, "tp": s.tp, "dp": s.dp,
-                        "layers": s.layers, "recompute": s.recompute, "busy_s": busy, "bubble_s": bubble,
-                        "update_s": s.update_s, "send_s": term.send_s,
-                        "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB}
-                       for s, term, busy, bubble in zip(report.stages, result.terms, sim.busy_s, sim.bubble_s)]}
+    return {
+        "iteration_s": sim.iteration_s, "cost_model_iteration_s": report.iteration_s, "cost_model": args.cost_model,
+        "tokens_per_chip_s": result.training.tokens / sim.iteration_s / report.chips, "schedule": strategy.schedule,
+        "micro_batches": strategy.micro_batches, "transfers": sim.transfers, "simulate_s": result.simulate_s,
+        "fits": report.fits, "stages": [{
+            "chip": s.chip, "emulated": cluster.chip(s.chip).emulated, "tp": s.tp, "dp": s.dp, "layers": s.layers,
+            "recompute": s.recompute, "busy_s": busy, "bubble_s": bubble, "update_s": s.update_s, "send_s": term.send_s,
+            "memory_gb": s.memory_bytes / GB, "capacity_gb": s.capacity_bytes / GB
+        } for s, term, busy, bubble in zip(report.stages, result.terms, sim.busy_s, sim.bubble_s)]
+    }
 
 
 def _print_simulation(args, result: SimulatedStrategy, cluster: ClusterSpec, tokens_per_chip_s: float) -> None:
@@ -538,11 +579,13 @@ def _print_simulation(args, result: SimulatedStrategy, cluster: ClusterSpec, tok
           f"{'update s':>9} {'send s':>8} {'memory GB':>10} {'cap GB':>7}")
     for s, term, busy, bubble in zip(report.stages, result.terms, sim.busy_s, sim.bubble_s):
         flag = "" if s.fits else "  OVER CAPACITY"
-        print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
-              f"{term.send_s:>8.4f} {s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}"
-              f"{_emulated(cluster, s.chip)}")
-    print(f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
-          f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {tokens_per_chip_s:.2f}")
+        print(
+            f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
+            f"{term.send_s:>8.4f} {s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}"
+            f"{_emulated(cluster, s.chip)}")
+    print(
+        f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
+        f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {tokens_per_chip_s:.2f}")
 
 
 def _cmd_simulate(args) -> int:
@@ -626,16 +669,19 @@ def _cmd_cross_site(args) -> int:
     bounds = report.jeeves.bounds
     print(f"  critical-path bound (jeeves' division): compute {bounds.compute_s:.3f} s, communication "
           f"{bounds.communication_s:.3f} s")
-    print(f"  jeeves saves {1 - 1 / report.speedup:.1%} against 1f1b; {report.jeeves.iteration_s / report.one_site.iteration_s:.3f}x "
-          f"the one-site time; simulated in {elapsed:.1f} s")
+    print(
+        f"  jeeves saves {1 - 1 / report.speedup:.1%} against 1f1b; {report.jeeves.iteration_s / report.one_site.iteration_s:.3f}x "
+        f"the one-site time; simulated in {elapsed:.1f} s")
     return 0
 
 
 @run_cli("heteroauto")
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return {"search": _cmd_search, "simulate": _cmd_simulate, "profile": _cmd_profile,
-            "cross-site": _cmd_cross_site, "partition": _cmd_partition}[args.command](args)
+    return {
+        "search": _cmd_search, "simulate": _cmd_simulate, "profile": _cmd_profile, "cross-site": _cmd_cross_site,
+        "partition": _cmd_partition
+    }[args.command](args)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,14 @@ from h2.launch.pipeline_job import flag_text, run_pipeline_job
 
 JOB_CONFIGS = (RunOptions, TrainConfig, PipelineOptions, PSOptions)
 # Options that only a pipeline has, with why a single-device run refuses each.
-PIPELINE_ONLY = {"nproc": "a single-device run uses one process",
-                 "max_restarts": "a single-device run has no ranks to restart; --resume continues it",
-                 "cluster": "it says which chip each rank of a pipeline runs as and paces its links",
-                 "log_every": "a single-device run shows a progress bar",
-                 **{name: "it configures the pipeline" for name in flags.field_names([PipelineOptions])
-                    if name != "log_every"}}
+PIPELINE_ONLY = {
+    "nproc": "a single-device run uses one process",
+    "max_restarts": "a single-device run has no ranks to restart; --resume continues it",
+    "cluster": "it says which chip each rank of a pipeline runs as and paces its links",
+    "log_every": "a single-device run shows a progress bar", **{
+        name: "it configures the pipeline" for name in flags.field_names([PipelineOptions]) if name != "log_every"
+    }
+}
 
 
 def _model(run: RunOptions):
@@ -104,7 +106,10 @@ def _model_info(args) -> int:
             "model_training": config.training_flops_per_token(seq),
         },
         "activation_bytes_per_layer": {
-            "micro_batch_size": mbs, "seq_len": seq, "bytes_per_element": 2, "tp": args.tp,
+            "micro_batch_size": mbs,
+            "seq_len": seq,
+            "bytes_per_element": 2,
+            "tp": args.tp,
             "stored": config.layer_activation_bytes(mbs, seq, tp=args.tp),
             "with_recompute": config.layer_recompute_activation_bytes(mbs, seq),
         },
@@ -134,11 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="h2", description="H2: train one LLM across heterogeneous accelerators.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
-    train = sub.add_parser("train", help="train a model on one device (the reference trainer), "
-                                         "or as a HeteroPP pipeline with --strategy")
-    train.add_argument("--config", metavar="YAML",
-                       help="a job file: these options' names (with underscores) mapped to values; "
-                            "flags given here override it")
+    train = sub.add_parser(
+        "train", help="train a model on one device (the reference trainer), "
+        "or as a HeteroPP pipeline with --strategy")
+    train.add_argument(
+        "--config", metavar="YAML", help="a job file: these options' names (with underscores) mapped to values; "
+        "flags given here override it")
     flags.add_flags(train.add_argument_group("run"), RunOptions)
     flags.add_flags(train.add_argument_group("training"), TrainConfig)
     flags.add_flags(train.add_argument_group("pipeline (with --strategy)"), PipelineOptions)

@@ -126,30 +126,31 @@ def _launch(args: argparse.Namespace) -> int:
     say = lambda message: print(f"[launch] {message}", flush=True)  # noqa: E731
     supervisor = Supervisor(say, env={"OMP_NUM_THREADS": "1"})
     master_argv = ["-m", "h2.cli.main", "ps", "master", "--config", args.config, "--port", str(port)]
-    supervisor.start(Child("master", master_argv + (["--resume"] if args.resume else []), None,
-                           restart_argv=lambda: master_argv + ["--resume"], restart_delay_s=1.0))
+    supervisor.start(
+        Child("master", master_argv + (["--resume"] if args.resume else []), None,
+              restart_argv=lambda: master_argv + ["--resume"], restart_delay_s=1.0))
     for index in range(config.shards):
         shard_argv = ["-m", "h2.cli.main", "ps", "shard", "--master", master, "--index", str(index), "--host", host]
         crash = ["--crash-at-round", str(args.shard_crash_at_round)] if index == 0 and args.shard_crash_at_round else []
-        supervisor.start(Child(f"shard-{index}", shard_argv + crash, os.path.join(out, "logs", f"shard-{index}.log"),
-                               restart_argv=lambda argv=shard_argv: argv, restart_delay_s=1.0))
+        supervisor.start(
+            Child(f"shard-{index}", shard_argv + crash, os.path.join(out, "logs", f"shard-{index}.log"),
+                  restart_argv=lambda argv=shard_argv: argv, restart_delay_s=1.0))
     rejoin_after_s = (config.missed_beats + 1) * config.heartbeat_s
     clusters = []
     for spec in config.clusters:
         name = f"cluster-{spec.id}"
         clusters.append(name)
-        supervisor.start(Child(name, _cluster_job(config, spec, out, master, args.resume),
-                               os.path.join(out, "logs", f"{name}.log"),
-                               restart_argv=lambda spec=spec: _cluster_job(config, spec, out, master, True),
-                               restart_delay_s=rejoin_after_s))
+        supervisor.start(
+            Child(name, _cluster_job(config, spec, out, master, args.resume), os.path.join(out, "logs", f"{name}.log"),
+                  restart_argv=lambda spec=spec: _cluster_job(config, spec, out, master, True),
+                  restart_delay_s=rejoin_after_s))
     unknown = [kill.name for kill in kills if kill.name not in supervisor.children]
     if unknown:
         supervisor.stop_all()
         raise UserError(f"--kill {unknown[0]}: no such process (have {', '.join(supervisor.children)})")
     say(f"{config.mode} run of {len(clusters)} clusters and {config.shards} shards, master {master}; "
-        f"logs in {out}/logs; emulated cluster speeds: "
-        + ", ".join(f"{s.id} {s.step_time_s:g} s/step" if s.step_time_s else f"{s.id} unpaced"
-                    for s in config.clusters))
+        f"logs in {out}/logs; emulated cluster speeds: " +
+        ", ".join(f"{s.id} {s.step_time_s:g} s/step" if s.step_time_s else f"{s.id} unpaced" for s in config.clusters))
     started = time.monotonic()
     rounds = RoundCounter(os.path.join(out, "rounds.jsonl"))
     signal.signal(signal.SIGTERM, _interrupt)
@@ -166,8 +167,10 @@ def _launch(args: argparse.Namespace) -> int:
             time.sleep(0.2)
     finally:
         supervisor.stop_all()
-    failed = {name: child.exit_codes[-1] for name, child in supervisor.children.items()
-              if name in clusters and child.exit_codes and child.exit_codes[-1] != 0}
+    failed = {
+        name: child.exit_codes[-1] for name, child in supervisor.children.items()
+        if name in clusters and child.exit_codes and child.exit_codes[-1] != 0
+    }
     _summary(out, config, say)
     if failed:
         say(f"clusters that failed: {failed} (see {out}/logs)")
@@ -233,9 +236,10 @@ def add_commands(sub) -> None:
     launch.add_argument("--config", required=True, metavar="YAML", help="the Di-PS run file")
     launch.add_argument("--resume", action="store_true", help="continue the run in the file's out folder")
     launch.add_argument("--overwrite", action="store_true", help="start over in an out folder that holds a run")
-    launch.add_argument("--kill", action="append", default=[], metavar="NAME@SECONDS",
-                        help="fault injection: SIGKILL master, shard-I or cluster-ID that many seconds in, or "
-                             "NAME@rN once N rounds are done (repeatable); it is restarted as a scheduler would")
+    launch.add_argument(
+        "--kill", action="append", default=[], metavar="NAME@SECONDS",
+        help="fault injection: SIGKILL master, shard-I or cluster-ID that many seconds in, or "
+        "NAME@rN once N rounds are done (repeatable); it is restarted as a scheduler would")
     launch.add_argument("--shard-crash-at-round", type=int, default=0, metavar="N",
                         help="fault injection: shard 0 exits while preparing round N (its first start only)")
     launch.add_argument("--time-limit", type=float, default=0.0, metavar="SECONDS",

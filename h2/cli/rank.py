@@ -42,8 +42,9 @@ FOLDER_PREPARED = "h2/job/folder-prepared"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="h2.cli.rank", description="One rank of a HeteroPP pipeline job under torchrun "
-                                                            "(h2 train --strategy writes the job file and starts it).")
+    parser = ArgumentParser(
+        prog="h2.cli.rank", description="One rank of a HeteroPP pipeline job under torchrun "
+        "(h2 train --strategy writes the job file and starts it).")
     parser.add_argument("--job", metavar="YAML", required=True, help="the resolved job file (h2.launch.job)")
     return parser
 
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _print_progress(record: dict, topology, memory: list[dict]) -> None:
     """The step's loss and throughput; per chip type the tokens/s each of its chips carries (the job's
     tokens/s times the type's share of the layers, over its chips); per stage the peak device memory."""
-    share, chips = {}, {}   # per chip type: its share of the job's token-layers, its chips
+    share, chips = {}, {}  # per chip type: its share of the job's token-layers, its chips
     total_layers = sum(len(stage.layers) for stage in topology.stages)
     for stage in topology.stages:
         for replica in range(stage.dp):
@@ -60,12 +61,13 @@ def _print_progress(record: dict, topology, memory: list[dict]) -> None:
             share[name] = share.get(name, 0.0) + rows * len(stage.layers) / total_layers
             chips[name] = chips.get(name, 0) + stage.tp
     per_chip = " ".join(f"{name} {record['tokens_per_s'] * share[name] / chips[name]:,.1f}" for name in share)
-    peaks = " ".join(f"{row['stage']}:{row['peak_allocated_bytes'] / 1e6:.1f}"
-                     for row in memory if row["peak_allocated_bytes"] is not None)
-    print(f"step {record['step']} loss {record['loss']:.4f} lr {record['lr']:.2e} "
-          f"grad_norm {record['grad_norm']:.3f} {record['tokens_per_s']:,.0f} tokens/s "
-          f"(per chip: {per_chip}) cross-stage {record['cross_stage_bytes']:,} B"
-          + (f" peak MB per stage {peaks}" if peaks else ""), flush=True)
+    peaks = " ".join(f"{row['stage']}:{row['peak_allocated_bytes'] / 1e6:.1f}" for row in memory
+                     if row["peak_allocated_bytes"] is not None)
+    print(
+        f"step {record['step']} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+        f"grad_norm {record['grad_norm']:.3f} {record['tokens_per_s']:,.0f} tokens/s "
+        f"(per chip: {per_chip}) cross-stage {record['cross_stage_bytes']:,} B" +
+        (f" peak MB per stage {peaks}" if peaks else ""), flush=True)
 
 
 def _is_communication_error(error: BaseException) -> bool:
@@ -184,6 +186,7 @@ def announce(trainer, job: ResolvedJob) -> None:
 
 def train(trainer, job: ResolvedJob) -> list[dict]:
     """The steps up to the job's last (with Di-PS: its outer loop), showing progress every log_every."""
+
     def show(record: dict) -> None:
         if record["step"] % job.pipeline.log_every == 0 or record["step"] == trainer.config.steps:
             memory = trainer.engine.device_report()  # a collective: every rank takes part
@@ -210,9 +213,10 @@ def finish(trainer, job: ResolvedJob, watchdog, records: list[dict], job_folder:
     if trainer.writes_metrics and records:
         tokens = sum(r["tokens"] for r in records)
         seconds = sum(r["step_time_s"] for r in records)
-        print(f"trained {trainer.model_config.name} with {trainer.topology.num_stages} stages on "
-              f"{trainer.topology.world_size} processes: {tokens / seconds:,.0f} tokens/s; "
-              f"metrics {trainer.metrics.path}", flush=True)
+        print(
+            f"trained {trainer.model_config.name} with {trainer.topology.num_stages} stages on "
+            f"{trainer.topology.world_size} processes: {tokens / seconds:,.0f} tokens/s; "
+            f"metrics {trainer.metrics.path}", flush=True)
         _print_stage_report(report, job.chip_labels or {}, trainer.elapsed_s)
 
 

@@ -87,8 +87,8 @@ def _check_out(out: str, overwrite: bool) -> None:
 
 def cluster_identity(cluster: ClusterSpec) -> dict:
     """What a plan depends on in a cluster file: its name and every chip type's fields."""
-    return json.loads(json.dumps({"name": cluster.name, "chips": [dataclasses.asdict(chip) for chip in cluster.chips]},
-                                 default=str))
+    return json.loads(
+        json.dumps({"name": cluster.name, "chips": [dataclasses.asdict(chip) for chip in cluster.chips]}, default=str))
 
 
 def check_resume(out: str, args, cluster: ClusterSpec, model: ModelConfig) -> None:
@@ -102,7 +102,7 @@ def check_resume(out: str, args, cluster: ClusterSpec, model: ModelConfig) -> No
         raise UserError(f"--resume: --out {out} is a run of model '{plan.get('model')}', this run trains "
                         f"'{model.name}'; resume with the same model or choose another folder")
     planned = plan.get("cluster_config")
-    if planned is None:   # a plan.json from before it recorded the cluster's fields: its file must match
+    if planned is None:  # a plan.json from before it recorded the cluster's fields: its file must match
         same = os.path.abspath(str(plan.get("cluster"))) == os.path.abspath(args.cluster)
     else:
         same = planned == cluster_identity(cluster)
@@ -175,16 +175,16 @@ def plan_record(plan: PlannedStrategy, cluster_path: str, cluster: ClusterSpec, 
                 profiles: str) -> dict:
     """PLAN_FILE's content: what the plan was made for (cluster, model, profiles) and what it predicts."""
     strategy, report = plan.strategy, plan.report
-    return {"cluster": cluster_path, "cluster_config": cluster_identity(cluster), "model": model.name,
-            "model_config": model.to_dict(), "profiles": profiles,
-            "strategy": STRATEGY_FILE, "schedule": strategy.schedule,
-            "micro_batches": strategy.micro_batches, "dp": strategy.dp,
-            "predicted": {"simulator_step_s": plan.simulation.iteration_s,
-                          "cost_model_step_s": report.iteration_s,
-                          "stages": [{"stage": s.index, "chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers,
-                                      "recompute": s.recompute, "memory_bytes": s.memory_bytes,
-                                      "capacity_bytes": s.capacity_bytes}
-                                     for s in report.stages]}}
+    return {
+        "cluster": cluster_path, "cluster_config": cluster_identity(cluster), "model": model.name,
+        "model_config": model.to_dict(), "profiles": profiles, "strategy": STRATEGY_FILE, "schedule": strategy.schedule,
+        "micro_batches": strategy.micro_batches, "dp": strategy.dp, "predicted": {
+            "simulator_step_s": plan.simulation.iteration_s, "cost_model_step_s": report.iteration_s, "stages": [{
+                "stage": s.index, "chip": s.chip, "tp": s.tp, "dp": s.dp, "layers": s.layers, "recompute": s.recompute,
+                "memory_bytes": s.memory_bytes, "capacity_bytes": s.capacity_bytes
+            } for s in report.stages]
+        }
+    }
 
 
 def make_plan(cluster: ClusterSpec, model: ModelConfig, profiles: str) -> PlannedStrategy:
@@ -203,16 +203,18 @@ def replayed_plan(cluster: ClusterSpec, model: ModelConfig, out: str, profiles: 
 def print_plan(plan: PlannedStrategy, cluster: ClusterSpec, model: ModelConfig) -> None:
     strategy, report = plan.strategy, plan.report
     chips = {chip.name: chip for chip in cluster.chips}
-    print(f"plan for model {model.name} on cluster {cluster.name}: {len(strategy.stages)} stages, dp {strategy.dp}, "
-          f"{strategy.micro_batches} micro-batches of {strategy.micro_batch_size} x {strategy.seq_len} tokens, "
-          f"schedule {strategy.schedule}", flush=True)
+    print(
+        f"plan for model {model.name} on cluster {cluster.name}: {len(strategy.stages)} stages, dp {strategy.dp}, "
+        f"{strategy.micro_batches} micro-batches of {strategy.micro_batch_size} x {strategy.seq_len} tokens, "
+        f"schedule {strategy.schedule}", flush=True)
     print(f"{'stage':>5}  {'chip':<44} {'tp':>3} {'dp':>3} {'layers':>6} {'recompute':>9} "
           f"{'memory MB':>10} {'of MB':>8}")
     for s in report.stages:
         print(f"{s.index:>5}  {describe_chip(chips[s.chip]):<44} {s.tp:>3} {s.dp:>3} {s.layers:>6} "
               f"{'on' if s.recompute else 'off':>9} {s.memory_bytes / MB:>10.2f} {s.capacity_bytes / MB:>8.2f}")
-    print(f"predicted step time: {plan.simulation.iteration_s:.3f} s (simulator), {report.iteration_s:.3f} s "
-          f"(cost model)", flush=True)
+    print(
+        f"predicted step time: {plan.simulation.iteration_s:.3f} s (simulator), {report.iteration_s:.3f} s "
+        f"(cost model)", flush=True)
 
 
 def write_plan(plan: PlannedStrategy, out: str, args, cluster: ClusterSpec, model: ModelConfig, profiles: str) -> None:
@@ -227,13 +229,15 @@ def train(args, out: str, cluster: ClusterSpec) -> int:
     --resume, --overwrite, --max-restarts), on the cluster file already loaded."""
     from h2.launch.pipeline_job import run_pipeline_job
 
-    run = RunOptions(strategy=os.path.join(out, STRATEGY_FILE), cluster=args.cluster, out=out,
-                     resume=bool(args.resume), overwrite=args.overwrite, max_restarts=args.max_restarts)
+    run = RunOptions(strategy=os.path.join(out, STRATEGY_FILE), cluster=args.cluster, out=out, resume=bool(args.resume),
+                     overwrite=args.overwrite, max_restarts=args.max_restarts)
     # the launcher resolves the job from these values: exactly the options given count as given
-    values = {**flags.given(args, TrainConfig), **flags.given(args, PipelineOptions),
-              **{name: getattr(run, name) for name in ("strategy", "cluster", "out")},
-              **{name: getattr(run, name) for name in ("resume", "overwrite", "max_restarts")
-                 if getattr(run, name) not in (None, False)}}
+    values = {
+        **flags.given(args, TrainConfig), **flags.given(args, PipelineOptions),
+        **{name: getattr(run, name) for name in ("strategy", "cluster", "out")}, **{
+            name: getattr(run, name) for name in ("resume", "overwrite", "max_restarts") if getattr(run, name) not in (None, False)
+        }
+    }
     hosts = (args.nnodes, args.rdzv_endpoint) if args.nnodes > 1 else None
     return run_pipeline_job(values, run, hosts, cluster)
 
@@ -278,9 +282,12 @@ def check(out: str, reference=None, threshold: float | None = None) -> int:
         raise UserError(f"{metrics_path}: no steps recorded")
     predicted = plan["predicted"]
     step_s, which = measured_step_s(records)
-    summary = {"steps": len(records), "first_loss": records[0]["loss"], "last_loss": records[-1]["loss"],
-               "measured_step_s": step_s, "measured_steps": which, **{k: predicted[k] for k in
-                                                                     ("simulator_step_s", "cost_model_step_s")}}
+    summary = {
+        "steps": len(records), "first_loss": records[0]["loss"], "last_loss": records[-1]["loss"],
+        "measured_step_s": step_s, "measured_steps": which, **{
+            k: predicted[k] for k in ("simulator_step_s", "cost_model_step_s")
+        }
+    }
     print(f"loss {records[0]['loss']:.4f} at step {records[0]['step']} -> {records[-1]['loss']:.4f} at step "
           f"{records[-1]['step']}")
     print(f"step time: measured {step_s:.3f} s (median of {which}) vs predicted {predicted['simulator_step_s']:.3f} s "
@@ -291,8 +298,10 @@ def check(out: str, reference=None, threshold: float | None = None) -> int:
         rows = []
         for model_row, measured in zip(predicted["stages"], _read_json(stage_report)):
             peak = measured["peak_allocated_bytes"]
-            rows.append({"stage": model_row["stage"], "chip": model_row["chip"], "predicted_bytes": model_row["memory_bytes"],
-                         "measured_peak_bytes": peak})
+            rows.append({
+                "stage": model_row["stage"], "chip": model_row["chip"], "predicted_bytes": model_row["memory_bytes"],
+                "measured_peak_bytes": peak
+            })
             shown = f"{peak / MB:.2f} MB" if peak is not None else "not measured on this device"
             late = (f"; {measured['overrun_s'] / measured['emulated_s']:.1%} of its emulated kernel time late "
                     f"(the host's load)" if measured.get("emulated_s") else "")
@@ -307,8 +316,9 @@ def check(out: str, reference=None, threshold: float | None = None) -> int:
         diff = compare_losses(reference, candidate, threshold=threshold or DEFAULT_THRESHOLD)
         plot = os.path.join(out, PLOT_FILE)
         plot_loss_diff(diff, plot, reference_label=reference.path, candidate_label=candidate.path)
-        print(format_report(diff, reference.path, candidate.path).splitlines()[-1] + f" against {reference.path}; "
-              f"plot {plot}")
+        print(
+            format_report(diff, reference.path, candidate.path).splitlines()[-1] + f" against {reference.path}; "
+            f"plot {plot}")
         summary["precision"] = {"reference": reference.path, "plot": plot, **diff.to_dict()}
         status = 0 if diff.passed else 1
     _write_json(os.path.join(out, SUMMARY_FILE), summary)
@@ -325,9 +335,10 @@ def _problem_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _reference_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--reference", metavar="RUN",
-                        help="a run of the same model (its folder or metrics.jsonl, or a CSV of step,loss): "
-                             "compare the loss curves (MRE)")
+    parser.add_argument(
+        "--reference", metavar="RUN",
+        help="a run of the same model (its folder or metrics.jsonl, or a CSV of step,loss): "
+        "compare the loss curves (MRE)")
     parser.add_argument("--threshold", type=float, help="pass when MRE < threshold (default 0.015, the H2 paper's)")
 
 
@@ -355,8 +366,9 @@ def _plan_run(args, cluster: ClusterSpec, model: ModelConfig) -> tuple[str, Plan
     the folder's plan as it is, no profiling, no search)."""
     if args.resume:
         profiles = _read_json(os.path.join(args.out, PLAN_FILE)).get("profiles") or profile_folder(args, cluster, model)
-        print(f"resuming the run in {args.out} with its plan {os.path.join(args.out, STRATEGY_FILE)} "
-              f"(not planned again)", flush=True)
+        print(
+            f"resuming the run in {args.out} with its plan {os.path.join(args.out, STRATEGY_FILE)} "
+            f"(not planned again)", flush=True)
         return profiles, None
     profiles = profile(args, cluster, model)
     plan = make_plan(cluster, model, profiles)
@@ -421,12 +433,13 @@ def add_parsers(sub) -> None:
     run.add_argument("--out", required=True, metavar="DIR", help="the run's folder: plan, metrics, summary")
     run.add_argument("--overwrite", action="store_true", help="start over in an --out that holds an earlier run")
     flags.add_flags(run, RunOptions, exclude=tuple(name for name in flags.field_names([RunOptions])
-                                                    if name not in RUN_OPTIONS_IN_RUN))
+                                                   if name not in RUN_OPTIONS_IN_RUN))
     _reference_flags(run)
     hosts = run.add_argument_group("several hosts (not verified here: one host only)")
-    hosts.add_argument("--nnodes", type=int, default=1,
-                       help="hosts of the job: each runs `h2 run` with the same flags (and a shared --profiles "
-                            "folder, so every host plans the same strategy) and 1/N of the ranks (default 1)")
+    hosts.add_argument(
+        "--nnodes", type=int, default=1,
+        help="hosts of the job: each runs `h2 run` with the same flags (and a shared --profiles "
+        "folder, so every host plans the same strategy) and 1/N of the ranks (default 1)")
     hosts.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun's rendezvous, with --nnodes")
     flags.add_flags(run.add_argument_group("training"), TrainConfig, exclude=NOT_IN_RUN)
     flags.add_flags(run.add_argument_group("pipeline"), PipelineOptions)
@@ -442,8 +455,9 @@ def add_parsers(sub) -> None:
     plan.add_argument("--overwrite", action="store_true", help="replace a plan or run already in --out")
     plan.set_defaults(handler=_cmd_plan)
 
-    check_cmd = sub.add_parser("check", help="a run's measured vs predicted step time and memory, and its loss "
-                                             "against a reference run")
+    check_cmd = sub.add_parser(
+        "check", help="a run's measured vs predicted step time and memory, and its loss "
+        "against a reference run")
     check_cmd.add_argument("--run", required=True, metavar="DIR", help="a folder h2 run wrote")
     _reference_flags(check_cmd)
     check_cmd.set_defaults(handler=_cmd_check)

@@ -41,7 +41,7 @@ def check_range(value: float, low: float, high: float, where: str, name: str) ->
 @dataclass(frozen=True)
 class ChipEmulation:
     """A chip type's `emulation:` section (the trust rule and the host vendor: h2.core.emulation)."""
-    relative_speed: float                            # (0, 1]: the chip's rate as a fraction of one host core
+    relative_speed: float  # (0, 1]: the chip's rate as a fraction of one host core
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
     host_accessible: bool = False
 
@@ -67,14 +67,16 @@ class ChipType:
     tp_efficiency_per_doubling: float = 1.0
     memory_bandwidth_gbps: float = 1600.0
     emulated: bool = False
-    emulation: ChipEmulation | None = None   # what the DIPU host vendor emulates (h2.core.emulation)
-    site: str | None = None                  # the site its nodes sit in (h2.core.links); None: the default
+    emulation: ChipEmulation | None = None  # what the DIPU host vendor emulates (h2.core.emulation)
+    site: str | None = None  # the site its nodes sit in (h2.core.links); None: the default
 
     # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
-    RANGES = {"count": (1, 1 << 24), "chips_per_node": (1, 1 << 16), "tp_max": (1, 1 << 10),
-              "memory_gb": (1e-6, 1e6), "intra_node_gbps": (1e-6, 1e9), "inter_node_gbps": (1e-6, 1e9),
-              "memory_bandwidth_gbps": (1e-6, 1e9), "latency_us": (0.0, 1e9), "usable_memory_fraction": (1e-9, 1.0),
-              "achievable_fraction": (1e-9, 1.0), "tp_efficiency_per_doubling": (1e-9, 1.0)}
+    RANGES = {
+        "count": (1, 1 << 24), "chips_per_node": (1, 1 << 16), "tp_max": (1, 1 << 10), "memory_gb": (1e-6, 1e6),
+        "intra_node_gbps": (1e-6, 1e9), "inter_node_gbps": (1e-6, 1e9), "memory_bandwidth_gbps": (1e-6, 1e9),
+        "latency_us": (0.0, 1e9), "usable_memory_fraction": (1e-9, 1.0), "achievable_fraction": (1e-9, 1.0),
+        "tp_efficiency_per_doubling": (1e-9, 1.0)
+    }
 
     def validate(self, source: str) -> None:
         where = f"{source}: chip '{self.name}'"
@@ -100,7 +102,7 @@ class ChipType:
 
     def tp_compute_efficiency(self, tp: int) -> float:
         """Fraction of the achievable rate kept at TP size tp (smaller GEMMs, exposed collectives)."""
-        return self.tp_efficiency_per_doubling ** (tp.bit_length() - 1)
+        return self.tp_efficiency_per_doubling**(tp.bit_length() - 1)
 
     def tp_sizes(self) -> list[int]:
         sizes, tp = [], 1

@@ -20,16 +20,22 @@ from dataclasses import dataclass
 from h2.core.chip_type import ChipType, check_range
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
-from h2.core.placement import (LinkSection, Placement, links_from_mapping, placement_from_mapping, refuse_renamed,
-                               sites_from_list)
+from h2.core.placement import (
+    LinkSection,
+    Placement,
+    links_from_mapping,
+    placement_from_mapping,
+    refuse_renamed,
+    sites_from_list,
+)
 
-__all__ = ["ChipType", "ClusterSpec", "TrainingSpec", "check_range", "load_cluster", "parse_count",
-           "training_from_mapping"]
+__all__ = [
+    "ChipType", "ClusterSpec", "TrainingSpec", "check_range", "load_cluster", "parse_count", "training_from_mapping"
+]
 
-_SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+_SUFFIXES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
-
-MAX_COUNT = 1 << 50   # no batch, token or chip count of a plan comes near it
+MAX_COUNT = 1 << 50  # no batch, token or chip count of a plan comes near it
 
 
 def parse_count(text: str | int, what: str) -> int:
@@ -45,7 +51,7 @@ def parse_count(text: str | int, what: str) -> int:
         whole, fraction, suffix = match.groups()
         scale = _SUFFIXES[suffix.upper()]
         numerator = int(whole + (fraction or "")) * scale
-        denominator = 10 ** len(fraction or "")
+        denominator = 10**len(fraction or "")
         if numerator % denominator:
             raise UserError(f"{what}: {text!r} is not a whole number")
         value = numerator // denominator
@@ -63,16 +69,17 @@ class TrainingSpec:
     micro_batch_size: int = 1
     alpha: float = 1.0
     zero1: bool = True
-    weight_bytes: int = 2         # bf16 weights
-    gradient_bytes: int = 4       # fp32 gradient accumulation (Megatron's main_grad)
-    optimizer_bytes: int = 12     # fp32 master weights + Adam m and v
+    weight_bytes: int = 2  # bf16 weights
+    gradient_bytes: int = 4  # fp32 gradient accumulation (Megatron's main_grad)
+    optimizer_bytes: int = 12  # fp32 master weights + Adam m and v
     activation_bytes_per_element: int = 2
 
     def validate(self, source: str) -> None:
         check_range(self.seq_len, 1, 1 << 24, source, "seq_len")
         check_range(self.micro_batch_size, 1, 1 << 24, source, "micro_batch_size")
         if not 0 <= self.alpha <= 1:
-            raise UserError(f"{source}: field 'alpha' must be in [0, 1] (1 for 1F1B, 0 for zero-bubble), got {self.alpha}")
+            raise UserError(
+                f"{source}: field 'alpha' must be in [0, 1] (1 for 1F1B, 0 for zero-bubble), got {self.alpha}")
         if (self.global_batch_tokens is None) == (self.global_batch_sequences is None):
             raise UserError(f"{source}: give exactly one of 'global_batch_tokens' or 'global_batch_sequences'")
         for name in ("global_batch_tokens", "global_batch_sequences"):
@@ -114,9 +121,10 @@ class ClusterSpec:
     model: str | None = None
     source: str = "cluster"
     links: LinkSection = LinkSection()
-    named_sites: tuple[str, ...] = ()   # the file's `sites:` list (a chip type's site is named too)
-    placed: Placement | None = None     # the file's `nodes` section, None where it has none (h2.core.links:
-                                        # placement_of gives every cluster's nodes)
+    named_sites: tuple[str, ...] = ()  # the file's `sites:` list (a chip type's site is named too)
+    placed: Placement | None = None  # the file's `nodes` section, None where it has none (h2.core.links:
+
+    # placement_of gives every cluster's nodes)
 
     def chip(self, name: str) -> ChipType:
         for chip in self.chips:
@@ -141,7 +149,7 @@ class ClusterSpec:
         return sorted(self.chips, key=lambda c: (-c.capacity_bytes, c.name))
 
     def only(self, name: str) -> "ClusterSpec":
-        return dataclasses.replace(self, name=f"{self.name}/{name}", chips=(self.chip(name),))
+        return dataclasses.replace(self, name=f"{self.name}/{name}", chips=(self.chip(name), ))
 
 
 _CHIP_FIELDS = {f.name for f in dataclasses.fields(ChipType)}
@@ -212,8 +220,8 @@ def _load_placement(data: dict, chips: tuple[ChipType, ...], links: LinkSection,
         if chip.site is not None:
             raise UserError(f"{path}: chips[{index}]: field 'site': the 'nodes' section places the chips; "
                             f"give each node its site instead")
-    placed = placement_from_mapping(data, {c.name: (c.count, c.intra_node_gbps, c.inter_node_gbps) for c in chips},
-                                    sites, links, path)
+    placed = placement_from_mapping(data, {c.name: (c.count, c.intra_node_gbps, c.inter_node_gbps)
+                                           for c in chips}, sites, links, path)
     return tuple(name for name, _ in sites), placed
 
 

@@ -71,7 +71,7 @@ def coerce_field(value: Any, tp: Any, where: str) -> Any:
             raise UserError(f"{where}: must be one of {', '.join(map(repr, allowed))}, got {value!r}")
         return value
     if origin in (list, tuple):
-        (item_type, *_) = typing.get_args(tp) or (Any,)
+        (item_type, *_) = typing.get_args(tp) or (Any, )
         if not isinstance(value, (list, tuple)):
             raise UserError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
         return [coerce_field(item, item_type, f"{where}[{i}]") for i, item in enumerate(value)]

@@ -26,8 +26,8 @@ NATIVE_COLLECTIVE_BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 DEVICE_TYPE_GROUP = "h2.device_types"
 COLLECTIVE_BACKEND_GROUP = "h2.collective_backends"
 
-_served: dict[str, str] = {}          # device type -> preferred backend
-_fallbacks: dict[str, str] = {}       # device type -> backend used when nothing better is served
+_served: dict[str, str] = {}  # device type -> preferred backend
+_fallbacks: dict[str, str] = {}  # device type -> backend used when nothing better is served
 _device_memory: dict[str, Callable[[], "dict[str, int] | None"]] = {}  # device type -> its functions
 _device_type_listeners: list[Callable[[str], None]] = []
 _loaded_backend_plugins = False

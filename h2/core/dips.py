@@ -31,10 +31,10 @@ class OuterOptions:
 @dataclass
 class PenaltyOptions:
     """The pseudo-gradient penalty of mode `dips` (Di-PS section 4.1)."""
-    alpha: float = 0.02          # EMA factor of the norm's mean and deviation
-    beta: float = 3.0            # reject a cluster whose score exceeds beta * max(accepted scores)
-    clip_norm: float = 1.0       # clip the averaged pseudo-gradient to this global L2 norm (0: no clip)
-    warmup_scores: int = 4       # accept every finite norm until this many scores are on record
+    alpha: float = 0.02  # EMA factor of the norm's mean and deviation
+    beta: float = 3.0  # reject a cluster whose score exceeds beta * max(accepted scores)
+    clip_norm: float = 1.0  # clip the averaged pseudo-gradient to this global L2 norm (0: no clip)
+    warmup_scores: int = 4  # accept every finite norm until this many scores are on record
 
 
 @dataclass
@@ -42,29 +42,29 @@ class ClusterSpec:
     """One cluster of a local emulated run: its id and how the launcher starts its trainer."""
     id: str
     strategy: str | None = None  # a HeteroPP strategy file: the cluster is that pipeline (torchrun), else one device
-    step_time_s: float = 0.0     # emulated speed: every inner step padded to this many seconds (0: unpaced)
-    outlier: Literal["none", "scale", "nan"] = "none"   # fault injection into what it pushes
-    outlier_every: int = 1       # ... on every N-th push
+    step_time_s: float = 0.0  # emulated speed: every inner step padded to this many seconds (0: unpaced)
+    outlier: Literal["none", "scale", "nan"] = "none"  # fault injection into what it pushes
+    outlier_every: int = 1  # ... on every N-th push
     outlier_scale: float = 100.0  # ... the pushed pseudo-gradient multiplied by this
 
 
 @dataclass
 class DipsConfig:
     mode: Literal["sync", "async", "dips"] = "dips"
-    model: str = "tiny"                  # model preset
-    seed: int = 0                        # the initial global model
-    inner_steps: int = 8                 # H: inner steps between two pushes of a cluster
-    tokens: int = 0                      # stop once the outer loop consumed this many tokens (0: no limit)
-    grace_s: float = 1.0                 # mode dips: the window every arrival re-arms
-    heartbeat_s: float = 1.0             # clusters and shards beat this often
-    missed_beats: int = 3                # ... and are dropped after this many missed beats
-    transfer_timeout_s: float = 30.0     # a layer's push or pull that takes longer fails (the sync point is skipped)
-    sync_retry_s: float = 30.0           # a skipped sync point is retried every heartbeat this long before training on
-    host: str = "127.0.0.1"              # where the master and the shards listen
-    master_port: int = 0                 # the master's gRPC port (0: the launcher picks a free one)
-    shards: int = 2                      # shard servers; the model's layers are split over them
-    eval_sequences: int = 8              # held-out sequences a cluster scores each global model it pulls on
-    out: str = "runs/dips"               # master state, rounds.jsonl, shard snapshots, clusters' folders
+    model: str = "tiny"  # model preset
+    seed: int = 0  # the initial global model
+    inner_steps: int = 8  # H: inner steps between two pushes of a cluster
+    tokens: int = 0  # stop once the outer loop consumed this many tokens (0: no limit)
+    grace_s: float = 1.0  # mode dips: the window every arrival re-arms
+    heartbeat_s: float = 1.0  # clusters and shards beat this often
+    missed_beats: int = 3  # ... and are dropped after this many missed beats
+    transfer_timeout_s: float = 30.0  # a layer's push or pull that takes longer fails (the sync point is skipped)
+    sync_retry_s: float = 30.0  # a skipped sync point is retried every heartbeat this long before training on
+    host: str = "127.0.0.1"  # where the master and the shards listen
+    master_port: int = 0  # the master's gRPC port (0: the launcher picks a free one)
+    shards: int = 2  # shard servers; the model's layers are split over them
+    eval_sequences: int = 8  # held-out sequences a cluster scores each global model it pulls on
+    out: str = "runs/dips"  # master state, rounds.jsonl, shard snapshots, clusters' folders
     outer: OuterOptions = field(default_factory=OuterOptions)
     penalty: PenaltyOptions = field(default_factory=PenaltyOptions)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=1_000_000, checkpoint_every=0))
@@ -89,8 +89,8 @@ def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
         ("heartbeat_s", config.heartbeat_s > 0, "must be positive"),
         ("missed_beats", config.missed_beats >= 1, "must be at least 1"),
         ("transfer_timeout_s", config.transfer_timeout_s > 0, "must be positive"),
-        ("sync_retry_s", math.isfinite(config.sync_retry_s) and config.sync_retry_s >= 0,
-         "must be 0 (train on at once) or a positive number of seconds"),
+        ("sync_retry_s", math.isfinite(config.sync_retry_s)
+         and config.sync_retry_s >= 0, "must be 0 (train on at once) or a positive number of seconds"),
         ("master_port", 0 <= config.master_port <= 65535, "must be a TCP port (0: pick a free one)"),
         ("shards", config.shards >= 1, "must be at least 1"),
         ("eval_sequences", config.eval_sequences >= 0, "must be 0 or positive"),
@@ -143,14 +143,16 @@ def load_dips_config(path: str | os.PathLike) -> DipsConfig:
 @dataclass
 class PSOptions:
     """How a cluster's trainer joins a Di-PS run (`h2 train --ps ADDRESS`)."""
-    ps: str | None = option(None, "join a Di-PS run: the master's HOST:PORT; push and pull the model every "
-                                  "inner_steps steps (set by the master)", metavar="HOST:PORT")
+    ps: str | None = option(
+        None, "join a Di-PS run: the master's HOST:PORT; push and pull the model every "
+        "inner_steps steps (set by the master)", metavar="HOST:PORT")
     cluster_id: str | None = option(None, "this cluster's id in the Di-PS run (with --ps)")
-    pace_step_s: float = option(0.0, "emulated cluster speed: pad every step to this many seconds by sleeping, "
-                                     "never by computing (0: unpaced)")
+    pace_step_s: float = option(
+        0.0, "emulated cluster speed: pad every step to this many seconds by sleeping, "
+        "never by computing (0: unpaced)")
     outlier: Literal["none", "scale", "nan"] = option(
         "none", "fault injection (with --ps): corrupt what this cluster pushes: scale its pseudo-gradient, "
-                "or send NaN")
+        "or send NaN")
     outlier_every: int = option(1, "inject on every N-th push (with --outlier)")
     outlier_scale: float = option(100.0, "the factor of --outlier scale")
 

@@ -39,9 +39,11 @@ if TYPE_CHECKING:
     from h2.core.cluster import ClusterSpec
     from h2.core.strategy import Strategy
 
-__all__ = ["CORE_SHARE_LIMIT", "EMULATED_DEVICE", "ChipEmulation", "busy_host_warning", "check_core_share",
-           "core_share", "describe_chip", "emulated_stage_devices", "host_cores", "host_vendor_settings",
-           "host_work_warning", "rank_chips", "rank_wait_environment"]
+__all__ = [
+    "CORE_SHARE_LIMIT", "EMULATED_DEVICE", "ChipEmulation", "busy_host_warning", "check_core_share", "core_share",
+    "describe_chip", "emulated_stage_devices", "host_cores", "host_vendor_settings", "host_work_warning", "rank_chips",
+    "rank_wait_environment"
+]
 
 CORE_SHARE_LIMIT = 0.5
 # Mantissa bits a precision keeps in matmul outputs (fp32 keeps all 23: no rounding).
@@ -54,17 +56,20 @@ def describe_chip(chip: ChipType) -> str:
     """How a chip type appears in outputs: 'emu-slow (emulated: 0.05x a host core, 80 MB)'."""
     if chip.emulation is None:
         return chip.name
-    return (f"{chip.name} (emulated: {chip.emulation.relative_speed:g}x a host core, "
-            f"{chip.memory_gb * 1e3:g} MB{'' if chip.emulation.precision == 'fp32' else ', ' + chip.emulation.precision})")
+    return (
+        f"{chip.name} (emulated: {chip.emulation.relative_speed:g}x a host core, "
+        f"{chip.memory_gb * 1e3:g} MB{'' if chip.emulation.precision == 'fp32' else ', ' + chip.emulation.precision})")
 
 
 def host_vendor_settings(chip: ChipType) -> dict:
     """The settings the DIPU host vendor (csrc/dipu/vendor/host) emulates `chip` with, one device per rank
     (written as the vendor's profile file, DIPU_HOST_PROFILE: not a planner's profile)."""
     emulation = chip.emulation
-    settings = {"name": chip.name, "description": f"emulated chip {chip.name}", "device_count": 1,
-                "memory_capacity": str(int(chip.memory_gb * 1e9)), "relative_speed": emulation.relative_speed,
-                "host_accessible": emulation.host_accessible}
+    settings = {
+        "name": chip.name, "description": f"emulated chip {chip.name}", "device_count": 1, "memory_capacity": str(
+            int(chip.memory_gb * 1e9)), "relative_speed": emulation.relative_speed,
+        "host_accessible": emulation.host_accessible
+    }
     if emulation.precision != "fp32":
         settings["round_output_ops"] = list(MATMUL_KERNELS)
         settings["round_output_mantissa_bits"] = MANTISSA_BITS[emulation.precision]

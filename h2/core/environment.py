@@ -16,4 +16,3 @@ def switch(name: str) -> bool:
     if value not in SWITCH_VALUES:
         raise UserError(f"{name}={value!r}: expected 0 or 1")
     return SWITCH_VALUES[value]
-

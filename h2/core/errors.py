@@ -41,6 +41,7 @@ def run_cli(prog: str, *, also: tuple[type[BaseException], ...] = ()) -> Callabl
     output pipe ends quietly; Ctrl-C returns 130."""
 
     def decorate(main: Callable[..., int]) -> Callable[..., int]:
+
         @functools.wraps(main)
         def wrapped(*args, **kwargs) -> int:
             try:

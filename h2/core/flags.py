@@ -62,8 +62,8 @@ def add_flags(parser: argparse.ArgumentParser, config: type, exclude: Iterable[s
         annotation = hints[f.name]
         if annotation is bool:
             if f.default:
-                parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
-                                    default=None, help=f.metadata["help"])
+                parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false", default=None,
+                                    help=f.metadata["help"])
             else:
                 parser.add_argument(flag_name(f), dest=f.name, action="store_true", default=None,
                                     help=f.metadata["help"])
@@ -79,8 +79,7 @@ def field_names(configs: Iterable[type]) -> list[str]:
 
 def given(args: argparse.Namespace, config: type) -> dict[str, Any]:
     """The fields of `config` set on the command line."""
-    return {f.name: getattr(args, f.name) for f in _flag_fields(config)
-            if getattr(args, f.name, None) is not None}
+    return {f.name: getattr(args, f.name) for f in _flag_fields(config) if getattr(args, f.name, None) is not None}
 
 
 def job_values(path: str | os.PathLike, configs: Iterable[type]) -> dict[str, Any]:

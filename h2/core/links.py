@@ -40,15 +40,25 @@ from typing import TYPE_CHECKING
 
 from h2.core.cluster import ChipType, ClusterSpec
 from h2.core.errors import UserError
-from h2.core.placement import (LINK_CLASSES, Link, LinkOverride, LinkSection, Placement, default_placement,
-                               links_from_mapping, slowest)
+from h2.core.placement import (
+    LINK_CLASSES,
+    Link,
+    LinkOverride,
+    LinkSection,
+    Placement,
+    default_placement,
+    links_from_mapping,
+    slowest,
+)
 
 if TYPE_CHECKING:
     from h2.core.strategy import Strategy
 
-__all__ = ["LINK_CLASSES", "ArrivalClock", "Link", "LinkOverride", "LinkSection", "Location", "RankLinks",
-           "describe_stage_links", "link_between", "link_class", "links_from_mapping", "nodes_of", "placement_of",
-           "rank_locations", "slowest", "stage_link", "stage_site"]
+__all__ = [
+    "LINK_CLASSES", "ArrivalClock", "Link", "LinkOverride", "LinkSection", "Location", "RankLinks",
+    "describe_stage_links", "link_between", "link_class", "links_from_mapping", "nodes_of", "placement_of",
+    "rank_locations", "slowest", "stage_link", "stage_site"
+]
 
 
 def placement_of(cluster: ClusterSpec) -> Placement:
@@ -56,8 +66,9 @@ def placement_of(cluster: ClusterSpec) -> Placement:
     chip type filling its own nodes of chips_per_node in one site (h2.core.placement)."""
     if cluster.placed is not None:
         return cluster.placed
-    return _filled_placement(tuple((chip.name, chip.count, chip.chips_per_node, chip.intra_node_gbps,
-                                    chip.inter_node_gbps) for chip in cluster.chips))
+    return _filled_placement(
+        tuple((chip.name, chip.count, chip.chips_per_node, chip.intra_node_gbps, chip.inter_node_gbps)
+              for chip in cluster.chips))
 
 
 @functools.lru_cache(maxsize=64)
@@ -132,8 +143,8 @@ def rank_locations(strategy: "Strategy", cluster: ClusterSpec, source: str = "st
     if cluster.placed is not None:
         return _placed_locations(strategy, cluster, source)
     locations: list[Location] = []
-    next_node: dict[str, int] = {}   # per chip type: the first node no rank has used yet
-    filled = 0                       # ranks on the current node
+    next_node: dict[str, int] = {}  # per chip type: the first node no rank has used yet
+    filled = 0  # ranks on the current node
     for index, stage in enumerate(strategy.stages):
         site = stage_site(strategy, cluster, index, source)
         for replica in range(strategy.stage_dp(index)):
@@ -255,9 +266,11 @@ def describe_stage_links(strategy: "Strategy", links: RankLinks) -> str:
         pairs.append((len(ranks) - 1, 0, "wrap-around, "))
     lines = []
     for src, dst, label in pairs:
-        used = sorted({link_between(links.cluster, links.locations[a], links.locations[b])
-                       for a in ranks[src] for b in ranks[dst]},
-                      key=lambda item: (LINK_CLASSES.index(item[0]), item[1].latency_us, -item[1].bandwidth_gbps))
+        used = sorted(
+            {
+                link_between(links.cluster, links.locations[a], links.locations[b]) for a in ranks[src]
+                for b in ranks[dst]
+            }, key=lambda item: (LINK_CLASSES.index(item[0]), item[1].latency_us, -item[1].bandwidth_gbps))
         text = "; ".join(f"{name} {link.describe()}" for name, link in used)
         lines.append(f"link stage {src} -> {dst} ({label}emulated): {text}")
     return "\n".join(lines)

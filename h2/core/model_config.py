@@ -40,8 +40,10 @@ class ModelConfig:
         self.validate()
 
     def validate(self, source: str = "model") -> None:
-        largest = {"vocab_size": 1 << 24, "hidden_size": 1 << 20, "num_layers": 1 << 14, "num_heads": 1 << 16,
-                   "num_kv_heads": 1 << 16, "intermediate_size": 1 << 24, "max_seq_len": 1 << 24}
+        largest = {
+            "vocab_size": 1 << 24, "hidden_size": 1 << 20, "num_layers": 1 << 14, "num_heads": 1 << 16,
+            "num_kv_heads": 1 << 16, "intermediate_size": 1 << 24, "max_seq_len": 1 << 24
+        }
         for name, high in largest.items():
             if getattr(self, name) <= 0:
                 raise UserError(f"{source}: field '{name}' must be positive, got {getattr(self, name)}")
@@ -91,8 +93,8 @@ class ModelConfig:
         return self.hidden_size
 
     def num_parameters(self) -> int:
-        return (self.embedding_params() + self.num_layers * self.layer_params()
-                + self.final_norm_params() + self.head_params())
+        return (self.embedding_params() + self.num_layers * self.layer_params() + self.final_norm_params() +
+                self.head_params())
 
     # ---- FLOPs --------------------------------------------------------------------------
     def _seq(self, seq_len: int | None) -> int:
@@ -120,9 +122,8 @@ class ModelConfig:
         return 3 * self.forward_flops_per_token(seq_len)
 
     # ---- activations --------------------------------------------------------------------
-    def layer_activation_bytes(self, micro_batch_size: int, seq_len: int | None = None, *,
-                               bytes_per_element: int = 2, tp: int = 1,
-                               materialized_attention: bool = False) -> int:
+    def layer_activation_bytes(self, micro_batch_size: int, seq_len: int | None = None, *, bytes_per_element: int = 2,
+                               tp: int = 1, materialized_attention: bool = False) -> int:
         """Bytes one decoder layer keeps for backward, per micro-batch, on one of `tp` shards.
 
         Kept tensors: the two RMSNorm inputs and outputs (replicated across tensor parallelism:
@@ -148,14 +149,14 @@ class ModelConfig:
 
 PRESETS: dict[str, ModelConfig] = {
     # Trains in seconds on two CPU cores; byte-level vocabulary.
-    "tiny": ModelConfig(name="tiny", vocab_size=256, hidden_size=64, num_layers=4, num_heads=4,
-                        num_kv_heads=2, intermediate_size=176, max_seq_len=64),
-    "small": ModelConfig(name="small", vocab_size=256, hidden_size=256, num_layers=8, num_heads=8,
-                         num_kv_heads=4, intermediate_size=688, max_seq_len=256),
+    "tiny": ModelConfig(name="tiny", vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+                        intermediate_size=176, max_seq_len=64),
+    "small": ModelConfig(name="small", vocab_size=256, hidden_size=256, num_layers=8, num_heads=8, num_kv_heads=4,
+                         intermediate_size=688, max_seq_len=256),
     # The H2 paper's Table 4 model. Never instantiated: the planner uses its accounting only.
-    "h2-100b": ModelConfig(name="h2-100b", vocab_size=92544, hidden_size=8192, num_layers=96,
-                           num_heads=64, num_kv_heads=8, intermediate_size=36864, max_seq_len=4096,
-                           rope_theta=10000.0, tie_embeddings=False),
+    "h2-100b": ModelConfig(name="h2-100b", vocab_size=92544, hidden_size=8192, num_layers=96, num_heads=64,
+                           num_kv_heads=8, intermediate_size=36864, max_seq_len=4096, rope_theta=10000.0,
+                           tie_embeddings=False),
 }
 
 

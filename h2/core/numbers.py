@@ -22,5 +22,5 @@ def divisors(n: int) -> list[int]:
     """Every divisor of n >= 1, sorted."""
     result = [1]
     for prime, power in prime_factors(n).items():
-        result = [d * prime ** e for d in result for e in range(power + 1)]
+        result = [d * prime**e for d in result for e in range(power + 1)]
     return sorted(result)

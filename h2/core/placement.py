@@ -63,7 +63,7 @@ from h2.core.errors import UserError
 
 LINK_CLASSES = ("intra_node", "inter_node", "inter_type", "inter_site")
 _LINK_FIELDS = ("bandwidth_gbps", "latency_us")
-DEFAULT_SITE = "default"   # the site of a named node that names none
+DEFAULT_SITE = "default"  # the site of a named node that names none
 PLACEMENT_DOC = "one vocabulary for where chips sit: h2/core/placement.py, docs/heteroauto.md \"Cluster file\""
 
 
@@ -162,8 +162,8 @@ def _override_from_mapping(data, where: str, extra: tuple[str, ...] = ()) -> Lin
 def name_pair(entry: dict, field: str, where: str, seen) -> frozenset:
     """The two different names an entry's `field` lists, as a key not in `seen`."""
     pair = entry.get(field)
-    if (not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(name, str) and name for name in pair)
-            or pair[0] == pair[1]):
+    if (not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(name, str) and name
+                                                                for name in pair) or pair[0] == pair[1]):
         raise UserError(f"{where}: field '{field}' must name two different {field}, got {pair!r}")
     key = frozenset(pair)
     if key in seen:
@@ -176,12 +176,12 @@ def links_from_mapping(data, source: str) -> LinkSection:
     where = f"{source}: links"
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a mapping of link classes ({', '.join(LINK_CLASSES)}), got {data!r}")
-    known = LINK_CLASSES + ("site_pairs",)
+    known = LINK_CLASSES + ("site_pairs", )
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise UserError(f"{where}: unknown link class '{unknown[0]}' (known: {', '.join(known)})")
-    classes = tuple((name, _override_from_mapping(data[name], f"{where}.{name}"))
-                    for name in LINK_CLASSES if name in data)
+    classes = tuple((name, _override_from_mapping(data[name], f"{where}.{name}")) for name in LINK_CLASSES
+                    if name in data)
     pairs_data = data.get("site_pairs", [])
     if not isinstance(pairs_data, list):
         raise UserError(f"{where}.site_pairs: expected a list of {{sites: [A, B], bandwidth_gbps, latency_us}}")
@@ -191,7 +191,7 @@ def links_from_mapping(data, source: str) -> LinkSection:
         if isinstance(entry, dict):
             refuse_renamed(entry, source, f"links.site_pairs[{index}].",
                            {"regions": "sites", "link_gbps": "bandwidth_gbps"})
-        override = _override_from_mapping(entry, entry_where, extra=("sites",))
+        override = _override_from_mapping(entry, entry_where, extra=("sites", ))
         pairs[name_pair(entry, "sites", entry_where, pairs)] = override
     return LinkSection(classes=classes, site_pairs=tuple(pairs.items()))
 
@@ -208,7 +208,7 @@ def sites_from_list(data, source: str) -> tuple[tuple[str, LinkOverride], ...]:
         where = f"{source}: sites[{index}]"
         if isinstance(entry, dict):
             refuse_renamed(entry, source, f"sites[{index}].", {"link_gbps": "bandwidth_gbps"})
-            name, link = _name(entry, where), _override_from_mapping(entry, where, extra=("name",))
+            name, link = _name(entry, where), _override_from_mapping(entry, where, extra=("name", ))
         elif isinstance(entry, str) and entry:
             name, link = entry, LinkOverride()
         else:
@@ -224,9 +224,9 @@ def sites_from_list(data, source: str) -> tuple[tuple[str, LinkOverride], ...]:
 class Node:
     name: str
     site: str
-    chips: tuple[tuple[str, int], ...]   # (chip type, count) in file order
-    bandwidth_gbps: float                # between two chips of this node
-    latency_us: float | None = None      # None: the larger latency_us of the two chips
+    chips: tuple[tuple[str, int], ...]  # (chip type, count) in file order
+    bandwidth_gbps: float  # between two chips of this node
+    latency_us: float | None = None  # None: the larger latency_us of the two chips
 
 
 @dataclass(frozen=True)
@@ -242,8 +242,8 @@ class Gpu:
 class Placement:
     """Every chip on its node, every node in its site, and the link of each level (module doc)."""
     nodes: tuple[Node, ...]
-    site_links: tuple[tuple[str, LinkOverride], ...]               # between nodes of the site; bandwidth set
-    site_pairs: tuple[tuple[frozenset, LinkOverride], ...] = ()    # between two sites' nodes; bandwidth set
+    site_links: tuple[tuple[str, LinkOverride], ...]  # between nodes of the site; bandwidth set
+    site_pairs: tuple[tuple[frozenset, LinkOverride], ...] = ()  # between two sites' nodes; bandwidth set
 
     def gpus(self) -> list[Gpu]:
         gpus: list[Gpu] = []
@@ -337,8 +337,7 @@ def _node_from_mapping(entry, where: str, source: str, prefix: str, chips: dict[
 
 
 def placement_from_mapping(data: dict, chips: dict[str, tuple[int, float, float]],
-                           sites: tuple[tuple[str, LinkOverride], ...], links: LinkSection,
-                           source: str) -> Placement:
+                           sites: tuple[tuple[str, LinkOverride], ...], links: LinkSection, source: str) -> Placement:
     """Parse the `nodes` section of cluster file `source` with its sites and site pairs; `chips`: each
     chip type's (count, intra_node_gbps, inter_node_gbps). Chip counts per type over the nodes must
     equal the chip types' counts."""
@@ -414,6 +413,6 @@ def default_placement(chips: list[tuple[str, int, int, float, float]]) -> Placem
     nodes = []
     for name, count, per_node, intra, _ in chips:
         for number in range(-(-count // per_node)):
-            nodes.append(Node(f"{name}-{number}", DEFAULT_SITE,
-                              ((name, min(per_node, count - number * per_node)),), intra))
-    return Placement(tuple(nodes), ((DEFAULT_SITE, LinkOverride(min(chip[4] for chip in chips))),))
+            nodes.append(
+                Node(f"{name}-{number}", DEFAULT_SITE, ((name, min(per_node, count - number * per_node)), ), intra))
+    return Placement(tuple(nodes), ((DEFAULT_SITE, LinkOverride(min(chip[4] for chip in chips))), ))

@@ -91,8 +91,8 @@ def start_ranks(target: Callable | str, world_size: int, args: Sequence = (), kw
                 preload: Iterable[str] = (), master_port: int | None = None) -> RankJob:
     """Start the job's ranks (all of them, or only `ranks`) and return its handle; use it in a
     `with` block, which kills whatever still runs at its end."""
-    return RankJob(target, world_size, args, kwargs, ranks=ranks, env=env, start_method=start_method,
-                   preload=preload, master_port=master_port)
+    return RankJob(target, world_size, args, kwargs, ranks=ranks, env=env, start_method=start_method, preload=preload,
+                   master_port=master_port)
 
 
 class RankJob:
@@ -115,8 +115,10 @@ class RankJob:
         self.description = target if isinstance(target, str) else f"{target.__module__}.{target.__qualname__}"
         reference = _reference(target)
         self.directory = tempfile.mkdtemp(prefix="h2-ranks-")
-        spec = {"target": reference, "arguments": pickle.dumps((tuple(args), dict(kwargs or {}))),
-                "sys_path": list(sys.path), "directory": self.directory}
+        spec = {
+            "target": reference, "arguments": pickle.dumps((tuple(args), dict(kwargs or {}))),
+            "sys_path": list(sys.path), "directory": self.directory
+        }
         self._spec_path = os.path.join(self.directory, "spec.pickle")
         with open(self._spec_path, "wb") as handle:
             pickle.dump(spec, handle)
@@ -146,16 +148,17 @@ class RankJob:
             root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
             boot = f"import sys; sys.path.insert(0, {root!r}); from h2.core.ranks import _spawned; _spawned()"
             with open(self._log(rank, "out"), "wb") as out, open(self._log(rank, "err"), "wb") as err:
-                return _Process(subprocess.Popen([sys.executable, "-c", boot, self._spec_path, str(rank)],
-                                                 env=environment, stdin=subprocess.DEVNULL, stdout=out, stderr=err))
+                return _Process(
+                    subprocess.Popen([sys.executable, "-c", boot, self._spec_path,
+                                      str(rank)], env=environment, stdin=subprocess.DEVNULL, stdout=out, stderr=err))
         import multiprocessing
 
         context = multiprocessing.get_context("forkserver")
         if preload:
             context.set_forkserver_preload(list(preload))
-        process = context.Process(target=_forkserved, name=f"rank{rank}",
-                                  args=(self._spec_path, rank, environment,
-                                        self._log(rank, "out"), self._log(rank, "err")))
+        process = context.Process(
+            target=_forkserved, name=f"rank{rank}", args=(self._spec_path, rank, environment, self._log(rank, "out"),
+                                                          self._log(rank, "err")))
         process.start()
         return _Process(process)
 

@@ -35,7 +35,7 @@ class Action:
     kind: str
     stage: int
     micro_batch: int
-    chunk: int | None = None   # the ministage, in a schedule of ministages
+    chunk: int | None = None  # the ministage, in a schedule of ministages
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -155,7 +155,7 @@ def gpipe_ministages(num_stages: int, micro_batches: int, ministages: int) -> li
     return schedule
 
 
-Builder = Callable[[int, int, int], list[list[Action]]]   # (stages, micro-batches, ministages) -> action lists
+Builder = Callable[[int, int, int], list[list[Action]]]  # (stages, micro-batches, ministages) -> action lists
 
 
 @dataclass(frozen=True)
@@ -177,22 +177,26 @@ class Schedule:
 
 
 def _one_ministage(build: Callable[[int, int], list[list[Action]]]) -> Builder:
+
     def build_one(num_stages: int, micro_batches: int, ministages: int) -> list[list[Action]]:
         if ministages != 1:
             raise ValueError(f"this schedule runs one ministage per stage, got {ministages}")
         return build(num_stages, micro_batches)
+
     return build_one
 
 
-REGISTRY: dict[str, Schedule] = {schedule.name: schedule for schedule in (
-    Schedule("1f1b", _one_ministage(one_f_one_b)),
-    Schedule("1f1b-split-backward", _one_ministage(one_f_one_b_split_backward), alpha=0.0, splits_backward=True),
-    Schedule("jeeves", None),                     # heteroauto.jeeves generates it from the stages' costs
-    Schedule("gpipe", gpipe_ministages, ministage_executor=True),   # Zorse's: ministages, offload
-)}
+REGISTRY: dict[str, Schedule] = {
+    schedule.name: schedule for schedule in (
+        Schedule("1f1b", _one_ministage(one_f_one_b)),
+        Schedule("1f1b-split-backward", _one_ministage(one_f_one_b_split_backward), alpha=0.0, splits_backward=True),
+        Schedule("jeeves", None),  # heteroauto.jeeves generates it from the stages' costs
+        Schedule("gpipe", gpipe_ministages, ministage_executor=True),  # Zorse's: ministages, offload
+    )
+}
 SCHEDULES = tuple(REGISTRY)
-ScheduleName = Literal[SCHEDULES]   # what a strategy file, a job file and --schedule accept
-MINISTAGE_SCHEDULE = "gpipe"   # what a strategy with ministages or offload runs
+ScheduleName = Literal[SCHEDULES]  # what a strategy file, a job file and --schedule accept
+MINISTAGE_SCHEDULE = "gpipe"  # what a strategy with ministages or offload runs
 
 
 def schedule_named(name: str, where: str = "schedule") -> Schedule:

@@ -85,8 +85,10 @@ def parse_orders(orders, num_stages: int, micro_batches: int, source: str) -> li
     if not isinstance(orders, list) or len(orders) != num_stages:
         count = len(orders) if isinstance(orders, list) else "not a list"
         raise UserError(f"{source}: field 'orders' must list one order per stage ({num_stages}), got {count}")
-    schedule = [parse_order(text, stage, num_stages, micro_batches, f"{source}: field 'orders[{stage}]'")
-                for stage, text in enumerate(orders)]
+    schedule = [
+        parse_order(text, stage, num_stages, micro_batches, f"{source}: field 'orders[{stage}]'")
+        for stage, text in enumerate(orders)
+    ]
     check_no_deadlock(schedule, f"{source}: field 'orders'")
     return schedule
 
@@ -94,7 +96,7 @@ def parse_orders(orders, num_stages: int, micro_batches: int, source: str) -> li
 def check_no_deadlock(schedule: Sequence[Sequence[Action]], where: str) -> None:
     """Replay the cross-stage dependencies alone (a receive waits for its send; sends never block):
     a UserError naming where each stuck stage waits when the stages cannot all finish."""
-    sent: set[tuple[str, int, int]] = set()   # (direction, receiving stage, micro-batch)
+    sent: set[tuple[str, int, int]] = set()  # (direction, receiving stage, micro-batch)
     cursor = [0] * len(schedule)
     progressed = True
     while progressed:
@@ -110,8 +112,10 @@ def check_no_deadlock(schedule: Sequence[Sequence[Action]], where: str) -> None:
                     sent.add(("B", stage - 1, action.micro_batch))
                 cursor[stage] += 1
                 progressed = True
-    stuck = [f"stage {stage} waits before {_compute_after(actions, cursor[stage])}"
-             for stage, actions in enumerate(schedule) if cursor[stage] < len(actions)]
+    stuck = [
+        f"stage {stage} waits before {_compute_after(actions, cursor[stage])}" for stage, actions in enumerate(schedule)
+        if cursor[stage] < len(actions)
+    ]
     if stuck:
         raise UserError(f"{where}: the orders deadlock: " + "; ".join(stuck))
 

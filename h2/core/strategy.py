@@ -56,18 +56,17 @@ from h2.core.schedule import ScheduleName, schedule_named
 from h2.core.stage_orders import parse_orders
 
 
-
 @dataclass(frozen=True)
 class StageSpec:
     chip: str
     tp: int
     layers: int
     recompute: bool = False
-    dp: int | None = None      # None: the strategy's dp
+    dp: int | None = None  # None: the strategy's dp
     device: str | None = None  # HeteroPP: torch device type of this stage; None: the run's --device
-    site: str | None = None    # the datacenter this stage runs in; None: its chip type's (h2.core.links)
+    site: str | None = None  # the datacenter this stage runs in; None: its chip type's (h2.core.links)
     chips: list[str] | None = None  # Zorse: the chip type of each replica (a mixed-type group)
-    rows: list[int] | None = None   # sequences of a micro-batch each replica takes; None: even split
+    rows: list[int] | None = None  # sequences of a micro-batch each replica takes; None: even split
 
     def replica_chip(self, dp_index: int) -> str:
         return self.chips[dp_index] if self.chips else self.chip
@@ -88,7 +87,7 @@ class Strategy:
     model: str | dict = "tiny"
     schedule: ScheduleName = "1f1b"
     seq_len: int | None = None
-    orders: list[str] | None = None   # per stage, the compute actions in the order they run (h2.core.stage_orders)
+    orders: list[str] | None = None  # per stage, the compute actions in the order they run (h2.core.stage_orders)
     in_flight_limit: int | None = None  # jeeves: micro-batches a stage may hold at once (k); None: what its memory holds
     ministages: int = 1
     optimizer_sharding: Literal["none", "zero1", "zero2"] | None = None
@@ -162,8 +161,10 @@ class Strategy:
 
     def rank_chips(self) -> list[str]:
         """The chip type of each global rank (stage_ranks' layout: replica-major, TP neighbours adjacent)."""
-        return [stage.replica_chip(replica) for index, stage in enumerate(self.stages)
-                for replica in range(self.stage_dp(index)) for _ in range(stage.tp)]
+        return [
+            stage.replica_chip(replica) for index, stage in enumerate(self.stages)
+            for replica in range(self.stage_dp(index)) for _ in range(stage.tp)
+        ]
 
     def stage_ranks(self) -> list[range]:
         """Global ranks of each stage: consecutive blocks of tp * dp, in pipeline order."""
@@ -183,7 +184,8 @@ class Strategy:
             raise UserError(f"{source}: field 'stages' must list at least one stage")
         for index, stage in enumerate(self.stages):
             if not 0 < stage.tp <= 1 << 10 or stage.tp & (stage.tp - 1):
-                raise UserError(f"{source}: field 'stages[{index}].tp' must be a power of two up to 1024, got {stage.tp}")
+                raise UserError(
+                    f"{source}: field 'stages[{index}].tp' must be a power of two up to 1024, got {stage.tp}")
             if stage.layers <= 0:
                 raise UserError(f"{source}: field 'stages[{index}].layers' must be positive, got {stage.layers}")
             if stage.chips is not None:
@@ -204,7 +206,8 @@ class Strategy:
         model = self.model_config(source)
         total = sum(stage.layers for stage in self.stages)
         if total != model.num_layers:
-            raise UserError(f"{source}: field 'stages': layers sum to {total}, model '{model.name}' has {model.num_layers}")
+            raise UserError(
+                f"{source}: field 'stages': layers sum to {total}, model '{model.name}' has {model.num_layers}")
         _check_count(source, "ministages", self.ministages, 1 << 10)
         for index, stage in enumerate(self.stages):
             if stage.layers < self.ministages:
@@ -218,7 +221,8 @@ class Strategy:
         if not stage.chips or not all(stage.chips):
             raise UserError(f"{where} must list the chip type of each replica, got {stage.chips}")
         if stage.tp != 1:
-            raise UserError(f"{source}: field 'stages[{index}].tp': a mixed-type group (chips) runs tp 1, got {stage.tp}")
+            raise UserError(
+                f"{source}: field 'stages[{index}].tp': a mixed-type group (chips) runs tp 1, got {stage.tp}")
         if stage.dp is not None and stage.dp != len(stage.chips):
             raise UserError(f"{source}: field 'stages[{index}].dp' ({stage.dp}) differs from the {len(stage.chips)} "
                             f"replicas its 'chips' lists")
@@ -249,9 +253,10 @@ class Strategy:
         if self.offload:
             data["offload"] = list(self.offload)
         data["model"] = self.model
-        data["stages"] = [{key: value for key, value in dataclasses.asdict(stage).items()
-                           if not (key in ("dp", "device", "site", "chips", "rows") and value is None)}
-                          for stage in self.stages]
+        data["stages"] = [{
+            key: value for key, value in dataclasses.asdict(stage).items()
+            if not (key in ("dp", "device", "site", "chips", "rows") and value is None)
+        } for stage in self.stages]
         if self.in_flight_limit is not None:
             data["in_flight_limit"] = self.in_flight_limit
         if self.orders is not None:
@@ -269,10 +274,9 @@ def strategy_from_mapping(data: dict, source: str) -> Strategy:
     if not isinstance(model, (str, dict)):
         raise UserError(f"{source}: field 'model': expected a preset name, a path or a mapping, got {model!r}")
     stages = data.get("stages")
-    if isinstance(stages, list):   # a mixed-type group may leave out `chip`: its first replica's
-        data["stages"] = [{"chip": stage["chips"][0], **stage}
-                          if isinstance(stage, dict) and "chip" not in stage and isinstance(stage.get("chips"), list)
-                          and stage["chips"] else stage for stage in stages]
+    if isinstance(stages, list):  # a mixed-type group may leave out `chip`: its first replica's
+        data["stages"] = [{"chip": stage["chips"][0], **stage} if isinstance(stage, dict) and "chip" not in stage
+                          and isinstance(stage.get("chips"), list) and stage["chips"] else stage for stage in stages]
     strategy = dataclass_from_mapping(Strategy, data, source)
     strategy.model = model
     strategy.validate(source)

@@ -15,8 +15,8 @@ import os
 
 from h2.core.errors import UserError
 
-SPAN_KINDS = ("forward", "backward", "backward-input", "backward-weight", "recompute", "send", "recv",
-              "all-reduce", "optimizer")
+SPAN_KINDS = ("forward", "backward", "backward-input", "backward-weight", "recompute", "send", "recv", "all-reduce",
+              "optimizer")
 
 
 def span_event(name: str, kind: str, start_s: float, end_s: float, track: int, args: dict | None = None,
@@ -25,8 +25,10 @@ def span_event(name: str, kind: str, start_s: float, end_s: float, track: int, a
     `lane` (the thread id) separates spans that overlap the track's compute (a simulated transfer)."""
     if kind not in SPAN_KINDS:
         raise ValueError(f"unknown span kind {kind!r} (known: {', '.join(SPAN_KINDS)})")
-    event = {"name": name, "cat": kind, "ph": "X", "ts": start_s * 1e6, "dur": max(end_s - start_s, 0.0) * 1e6,
-             "pid": track, "tid": lane}
+    event = {
+        "name": name, "cat": kind, "ph": "X", "ts": start_s * 1e6, "dur": max(end_s - start_s, 0.0) * 1e6, "pid": track,
+        "tid": lane
+    }
     if args:
         event["args"] = args
     return event

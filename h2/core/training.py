@@ -15,8 +15,8 @@ from h2.core.errors import UserError
 from h2.core.schedule import SCHEDULES, ScheduleName
 
 # Fields that define the run's trajectory: a resumed run must keep them.
-TRAJECTORY_FIELDS = ("micro_batch_size", "micro_batches", "seq_len", "lr", "min_lr", "warmup_steps",
-                     "lr_decay_steps", "weight_decay", "beta1", "beta2", "grad_clip", "dtype", "seed")
+TRAJECTORY_FIELDS = ("micro_batch_size", "micro_batches", "seq_len", "lr", "min_lr", "warmup_steps", "lr_decay_steps",
+                     "weight_decay", "beta1", "beta2", "grad_clip", "dtype", "seed")
 
 
 def option(default, help: str, *, default_text: str | None = None, metavar: str | None = None):
@@ -46,7 +46,7 @@ class TrainConfig:
     dtype: Literal["fp32", "bf16"] = option("fp32", "compute precision")
     seed: int = option(0, "seed for initialisation and data order")
     device: str = option("cpu", "torch device: cpu, cuda, cuda:N, dipu; with --strategy a device type for "
-                                "every stage")
+                         "every stage")
     checkpoint_every: int = option(100, "checkpoint every N steps, 0 for only at the end")
     keep_checkpoints: int = option(2, "how many checkpoints to keep")
 
@@ -56,9 +56,8 @@ class TrainConfig:
                   ("min_lr", 0 <= self.min_lr <= self.lr), ("warmup_steps", self.warmup_steps >= 0),
                   ("weight_decay", self.weight_decay >= 0), ("beta1", 0 <= self.beta1 < 1),
                   ("beta2", 0 <= self.beta2 < 1), ("grad_clip", self.grad_clip >= 0),
-                  ("checkpoint_every", self.checkpoint_every >= 0),
-                  ("keep_checkpoints", self.keep_checkpoints >= 1),
-                  ("seed", 0 <= self.seed < 2 ** 32)]  # numpy's generator takes a 32-bit seed
+                  ("checkpoint_every", self.checkpoint_every >= 0), ("keep_checkpoints", self.keep_checkpoints >= 1),
+                  ("seed", 0 <= self.seed < 2**32)]  # numpy's generator takes a 32-bit seed
         if self.seq_len is not None:
             checks.append(("seq_len", self.seq_len >= 1))
         if self.lr_decay_steps is not None:
@@ -92,30 +91,32 @@ class PipelineOptions:
     p2p_backend: str = option("gloo", "backend of traffic across stages: gloo or dicomm")
     stage_backend: str = option(
         "auto", "backend of the TP/DP groups inside a stage: auto is the chip's (gloo on cpu, NCCL on cuda, "
-                "DiComm on a vendor device)")
-    resharding: Literal["sliced", "full"] = option(
-        "sliced", "between stages: send/recv slices + all-gather, or full tensors")
+        "DiComm on a vendor device)")
+    resharding: Literal["sliced", "full"] = option("sliced",
+                                                   "between stages: send/recv slices + all-gather, or full tensors")
     optimizer_sharding: Literal["none", "zero1", "zero2"] = option(
         "none", "ZeRO-1: shard AdamW state over each stage's data-parallel replicas; ZeRO-2: and gradients "
         "(a strategy's optimizer_sharding wins)")
     schedule: ScheduleName | None = option(
         None, "override the strategy's schedule (jeeves: generated from the --cluster's costs and links, or "
-              "the strategy's own orders; gpipe: GPipe order, what ministages and offload run)",
+        "the strategy's own orders; gpipe: GPipe order, what ministages and offload run)",
         default_text="the strategy's")
-    prefetch: bool = option(True, "post receives one compute action ahead (--no-prefetch: only where the "
-                                  "schedule lists them)")
+    prefetch: bool = option(
+        True, "post receives one compute action ahead (--no-prefetch: only where the "
+        "schedule lists them)")
     threads: int = option(1, "torch intra-op threads per rank")
     log_every: int = option(1, "print a metrics line every N steps")
-    trace: str | None = option(None, "write a Chrome/Perfetto trace of every rank's spans (forward, backward, "
-                                     "recompute, send, recv, all-reduce) to DIR/rank-<r>.json", metavar="DIR")
+    trace: str | None = option(
+        None, "write a Chrome/Perfetto trace of every rank's spans (forward, backward, "
+        "recompute, send, recv, all-reduce) to DIR/rank-<r>.json", metavar="DIR")
     rank_timeout: float = option(
         300.0, "seconds after which a rank that stopped responding (or a collective that did not complete) "
-               "counts as lost: every other rank stops, naming it; a rank that died is named at once")
+        "counts as lost: every other rank stops, naming it; a rank that died is named at once")
 
     def __post_init__(self) -> None:
         for name, choices in (("p2p_backend", P2P_BACKENDS), ("stage_backend", STAGE_BACKENDS),
-                              ("resharding", RESHARDING_MODES), ("optimizer_sharding", OPTIMIZER_SHARDING),
-                              ("schedule", (None, *SCHEDULES))):
+                              ("resharding", RESHARDING_MODES), ("optimizer_sharding",
+                                                                 OPTIMIZER_SHARDING), ("schedule", (None, *SCHEDULES))):
             if getattr(self, name) not in choices:
                 choices = [c for c in choices if c is not None]
                 raise UserError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}, "
@@ -133,20 +134,22 @@ class RunOptions:
     preset: str | None = option(None, "model preset: tiny, small, h2-100b", default_text="tiny")
     model_config: str | None = option(None, "a model YAML (fields of ModelConfig, or preset + overrides)",
                                       metavar="YAML")
-    strategy: str | None = option(None, "a HeteroPP strategy YAML: run the pipeline on local processes "
-                                        "(torchrun --standalone)", metavar="YAML")
+    strategy: str | None = option(
+        None, "a HeteroPP strategy YAML: run the pipeline on local processes "
+        "(torchrun --standalone)", metavar="YAML")
     nproc: int | None = option(None, "processes for --strategy", default_text="sum of tp * dp over stages")
-    cluster: str | None = option(None, "a cluster YAML for --strategy: each rank runs as its stage's chip type "
-                                       "(emulated on the dipu device where the chip has an `emulation:` section), "
-                                       "cross-stage traffic is paced to its link classes, and a cluster of several "
-                                       "nodes runs each node in its own network namespace (when root)", metavar="YAML")
+    cluster: str | None = option(
+        None, "a cluster YAML for --strategy: each rank runs as its stage's chip type "
+        "(emulated on the dipu device where the chip has an `emulation:` section), "
+        "cross-stage traffic is paced to its link classes, and a cluster of several "
+        "nodes runs each node in its own network namespace (when root)", metavar="YAML")
     out: str | None = option(None, "output folder for metrics.jsonl and checkpoints/", default_text="runs/<model>",
                              metavar="DIR")
     resume: bool = option(False, "continue from the latest checkpoint in --out")
     overwrite: bool = option(False, "start over in an --out that holds an earlier run")
     max_restarts: int | None = option(
         None, "with --strategy: after a rank fails, restart the job's ranks from the last checkpoint up to N "
-              "times (torchrun's elastic restarts)", default_text="0")
+        "times (torchrun's elastic restarts)", default_text="0")
     quiet: bool = option(False, "no progress bar")
 
     def __post_init__(self) -> None:

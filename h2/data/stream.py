@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from h2.data.corpus import Corpus
 from h2.core.errors import UserError
+from h2.data.corpus import Corpus
 
 
 class SequenceStream:
+
     def __init__(self, corpus: Corpus, seq_len: int, seed: int = 0, position: int = 0):
         if seq_len < 1:
             raise UserError(f"sequence length must be positive, got {seq_len}")
@@ -56,8 +57,9 @@ class SequenceStream:
         return batch
 
     def state_dict(self) -> dict:
-        return {"position": self.position, "seed": self.seed, "seq_len": self.seq_len,
-                "corpus": self.corpus.fingerprint}
+        return {
+            "position": self.position, "seed": self.seed, "seq_len": self.seq_len, "corpus": self.corpus.fingerprint
+        }
 
     def load_state_dict(self, state: dict) -> None:
         mine = {"seed": self.seed, "seq_len": self.seq_len, "corpus": self.corpus.fingerprint}

@@ -8,8 +8,14 @@ the resolved job (h2.launch.job) and check nothing of it again.
 from __future__ import annotations
 
 from h2.core.cluster import ClusterSpec
-from h2.core.emulation import (busy_host_warning, check_core_share, describe_chip, emulated_stage_devices, host_cores,
-                               rank_chips)
+from h2.core.emulation import (
+    busy_host_warning,
+    check_core_share,
+    describe_chip,
+    emulated_stage_devices,
+    host_cores,
+    rank_chips,
+)
 from h2.core.errors import UserError
 from h2.core.links import rank_locations
 from h2.core.strategy import Strategy

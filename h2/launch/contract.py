@@ -11,16 +11,18 @@ from h2.launch.job import JobLinks, PeerLink, RankEntry, ResolvedJob, read_job, 
 # Set for every rank started in a namespace: the kernel shapes the bandwidth between nodes, the
 # pacing layers add only the latency there (h2.core.links.RankLinks).
 KERNEL_SHAPED_ENV = "H2_LINKS_KERNEL_SHAPED"
-FINISHED_PREFIX = "finished-"   # each rank past the final barrier marks itself in the job folder
-FAILURES_PREFIX = "failures-"   # h2.launch.agent: each torchrun's failed ranks and their exit statuses
+FINISHED_PREFIX = "finished-"  # each rank past the final barrier marks itself in the job folder
+FAILURES_PREFIX = "failures-"  # h2.launch.agent: each torchrun's failed ranks and their exit statuses
 
 
 def rank_names(topology):
     """'rank 3 (stage 1, chip B)' for every rank of `topology`."""
+
     def describe(rank: int) -> str:
         place = topology.place(rank)
         stage = topology.stages[place.stage]
         return f"rank {rank} (stage {stage.index}, chip {stage.replica_chip(place.dp_index)})"
+
     return describe
 
 

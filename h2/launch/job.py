@@ -115,26 +115,28 @@ def read_job(path: str | os.PathLike) -> ResolvedJob:
 
 
 def _job_to_dict(job: ResolvedJob) -> dict:
-    return {"source": job.source, "strategy": job.strategy.to_dict(), "train": dataclasses.asdict(job.train),
-            "explicit": sorted(job.explicit), "pipeline": dataclasses.asdict(job.pipeline),
-            "ps": dataclasses.asdict(job.ps), "out": job.out, "resume": job.resume, "overwrite": job.overwrite,
-            "chip_labels": job.chip_labels, "stage_links": job.stage_links,
-            "ranks": [_rank_to_dict(entry) for entry in job.ranks]}
+    return {
+        "source": job.source, "strategy": job.strategy.to_dict(), "train": dataclasses.asdict(job.train),
+        "explicit": sorted(job.explicit), "pipeline": dataclasses.asdict(job.pipeline), "ps": dataclasses.asdict(
+            job.ps), "out": job.out, "resume": job.resume, "overwrite": job.overwrite, "chip_labels": job.chip_labels,
+        "stage_links": job.stage_links, "ranks": [_rank_to_dict(entry) for entry in job.ranks]
+    }
 
 
 def _rank_to_dict(entry: RankEntry) -> dict:
     links = None if entry.links is None else [[peer.link_class, peer.link.bandwidth_gbps, peer.link.latency_us]
                                               for peer in entry.links]
-    return {"chip": entry.chip, "device": entry.device, "emulation": entry.emulation, "node": entry.node,
-            "links": links}
+    return {
+        "chip": entry.chip, "device": entry.device, "emulation": entry.emulation, "node": entry.node, "links": links
+    }
 
 
 def _job_from_dict(data: dict, path: str) -> ResolvedJob:
-    return ResolvedJob(source=data["source"], strategy=_strategy_from_dict(data["strategy"], path),
-                       train=TrainConfig(**data["train"]), pipeline=PipelineOptions(**data["pipeline"]),
-                       ps=PSOptions(**data["ps"]), out=data["out"], explicit=frozenset(data["explicit"]),
-                       resume=data["resume"], overwrite=data["overwrite"], chip_labels=data["chip_labels"],
-                       stage_links=data["stage_links"], ranks=tuple(_rank_from_dict(entry) for entry in data["ranks"]))
+    return ResolvedJob(source=data["source"], strategy=_strategy_from_dict(data["strategy"], path), train=TrainConfig(
+        **data["train"]), pipeline=PipelineOptions(**data["pipeline"]), ps=PSOptions(**data["ps"]), out=data["out"],
+                       explicit=frozenset(data["explicit"]), resume=data["resume"], overwrite=data["overwrite"],
+                       chip_labels=data["chip_labels"], stage_links=data["stage_links"], ranks=tuple(
+                           _rank_from_dict(entry) for entry in data["ranks"]))
 
 
 def _strategy_from_dict(data: dict, path: str) -> Strategy:
@@ -147,7 +149,7 @@ def _strategy_from_dict(data: dict, path: str) -> Strategy:
 
 
 def _rank_from_dict(data: dict) -> RankEntry:
-    links = None if data["links"] is None else tuple(PeerLink(name, Link(float(gbps), float(us)))
-                                                     for name, gbps, us in data["links"])
+    links = None if data["links"] is None else tuple(
+        PeerLink(name, Link(float(gbps), float(us))) for name, gbps, us in data["links"])
     return RankEntry(chip=data["chip"], device=data["device"], emulation=data["emulation"], node=data["node"],
                      links=links)

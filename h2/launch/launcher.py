@@ -26,11 +26,11 @@ from h2.core.errors import UserError
 from h2.core.links import Location, link_between, nodes_of, rank_locations
 from h2.core.strategy import Strategy
 from h2.launch import netns
-from h2.launch.contract import FAILURES_PREFIX, FINISHED_PREFIX, KERNEL_SHAPED_ENV, job_finished, rank_names
+from h2.launch.contract import FAILURES_PREFIX, KERNEL_SHAPED_ENV, job_finished, rank_names
 
 RENDEZVOUS_PORT = 29500
 _STOP_GRACE_S = 10.0
-EXIT_GRACE_S = 15.0             # how long ranks may take to exit once one of them has finished
+EXIT_GRACE_S = 15.0  # how long ranks may take to exit once one of them has finished
 
 
 def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts: int = 0, node: int = 0) -> list[str]:
@@ -41,8 +41,11 @@ def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts:
     job_folder = os.path.dirname(job_path)
     log_dir = os.path.join(job_folder, "torchrun")
     failures = os.path.join(job_folder, f"{FAILURES_PREFIX}{node}.json")
-    return [sys.executable, "-m", "h2.launch.agent", failures, *rendezvous, "--nproc-per-node", str(nproc),
-            "--max-restarts", str(max_restarts), "--log-dir", log_dir, "-m", "h2.cli.rank", "--job", job_path]
+    return [
+        sys.executable, "-m", "h2.launch.agent", failures, *rendezvous, "--nproc-per-node",
+        str(nproc), "--max-restarts",
+        str(max_restarts), "--log-dir", log_dir, "-m", "h2.cli.rank", "--job", job_path
+    ]
 
 
 def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str,
@@ -76,8 +79,7 @@ def report_rank_deaths(strategy: Strategy, job_folder: str) -> None:
     when = (" after the job finished (every rank had reached the final barrier): the run's checkpoints and "
             "metrics are complete" if job_finished(folder) else "")
     for rank, signum in sorted(deaths.items()):
-        print(f"h2: error: {describe(rank)} died (killed by {_signal_name(signum)}){when}", file=sys.stderr,
-              flush=True)
+        print(f"h2: error: {describe(rank)} died (killed by {_signal_name(signum)}){when}", file=sys.stderr, flush=True)
 
 
 def _rank_describer(strategy: Strategy):
@@ -94,14 +96,17 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str,
-            hosts: tuple[int, str] | None, max_restarts: int) -> int:
+def _launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str, hosts: tuple[int, str] | None,
+            max_restarts: int) -> int:
     if hosts is not None and hosts[0] > 1:
         count, endpoint = hosts
         if strategy.world_size % count:
             raise UserError(f"{source}: {strategy.world_size} ranks do not split evenly over --nnodes {count}")
-        rendezvous = ["--nnodes", str(count), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                      "--rdzv-id", "h2-" + os.path.basename(source)]
+        rendezvous = [
+            "--nnodes",
+            str(count), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id",
+            "h2-" + os.path.basename(source)
+        ]
         return subprocess.call(rank_command(strategy.world_size // count, job_path, rendezvous, max_restarts))
     nodes = nodes_of(rank_locations(strategy, cluster, source)) if cluster is not None else []
     standalone = rank_command(strategy.world_size, job_path, ["--standalone"], max_restarts)
@@ -109,8 +114,9 @@ def _launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sour
         return run_until_ranks_exit(standalone, strategy, os.path.dirname(job_path))
     missing = netns.missing_requirements()
     if missing:
-        print(f"h2: {len(nodes)} emulated nodes on loopback, not network namespaces ({'; '.join(missing)}): "
-              f"links paced by the pacing layers only", flush=True)
+        print(
+            f"h2: {len(nodes)} emulated nodes on loopback, not network namespaces ({'; '.join(missing)}): "
+            f"links paced by the pacing layers only", flush=True)
         return run_until_ranks_exit(standalone, strategy, os.path.dirname(job_path))
     locations = [location for location, _ in nodes]
 
@@ -119,8 +125,9 @@ def _launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sour
 
     network = netns.EmulatedNetwork(len(nodes), bandwidth)
     with network as emulated:
-        print(f"h2: {len(nodes)} emulated nodes in {network.describe()}; bandwidth between nodes shaped by the "
-              f"kernel (tc htb), latency by the pacing layers; {describe_nodes(nodes)}", flush=True)
+        print(
+            f"h2: {len(nodes)} emulated nodes in {network.describe()}; bandwidth between nodes shaped by the "
+            f"kernel (tc htb), latency by the pacing layers; {describe_nodes(nodes)}", flush=True)
         return _run_nodes(emulated, [ranks for _, ranks in nodes], job_path, max_restarts)
 
 
@@ -156,9 +163,10 @@ def _kill_lingering_ranks(process: subprocess.Popen, strategy: Strategy, exit_gr
             pass
     process.wait()
     names = ", ".join(describe(rank) for rank in sorted(lingering)) or "a rank"
-    print(f"h2: error: {names} stopped responding after the job finished (still running {exit_grace_s:g} s "
-          f"after the final barrier: stopped or hung while exiting); killed. The run's checkpoints and "
-          f"metrics are complete", file=sys.stderr, flush=True)
+    print(
+        f"h2: error: {names} stopped responding after the job finished (still running {exit_grace_s:g} s "
+        f"after the final barrier: stopped or hung while exiting); killed. The run's checkpoints and "
+        f"metrics are complete", file=sys.stderr, flush=True)
 
 
 def _rank_processes(root: int) -> dict[int, int]:
@@ -189,28 +197,31 @@ def describe_nodes(nodes: list[tuple[Location, list[int]]]) -> str:
                      for k, (location, ranks) in enumerate(nodes))
 
 
-def _run_nodes(emulated: list[netns.EmulatedNode], ranks: list[list[int]], job_path: str,
-               max_restarts: int) -> int:
+def _run_nodes(emulated: list[netns.EmulatedNode], ranks: list[list[int]], job_path: str, max_restarts: int) -> int:
     endpoint = f"{emulated[0].address}:{RENDEZVOUS_PORT}"
-    store = subprocess.Popen(emulated[0].command([sys.executable, "-c", _STORE_SERVER, emulated[0].address,
-                                                  str(RENDEZVOUS_PORT)]),
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    store = subprocess.Popen(
+        emulated[0].command([sys.executable, "-c", _STORE_SERVER, emulated[0].address,
+                             str(RENDEZVOUS_PORT)]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        start_new_session=True)
     processes = []
     try:
         if store.stdout.readline().strip() != "ready":
             raise UserError(f"the rendezvous store at {endpoint} in {emulated[0].namespace} did not start")
         for node, node_ranks in zip(emulated, ranks):
-            rendezvous = ["--nnodes", str(len(emulated)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                          "--rdzv-id", f"h2-{os.getpid()}", "--rdzv-conf", "is_host=false",
-                          "--local-addr", node.address]
+            rendezvous = [
+                "--nnodes",
+                str(len(emulated)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id",
+                f"h2-{os.getpid()}", "--rdzv-conf", "is_host=false", "--local-addr", node.address
+            ]
             env = {**os.environ, **node.environment(), KERNEL_SHAPED_ENV: "1"}
-            processes.append(subprocess.Popen(node.command(rank_command(len(node_ranks), job_path, rendezvous,
-                                                                       max_restarts, node=len(processes))),
-                                              env=env, start_new_session=True))
+            processes.append(
+                subprocess.Popen(
+                    node.command(rank_command(len(node_ranks), job_path, rendezvous, max_restarts,
+                                              node=len(processes))), env=env, start_new_session=True))
         return _wait_all(processes)
     finally:
         _stop(processes)
-        store.stdin.close()   # the store server exits at end of input
+        store.stdin.close()  # the store server exits at end of input
         try:
             store.wait(_STOP_GRACE_S)
         except subprocess.TimeoutExpired:

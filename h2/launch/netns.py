@@ -123,7 +123,9 @@ class EmulatedNode:
     def environment(self) -> dict[str, str]:
         """Variables for processes on this node: gloo binds its interface, and DiComm advertises its
         address and treats it as a host of its own (tcp to other nodes, not shared memory)."""
-        return {"GLOO_SOCKET_IFNAME": INTERFACE, "DICOMM_ADVERTISE_ADDR": self.address, "DICOMM_HOST_ID": self.namespace}
+        return {
+            "GLOO_SOCKET_IFNAME": INTERFACE, "DICOMM_ADVERTISE_ADDR": self.address, "DICOMM_HOST_ID": self.namespace
+        }
 
 
 class EmulatedNetwork:
@@ -179,7 +181,7 @@ class EmulatedNetwork:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        for veth in self._veths:   # deleting one end removes the pair at once (a namespace's go later)
+        for veth in self._veths:  # deleting one end removes the pair at once (a namespace's go later)
             _run(["ip", "link", "delete", veth], check=False)
         for namespace in self._namespaces:
             _run(["ip", "netns", "delete", namespace], check=False)
@@ -216,7 +218,7 @@ class EmulatedNetwork:
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "hosts"), "w", encoding="utf-8") as hosts:
             hosts.write("127.0.0.1 localhost\n::1 localhost\n")
-            for peer in self.nodes:   # IPv4, and as IPv6 sockets see it
+            for peer in self.nodes:  # IPv4, and as IPv6 sockets see it
                 hosts.write(f"{peer.address} {peer.namespace}\n::ffff:{peer.address} {peer.namespace}\n")
 
     def _shape(self, node: EmulatedNode) -> None:
@@ -231,12 +233,18 @@ class EmulatedNetwork:
             if rate is None:
                 continue
             bits = max(8, int(rate * 8))
-            burst = max(16 * 1024, int(rate * 1e-3))   # one millisecond of traffic
+            burst = max(16 * 1024, int(rate * 1e-3))  # one millisecond of traffic
             classid = f"1:{peer.index + 10:x}"
-            _run(tc + ["class", "add", "dev", INTERFACE, "parent", "1:", "classid", classid, "htb", "rate", f"{bits}bit",
-                       "ceil", f"{bits}bit", "burst", str(burst), "cburst", str(burst)])
-            _run(tc + ["filter", "add", "dev", INTERFACE, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                       "match", "ip", "dst", f"{peer.address}/32", "flowid", classid])
+            _run(tc + [
+                "class", "add", "dev", INTERFACE, "parent", "1:", "classid", classid, "htb", "rate", f"{bits}bit",
+                "ceil", f"{bits}bit", "burst",
+                str(burst), "cburst",
+                str(burst)
+            ])
+            _run(tc + [
+                "filter", "add", "dev", INTERFACE, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip",
+                "dst", f"{peer.address}/32", "flowid", classid
+            ])
 
     def describe(self) -> str:
         first, last = self.nodes[0], self.nodes[-1]

@@ -106,10 +106,9 @@ def resolve_job(strategy: Strategy, config: TrainConfig, options: PipelineOption
     pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
                    source=run.strategy)  # refuses what the ranks would, before any starts
     labels, stage_links = _cluster_descriptions(strategy, cluster)
-    return ResolvedJob(source=run.strategy, strategy=strategy, train=config, pipeline=options,
-                       ps=flags.build(PSOptions, values), out=out, ranks=rank_entries(strategy, config, cluster),
-                       explicit=explicit, resume=run.resume, overwrite=run.overwrite, chip_labels=labels,
-                       stage_links=stage_links)
+    return ResolvedJob(source=run.strategy, strategy=strategy, train=config, pipeline=options, ps=flags.build(
+        PSOptions, values), out=out, ranks=rank_entries(strategy, config, cluster), explicit=explicit,
+                       resume=run.resume, overwrite=run.overwrite, chip_labels=labels, stage_links=stage_links)
 
 
 def _on_cluster(strategy: Strategy, cluster: ClusterSpec, options: PipelineOptions,
@@ -142,8 +141,9 @@ def _check_process_count(strategy: Strategy, run: RunOptions) -> None:
 
 def rank_entries(strategy: Strategy, config: TrainConfig, cluster: ClusterSpec | None) -> tuple[RankEntry, ...]:
     """Each rank's chip, device, emulation, node and links (the last three only on a cluster)."""
-    devices = [stage.device or config.device for stage, ranks in zip(strategy.stages, strategy.stage_ranks())
-               for _ in ranks]
+    devices = [
+        stage.device or config.device for stage, ranks in zip(strategy.stages, strategy.stage_ranks()) for _ in ranks
+    ]
     if cluster is None:
         return tuple(RankEntry(chip=chip, device=device) for chip, device in zip(strategy.rank_chips(), devices))
     from h2.core.emulation import host_vendor_settings, rank_chips
@@ -155,8 +155,8 @@ def rank_entries(strategy: Strategy, config: TrainConfig, cluster: ClusterSpec |
     for rank, (chip, here) in enumerate(zip(rank_chips(strategy, cluster), locations)):
         links = tuple(PeerLink(*link_between(cluster, here, there)) for there in locations)
         emulation = host_vendor_settings(chip) if chip.emulation is not None else None
-        entries.append(RankEntry(chip=chip.name, device=devices[rank], emulation=emulation, node=node_of[rank],
-                                 links=links))
+        entries.append(
+            RankEntry(chip=chip.name, device=devices[rank], emulation=emulation, node=node_of[rank], links=links))
     return tuple(entries)
 
 

@@ -62,9 +62,10 @@ def measure(cluster: ClusterSpec, targets: list[ProfileTarget], model: ModelConf
         directory = os.path.join(os.path.dirname(os.path.abspath(target.path)), "emulated-chips")
         attempts = []
         while len(attempts) < options.attempts and (not attempts or attempts[-1].late_fraction > options.max_late):
-            attempts.append(measure_tp(chip, model, tp, micro_batch_size=training.micro_batch_size,
-                                       seq_len=training.seq_len, dtype=dtype, device=options.device,
-                                       repeats=options.repeats, directory=directory, cluster=cluster))
+            attempts.append(
+                measure_tp(chip, model, tp, micro_batch_size=training.micro_batch_size, seq_len=training.seq_len,
+                           dtype=dtype, device=options.device, repeats=options.repeats, directory=directory,
+                           cluster=cluster))
         measurement = min(attempts, key=lambda attempt: attempt.late_fraction)
         measured.setdefault(chip.name, []).append(dataclasses.asdict(measurement))
         bar.update(done, chip=f"{chip.name} tp {tp}")
@@ -85,9 +86,11 @@ def _measured(cluster: ClusterSpec, targets: list[ProfileTarget], model: ModelCo
         return {}
     if any(target.chip.emulation is None for target in targets):
         resolve_device(options.device)  # the measuring ranks would each fail on a device this host lacks
-    return {name: measured_profile(cluster, cluster.chip(name), model, training, measurements,
-                                   device=options.device, repeats=options.repeats)
-            for name, measurements in measure(cluster, targets, model, training, options).items()}
+    return {
+        name: measured_profile(cluster, cluster.chip(name), model, training, measurements, device=options.device,
+                               repeats=options.repeats)
+        for name, measurements in measure(cluster, targets, model, training, options).items()
+    }
 
 
 def profile_chips(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, targets: list[ProfileTarget],

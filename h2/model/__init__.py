@@ -8,8 +8,9 @@ uses them without torch) and are re-exported here; the torch modules are importe
 
 from h2.core.model_config import PRESETS, ModelConfig, load_model_config, preset, resolve_model
 
-__all__ = ["PRESETS", "ModelConfig", "load_model_config", "preset", "resolve_model",
-           "Transformer", "DecoderLayer", "RMSNorm"]
+__all__ = [
+    "PRESETS", "ModelConfig", "load_model_config", "preset", "resolve_model", "Transformer", "DecoderLayer", "RMSNorm"
+]
 
 
 def __getattr__(name):

@@ -17,6 +17,7 @@ from h2.core.model_config import ModelConfig
 
 
 class RMSNorm(nn.Module):
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -30,7 +31,7 @@ class RMSNorm(nn.Module):
 
 def rotary_cos_sin(seq_len: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables for rotary position embedding, each [seq_len, head_dim / 2]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    inv_freq = 1.0 / (theta**(torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
 
@@ -75,6 +76,7 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -101,6 +103,7 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config

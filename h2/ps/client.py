@@ -54,7 +54,7 @@ def sync_retrying(sync_once: Callable[[], "SyncResult"], retries: int, wait_s: f
 
 @dataclass
 class SyncResult:
-    status: str                  # applied | rejected | skipped
+    status: str  # applied | rejected | skipped
     version: int
     round: int = 0
     reason: str = ""
@@ -85,10 +85,12 @@ class LayerClient:
                            timeout_s=self.timeout_s)
 
     def pull(self, version: int, tensors: dict[str, torch.Tensor], layer_names: list[str]) -> int:
+
         def write(layer: Layer, vector: torch.Tensor) -> None:
             with torch.no_grad():
                 for name, value in unflatten(layer, vector).items():
                     tensors[name].copy_(value)
+
         return pull_layers(self.routes_for(layer_names), version, write, timeout_s=self.timeout_s)
 
 
@@ -103,8 +105,10 @@ class Outliers:
 
     def remember(self, layers: list[Layer], tensors: dict[str, torch.Tensor]) -> None:
         if self.kind == "scale":
-            self.base = {name: tensors[name].detach().to("cpu", torch.float32).clone()
-                         for layer in layers for name, _ in layer.params}
+            self.base = {
+                name: tensors[name].detach().to("cpu", torch.float32).clone() for layer in layers
+                for name, _ in layer.params
+            }
 
     def transform_for_this_push(self) -> Callable[[Layer, torch.Tensor], torch.Tensor] | None:
         self.pushes += 1
@@ -116,10 +120,12 @@ class Outliers:
         def scaled(layer: Layer, vector: torch.Tensor) -> torch.Tensor:
             base = torch.cat([self.base[name].reshape(-1) for name, _ in layer.params])
             return base - self.scale * (base - vector)
+
         return scaled
 
 
 class ClusterClient:
+
     def __init__(self, address: str, cluster_id: str, *, log: Callable[[str], None] = print,
                  outliers: Outliers | None = None):
         self.address, self.cluster_id, self.log = address, cluster_id, log
@@ -249,9 +255,8 @@ class ClusterClient:
                                   bytes_pushed=pushed, finished=self.finished)
             outcome = self.await_round(plan["ticket"])
             waited = time.perf_counter()
-            result = SyncResult(outcome["status"], outcome["version"], outcome.get("round", 0),
-                                outcome.get("reason", ""),
-                                push_s=push_s, wait_s=waited - started - push_s, bytes_pushed=pushed,
+            result = SyncResult(outcome["status"], outcome["version"], outcome.get("round", 0), outcome.get(
+                "reason", ""), push_s=push_s, wait_s=waited - started - push_s, bytes_pushed=pushed,
                                 finished=self.finished)
             if outcome["status"] in ("applied", "rejected"):
                 result.bytes_pulled = self.pull_all(tensors, outcome["version"])

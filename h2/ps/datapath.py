@@ -48,8 +48,8 @@ class LayerServer:
     `on_push(ticket, layer_name, payload)` stores a pushed layer (raise Refused to refuse it);
     `on_pull(layer_name, version)` returns (version, flat float32 tensor) of a layer."""
 
-    def __init__(self, host: str, port: int, layers: dict[int, Layer], *,
-                 on_push: Callable[[int, str, memoryview], None],
+    def __init__(self, host: str, port: int, layers: dict[int, Layer], *, on_push: Callable[[int, str, memoryview],
+                                                                                            None],
                  on_pull: Callable[[str, int], tuple[int, torch.Tensor]], pool_frames: int = 4):
         self.layers, self.on_push, self.on_pull = layers, on_push, on_pull
         self.max_payload = max([layer.nbytes for layer in layers.values()] + [wire.MAX_ERROR_BYTES])
@@ -73,8 +73,10 @@ class LayerServer:
         self.refused = 0
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._io_loop, name="ps-data-io", daemon=True)]
-        self._threads += [threading.Thread(target=self._layer_loop, args=(index,),
-                                           name=f"ps-layer-{layers[index].name}", daemon=True) for index in layers]
+        self._threads += [
+            threading.Thread(target=self._layer_loop, args=(index, ), name=f"ps-layer-{layers[index].name}",
+                             daemon=True) for index in layers
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -149,9 +151,9 @@ class LayerServer:
 # ---- cluster side -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Route:
-    index: int          # the layer's position in the model's layer list (its id on the wire)
+    index: int  # the layer's position in the model's layer list (its id on the wire)
     layer: Layer
-    address: str        # tcp://host:port of the shard that holds it
+    address: str  # tcp://host:port of the shard that holds it
 
 
 class SocketPool:
@@ -260,7 +262,7 @@ def push_layers(routes: list[Route], ticket: int, tensors: dict[str, torch.Tenso
             SOCKETS.give_back(address, max_payload, socket, healthy)
 
     workers = [threading.Thread(target=produce, name="ps-serialise")]
-    workers += [threading.Thread(target=send, args=(address,), name="ps-push") for address in grouped]
+    workers += [threading.Thread(target=send, args=(address, ), name="ps-push") for address in grouped]
     _run_workers(workers, errors)
     return sum(route.layer.nbytes for route in routes)
 
@@ -303,7 +305,7 @@ def pull_layers(routes: list[Route], version: int, write: Callable[[Layer, torch
             if not errors:
                 write(*item)
 
-    workers = [threading.Thread(target=receive, args=(address,), name="ps-pull") for address in grouped]
+    workers = [threading.Thread(target=receive, args=(address, ), name="ps-pull") for address in grouped]
     workers.append(threading.Thread(target=consume, name="ps-deserialise"))
     _run_workers(workers, errors)
     return sum(route.layer.nbytes for route in routes)

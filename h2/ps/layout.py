@@ -22,7 +22,7 @@ WIRE_DTYPE = torch.float32
 @dataclass(frozen=True)
 class Layer:
     name: str
-    params: tuple[tuple[str, tuple[int, ...]], ...]   # (parameter name in the full model, shape)
+    params: tuple[tuple[str, tuple[int, ...]], ...]  # (parameter name in the full model, shape)
 
     @property
     def numel(self) -> int:

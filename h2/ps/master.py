@@ -69,7 +69,7 @@ class Push:
 
 @dataclass
 class Outcome:
-    status: str            # applied | rejected | skipped | dropped
+    status: str  # applied | rejected | skipped | dropped
     version: int
     round: int
     reason: str = ""
@@ -108,6 +108,7 @@ class EventLog:
 
 
 class Master:
+
     def __init__(self, config: DipsConfig, source: str, *, port: int, resume: bool = False):
         self.config, self.source = config, source
         self.layers = model_layers(preset(config.model))
@@ -120,8 +121,10 @@ class Master:
         self.events = EventLog(os.path.join(config.out, "rounds.jsonl"))
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
-        self.clusters = {spec.id: ClusterRecord(spec.id, index, tokens=self.state.cluster_tokens.get(spec.id, 0))
-                         for index, spec in enumerate(config.clusters)}
+        self.clusters = {
+            spec.id: ClusterRecord(spec.id, index, tokens=self.state.cluster_tokens.get(spec.id, 0))
+            for index, spec in enumerate(config.clusters)
+        }
         self.shards = {index: ShardRecord(index) for index in range(config.shards)}
         self.pushes: dict[int, Push] = {}
         self.pending: list[Push] = []
@@ -129,17 +132,22 @@ class Master:
         self.window_closes = math.inf
         self.stopped = threading.Event()
         self.fanout = ThreadPoolExecutor(max_workers=max(2, config.shards), thread_name_prefix="ps-master-fanout")
-        handlers = {"Join": self._join, "Beat": self._beat, "RequestPush": self._request_push,
-                    "CommitPush": self._commit_push, "AwaitRound": self._await_round, "Pulled": self._pulled,
-                    "Leave": self._leave, "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard,
-                    "ShardBeat": self._shard_beat, "Status": self._status}
+        handlers = {
+            "Join": self._join, "Beat": self._beat, "RequestPush": self._request_push, "CommitPush": self._commit_push,
+            "AwaitRound": self._await_round, "Pulled": self._pulled, "Leave": self._leave,
+            "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard, "ShardBeat": self._shard_beat,
+            "Status": self._status
+        }
         self.server, self.port = serve(handlers, config.host, port, what="master", max_workers=64)
         resumed = f", resumed at version {self.state.version} round {self.state.round}" if resume else ""
-        self.events.write("start", f"mode {config.mode} on {config.host}:{self.port}, {config.shards} shards, "
-                                   f"H={config.inner_steps}{resumed}", mode=config.mode, port=self.port,
-                          version=self.state.version, round=self.state.round)
-        self.threads = [threading.Thread(target=self._driver, name="ps-rounds", daemon=True),
-                        threading.Thread(target=self._monitor, name="ps-heartbeats", daemon=True)]
+        self.events.write(
+            "start", f"mode {config.mode} on {config.host}:{self.port}, {config.shards} shards, "
+            f"H={config.inner_steps}{resumed}", mode=config.mode, port=self.port, version=self.state.version,
+            round=self.state.round)
+        self.threads = [
+            threading.Thread(target=self._driver, name="ps-rounds", daemon=True),
+            threading.Thread(target=self._monitor, name="ps-heartbeats", daemon=True)
+        ]
         for thread in self.threads:
             thread.start()
 
@@ -184,8 +192,9 @@ class Master:
 
     def routes(self) -> list[dict]:
         owner = {name: shard for shard, names in enumerate(self.assignment) for name in names}
-        return [{"index": i, "layer": layer.name, "shard": owner[layer.name],
-                 "address": self.shards[owner[layer.name]].data} for i, layer in enumerate(self.layers)]
+        return [{
+            "index": i, "layer": layer.name, "shard": owner[layer.name], "address": self.shards[owner[layer.name]].data
+        } for i, layer in enumerate(self.layers)]
 
     def _join(self, request: dict) -> dict:
         with self.lock:
@@ -197,16 +206,17 @@ class Master:
                 self._drop(record, "joined again while its session was live (a restarted process replaces it)")
             record.session = f"{random.getrandbits(48):x}"
             record.active, record.last_beat = True, time.monotonic()
-            self.events.write("join", f"cluster {record.id} {'rejoined' if rejoin else 'joined'}; it starts from "
-                                      f"version {self.state.version}", cluster=record.id, version=self.state.version,
-                              rejoin=rejoin)
+            self.events.write(
+                "join", f"cluster {record.id} {'rejoined' if rejoin else 'joined'}; it starts from "
+                f"version {self.state.version}", cluster=record.id, version=self.state.version, rejoin=rejoin)
             self.changed.notify_all()
-            return {"session": record.session, "partition": record.partition, "partitions": len(self.clusters),
-                    "inner_steps": self.config.inner_steps, "heartbeat_s": self.config.heartbeat_s,
-                    "version": self.state.version, "routes": self.routes(), "model": self.config.model,
-                    "eval_sequences": self.config.eval_sequences, "transfer_timeout_s": self.config.transfer_timeout_s,
-                    "sync_retry_s": self.config.sync_retry_s,
-                    "finished": self.finished}
+            return {
+                "session": record.session, "partition": record.partition, "partitions": len(
+                    self.clusters), "inner_steps": self.config.inner_steps, "heartbeat_s": self.config.heartbeat_s,
+                "version": self.state.version, "routes": self.routes(), "model": self.config.model,
+                "eval_sequences": self.config.eval_sequences, "transfer_timeout_s": self.config.transfer_timeout_s,
+                "sync_retry_s": self.config.sync_retry_s, "finished": self.finished
+            }
 
     def _beat(self, request: dict) -> dict:
         with self.lock:
@@ -234,8 +244,9 @@ class Master:
         # Stagger: concurrent pushers start on different shards.
         offset = pushing % len(shards)
         order = sorted(self.routes(), key=lambda route: ((route["shard"] - offset) % len(shards), route["index"]))
-        return {"status": "push", "ticket": ticket, "order": [route["index"] for route in order],
-                "routes": self.routes()}
+        return {
+            "status": "push", "ticket": ticket, "order": [route["index"] for route in order], "routes": self.routes()
+        }
 
     def _commit_push(self, request: dict) -> dict:
         ticket = int(request["ticket"])
@@ -246,8 +257,10 @@ class Master:
                 raise Rejected(f"cluster '{record.id}': ticket {ticket} is unknown (master restarted or push dropped)")
             shards = list(self.shards.values())
         try:
-            missing = [reply["missing"] for reply in self.fanout.map(
-                lambda shard: shard.control.call("Holds", tickets=[ticket]), shards)]
+            missing = [
+                reply["missing"]
+                for reply in self.fanout.map(lambda shard: shard.control.call("Holds", tickets=[ticket]), shards)
+            ]
         except (Rejected, Unreachable) as error:
             return {"status": "skip", "reason": f"commit check failed: {error}"}
         incomplete = [f"shard {shard.index}: {', '.join(m[str(ticket)])}" for shard, m in zip(shards, missing) if m]
@@ -267,16 +280,20 @@ class Master:
             self._cluster(request)
             while ticket not in self.outcomes:
                 if ticket not in self.pushes:
-                    return {"status": "skipped", "version": self.state.version, "round": self.state.round,
-                            "reason": "unknown ticket (master restarted?)", "finished": self.finished}
+                    return {
+                        "status": "skipped", "version": self.state.version, "round": self.state.round,
+                        "reason": "unknown ticket (master restarted?)", "finished": self.finished
+                    }
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {"status": "pending", "finished": self.finished}
                 self.changed.wait(remaining)
             outcome = self.outcomes.pop(ticket)
             self.pushes.pop(ticket, None)
-            return {"status": outcome.status, "version": outcome.version, "round": outcome.round,
-                    "reason": outcome.reason, "finished": self.finished, "routes": self.routes()}
+            return {
+                "status": outcome.status, "version": outcome.version, "round": outcome.round, "reason": outcome.reason,
+                "finished": self.finished, "routes": self.routes()
+            }
 
     def _leave(self, request: dict) -> dict:
         with self.lock:
@@ -290,10 +307,10 @@ class Master:
     def _pulled(self, request: dict) -> dict:
         with self.lock:
             record = self._cluster(request)
-        self.events.write("pull", f"cluster {record.id} pulled version {request['version']} in "
-                                  f"{float(request['pull_s']):.3f} s", cluster=record.id,
-                          version=int(request["version"]), pull_s=float(request["pull_s"]),
-                          bytes=int(request.get("bytes", 0)))
+        self.events.write(
+            "pull", f"cluster {record.id} pulled version {request['version']} in "
+            f"{float(request['pull_s']):.3f} s", cluster=record.id, version=int(request["version"]),
+            pull_s=float(request["pull_s"]), bytes=int(request.get("bytes", 0)))
         return {}
 
     # ---- shards ------------------------------------------------------------------------------------
@@ -306,10 +323,12 @@ class Master:
     def _shard_plan(self, request: dict) -> dict:
         shard = self._shard(request)
         o = self.config.outer
-        return {"layers": self.assignment[shard.index], "model": self.config.model, "seed": self.config.seed,
-                "version": self.state.version, "heartbeat_s": self.config.heartbeat_s,
-                "outer": {"optimizer": o.optimizer, "lr": o.lr, "momentum": o.momentum},
-                "snapshot_dir": os.path.join(self.config.out, "shards", f"shard-{shard.index}")}
+        return {
+            "layers": self.assignment[shard.index], "model": self.config.model, "seed": self.config.seed,
+            "version": self.state.version, "heartbeat_s": self.config.heartbeat_s, "outer": {
+                "optimizer": o.optimizer, "lr": o.lr, "momentum": o.momentum
+            }, "snapshot_dir": os.path.join(self.config.out, "shards", f"shard-{shard.index}")
+        }
 
     def _register_shard(self, request: dict) -> dict:
         with self.lock:
@@ -339,11 +358,13 @@ class Master:
 
     def _status(self, request: dict) -> dict:
         with self.lock:
-            return {"mode": self.config.mode, "version": self.state.version, "round": self.state.round,
-                    "tokens": self.state.tokens, "finished": self.finished,
-                    "clusters": {cid: {"active": r.active, "tokens": r.tokens} for cid, r in self.clusters.items()},
-                    "shards": {str(i): {"alive": s.alive, "data": s.data} for i, s in self.shards.items()},
-                    "pending": [push.cluster for push in self.pending]}
+            return {
+                "mode": self.config.mode, "version": self.state.version, "round": self.state.round,
+                "tokens": self.state.tokens, "finished": self.finished, "clusters": {
+                    cid: {"active": r.active, "tokens": r.tokens} for cid, r in self.clusters.items()
+                }, "shards": {str(i): {"alive": s.alive, "data": s.data}
+                              for i, s in self.shards.items()}, "pending": [push.cluster for push in self.pending]
+            }
 
     # ---- heartbeats --------------------------------------------------------------------------------
     def _monitor(self) -> None:
@@ -417,8 +438,8 @@ class Master:
             grams = [{names[a]: {names[b]: value for b, value in row.items()} for a, row in gram.items()}
                      for gram in grams_by_ticket]
             p = self.config.penalty
-            verdict = penalty.judge(self.penalty, grams, {push.cluster: push.tokens for push in batch},
-                                    alpha=p.alpha, beta=p.beta, clip_norm=p.clip_norm, warmup_scores=p.warmup_scores,
+            verdict = penalty.judge(self.penalty, grams, {push.cluster: push.tokens for push in batch}, alpha=p.alpha,
+                                    beta=p.beta, clip_norm=p.clip_norm, warmup_scores=p.warmup_scores,
                                     penalize=self.config.uses_penalty)
             measured = time.monotonic()
             version = base
@@ -453,29 +474,30 @@ class Master:
         losses = {push.cluster: push.loss for push in batch}
         rejected_text = "".join(f", rejected {cid} ({info['reason']})" for cid, info in rejected.items())
         self.events.write(
-            "round",
-            f"round {round_id} -> version {version}: {', '.join(verdict.accepted) or 'nobody'} accepted"
+            "round", f"round {round_id} -> version {version}: {', '.join(verdict.accepted) or 'nobody'} accepted"
             f"{rejected_text}; "
-            f"staleness {staleness}; update {updated - measured:.3f} s; tokens {self.state.tokens:,}"
-            + (" (finished)" if self.finished else ""),
-            round=round_id, version=version, mode=self.config.mode, participants=[push.cluster for push in batch],
-            accepted=verdict.accepted, rejected=rejected, norms=verdict.norms, scores=verdict.scores,
-            weights=verdict.weights, update_norm=verdict.update_norm, clip=verdict.clip, staleness=staleness,
-            losses=losses, push_s=push_s, measure_s=round(measured - started, 4),
-            update_s=round(updated - measured, 4), bytes_pushed=nbytes * len(batch),
+            f"staleness {staleness}; update {updated - measured:.3f} s; tokens {self.state.tokens:,}" +
+            (" (finished)" if self.finished else ""), round=round_id, version=version, mode=self.config.mode,
+            participants=[push.cluster for push in batch], accepted=verdict.accepted, rejected=rejected,
+            norms=verdict.norms, scores=verdict.scores, weights=verdict.weights, update_norm=verdict.update_norm,
+            clip=verdict.clip, staleness=staleness, losses=losses, push_s=push_s, measure_s=round(
+                measured - started, 4), update_s=round(updated - measured, 4), bytes_pushed=nbytes * len(batch),
             bytes_to_pull=nbytes * len(batch), tokens=self.state.tokens, finished=self.finished)
 
     def _commit_everywhere(self, round_id: int, version: int) -> None:
         """The version is recorded: a shard that misses its Commit loads that version's snapshot (written
         in Prepare) when it registers again, so the round stands."""
-        for shard, outcome in zip(self.shards.values(), self.fanout.map(
-                lambda shard: _try(shard.control.call, "Commit", round=round_id), list(self.shards.values()))):
+        for shard, outcome in zip(
+                self.shards.values(),
+                self.fanout.map(lambda shard: _try(shard.control.call, "Commit", round=round_id),
+                                list(self.shards.values()))):
             if isinstance(outcome, Exception):
                 with self.lock:
                     shard.alive = False
-                self.events.write("shard_lost", f"shard {shard.index} missed the commit of version {version} "
-                                                f"({outcome}): it reloads that snapshot when it registers again",
-                                  shard=shard.index, version=version)
+                self.events.write(
+                    "shard_lost", f"shard {shard.index} missed the commit of version {version} "
+                    f"({outcome}): it reloads that snapshot when it registers again", shard=shard.index,
+                    version=version)
 
     def _forget(self, tickets: list[int], round_id: int | None = None) -> None:
         for shard in list(self.shards.values()):
@@ -491,9 +513,10 @@ class Master:
             for push in batch:
                 self.outcomes[push.ticket] = Outcome("skipped", self.state.version, round_id, reason)
             self.changed.notify_all()
-        self.events.write("skip", f"round {round_id} skipped: {reason}; {', '.join(p.cluster for p in batch)} "
-                                  f"keep training from their own parameters", round=round_id, reason=reason,
-                          participants=[push.cluster for push in batch])
+        self.events.write(
+            "skip", f"round {round_id} skipped: {reason}; {', '.join(p.cluster for p in batch)} "
+            f"keep training from their own parameters", round=round_id, reason=reason,
+            participants=[push.cluster for push in batch])
 
     def serve_forever(self) -> None:
         wait_until_stopped(self.stopped)

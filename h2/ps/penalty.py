@@ -47,12 +47,12 @@ class PenaltyState:
 @dataclass
 class Verdict:
     norms: dict[str, float]
-    scores: dict[str, float | None]             # None: no statistics yet when this norm arrived
+    scores: dict[str, float | None]  # None: no statistics yet when this norm arrived
     accepted: list[str]
-    rejected: dict[str, str]                    # cluster id -> why
+    rejected: dict[str, str]  # cluster id -> why
     weights: dict[str, float] = field(default_factory=dict)
-    update_norm: float = 0.0                    # ||δ|| of the weighted average, before clipping
-    clip: float = 1.0                           # the factor applied to δ
+    update_norm: float = 0.0  # ||δ|| of the weighted average, before clipping
+    clip: float = 1.0  # the factor applied to δ
 
 
 def cluster_norms(grams: list[dict[str, dict[str, float]]], clusters: list[str]) -> dict[str, float]:
@@ -81,7 +81,7 @@ def observe(state: PenaltyState, norm: float, norm_score: float | None, alpha: f
         state.mean, state.deviation = norm, 0.0
     else:
         mean = alpha * norm + (1 - alpha) * state.mean
-        state.deviation = math.sqrt((1 - alpha) * state.deviation ** 2 + alpha * (norm - mean) ** 2)
+        state.deviation = math.sqrt((1 - alpha) * state.deviation**2 + alpha * (norm - mean)**2)
         state.mean = mean
     state.norms_seen += 1
     if norm_score is not None:
@@ -100,8 +100,8 @@ def token_weights(tokens: dict[str, int], accepted: list[str]) -> dict[str, floa
     return {j: tokens[j] / total for j in accepted} if total > 0 else {}
 
 
-def judge(state: PenaltyState, grams: list[dict[str, dict[str, float]]], tokens: dict[str, int], *,
-          alpha: float, beta: float, clip_norm: float, warmup_scores: int, penalize: bool = True) -> Verdict:
+def judge(state: PenaltyState, grams: list[dict[str, dict[str, float]]], tokens: dict[str, int], *, alpha: float,
+          beta: float, clip_norm: float, warmup_scores: int, penalize: bool = True) -> Verdict:
     """One round's verdict; updates `state` with the accepted norms.
 
     With `penalize` False (modes sync and async) every cluster is accepted and nothing is clipped;

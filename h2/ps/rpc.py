@@ -23,8 +23,7 @@ from h2.core.errors import UserError
 
 SERVICE = "h2.ps.Control"
 MAX_CONTROL_BYTES = 4 << 20
-_OPTIONS = [("grpc.max_receive_message_length", MAX_CONTROL_BYTES),
-            ("grpc.max_send_message_length", MAX_CONTROL_BYTES)]
+_OPTIONS = [("grpc.max_receive_message_length", MAX_CONTROL_BYTES), ("grpc.max_send_message_length", MAX_CONTROL_BYTES)]
 
 
 class Rejected(Exception):
@@ -36,6 +35,7 @@ class Unreachable(Exception):
 
 
 def _wrap(handler: Callable[[dict], dict]):
+
     def handle(raw: bytes, context) -> bytes:
         try:
             request = json.loads(raw.decode("utf-8")) if raw else {}
@@ -50,6 +50,7 @@ def _wrap(handler: Callable[[dict], dict]):
         except (KeyError, TypeError, ValueError) as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(error).__name__} {error}")
         return json.dumps(reply or {}).encode("utf-8")
+
     return handle
 
 
@@ -62,7 +63,7 @@ def serve(handlers: dict[str, Callable[[dict], dict]], host: str, port: int, *, 
     server = grpc.server(ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=what),
                          options=[*_OPTIONS, ("grpc.so_reuseport", 0)])
     methods = {name: grpc.unary_unary_rpc_method_handler(_wrap(fn)) for name, fn in handlers.items()}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods), ))
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:

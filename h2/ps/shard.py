@@ -80,8 +80,9 @@ class ShardState:
     def _write(self, version: int, params: dict, momentum: dict) -> None:
         path = self.snapshot_path(version)
         temporary = f"{path}.tmp{os.getpid()}"
-        torch.save({"version": version, "params": params,
-                    "momentum": {k: v for k, v in momentum.items() if v is not None}}, temporary)
+        torch.save(
+            {"version": version, "params": params, "momentum": {k: v for k, v in momentum.items() if v is not None}},
+            temporary)
         with open(temporary, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(temporary, path)
@@ -115,8 +116,10 @@ class ShardState:
 
     def missing(self, tickets: list[int]) -> dict[str, list[str]]:
         with self.lock:
-            return {str(t): [name for name in self.layers if name not in self.staged.get(t, {})] for t in tickets
-                    if t not in self.staged or len(self.staged[t]) < len(self.layers)}
+            return {
+                str(t): [name for name in self.layers if name not in self.staged.get(t, {})] for t in tickets
+                if t not in self.staged or len(self.staged[t]) < len(self.layers)
+            }
 
     def measure(self, tickets: list[int]) -> dict[str, dict[str, float]]:
         """<Δ_j, Δ_k> over this shard's layers, Δ_j = θ - θ_j, for every pair of tickets."""
@@ -184,8 +187,7 @@ class ShardState:
 class ShardServer:
     """One shard process: its state, its data flow, its control endpoint and its heartbeat."""
 
-    def __init__(self, master: str, index: int, host: str, control_port: int, data_port: int,
-                 crash_at_round: int = 0):
+    def __init__(self, master: str, index: int, host: str, control_port: int, data_port: int, crash_at_round: int = 0):
         self.index, self.host, self.crash_at_round = index, host, crash_at_round
         self.master = Control(master)
         self.stopped = threading.Event()
@@ -204,12 +206,15 @@ class ShardServer:
         self.state.start(plan["version"], self.model, self.seed)
         indices = {all_layers.index(layer): layer for layer in mine}
         self.data = LayerServer(host, data_port, indices, on_push=self.state.on_push, on_pull=self.state.on_pull)
-        handlers = {"Expect": self._expect, "Holds": self._holds, "Measure": self._measure, "Prepare": self._prepare,
-                    "Commit": self._commit, "Forget": self._forget, "Status": self._status}
+        handlers = {
+            "Expect": self._expect, "Holds": self._holds, "Measure": self._measure, "Prepare": self._prepare,
+            "Commit": self._commit, "Forget": self._forget, "Status": self._status
+        }
         self.control, self.control_port = serve(handlers, host, control_port, what=f"shard {index} control flow")
         self._register()
-        log(index, f"serving {', '.join(layer.name for layer in mine)} at version {self.state.version}: "
-                   f"data tcp://{host}:{self.data.port}, control {host}:{self.control_port}")
+        log(
+            index, f"serving {', '.join(layer.name for layer in mine)} at version {self.state.version}: "
+            f"data tcp://{host}:{self.data.port}, control {host}:{self.control_port}")
         self.beat = threading.Thread(target=self._beat_loop, name="ps-shard-beat", daemon=True)
         self.beat.start()
 
@@ -220,8 +225,9 @@ class ShardServer:
                                            data=f"tcp://{self.host}:{self.data.port}", version=self.state.version)
             if "reload" not in reply:
                 return
-            log(self.index, f"the run is at version {reply['reload']}, this shard at {self.state.version}: "
-                            f"loading that snapshot")
+            log(
+                self.index, f"the run is at version {reply['reload']}, this shard at {self.state.version}: "
+                f"loading that snapshot")
             with self.state.lock:
                 self.state.prepared = None
                 self.state.start(int(reply["reload"]), self.model, self.seed)
@@ -274,8 +280,10 @@ class ShardServer:
         return {}
 
     def _status(self, request: dict) -> dict:
-        return {"index": self.index, "version": self.state.version, "layers": list(self.state.layers),
-                "refused_frames": self.data.refused}
+        return {
+            "index": self.index, "version": self.state.version, "layers": list(self.state.layers),
+            "refused_frames": self.data.refused
+        }
 
     def serve_forever(self) -> None:
         wait_until_stopped(self.stopped)

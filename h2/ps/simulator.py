@@ -24,7 +24,7 @@ from h2.core.errors import UserError
 class SiteCluster:
     name: str
     pflops: float
-    workers: int = 1             # pipeline stages that push and pull in parallel
+    workers: int = 1  # pipeline stages that push and pull in parallel
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Scenario:
     inner_steps: int = 64
     shards: int = 16
     shard_nic_gbps: float = 25.0
-    update_gbps: float = 2.0      # bytes of model a shard's CPU optimizer updates per second (Gbit/s)
+    update_gbps: float = 2.0  # bytes of model a shard's CPU optimizer updates per second (Gbit/s)
     grace_s: float = 60.0
 
     @property
@@ -65,8 +65,10 @@ def load_scenario(path: str) -> Scenario:
 def placement(scenario: Scenario) -> int:
     """argmax_i of B_iᵀ p: the site whose links, weighted by each cluster's throughput, carry the most."""
     throughput = [1.0 / scenario.step_s(c) for c in scenario.clusters]
-    scores = [sum(scenario.bandwidth_gbps[i][j] * throughput[j] for j in range(len(throughput)))
-              for i in range(len(throughput))]
+    scores = [
+        sum(scenario.bandwidth_gbps[i][j] * throughput[j] for j in range(len(throughput)))
+        for i in range(len(throughput))
+    ]
     return max(range(len(scores)), key=scores.__getitem__)
 
 
@@ -113,7 +115,7 @@ def simulate(scenario: Scenario, rounds: int = 20) -> Simulation:
     site = placement(scenario)
     sim = Simulation(site, clusters={c.name: ClusterReport(c.name, scenario.step_s(c)) for c in scenario.clusters})
     update_s = scenario.model_bytes * 8 / (scenario.shards * scenario.update_gbps * 1e9)
-    events: list[tuple[float, int, str, int]] = []   # (time, order, kind, cluster index)
+    events: list[tuple[float, int, str, int]] = []  # (time, order, kind, cluster index)
     order = 0
     for index, cluster in enumerate(scenario.clusters):
         compute = scenario.inner_steps * scenario.step_s(cluster)
@@ -151,17 +153,22 @@ def simulate(scenario: Scenario, rounds: int = 20) -> Simulation:
                 compute = scenario.inner_steps * scenario.step_s(scenario.clusters[member])
                 report.compute_s += compute
                 heapq.heappush(events, (busy_until + pull + compute, order := order + 1, "computed", member))
-            sim.rounds.append(RoundReport(len(sim.rounds) + 1, [scenario.clusters[m].name for m, _ in batch],
-                                          {scenario.clusters[m].name: p for m, p in batch}, update_s, pulls))
+            sim.rounds.append(
+                RoundReport(
+                    len(sim.rounds) + 1, [scenario.clusters[m].name
+                                          for m, _ in batch], {scenario.clusters[m].name: p
+                                                               for m, p in batch}, update_s, pulls))
     return sim
 
 
 def report(scenario: Scenario, sim: Simulation) -> str:
     gb = scenario.model_bytes / 1e9
-    lines = [f"model {scenario.parameters / 1e9:.0f} B parameters = {gb:.0f} GB per push and per pull; "
-             f"{scenario.shards} shards x {scenario.shard_nic_gbps:g} Gbps; H = {scenario.inner_steps}; "
-             f"PS placed at {scenario.clusters[sim.site].name}'s site (argmax of B_i^T p)",
-             f"{'round':>5}  {'participants':<28}{'push s (max)':>13}{'update s':>10}{'pull s (max)':>13}"]
+    lines = [
+        f"model {scenario.parameters / 1e9:.0f} B parameters = {gb:.0f} GB per push and per pull; "
+        f"{scenario.shards} shards x {scenario.shard_nic_gbps:g} Gbps; H = {scenario.inner_steps}; "
+        f"PS placed at {scenario.clusters[sim.site].name}'s site (argmax of B_i^T p)",
+        f"{'round':>5}  {'participants':<28}{'push s (max)':>13}{'update s':>10}{'pull s (max)':>13}"
+    ]
     for r in sim.rounds:
         lines.append(f"{r.round:>5}  {', '.join(r.participants):<28}{max(r.push_s.values()):>13.0f}"
                      f"{r.update_s:>10.0f}{max(r.pull_s.values()):>13.0f}")

@@ -18,31 +18,32 @@ from typing import Callable
 class Child:
     name: str
     argv: list[str]
-    log_path: str | None              # None: inherit the launcher's stdout (the master's console lines)
+    log_path: str | None  # None: inherit the launcher's stdout (the master's console lines)
     restart_argv: Callable[[], list[str]] | None  # how it restarts after an unexpected exit (None: never)
     restart_delay_s: float = 0.0
     process: subprocess.Popen | None = None
     starts: int = 0
     exit_codes: list[int] = field(default_factory=list)
     restart_at: float | None = None
-    reaped: bool = False              # this process's exit was noticed
+    reaped: bool = False  # this process's exit was noticed
 
 
 MAX_RESTARTS = 10
-BAD_INPUT = 2   # a child that refused its input will refuse it again: it is not restarted
-
+BAD_INPUT = 2  # a child that refused its input will refuse it again: it is not restarted
 
 # Run first in each child: arm SIGTERM for when the launcher dies, however it dies (Linux's
 # PR_SET_PDEATHSIG, kept across exec), give up if it already died, then exec the child's own command.
 # Not a preexec_fn: Python code between fork and exec runs grpc's fork handlers in a launcher that holds
 # gRPC threads, and one such child aborted (SIGABRT) before it started.
-DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
-                   "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
-                   "if os.getppid() != int(sys.argv[1]): sys.exit('h2: the launcher exited before this child started')\n"
-                   "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
+DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit('h2: the launcher exited before this child started')\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
 
 
 class Supervisor:
+
     def __init__(self, say: Callable[[str], None], env: dict | None = None):
         self.children: dict[str, Child] = {}
         self.say = say
@@ -53,9 +54,9 @@ class Supervisor:
         argv = argv or child.argv
         out = open(child.log_path, "a", encoding="utf-8") if child.log_path else None
         try:
-            child.process = subprocess.Popen([sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), *argv],
-                                             stdout=out or None, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=self.env)
+            child.process = subprocess.Popen([sys.executable, "-c", DIE_WITH_PARENT,
+                                              str(os.getpid()), *argv], stdout=out or None, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=self.env)
         finally:
             if out:
                 out.close()

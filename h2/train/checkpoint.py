@@ -117,8 +117,10 @@ def optimizer_state_by_name(optimizer: torch.optim.Optimizer, names: dict[int, s
     """Per-parameter optimizer state (AdamW: step, exp_avg, exp_avg_sq) keyed by parameter name;
     `names` maps id(parameter) to its name."""
     numbered = optimizer.state_dict()["state"]
-    return {names[id(param)]: numbered[index] for index, param in enumerate(_parameters_in_order(optimizer))
-            if index in numbered}
+    return {
+        names[id(param)]: numbered[index] for index, param in enumerate(_parameters_in_order(optimizer))
+        if index in numbered
+    }
 
 
 def load_optimizer_state_by_name(optimizer: torch.optim.Optimizer, names: dict[int, str],
@@ -126,8 +128,9 @@ def load_optimizer_state_by_name(optimizer: torch.optim.Optimizer, names: dict[i
     """Give every parameter of `optimizer` the state `state_of(name)` (torch's load_state_dict moves
     it to the parameter's device and dtype)."""
     state_dict = optimizer.state_dict()
-    state_dict["state"] = {index: state_of(names[id(param)])
-                           for index, param in enumerate(_parameters_in_order(optimizer))}
+    state_dict["state"] = {
+        index: state_of(names[id(param)]) for index, param in enumerate(_parameters_in_order(optimizer))
+    }
     optimizer.load_state_dict(state_dict)
 
 
@@ -177,14 +180,17 @@ class Checkpoint:
         if not pieces:
             raise UserError(f"{self.folder}: no shard holds optimizer state for '{name}'")
         first = pieces[0][1]
-        return {key: value if not torch.is_tensor(value) or value.dim() == 0
-                else _assemble([(layout, state[key]) for layout, state in pieces],
-                               f"{self.folder}: optimizer state '{key}' of '{name}'")
-                for key, value in first.items()}
+        return {
+            key: value if not torch.is_tensor(value) or value.dim() == 0 else _assemble(
+                [(layout, state[key])
+                 for layout, state in pieces], f"{self.folder}: optimizer state '{key}' of '{name}'")
+            for key, value in first.items()
+        }
 
 
 # ---- the folder of checkpoints -------------------------------------------------------------------
 class CheckpointDir:
+
     def __init__(self, out_dir: str):
         self.path = os.path.join(out_dir, "checkpoints")
         self.pointer = os.path.join(self.path, "latest")
@@ -284,8 +290,8 @@ class CheckpointDir:
                 reason = f"skipped {len(skipped)} newer: {skipped[0]}" if skipped else pointer_problem
                 say(f"h2: resuming from {checkpoint.folder}, the newest intact checkpoint ({reason})")
             return checkpoint
-        raise UserError(skipped[0] if len(skipped) == 1 else
-                        f"{self.path}: no intact checkpoint ({len(skipped)} unusable; newest: {skipped[0]})")
+        raise UserError(skipped[0] if len(skipped) ==
+                        1 else f"{self.path}: no intact checkpoint ({len(skipped)} unusable; newest: {skipped[0]})")
 
 
 def has_checkpoints(out_dir: str) -> bool:

@@ -28,8 +28,8 @@ def training_bytes(model_config: ModelConfig, config: TrainConfig) -> int:
     element = 2 if config.dtype == "bf16" else 4
     seq_len = config.seq_len or model_config.max_seq_len
     weights_grads_adam = 16 * model_config.num_parameters()
-    layers = model_config.num_layers * model_config.layer_activation_bytes(
-        config.micro_batch_size, seq_len, bytes_per_element=element)
+    layers = model_config.num_layers * model_config.layer_activation_bytes(config.micro_batch_size, seq_len,
+                                                                           bytes_per_element=element)
     logits = 2 * 4 * config.micro_batch_size * seq_len * model_config.vocab_size
     return weights_grads_adam + layers + logits
 
@@ -87,8 +87,8 @@ def pipeline_rank_bytes(model_config: ModelConfig, config: TrainConfig, topology
     return int(params * (4 + 8 / stage.dp) + max(gradients, len(stage.layers) * kept + logits))
 
 
-def check_pipeline_rank_fits(model_config: ModelConfig, config: TrainConfig, topology: Topology, rank: int,
-                             chip: str, available: tuple[int, str] | None) -> None:
+def check_pipeline_rank_fits(model_config: ModelConfig, config: TrainConfig, topology: Topology, rank: int, chip: str,
+                             available: tuple[int, str] | None) -> None:
     """Refuses, in one line naming the rank, its stage and chip, a rank whose lower bound exceeds
     `available` (bytes, and where that figure comes from; None: unknown, not checked)."""
     needed = pipeline_rank_bytes(model_config, config, topology, rank)

@@ -22,6 +22,7 @@ from h2.train.checkpoint import atomic_write
 
 
 class MetricsLog:
+
     def __init__(self, out_dir: str):
         self.path = os.path.join(out_dir, "metrics.jsonl")
 
@@ -79,6 +80,6 @@ def read_metrics(path: str) -> list[dict]:
     """The records of a metrics log; a torn last line is skipped with one line on stderr."""
     records, torn = _read(path)
     if torn:
-        print(f"h2: {path}: skipped a torn last line ({len(torn)} bytes, an interrupted write)",
-              file=sys.stderr, flush=True)
+        print(f"h2: {path}: skipped a torn last line ({len(torn)} bytes, an interrupted write)", file=sys.stderr,
+              flush=True)
     return records

@@ -12,6 +12,7 @@ import time
 
 
 class Pacer:
+
     def __init__(self, step_s: float):
         self.step_s = step_s
         self.overruns = 0

@@ -27,8 +27,16 @@ from h2.core.links import RankLinks
 from h2.core.training import TRAJECTORY_FIELDS, PipelineOptions, TrainConfig
 from h2.data import SequenceStream, load_stdlib_corpus
 from h2.data.corpus import Corpus
-from h2.train.checkpoint import (Checkpoint, cut, json_value, load_optimizer_state_by_name, optimizer_state_by_name,
-                                 piece_layout, rng_state, set_rng_state)
+from h2.train.checkpoint import (
+    Checkpoint,
+    cut,
+    json_value,
+    load_optimizer_state_by_name,
+    optimizer_state_by_name,
+    piece_layout,
+    rng_state,
+    set_rng_state,
+)
 from h2.train.lr_schedule import learning_rate
 from h2.train.memory_check import check_rank_fits
 from h2.train.run_state import PIPELINE, RunStart
@@ -67,11 +75,11 @@ def pipeline_start(strategy, config: TrainConfig, out_dir: str, *, resume: bool 
 
 
 class PipelineTrainer:
+
     def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
                  corpus: Corpus | None = None, source: str = "strategy", links: RankLinks | None = None,
-                 chip_labels: dict[str, str] | None = None, *,
-                 resume: bool = False, overwrite: bool = False, restarted: bool = False,
-                 explicit: frozenset[str] = frozenset()):
+                 chip_labels: dict[str, str] | None = None, *, resume: bool = False, overwrite: bool = False,
+                 restarted: bool = False, explicit: frozenset[str] = frozenset()):
         """`out_dir` None: no metrics, no checkpoints (benchmarks); the other keywords: `pipeline_start`."""
         start = None
         if out_dir is not None:
@@ -88,14 +96,15 @@ class PipelineTrainer:
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), self.config.seq_len, seed=self.config.seed)
         self.out_dir = out_dir
         self.step, self.elapsed_s = 0, 0.0
-        self.host_cpu_s = 0.0           # this process's CPU time inside steps: the host work its chip needed
+        self.host_cpu_s = 0.0  # this process's CPU time inside steps: the host work its chip needed
         self.data_partition = (0, 1)  # (index, count): a Di-PS cluster reads its own part of every batch
         self.checkpoints = start.checkpoints if start else None
         self.metrics = start.metrics if start and self.writes_metrics else None
         self.resumed_from, self.resharded = checkpoint, False
-        self._layouts = {name: piece_layout(dim, self.engine.place.tp_index, self.engine.stage_info.tp)
-                         if dim is not None else piece_layout(None)
-                         for name, _, dim in self.engine.parameter_pieces()}
+        self._layouts = {
+            name: piece_layout(dim, self.engine.place.tp_index, self.engine.stage_info.tp)
+            if dim is not None else piece_layout(None) for name, _, dim in self.engine.parameter_pieces()
+        }
         self._parameter_names = {id(param): name for name, param, _ in self.engine.parameter_pieces()}
         if checkpoint is not None:
             self._restore(checkpoint)
@@ -112,8 +121,10 @@ class PipelineTrainer:
                 param.copy_(cut(checkpoint.parameter(name), self._layouts[name]))
 
         def owned_state(name: str) -> dict:
-            return {key: cut(value, self._layouts[name]) if torch.is_tensor(value) and value.dim() else value
-                    for key, value in checkpoint.optimizer_state(name).items()}
+            return {
+                key: cut(value, self._layouts[name]) if torch.is_tensor(value) and value.dim() else value
+                for key, value in checkpoint.optimizer_state(name).items()
+            }
 
         load_optimizer_state_by_name(self.engine.optimizer.optimizer, self._parameter_names, owned_state)
         self.stream.load_state_dict(checkpoint.manifest["data"])
@@ -127,22 +138,23 @@ class PipelineTrainer:
     def _shard(self) -> dict:
         parameters = {name: param.detach() for name, param, _ in self.engine.parameter_pieces()}
         place = self.engine.place
-        return {"place": {"rank": self.rank, "stage": place.stage, "dp_index": place.dp_index,
-                          "tp_index": place.tp_index},
-                "parameters": parameters, "layout": self._layouts,
-                "optimizer": optimizer_state_by_name(self.engine.optimizer.optimizer, self._parameter_names),
-                "rng": rng_state()}
+        return {
+            "place": {"rank": self.rank, "stage": place.stage, "dp_index": place.dp_index, "tp_index": place.tp_index},
+            "parameters": parameters, "layout": self._layouts, "optimizer": optimizer_state_by_name(
+                self.engine.optimizer.optimizer, self._parameter_names), "rng": rng_state()
+        }
 
     def _manifest(self) -> dict:
-        return {"kind": PIPELINE, "step": self.step, "elapsed_s": self.elapsed_s,
-                "world_size": self.topology.world_size, "model_config": self.model_config.to_dict(),
-                "train_config": self.config.to_dict(), "data": self.stream.state_dict(),
-                "global_batch": self.engine.global_batch, "seq_len": self.config.seq_len,
-                "strategy": json_value(self.strategy.to_dict()),
-                "optimizer_sharding": self.engine.options.optimizer_sharding,
-                "ranks": [{"rank": rank, "stage": place.stage, "chip": self.topology.stages[place.stage].chip,
-                           "dp_index": place.dp_index, "tp_index": place.tp_index}
-                          for rank, place in ((r, self.topology.place(r)) for r in range(self.topology.world_size))]}
+        return {
+            "kind": PIPELINE, "step": self.step, "elapsed_s": self.elapsed_s, "world_size": self.topology.world_size,
+            "model_config": self.model_config.to_dict(), "train_config": self.config.to_dict(),
+            "data": self.stream.state_dict(), "global_batch": self.engine.global_batch, "seq_len": self.config.seq_len,
+            "strategy": json_value(
+                self.strategy.to_dict()), "optimizer_sharding": self.engine.options.optimizer_sharding, "ranks": [{
+                    "rank": rank, "stage": place.stage, "chip": self.topology.stages[place.stage].chip,
+                    "dp_index": place.dp_index, "tp_index": place.tp_index
+                } for rank, place in ((r, self.topology.place(r)) for r in range(self.topology.world_size))]
+        }
 
     def save_checkpoint(self) -> None:
         """Every rank writes its shard; once all are on disk, rank 0 writes the manifest (the commit)."""
@@ -164,9 +176,11 @@ class PipelineTrainer:
         self.step += 1
         self.elapsed_s += step_time
         tokens = self.engine.global_batch * config.seq_len
-        record = {"step": self.step, "loss": float(result.loss), "lr": lr, "grad_norm": result.grad_norm,
-                  "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time,
-                  "elapsed_s": self.elapsed_s, "cross_stage_bytes": result.cross_stage_bytes}
+        record = {
+            "step": self.step, "loss": float(result.loss), "lr": lr, "grad_norm": result.grad_norm, "tokens": tokens,
+            "tokens_per_s": tokens / step_time, "step_time_s": step_time, "elapsed_s": self.elapsed_s,
+            "cross_stage_bytes": result.cross_stage_bytes
+        }
         if self.metrics is not None:
             self.metrics.append(record)
         every = config.checkpoint_every

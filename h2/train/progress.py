@@ -7,6 +7,7 @@ import time
 
 
 class ProgressBar:
+
     def __init__(self, total: int, start: int = 0, stream=None, width: int = 28, every_s: float = 5.0):
         self.total, self.done, self.width = total, start, width
         self.stream = stream or sys.stderr

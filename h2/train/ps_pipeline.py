@@ -96,11 +96,13 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
     join = None
     if first:
         client = ClusterClient(options.ps, options.cluster_id, log=say)
-        join = {"routes": [{"index": route.index, "address": route.address} for route in client.layers.routes.values()],
-                "model": client.model, "version": client.version, "inner_steps": client.inner_steps,
-                "partition": client.partition, "partitions": client.partitions,
-                "transfer_timeout_s": client.transfer_timeout_s, "sync_retries": client.sync_retries,
-                "heartbeat_s": client.heartbeat_s}
+        join = {
+            "routes": [{"index": route.index, "address": route.address}
+                       for route in client.layers.routes.values()], "model": client.model, "version": client.version,
+            "inner_steps": client.inner_steps, "partition": client.partition, "partitions": client.partitions,
+            "transfer_timeout_s": client.transfer_timeout_s, "sync_retries": client.sync_retries,
+            "heartbeat_s": client.heartbeat_s
+        }
     join = _broadcast(join, engine.groups.everyone)
     if options.outlier != "none":
         raise UserError("--outlier is fault injection for single-device clusters, not for --strategy pipelines")
@@ -119,10 +121,12 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
 
     def record_sync(result: SyncResult) -> None:
         if first:
-            sync_log.append({"step": trainer.step, "time": time.time(), **result.__dict__, "eval_loss": None,
-                             "pacing_overruns": pacer.overruns})
-            say(f"step {trainer.step}: {result.status} -> version {result.version}"
-                + (f" ({result.reason})" if result.reason else ""))
+            sync_log.append({
+                "step": trainer.step, "time": time.time(), **result.__dict__, "eval_loss": None,
+                "pacing_overruns": pacer.overruns
+            })
+            say(f"step {trainer.step}: {result.status} -> version {result.version}" +
+                (f" ({result.reason})" if result.reason else ""))
 
     try:
         while trainer.step < trainer.config.steps:

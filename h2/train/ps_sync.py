@@ -42,6 +42,7 @@ def held_out_loss(model: torch.nn.Module, batch: torch.Tensor, device: torch.dev
 
 
 class SyncLog:
+
     def __init__(self, out_dir: str, append: bool):
         self.path = os.path.join(out_dir, "ps.jsonl")
         if not append:
@@ -54,11 +55,12 @@ class SyncLog:
 
 def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=print) -> list[dict]:
     """Train `trainer` (h2.train.trainer.Trainer) as cluster `options.cluster_id` of the run at `options.ps`."""
+
     def say(message: str) -> None:
         log(f"[cluster {options.cluster_id}] {message}")
 
-    client = ClusterClient(options.ps, options.cluster_id, log=say,
-                           outliers=Outliers(options.outlier, options.outlier_every, options.outlier_scale))
+    client = ClusterClient(options.ps, options.cluster_id, log=say, outliers=Outliers(
+        options.outlier, options.outlier_every, options.outlier_scale))
     if client.model != trainer.model_config.name:
         raise UserError(f"--ps {options.ps}: the run trains model '{client.model}', this trainer "
                         f"'{trainer.model_config.name}'")
@@ -72,8 +74,10 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
     def record_sync(result: SyncResult) -> None:
         eval_loss = held_out_loss(trainer.model, held_out, trainer.device) if (
             held_out is not None and result.status in ("applied", "rejected", "rejoined", "joined")) else None
-        entry = {"step": trainer.step, "time": time.time(), **result.__dict__, "eval_loss": eval_loss,
-                 "pacing_overruns": pacer.overruns}
+        entry = {
+            "step": trainer.step, "time": time.time(), **result.__dict__, "eval_loss": eval_loss,
+            "pacing_overruns": pacer.overruns
+        }
         sync_log.append(entry)
         shown = f"; held-out loss {eval_loss:.4f}" if eval_loss is not None else ""
         why = f" ({result.reason})" if result.reason else ""
@@ -84,8 +88,9 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
         say(f"emulated cluster speed: every step padded to {options.pace_step_s:g} s by sleeping")
     started = time.perf_counter()
     nbytes = client.pull_all(tensors, client.version)
-    record_sync(SyncResult("joined", client.version, pull_s=time.perf_counter() - started, bytes_pulled=nbytes,
-                           finished=client.finished))
+    record_sync(
+        SyncResult("joined", client.version, pull_s=time.perf_counter() - started, bytes_pulled=nbytes,
+                   finished=client.finished))
     records, tokens, losses = [], 0, []
     bar = ProgressBar(trainer.config.steps, start=trainer.step) if show_progress else None
     try:
@@ -118,8 +123,8 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
             say(f"emulated pacing overran on {pacer.overruns} of {pacer.steps} steps (compute up to "
                 f"{pacer.worst_compute_s:.3f} s > {options.pace_step_s:.3f} s): the host was too busy to emulate "
                 f"this speed")
-        say(f"stopped at step {trainer.step}, version {client.version}"
-            + (" (the run's token budget is spent)" if client.finished else ""))
+        say(f"stopped at step {trainer.step}, version {client.version}" +
+            (" (the run's token budget is spent)" if client.finished else ""))
     finally:
         client.close()
     return records

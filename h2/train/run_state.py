@@ -80,6 +80,7 @@ def check_writable(out_dir: str) -> None:
 
 
 class RunStart:
+
     def __init__(self, out_dir: str, *, resume: bool = False, overwrite: bool = False, restarted: bool = False):
         if resume and overwrite:
             raise UserError("--resume and --overwrite exclude each other")
@@ -136,8 +137,9 @@ class RunStart:
         """Make the folder what the run continues from (call on one process, after every check)."""
         swept = sweep_stale_temporaries(self.out_dir)
         if swept:
-            print(f"h2: removed {len(swept)} temporar{'y' if len(swept) == 1 else 'ies'} left by killed writers "
-                  f"({swept[0]}{', ...' if len(swept) > 1 else ''})", file=sys.stderr, flush=True)
+            print(
+                f"h2: removed {len(swept)} temporar{'y' if len(swept) == 1 else 'ies'} left by killed writers "
+                f"({swept[0]}{', ...' if len(swept) > 1 else ''})", file=sys.stderr, flush=True)
         if self.checkpoint is not None:
             self.metrics.keep_until(self.checkpoint.step)
         elif self.overwrite or self.restarted:

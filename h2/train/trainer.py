@@ -10,15 +10,20 @@ import time
 import numpy as np
 import torch
 
-from h2.data import SequenceStream, load_stdlib_corpus
-from h2.data.corpus import Corpus
+from h2.core.devices import resolve_device
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
-from h2.model.transformer import Transformer, language_model_loss
-from h2.train.checkpoint import (load_optimizer_state_by_name, optimizer_state_by_name, piece_layout, rng_state,
-                                 set_rng_state)
 from h2.core.training import TrainConfig
-from h2.core.devices import resolve_device
+from h2.data import SequenceStream, load_stdlib_corpus
+from h2.data.corpus import Corpus
+from h2.model.transformer import Transformer, language_model_loss
+from h2.train.checkpoint import (
+    load_optimizer_state_by_name,
+    optimizer_state_by_name,
+    piece_layout,
+    rng_state,
+    set_rng_state,
+)
 from h2.train.lr_schedule import learning_rate
 from h2.train.memory_check import check_training_fits
 from h2.train.progress import ProgressBar
@@ -29,15 +34,15 @@ def build_adamw(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Adam
     """AdamW with weight decay on matrices only (norm weights are not decayed)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
 
 
 class Trainer:
-    def __init__(self, model_config: ModelConfig, config: TrainConfig, out_dir: str, *,
-                 resume: bool = False, overwrite: bool = False, explicit: frozenset[str] = frozenset(),
-                 corpus: Corpus | None = None, show_progress: bool = True):
+
+    def __init__(self, model_config: ModelConfig, config: TrainConfig, out_dir: str, *, resume: bool = False,
+                 overwrite: bool = False, explicit: frozenset[str] = frozenset(), corpus: Corpus | None = None,
+                 show_progress: bool = True):
         self.out_dir = out_dir
         start = RunStart(out_dir, resume=resume, overwrite=overwrite)
         start.check_continues(SINGLE_DEVICE, model_config)
@@ -77,14 +82,17 @@ class Trainer:
 
     def _shard(self) -> dict:
         parameters = {name: param.detach() for name, param in self.model.named_parameters()}
-        return {"parameters": parameters, "layout": {name: piece_layout(None) for name in parameters},
-                "optimizer": optimizer_state_by_name(self.optimizer, self.parameter_names), "rng": rng_state()}
+        return {
+            "parameters": parameters, "layout": {name: piece_layout(None) for name in parameters},
+            "optimizer": optimizer_state_by_name(self.optimizer, self.parameter_names), "rng": rng_state()
+        }
 
     def _manifest(self) -> dict:
-        return {"kind": SINGLE_DEVICE, "step": self.step, "elapsed_s": self.elapsed_s, "world_size": 1,
-                "model_config": self.model_config.to_dict(), "train_config": self.config.to_dict(),
-                "data": self.stream.state_dict(), "global_batch": self.config.global_batch,
-                "seq_len": self.config.seq_len}
+        return {
+            "kind": SINGLE_DEVICE, "step": self.step, "elapsed_s": self.elapsed_s, "world_size": 1,
+            "model_config": self.model_config.to_dict(), "train_config": self.config.to_dict(),
+            "data": self.stream.state_dict(), "global_batch": self.config.global_batch, "seq_len": self.config.seq_len
+        }
 
     def save_checkpoint(self) -> str:
         self.checkpoints.write_shard(self.step, 0, self._shard())
@@ -98,8 +106,8 @@ class Trainer:
     def train_step(self) -> dict:
         config = self.config
         started = time.perf_counter()
-        lr = learning_rate(self.step, lr=config.lr, min_lr=config.min_lr,
-                           warmup_steps=config.warmup_steps, decay_steps=config.lr_decay_steps)
+        lr = learning_rate(self.step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
+                           decay_steps=config.lr_decay_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         index, count = self.data_partition
@@ -122,9 +130,10 @@ class Trainer:
         self.step += 1
         self.elapsed_s += step_time
         tokens = config.global_batch * config.seq_len
-        return {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": float(grad_norm),
-                "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time,
-                "elapsed_s": self.elapsed_s}
+        return {
+            "step": self.step, "loss": loss_value, "lr": lr, "grad_norm": float(grad_norm), "tokens": tokens,
+            "tokens_per_s": tokens / step_time, "step_time_s": step_time, "elapsed_s": self.elapsed_s
+        }
 
     def run(self) -> list[dict]:
         """Train up to config.steps, checkpointing on schedule and at the end; returns this run's records."""

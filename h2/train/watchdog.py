@@ -66,9 +66,9 @@ def stop_process(line: str, code: int) -> None:
 
 
 class RankWatchdog:
+
     def __init__(self, store, rank: int, world_size: int, *, timeout_s: float, describe: Callable[[int], str],
-                 attempt: int = 0, prog: str = "h2.cli.rank",
-                 on_loss: Callable[[str, int], None] = stop_process):
+                 attempt: int = 0, prog: str = "h2.cli.rank", on_loss: Callable[[str, int], None] = stop_process):
         """`store`: a client of the job's store; `describe(rank)` names a rank ('rank 1 (stage 1, chip B)');
         `on_loss(line, exit_code)` ends the rank (default: print and exit)."""
         self.store, self.rank, self.world_size = store, rank, world_size
@@ -81,8 +81,8 @@ class RankWatchdog:
         self._thread: threading.Thread | None = None
         self._wakeup: tuple[int, int] | None = None
         self._previous_sigterm = None
-        self._processes: dict[int, tuple[int, str]] = {}   # local peers: pid, start time
-        self._beats: dict[int, tuple[int, float]] = {}     # peer: last counter, when it last moved
+        self._processes: dict[int, tuple[int, str]] = {}  # local peers: pid, start time
+        self._beats: dict[int, tuple[int, float]] = {}  # peer: last counter, when it last moved
 
     @classmethod
     def connect(cls, rank: int, world_size: int, **kwargs) -> "RankWatchdog":

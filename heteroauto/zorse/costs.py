@@ -66,17 +66,17 @@ from h2.core.cluster import ChipType, TrainingSpec
 from h2.core.links import Link
 from h2.core.model_config import ModelConfig
 
-HOST_LINK_GBPS = 16.0   # assumed host <-> device copy rate per GPU (PCIe 4.0 x16 in practice); not measured
+HOST_LINK_GBPS = 16.0  # assumed host <-> device copy rate per GPU (PCIe 4.0 x16 in practice); not measured
 
 
 @dataclass(frozen=True)
 class ChipRates:
     """One chip type's per-sequence, per-layer costs at tp 1 and its memory."""
     name: str
-    forward_s: float          # one sequence through one layer
-    backward_s: float         # its backward
-    recompute_s: float        # the recompute of its forward before the backward (activation checkpointing)
-    capacity_bytes: float     # what the plan may use (chip capacity x memory fraction)
+    forward_s: float  # one sequence through one layer
+    backward_s: float  # its backward
+    recompute_s: float  # the recompute of its forward before the backward (activation checkpointing)
+    capacity_bytes: float  # what the plan may use (chip capacity x memory fraction)
     memory_bandwidth_gbps: float
 
 
@@ -85,28 +85,26 @@ class Shapes:
     """The model and training numbers the models read."""
     layer_params: int
     embedding_params: int
-    head_params: int          # final norm and LM head
+    head_params: int  # final norm and LM head
     weight_bytes: int
     gradient_bytes: int
     optimizer_bytes: int
-    checkpoint_bytes: int     # one layer's input, one sequence
-    layer_activation_bytes: int   # one layer's full activations, one sequence
-    boundary_bytes: int       # what crosses a stage boundary, one sequence
+    checkpoint_bytes: int  # one layer's input, one sequence
+    layer_activation_bytes: int  # one layer's full activations, one sequence
+    boundary_bytes: int  # what crosses a stage boundary, one sequence
     num_layers: int
 
     @staticmethod
     def of(model: ModelConfig, training: TrainingSpec) -> "Shapes":
         element = training.activation_bytes_per_element
-        return Shapes(layer_params=model.layer_params(), embedding_params=model.embedding_params(),
-                      head_params=model.head_params() + model.final_norm_params(),
-                      weight_bytes=training.weight_bytes, gradient_bytes=training.gradient_bytes,
-                      optimizer_bytes=training.optimizer_bytes,
-                      checkpoint_bytes=model.layer_recompute_activation_bytes(1, training.seq_len,
-                                                                             bytes_per_element=element),
-                      layer_activation_bytes=model.layer_activation_bytes(1, training.seq_len,
-                                                                         bytes_per_element=element),
-                      boundary_bytes=training.seq_len * model.hidden_size * element,
-                      num_layers=model.num_layers)
+        return Shapes(
+            layer_params=model.layer_params(), embedding_params=model.embedding_params(),
+            head_params=model.head_params() + model.final_norm_params(), weight_bytes=training.weight_bytes,
+            gradient_bytes=training.gradient_bytes,
+            optimizer_bytes=training.optimizer_bytes, checkpoint_bytes=model.layer_recompute_activation_bytes(
+                1, training.seq_len, bytes_per_element=element), layer_activation_bytes=model.layer_activation_bytes(
+                    1, training.seq_len, bytes_per_element=element),
+            boundary_bytes=training.seq_len * model.hidden_size * element, num_layers=model.num_layers)
 
 
 @dataclass(frozen=True)
@@ -165,8 +163,8 @@ class Ministage:
     step_s: float
 
 
-def ministage_times(group: GroupShape, layers: int, ministages: int, micro_batches: int, offload: bool,
-                    shapes: Shapes, overlap: bool = True) -> Ministage:
+def ministage_times(group: GroupShape, layers: int, ministages: int, micro_batches: int, offload: bool, shapes: Shapes,
+                    overlap: bool = True) -> Ministage:
     """With overlap (Zorse's runtime) the module's formulas; without, HeteroPP's runtime (issue 20a) on
     DiComm: weights stay whole; at a ministage's STEP each owner's share of its gradients is reduced
     to the owner (every replica sends its part straight to it: one share's time per owner) and each
@@ -178,26 +176,23 @@ def ministage_times(group: GroupShape, layers: int, ministages: int, micro_batch
     scatter = ring_s(shapes.layer_params * shapes.gradient_bytes, n, group.link)
     host = HOST_LINK_GBPS * 1e9
     kept = shapes.checkpoint_bytes if group.recompute else shapes.layer_activation_bytes
-    checkpoints = max(group.rows) * kept / host          # per layer and micro-batch
+    checkpoints = max(group.rows) * kept / host  # per layer and micro-batch
     shard = layer_weights / n / host if ministages > 1 else 0.0
     forward = max(micro_batches * layers * group.forward_s, layers * gather,
                   layers * (micro_batches * checkpoints + shard) if offload else 0.0)
-    backward = max(micro_batches * layers * group.backward_s,
-                   layers * ((gather if ministages > 1 else 0.0) + scatter),
+    backward = max(micro_batches * layers * group.backward_s, layers * ((gather if ministages > 1 else 0.0) + scatter),
                    layers * (micro_batches * checkpoints + shard) if offload else 0.0)
     touched = shapes.gradient_bytes + 2 * shapes.optimizer_bytes + shapes.weight_bytes
-    step = layers * max(shapes.layer_params / n * touched / (rate.memory_bandwidth_gbps * 1e9)
-                        for rate in group.rates)
+    step = layers * max(shapes.layer_params / n * touched / (rate.memory_bandwidth_gbps * 1e9) for rate in group.rates)
     if not overlap:
         copies = layers * (micro_batches * checkpoints + (layer_weights / host if ministages > 1 else 0.0))
         rounds = math.ceil(math.log2(n)) if n > 1 else 0
         reduce_to_owners = layers * shapes.layer_params * shapes.gradient_bytes / group.link.bytes_per_s
         broadcast_updates = layers * layer_weights / group.link.bytes_per_s
-        collectives = (reduce_to_owners + rounds * broadcast_updates + (1 + rounds) * n * group.link.latency_s
-                       if n > 1 else 0.0)
+        collectives = (reduce_to_owners + rounds * broadcast_updates +
+                       (1 + rounds) * n * group.link.latency_s if n > 1 else 0.0)
         return Ministage(micro_batches * layers * group.forward_s + (copies if offload else 0.0),
-                         micro_batches * layers * group.backward_s + (copies if offload else 0.0),
-                         step + collectives)
+                         micro_batches * layers * group.backward_s + (copies if offload else 0.0), step + collectives)
     return Ministage(forward, backward, step)
 
 
@@ -217,10 +212,10 @@ def transfer(sender: GroupShape, receiver: GroupShape, link: Link, sequences: in
 @dataclass(frozen=True)
 class Latency:
     iteration_s: float
-    startup_s: float        # of the group or link that sets the iteration
+    startup_s: float  # of the group or link that sets the iteration
     steady_s: float
     drain_s: float
-    bottleneck: str         # "group i" or "link i->j"
+    bottleneck: str  # "group i" or "link i->j"
 
 
 def latency(groups: list[GroupShape], ministage_layers: list[tuple[int, ...]], transfers: list[Transfer],
@@ -228,8 +223,8 @@ def latency(groups: list[GroupShape], ministage_layers: list[tuple[int, ...]], t
     """The module's latency model. transfers[g]: group g to group (g + 1) % G (the last is the wrap)."""
     count = len(groups)
     ministages = len(ministage_layers[0])
-    first_gather = (ring_s(shapes.layer_params * shapes.weight_bytes, groups[0].size, groups[0].link)
-                    if overlap else 0.0)
+    first_gather = (ring_s(shapes.layer_params *
+                           shapes.weight_bytes, groups[0].size, groups[0].link) if overlap else 0.0)
     startup, drain = [first_gather], [0.0]
     for g in range(1, count):
         previous, hop = groups[g - 1], transfers[g - 1]
@@ -279,9 +274,8 @@ def gradient_layers(ministage_layers: tuple[int, ...], ranks: int, grad_clip: fl
                for c, layers in enumerate(ministage_layers))
 
 
-def rank_memory(group: GroupShape, rank: int, ministage_layers: tuple[int, ...], micro_batches: int,
-                offload: bool, first: bool, last: bool, shapes: Shapes, *, grad_clip: float = 1.0,
-                overlap: bool = True) -> RankMemory:
+def rank_memory(group: GroupShape, rank: int, ministage_layers: tuple[int, ...], micro_batches: int, offload: bool,
+                first: bool, last: bool, shapes: Shapes, *, grad_clip: float = 1.0, overlap: bool = True) -> RankMemory:
     """The module's memory model for one rank of a group, for a run clipping gradients by their global
     norm at grad_clip (0: no clipping) on Zorse's runtime (overlap) or HeteroPP's."""
     n, rows = group.size, group.rows[rank]
@@ -293,10 +287,10 @@ def rank_memory(group: GroupShape, rank: int, ministage_layers: tuple[int, ...],
     p = shapes.layer_params
     sharded_weights = (total - whole) * p * shapes.weight_bytes / n
     extra = (shapes.embedding_params if first else 0) + (shapes.head_params if last else 0)
-    device = (whole * p * shapes.weight_bytes + (0.0 if offload else sharded_weights)
-              + gradient_layers(ministage_layers, n, grad_clip, overlap) * p * shapes.gradient_bytes
-              + total * p * shapes.optimizer_bytes / n
-              + extra * (shapes.weight_bytes + (shapes.gradient_bytes + shapes.optimizer_bytes) / n))
+    device = (whole * p * shapes.weight_bytes + (0.0 if offload else sharded_weights) +
+              gradient_layers(ministage_layers, n, grad_clip, overlap) * p * shapes.gradient_bytes +
+              total * p * shapes.optimizer_bytes / n + extra * (shapes.weight_bytes +
+                                                                (shapes.gradient_bytes + shapes.optimizer_bytes) / n))
     kept = shapes.checkpoint_bytes if group.recompute else shapes.layer_activation_bytes
     checkpoints = micro_batches * rows * total * kept
     resident_checkpoints = 2 * rows * max(ministage_layers) * kept if offload else checkpoints

@@ -30,9 +30,9 @@ from h2.core.links import Link, Location, link_between, placement_of
 class Machine:
     index: int
     name: str
-    region: str               # the node's site (h2.core.placement; "regions" in the planner's output)
-    chips: tuple[str, ...]    # each GPU's chip type
-    bandwidth_gbps: float     # between two of its GPUs (the node's)
+    region: str  # the node's site (h2.core.placement; "regions" in the planner's output)
+    chips: tuple[str, ...]  # each GPU's chip type
+    bandwidth_gbps: float  # between two of its GPUs (the node's)
 
     @property
     def gpus(self) -> int:
@@ -45,8 +45,11 @@ class Machine:
 
 def machines_of(cluster: ClusterSpec) -> list[Machine]:
     """Every node of the cluster graph, in the cluster file's order."""
-    return [Machine(index, node.name, node.site, tuple(chip for chip, count in node.chips for _ in range(count)),
-                    node.bandwidth_gbps) for index, node in enumerate(placement_of(cluster).nodes)]
+    return [
+        Machine(index, node.name, node.site, tuple(chip for chip, count in node.chips
+                                                   for _ in range(count)), node.bandwidth_gbps)
+        for index, node in enumerate(placement_of(cluster).nodes)
+    ]
 
 
 def _level_link(cluster: ClusterSpec, a: Machine, b: Machine):
@@ -79,8 +82,10 @@ def link_of(cluster: ClusterSpec, a: Machine, b: Machine) -> Link:
 def slowest_link(cluster: ClusterSpec, machines: list[Machine]) -> Link:
     """The link a collective over these machines' GPUs is paced by: the lowest bandwidth and the
     highest latency among their pairs (the machine's own link when there is one machine)."""
-    links = [link_of(cluster, a, b) for i, a in enumerate(machines) for b in machines[i:]
-             if a.index != b.index or a.gpus > 1 or len(machines) == 1]
+    links = [
+        link_of(cluster, a, b) for i, a in enumerate(machines) for b in machines[i:]
+        if a.index != b.index or a.gpus > 1 or len(machines) == 1
+    ]
     return Link(min(link.bandwidth_gbps for link in links), max(link.latency_us for link in links))
 
 

@@ -19,8 +19,8 @@ from h2.core.errors import UserError
 
 @dataclass(frozen=True)
 class Partition:
-    groups: tuple[tuple, ...]   # each group's vertices, sorted; groups in order of their first vertex
-    cut_weight: float           # weight of the edges between groups
+    groups: tuple[tuple, ...]  # each group's vertices, sorted; groups in order of their first vertex
+    cut_weight: float  # weight of the edges between groups
 
     @property
     def k(self) -> int:
@@ -70,4 +70,3 @@ def cut_weight(graph: nx.Graph, groups) -> float:
 def split_bound(k: int) -> float:
     """SPLIT's approximation factor for k groups."""
     return 2 - 2 / k
-

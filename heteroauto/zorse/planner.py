@@ -32,8 +32,20 @@ from h2.core.model_config import ModelConfig
 from h2.core.numbers import divisors
 from h2.core.strategy import even_chunks
 from heteroauto.profiles import Profile
-from heteroauto.zorse.costs import (ChipRates, GroupShape, Latency, RankMemory, Shapes, Transfer, chip_rates,
-                                       latency, proportional_counts, rank_memory, rows_per_rank, transfer)
+from heteroauto.zorse.costs import (
+    ChipRates,
+    GroupShape,
+    Latency,
+    RankMemory,
+    Shapes,
+    Transfer,
+    chip_rates,
+    latency,
+    proportional_counts,
+    rank_memory,
+    rows_per_rank,
+    transfer,
+)
 from heteroauto.zorse.graph import Machine, bandwidth_graph, link_across, machines_of, slowest_link
 from heteroauto.zorse.partition import Partition, split_partitions
 
@@ -44,11 +56,11 @@ OFFLOAD_CHOICES = ("auto", "on", "off")
 @dataclass(frozen=True)
 class GroupPlan:
     machines: tuple[Machine, ...]
-    chips: tuple[str, ...]              # each rank's chip type
-    rows: tuple[int, ...]               # each rank's sequences of one micro-batch
-    ministage_layers: tuple[int, ...]   # layers of each ministage, in pipeline order
-    link: Link                          # the slowest link inside the group
-    memory: tuple[RankMemory, ...]      # each rank's, by the memory model
+    chips: tuple[str, ...]  # each rank's chip type
+    rows: tuple[int, ...]  # each rank's sequences of one micro-batch
+    ministage_layers: tuple[int, ...]  # layers of each ministage, in pipeline order
+    link: Link  # the slowest link inside the group
+    memory: tuple[RankMemory, ...]  # each rank's, by the memory model
 
     @property
     def layers(self) -> int:
@@ -65,16 +77,16 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class ZorsePlan:
-    groups: tuple[GroupPlan, ...]       # pipeline order
-    micro_batch_sequences: int          # S: sequences of one pipeline micro-batch (all ranks of a group)
-    micro_batches: int                  # M
-    ministages: int                     # per group
+    groups: tuple[GroupPlan, ...]  # pipeline order
+    micro_batch_sequences: int  # S: sequences of one pipeline micro-batch (all ranks of a group)
+    micro_batches: int  # M
+    ministages: int  # per group
     offload: bool
     recompute: bool
     latency: Latency
-    transfers: tuple[Transfer, ...]     # group g to group (g + 1) % G
+    transfers: tuple[Transfer, ...]  # group g to group (g + 1) % G
     seq_len: int
-    overlap: bool = True                # communication and offload overlap compute (Zorse); False: HeteroPP's
+    overlap: bool = True  # communication and offload overlap compute (Zorse); False: HeteroPP's
 
     @property
     def max_memory_fraction(self) -> float:
@@ -153,8 +165,8 @@ def _relieve_memory(layers_of: list[int], memory: list, k: int, group_memory) ->
 
 def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates: dict[str, ChipRates], *,
          ministages: int | None = None, offload: str = "auto", micro_batch_sequences: int | None = None,
-         overlap: bool = True, max_groups: int | None = None, min_groups: int = 1,
-         lone_group_ministages: bool = False, grad_clip: float = 1.0) -> PlanSearch:
+         overlap: bool = True, max_groups: int | None = None, min_groups: int = 1, lone_group_ministages: bool = False,
+         grad_clip: float = 1.0) -> PlanSearch:
     """The fastest plan that fits (module doc) among partitions of min_groups to max_groups groups;
     `rates` from rates_from_profiles (which sets the memory each chip may use). lone_group_ministages
     False (the default): a plan of one group has one ministage unless `ministages` says otherwise (the
@@ -172,7 +184,7 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
     if micro_batch_sequences is not None and sequences % micro_batch_sequences:
         raise UserError(f"--micro-batch-sequences: {micro_batch_sequences} does not divide the global batch of "
                         f"{sequences} sequences")
-    offloads = {"auto": (False, True), "on": (True,), "off": (False,)}[offload]
+    offloads = {"auto": (False, True), "on": (True, ), "off": (False, )}[offload]
     best: ZorsePlan | None = None
     nearest = _Nearest()
     evaluated = 0
@@ -184,16 +196,22 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
                 continue
             chips = [[chip for machine in group for chip in machine.chips] for group in groups]
             links = [slowest_link(cluster, group) for group in groups]
-            between = [link_across(cluster, groups[g], groups[(g + 1) % len(groups)]) if len(groups) > 1
-                       else links[0] for g in range(len(groups))]
+            between = [
+                link_across(cluster, groups[g], groups[(g + 1) % len(groups)]) if len(groups) > 1 else links[0]
+                for g in range(len(groups))
+            ]
             for size, recompute in itertools.product(sizes, (True, False)):
                 if size < max(len(c) for c in chips):
                     continue
-                shaped = [GroupShape(tuple(rates[c] for c in group_chips),
-                                     rows_per_rank([rates[c] for c in group_chips], size), link, recompute)
-                          for group_chips, link in zip(chips, links)]
-                hops = [transfer(shaped[g], shaped[(g + 1) % len(shaped)], between[g], size, shapes)
-                        for g in range(len(shaped))]
+                shaped = [
+                    GroupShape(tuple(rates[c] for c in group_chips), rows_per_rank([rates[c] for c in group_chips],
+                                                                                   size), link, recompute)
+                    for group_chips, link in zip(chips, links)
+                ]
+                hops = [
+                    transfer(shaped[g], shaped[(g + 1) % len(shaped)], between[g], size, shapes)
+                    for g in range(len(shaped))
+                ]
                 group_layers = proportional_counts([g.forward_s + g.backward_s for g in shaped], model.num_layers)
                 counts = range(1, min(group_layers) + 1) if ministages is None else [ministages]
                 if ministages is None and len(shaped) == 1 and not lone_group_ministages:
@@ -205,9 +223,11 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
                         evaluated += 1
 
                         def group_memory(g: int, layers: int) -> tuple[RankMemory, ...]:
-                            return tuple(rank_memory(shaped[g], r, even_chunks(layers, k), sequences // size, off,
-                                                     g == 0, g == len(shaped) - 1, shapes, grad_clip=grad_clip,
-                                                     overlap=overlap) for r in range(shaped[g].size))
+                            return tuple(
+                                rank_memory(shaped[g], r, even_chunks(layers, k), sequences //
+                                            size, off, g == 0, g == len(shaped) -
+                                            1, shapes, grad_clip=grad_clip, overlap=overlap)
+                                for r in range(shaped[g].size))
 
                         layers_of = list(group_layers)
                         memory = [group_memory(g, layers) for g, layers in enumerate(layers_of)]
@@ -228,11 +248,11 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
                         predicted = latency(shaped, chunks, hops, sequences // size, off, shapes, overlap)
                         if best is None or predicted.iteration_s < best.latency.iteration_s * (1 - 1e-9):
                             best = ZorsePlan(
-                                groups=tuple(GroupPlan(tuple(groups[g]), tuple(chips[g]), shaped[g].rows, chunks[g],
-                                                       links[g], memory[g]) for g in range(len(shaped))),
-                                micro_batch_sequences=size, micro_batches=sequences // size, ministages=k,
-                                offload=off, recompute=recompute, latency=predicted, transfers=tuple(hops),
-                                seq_len=training.seq_len, overlap=overlap)
+                                groups=tuple(
+                                    GroupPlan(tuple(groups[g]), tuple(chips[g]), shaped[g].rows, chunks[g], links[g],
+                                              memory[g]) for g in range(len(shaped))), micro_batch_sequences=size,
+                                micro_batches=sequences // size, ministages=k, offload=off, recompute=recompute,
+                                latency=predicted, transfers=tuple(hops), seq_len=training.seq_len, overlap=overlap)
         if best is not None:
             break
     if best is None:
@@ -242,4 +262,3 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
                             f"ministage count to try")
         raise UserError(f"{cluster.source}: no plan fits the memory model; nearest: {nearest.text}")
     return PlanSearch(best, partitions, evaluated, time.perf_counter() - started)
-

@@ -33,11 +33,9 @@ def plan_terms(plan: ZorsePlan, rates: dict, shapes: Shapes) -> list[StageTerms]
             times = ministage_times(shaped, layers, plan.ministages, plan.micro_batches, plan.offload, shapes,
                                     plan.overlap)
             last = stage == len(terms) - 1
-            terms[stage] = StageTerms(forward_s=times.forward_s / plan.micro_batches,
-                                      backward_s=times.backward_s / plan.micro_batches, weight_grad_s=0.0,
-                                      update_s=times.step_s,
-                                      send_occupancy_s=0.0 if last else hop.occupancy_s,
-                                      send_latency_s=0.0 if last else hop.latency_s)
+            terms[stage] = StageTerms(forward_s=times.forward_s / plan.micro_batches, backward_s=times.backward_s /
+                                      plan.micro_batches, weight_grad_s=0.0, update_s=times.step_s, send_occupancy_s=0.0
+                                      if last else hop.occupancy_s, send_latency_s=0.0 if last else hop.latency_s)
     return terms
 
 

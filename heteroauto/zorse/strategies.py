@@ -24,12 +24,14 @@ OFFLOADED = ["activations", "parameters"]
 
 
 def to_strategy(plan: ZorsePlan, model: ModelConfig) -> Strategy:
-    stages = [StageSpec(chip=group.chips[0], tp=1, layers=group.layers, recompute=plan.recompute,
-                        chips=list(group.chips), rows=list(group.rows)) for group in plan.groups]
+    stages = [
+        StageSpec(chip=group.chips[0], tp=1, layers=group.layers, recompute=plan.recompute, chips=list(group.chips),
+                  rows=list(group.rows)) for group in plan.groups
+    ]
     strategy = Strategy(dp=plan.micro_batch_sequences, micro_batches=plan.micro_batches, micro_batch_size=1,
                         stages=stages, model=model.name if PRESETS.get(model.name) == model else model.to_dict(),
-                        schedule=MINISTAGE_SCHEDULE, seq_len=plan.seq_len, ministages=plan.ministages, optimizer_sharding="zero2",
-                        offload=list(OFFLOADED) if plan.offload else [])
+                        schedule=MINISTAGE_SCHEDULE, seq_len=plan.seq_len, ministages=plan.ministages,
+                        optimizer_sharding="zero2", offload=list(OFFLOADED) if plan.offload else [])
     strategy.validate("zorse plan")
     return strategy
 
@@ -64,8 +66,8 @@ def _place(strategy: Strategy, cluster: ClusterSpec, source: str) -> list[list[M
     return groups
 
 
-def from_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
-                  rates: dict, source: str = "strategy", overlap: bool = True, grad_clip: float = 1.0) -> ZorsePlan:
+def from_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates: dict,
+                  source: str = "strategy", overlap: bool = True, grad_clip: float = 1.0) -> ZorsePlan:
     """The plan a strategy describes, priced by the Zorse latency and memory models (for a run clipping
     gradients at grad_clip, 0: none)."""
     shapes = Shapes.of(model, training)
@@ -73,22 +75,31 @@ def from_strategy(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, 
     if len({stage.recompute for stage in strategy.stages}) != 1:
         raise UserError(f"{source}: field 'stages': the Zorse models take recompute on every stage or on none")
     recompute = strategy.stages[0].recompute
-    shaped = [GroupShape(tuple(rates[stage.replica_chip(r)] for r in range(strategy.stage_dp(i))),
-                         tuple(strategy.stage_rows(i)), slowest_link(cluster, groups[i]), recompute)
-              for i, stage in enumerate(strategy.stages)]
+    shaped = [
+        GroupShape(tuple(rates[stage.replica_chip(r)] for r in range(strategy.stage_dp(i))),
+                   tuple(strategy.stage_rows(i)), slowest_link(cluster, groups[i]), recompute)
+        for i, stage in enumerate(strategy.stages)
+    ]
     count = len(shaped)
     sequences = strategy.micro_batch_sequences
-    hops = [transfer(shaped[g], shaped[(g + 1) % count],
-                     link_across(cluster, groups[g], groups[(g + 1) % count]) if count > 1 else shaped[g].link,
-                     sequences, shapes) for g in range(count)]
+    hops = [
+        transfer(shaped[g], shaped[(g + 1) % count],
+                 link_across(cluster, groups[g], groups[(g + 1) % count]) if count > 1 else shaped[g].link, sequences,
+                 shapes) for g in range(count)
+    ]
     chunks = [tuple(strategy.chunk_sizes(index)) for index in range(count)]
     offload = bool(strategy.offload)
-    memory = [tuple(rank_memory(group, r, chunks[g], strategy.micro_batches, offload, g == 0, g == count - 1, shapes,
-                                grad_clip=grad_clip, overlap=overlap)
-                    for r in range(group.size)) for g, group in enumerate(shaped)]
+    memory = [
+        tuple(
+            rank_memory(group, r, chunks[g], strategy.micro_batches, offload, g == 0, g == count -
+                        1, shapes, grad_clip=grad_clip, overlap=overlap) for r in range(group.size))
+        for g, group in enumerate(shaped)
+    ]
     predicted = latency(shaped, chunks, hops, strategy.micro_batches, offload, shapes, overlap)
-    plan_groups = tuple(GroupPlan(tuple(groups[g]), tuple(rate.name for rate in group.rates), group.rows, chunks[g],
-                                  group.link, memory[g]) for g, group in enumerate(shaped))
+    plan_groups = tuple(
+        GroupPlan(tuple(groups[g]), tuple(rate.name
+                                          for rate in group.rates), group.rows, chunks[g], group.link, memory[g])
+        for g, group in enumerate(shaped))
     return ZorsePlan(groups=plan_groups, micro_batch_sequences=sequences, micro_batches=strategy.micro_batches,
-                     ministages=strategy.ministages, offload=offload, recompute=recompute,
-                     latency=predicted, transfers=tuple(hops), seq_len=training.seq_len, overlap=overlap)
+                     ministages=strategy.ministages, offload=offload, recompute=recompute, latency=predicted,
+                     transfers=tuple(hops), seq_len=training.seq_len, overlap=overlap)

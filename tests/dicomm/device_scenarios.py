@@ -70,7 +70,7 @@ def overrun(rank, world, store_dir, transport, args):
         except dicomm.CommError as error:
             found["send_error"] = str(error)
     else:
-        target = torch.full((3 * piece,), 0x5A, dtype=torch.uint8, device="dipu")
+        target = torch.full((3 * piece, ), 0x5A, dtype=torch.uint8, device="dipu")
         handle = ep.irecv(_region(target, piece, piece), 0, device=True)
         barrier(ep)
         try:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 
-GPU_CLASS = "0x030200"       # 3D controller (datacenter GPU)
+GPU_CLASS = "0x030200"  # 3D controller (datacenter GPU)
 ACCELERATOR_CLASS = "0x120000"  # processing accelerator
-NIC_CLASS = "0x020700"       # InfiniBand controller
+NIC_CLASS = "0x020700"  # InfiniBand controller
 ETHERNET_CLASS = "0x020000"
 
 
 class FakeSysfs:
+
     def __init__(self, root: str):
         self.root = root
 
@@ -36,8 +37,10 @@ class FakeSysfs:
 
 def switch_path(root_bus: int, downstream: int) -> list[str]:
     """Root complex `root_bus`, its root port, a PCIe switch's upstream and `downstream` port."""
-    return [f"pci0000:{root_bus:02x}", f"0000:{root_bus:02x}:01.0", f"0000:{root_bus + 1:02x}:00.0",
-            f"0000:{root_bus + 2:02x}:{downstream:02x}.0"]
+    return [
+        f"pci0000:{root_bus:02x}", f"0000:{root_bus:02x}:01.0", f"0000:{root_bus + 1:02x}:00.0",
+        f"0000:{root_bus + 2:02x}:{downstream:02x}.0"
+    ]
 
 
 def eight_gpu_eight_nic_node(root: str) -> FakeSysfs:

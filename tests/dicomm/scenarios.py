@@ -91,15 +91,17 @@ def correctness(rank, world, store_dir, transport, args):
     sends = [ep.isend(pattern(s, i), peer, tag=10) for i, s in enumerate(sizes)]
     for h in sends + recvs:
         h.wait()
-    found["outstanding_both_ways"] = all(bool((b == pattern(s, i)).all()) for i, (s, b) in
-                                         enumerate(zip(sizes, recv_buffers)))
+    found["outstanding_both_ways"] = all(
+        bool((b == pattern(s, i)).all()) for i, (s, b) in enumerate(zip(sizes, recv_buffers)))
     found["outstanding_count"] = len(recvs)
 
     # Ordering per tag: tags interleaved on the wire, received tag by tag in reverse order.
     tags, per_tag = 4, 50
     if rank == 0:
-        handles = [ep.isend(np.array([tag, i], np.uint32).tobytes() + bytes(i % 7), peer, tag=100 + tag)
-                   for i in range(per_tag) for tag in range(tags)]
+        handles = [
+            ep.isend(np.array([tag, i], np.uint32).tobytes() + bytes(i % 7), peer, tag=100 + tag)
+            for i in range(per_tag) for tag in range(tags)
+        ]
         for h in handles:
             h.wait()
         barrier(ep)
@@ -217,8 +219,8 @@ def silent_peer(rank, world, store_dir, transport, args):
     time.sleep(0.2)
     start = time.monotonic()
     outcome = {}
-    for name, handle in (("recv", ep.irecv(bytearray(10), peer, tag=1)),
-                         ("large_send", ep.isend(np.ones(64 << 20, np.uint8), peer, tag=2))):
+    for name, handle in (("recv", ep.irecv(bytearray(10), peer,
+                                           tag=1)), ("large_send", ep.isend(np.ones(64 << 20, np.uint8), peer, tag=2))):
         try:
             handle.wait()
             outcome[name] = ""
@@ -242,8 +244,8 @@ def token(rank, world, store_dir, transport, args):
 def echo(rank, world, store_dir, transport, args):
     """rank 0 receives one message from rank 1 and reports it (or the error)."""
     started = time.perf_counter()
-    ep = endpoint(rank, world, store_dir, transport, token=args.get("token"),
-                  timeout=args.get("request_timeout", 30), connect_timeout=args.get("connect_timeout"))
+    ep = endpoint(rank, world, store_dir, transport, token=args.get("token"), timeout=args.get("request_timeout", 30),
+                  connect_timeout=args.get("connect_timeout"))
     setup_s = time.perf_counter() - started
     if rank == 0:
         buffer = bytearray(args.get("capacity", 16))
@@ -320,12 +322,13 @@ def refuse_pidfd_getfd() -> int:
 
     libc = ctypes.CDLL(None, use_errno=True)
     load_syscall_number, jump_if_equal, ret = 0x20, 0x15, 0x06
-    program = b"".join(struct.pack("HBBI", *instruction) for instruction in (
-        (load_syscall_number, 0, 0, 0),
-        (jump_if_equal, 0, 1, PIDFD_GETFD),
-        (ret, 0, 0, 0x00050000 | 1),  # SECCOMP_RET_ERRNO | EPERM
-        (ret, 0, 0, 0x7FFF0000),  # SECCOMP_RET_ALLOW
-    ))
+    program = b"".join(
+        struct.pack("HBBI", *instruction) for instruction in (
+            (load_syscall_number, 0, 0, 0),
+            (jump_if_equal, 0, 1, PIDFD_GETFD),
+            (ret, 0, 0, 0x00050000 | 1),  # SECCOMP_RET_ERRNO | EPERM
+            (ret, 0, 0, 0x7FFF0000),  # SECCOMP_RET_ALLOW
+        ))
     filters = ctypes.create_string_buffer(program)
     fprog = struct.pack("HxxxxxxQ", len(program) // 8, ctypes.addressof(filters))
     pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
@@ -379,9 +382,10 @@ def tcp_socket_options(rank, world, store_dir, transport, args):
                 sock.getpeername()
             except OSError:  # the listener
                 continue
-            found.append({"congestion": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
-                          .rstrip(b"\0").decode(),
-                          "notsent_lowat": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)})
+            found.append({
+                "congestion": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode(),
+                "notsent_lowat": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)
+            })
     barrier(ep)
     return {"sockets": found}
 
@@ -415,9 +419,11 @@ def device_staging(rank, world, store_dir, transport, args):
     copies = {"to_host": 0, "from_host": 0}
 
     def hook(name):
+
         def copy(dst, src, nbytes):
             copies[name] += nbytes
             ctypes.memmove(dst, src, nbytes)
+
         return copy
 
     ep.set_copy_hooks(hook("to_host"), hook("from_host"))
@@ -471,8 +477,10 @@ def delayed_replies(rank, world, store_dir, transport, args):
     for index in range(args["pings"]):
         ep.send(message, 1, index)
         ep.recv(message, 1, index)
-    return {"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall,
-            "window_us": _dicomm_core.Options.from_environment().active_wait_window_us()}
+    return {
+        "cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall,
+        "window_us": _dicomm_core.Options.from_environment().active_wait_window_us()
+    }
 
 
 def run(scenario: str, world_size: int = 2, transport: str = "tcp", timeout: float = 120, env=None,

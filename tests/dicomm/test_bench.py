@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                         "benchmarks", "dicomm")
+BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks",
+                         "dicomm")
 BENCH = os.path.join(BENCH_DIR, "bench.py")
 sys.path.insert(0, BENCH_DIR)  # the benchmark's modules import their siblings, as they do when run as a script
 import bench  # noqa: E402
@@ -17,8 +17,8 @@ import bench  # noqa: E402
 def test_the_quick_benchmark_reports_every_transport_gloo_and_memcpy(tmp_path):
     pytest.importorskip("torch.distributed")
     out = tmp_path / "bench.json"
-    run = subprocess.run([sys.executable, BENCH, "--quick", "--json", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, BENCH, "--quick", "--json",
+                          str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     rows = json.loads(out.read_text())["rows"]
     assert {r["transport"] for r in rows} >= {"shm", "tcp", "gloo", "memcpy"}
@@ -32,8 +32,8 @@ def test_the_quick_benchmark_reports_every_transport_gloo_and_memcpy(tmp_path):
 @pytest.mark.slow
 def test_the_quick_torch_benchmark_measures_dicomm_beside_gloo(tmp_path):
     out = tmp_path / "bench-torch.json"
-    run = subprocess.run([sys.executable, BENCH, "--torch", "--quick", "--json", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, BENCH, "--torch", "--quick", "--json",
+                          str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     rows = json.loads(out.read_text())["rows"]
     tests = {(r["test"], r["backend"]) for r in rows}
@@ -53,8 +53,8 @@ def test_the_quick_torch_benchmark_measures_dicomm_beside_gloo(tmp_path):
     ([], {"DICOMM_TCP_CONGESTION": "re no"}, "tcp congestion control 're no' is not a kernel algorithm name"),
     ([], {"DICOMM_HELLO_TIMEOUT_S": "0"}, "DICOMM_HELLO_TIMEOUT_S=0 is not a positive number"),
 ])
-def test_bad_benchmark_input_is_one_line_and_exit_2_before_any_worker_starts(capsys, monkeypatch, args, env,
-                                                                             message):
+def test_bad_benchmark_input_is_one_line_and_exit_2_before_any_worker_starts(capsys, monkeypatch, args, env, message):
+
     def workers_started(*_, **__):
         raise AssertionError("the benchmark's workers started before its bad input was refused")
 

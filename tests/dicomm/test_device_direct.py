@@ -16,7 +16,7 @@ def test_without_device_direct_dipu_tensors_are_staged_through_host_memory():
     sender, receiver = run("transfer", direct=False)
     assert not sender["device_direct"]
     assert receiver["intact"] == [True] * len(DEVICE_SIZES)
-    assert (sender["copies"]["device_to_host"], receiver["copies"]["host_to_device"]) == (len(DEVICE_SIZES),) * 2
+    assert (sender["copies"]["device_to_host"], receiver["copies"]["host_to_device"]) == (len(DEVICE_SIZES), ) * 2
 
 
 def test_a_device_message_larger_than_its_receive_is_refused_and_nothing_around_the_receive_changes():

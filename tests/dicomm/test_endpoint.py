@@ -18,7 +18,7 @@ def pair(request):
     def connect(rank):
         endpoints[rank] = dicomm.Endpoint(store, rank, 2, transport=request.param, timeout=30)
 
-    threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
+    threads = [threading.Thread(target=connect, args=(r, )) for r in range(2)]
     for t in threads:
         t.start()
     for t in threads:

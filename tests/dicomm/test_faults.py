@@ -14,7 +14,7 @@ from scenarios import run, start
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_peer_killed_mid_message_fails_the_pending_receive_quickly(transport):
     with start("peer_killed", transport=transport) as job:
-        (survivor,) = job.results(ranks=[1])
+        (survivor, ) = job.results(ranks=[1])
     assert survivor["error"], "the receive should have failed"
     assert "rank 0" in survivor["error"]
     assert survivor["seconds"] < 5
@@ -23,14 +23,14 @@ def test_a_peer_killed_mid_message_fails_the_pending_receive_quickly(transport):
 @pytest.mark.parametrize("transport, sizes", [("tcp", [100, 10_000, 1 << 20]), ("shm", [100, 10_000])])
 def test_messages_that_arrived_before_the_peer_exited_can_still_be_received(transport, sizes):
     with start("send_and_exit", transport=transport, sizes=sizes) as job:
-        (receiver,) = job.results(ranks=[0])
+        (receiver, ) = job.results(ranks=[0])
     assert receiver["received"] == [True] * len(sizes)
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_silent_peer_fails_pending_requests_within_the_timeout(transport):
     with start("silent_peer", transport=transport, request_timeout=1.0) as job:  # the end kills frozen rank 0
-        (outcome,) = job.results(ranks=[1], timeout=60)
+        (outcome, ) = job.results(ranks=[1], timeout=60)
     assert "timed out" in outcome["recv"]
     assert "timed out" in outcome["large_send"]
     assert outcome["seconds"] < 4
@@ -56,6 +56,7 @@ def read_descriptor(store_dir, rank, prefix="dicomm"):
 
 def read_frame(s):
     """One whole frame from a socket: (its decoded header, its payload)."""
+
     def exactly(n):
         data = b""
         while len(data) < n:
@@ -64,6 +65,7 @@ def read_frame(s):
                 raise ConnectionError(f"closed after {len(data)} of {n} bytes")
             data += chunk
         return data
+
     header = core.decode_frame_header(exactly(core.FRAME_HEADER_BYTES))
     return header, exactly(header["payload_bytes"])
 
@@ -86,7 +88,7 @@ def test_garbage_sent_to_the_listening_port_is_dropped_and_setup_still_succeeds(
         with socket.create_connection((address, port)) as s:
             answer_challenge(s, 1, "not-the-token")
         with start("echo", ranks=[1], store_dir=store_dir, token="t") as talker:
-            (result,) = listener.results(timeout=60)
+            (result, ) = listener.results(timeout=60)
             talker.results(timeout=60)
     assert result["data"] == "hello"
     assert any("dropped a connection" in n and "malformed frame" in n for n in result["notes"])
@@ -122,7 +124,7 @@ def test_a_malformed_or_truncated_frame_closes_the_connection_with_a_clear_error
         s.sendall(bad_frame)
         time.sleep(0.05)
         s.close()
-        (result,) = victim.results(timeout=60)
+        (result, ) = victim.results(timeout=60)
     assert expected in result["error"]
     assert "\n" not in result["error"]
 
@@ -137,5 +139,5 @@ def test_a_forged_shm_ring_cannot_make_the_receiver_write_out_of_bounds():
         s.sendall(core.encode_frame_header("Data", total_bytes=4096, payload_bytes=4096) + b"y" * 4096)
         time.sleep(0.05)
         s.close()
-        (result,) = victim.results(timeout=60)
+        (result, ) = victim.results(timeout=60)
     assert "does not fit the 8-byte receive buffer" in result["error"]

@@ -1,7 +1,8 @@
 """The frame decoder and the stream receive path never crash on arbitrary bytes; the decoder's
 microbenchmark (pytest-benchmark: run once here; timed with --benchmark-enable)."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dicomm import _dicomm_core as core
 
@@ -21,12 +22,11 @@ def test_arbitrary_bytes_decode_to_a_header_or_a_frame_error(data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(kind=st.sampled_from(KINDS), tag=st.integers(0, 2**64 - 1), seq=st.integers(0, 2**64 - 1),
-       total=st.integers(0, 1 << 30), offset=st.integers(0, 1 << 30), payload=st.integers(0, 4096),
-       address=st.integers(0, 2**64 - 1))
+@given(kind=st.sampled_from(KINDS), tag=st.integers(0, 2**64 - 1), seq=st.integers(0, 2**64 - 1), total=st.integers(
+    0, 1 << 30), offset=st.integers(0, 1 << 30), payload=st.integers(0, 4096), address=st.integers(0, 2**64 - 1))
 def test_valid_headers_round_trip_and_invalid_ones_are_refused(kind, tag, seq, total, offset, payload, address):
-    encoded = core.encode_frame_header(kind, tag=tag, seq=seq, total_bytes=total, offset=offset,
-                                       payload_bytes=payload, remote_address=address)
+    encoded = core.encode_frame_header(kind, tag=tag, seq=seq, total_bytes=total, offset=offset, payload_bytes=payload,
+                                       remote_address=address)
     try:
         header = core.decode_frame_header(encoded)
     except core.FrameError:
@@ -38,8 +38,8 @@ def test_valid_headers_round_trip_and_invalid_ones_are_refused(kind, tag, seq, t
 
 
 def test_benchmark_decode_frame_header(benchmark):
-    header = benchmark(core.decode_frame_header, core.encode_frame_header("Data", tag=3, seq=9, total_bytes=4096,
-                                                                        payload_bytes=4096))
+    header = benchmark(core.decode_frame_header,
+                       core.encode_frame_header("Data", tag=3, seq=9, total_bytes=4096, payload_bytes=4096))
     assert header["total_bytes"] == 4096
 
 
@@ -50,8 +50,8 @@ def data_frame(seq, tag, payload, total=None, offset=0):
 
 
 @settings(max_examples=200, deadline=None)
-@given(messages=st.lists(st.tuples(st.integers(0, 3), st.binary(max_size=300)), max_size=12),
-       cuts=st.lists(st.integers(1, 97), max_size=40), post_first=st.booleans())
+@given(messages=st.lists(st.tuples(st.integers(0, 3), st.binary(max_size=300)), max_size=12), cuts=st.lists(
+    st.integers(1, 97), max_size=40), post_first=st.booleans())
 def test_a_valid_stream_delivers_every_message_however_it_is_split(messages, cuts, post_first):
     decoder = core.StreamDecoder()
     stream = b"".join(data_frame(seq, tag, payload) for seq, (tag, payload) in enumerate(messages))
@@ -73,8 +73,8 @@ def test_a_valid_stream_delivers_every_message_however_it_is_split(messages, cut
 
 
 @settings(max_examples=400, deadline=None)
-@given(prefix=st.lists(st.tuples(st.integers(0, 3), st.binary(max_size=64)), max_size=3),
-       garbage=st.binary(min_size=1, max_size=400), capacity=st.integers(0, 200))
+@given(prefix=st.lists(st.tuples(st.integers(0, 3), st.binary(max_size=64)), max_size=3), garbage=st.binary(
+    min_size=1, max_size=400), capacity=st.integers(0, 200))
 def test_garbage_after_valid_frames_raises_frame_error_or_is_consumed_never_crashes(prefix, garbage, capacity):
     decoder = core.StreamDecoder(max_message_bytes=1 << 20)
     for tag in range(4):

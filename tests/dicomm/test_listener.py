@@ -42,8 +42,8 @@ def test_idle_slow_and_garbage_connections_add_under_a_second_to_setup(idle, slo
         address, port = read_descriptor(store_dir, 0)
         opened = strangers(address, port, idle, slow, garbage)
         with start("echo", ranks=[1], store_dir=store_dir, token="t") as talker:
-            (talked,) = talker.results(timeout=120)
-            (listened,) = listener.results(timeout=120)
+            (talked, ) = talker.results(timeout=120)
+            (listened, ) = listener.results(timeout=120)
         for s in opened:
             s.close()
     assert listened["data"] == "hello"
@@ -62,7 +62,7 @@ def test_an_unposted_flood_is_refused_at_its_budget_naming_peer_and_tag():
                 s.sendall(frame + b"z" * piece)
             except OSError:  # the victim closed the connection at its budget
                 break
-        (result,) = victim.results(timeout=60)
+        (result, ) = victim.results(timeout=60)
         s.close()
     assert "rank 1" in result["error"] and "tag 5" in result["error"] and "budget of 1048576 bytes" in result["error"]
 
@@ -77,7 +77,7 @@ def test_the_listener_binds_the_advertised_address_only():
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
         with start("echo", ranks=[1], store_dir=store_dir, token="t") as talker:
             talker.results(timeout=60)
-            (listened,) = listener.results(timeout=60)
+            (listened, ) = listener.results(timeout=60)
     assert listened["data"] == "hello"
 
 
@@ -107,8 +107,9 @@ def answer_as_listener(connection, token):
     challenge = f"rank=0\nnonce={nonce}\n".encode()
     connection.sendall(core.encode_frame_header("Hello", payload_bytes=len(challenge)) + challenge)
     header = core.decode_frame_header(connection.recv(core.FRAME_HEADER_BYTES, socket.MSG_WAITALL))
-    hello = dict(line.split("=", 1) for line in
-                 connection.recv(header["payload_bytes"], socket.MSG_WAITALL).decode().splitlines())
+    hello = dict(
+        line.split("=", 1)
+        for line in connection.recv(header["payload_bytes"], socket.MSG_WAITALL).decode().splitlines())
     transcript = (f"dicomm-reply-v1\nlistener_rank=0\nlistener_nonce={nonce}\ndialer_rank={hello['rank']}\n"
                   f"dialer_nonce={hello['nonce']}\ntransport={hello['transport']}\n")
     reply = f"proof={hmac.new(token.encode(), transcript.encode(), hashlib.sha256).hexdigest()}\n".encode()
@@ -162,7 +163,7 @@ def test_an_shm_peer_announcing_a_file_with_another_nonce_is_refused_naming_the_
         setup = (f"ring_fd={forged}\nring_nonce=54321\nring_bytes={ring_bytes}\nbell_fd={forged}\nbell_nonce=12345\n"
                  "probe_address=0\ndevice_direct=0\n").encode()
         connection.sendall(core.encode_frame_header("Hello", payload_bytes=len(setup)) + setup)
-        (result,) = job.results(timeout=60)
+        (result, ) = job.results(timeout=60)
         connection.close()
     assert result["error"] == (f"rank 0's shm ring (process {os.getpid()}, descriptor {forged}) is not the file "
                                "it announced (wrong size, seals or nonce)")

@@ -62,7 +62,7 @@ def test_forcing_ibverbs_without_a_device_fails_with_one_line():
         pytest.skip("an RDMA device is present")
     store = dicomm.FileStore(tempfile.mkdtemp())
     store.set("dicomm/peer/0", "rank=0\naddress=127.0.0.1\nport=9\nhost_id=elsewhere\npid=1\nibverbs=1\n"
-                               "ibverbs_device=mlx5_0\n")
+              "ibverbs_device=mlx5_0\n")
     with pytest.raises(dicomm.CommError, match="no active RDMA device") as error:
         dicomm.Endpoint(store, 1, 2, transport="ibverbs", token="t", connect_timeout=5)
     assert "\n" not in str(error.value)

@@ -25,7 +25,7 @@ def connect_pair(transport: str, **options) -> list:
         except Exception as error:  # raised in the test's thread below
             errors.append(error)
 
-    threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
+    threads = [threading.Thread(target=connect, args=(r, )) for r in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -92,20 +92,20 @@ def test_the_sender_never_waits_so_many_messages_are_in_flight_at_once(shaped):
     for receive in receives:
         receive.wait()
     all_arrived_s = time.perf_counter() - started
-    assert posting_s < link.latency_s / 2                 # isend returned at once
-    assert all_arrived_s < 3 * link.latency_s            # one latency for all ten, not ten in a row
+    assert posting_s < link.latency_s / 2  # isend returned at once
+    assert all_arrived_s < 3 * link.latency_s  # one latency for all ten, not ten in a row
     assert all(send.wait() == 8 for send in sends)
 
 
 def test_receives_and_the_reverse_direction_are_shaped_by_the_peers_own_link(transport):
-    a, b = connect_pair(transport, peer_links={1: Link(0.01, 200_000)})   # only rank 0's sends to rank 1
+    a, b = connect_pair(transport, peer_links={1: Link(0.01, 200_000)})  # only rank 0's sends to rank 1
     try:
         assert (a.link(1), b.link(0)) == (Link(0.01, 200_000), None)
         started = time.perf_counter()
         receive = a.irecv(bytearray(4), 1, tag=3)
         b.send(b"fast", 0, tag=3)
         receive.wait()
-        assert time.perf_counter() - started < 0.2        # b -> a is not shaped
+        assert time.perf_counter() - started < 0.2  # b -> a is not shaped
     finally:
         a.close()
         b.close()

@@ -3,8 +3,14 @@ hand-worked maps, the DICOMM_NIC override, and `python -m dicomm topology`."""
 import pytest
 
 from dicomm import topology
-from fake_sysfs import ETHERNET_CLASS, GPU_CLASS, FakeSysfs, eight_gpu_eight_nic_node, sixteen_chip_four_nic_node, \
-    switch_path
+from fake_sysfs import (
+    ETHERNET_CLASS,
+    GPU_CLASS,
+    FakeSysfs,
+    eight_gpu_eight_nic_node,
+    sixteen_chip_four_nic_node,
+    switch_path,
+)
 from h2.core.errors import UserError
 
 

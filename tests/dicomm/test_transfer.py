@@ -10,8 +10,10 @@ TRANSPORTS = ["tcp", "shm"]
 # shm copies large messages half by each side; "shm-sender-copies" turns that split off, and
 # "shm-ring-only" turns cross-memory attach off (as where ptrace is forbidden): large messages
 # then stream through the ring.
-VARIANTS = {"tcp": ("tcp", {}), "shm": ("shm", {}), "shm-sender-copies": ("shm", {"DICOMM_SHM_SPLIT_BYTES": "0"}),
-            "shm-ring-only": ("shm", {"DICOMM_SHM_CMA": "0"})}
+VARIANTS = {
+    "tcp": ("tcp", {}), "shm": ("shm", {}), "shm-sender-copies": ("shm", {"DICOMM_SHM_SPLIT_BYTES": "0"}),
+    "shm-ring-only": ("shm", {"DICOMM_SHM_CMA": "0"})
+}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))

@@ -75,7 +75,7 @@ def test_a_dialer_refuses_a_listener_that_cannot_prove_it_holds_the_job_token():
         connection.sendall(challenge())
         read_frame(connection)
         connection.sendall(frame("HelloReply", b"proof=" + b"0" * 64 + b"\n"))
-        (result,) = dialer.results(timeout=60)
+        (result, ) = dialer.results(timeout=60)
         connection.close()
     assert result["error"].startswith("rank 0 at 127.0.0.1:") and "job token mismatch" in result["error"], result
 
@@ -141,13 +141,16 @@ def failing_getrandom(tmp_path_factory):
     return str(folder / "shim.so")
 
 
-@pytest.mark.parametrize("transport, tokens, failing_sizes, drawn", [
-    ("tcp", [None, None], {}, "a job token"),              # rank 0 draws the token first
-    ("tcp", ["t", "t"], {}, "a handshake nonce"),          # the user's token: rank 0's first draw is its challenge
-    ("shm", ["t", "t"], {"FAIL_GETRANDOM_OF_BYTES": "8"}, "a shared memory nonce"),  # only 8-byte draws (randomWord) fail: the first is a ring's memfd nonce
-])
+@pytest.mark.parametrize(
+    "transport, tokens, failing_sizes, drawn",
+    [
+        ("tcp", [None, None], {}, "a job token"),  # rank 0 draws the token first
+        ("tcp", ["t", "t"], {}, "a handshake nonce"),  # the user's token: rank 0's first draw is its challenge
+        ("shm", ["t", "t"], {"FAIL_GETRANDOM_OF_BYTES": "8"},
+         "a shared memory nonce"),  # only 8-byte draws (randomWord) fail: the first is a ring's memfd nonce
+    ])
 def test_a_failed_getrandom_fails_the_setup_in_one_line_naming_it(failing_getrandom, transport, tokens, failing_sizes,
-                                                                   drawn):
+                                                                  drawn):
     results = run("token", transport=transport, tokens=tokens, connect_timeout=3,
                   env={"LD_PRELOAD": failing_getrandom, **failing_sizes})
     assert any(r["error"].startswith(f"cannot draw {drawn} (getrandom: ") and "\n" not in r["error"] for r in results), \
@@ -172,8 +175,9 @@ print("intact" if bytes(canary).count(0xA5) == size else "changed", flush=True)
 def test_shm_writes_never_reach_a_process_a_peer_names_as_its_own():
     """rank 1 announces a sleeping decoy's pid; the decoy keeps a canary where rank 1 receives."""
     size = 8 << 20
-    decoy = subprocess.Popen([sys.executable, "-c", DECOY, hex(DECOY_ADDRESS), str(size)], text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.path.dirname(__file__))
+    decoy = subprocess.Popen([sys.executable, "-c", DECOY, hex(DECOY_ADDRESS),
+                              str(size)], text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             cwd=os.path.dirname(__file__))
     try:
         assert decoy.stdout.readline().strip() == "ready"
         sender, receiver = run("forged_pid", transport="shm", decoy_pid=decoy.pid, address=DECOY_ADDRESS, size=size)

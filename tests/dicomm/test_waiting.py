@@ -8,9 +8,8 @@ import tempfile
 import pytest
 
 import dicomm
-from dicomm import _dicomm_core
-
 import scenarios
+from dicomm import _dicomm_core
 
 
 def window_us() -> int:

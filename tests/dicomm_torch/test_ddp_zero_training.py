@@ -10,7 +10,7 @@ def ranks():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ddp_with_dicomm_matches_gloo",
-                                  "zero_redundancy_optimizer_with_dicomm_matches_plain_adam_over_gloo"])
+@pytest.mark.parametrize(
+    "name", ["ddp_with_dicomm_matches_gloo", "zero_redundancy_optimizer_with_dicomm_matches_plain_adam_over_gloo"])
 def test_training(ranks, name):
     assert_passed_on_every_rank(ranks, name)

@@ -7,7 +7,7 @@ from torch_jobs import run_job, start_job
 @pytest.fixture(scope="module")
 def survivor():
     with start_job("killed_peer", world_size=2) as job:
-        (findings,) = job.results(ranks=[0], timeout=60)
+        (findings, ) = job.results(ranks=[0], timeout=60)
         assert job.wait(1, timeout=30) == -9  # rank 1 killed itself
     return findings
 

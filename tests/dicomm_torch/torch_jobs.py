@@ -23,6 +23,7 @@ findings: dict = {}
 
 
 def check(name):
+
     def run(fn):
         try:
             fn()
@@ -30,6 +31,7 @@ def check(name):
         except Exception as e:  # recorded for the test to report
             findings[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
         return fn
+
     return run
 
 
@@ -68,8 +70,10 @@ def closed_form(op, count: int, dtype: torch.dtype) -> torch.Tensor:
     else:
         out = parts[0].to(torch.int64)
         for p in parts[1:]:
-            out = {dist.ReduceOp.BAND: torch.bitwise_and, dist.ReduceOp.BOR: torch.bitwise_or,
-                   dist.ReduceOp.BXOR: torch.bitwise_xor}[op](out, p.to(torch.int64))
+            out = {
+                dist.ReduceOp.BAND: torch.bitwise_and, dist.ReduceOp.BOR: torch.bitwise_or,
+                dist.ReduceOp.BXOR: torch.bitwise_xor
+            }[op](out, p.to(torch.int64))
     return out.to(dtype)
 
 
@@ -91,7 +95,7 @@ def job_collectives(args) -> None:
 
     @check("barrier_waits_for_the_last_rank")
     def _():
-        dist.barrier()   # every rank starts the clock together (they leave init_process_group at different times)
+        dist.barrier()  # every rank starts the clock together (they leave init_process_group at different times)
         start = time.monotonic()
         if r == 0:
             time.sleep(0.4)
@@ -101,11 +105,13 @@ def job_collectives(args) -> None:
 
     @check("all_reduce_every_op_and_dtype_matches_closed_form")
     def _():
-        ops = {dist.ReduceOp.SUM: ALL_DTYPES, dist.ReduceOp.PRODUCT: [torch.float32, torch.int64],
-               dist.ReduceOp.MIN: ALL_DTYPES, dist.ReduceOp.MAX: ALL_DTYPES,
-               dist.ReduceOp.AVG: [torch.float32, torch.float64],
-               dist.ReduceOp.BAND: INT_DTYPES + [torch.bool], dist.ReduceOp.BOR: INT_DTYPES + [torch.bool],
-               dist.ReduceOp.BXOR: INT_DTYPES + [torch.bool]}
+        ops = {
+            dist.ReduceOp.SUM: ALL_DTYPES, dist.ReduceOp.PRODUCT: [torch.float32, torch.int64],
+            dist.ReduceOp.MIN: ALL_DTYPES, dist.ReduceOp.MAX: ALL_DTYPES, dist.ReduceOp.AVG: [
+                torch.float32, torch.float64
+            ], dist.ReduceOp.BAND: INT_DTYPES + [torch.bool], dist.ReduceOp.BOR: INT_DTYPES + [torch.bool],
+            dist.ReduceOp.BXOR: INT_DTYPES + [torch.bool]
+        }
         for op, dtypes in ops.items():
             for dtype in dtypes:
                 t = contribution(r, 37, dtype)
@@ -132,9 +138,10 @@ def job_collectives(args) -> None:
 
     @check("all_reduce_of_complex_sums_real_and_imaginary_parts")
     def _():
-        t = torch.complex(torch.full((5,), float(r + 1)), torch.full((5,), float(-r)))
+        t = torch.complex(torch.full((5, ), float(r + 1)), torch.full((5, ), float(-r)))
         dist.all_reduce(t)
-        expected = torch.complex(torch.full((5,), float(sum(range(1, n + 1)))), torch.full((5,), float(-sum(range(n)))))
+        expected = torch.complex(torch.full((5, ), float(sum(range(1, n + 1)))), torch.full((5, ),
+                                                                                            float(-sum(range(n)))))
         assert_equal(t, expected, "complex all_reduce")
 
     @check("async_all_reduce_future_yields_the_result")
@@ -161,9 +168,9 @@ def job_collectives(args) -> None:
                 t = contribution(r, 33, dtype)
                 dist.broadcast(t, src=root)
                 assert_equal(t, contribution(root, 33, dtype), f"broadcast from {root} {dtype}")
-        big = torch.full((1 << 18,), float(r))
+        big = torch.full((1 << 18, ), float(r))
         dist.broadcast(big, src=n - 1)
-        assert_equal(big, torch.full((1 << 18,), float(n - 1)), "1 MiB broadcast")
+        assert_equal(big, torch.full((1 << 18, ), float(n - 1)), "1 MiB broadcast")
 
     @check("broadcast_into_non_contiguous_tensor")
     def _():
@@ -199,42 +206,44 @@ def job_collectives(args) -> None:
         assert_equal(out, expected, "reduce_scatter_tensor")
         out = torch.empty(count)
         dist.reduce_scatter_tensor(out, full, op=dist.ReduceOp.MAX)
-        assert_equal(out, closed_form(dist.ReduceOp.MAX, n * count, torch.float32)[r * count:(r + 1) * count],
+        assert_equal(out,
+                     closed_form(dist.ReduceOp.MAX, n * count, torch.float32)[r * count:(r + 1) * count],
                      "reduce_scatter_tensor max")
 
     @check("all_to_all_list_and_single_with_uneven_splits")
     def _():
         outs = [torch.empty(2) for _ in range(n)]
-        dist.all_to_all(outs, [torch.full((2,), float(10 * r + q)) for q in range(n)])
+        dist.all_to_all(outs, [torch.full((2, ), float(10 * r + q)) for q in range(n)])
         for q in range(n):
-            assert_equal(outs[q], torch.full((2,), float(10 * q + r)), f"all_to_all from {q}")
+            assert_equal(outs[q], torch.full((2, ), float(10 * q + r)), f"all_to_all from {q}")
         # rank r sends q + 1 rows to rank q; so it receives r + 1 rows from everyone.
         send = torch.cat([torch.full((q + 1, 2), float(100 * r + q)) for q in range(n)])
         recv = torch.empty(n * (r + 1), 2)
         dist.all_to_all_single(recv, send, output_split_sizes=[r + 1] * n, input_split_sizes=[q + 1 for q in range(n)])
-        assert_equal(recv, torch.cat([torch.full((r + 1, 2), float(100 * q + r)) for q in range(n)]),
-                     "all_to_all_single uneven")
+        assert_equal(recv, torch.cat([torch.full((r + 1, 2), float(100 * q + r))
+                                      for q in range(n)]), "all_to_all_single uneven")
         even = torch.empty(n * 3, dtype=torch.int32)
         dist.all_to_all_single(even, torch.arange(n * 3, dtype=torch.int32) + 1000 * r)
-        assert_equal(even, torch.cat([torch.arange(3 * r, 3 * r + 3, dtype=torch.int32) + 1000 * q for q in range(n)]),
-                     "all_to_all_single even")
+        assert_equal(even, torch.cat([torch.arange(3 * r, 3 * r + 3, dtype=torch.int32) + 1000 * q
+                                      for q in range(n)]), "all_to_all_single even")
 
     @check("gather_scatter_and_reduce_reach_only_the_root")
     def _():
         root = 1
         gathered = [torch.empty(4) for _ in range(n)] if r == root else None
-        dist.gather(torch.full((4,), float(r)), gathered, dst=root)
+        dist.gather(torch.full((4, ), float(r)), gathered, dst=root)
         if r == root:
             for q in range(n):
-                assert_equal(gathered[q], torch.full((4,), float(q)), f"gather slot {q}")
+                assert_equal(gathered[q], torch.full((4, ), float(q)), f"gather slot {q}")
         root = n - 1
         out = torch.empty(3, dtype=torch.int64)
-        dist.scatter(out, [torch.full((3,), 7 * q) for q in range(n)] if r == root else None, src=root)
-        assert_equal(out, torch.full((3,), 7 * r), "scatter")
+        dist.scatter(out, [torch.full((3, ), 7 * q) for q in range(n)] if r == root else None, src=root)
+        assert_equal(out, torch.full((3, ), 7 * r), "scatter")
         root = 2 % n
         t = contribution(r, 50, torch.float32)
         dist.reduce(t, dst=root)
-        expected = closed_form(dist.ReduceOp.SUM, 50, torch.float32) if r == root else contribution(r, 50, torch.float32)
+        expected = closed_form(dist.ReduceOp.SUM, 50, torch.float32) if r == root else contribution(
+            r, 50, torch.float32)
         assert_equal(t, expected, "reduce")
 
     @check("new_group_with_dicomm_backend_reduces_over_its_members")
@@ -242,9 +251,9 @@ def job_collectives(args) -> None:
         members = [1, 3] if n >= 4 else [0, 1]
         group = dist.new_group(members, backend="dicomm")
         if r in members:
-            t = torch.full((6,), float(r))
+            t = torch.full((6, ), float(r))
             dist.all_reduce(t, group=group)
-            assert_equal(t, torch.full((6,), float(sum(members))), "subgroup all_reduce")
+            assert_equal(t, torch.full((6, ), float(sum(members))), "subgroup all_reduce")
             if transport_of(1 - members.index(r), group) != "shm":
                 raise AssertionError("local subgroup peers should use shm")
 
@@ -295,21 +304,22 @@ def job_p2p(args) -> None:
     @check("tags_select_messages_regardless_of_posting_order")
     def _():
         if r == 0:
-            works = [dist.isend(torch.full((4,), 1.0), 1, tag=1), dist.isend(torch.full((4,), 2.0), 1, tag=2)]
+            works = [dist.isend(torch.full((4, ), 1.0), 1, tag=1), dist.isend(torch.full((4, ), 2.0), 1, tag=2)]
         else:
             two, one = torch.zeros(4), torch.zeros(4)
             works = [dist.irecv(two, 0, tag=2), dist.irecv(one, 0, tag=1)]
         for w in works:
             w.wait()
         if r == 1:
-            assert_equal(one, torch.full((4,), 1.0), "tag 1")
-            assert_equal(two, torch.full((4,), 2.0), "tag 2")
+            assert_equal(one, torch.full((4, ), 1.0), "tag 1")
+            assert_equal(two, torch.full((4, ), 2.0), "tag 2")
 
     for batched in (False, True):
         for size in (16, 1 << 20):
+
             @check(f"pipeline_exchange_in_opposite_orders_{'batched' if batched else 'unbatched'}_{size}")
             def _():
-                out = torch.full((size,), float(r))
+                out = torch.full((size, ), float(r))
                 got = torch.empty(size)
                 send = dist.P2POp(dist.isend, out, peer)
                 recv = dist.P2POp(dist.irecv, got, peer)
@@ -322,11 +332,11 @@ def job_p2p(args) -> None:
                     works = [op.op(op.tensor, op.peer) for op in ops]
                 for w in works:
                     w.wait()
-                assert_equal(got, torch.full((size,), float(peer)), "exchanged tensor")
+                assert_equal(got, torch.full((size, ), float(peer)), "exchanged tensor")
 
     @check("batch_of_many_sends_and_receives_in_rank_specific_order")
     def _():
-        outs = [torch.full((k + 1,), float(100 * r + k)) for k in range(8)]
+        outs = [torch.full((k + 1, ), float(100 * r + k)) for k in range(8)]
         ins = [torch.empty(k + 1) for k in range(8)]
         ops = [dist.P2POp(dist.isend, outs[k], peer, tag=k) for k in range(8)]
         ops += [dist.P2POp(dist.irecv, ins[k], peer, tag=k) for k in range(8)]
@@ -334,7 +344,7 @@ def job_p2p(args) -> None:
         for w in dist.batch_isend_irecv(ops):
             w.wait()
         for k in range(8):
-            assert_equal(ins[k], torch.full((k + 1,), float(100 * peer + k)), f"batched message {k}")
+            assert_equal(ins[k], torch.full((k + 1, ), float(100 * peer + k)), f"batched message {k}")
 
     @check("irecv_future_yields_the_received_tensor")
     def _():
@@ -362,10 +372,10 @@ def job_p2p(args) -> None:
                 raise AssertionError("wait(timeout) overran its timeout")
             dist.send(torch.ones(1), 0, tag=78)  # now let rank 0 send
             work.wait()
-            assert_equal(got, torch.full((3,), 5.0), "late message")
+            assert_equal(got, torch.full((3, ), 5.0), "late message")
         else:
             dist.recv(torch.zeros(1), 1, tag=78)
-            dist.send(torch.full((3,), 5.0), 1, tag=77)
+            dist.send(torch.full((3, ), 5.0), 1, tag=77)
 
     @check("size_mismatch_fails_naming_peer_and_op")
     def _():
@@ -467,6 +477,7 @@ def job_killed_peer(args) -> None:
     reduce = dist.all_reduce(torch.ones(4), async_op=True)
     started = time.monotonic()
     for name, work in (("recv", recv), ("all_reduce", reduce)):
+
         @check(f"{name}_fails_when_the_peer_dies")
         def _():
             expect_failure(name, work.wait, started, "completed although the peer was killed")
@@ -480,6 +491,7 @@ def job_timeout(args) -> None:
         return
     for name, start in (("recv", lambda: dist.irecv(torch.zeros(4), 1)),
                         ("all_reduce", lambda: dist.all_reduce(torch.ones(4), async_op=True))):
+
         @check(f"{name}_fails_after_the_timeout")
         def _():
             expect_failure(name, lambda: start().wait(), time.monotonic(),

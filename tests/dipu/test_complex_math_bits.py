@@ -18,7 +18,8 @@ def assert_runs_and_matches_cpu(python_in_subprocess, body):
 
 
 def test_resolving_a_conjugate_view_conjugates_the_values(python_in_subprocess):
-    assert_runs_and_matches_cpu(python_in_subprocess, """
+    assert_runs_and_matches_cpu(
+        python_in_subprocess, """
         x = torch.randn(3, 4, dtype=torch.complex64)
         on_device = x.to("dipu").conj().resolve_conj()
         assert not on_device.is_conj()
@@ -27,7 +28,8 @@ def test_resolving_a_conjugate_view_conjugates_the_values(python_in_subprocess):
 
 
 def test_copies_between_conjugate_and_negative_views_keep_the_values(python_in_subprocess):
-    assert_runs_and_matches_cpu(python_in_subprocess, """
+    assert_runs_and_matches_cpu(
+        python_in_subprocess, """
         x = torch.randn(5, dtype=torch.complex128)
         d = x.to("dipu")
         assert_close(d.conj().cpu(), x.conj())
@@ -42,7 +44,8 @@ def test_copies_between_conjugate_and_negative_views_keep_the_values(python_in_s
 
 
 def test_matrix_products_of_conjugate_views_match_the_cpu(python_in_subprocess):
-    assert_runs_and_matches_cpu(python_in_subprocess, """
+    assert_runs_and_matches_cpu(
+        python_in_subprocess, """
         a = torch.randn(3, 3, dtype=torch.complex64)
         b = torch.randn(3, 3, dtype=torch.complex64)
         assert_close(torch.mm(a.to("dipu").conj(), b.to("dipu")).cpu(), torch.mm(a.conj(), b))
@@ -51,7 +54,8 @@ def test_matrix_products_of_conjugate_views_match_the_cpu(python_in_subprocess):
 
 
 def test_complex_fft_matches_the_cpu(python_in_subprocess):
-    assert_runs_and_matches_cpu(python_in_subprocess, """
+    assert_runs_and_matches_cpu(
+        python_in_subprocess, """
         x = torch.randn(8, dtype=torch.complex64)
         assert_close(torch.fft.ifft(x.to("dipu")).cpu(), torch.fft.ifft(x))
         assert_close(torch.fft.hfft(x.to("dipu")).cpu(), torch.fft.hfft(x))
@@ -59,7 +63,8 @@ def test_complex_fft_matches_the_cpu(python_in_subprocess):
 
 
 def test_polar_backward_matches_the_cpu(python_in_subprocess):
-    assert_runs_and_matches_cpu(python_in_subprocess, """
+    assert_runs_and_matches_cpu(
+        python_in_subprocess, """
         def polar_gradients(device):
             abs_ = torch.rand(6, dtype=torch.float64).to(device).requires_grad_()
             angle = torch.linspace(-3, 3, 6, dtype=torch.float64).to(device).requires_grad_()

@@ -5,12 +5,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from h2.cli.ditorch import main
 from ditorch.dipu import conformance, diopi_table
 from ditorch.dipu.conformance import Check, CheckResult, run_conformance
-
-import torch
+from h2.cli.ditorch import main
 
 QUICK = ["--max-samples", "1", "--dtypes", "float32"]
 
@@ -54,10 +53,15 @@ def test_reduced_precision_failures_are_explained_by_the_profile_in_the_markdown
 
 def saved_run(path, profile, failing: dict) -> str:
     """A --json file whose checks `failing` maps to their degraded flag."""
-    results = [CheckResult(Check(name, "forward"), {"float32": conformance.DtypeResult(0, 1, "differs")},
-                           fallback_calls=1, degraded=degraded).to_dict() for name, degraded in failing.items()]
-    path.write_text(json.dumps({"vendor": "host", "profile": profile, "degrades": ["diopiMm"] if profile == "lowprec" else [],
-                                "results": results}))
+    results = [
+        CheckResult(Check(name, "forward"), {"float32": conformance.DtypeResult(0, 1, "differs")}, fallback_calls=1,
+                    degraded=degraded).to_dict() for name, degraded in failing.items()
+    ]
+    path.write_text(
+        json.dumps({
+            "vendor": "host", "profile": profile, "degrades": ["diopiMm"] if profile == "lowprec" else [],
+            "results": results
+        }))
     return str(path)
 
 
@@ -78,10 +82,10 @@ def test_a_saved_run_is_reported_again_without_running(tmp_path, capsys):
 
 
 def test_fallback_sweep_records_the_path_each_op_took():
-    results = conformance.run_isolated([Check("cumsum", "forward"), Check("mm", "forward")],
-                                       dtypes=(torch.float32,), max_samples=1)
+    results = conformance.run_isolated([Check("cumsum", "forward"), Check("mm", "forward")], dtypes=(torch.float32, ),
+                                       max_samples=1)
     assert [(r.check.opinfo, r.path, r.status) for r in results] == [("cumsum", "fallback", "pass"),
-                                                                    ("mm", "diopi", "pass")]
+                                                                     ("mm", "diopi", "pass")]
 
 
 def test_lowprec_fallback_sweep_fails_exactly_the_ops_that_reach_a_rounded_kernel(tmp_path):
@@ -97,8 +101,8 @@ def test_lowprec_fallback_sweep_fails_exactly_the_ops_that_reach_a_rounded_kerne
 
 def test_a_rounded_kernel_that_a_cpp_kernel_calls_degrades_the_check(tmp_path):
     report = tmp_path / "bilinear.json"  # bilinear's bmm is called inside _trilinear, unseen by Python
-    ditorch("conformance", "--profile", "lowprec", "--fallback", "--ops", "nn.functional.bilinear",
-            "--max-samples", "3", "--dtypes", "float32", "--json", str(report))
+    ditorch("conformance", "--profile", "lowprec", "--fallback", "--ops", "nn.functional.bilinear", "--max-samples",
+            "3", "--dtypes", "float32", "--json", str(report))
     results = {(r["opinfo"], r["mode"]): r for r in json.loads(report.read_text())["results"]}
     forward = results[("nn.functional.bilinear", "forward")]
     assert (forward["status"], forward["degraded"]) == ("fail", True)
@@ -121,21 +125,23 @@ for opinfo, mode, aten, diopi in job["checks"]:
 def test_a_check_that_kills_its_worker_fails_with_the_signal_and_the_sweep_goes_on():
     checks = [Check("first", "forward"), Check("crashes", "forward"), Check("last", "forward")]
     results = conformance.run_isolated(checks, worker=(sys.executable, "-c", CRASHING_WORKER))
-    assert [(r.check.opinfo, r.status, r.error) for r in results] == [
-        ("first", "pass", ""), ("crashes", "fail", "crashed the process (SIGSEGV)"), ("last", "pass", "")]
+    assert [(r.check.opinfo, r.status, r.error)
+            for r in results] == [("first", "pass", ""), ("crashes", "fail", "crashed the process (SIGSEGV)"),
+                                  ("last", "pass", "")]
 
 
 def test_a_check_that_outlasts_the_timeout_fails_and_the_sweep_goes_on():
     checks = [Check("hangs", "forward"), Check("last", "forward")]
     results = conformance.run_isolated(checks, worker=(sys.executable, "-c", CRASHING_WORKER), timeout=3)
-    assert [(r.check.opinfo, r.status, r.error) for r in results] == [
-        ("hangs", "fail", "ran longer than 3 s"), ("last", "pass", "")]
+    assert [(r.check.opinfo, r.status, r.error) for r in results] == [("hangs", "fail", "ran longer than 3 s"),
+                                                                      ("last", "pass", "")]
 
 
 def test_conformance_can_select_operators_and_dtypes():
-    results = run_conformance(ops=["mm", "softmax"], dtypes=(torch.float64,), max_samples=2)
-    assert [(r.check.aten, r.check.label, r.passed) for r in results] == [
-        ("mm", "mm", True), ("_softmax", "softmax", True), ("_softmax_backward_data", "softmax:backward", True)]
+    results = run_conformance(ops=["mm", "softmax"], dtypes=(torch.float64, ), max_samples=2)
+    assert [(r.check.aten, r.check.label, r.passed)
+            for r in results] == [("mm", "mm", True), ("_softmax", "softmax", True),
+                                  ("_softmax_backward_data", "softmax:backward", True)]
     assert all(list(r.dtypes) == ["float64"] for r in results)
 
 
@@ -150,12 +156,13 @@ def test_info_lists_the_dipu_vendor_and_devices():
 @pytest.mark.parametrize("args, message", [
     (["conformance", "--dtypes", "float33"], "ditorch: error: --dtypes: 'float33' is not a torch dtype"),
     (["conformance", "--ops", "nosuchop"], "ditorch: error: no DIOPI table entry matches nosuchop"),
-    (["conformance", "--fallback", "--ops", "nosuchop"], "ditorch: error: no DIOPI table entry or OpInfo matches nosuchop"),
+    (["conformance", "--fallback", "--ops", "nosuchop"
+      ], "ditorch: error: no DIOPI table entry or OpInfo matches nosuchop"),
     (["conformance", "--max-samples", "0"], "ditorch: error: --max-samples must be at least 1, got 0"),
     (["conformance", "--from-json", "/nonexistent/run.json"], "ditorch: error: /nonexistent/run.json: cannot read"),
     (["conformance", "--check-timeout", "0"], "ditorch: error: --check-timeout must be a positive number of seconds"),
-    (["conformance", "--ops", "mm", "--json", "/nonexistent/r.json", "--max-samples", "1", "--dtypes", "float32"],
-     "ditorch: error: /nonexistent/r.json: cannot write"),
+    (["conformance", "--ops", "mm", "--json", "/nonexistent/r.json", "--max-samples", "1", "--dtypes", "float32"
+      ], "ditorch: error: /nonexistent/r.json: cannot write"),
     (["frobnicate"], "ditorch: error: argument command: invalid choice"),
 ])
 def test_cli_usage_errors_are_one_line_with_exit_status_2(args, message, capsys):
@@ -166,7 +173,8 @@ def test_cli_usage_errors_are_one_line_with_exit_status_2(args, message, capsys)
 
 @pytest.mark.parametrize("args, message", [
     (["conformance", "--vendor", "nosuch"], "ditorch: error: no DIPU vendor named 'nosuch' (installed: host)"),
-    (["info"], "dipu: not loadable (DIPU vendor host failed to start: DIPU_HOST_PROFILE: no built-in profile named 'nosuch'"),
+    (["info"
+      ], "dipu: not loadable (DIPU vendor host failed to start: DIPU_HOST_PROFILE: no built-in profile named 'nosuch'"),
 ])
 def test_vendor_and_profile_problems_are_reported_in_one_line(args, message):
     result = ditorch(*args, DIPU_HOST_PROFILE="nosuch")
@@ -179,4 +187,5 @@ def test_vendor_and_profile_problems_are_reported_in_one_line(args, message):
 
 def test_conformance_with_no_samples_is_a_flag_error_not_a_vendor_failure():
     result = ditorch("conformance", "--max-samples", "0")
-    assert result.returncode == 2 and last_line(result.stderr) == "ditorch: error: --max-samples must be at least 1, got 0"
+    assert result.returncode == 2 and last_line(
+        result.stderr) == "ditorch: error: --max-samples must be at least 1, got 0"

@@ -17,7 +17,9 @@ RUNS = 4
 
 def test_a_script_ending_right_after_a_backward_exits_with_status_zero_every_time():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    processes = [subprocess.Popen([sys.executable, "-c", ENDS_AFTER_BACKWARD], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(RUNS)]
+    processes = [
+        subprocess.Popen([sys.executable, "-c", ENDS_AFTER_BACKWARD], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True) for _ in range(RUNS)
+    ]
     outcomes = [(process.wait(timeout=300), process.stderr.read()[-300:]) for process in processes]
     assert [code for code, _ in outcomes] == [0] * RUNS, outcomes

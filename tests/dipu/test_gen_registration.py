@@ -26,9 +26,10 @@ def test_an_entry_becomes_a_registered_kernel_with_a_cpp_meta_function(generator
 
 
 def test_an_operator_torch_gives_no_meta_kernel_takes_the_shims_shape_function(generator, tmp_path):
-    source = generate_from(generator, tmp_path, "- aten: _thnn_fused_gru_cell\n"
-                           "  diopi: diopiGruCell(ctx, out0, out1, input_gates, hidden_gates, hx, input_bias, hidden_bias)\n"
-                           "  meta: shim\n")
+    source = generate_from(
+        generator, tmp_path, "- aten: _thnn_fused_gru_cell\n"
+        "  diopi: diopiGruCell(ctx, out0, out1, input_gates, hidden_gates, hx, input_bias, hidden_bias)\n"
+        "  meta: shim\n")
     assert "dipu::aten::meta::_thnn_fused_gru_cell(meta_input_gates, meta_hidden_gates, meta_hx" in source
 
 

@@ -3,7 +3,8 @@ everything still works because the shim only goes through the vendor's copies.""
 
 
 def test_direct_cpu_read_of_device_memory_faults(python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import ctypes, torch, ditorch.dipu
         x = torch.ones(1024, device="dipu")
         assert not torch.dipu.get_device_properties(0).host_accessible
@@ -16,7 +17,8 @@ def test_direct_cpu_read_of_device_memory_faults(python_in_subprocess):
 
 
 def test_fallback_and_copies_work_without_host_access(python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import torch, ditorch.dipu as dipu
         x = torch.randn(6, 5)
         d = x.to("dipu")

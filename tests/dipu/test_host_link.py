@@ -11,7 +11,8 @@ def _profile(tmp_path, latency_us: float) -> str:
 
 
 def test_a_copy_to_the_device_takes_the_link_latency_plus_bytes_over_bandwidth(tmp_path, python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import statistics, time, torch, ditorch.dipu
         host = torch.ones(1_000_000, dtype=torch.uint8)
         device = torch.empty_like(host, device="dipu")
@@ -27,7 +28,8 @@ def test_a_copy_to_the_device_takes_the_link_latency_plus_bytes_over_bandwidth(t
 
 
 def test_a_copy_back_to_the_host_pays_the_link_too(tmp_path, python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import time, torch, ditorch.dipu
         device = torch.ones(1_000_000, dtype=torch.uint8, device="dipu")
         device.cpu()
@@ -40,7 +42,8 @@ def test_a_copy_back_to_the_host_pays_the_link_too(tmp_path, python_in_subproces
 
 
 def test_an_asynchronous_copy_returns_at_once_and_synchronize_waits_for_the_link(tmp_path, python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import time, torch, ditorch.dipu
         host = torch.ones(1000, dtype=torch.uint8).pin_memory()
         device = torch.empty(1000, dtype=torch.uint8, device="dipu")
@@ -56,7 +59,8 @@ def test_an_asynchronous_copy_returns_at_once_and_synchronize_waits_for_the_link
 
 
 def test_a_copy_between_two_devices_crosses_the_link_and_one_within_a_device_does_not(tmp_path, python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import time, torch, ditorch.dipu
         a = torch.ones(1000, dtype=torch.uint8, device="dipu:0")
         same, other = torch.empty_like(a), torch.empty(1000, dtype=torch.uint8, device="dipu:1")
@@ -69,4 +73,3 @@ def test_a_copy_between_two_devices_crosses_the_link_and_one_within_a_device_doe
     """, DIPU_HOST_PROFILE=_profile(tmp_path, 200_000))
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "True"]
-

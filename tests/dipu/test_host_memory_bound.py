@@ -19,7 +19,8 @@ def _meminfo_bytes(field: str) -> int:
 
 
 def test_free_device_memory_is_bounded_by_the_host_memory_that_backs_it(tmp_path, python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import torch, ditorch.dipu
         free, total = torch.dipu.mem_get_info()
         print(free, total)
@@ -31,7 +32,8 @@ def test_free_device_memory_is_bounded_by_the_host_memory_that_backs_it(tmp_path
 
 
 def test_an_allocation_larger_than_the_host_is_an_out_of_memory_error_naming_the_host(tmp_path, python_in_subprocess):
-    result = python_in_subprocess(f"""
+    result = python_in_subprocess(
+        f"""
         import torch, ditorch.dipu
         try:
             torch.empty({_meminfo_bytes("MemTotal") + 2**30}, dtype=torch.uint8, device="dipu")
@@ -45,7 +47,8 @@ def test_an_allocation_larger_than_the_host_is_an_out_of_memory_error_naming_the
 
 def test_untouched_allocations_count_against_what_the_host_can_still_back(tmp_path, python_in_subprocess):
     # Two blocks of 60 % of the available memory each fit one at a time; together they would not.
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import torch, ditorch.dipu
         block = int(torch.dipu.mem_get_info()[0] * 0.6)
         first = torch.empty(block, dtype=torch.uint8, device="dipu")

@@ -23,7 +23,8 @@ def forward_and_gradients(module: nn.Module, inputs: torch.Tensor, device: str):
 
 
 def assert_same_bits(module: nn.Module, inputs: torch.Tensor):
-    for on_dipu, on_cpu in zip(forward_and_gradients(module, inputs, "dipu"), forward_and_gradients(module, inputs, "cpu")):
+    for on_dipu, on_cpu in zip(forward_and_gradients(module, inputs, "dipu"),
+                               forward_and_gradients(module, inputs, "cpu")):
         assert torch.equal(on_dipu, on_cpu)
 
 
@@ -61,6 +62,7 @@ def test_transformer_layers_give_the_cpus_bits(layer):
 
 
 class DecoderOverMemory(nn.Module):
+
     def __init__(self, layer, memory):
         super().__init__()
         self.layer = layer
@@ -71,6 +73,7 @@ class DecoderOverMemory(nn.Module):
 
 
 class SelfAttention(nn.Module):
+
     def __init__(self):
         super().__init__()
         self.attention = nn.MultiheadAttention(16, 4, batch_first=True)
@@ -79,14 +82,15 @@ class SelfAttention(nn.Module):
         return self.attention(x, x, x)[0]
 
 
-@pytest.mark.parametrize("layer, shape", [
-    (nn.GroupNorm(2, 4), (2, 4, 5, 5)),
-    (nn.LayerNorm(8), (3, 8)),
-    (nn.InstanceNorm2d(4, affine=True), (2, 4, 5, 5)),
-    (nn.BatchNorm1d(4), (6, 4)),
-    (SelfAttention(), (2, 5, 16)),
-    (nn.GELU("tanh"), (20,)),
-], ids=["group-norm", "layer-norm", "instance-norm", "batch-norm-1d", "multihead-attention", "gelu-tanh"])
+@pytest.mark.parametrize(
+    "layer, shape", [
+        (nn.GroupNorm(2, 4), (2, 4, 5, 5)),
+        (nn.LayerNorm(8), (3, 8)),
+        (nn.InstanceNorm2d(4, affine=True), (2, 4, 5, 5)),
+        (nn.BatchNorm1d(4), (6, 4)),
+        (SelfAttention(), (2, 5, 16)),
+        (nn.GELU("tanh"), (20, )),
+    ], ids=["group-norm", "layer-norm", "instance-norm", "batch-norm-1d", "multihead-attention", "gelu-tanh"])
 def test_normalization_and_attention_modules_give_the_cpus_bits(layer, shape):
     torch.manual_seed(0)
     assert_same_bits(layer, torch.randn(shape))
@@ -102,7 +106,8 @@ def test_normalization_and_attention_modules_give_the_cpus_bits(layer, shape):
 def test_recurrent_layers_agree_with_the_cpu_to_float_rounding(layer, shape):
     torch.manual_seed(0)
     inputs = torch.randn(shape)
-    for on_dipu, on_cpu in zip(forward_and_gradients(layer, inputs, "dipu"), forward_and_gradients(layer, inputs, "cpu")):
+    for on_dipu, on_cpu in zip(forward_and_gradients(layer, inputs, "dipu"), forward_and_gradients(
+            layer, inputs, "cpu")):
         torch.testing.assert_close(on_dipu, on_cpu, rtol=1e-5, atol=1e-6)
 
 
@@ -113,8 +118,10 @@ def test_recurrent_cells_run_their_gates_through_diopi():
     forward_and_gradients(nn.GRU(3, 4), torch.randn(2, 1, 3), "dipu")
     after = dipu._C._diopi_call_counts()
     ran = {op for op in after if after[op] > before.get(op, 0)}
-    assert {"aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl",
-            "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward"} <= ran
+    assert {
+        "aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl", "aten::_thnn_fused_gru_cell",
+        "aten::_thnn_fused_gru_cell_backward"
+    } <= ran
     assert dipu.fallback_counts() == {}
 
 

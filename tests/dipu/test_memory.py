@@ -44,7 +44,8 @@ def test_freed_blocks_stay_reserved_until_empty_cache():
 
 
 def test_a_model_that_does_not_fit_raises_out_of_memory(python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import torch, ditorch.dipu
         capacity = torch.dipu.get_device_properties(0).total_memory
         small = torch.nn.Linear(1024, 1024).to("dipu")     # 4 MiB fits
@@ -62,7 +63,8 @@ def test_a_model_that_does_not_fit_raises_out_of_memory(python_in_subprocess):
 
 
 def test_out_of_memory_error_is_catchable_and_the_device_stays_usable(python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import torch, ditorch.dipu
         try:
             torch.empty(300 * 2**20, dtype=torch.uint8, device="dipu")

@@ -2,8 +2,15 @@
 both host vendor profiles: what a handle opens, and what it refuses in one line."""
 import pytest
 
-from sharing_processes import (ALLOCATION_BYTES, EXPORTED_BYTES, EXPORTED_OFFSET, Owner, forge, handle_fields,
-                               open_in_another_process)
+from sharing_processes import (
+    ALLOCATION_BYTES,
+    EXPORTED_BYTES,
+    EXPORTED_OFFSET,
+    Owner,
+    forge,
+    handle_fields,
+    open_in_another_process,
+)
 
 PATTERN = bytes(i % 251 for i in range(ALLOCATION_BYTES))
 

@@ -50,7 +50,8 @@ def test_copies_views_resizes_and_allocation_are_native():
     d.copy_(x)
     strided = d.t()[1:3]
     checks = [
-        torch.equal(strided.contiguous().cpu(), x.t()[1:3].contiguous()),
+        torch.equal(strided.contiguous().cpu(),
+                    x.t()[1:3].contiguous()),
         torch.equal(d.view(24).cpu(), x.view(24)),
         torch.equal(d.to(torch.float64).cpu(), x.double()),
         torch.equal(d.unfold(1, 2, 2).cpu(), x.unfold(1, 2, 2)),
@@ -61,7 +62,8 @@ def test_copies_views_resizes_and_allocation_are_native():
 
 
 def test_fallbacks_are_logged_with_their_reason(python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import torch, ditorch.dipu
         x = torch.randn(3, 3, device="dipu")
         torch.cumsum(x, 0); x @ x
@@ -74,9 +76,13 @@ def test_fallbacks_are_logged_with_their_reason(python_in_subprocess):
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the test vendor")
 def test_a_vendor_built_separately_loads_at_run_time_and_falls_back_for_missing_kernels(tmp_path, python_in_subprocess):
     library = tmp_path / "libdipu_vendor_minimal.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", f"-I{REPO / 'csrc/dipu/vendor'}",
-                    str(Path(__file__).with_name("minimal_vendor.c")), "-o", str(library)], check=True)
-    result = python_in_subprocess("""
+    subprocess.run([
+        "cc", "-shared", "-fPIC", "-O1", f"-I{REPO / 'csrc/dipu/vendor'}",
+        str(Path(__file__).with_name("minimal_vendor.c")), "-o",
+        str(library)
+    ], check=True)
+    result = python_in_subprocess(
+        """
         import torch, ditorch.dipu as dipu
         x, w = torch.randn(3, 4), torch.randn(4, 2)
         y = (x.dipu() @ w.dipu()).cpu()

@@ -7,7 +7,8 @@ import pytest
 def test_a_yaml_profile_path_sets_count_capacity_and_access(tmp_path, python_in_subprocess):
     profile = tmp_path / "tiny_chip.yaml"
     profile.write_text("name: tiny_chip\ndevice_count: 3\nmemory_capacity: 64MiB\nhost_accessible: false\n")
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import torch, ditorch.dipu
         p = torch.dipu.get_device_properties(2)
         print(torch.dipu.device_count(), p.name, p.total_memory, p.host_accessible, torch.dipu.mem_get_info(2))
@@ -23,7 +24,8 @@ def test_a_yaml_profile_path_sets_count_capacity_and_access(tmp_path, python_in_
 def test_a_malformed_profile_is_reported_with_file_and_field(tmp_path, python_in_subprocess, text, why):
     profile = tmp_path / "broken.yaml"
     profile.write_text("name: broken\n" + text)
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import torch, ditorch.dipu
         try:
             torch.dipu.device_count()
@@ -37,7 +39,8 @@ def test_a_malformed_profile_is_reported_with_file_and_field(tmp_path, python_in
 def test_relative_speed_paces_device_kernels(tmp_path, python_in_subprocess):
     profile = tmp_path / "slow.yaml"
     profile.write_text("name: slow\nrelative_speed: 0.2\n")
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import time, torch, ditorch.dipu as dipu
         torch.set_num_threads(1)
         a = torch.randn(192, 192, device="dipu")
@@ -60,7 +63,8 @@ def test_relative_speed_paces_device_kernels(tmp_path, python_in_subprocess):
 
 
 def test_disabled_ditorch_does_not_register_the_device(python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import torch, ditorch
         print(torch._C._get_privateuse1_backend_name(), hasattr(torch, "dipu"))
     """, DITORCH_DISABLE="1")
@@ -71,7 +75,8 @@ def test_disabled_ditorch_does_not_register_the_device(python_in_subprocess):
 def test_a_slow_chip_queues_kernels_on_its_own_clock_and_the_host_waits_only_to_read(tmp_path, python_in_subprocess):
     profile = tmp_path / "slow.yaml"
     profile.write_text("name: slow\nrelative_speed: 0.02\n")
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import time, torch, ditorch.dipu as dipu
         torch.set_num_threads(1)
         a = torch.randn(256, 256, device="dipu")
@@ -88,5 +93,5 @@ def test_a_slow_chip_queues_kernels_on_its_own_clock_and_the_host_waits_only_to_
     """, DIPU_HOST_PROFILE=str(profile))
     assert result.returncode == 0, result.stderr
     launched, finished = map(float, result.stdout.split())
-    assert launched < 0.5   # the host ran the five kernels and went on, well before the chip's time
+    assert launched < 0.5  # the host ran the five kernels and went on, well before the chip's time
     assert finished >= 0.99  # the copy to the host returned only once the chip's clock had passed them

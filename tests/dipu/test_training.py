@@ -23,7 +23,8 @@ def test_training_on_dipu_is_bit_identical_to_cpu():
 
 
 def test_training_without_host_access_is_bit_identical_to_cpu(python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import torch, ditorch.dipu
         from training import train_with_checkpoint
         assert not torch.dipu.get_device_properties(0).host_accessible
@@ -34,7 +35,8 @@ def test_training_without_host_access_is_bit_identical_to_cpu(python_in_subproce
 
 
 def test_reduced_precision_profile_changes_the_losses_slightly(python_in_subprocess):
-    result = python_in_subprocess("""
+    result = python_in_subprocess(
+        """
         import ditorch.dipu
         from training import train_with_checkpoint
         print(repr(train_with_checkpoint("dipu")))

@@ -5,12 +5,12 @@ import textwrap
 
 import pytest
 
-from h2.cli.ditorch import main as ditorch
 from ditorch.compat import PROBES, run_probes
+from h2.cli.ditorch import main as ditorch
 
 
 def probe_result(code: str):
-    (result,) = run_probes([("test", "probe", code)])
+    (result, ) = run_probes([("test", "probe", code)])
     return result
 
 

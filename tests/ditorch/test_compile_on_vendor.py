@@ -40,15 +40,17 @@ def test_the_eager_fallback_is_announced_in_one_stderr_line(capfd):
     for _ in range(3):
         model(torch.randn(2, 8, device="cuda"))
     lines = [line for line in capfd.readouterr().err.splitlines() if "torch.compile" in line]
-    assert lines == ["ditorch: torch.compile: inductor has no code generator for the dipu device; "
-                     "its graphs run eagerly (backend 'eager')"]
+    assert lines == [
+        "ditorch: torch.compile: inductor has no code generator for the dipu device; "
+        "its graphs run eagerly (backend 'eager')"
+    ]
 
 
 def test_the_decorator_form_with_a_mode_runs_on_dipu():
+
     @torch.compile(mode="max-autotune", fullgraph=True)
     def scaled_tanh(x):
         return torch.tanh(x) * 2
 
     x = torch.randn(5, device="cuda")
     assert torch.equal(scaled_tanh(x), torch.tanh(x) * 2)
-

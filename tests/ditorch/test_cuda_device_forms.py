@@ -26,9 +26,10 @@ def test_set_device_takes_every_form(device):
 
 
 @pytest.mark.parametrize("name", [
-    "synchronize", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-    "memory_stats", "reset_peak_memory_stats", "get_device_properties", "get_device_name",
-    "get_device_capability", "mem_get_info", "get_rng_state"])
+    "synchronize", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_stats",
+    "reset_peak_memory_stats", "get_device_properties", "get_device_name", "get_device_capability", "mem_get_info",
+    "get_rng_state"
+])
 @pytest.mark.parametrize("device", ["cuda", "cuda:1", torch.device("cuda", 1)], ids=str)
 def test_device_queries_take_cuda_names(name, device):
     named_index = 0 if device == "cuda" else 1
@@ -65,10 +66,10 @@ def test_rng_state_round_trips_through_a_cuda_name():
 
 
 @pytest.mark.parametrize("make", [
-    lambda t: t.new_zeros((2,), device="cuda"), lambda t: t.new_ones((2,), device="cuda"),
-    lambda t: t.new_empty((2,), device="cuda"), lambda t: t.new_full((2,), 3.0, device="cuda"),
-    lambda t: t.new_tensor([1.0, 2.0], device="cuda"), lambda t: t.new_empty_strided((2,), (1,), device="cuda")],
-    ids=["new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "new_empty_strided"])
+    lambda t: t.new_zeros((2, ), device="cuda"), lambda t: t.new_ones((2, ), device="cuda"), lambda t: t.new_empty(
+        (2, ), device="cuda"), lambda t: t.new_full((2, ), 3.0, device="cuda"),
+    lambda t: t.new_tensor([1.0, 2.0], device="cuda"), lambda t: t.new_empty_strided((2, ), (1, ), device="cuda")
+], ids=["new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "new_empty_strided"])
 def test_tensor_new_factories_take_cuda(make):
     assert make(torch.ones(1)).device.type == "dipu"
 

@@ -37,7 +37,7 @@ def test_without_ditorch_it_fails_as_on_a_machine_without_cuda():
 def test_with_import_ditorch_it_trains_on_dipu(tmp_path):
     completed = run([script_with_ditorch(tmp_path), "--steps", "12"])
     assert completed.returncode == 0, completed.stderr[-2000:]
-    (result,) = results(completed.stdout)
+    (result, ) = results(completed.stdout)
     assert result["device"] == "dipu:0"
     assert result["cuda_available"] is True and result["device_count"] >= 1
     assert result["max_memory_allocated"] > 0 and result["elapsed_ms"] > 0
@@ -46,8 +46,10 @@ def test_with_import_ditorch_it_trains_on_dipu(tmp_path):
 
 @pytest.mark.slow
 def test_ddp_under_torchrun_with_nccl_trains_on_dipu_and_keeps_replicas_equal(tmp_path):
-    completed = run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                     script_with_ditorch(tmp_path), "--steps", "6"], timeout=300)
+    completed = run([
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        script_with_ditorch(tmp_path), "--steps", "6"
+    ], timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
     by_rank = {r["rank"]: r for r in results(completed.stdout)}
     assert sorted(by_rank) == [0, 1]

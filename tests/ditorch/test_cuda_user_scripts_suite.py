@@ -40,8 +40,8 @@ def run_script(script: str, processes: int, device: str | None, steps: int = STE
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
     args = [os.path.join(SCRIPTS, script), "--steps", str(steps)] + (["--device", device] if device else [])
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *launcher, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=SCRIPTS)
+    return subprocess.run([sys.executable, *launcher, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=SCRIPTS)
 
 
 def results(completed) -> dict[int, dict]:

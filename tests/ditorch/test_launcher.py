@@ -77,7 +77,8 @@ def test_a_script_that_does_not_exist_is_one_line_and_exit_status_2(tmp_path):
 
 def test_import_ditorch_right_after_the_future_imports_is_enough(tmp_path):
     script = tmp_path / "direct.py"
-    script.write_text(textwrap.dedent("""\
+    script.write_text(
+        textwrap.dedent("""\
         from __future__ import annotations
         import ditorch
         import torch

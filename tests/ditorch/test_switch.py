@@ -14,8 +14,9 @@ def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProces
 
 
 def test_disable_leaves_torch_untouched():
-    result = run_python("import torch; z = torch.zeros; import ditorch; "
-                        "print(ditorch.vendor() is None, torch.zeros is z)", {"DITORCH_DISABLE": "1"})
+    result = run_python(
+        "import torch; z = torch.zeros; import ditorch; "
+        "print(ditorch.vendor() is None, torch.zeros is z)", {"DITORCH_DISABLE": "1"})
     assert result.stdout.split() == ["True", "True"], result.stderr
 
 
@@ -38,12 +39,11 @@ def test_an_unknown_vendor_name_is_refused():
 
 
 def test_use_switches_vendor_and_deactivate_restores_torch():
-    result = run_python(
-        "import torch; z = torch.zeros; avail = torch.cuda.is_available\n"
-        "import ditorch\n"
-        "print(ditorch.vendor().name, torch.zeros(1, device='cuda').device.type)\n"
-        "ditorch.deactivate(); print(torch.zeros is z, torch.cuda.is_available is avail)\n"
-        "ditorch.use('dipu'); print(torch.randn(2, device='device').device.type)")
+    result = run_python("import torch; z = torch.zeros; avail = torch.cuda.is_available\n"
+                        "import ditorch\n"
+                        "print(ditorch.vendor().name, torch.zeros(1, device='cuda').device.type)\n"
+                        "ditorch.deactivate(); print(torch.zeros is z, torch.cuda.is_available is avail)\n"
+                        "ditorch.use('dipu'); print(torch.randn(2, device='device').device.type)")
     assert result.stdout.split() == ["dipu", "dipu", "True", "True", "dipu"], result.stderr[-2000:]
 
 
@@ -64,7 +64,8 @@ def test_backend_cuda_flags_are_accepted_harmlessly():
     ("DIPU_LOG_FALLBACK", "yes", "DIPU_LOG_FALLBACK='yes': expected 0 or 1"),
     ("DITORCH_DISABLE", "maybe", "DITORCH_DISABLE='maybe': expected 0 or 1"),
 ], ids=["vendor", "fallback_ops", "log_fallback", "disable"])
-def test_a_bad_setting_stops_the_import_naming_it_instead_of_leaving_the_script_without_a_device(variable, value, error):
+def test_a_bad_setting_stops_the_import_naming_it_instead_of_leaving_the_script_without_a_device(
+        variable, value, error):
     # Detection used to count a dipu shim that failed on such a setting as absent: the script then ran
     # on no accelerator at all (torch.cuda.is_available() False) without a word.
     result = run_python("import ditorch; print(ditorch.vendor())", {variable: value})

@@ -6,13 +6,15 @@ import os
 import subprocess
 import sys
 
-from h2.launch import launcher as launch
-from h2.launch.contract import FAILURES_PREFIX, FINISHED_PREFIX
-from h2.launch.agent import read_failures, write_failures
 from h2.core.strategy import strategy_from_mapping
+from h2.launch import launcher as launch
+from h2.launch.agent import read_failures, write_failures
+from h2.launch.contract import FAILURES_PREFIX, FINISHED_PREFIX
 
-STRATEGY = {"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny",
-            "stages": [{"chip": "A", "tp": 1, "layers": 2}, {"chip": "B", "tp": 1, "layers": 2}]}
+STRATEGY = {
+    "dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny", "stages": [{"chip": "A", "tp": 1, "layers": 2},
+                                                                                    {"chip": "B", "tp": 1, "layers": 2}]
+}
 RANK_1_KILLS_ITSELF = """\
 import os, signal, time
 if os.environ["RANK"] == "1":
@@ -24,10 +26,12 @@ time.sleep(60)
 def run_agent(tmp_path, script: str):
     (tmp_path / "worker.py").write_text(script)
     failures = tmp_path / "failures-0.json"
-    completed = subprocess.run([sys.executable, "-m", "h2.launch.agent", str(failures), "--standalone",
-                                "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
-                                str(tmp_path / "worker.py")],
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run([
+        sys.executable, "-m", "h2.launch.agent",
+        str(failures), "--standalone", "--nproc-per-node", "2", "--log-dir",
+        str(tmp_path / "logs"),
+        str(tmp_path / "worker.py")
+    ], capture_output=True, text=True, timeout=120)
     return completed, failures
 
 

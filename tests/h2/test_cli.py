@@ -35,12 +35,12 @@ def test_model_info_100b_prints_the_parameter_count(cli):
     (["model-info", "--tp", "0"], "--tp must be at least 1"),
     (["model-info", "--tp", "3"], "--tp: tp 3 does not divide the model's num_heads (4)"),
     (["train", "--seed", "-1"], "'seed' out of range: -1"),
-    (["train", "--seed", str(2 ** 64)], "'seed' out of range"),
+    (["train", "--seed", str(2**64)], "'seed' out of range"),
     (["train", "--micro-batch-size", "1000000000"], "lower --micro-batch-size or --seq-len"),
-    (["train", "--strategy", "configs/strategies/local-cpu-dipu.yaml", "--seq-len", "100000"],
-     "--seq-len 100000 differs from configs/strategies/local-cpu-dipu.yaml's seq_len"),
-    (["train", "--strategy", "configs/strategies/local-tiny-pp2.yaml", "--nproc", "0"],
-     "--nproc must be at least 1, got 0"),
+    (["train", "--strategy", "configs/strategies/local-cpu-dipu.yaml", "--seq-len", "100000"
+      ], "--seq-len 100000 differs from configs/strategies/local-cpu-dipu.yaml's seq_len"),
+    (["train", "--strategy", "configs/strategies/local-tiny-pp2.yaml", "--nproc", "0"
+      ], "--nproc must be at least 1, got 0"),
     (["train", "--strategy", "configs/strategies/local-tiny-pp2.yaml", "--steps", "0"], "'steps' out of range: 0"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(cli, tmp_path, args, message):

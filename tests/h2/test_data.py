@@ -1,9 +1,8 @@
-import numpy as np
 import pytest
 import torch
 
-from h2.data import ByteTokenizer, SequenceStream, load_stdlib_corpus
 from h2.core.errors import UserError
+from h2.data import ByteTokenizer, SequenceStream, load_stdlib_corpus
 
 
 def test_byte_tokenizer_round_trips_unicode():

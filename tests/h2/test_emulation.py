@@ -8,8 +8,14 @@ import sys
 import pytest
 
 from h2.core.cluster import load_cluster
-from h2.core.emulation import (CORE_SHARE_LIMIT, check_core_share, emulated_stage_devices, host_vendor_settings,
-                               host_work_warning, rank_chips)
+from h2.core.emulation import (
+    CORE_SHARE_LIMIT,
+    check_core_share,
+    emulated_stage_devices,
+    host_vendor_settings,
+    host_work_warning,
+    rank_chips,
+)
 from h2.core.errors import UserError
 from h2.core.strategy import strategy_from_mapping
 
@@ -34,14 +40,17 @@ def chip(name="emu", count=2, memory=0.01, extra="    emulation: {relative_speed
 
 
 def test_an_emulation_section_makes_the_chip_emulated_with_its_settings(tmp_path):
-    path = cluster_file(tmp_path, chip(extra="    emulation: {relative_speed: 0.25, precision: tf32, "
-                                             "host_accessible: true}\n"))
-    (emulated,) = load_cluster(path).chips
+    path = cluster_file(
+        tmp_path, chip(extra="    emulation: {relative_speed: 0.25, precision: tf32, "
+                       "host_accessible: true}\n"))
+    (emulated, ) = load_cluster(path).chips
     assert emulated.emulated and emulated.emulation.relative_speed == 0.25
     assert host_vendor_settings(emulated) == {
-        "name": "emu", "description": "emulated chip emu", "device_count": 1, "memory_capacity": "10000000",
-        "relative_speed": 0.25, "host_accessible": True, "round_output_ops": ["diopiMm", "diopiBmm", "diopiAddmm"],
-        "round_output_mantissa_bits": 10}
+        "name": "emu", "description": "emulated chip emu", "device_count": 1,
+        "memory_capacity": "10000000", "relative_speed": 0.25, "host_accessible": True, "round_output_ops": [
+            "diopiMm", "diopiBmm", "diopiAddmm"
+        ], "round_output_mantissa_bits": 10
+    }
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -58,14 +67,14 @@ def test_a_bad_emulation_section_is_one_line_naming_file_and_field(tmp_path, ext
 
 
 def test_the_rule_admits_speeds_summing_to_the_limit_of_the_host_cores(tmp_path):
-    (emulated,) = load_cluster(cluster_file(tmp_path, chip(count=4))).chips
+    (emulated, ) = load_cluster(cluster_file(tmp_path, chip(count=4))).chips
     ranks = [emulated] * 4
     assert emulated.emulation.relative_speed * len(ranks) == CORE_SHARE_LIMIT * 2  # 4 x 0.25 = 0.5 x 2: the limit
     assert check_core_share(ranks, cores=2, where="c.yaml") is None  # admitted: no error
 
 
 def test_the_rule_refuses_ranks_claiming_more_than_its_share_of_the_cores(tmp_path):
-    (emulated,) = load_cluster(cluster_file(tmp_path, chip(count=5))).chips
+    (emulated, ) = load_cluster(cluster_file(tmp_path, chip(count=5))).chips
     with pytest.raises(UserError) as error:
         check_core_share([emulated] * 5, cores=2, where="c.yaml")
     assert str(error.value).startswith("c.yaml: field 'emulation.relative_speed': the 5 ranks on this host claim "
@@ -79,8 +88,10 @@ def test_a_rank_of_a_chip_without_emulation_claims_a_whole_core(tmp_path):
         check_core_share([cluster.chip("emu"), cluster.chip("cpu-chip")], cores=2, where="c.yaml")
 
 
-STRATEGY = {"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny",
-            "stages": [{"chip": "emu", "tp": 2, "layers": 2}, {"chip": "cpu-chip", "tp": 1, "layers": 2}]}
+STRATEGY = {
+    "dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny",
+    "stages": [{"chip": "emu", "tp": 2, "layers": 2}, {"chip": "cpu-chip", "tp": 1, "layers": 2}]
+}
 
 
 def test_ranks_take_their_stage_chip_in_rank_order(tmp_path):
@@ -115,9 +126,11 @@ def test_ranks_inside_the_rule_get_no_warning():
 def test_a_rank_of_an_emulated_chip_sleeps_while_it_waits_on_dicomm(tmp_path):
     # a fresh interpreter: the chip must be chosen before this process's dipu device first opens
     path = cluster_file(tmp_path, chip())
-    script = ("import os; from h2.core.cluster import load_cluster; from heteropp.emulated_chip import open_emulated_chip; "
-              f"(chip,) = load_cluster({path!r}).chips; open_emulated_chip(chip, {str(tmp_path / 'chips')!r}); "
-              "print(os.environ['DICOMM_SPIN_US'])")
+    script = (
+        "import os; from h2.core.cluster import load_cluster; from heteropp.emulated_chip import open_emulated_chip; "
+        f"(chip,) = load_cluster({path!r}).chips; open_emulated_chip(chip, {str(tmp_path / 'chips')!r}); "
+        "print(os.environ['DICOMM_SPIN_US'])")
     environment = {name: value for name, value in os.environ.items() if name != "DICOMM_SPIN_US"}
-    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
+                            timeout=120)
     assert result.stdout.strip() == "0", result.stderr[-2000:]

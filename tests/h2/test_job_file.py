@@ -79,7 +79,7 @@ def test_a_written_job_reads_back_to_the_same_configs(tmp_path):
 def test_a_written_job_leaves_unset_options_out(tmp_path):
     path = tmp_path / "job.yaml"
     flags.write_job(path, TrainConfig(seq_len=None, lr=0.01))
-    values = flags.job_values(path, (TrainConfig,))
+    values = flags.job_values(path, (TrainConfig, ))
     assert "seq_len" not in values and values["lr"] == 0.01
 
 
@@ -87,7 +87,7 @@ def test_job_values_refuse_a_file_that_is_not_a_mapping(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("- steps\n")
     with pytest.raises(UserError, match="top level must be a mapping"):
-        flags.job_values(path, (TrainConfig,))
+        flags.job_values(path, (TrainConfig, ))
 
 
 # ---- the resolved job a launcher hands its ranks (h2.launch.job) ----------------------------------------
@@ -96,8 +96,10 @@ TWO_SITES = os.path.join(REPO_ROOT, "configs", "clusters", "local-2site.yaml")
 TWO_SITE_PP2 = os.path.join(REPO_ROOT, "configs", "strategies", "local-2site-pp2.yaml")
 TWO_NODES = ("chips:\n  - {name: A, count: 4, memory_gb: 1, chips_per_node: 2, tp_max: 2, intra_node_gbps: 10, "
              "inter_node_gbps: 1, latency_us: 7}\n")
-TWO_NODE_PP2 = {"dp": 1, "micro_batches": 2, "micro_batch_size": 2, "model": "tiny",
-                "stages": [{"chip": "A", "tp": 2, "layers": 2}, {"chip": "A", "tp": 2, "layers": 2}]}
+TWO_NODE_PP2 = {
+    "dp": 1, "micro_batches": 2, "micro_batch_size": 2, "model": "tiny", "stages": [{"chip": "A", "tp": 2, "layers": 2},
+                                                                                    {"chip": "A", "tp": 2, "layers": 2}]
+}
 
 
 def resolved(tmp_path, strategy: str, cluster: str | None, **values):
@@ -115,7 +117,7 @@ def test_a_resolved_job_reads_back_as_the_launcher_wrote_it_with_the_generated_o
     back = read_job(tmp_path / "job.yaml")
     assert back == job
     assert back.strategy.schedule == "jeeves" and back.strategy.orders[0].startswith("F0 F1 F2 F3 F4 F5 F6 F7 B0")
-    assert [stage.device for stage in back.strategy.stages] == ["dipu", "dipu"]   # emulated chips
+    assert [stage.device for stage in back.strategy.stages] == ["dipu", "dipu"]  # emulated chips
     assert back.train.steps == 3 and back.explicit == frozenset({"steps", "lr"})
     assert back.ranks[1].chip == "emu-south" and back.ranks[1].emulation["relative_speed"] == 0.2
     assert back.stage_links == "link stage 0 -> 1 (emulated): inter_site 0.01 GB/s, 20000 us"
@@ -125,7 +127,7 @@ def test_a_job_without_a_cluster_has_no_links_and_no_emulated_chips(tmp_path):
     job, cluster = resolved(tmp_path, TWO_SITE_PP2, None)
     assert cluster is None and job.chip_labels is None and job.stage_links is None
     assert [(entry.chip, entry.device, entry.emulation) for entry in job.ranks] == [("emu-north", "cpu", None),
-                                                                                     ("emu-south", "cpu", None)]
+                                                                                    ("emu-south", "cpu", None)]
     assert job.links(0) is None
 
 

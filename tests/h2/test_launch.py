@@ -10,15 +10,18 @@ import time
 
 import pytest
 
-from h2.launch import launcher as launch
 from h2.core.cluster import load_cluster
 from h2.core.strategy import strategy_from_mapping
+from h2.launch import launcher as launch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLUSTER = ("chips:\n"
-           "  - {name: A, count: 2, memory_gb: 1, chips_per_node: 1, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1}\n")
-STRATEGY = {"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny",
-            "stages": [{"chip": "A", "tp": 1, "layers": 2}, {"chip": "A", "tp": 1, "layers": 2}]}
+CLUSTER = (
+    "chips:\n"
+    "  - {name: A, count: 2, memory_gb: 1, chips_per_node: 1, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1}\n")
+STRATEGY = {
+    "dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny", "stages": [{"chip": "A", "tp": 1, "layers": 2},
+                                                                                    {"chip": "A", "tp": 1, "layers": 2}]
+}
 
 
 @pytest.fixture
@@ -32,10 +35,12 @@ def started(monkeypatch):
 def test_without_root_several_nodes_run_on_loopback_and_one_line_says_why(tmp_path, monkeypatch, capsys, started):
     (tmp_path / "c.yaml").write_text(CLUSTER)
     monkeypatch.setattr(launch.netns, "missing_requirements", lambda: ["not root (uid 1000)"])
-    status = launch.launch(strategy_from_mapping(STRATEGY, "s.yaml"), load_cluster(tmp_path / "c.yaml"), "job.yaml", "s.yaml")
+    status = launch.launch(strategy_from_mapping(STRATEGY, "s.yaml"), load_cluster(tmp_path / "c.yaml"), "job.yaml",
+                           "s.yaml")
     assert status == 0 and "--standalone" in started[0]
-    assert capsys.readouterr().out == ("h2: 2 emulated nodes on loopback, not network namespaces (not root (uid 1000)): "
-                                       "links paced by the pacing layers only\n")
+    assert capsys.readouterr().out == (
+        "h2: 2 emulated nodes on loopback, not network namespaces (not root (uid 1000)): "
+        "links paced by the pacing layers only\n")
 
 
 def test_one_node_runs_one_standalone_torchrun_without_namespaces(tmp_path, capsys, started):
@@ -90,6 +95,7 @@ def counting_reads(watched: list[str], reads: list[str]):
         if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) in watched:
             reads.append(os.path.realpath(file))
         return real_open(file, *args, **kwargs)
+
     return counting_open
 
 
@@ -114,12 +120,14 @@ def test_the_cluster_file_is_read_once_by_the_launcher_and_never_by_a_rank(tmp_p
     reads: list[str] = []
     monkeypatch.setattr(builtins, "open", counting_reads(watched, reads))
     job_path = str(tmp_path / "job.yaml")
-    monkeypatch.setattr(launch, "launch", lambda strategy, cluster, path, *args, **kwargs:
-                        shutil.copy(path, job_path) and 0)
-    status = main(["train", "--strategy", strategy, "--cluster", cluster, "--schedule", "jeeves", "--steps", "1",
-                   "--out", str(tmp_path / "run")])
+    monkeypatch.setattr(launch, "launch",
+                        lambda strategy, cluster, path, *args, **kwargs: shutil.copy(path, job_path) and 0)
+    status = main([
+        "train", "--strategy", strategy, "--cluster", cluster, "--schedule", "jeeves", "--steps", "1", "--out",
+        str(tmp_path / "run")
+    ])
     monkeypatch.undo()
-    assert status == 0 and sorted(reads) == sorted(watched)   # each file once, in the launcher
+    assert status == 0 and sorted(reads) == sorted(watched)  # each file once, in the launcher
     ranks = run_ranks(run_rank_counting_reads, 2, args=(job_path, watched), timeout=240)
     assert ranks == [{"status": 0, "reads": [], "planner_imported": False}] * 2
     assert os.path.exists(tmp_path / "run" / "metrics.jsonl")

@@ -9,8 +9,8 @@ import time
 
 import torch.distributed as dist
 
-from h2.launch.contract import job_finished
 from h2.cli.rank import leave_together
+from h2.launch.contract import job_finished
 from h2.train.watchdog import RankWatchdog
 
 
@@ -43,6 +43,7 @@ def test_a_peer_frozen_before_the_final_barrier_is_named_within_the_timeout():
 
 
 class BarrierThatSeesTheJobFolder:
+
     def __init__(self, folder):
         self.folder, self.finished_when_called = folder, None
 

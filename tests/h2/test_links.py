@@ -7,8 +7,17 @@ import pytest
 
 from h2.core.cluster import load_cluster
 from h2.core.errors import UserError
-from h2.core.links import (ArrivalClock, Link, Location, RankLinks, link_between, link_class, nodes_of,
-                           rank_locations, stage_link)
+from h2.core.links import (
+    ArrivalClock,
+    Link,
+    Location,
+    RankLinks,
+    link_between,
+    link_class,
+    nodes_of,
+    rank_locations,
+    stage_link,
+)
 from h2.core.strategy import strategy_from_mapping
 
 FAST = "{name: F, count: 8, memory_gb: 1, chips_per_node: 4, tp_max: 4, intra_node_gbps: 100, inter_node_gbps: 10, latency_us: 5}"
@@ -17,19 +26,23 @@ SLOW = "{name: S, count: 4, memory_gb: 1, chips_per_node: 2, tp_max: 2, intra_no
 
 @pytest.fixture
 def cluster_file(tmp_path):
+
     def write(links: str = "") -> str:
         path = tmp_path / "c.yaml"
         path.write_text(f"chips: [{FAST}, {SLOW}]\n" + (f"links:\n{links}" if links else ""))
         return str(path)
+
     return write
 
 
 def strategy(*stages):
     """Stages as (chip, tp, dp) on the tiny model (its 4 layers split over the stages)."""
     layers = [4 // len(stages)] * len(stages)
-    return strategy_from_mapping({"dp": 1, "micro_batches": 2, "micro_batch_size": 12, "model": "tiny",
-                                  "stages": [{"chip": chip, "tp": tp, "dp": dp, "layers": n}
-                                             for (chip, tp, dp), n in zip(stages, layers)]}, "s.yaml")
+    return strategy_from_mapping(
+        {
+            "dp": 1, "micro_batches": 2, "micro_batch_size": 12, "model": "tiny",
+            "stages": [{"chip": chip, "tp": tp, "dp": dp, "layers": n} for (chip, tp, dp), n in zip(stages, layers)]
+        }, "s.yaml")
 
 
 # ---- the arrival rule ----------------------------------------------------------------------------
@@ -42,7 +55,7 @@ def test_messages_posted_together_queue_behind_each_other_for_their_bytes_only()
     clock = ArrivalClock(Link(bandwidth_gbps=0.1, latency_us=1000))
     first = clock.arrival(now=0.0, nbytes=100_000)
     second = clock.arrival(now=0.0, nbytes=100_000)
-    assert second - first == pytest.approx(1e-3)   # one latency for the burst, not one per message
+    assert second - first == pytest.approx(1e-3)  # one latency for the burst, not one per message
 
 
 def test_a_message_posted_after_the_link_went_idle_pays_the_latency_again():
@@ -53,7 +66,7 @@ def test_a_message_posted_after_the_link_went_idle_pays_the_latency_again():
 
 def test_an_unlimited_bandwidth_adds_the_latency_alone():
     clock = ArrivalClock(Link(bandwidth_gbps=10.0, latency_us=50).without_bandwidth())
-    assert clock.arrival(now=2.0, nbytes=10 ** 12) == pytest.approx(2.0 + 50e-6)
+    assert clock.arrival(now=2.0, nbytes=10**12) == pytest.approx(2.0 + 50e-6)
 
 
 # ---- which class joins two ranks -----------------------------------------------------------------
@@ -80,9 +93,10 @@ def test_the_links_section_overrides_a_class_and_a_left_out_field_keeps_its_defa
 
 
 def test_a_site_pair_overrides_the_inter_site_class(cluster_file):
-    cluster = load_cluster(cluster_file("  inter_site: {bandwidth_gbps: 0.1, latency_us: 20000}\n"
-                                        "  site_pairs:\n"
-                                        "    - {sites: [north, south], latency_us: 30000}\n"))
+    cluster = load_cluster(
+        cluster_file("  inter_site: {bandwidth_gbps: 0.1, latency_us: 20000}\n"
+                     "  site_pairs:\n"
+                     "    - {sites: [north, south], latency_us: 30000}\n"))
     assert link_between(cluster, Location("F", 0, "south"), Location("F", 0, "north"))[1] == Link(0.1, 30000)
     assert link_between(cluster, Location("F", 0, "south"), Location("F", 0, "east"))[1] == Link(0.1, 20000)
 
@@ -91,16 +105,19 @@ def test_a_site_pair_overrides_the_inter_site_class(cluster_file):
 def test_ranks_fill_each_chip_types_nodes_in_rank_order(cluster_file):
     cluster = load_cluster(cluster_file())
     locations = rank_locations(strategy(("F", 2, 3), ("S", 2, 1)), cluster)
-    assert [(node.describe(), ranks) for node, ranks in nodes_of(locations)] == [
-        ("F node 0", [0, 1, 2, 3]), ("F node 1", [4, 5]), ("S node 0", [6, 7])]
+    assert [(node.describe(), ranks) for node, ranks in nodes_of(locations)] == [("F node 0", [0, 1, 2, 3]),
+                                                                                 ("F node 1", [4, 5]),
+                                                                                 ("S node 0", [6, 7])]
 
 
 def test_a_chip_type_that_comes_back_after_another_starts_a_fresh_node(cluster_file):
     cluster = load_cluster(cluster_file())
-    three = strategy_from_mapping({"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": {"preset": "tiny", "num_layers": 3},
-                                  
-                                   "stages": [{"chip": "F", "tp": 1, "layers": 1}, {"chip": "S", "tp": 1, "layers": 1},
-                                              {"chip": "F", "tp": 1, "layers": 1}]}, "s.yaml")
+    three = strategy_from_mapping(
+        {
+            "dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": {"preset": "tiny", "num_layers": 3},
+            "stages": [{"chip": "F", "tp": 1, "layers": 1}, {"chip": "S", "tp": 1, "layers": 1},
+                       {"chip": "F", "tp": 1, "layers": 1}]
+        }, "s.yaml")
     assert rank_locations(three, cluster) == [Location("F", 0), Location("S", 0), Location("F", 1)]
 
 
@@ -143,11 +160,10 @@ def test_stage_links_name_the_wrap_around_from_the_last_stage_to_stage_0_under_m
                  id="negative_latency"),
     pytest.param("  inter_site: {bandwidth_gbps: .inf}\n", r"links.inter_site: field 'bandwidth_gbps'",
                  id="infinite_bandwidth"),
-    pytest.param("  inter_rack: {bandwidth_gbps: 1}\n", r"links: unknown link class 'inter_rack'",
-                 id="unknown_class"),
+    pytest.param("  inter_rack: {bandwidth_gbps: 1}\n", r"links: unknown link class 'inter_rack'", id="unknown_class"),
     pytest.param("  inter_node: {bandwidth: 1}\n", r"links.inter_node: unknown field 'bandwidth'", id="unknown_field"),
-    pytest.param("  inter_node: {bandwidth_gbps: fast}\n", r"links.inter_node: field 'bandwidth_gbps': expected a number",
-                 id="not_a_number"),
+    pytest.param("  inter_node: {bandwidth_gbps: fast}\n",
+                 r"links.inter_node: field 'bandwidth_gbps': expected a number", id="not_a_number"),
     pytest.param("  site_pairs: [{sites: [north, north], latency_us: 1}]\n",
                  r"links.site_pairs\[0\]: field 'sites' must name two different sites", id="site_pair_of_one_site"),
     pytest.param("  site_pairs: [{sites: [a, b], latency_us: -1}]\n",

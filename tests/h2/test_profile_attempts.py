@@ -14,8 +14,8 @@ from h2.launch.profiling_job import MeasureOptions, measure
 from heteroauto.profile_cache import ProfileTarget
 from heteropp import profiling
 
-CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                       "configs", "clusters", "local-hetero.yaml")
+CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs",
+                       "clusters", "local-hetero.yaml")
 
 
 def measurement(tp: int, late: float) -> profiling.TPMeasurement:
@@ -64,6 +64,7 @@ def test_attempts_bound_the_measurements_of_a_late_tp_size(emu_slow):
 
 
 def test_zero_attempts_is_one_line_exit_2():
-    result = subprocess.run([sys.executable, "-m", "h2.cli.heteroauto", "profile", "--cluster", CLUSTER,
-                             "--attempts", "0"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([
+        sys.executable, "-m", "h2.cli.heteroauto", "profile", "--cluster", CLUSTER, "--attempts", "0"
+    ], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.strip() == "heteroauto: error: --attempts: must be at least 1"

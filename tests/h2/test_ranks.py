@@ -18,13 +18,14 @@ RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 def report(rank, world_size, *args, **kwargs):
     time.sleep(0.1 * (world_size - rank))  # the last rank finishes first
-    return {"rank": rank, "world_size": world_size, "args": list(args), "kwargs": kwargs,
-            "env": {name: os.environ[name] for name in RENDEZVOUS + ("EXTRA",)}}
+    return {
+        "rank": rank, "world_size": world_size, "args": list(args), "kwargs": kwargs,
+        "env": {name: os.environ[name] for name in RENDEZVOUS + ("EXTRA", )}
+    }
 
 
 def test_results_come_back_in_rank_order_with_the_rendezvous_environment_and_extra_variables():
-    results = run_ranks(report, 3, args=(7, "x"), kwargs={"k": [1]}, env=lambda rank: {"EXTRA": f"e{rank}"},
-                        timeout=60)
+    results = run_ranks(report, 3, args=(7, "x"), kwargs={"k": [1]}, env=lambda rank: {"EXTRA": f"e{rank}"}, timeout=60)
     assert [r["rank"] for r in results] == [0, 1, 2]
     assert all(r["world_size"] == 3 and r["args"] == [7, "x"] and r["kwargs"] == {"k": [1]} for r in results)
     for rank, r in enumerate(results):
@@ -132,8 +133,7 @@ def test_forkserver_ranks_fork_from_a_server_that_imported_the_preload_list(tmp_
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     results = json.loads(run.stdout.strip().splitlines()[-1])
-    assert results == [{"rank": r, "preloaded": True, "extra": "fs", "forked_from_the_caller": False}
-                       for r in range(2)]
+    assert results == [{"rank": r, "preloaded": True, "extra": "fs", "forked_from_the_caller": False} for r in range(2)]
 
 
 def test_the_harness_imports_no_torch():

@@ -14,17 +14,26 @@ from h2.core.model_config import preset
 
 # Two emulated chip types for the tiny model, one chip each: a profile and a 3-step run stay short.
 CLUSTER = {
-    "name": "test-run", "model": "tiny",
+    "name": "test-run",
+    "model": "tiny",
     "chips": [
-        {"name": "emu-big", "count": 1, "memory_gb": 0.008, "usable_memory_fraction": 0.9, "chips_per_node": 1,
-         "tp_max": 1, "intra_node_gbps": 2, "inter_node_gbps": 1, "peak_tflops": 0.02,
-         "emulation": {"relative_speed": 0.2}},
-        {"name": "emu-small", "count": 1, "memory_gb": 0.004, "usable_memory_fraction": 0.9, "chips_per_node": 1,
-         "tp_max": 1, "intra_node_gbps": 2, "inter_node_gbps": 1, "peak_tflops": 0.04,
-         "emulation": {"relative_speed": 0.4}},
+        {
+            "name": "emu-big", "count": 1, "memory_gb": 0.008, "usable_memory_fraction": 0.9, "chips_per_node": 1,
+            "tp_max": 1, "intra_node_gbps": 2, "inter_node_gbps": 1, "peak_tflops": 0.02, "emulation": {
+                "relative_speed": 0.2
+            }
+        },
+        {
+            "name": "emu-small", "count": 1, "memory_gb": 0.004, "usable_memory_fraction": 0.9, "chips_per_node": 1,
+            "tp_max": 1, "intra_node_gbps": 2, "inter_node_gbps": 1, "peak_tflops": 0.04, "emulation": {
+                "relative_speed": 0.4
+            }
+        },
     ],
-    "training": {"seq_len": 32, "global_batch_sequences": 4, "micro_batch_size": 2, "zero1": False,
-                 "weight_bytes": 4, "gradient_bytes": 4, "optimizer_bytes": 8, "activation_bytes_per_element": 4},
+    "training": {
+        "seq_len": 32, "global_batch_sequences": 4, "micro_batch_size": 2, "zero1": False, "weight_bytes": 4,
+        "gradient_bytes": 4, "optimizer_bytes": 8, "activation_bytes_per_element": 4
+    },
 }
 
 
@@ -68,8 +77,8 @@ def test_a_reference_run_of_another_model_is_refused_before_anything_is_written(
     reference = fake_run(tmp_path / "ref", "small")
     out = fake_run(tmp_path / "out", "tiny")
     before = folder_state(out)
-    result = cli("h2", "run", "--cluster", write_cluster(tmp_path), "--out", out, "--overwrite",
-                 "--reference", reference)
+    result = cli("h2", "run", "--cluster", write_cluster(tmp_path), "--out", out, "--overwrite", "--reference",
+                 reference)
     assert "a run of model 'small', this run trains 'tiny'" in one_line(result)
     assert folder_state(out) == before
 
@@ -100,14 +109,13 @@ def finished_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("h2run")
     reference = root / "reference"
-    trained = run_cli("h2", "train", "--preset", "tiny", "--steps", "3", "--micro-batch-size", "2",
-                      "--micro-batches", "2", "--seq-len", "32", "--warmup-steps", "0", "--out", str(reference),
-                      "--quiet")
+    trained = run_cli("h2", "train", "--preset", "tiny", "--steps", "3", "--micro-batch-size", "2", "--micro-batches",
+                      "2", "--seq-len", "32", "--warmup-steps", "0", "--out", str(reference), "--quiet")
     assert trained.returncode == 0, trained.stderr[-2000:]
     out = root / "run"
-    result = run_cli("h2", "run", "--cluster", write_cluster(root), "--profiles", str(root / "profiles"),
-                     "--out", str(out), "--steps", "3", "--warmup-steps", "0", "--reference", str(reference),
-                     "--trace", str(root / "trace"), timeout=600)
+    result = run_cli("h2", "run", "--cluster", write_cluster(root), "--profiles", str(root / "profiles"), "--out",
+                     str(out), "--steps", "3", "--warmup-steps", "0", "--reference", str(reference), "--trace",
+                     str(root / "trace"), timeout=600)
     return result, out, root
 
 
@@ -193,8 +201,11 @@ def planned_folder(directory, cluster: dict, model: str = "tiny") -> str:
     with open(path, "w") as handle:
         yaml.safe_dump(cluster, handle, sort_keys=False)
     with open(os.path.join(directory, "plan.json"), "w") as handle:
-        json.dump({"cluster": path, "cluster_config": cluster_identity(load_cluster(path)), "model": model,
-                   "model_config": preset(model).to_dict()}, handle)
+        json.dump(
+            {
+                "cluster": path, "cluster_config": cluster_identity(load_cluster(path)), "model": model,
+                "model_config": preset(model).to_dict()
+            }, handle)
     with open(os.path.join(directory, "strategy.yaml"), "w") as handle:
         yaml.safe_dump({"model": model, "stages": []}, handle)
     os.remove(path)
@@ -239,9 +250,9 @@ def test_resume_continues_the_run_with_its_plan_and_the_checkpoint_flags(finishe
     out = tmp_path / "run"
     shutil.copytree(finished, out)
     strategy = (out / "strategy.yaml").read_bytes()
-    result = cli("h2", "run", "--cluster", str(root / "cluster.yaml"), "--out", str(out), "--resume",
-                 "--steps", "5", "--warmup-steps", "0", "--checkpoint-every", "1", "--keep-checkpoints", "1",
-                 "--max-restarts", "0", "--rank-timeout", "120", timeout=600)
+    result = cli("h2", "run", "--cluster", str(root / "cluster.yaml"), "--out", str(out), "--resume", "--steps", "5",
+                 "--warmup-steps", "0", "--checkpoint-every", "1", "--keep-checkpoints", "1", "--max-restarts", "0",
+                 "--rank-timeout", "120", timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "plan for model" not in result.stdout and "resuming from step 3" in result.stdout
     assert (out / "strategy.yaml").read_bytes() == strategy
@@ -277,10 +288,10 @@ def measured_instantly(monkeypatch):
     from heteropp import profiling
 
     def measure_tp(chip, model, tp, **_):
-        return profiling.TPMeasurement(tp=tp, forward_s=1e-3, backward_s=2e-3, recompute_s=1e-3,
-                                       activation_bytes=1000, recompute_activation_bytes=100, workspace_bytes=None,
-                                       update_s=1e-4, embedding_forward_s=0.0, embedding_backward_s=0.0,
-                                       head_forward_s=0.0, head_backward_s=0.0, device="dipu:0", late_fraction=0.0)
+        return profiling.TPMeasurement(tp=tp, forward_s=1e-3, backward_s=2e-3, recompute_s=1e-3, activation_bytes=1000,
+                                       recompute_activation_bytes=100, workspace_bytes=None, update_s=1e-4,
+                                       embedding_forward_s=0.0, embedding_backward_s=0.0, head_forward_s=0.0,
+                                       head_backward_s=0.0, device="dipu:0", late_fraction=0.0)
 
     monkeypatch.setattr(profiling, "measure_tp", measure_tp)
 
@@ -290,8 +301,11 @@ def test_h2_plan_reads_the_cluster_file_once(cluster_reads, tmp_path, capsys):
 
     path, reads = cluster_reads
     os.makedirs(tmp_path / "profiles")
-    status = main(["plan", "--cluster", path, "--profiles", str(tmp_path / "profiles"),
-                   "--out", str(tmp_path / "plan")])
+    status = main([
+        "plan", "--cluster", path, "--profiles",
+        str(tmp_path / "profiles"), "--out",
+        str(tmp_path / "plan")
+    ])
     assert status == 0, capsys.readouterr().err
     assert len(reads) == 1 and (tmp_path / "plan" / "strategy.yaml").exists()
 

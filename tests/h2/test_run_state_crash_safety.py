@@ -55,8 +55,10 @@ def test_a_fresh_run_after_a_torn_metrics_line_logs_every_step_on_its_own_line(t
 def test_start_up_removes_temporaries_that_killed_writers_left(tmp_path, corpus):
     run(tmp_path, corpus, steps=2)
     pid = dead_pid()
-    stale = [tmp_path / "checkpoints" / "step_00000002" / f"rank_00000.pt.tmp.{pid}",
-             tmp_path / "checkpoints" / f"latest.tmp.{pid}", tmp_path / f"metrics.jsonl.tmp.{pid}"]
+    stale = [
+        tmp_path / "checkpoints" / "step_00000002" / f"rank_00000.pt.tmp.{pid}",
+        tmp_path / "checkpoints" / f"latest.tmp.{pid}", tmp_path / f"metrics.jsonl.tmp.{pid}"
+    ]
     for path in stale:
         path.write_bytes(b"partial")
     run(tmp_path, corpus, resume=True, steps=3)

@@ -13,7 +13,7 @@ import pytest
 from h2.core import flags
 from h2.core.errors import UserError
 from h2.core.schedule import SCHEDULES, gpipe_ministages, one_f_one_b
-from h2.core.strategy import StageSpec, Strategy, load_strategy, strategy_from_mapping
+from h2.core.strategy import StageSpec, Strategy, load_strategy
 from h2.core.training import PipelineOptions
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,7 +23,8 @@ UNKNOWN = "zero-bubble-v"
 
 def two_stages(**fields) -> Strategy:
     strategy = Strategy(dp=1, micro_batches=4, micro_batch_size=1, model="tiny",
-                        stages=[StageSpec(chip="A", tp=1, layers=2), StageSpec(chip="A", tp=1, layers=2)])
+                        stages=[StageSpec(chip="A", tp=1, layers=2),
+                                StageSpec(chip="A", tp=1, layers=2)])
     return dataclasses.replace(strategy, **fields)
 
 
@@ -82,10 +83,11 @@ def test_every_schedule_name_accepted_anywhere_is_accepted_by_every_entry(tmp_pa
     names = names_spelled_anywhere()
     assert {"1f1b", "1f1b-split-backward", "jeeves", "gpipe"} <= names
     for name in sorted(names):
-        accepted = {"python options": accepted_by_python_options(name),
-                    "job file": accepted_by_a_job_file(name, tmp_path),
-                    "command line": accepted_by_the_command_line(name),
-                    "strategy file": accepted_by_a_strategy_file(name, tmp_path)}
+        accepted = {
+            "python options": accepted_by_python_options(name), "job file": accepted_by_a_job_file(name, tmp_path),
+            "command line": accepted_by_the_command_line(name), "strategy file": accepted_by_a_strategy_file(
+                name, tmp_path)
+        }
         assert all(accepted.values()), f"schedule '{name}': {accepted}"
 
 
@@ -143,7 +145,7 @@ def test_a_zorse_plan_names_the_schedule_it_runs():
     assert (strategy.ministages, strategy.offload) == (1, [])
     assert strategy.schedule == "gpipe"
     from h2.core.stage_orders import run_schedule
-    assert run_schedule(strategy) == plan_schedule(best)   # what the ranks run is what the planner simulated
+    assert run_schedule(strategy) == plan_schedule(best)  # what the ranks run is what the planner simulated
 
 
 # ---- resolve_schedule's rules ------------------------------------------------------------------------
@@ -195,7 +197,8 @@ def test_the_planners_bubble_coefficient_names_its_schedule_and_back():
     from h2.core.schedule import REGISTRY, schedule_for_alpha
     assert schedule_for_alpha(0.0) == "1f1b-split-backward" and schedule_for_alpha(1.0) == "1f1b"
     assert {name: entry.alpha for name, entry in REGISTRY.items()} == {
-        "1f1b": 1.0, "1f1b-split-backward": 0.0, "jeeves": 1.0, "gpipe": 1.0}
+        "1f1b": 1.0, "1f1b-split-backward": 0.0, "jeeves": 1.0, "gpipe": 1.0
+    }
 
 
 def test_schedule_actions_is_the_one_builder_by_name():

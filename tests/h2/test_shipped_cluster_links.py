@@ -20,10 +20,11 @@ from heteroauto.zorse.graph import link_of, machines_of
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shipped_cluster_links.json")
-SHIPPED = sorted(os.path.relpath(os.path.join(folder, name), REPO_ROOT)
-                 for folder in (os.path.join(REPO_ROOT, "configs", "clusters"),)
-                 for name in os.listdir(folder) if name.endswith(".yaml")) + ["benchmarks/metis/cluster.yaml"]
-MOST_MACHINES = 16   # the Zorse planner's machine pairs are recorded for clusters up to this many machines
+SHIPPED = sorted(
+    os.path.relpath(os.path.join(folder, name), REPO_ROOT)
+    for folder in (os.path.join(REPO_ROOT, "configs", "clusters"), )
+    for name in os.listdir(folder) if name.endswith(".yaml")) + ["benchmarks/metis/cluster.yaml"]
+MOST_MACHINES = 16  # the Zorse planner's machine pairs are recorded for clusters up to this many machines
 
 
 def placed_rank_links(cluster: ClusterSpec) -> dict[str, list]:

@@ -14,9 +14,11 @@ ALL_FORWARDS_FIRST = ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"]
 
 
 def strategy(orders=None, schedule="jeeves", sites=(None, None)):
-    data = {"dp": 1, "micro_batches": 4, "micro_batch_size": 1, "model": "tiny", "schedule": schedule,
-            "stages": [{"chip": chip, "tp": 1, "layers": 2} | ({"site": site} if site else {})
-                       for chip, site in zip(("A", "B"), sites)]}
+    data = {
+        "dp": 1, "micro_batches": 4, "micro_batch_size": 1, "model": "tiny", "schedule": schedule,
+        "stages": [{"chip": chip, "tp": 1, "layers": 2} | ({"site": site} if site else {})
+                   for chip, site in zip(("A", "B"), sites)]
+    }
     if orders is not None:
         data["orders"] = orders
     return strategy_from_mapping(data, "s.yaml")
@@ -77,7 +79,8 @@ def cluster(tmp_path):
 
 
 def test_a_stage_sits_in_its_chip_types_site(cluster):
-    assert rank_locations(strategy(ALL_FORWARDS_FIRST), cluster) == [Location("A", 0, "north"), Location("B", 0, "south")]
+    assert rank_locations(strategy(ALL_FORWARDS_FIRST),
+                          cluster) == [Location("A", 0, "north"), Location("B", 0, "south")]
 
 
 def test_a_stage_naming_a_site_sits_there_on_a_fresh_node(cluster):
@@ -86,8 +89,9 @@ def test_a_stage_naming_a_site_sits_there_on_a_fresh_node(cluster):
 
 
 def test_a_stage_naming_an_unknown_site_is_a_one_line_error(cluster):
-    with pytest.raises(UserError, match=r"s.yaml: field 'stages\[1\].site': unknown site 'east' "
-                                        r"\(cluster .*c.yaml names: north, south\)"):
+    with pytest.raises(
+            UserError, match=r"s.yaml: field 'stages\[1\].site': unknown site 'east' "
+            r"\(cluster .*c.yaml names: north, south\)"):
         rank_locations(strategy(ALL_FORWARDS_FIRST, sites=(None, "east")), cluster, "s.yaml")
 
 

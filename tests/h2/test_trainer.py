@@ -1,6 +1,5 @@
 import builtins
 import dataclasses
-import json
 import os
 import shutil
 
@@ -158,7 +157,8 @@ def test_a_resume_killed_while_dropping_later_metrics_leaves_the_old_log_whole(t
 def test_resume_refuses_a_checkpoint_of_another_model_naming_the_difference(tmp_path, corpus):
     run(tmp_path, corpus, steps=1)
     other = dataclasses.replace(preset("tiny"), num_layers=2)
-    with pytest.raises(UserError, match=r"checkpoint is of model 'tiny', this run's model is 'tiny' \(num_layers 4 vs 2\)"):
+    with pytest.raises(UserError,
+                       match=r"checkpoint is of model 'tiny', this run's model is 'tiny' \(num_layers 4 vs 2\)"):
         Trainer(other, TrainConfig(steps=2, micro_batch_size=4), str(tmp_path), resume=True, corpus=corpus)
 
 

@@ -31,7 +31,7 @@ def write_cluster(tmp_path, sections: str) -> str:
 
 def test_chips_of_one_node_are_joined_at_the_nodes_link(tmp_path):
     placement = placement_of(load_cluster(write_cluster(tmp_path, PLACED)))
-    a, b = placement.gpus()[4], placement.gpus()[6]     # node a1: an A100 and a T4
+    a, b = placement.gpus()[4], placement.gpus()[6]  # node a1: an A100 and a T4
     assert placement.bandwidth_gbps(a, b) == 16
 
 
@@ -59,8 +59,9 @@ links: {site_pairs: [{sites: [east, west], bandwidth_gbps: 0.5}]}
 
 def test_a_cluster_file_without_nodes_fills_one_node_type_by_type(tmp_path):
     placement = placement_of(load_cluster(write_cluster(tmp_path, "")))
-    assert [(node.name, node.chips) for node in placement.nodes] == [
-        ("A100-0", (("A100", 4),)), ("A100-1", (("A100", 2),)), ("T4-0", (("T4", 2),))]
+    assert [(node.name, node.chips)
+            for node in placement.nodes] == [("A100-0", (("A100", 4), )), ("A100-1", (("A100", 2), )),
+                                             ("T4-0", (("T4", 2), ))]
 
 
 def test_edges_list_every_linked_pair_once(tmp_path):
@@ -88,8 +89,9 @@ def test_a_bad_node_or_site_is_refused_naming_the_field(tmp_path, sections, erro
 
 
 def test_a_disconnected_cluster_file_exits_2_with_one_line(tmp_path):
-    path = write_cluster(tmp_path, "nodes:\n  - {name: a0, site: east, chips: {A100: 6}}\n"
-                                   "  - {name: t0, site: west, chips: {T4: 2}}\n")
+    path = write_cluster(
+        tmp_path, "nodes:\n  - {name: a0, site: east, chips: {A100: 6}}\n"
+        "  - {name: t0, site: west, chips: {T4: 2}}\n")
     result = subprocess.run([sys.executable, "-m", "h2.cli.heteroauto", "search", "--cluster", path],
                             capture_output=True, text=True)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
@@ -145,10 +147,13 @@ links:
 def test_each_level_of_the_placement_gives_its_bandwidth_and_latency_to_the_ranks_it_joins(tmp_path):
     from h2.core.links import RankLinks
     cluster = load_cluster(write_cluster(tmp_path, LEVELS))
-    strategy = strategy_from_mapping({"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny", "stages": [
-        {"chip": "A100", "tp": 2, "layers": 1}, {"chip": "A100", "tp": 4, "layers": 1},
-        {"chip": "T4", "tp": 2, "layers": 2}]}, "s.yaml")
-    links = RankLinks.for_strategy(strategy, cluster, rank=0)   # ranks 0-3 on a0, 4-5 on a1, 6-7 on t0
+    strategy = strategy_from_mapping(
+        {
+            "dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": "tiny", "stages": [{
+                "chip": "A100", "tp": 2, "layers": 1
+            }, {"chip": "A100", "tp": 4, "layers": 1}, {"chip": "T4", "tp": 2, "layers": 2}]
+        }, "s.yaml")
+    links = RankLinks.for_strategy(strategy, cluster, rank=0)  # ranks 0-3 on a0, 4-5 on a1, 6-7 on t0
     assert (links.class_to(1), links.to(1)) == ("intra_node", Link(300, 2))
     assert (links.class_to(4), links.to(4)) == ("inter_node", Link(6.25, 40))
     assert (links.class_to(6), links.to(6)) == ("inter_site", Link(0.5, 30000))
@@ -163,8 +168,10 @@ def test_a_latency_the_placement_leaves_out_is_the_larger_of_the_two_chips(tmp_p
 # ---- the strategy file ---------------------------------------------------------------------------
 def zorse_strategy(**changes):
     stage = {"chips": ["T4", "A100"], "rows": [1, 3], "layers": 4, "tp": 1}
-    data = {"dp": 2, "micro_batches": 4, "micro_batch_size": 2, "model": "tiny", "ministages": 2,
-            "optimizer_sharding": "zero2", "offload": ["activations", "parameters"], "stages": [stage]}
+    data = {
+        "dp": 2, "micro_batches": 4, "micro_batch_size": 2, "model": "tiny", "ministages": 2,
+        "optimizer_sharding": "zero2", "offload": ["activations", "parameters"], "stages": [stage]
+    }
     stage.update(changes.pop("stage", {}))
     data.update(changes)
     return strategy_from_mapping(data, "s.yaml")
@@ -204,8 +211,8 @@ def test_a_mixed_group_places_each_rank_on_its_own_chip_types_nodes(tmp_path):
     ({"stage": {"tp": 2}}, "field 'stages[0].tp': a mixed-type group (chips) runs tp 1, got 2"),
     ({"stage": {"dp": 3}}, "field 'stages[0].dp' (3) differs from the 2 replicas its 'chips' lists"),
     ({"stage": {"chip": "A100"}}, "field 'stages[0].chip' (A100) must be the first of its 'chips' (T4)"),
-    ({"stage": {"layers": 1}, "model": {"preset": "tiny", "num_layers": 1}},
-     "field 'stages[0].layers': 1 layers cannot be cut into ministages = 2 chunks of at least one layer"),
+    ({"stage": {"layers": 1}, "model": {"preset": "tiny", "num_layers": 1}
+      }, "field 'stages[0].layers': 1 layers cannot be cut into ministages = 2 chunks of at least one layer"),
     ({"ministages": 0}, "field 'ministages' must be positive, got 0"),
     ({"optimizer_sharding": "zero3"}, "field 'optimizer_sharding'"),
     ({"offload": ["gradients"]}, "field 'offload'"),
@@ -218,10 +225,12 @@ def test_a_bad_zorse_strategy_field_is_refused_naming_it(changes, error):
 
 
 def two_stages_of_two_ministages(layers_a: int, layers_b: int):
-    return strategy_from_mapping({"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "ministages": 2,
-                                  "model": {"preset": "tiny", "num_layers": layers_a + layers_b},
-                                  "stages": [{"chip": "A", "tp": 1, "layers": layers_a},
-                                             {"chip": "B", "tp": 1, "layers": layers_b}]}, "s.yaml")
+    return strategy_from_mapping(
+        {
+            "dp": 1, "micro_batches": 2, "micro_batch_size": 1, "ministages": 2, "model": {
+                "preset": "tiny", "num_layers": layers_a + layers_b
+            }, "stages": [{"chip": "A", "tp": 1, "layers": layers_a}, {"chip": "B", "tp": 1, "layers": layers_b}]
+        }, "s.yaml")
 
 
 def test_ministage_chunks_go_round_robin_over_the_stages():
@@ -239,7 +248,7 @@ def test_a_stage_whose_layers_the_ministages_do_not_divide_takes_the_larger_chun
 # ---- the ministage schedule ----------------------------------------------------------------------
 def test_gpipe_ministages_run_every_forward_of_a_chunk_before_the_next_and_step_after_each_backward():
     from h2.core.schedule import gpipe_ministages
-    (actions,) = gpipe_ministages(1, 2, 2)
+    (actions, ) = gpipe_ministages(1, 2, 2)
     assert " ".join(map(str, actions)) == "F0/0 F1/0 F0/1 F1/1 B0/1 B1/1 STEP/1 B0/0 B1/0 STEP/0"
 
 
@@ -257,7 +266,7 @@ def test_the_gpipe_schedule_is_one_ministage_of_gpipe_ministages():
 
 # ---- ranks on the cluster file's nodes -----------------------------------------------------------
 def test_each_rank_takes_the_next_chip_of_its_type_in_the_files_node_order(tmp_path):
-    cluster = load_cluster(write_cluster(tmp_path, PLACED))   # a0: 4 A100; a1: 2 A100 and 2 T4
+    cluster = load_cluster(write_cluster(tmp_path, PLACED))  # a0: 4 A100; a1: 2 A100 and 2 T4
     strategy = zorse_strategy(stage={"chips": ["T4", "A100"]})
     assert [location.node_name for location in rank_locations(strategy, cluster)] == ["a1", "a0"]
 

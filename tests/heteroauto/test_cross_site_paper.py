@@ -88,7 +88,8 @@ def test_bad_flags_are_one_line_and_exit_2(capsys, argv, message):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d["links"]["inter_site"].update(latency_us=-3), "links.inter_site.latency_us must be a number >= 0"),
-    (lambda d: d["links"]["inter_site"].update(bandwidth_gbps=-1), "links.inter_site.bandwidth_gbps must be a number > 0"),
+    (lambda d: d["links"]["inter_site"].update(bandwidth_gbps=-1),
+     "links.inter_site.bandwidth_gbps must be a number > 0"),
     (lambda d: d["sites"][1].update(stages=[4, 5, 6, 9]), "sites: every stage 0..7 must sit in exactly one site"),
     (lambda d: d["chip"].update(activation_budget_gb=1.0), "is below one micro-batch of a 12-layer stage"),
 ])

@@ -4,8 +4,8 @@ global send list, peak in-flight micro-batches and the critical-path lower bound
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heteroauto.jeeves import Message, PipelineCosts, jeeves_schedule
 from h2.core.schedule import one_f_one_b
+from heteroauto.jeeves import Message, PipelineCosts, jeeves_schedule
 from heteroauto.simulator import SharedLink, critical_path_bounds, shared_links_of, simulate_replicas
 from heteroauto.stage_terms import StageTerms
 
@@ -45,7 +45,8 @@ def test_no_schedule_beats_the_critical_path_bound(case):
     pipeline, micro_batches, limit, replicas = case
     generated = jeeves_schedule(pipeline, micro_batches, limit, replicas=replicas)
     terms = _terms(pipeline)
-    bound = critical_path_bounds(terms, micro_batches, replicas=replicas, shared_links=shared_links_of(pipeline)).bound_s
+    bound = critical_path_bounds(terms, micro_batches, replicas=replicas,
+                                 shared_links=shared_links_of(pipeline)).bound_s
     jeeves = simulate_replicas(generated.actions, terms, shared_links=shared_links_of(pipeline, generated))
     baseline = simulate_replicas([one_f_one_b(pipeline.num_stages, micro_batches)] * replicas, terms,
                                  shared_links=shared_links_of(pipeline))
@@ -53,7 +54,7 @@ def test_no_schedule_beats_the_critical_path_bound(case):
 
 
 def test_replicas_splitting_a_link_wait_longer_than_one_after_another():
-    pipeline = PipelineCosts((1.0, 1.0), (2.0, 2.0), (1.0,), (0.0,), (True,))
+    pipeline = PipelineCosts((1.0, 1.0), (2.0, 2.0), (1.0, ), (0.0, ), (True, ))
     schedules = [one_f_one_b(2, 1)] * 4
     one_by_one = {"F": [Message(r, 0) for r in range(4)], "B": [Message(r, 0) for r in range(4)]}
     split = simulate_replicas(schedules, _terms(pipeline), shared_links={0: SharedLink(1.0, 0.0)})
@@ -62,11 +63,11 @@ def test_replicas_splitting_a_link_wait_longer_than_one_after_another():
 
 
 def test_the_send_list_order_decides_which_replica_goes_first():
-    pipeline = PipelineCosts((1.0, 1.0), (2.0, 2.0), (1.0,), (0.0,), (True,))
+    pipeline = PipelineCosts((1.0, 1.0), (2.0, 2.0), (1.0, ), (0.0, ), (True, ))
     last_first = {"F": [Message(1, 0), Message(0, 0)], "B": [Message(1, 0), Message(0, 0)]}
     result = simulate_replicas([one_f_one_b(2, 1)] * 2, _terms(pipeline),
                                shared_links={0: SharedLink(1.0, 0.0, last_first)})
-    assert result.finish_s[0] == 9.0   # replica 0 waits for replica 1 both ways (8.0 going first)
+    assert result.finish_s[0] == 9.0  # replica 0 waits for replica 1 both ways (8.0 going first)
 
 
 def test_latency_delays_the_arrival_but_does_not_occupy_the_link():

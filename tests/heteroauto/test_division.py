@@ -6,13 +6,13 @@ import itertools
 import pytest
 
 from h2.core.errors import UserError
-from heteroauto.jeeves import PipelineCosts, jeeves_schedule
 from heteroauto.division import division_for_wish, fastest_division_within
+from heteroauto.jeeves import PipelineCosts, jeeves_schedule
 from heteroauto.simulator import shared_links_of, simulate_replicas
 from heteroauto.stage_terms import StageTerms
 
 # Figure 4's toy (as in test_jeeves_schedule): 96 layers, 24 a stage, forward 1 and backward 2 per stage.
-FIGURE4 = PipelineCosts(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, occupancy_s=(2.0, 0.0, 0.0),
+FIGURE4 = PipelineCosts(forward_s=(1.0, ) * 4, backward_s=(2.0, ) * 4, occupancy_s=(2.0, 0.0, 0.0),
                         latency_s=(1.0, 0.0, 0.0), shared=(True, False, False))
 
 
@@ -41,9 +41,9 @@ def test_figure4_memory_aware_division_costs_the_slowest_stage_two_layers_as_in_
 
 def test_fastest_division_within_a_limit_matches_an_exhaustive_search():
     in_flight, layer_s, limit = (4, 3, 2, 1), (1.0, 2.0, 1.0, 3.0), 30
-    best = min(max(l * t for l, t in zip(layers, layer_s))
-               for layers in itertools.product(range(1, 20), repeat=4)
-               if sum(layers) == 20 and all(l * k <= limit for l, k in zip(layers, in_flight)))
+    best = min(
+        max(l * t for l, t in zip(layers, layer_s)) for layers in itertools.product(range(1, 20), repeat=4)
+        if sum(layers) == 20 and all(l * k <= limit for l, k in zip(layers, in_flight)))
     assert fastest_division_within(20, in_flight, limit, layer_s).slowest_stage_s == best
 
 
@@ -62,7 +62,9 @@ def test_division_for_wish_gives_the_stage_that_wishes_more_fewer_layers():
 
 def test_division_for_wish_matches_an_exhaustive_search():
     wish, limit, cap = (6, 4, 2, 1), 24, 9
+
     def share(layers):
         return min(min(1.0, (limit // l) / w) for l, w in zip(layers, wish))
+
     best = max(share(layers) for layers in itertools.product(range(1, cap + 1), repeat=4) if sum(layers) == 20)
     assert share(division_for_wish(20, wish, limit, cap)) == best

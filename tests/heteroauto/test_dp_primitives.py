@@ -19,7 +19,7 @@ def brute_window_min(values, lows, highs):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 2 ** 32 - 1), st.integers(1, 6), st.integers(1, 24))
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.integers(1, 24))
 def test_window_min_equals_the_minimum_of_each_window_including_empty_and_clipped_windows(seed, rows, width):
     rng = np.random.default_rng(seed)
     values = rng.integers(0, 9, (rows, width)).astype(float)

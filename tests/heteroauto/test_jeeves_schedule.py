@@ -12,7 +12,7 @@ from heteroauto.jeeves import PipelineCosts, jeeves_schedule
 
 # Figure 4's toy: 4 stages, forward 1 and backward 2 per stage, the cross-site link between stages 0
 # and 1 busy 2 per micro-batch with latency 1, each stage holding at most 5 micro-batches.
-FIGURE4 = PipelineCosts(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, occupancy_s=(2.0, 0.0, 0.0),
+FIGURE4 = PipelineCosts(forward_s=(1.0, ) * 4, backward_s=(2.0, ) * 4, occupancy_s=(2.0, 0.0, 0.0),
                         latency_s=(1.0, 0.0, 0.0), shared=(True, False, False))
 
 costs = st.floats(min_value=0.01, max_value=5.0)
@@ -23,11 +23,11 @@ def pipelines(draw):
     stages = draw(st.integers(1, 5))
     boundaries = stages - 1
     pipeline = PipelineCosts(
-        forward_s=tuple(draw(st.lists(costs, min_size=stages, max_size=stages))),
-        backward_s=tuple(draw(st.lists(costs, min_size=stages, max_size=stages))),
-        occupancy_s=tuple(draw(st.lists(st.floats(0.0, 5.0), min_size=boundaries, max_size=boundaries))),
-        latency_s=tuple(draw(st.lists(st.floats(0.0, 40.0), min_size=boundaries, max_size=boundaries))),
-        shared=tuple(draw(st.lists(st.booleans(), min_size=boundaries, max_size=boundaries))))
+        forward_s=tuple(draw(st.lists(costs, min_size=stages, max_size=stages))), backward_s=tuple(
+            draw(st.lists(costs, min_size=stages, max_size=stages))), occupancy_s=tuple(
+                draw(st.lists(st.floats(0.0, 5.0), min_size=boundaries, max_size=boundaries))), latency_s=tuple(
+                    draw(st.lists(st.floats(0.0, 40.0), min_size=boundaries, max_size=boundaries))), shared=tuple(
+                        draw(st.lists(st.booleans(), min_size=boundaries, max_size=boundaries))))
     limits = draw(st.lists(st.integers(1, 6), min_size=stages, max_size=stages))
     return pipeline, draw(st.integers(1, 9)), limits, draw(st.integers(1, 3))
 
@@ -65,8 +65,8 @@ def test_every_send_has_the_matching_receive_on_the_neighbour(case):
     for stage_lists in generated.actions:
         sends = Counter((a.kind[-1], a.stage + (1 if a.kind == "SEND_F" else -1), a.micro_batch)
                         for actions in stage_lists for a in actions if a.kind.startswith("SEND"))
-        receives = Counter((a.kind[-1], a.stage, a.micro_batch)
-                           for actions in stage_lists for a in actions if a.kind.startswith("RECV"))
+        receives = Counter((a.kind[-1], a.stage, a.micro_batch) for actions in stage_lists for a in actions
+                           if a.kind.startswith("RECV"))
         assert sends == receives
 
 
@@ -130,6 +130,6 @@ def test_a_limit_below_one_micro_batch_is_a_one_line_error(limits, message):
 
 
 def test_a_negative_latency_is_a_one_line_error_naming_the_boundary():
-    bad = PipelineCosts((1.0, 1.0), (2.0, 2.0), (1.0,), (-0.5,), (True,))
+    bad = PipelineCosts((1.0, 1.0), (2.0, 2.0), (1.0, ), (-0.5, ), (True, ))
     with pytest.raises(UserError, match=r"latency_s\[0\] must be a finite number >= 0, got -0.5"):
         jeeves_schedule(bad, 4, 2)

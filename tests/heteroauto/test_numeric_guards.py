@@ -7,10 +7,9 @@ import time
 
 import pytest
 
+from autohelpers import CLUSTERS
 from h2.cli.heteroauto import main
 from h2.core.model_config import preset
-
-from autohelpers import CLUSTERS
 
 CHIP = ("{name: X, count: 8, memory_gb: 80, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, "
         "inter_node_gbps: 10, latency_us: 10, peak_tflops: 300}")
@@ -89,11 +88,18 @@ def test_a_bad_training_number_is_one_line_and_exit_2(capsys, write, training, f
 
 
 @pytest.mark.parametrize("flags, fragment", [
-    (["--time-limit", "nan"], "--time-limit"), (["--time-limit", "inf"], "--time-limit"),
-    (["--time-limit", "0"], "--time-limit"), (["--gap", "nan"], "--gap"), (["--gap", "1"], "--gap"),
-    (["--top", "0"], "--top"), (["--top", "1000000000"], "--top"), (["--group-size", "-1"], "--group-size"),
-    (["--group-size", "1099511627776"], "--group-size"), (["--dp", "0"], "--dp 0"),
-    (["--gbs-tokens", "9" * 40], "--gbs-tokens"), (["--alpha", "nan"], "field 'alpha'"),
+    (["--time-limit", "nan"], "--time-limit"),
+    (["--time-limit", "inf"], "--time-limit"),
+    (["--time-limit", "0"], "--time-limit"),
+    (["--gap", "nan"], "--gap"),
+    (["--gap", "1"], "--gap"),
+    (["--top", "0"], "--top"),
+    (["--top", "1000000000"], "--top"),
+    (["--group-size", "-1"], "--group-size"),
+    (["--group-size", "1099511627776"], "--group-size"),
+    (["--dp", "0"], "--dp 0"),
+    (["--gbs-tokens", "9" * 40], "--gbs-tokens"),
+    (["--alpha", "nan"], "field 'alpha'"),
     (["--seq-len", "0"], "field 'seq_len'"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(capsys, flags, fragment):
@@ -112,8 +118,9 @@ def test_an_infinite_profile_time_is_one_line_and_exit_2(capsys, tmp_path):
 
 
 def test_a_strategy_with_more_micro_batches_than_a_replay_takes_is_refused(capsys, write):
-    path = write("s.yaml", "dp: 1\nmicro_batches: 1099511627776\nmicro_batch_size: 1\nmodel: tiny\n"
-                           "stages: [{chip: emu-big, tp: 1, layers: 4}]\n")
+    path = write(
+        "s.yaml", "dp: 1\nmicro_batches: 1099511627776\nmicro_batch_size: 1\nmodel: tiny\n"
+        "stages: [{chip: emu-big, tp: 1, layers: 4}]\n")
     code, err = run_quickly(capsys, "simulate", "--cluster", LOCAL, "--strategy", path)
     assert_one_line_exit_2(code, err, "s.yaml", "micro_batches")
 

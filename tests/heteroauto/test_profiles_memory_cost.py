@@ -3,20 +3,25 @@ import os
 
 import pytest
 
+from autohelpers import CLUSTERS
+from h2.core.cluster import load_cluster
 from h2.core.errors import UserError
+from h2.core.links import Link, links_from_mapping
 from h2.core.model_config import preset
-from h2.core.strategy import StageSpec, Strategy
+from h2.core.strategy import StageSpec, Strategy, strategy_from_mapping
 from heteroauto.cost import iteration_time_s, pipeline_closed_form_s, pipeline_time_s, stage_busy_s
 from heteroauto.evaluation import evaluate_strategy, strategy_terms
 from heteroauto.memory import in_flight_micro_batches, stage_memory_bytes, stage_memory_terms
-from heteroauto.profiles import (load_profile, measured_profile, profile_fingerprint, profiles_for, save_profile,
-                                    synthesise_profile, tp_collective_s)
-from h2.core.links import Link, links_from_mapping
+from heteroauto.profiles import (
+    load_profile,
+    measured_profile,
+    profile_fingerprint,
+    profiles_for,
+    save_profile,
+    synthesise_profile,
+    tp_collective_s,
+)
 from heteroauto.stage_terms import link_between_stages
-from h2.core.cluster import load_cluster
-from h2.core.strategy import strategy_from_mapping
-
-from autohelpers import CLUSTERS
 
 MODEL = preset("h2-100b")
 
@@ -95,8 +100,10 @@ def test_recompute_lets_more_layers_fit(exp_c):
     training = exp_c.training
     layer = synthesise_profile(exp_c.chip("B"), MODEL, training).layer(4)
     args = dict(dp=4, position=0, num_stages=16, micro_batches=128)
-    plain = stage_memory_terms(MODEL, training, layer, recompute=False, **args).max_layers(exp_c.chip("B").capacity_bytes, 96)
-    recompute = stage_memory_terms(MODEL, training, layer, recompute=True, **args).max_layers(exp_c.chip("B").capacity_bytes, 96)
+    plain = stage_memory_terms(MODEL, training, layer, recompute=False, **args).max_layers(
+        exp_c.chip("B").capacity_bytes, 96)
+    recompute = stage_memory_terms(MODEL, training, layer, recompute=True, **args).max_layers(
+        exp_c.chip("B").capacity_bytes, 96)
     assert recompute > plain
 
 
@@ -114,10 +121,12 @@ def test_cost_model_with_alpha_one_and_no_update_is_the_pipeline_closed_form():
 
 def measurement(tp: int, **overrides) -> dict:
     """What heteropp.profiling.measure_tp returns for one TP size (as a dict)."""
-    values = {"tp": tp, "forward_s": 0.010 / tp, "backward_s": 0.020 / tp, "recompute_s": 0.011 / tp,
-              "activation_bytes": 3_000_000 // tp, "recompute_activation_bytes": 131_072, "workspace_bytes": 500_000,
-              "update_s": 0.004 / tp, "embedding_forward_s": 0.0002, "embedding_backward_s": 0.0003,
-              "head_forward_s": 0.003, "head_backward_s": 0.006, "device": "dipu:0", "late_fraction": 0.0}
+    values = {
+        "tp": tp, "forward_s": 0.010 / tp, "backward_s": 0.020 / tp, "recompute_s": 0.011 / tp,
+        "activation_bytes": 3_000_000 // tp, "recompute_activation_bytes": 131_072, "workspace_bytes": 500_000,
+        "update_s": 0.004 / tp, "embedding_forward_s": 0.0002, "embedding_backward_s": 0.0003, "head_forward_s": 0.003,
+        "head_backward_s": 0.006, "device": "dipu:0", "late_fraction": 0.0
+    }
     return {**values, **overrides}
 
 
@@ -128,21 +137,22 @@ def hetero():
 
 def test_a_measured_profile_keeps_every_tp_size_as_measured_and_the_formula_beside_it(hetero):
     chip = hetero.chip("emu-fast")
-    profile = measured_profile(hetero, chip, preset("small"), hetero.training, [measurement(1), measurement(2, forward_s=0.009)],
-                               device="cpu", repeats=3)
+    profile = measured_profile(hetero, chip, preset("small"), hetero.training,
+                               [measurement(1), measurement(2, forward_s=0.009)], device="cpu", repeats=3)
     assert profile.layer(2).forward_s == 0.009 and profile.layer(2).workspace_bytes == 500_000
     formula = {entry.tp: entry for entry in profile.formula_layers}
-    assert formula[2].forward_s == pytest.approx(0.010 / 2 + 2 * tp_collective_s(preset("small"), hetero.training,
-                                                                                  chip, 2))
+    assert formula[2].forward_s == pytest.approx(0.010 / 2 +
+                                                 2 * tp_collective_s(preset("small"), hetero.training, chip, 2))
     assert profile.fingerprint == profile_fingerprint(hetero, chip, preset("small"), hetero.training)
 
 
 def test_a_profile_measured_for_another_chip_entry_is_refused(hetero, tmp_path):
     chip = hetero.chip("emu-fast")
-    profile = measured_profile(hetero, chip, preset("small"), hetero.training, [measurement(1)], device="cpu", repeats=1)
+    profile = measured_profile(hetero, chip, preset("small"), hetero.training, [measurement(1)], device="cpu",
+                               repeats=1)
     path = tmp_path / "emu-fast.yaml"
     save_profile(profile, path)
-    faster = dataclasses.replace(hetero, chips=(dataclasses.replace(chip, memory_gb=1.0),) + hetero.chips[1:])
+    faster = dataclasses.replace(hetero, chips=(dataclasses.replace(chip, memory_gb=1.0), ) + hetero.chips[1:])
     with pytest.raises(UserError, match=r"emu-fast.yaml: field 'fingerprint': measured for another entry"):
         profiles_for(faster, preset("small"), hetero.training, [str(path)])
 
@@ -152,11 +162,12 @@ def test_measured_stage_ends_count_on_the_first_and_last_stage_only(hetero):
     profiles = profiles_for(hetero, model, training)
     profiles["emu-fast"] = measured_profile(hetero, hetero.chip("emu-fast"), model, training, [measurement(1)],
                                             device="cpu", repeats=1)
-    strategy = strategy_from_mapping({"dp": 1, "micro_batches": 8, "micro_batch_size": 1, "seq_len": 128,
-                                      "model": "small", "stages": [
-                                          {"chip": "emu-fast", "tp": 1, "layers": 1},
-                                          {"chip": "emu-fast", "tp": 1, "layers": 6},
-                                          {"chip": "emu-fast", "tp": 1, "layers": 1}]}, "s.yaml")
+    strategy = strategy_from_mapping(
+        {
+            "dp": 1, "micro_batches": 8, "micro_batch_size": 1, "seq_len": 128, "model": "small", "stages": [{
+                "chip": "emu-fast", "tp": 1, "layers": 1
+            }, {"chip": "emu-fast", "tp": 1, "layers": 6}, {"chip": "emu-fast", "tp": 1, "layers": 1}]
+        }, "s.yaml")
     report = evaluate_strategy(strategy, hetero, model, training, profiles)
     layer = profiles["emu-fast"].layer(1).compute_s(False)
     assert report.stages[0].compute_s == pytest.approx(layer + 0.0005)
@@ -176,7 +187,8 @@ def test_a_measured_backward_workspace_is_held_once_per_stage(hetero):
 
 # ---- the full cost model's terms ---------------------------------------------------------------------
 TWO_STAGES = Strategy(dp=4, micro_batches=64, micro_batch_size=1, seq_len=4096, model="h2-100b",
-                      stages=[StageSpec(chip="A", tp=8, layers=48), StageSpec(chip="B", tp=4, layers=48)])
+                      stages=[StageSpec(chip="A", tp=8, layers=48),
+                              StageSpec(chip="B", tp=4, layers=48)])
 
 
 def terms_of(exp_c, cost_model, strategy=TWO_STAGES, cluster=None):
@@ -197,13 +209,13 @@ def test_full_terms_put_the_head_on_the_last_stage(exp_c):
     layer = profiles_for(exp_c, MODEL, exp_c.training)["B"].layer(4)
     head_matmul = 3 * layer.forward_s * MODEL.head_forward_flops_per_token() / MODEL.layer_forward_flops_per_token(4096)
     added = full[1].compute_s - paper[1].compute_s
-    assert head_matmul < added < head_matmul * 1.05          # the matmul at the layer's rate, plus the loss
+    assert head_matmul < added < head_matmul * 1.05  # the matmul at the layer's rate, plus the loss
     assert full[1].update_s > paper[1].update_s
 
 
 def test_full_terms_put_the_embedding_on_the_first_stage(exp_c):
     paper, full = terms_of(exp_c, "paper"), terms_of(exp_c, "full")
-    assert 0 < full[0].forward_s - paper[0].forward_s < 0.01 * paper[0].forward_s   # memory-bound lookup
+    assert 0 < full[0].forward_s - paper[0].forward_s < 0.01 * paper[0].forward_s  # memory-bound lookup
     assert full[0].update_s > paper[0].update_s
 
 
@@ -216,8 +228,9 @@ def test_a_transfer_moves_one_micro_batch_over_the_smaller_side(exp_c):
 
 
 def test_link_classes_of_the_cluster_file_price_transfers_when_present(exp_c):
-    section = links_from_mapping({"inter_node": {"bandwidth_gbps": 100, "latency_us": 2},
-                                  "inter_type": {"bandwidth_gbps": 1, "latency_us": 50}}, "c.yaml")
+    section = links_from_mapping(
+        {"inter_node": {"bandwidth_gbps": 100, "latency_us": 2}, "inter_type": {"bandwidth_gbps": 1, "latency_us": 50}},
+        "c.yaml")
     with_links = dataclasses.replace(exp_c, links=section)
     assert link_between_stages(with_links, exp_c.chip("A"), exp_c.chip("B")) == Link(1, 50)
     assert link_between_stages(with_links, exp_c.chip("A"), exp_c.chip("A")) == Link(100, 2)

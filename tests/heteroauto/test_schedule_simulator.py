@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from h2.core.schedule import Action, format_schedule, one_f_one_b, one_f_one_b_split_backward
 from heteroauto.cost import iteration_time_s, pipeline_closed_form_s, pipeline_time_s
 from heteroauto.simulator import simulate
 from heteroauto.stage_terms import StageTerms
-from h2.core.schedule import Action, format_schedule, one_f_one_b, one_f_one_b_split_backward
 
 
 def test_schedule_planner_and_cli_do_not_import_torch():
@@ -22,9 +22,9 @@ def test_schedule_planner_and_cli_do_not_import_torch():
 
 def test_1f1b_warms_up_p_minus_s_minus_1_forwards():
     text = format_schedule(one_f_one_b(3, 4))
-    assert text.splitlines() == ["stage 0: F0 F1 F2 B0 F3 B1 B2 B3",
-                                 "stage 1: F0 F1 B0 F2 B1 F3 B2 B3",
-                                 "stage 2: F0 B0 F1 B1 F2 B2 F3 B3"]
+    assert text.splitlines() == [
+        "stage 0: F0 F1 F2 B0 F3 B1 B2 B3", "stage 1: F0 F1 B0 F2 B1 F3 B2 B3", "stage 2: F0 B0 F1 B1 F2 B2 F3 B3"
+    ]
 
 
 @pytest.mark.parametrize("make", [one_f_one_b, one_f_one_b_split_backward])
@@ -36,9 +36,10 @@ def test_every_micro_batch_runs_once_per_stage_and_every_send_has_a_receive(make
         for kind in kinds:
             assert sorted(a.micro_batch for a in actions if a.kind == kind) == list(range(micro_batches))
         assert all(a.stage == s for a in actions)
-    sends = {(a.kind[-1], a.stage + (1 if a.kind == "SEND_F" else -1), a.micro_batch)
-             for actions in schedule for a in actions if a.kind.startswith("SEND")}
-    receives = {(a.kind[-1], a.stage, a.micro_batch) for actions in schedule for a in actions if a.kind.startswith("RECV")}
+    sends = {(a.kind[-1], a.stage + (1 if a.kind == "SEND_F" else -1), a.micro_batch) for actions in schedule
+             for a in actions if a.kind.startswith("SEND")}
+    receives = {(a.kind[-1], a.stage, a.micro_batch) for actions in schedule for a in actions
+                if a.kind.startswith("RECV")}
     assert sends == receives
 
 
@@ -56,8 +57,10 @@ def test_unknown_action_kind_is_refused():
 
 def _costs(forward, backward, send=None):
     send = send or [0.0] * len(forward)
-    return [StageTerms(forward_s=f, backward_s=b, weight_grad_s=0.0, update_s=0.0, send_occupancy_s=x)
-            for f, b, x in zip(forward, backward, send)]
+    return [
+        StageTerms(forward_s=f, backward_s=b, weight_grad_s=0.0, update_s=0.0, send_occupancy_s=x)
+        for f, b, x in zip(forward, backward, send)
+    ]
 
 
 @settings(max_examples=150, deadline=None)
@@ -76,7 +79,7 @@ def random_pipeline(seed: int):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(0, 10 ** 9))
+@given(st.integers(0, 10**9))
 def test_slowest_stage_last_matches_the_closed_form_and_proportional_costs_never_exceed_it(seed):
     rng, stages, micro_batches, forward = random_pipeline(seed)
     ratio = rng.uniform(1.0, 3.0)
@@ -96,8 +99,11 @@ def test_slowest_stage_last_matches_the_closed_form_and_proportional_costs_never
 
 
 def test_busy_plus_bubble_plus_update_is_the_iteration_on_every_stage():
-    costs = [StageTerms(1.0, 2.0, 0.0, update_s=0.5), StageTerms(0.5, 1.0, 0.0, update_s=0.1),
-             StageTerms(2.0, 4.0, 0.0, update_s=0.0)]
+    costs = [
+        StageTerms(1.0, 2.0, 0.0, update_s=0.5),
+        StageTerms(0.5, 1.0, 0.0, update_s=0.1),
+        StageTerms(2.0, 4.0, 0.0, update_s=0.0)
+    ]
     result = simulate(one_f_one_b(3, 5), costs)
     for busy, bubble, cost in zip(result.busy_s, result.bubble_s, costs):
         assert busy + bubble + cost.update_s == pytest.approx(result.iteration_s)
@@ -123,12 +129,12 @@ def test_messages_queue_behind_a_link_s_occupancy_but_not_its_latency():
     delayed = [StageTerms(1.0, 1.0, 0.0, 0.0, send_latency_s=3.0), StageTerms(1.0, 1.0, 0.0, 0.0)]
     queued = simulate(one_f_one_b(2, 2), occupied, keep_timeline=True).timeline[1]
     pipelined = simulate(one_f_one_b(2, 2), delayed, keep_timeline=True).timeline[1]
-    assert [start for name, start, _ in queued if name.startswith("F")] == [4.0, 7.0]    # second waits for the link
+    assert [start for name, start, _ in queued if name.startswith("F")] == [4.0, 7.0]  # second waits for the link
     assert [start for name, start, _ in pipelined if name.startswith("F")] == [4.0, 6.0]  # latencies overlap
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(0, 10 ** 9))
+@given(st.integers(0, 10**9))
 def test_cost_model_with_transfers_bounds_the_1f1b_replay_when_backward_is_proportional(seed):
     rng, stages, micro_batches, forward = random_pipeline(seed)
     ratio = rng.uniform(1.0, 3.0)
@@ -154,7 +160,7 @@ def test_split_backward_beats_1f1b_on_uniform_stages(stages, micro_batches):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(0, 10 ** 9))
+@given(st.integers(0, 10**9))
 def test_split_backward_costs_at_most_3_percent_on_uneven_stages(seed):
     # its weight-gradient passes cannot be interrupted, so on uneven stages a drained W can delay a
     # gradient that has just arrived: 2.3 % worst case over 20,000 random pipelines (docs/heteroauto.md)
@@ -171,9 +177,11 @@ def test_a_schedule_that_waits_for_a_message_never_sent_is_reported():
         simulate(schedule, _costs([1.0, 1.0], [1.0, 1.0]))
 
 
-TWO_TYPES = ("chips:\n"
-             "  - {name: A, count: 8, memory_gb: 1, peak_tflops: 100, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n"
-             "  - {name: B, count: 8, memory_gb: 1, peak_tflops: 100, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n")
+TWO_TYPES = (
+    "chips:\n"
+    "  - {name: A, count: 8, memory_gb: 1, peak_tflops: 100, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n"
+    "  - {name: B, count: 8, memory_gb: 1, peak_tflops: 100, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n"
+)
 
 
 @pytest.mark.parametrize("links, bandwidth_gbps, latency_us", [
@@ -181,19 +189,22 @@ TWO_TYPES = ("chips:\n"
     pytest.param("links:\n  inter_type: {bandwidth_gbps: 0.5, latency_us: 300}\n", 0.5, 300,
                  id="the_clusters_inter_type_link"),
 ])
-def test_the_simulators_transfer_between_chip_types_crosses_the_inter_type_link(write, links, bandwidth_gbps, latency_us):
+def test_the_simulators_transfer_between_chip_types_crosses_the_inter_type_link(write, links, bandwidth_gbps,
+                                                                                latency_us):
     from h2.core.cluster import TrainingSpec, load_cluster
     from h2.core.model_config import preset
     from h2.core.strategy import strategy_from_mapping
     from heteroauto.evaluation import strategy_terms, training_for
     from heteroauto.profiles import profiles_for
     cluster = load_cluster(write("c.yaml", TWO_TYPES + links))
-    strategy = strategy_from_mapping({"dp": 1, "micro_batches": 4, "micro_batch_size": 2, "seq_len": 64, "model": "tiny",
-                                      "stages": [{"chip": "A", "tp": 2, "layers": 2}, {"chip": "B", "tp": 1, "layers": 2}]},
-                                     "s.yaml")
+    strategy = strategy_from_mapping(
+        {
+            "dp": 1, "micro_batches": 4, "micro_batch_size": 2, "seq_len": 64, "model": "tiny",
+            "stages": [{"chip": "A", "tp": 2, "layers": 2}, {"chip": "B", "tp": 1, "layers": 2}]
+        }, "s.yaml")
     model = preset("tiny")
     training = training_for(strategy, TrainingSpec(seq_len=64, global_batch_sequences=8, micro_batch_size=2))
     activation_bytes = 2 * 64 * model.hidden_size * training.activation_bytes_per_element
-    expected = activation_bytes / (bandwidth_gbps * 1e9) + latency_us * 1e-6   # one lane: B has tp 1
+    expected = activation_bytes / (bandwidth_gbps * 1e9) + latency_us * 1e-6  # one lane: B has tp 1
     terms = strategy_terms(strategy, cluster, model, training, profiles_for(cluster, model, training), "full")
     assert terms[0].send_s == pytest.approx(expected)

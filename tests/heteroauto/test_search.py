@@ -7,18 +7,17 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
+from autohelpers import CLUSTERS, random_problem, small_model
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec, load_cluster
 from h2.core.errors import UserError
 from h2.core.model_config import preset
+from h2.core.numbers import divisors
 from heteroauto import paper_search
 from heteroauto import search as search_module
 from heteroauto.evaluation import evaluate_strategy
 from heteroauto.oracle import oracle_search
 from heteroauto.profiles import profiles_for
-from h2.core.numbers import divisors
 from heteroauto.search import search
-
-from autohelpers import CLUSTERS, random_problem, small_model
 
 
 def problem(seed: int, max_types: int = 3):
@@ -30,7 +29,7 @@ def best_or_none(run):
     try:
         return run()
     except UserError as error:
-        assume("too large" not in str(error))   # the oracle refuses spaces past its limit: not a case
+        assume("too large" not in str(error))  # the oracle refuses spaces past its limit: not a case
         return None
 
 
@@ -44,38 +43,38 @@ def assert_search_equals_oracle(seed, max_types, top_k=1, **space):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 10 ** 9))
+@given(st.integers(0, 10**9))
 def test_search_equals_the_oracle_over_whole_chip_types_and_every_stage_order(seed):
     assert_search_equals_oracle(seed, 3, group_size=None)
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 10 ** 9))
-@example(780090)   # one chip whose single stage holds the model only with recompute
+@given(st.integers(0, 10**9))
+@example(780090)  # one chip whose single stage holds the model only with recompute
 def test_search_equals_the_oracle_over_groups_of_two_chips(seed):
     assert_search_equals_oracle(seed, 2, group_size=2)
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 10 ** 9))
+@given(st.integers(0, 10**9))
 def test_search_equals_the_oracle_under_the_papers_cost_model(seed):
     assert_search_equals_oracle(seed, 2, group_size=2, cost_model="paper")
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(0, 10 ** 9))
+@given(st.integers(0, 10**9))
 def test_search_equals_the_oracle_when_tp_may_not_grow_along_a_type(seed):
     assert_search_equals_oracle(seed, 2, group_size=2, monotone_tp=True)
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.integers(0, 10 ** 9))
+@given(st.integers(0, 10**9))
 def test_search_of_one_programme_per_stage_order_equals_the_oracle(seed):
-    assert_search_equals_oracle(seed, 3, group_size=2, top_k=2)   # top_k > 1: the best plan of each order
+    assert_search_equals_oracle(seed, 3, group_size=2, top_k=2)  # top_k > 1: the best plan of each order
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 10 ** 9))
+@given(st.integers(0, 10**9))
 def test_searched_plan_is_a_valid_strategy_that_scores_as_its_objective(seed):
     cluster, model, training, profiles = problem(seed)
     found = best_or_none(lambda: search(cluster, model, training, profiles, group_size=2))
@@ -88,17 +87,18 @@ def test_searched_plan_is_a_valid_strategy_that_scores_as_its_objective(seed):
 
 
 def test_a_stage_order_other_than_larger_memory_first_is_found():
-    cluster, model, training, profiles = problem(4)     # found by trying seeds: the memory order is 18% slower
+    cluster, model, training, profiles = problem(4)  # found by trying seeds: the memory order is 18% slower
     best = search(cluster, model, training, profiles, group_size=2).best
     memory_first = tuple(c.name for c in cluster.by_descending_memory())
-    in_memory_order = [p for p in search(cluster, model, training, profiles, group_size=2, top_k=50).top
-                       if p.order == memory_first]
+    in_memory_order = [
+        p for p in search(cluster, model, training, profiles, group_size=2, top_k=50).top if p.order == memory_first
+    ]
     assert best.order != memory_first
     assert best.objective_s < min(p.objective_s for p in in_memory_order) / 1.1
 
 
 def test_tp_may_grow_along_a_type_unless_monotone_tp_is_asked():
-    cluster, model, training, profiles = problem(453, max_types=2)   # found by trying seeds
+    cluster, model, training, profiles = problem(453, max_types=2)  # found by trying seeds
     free = search(cluster, model, training, profiles, group_size=4).best
     monotone = search(cluster, model, training, profiles, group_size=4, monotone_tp=True).best
     tps_of_a = [tp for group, tp in zip(free.groups, free.tps) if group.chip.name == "A"]
@@ -117,7 +117,7 @@ def test_groups_never_lose_to_whole_chip_types():
 
 
 def test_the_grouped_optimum_at_another_dp_than_the_whole_types_optimum_is_found():
-    cluster, model, training, profiles = problem(1035, max_types=2)   # where the paper's procedure loses 20 %
+    cluster, model, training, profiles = problem(1035, max_types=2)  # where the paper's procedure loses 20 %
     grouped = oracle_search(cluster, model, training, profiles, group_size=2, cost_model="paper").objective_s
     papers = paper_search.search(cluster, model, training, profiles, group_size=2).best.objective_s
     ours = search(cluster, model, training, profiles, group_size=2, cost_model="paper").best.objective_s
@@ -129,7 +129,7 @@ def test_paper_procedure_reproduces_its_exp_c1_plan():
     cluster = load_cluster(os.path.join(CLUSTERS, "exp-c-1.yaml"))
     model = preset("h2-100b")
     result = paper_search.search(cluster, model, cluster.training, profiles_for(cluster, model, cluster.training))
-    assert result.best.objective_s == pytest.approx(28.23, abs=0.005)   # docs/heteroauto.md, bench_search.py
+    assert result.best.objective_s == pytest.approx(28.23, abs=0.005)  # docs/heteroauto.md, bench_search.py
 
 
 def test_top_k_lists_distinct_stage_orders_best_first():
@@ -167,7 +167,7 @@ def exp_a1_checks(exp_a1):
     clock = TickingClock()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(search_module.time, "process_time", clock)
-        assert not search(cluster, model, training, profiles, time_limit_s=10 ** 9).timed_out
+        assert not search(cluster, model, training, profiles, time_limit_s=10**9).timed_out
     return int(clock.now)
 
 
@@ -182,7 +182,7 @@ class TickingClock:
         return self.now
 
 
-@pytest.mark.parametrize("fraction", [0.75, 0.85, 0.95])   # after the first plan, before the proof
+@pytest.mark.parametrize("fraction", [0.75, 0.85, 0.95])  # after the first plan, before the proof
 def test_a_time_limit_returns_a_plan_with_a_bound_below_the_optimum(monkeypatch, exp_a1, exp_a1_checks, fraction):
     cluster, model, training, profiles, optimum = exp_a1
     monkeypatch.setattr(search_module.time, "process_time", TickingClock())
@@ -208,28 +208,27 @@ def test_a_long_search_reports_progress(monkeypatch, exp_a1):
 
 # ---- the space's edges -------------------------------------------------------------------------------
 def test_divisors_come_from_the_factorisation():
-    assert divisors(10 ** 9 + 7) == [1, 10 ** 9 + 7]
-    assert divisors(2 ** 40)[-3:] == [2 ** 38, 2 ** 39, 2 ** 40]
+    assert divisors(10**9 + 7) == [1, 10**9 + 7]
+    assert divisors(2**40)[-3:] == [2**38, 2**39, 2**40]
     assert divisors(360) == [d for d in range(1, 361) if 360 % d == 0]
 
 
 def _chip(name, count, memory_gb=80.0, tp_max=8):
-    return ChipType(name=name, count=count, memory_gb=memory_gb, chips_per_node=8, tp_max=tp_max,
-                    intra_node_gbps=100, inter_node_gbps=10, peak_tflops=300)
+    return ChipType(name=name, count=count, memory_gb=memory_gb, chips_per_node=8, tp_max=tp_max, intra_node_gbps=100,
+                    inter_node_gbps=10, peak_tflops=300)
 
 
 def test_data_parallel_size_divides_every_chip_type_and_the_batch():
     cluster = ClusterSpec(name="odd", chips=(_chip("A", 6, tp_max=2), _chip("B", 4)), source="odd.yaml")
     training = TrainingSpec(seq_len=2048, global_batch_sequences=8)
     model = small_model(8)
-    for plan in search(cluster, model, training, profiles_for(cluster, model, training), top_k=20,
-                       group_size=None).top:
+    for plan in search(cluster, model, training, profiles_for(cluster, model, training), top_k=20, group_size=None).top:
         assert 8 % plan.dp == 0
         assert all(g.count == tp * pp * plan.dp for g, tp, pp in zip(plan.groups, plan.tps, plan.pps))
 
 
 def test_chip_count_that_no_profiled_tp_times_dp_divides_is_refused():
-    cluster = ClusterSpec(name="odd", chips=(_chip("A", 7, tp_max=2),), source="odd.yaml")
+    cluster = ClusterSpec(name="odd", chips=(_chip("A", 7, tp_max=2), ), source="odd.yaml")
     training = TrainingSpec(seq_len=256, global_batch_sequences=8)
     model = small_model(8)
     profiles = profiles_for(cluster, model, training)
@@ -239,7 +238,7 @@ def test_chip_count_that_no_profiled_tp_times_dp_divides_is_refused():
 
 
 def test_model_that_fits_nowhere_names_the_tightest_memory_constraint():
-    cluster = ClusterSpec(name="tiny-mem", chips=(_chip("A", 8, memory_gb=2.0),), source="tiny-mem.yaml")
+    cluster = ClusterSpec(name="tiny-mem", chips=(_chip("A", 8, memory_gb=2.0), ), source="tiny-mem.yaml")
     training = TrainingSpec(seq_len=2048, global_batch_sequences=8)
     model = preset("h2-100b")
     with pytest.raises(UserError, match=r"no feasible strategy: memory: .*(needs .* GB per chip|holds at most)"):
@@ -247,14 +246,14 @@ def test_model_that_fits_nowhere_names_the_tightest_memory_constraint():
 
 
 def _one_chip(memory_gb):
-    cluster = ClusterSpec(name="one-chip", chips=(_chip("A", 1, memory_gb=memory_gb, tp_max=2),), source="one.yaml")
+    cluster = ClusterSpec(name="one-chip", chips=(_chip("A", 1, memory_gb=memory_gb, tp_max=2), ), source="one.yaml")
     model, training = small_model(4), TrainingSpec(seq_len=256, global_batch_sequences=1)
     return cluster, model, training, profiles_for(cluster, model, training)
 
 
 def test_a_one_chip_cluster_whose_single_stage_fits_only_with_recompute_gets_that_plan():
-    best = search(*_one_chip(memory_gb=0.06)).best   # one stage is first and last: embedding, head and logits
-    assert (best.tps, best.recompute, best.stage_layers) == ((1,), (True,), ((4,),))
+    best = search(*_one_chip(memory_gb=0.06)).best  # one stage is first and last: embedding, head and logits
+    assert (best.tps, best.recompute, best.stage_layers) == ((1, ), (True, ), ((4, ), ))
 
 
 def test_a_one_chip_cluster_that_cannot_hold_the_model_says_how_many_layers_fit():
@@ -264,7 +263,7 @@ def test_a_one_chip_cluster_that_cannot_hold_the_model_says_how_many_layers_fit(
 
 def test_pipeline_deeper_than_the_model_is_reported():
     model = small_model(2)
-    cluster = ClusterSpec(name="deep", chips=(_chip("A", 8, tp_max=1),), source="deep.yaml")
+    cluster = ClusterSpec(name="deep", chips=(_chip("A", 8, tp_max=1), ), source="deep.yaml")
     training = TrainingSpec(seq_len=256, global_batch_sequences=1)
     with pytest.raises(UserError, match="more pipeline stages than the model's 2 layers"):
         search(cluster, model, training, profiles_for(cluster, model, training))

@@ -5,13 +5,12 @@ import shutil
 import pytest
 import yaml
 
-from h2.core.errors import UserError
+from autohelpers import CLUSTERS, STRATEGIES
 from h2.cli.heteroauto import main
+from h2.core.errors import UserError
+from h2.core.strategy import load_strategy
 from h2.launch import profiling_job
 from heteroauto import planning
-from h2.core.strategy import load_strategy
-
-from autohelpers import CLUSTERS, STRATEGIES
 
 LOCAL = os.path.join(CLUSTERS, "local-emulated.yaml")
 TINY = os.path.join(STRATEGIES, "local-tiny-pp2.yaml")
@@ -92,8 +91,8 @@ def test_gbs_flag_takes_suffixes(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["search", "--cluster", "missing.yaml"], "missing.yaml: no such file"),
     (["search", "--cluster", LOCAL, "--gbs-tokens", "12x"], "--gbs-tokens"),
-    (["search", "--cluster", LOCAL, "--gbs-tokens", "2K", "--gbs-sequences", "8"],
-     "argument --gbs-sequences: not allowed with argument --gbs-tokens"),
+    (["search", "--cluster", LOCAL, "--gbs-tokens", "2K", "--gbs-sequences", "8"
+      ], "argument --gbs-sequences: not allowed with argument --gbs-tokens"),
     (["search", "--cluster", LOCAL, "--model", "nope"], "unknown model preset 'nope'"),
     (["search", "--cluster", LOCAL, "--alpha", "2"], "field 'alpha'"),
     (["simulate", "--cluster", LOCAL, "--strategy", TINY, "--profile", "missing.yaml"], "missing.yaml: no such file"),
@@ -152,15 +151,14 @@ def test_malformed_cluster_yaml_exits_2(capsys, write):
 
 
 def test_model_that_fits_nowhere_exits_2_with_the_tightest_constraint(capsys):
-    code, _, err = run(capsys, "search", "--cluster", LOCAL, "--model", "small", "--gbs-sequences", "8",
-                       "--seq-len", "256")
+    code, _, err = run(capsys, "search", "--cluster", LOCAL, "--model", "small", "--gbs-sequences", "8", "--seq-len",
+                       "256")
     assert code == 2 and "no feasible strategy: memory" in err
 
 
 def test_profile_synthesise_writes_a_profile_the_search_accepts(capsys, tmp_path):
     path = tmp_path / "p.yaml"
-    code, out, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "emu-big", "--synthesise", "--out",
-                         str(path))
+    code, out, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "emu-big", "--synthesise", "--out", str(path))
     assert code == 0, err
     profile = yaml.safe_load(path.read_text())
     assert (profile["chip"], profile["source"]) == ("emu-big", "synthesised")
@@ -237,6 +235,7 @@ def test_a_stage_with_half_the_replicas_does_twice_the_work_per_micro_batch_on_h
         assert after["busy_s"] == pytest.approx(2 * before["busy_s"])
         assert after["memory_gb"] > before["memory_gb"]
     assert halved["stages"][0]["busy_s"] == pytest.approx(uniform["stages"][0]["busy_s"])
+
     def tokens_per_chip_per_iteration(result):
         return result["tokens_per_chip_s"] * result["iteration_s"]
 
@@ -275,10 +274,11 @@ def test_flags_of_the_other_search_are_refused(capsys, flags, message):
     assert code == 2 and message in err
 
 
-@pytest.mark.parametrize("args, module, work", [
-    (["search", "--out", "/proc/no/such/s.yaml"], planning, "run_search"),
-    (["profile", "--synthesise", "--out-dir", "/proc/no/such"], profiling_job, "synthesise_profile")])
+@pytest.mark.parametrize("args, module, work", [(["search", "--out", "/proc/no/such/s.yaml"], planning, "run_search"),
+                                                (["profile", "--synthesise", "--out-dir", "/proc/no/such"
+                                                  ], profiling_job, "synthesise_profile")])
 def test_an_unwritable_output_is_refused_in_one_line_before_any_work(capsys, monkeypatch, args, module, work):
+
     def work_ran(*_, **__):  # the search, the profiling
         raise AssertionError(f"{work} ran before the unwritable output was refused")
 

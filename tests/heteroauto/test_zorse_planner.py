@@ -10,10 +10,11 @@ import re
 import networkx as nx
 import pytest
 
+from autohelpers import CLUSTERS
 from h2.cli.heteroauto import main
 from h2.core.cluster import load_cluster
-from h2.core.links import Link
 from h2.core.errors import UserError
+from h2.core.links import Link
 from h2.core.model_config import resolve_model
 from h2.core.schedule import gpipe_ministages
 from h2.core.strategy import load_strategy
@@ -24,8 +25,6 @@ from heteroauto.zorse.costs import ChipRates, GroupShape, Shapes, rank_memory, r
 from heteroauto.zorse.partition import cut_weight, split_bound, split_partitions
 from heteroauto.zorse.planner import plan, rates_from_profiles
 from heteroauto.zorse.scoring import simulate_plan
-
-from autohelpers import CLUSTERS
 
 ROOT = os.path.dirname(CLUSTERS)
 
@@ -68,7 +67,7 @@ def brute_force_min_cuts(graph: nx.Graph) -> dict[int, float]:
 def random_connected_graph(rng: random.Random, n: int) -> nx.Graph:
     graph = nx.Graph()
     graph.add_nodes_from(range(n))
-    for v in range(1, n):   # a random spanning tree, then random extra edges
+    for v in range(1, n):  # a random spanning tree, then random extra edges
         graph.add_edge(v, rng.randrange(v), weight=rng.randint(1, 20))
     for u in range(n):
         for v in range(u + 1, n):
@@ -117,10 +116,9 @@ def test_gpipe_ministages_replay_on_one_group_is_every_pass_plus_every_step():
 
 # A group of 4 ranks holding ministages of 2 and 1 layers, 1000 parameters a layer, 4-byte gradients,
 # no embedding or head, no activations: the memory model's gradient and weight terms alone.
-FOUR_RANKS = GroupShape((ChipRates("x", 1.0, 2.0, 1.0, 1e9, 1.0),) * 4, (1, 1, 1, 1), Link(1.0, 0.0))
+FOUR_RANKS = GroupShape((ChipRates("x", 1.0, 2.0, 1.0, 1e9, 1.0), ) * 4, (1, 1, 1, 1), Link(1.0, 0.0))
 GRADIENTS_ONLY = Shapes(layer_params=1000, embedding_params=0, head_params=0, weight_bytes=0, gradient_bytes=4,
-                        optimizer_bytes=0, checkpoint_bytes=0, layer_activation_bytes=0, boundary_bytes=0,
-                        num_layers=3)
+                        optimizer_bytes=0, checkpoint_bytes=0, layer_activation_bytes=0, boundary_bytes=0, num_layers=3)
 
 
 def gradient_bytes(grad_clip: float, overlap: bool) -> float:
@@ -155,9 +153,9 @@ def test_heteropp_runtime_without_offload_keeps_every_layer_weights_whole():
 
 def test_search_zorse_finds_no_single_group_of_local_hetero_without_offload_on_the_heteropp_runtime(capsys):
     # the group's weights alone (8 layers of 2.9 MB, replicated by HeteroPP's runtime) exceed emu-fast's 27 MB
-    code, out, err = run(capsys, "search", "--planner", "zorse", "--cluster",
-                         os.path.join(CLUSTERS, "local-hetero.yaml"), "--no-overlap", "--offload", "off",
-                         "--max-groups", "1", "--lone-group-ministages")
+    code, out, err = run(capsys, "search", "--planner", "zorse", "--cluster", os.path.join(
+        CLUSTERS, "local-hetero.yaml"), "--no-overlap", "--offload", "off", "--max-groups", "1",
+                         "--lone-group-ministages")
     assert code == 2 and "rank 0 (emu-fast) of group 0 needs 0.0385 GB, its memory allows 0.027 GB" in err
 
 
@@ -205,17 +203,20 @@ def test_layers_move_for_memory_only_when_no_split_by_speed_fits():
 
 
 def test_the_lone_group_rule_gives_a_plan_of_one_group_one_ministage():
-    cluster, shape, training, rates = zorse("a", "13b")   # without the rule: 4 ministages
+    cluster, shape, training, rates = zorse("a", "13b")  # without the rule: 4 ministages
     best = plan(cluster, shape, training, rates, max_groups=1).best
     assert (len(best.groups), best.ministages) == (1, 1)
 
 
 def test_more_ministages_leave_each_group_the_layers_of_its_speed_share():
-    cluster, shape, training, rates = zorse("b", "13b")   # 8 one-VM groups: a T4 VM's share is 2 of 40 layers
+    cluster, shape, training, rates = zorse("b", "13b")  # 8 one-VM groups: a T4 VM's share is 2 of 40 layers
     # at 8 sequences per micro-batch every group holds its speed share (no layer moves for memory)
-    layers = {k: [g.layers for g in plan(cluster, shape, training, rates, ministages=k, min_groups=8,
-                                         micro_batch_sequences=8).best.groups]
-              for k in (1, 2)}
+    layers = {
+        k: [
+            g.layers for g in plan(cluster, shape, training, rates, ministages=k, min_groups=8,
+                                   micro_batch_sequences=8).best.groups
+        ] for k in (1, 2)
+    }
     assert layers[2] == layers[1]
 
 
@@ -239,8 +240,9 @@ def test_at_70_percent_memory_the_plan_takes_more_ministages():
 
 
 def test_at_70_percent_memory_a_model_that_cannot_fit_fails_naming_the_constraint():
-    with pytest.raises(UserError, match=r"zorse-a.yaml: no plan fits the memory model; nearest: .* of group \d+ "
-                                        r"needs [\d.]+ GB, its memory allows [\d.]+ GB$") as error:
+    with pytest.raises(
+            UserError, match=r"zorse-a.yaml: no plan fits the memory model; nearest: .* of group \d+ "
+            r"needs [\d.]+ GB, its memory allows [\d.]+ GB$") as error:
         best_plan("a", "65b", memory_fraction=0.7)
     assert "\n" not in str(error.value)
 
@@ -286,14 +288,13 @@ CLUSTER_HEAD = ("name: bad\nchips:\n  - {name: x, count: 2, memory_gb: 16, chips
 
 @pytest.mark.parametrize("body, error", [
     pytest.param("nodes:\n  - {name: n0, site: r0, chips: {x: 1}}\n  - {name: n1, site: r1, chips: {x: 1}}\n",
-                 r"bad.yaml: field 'links.site_pairs': the cluster graph is disconnected",
-                 id="disconnected_graph"),
-    pytest.param("nodes:\n  - {name: n0, chips: {y: 2}}\n", r"bad.yaml: nodes\[0\]: field 'chips': unknown chip type 'y'",
-                 id="unknown_chip"),
-    pytest.param("nodes:\n  - {name: n0, site: r0, chips: {x: 1}}\n  - {name: n1, site: r1, chips: {x: 1}}\n"
-                 "links:\n  site_pairs:\n    - {sites: [r0, r1], bandwidth_gbps: -1}\n",
-                 r"bad.yaml: links.site_pairs\[0\]: field 'bandwidth_gbps' must be a positive",
-                 id="negative_bandwidth"),
+                 r"bad.yaml: field 'links.site_pairs': the cluster graph is disconnected", id="disconnected_graph"),
+    pytest.param("nodes:\n  - {name: n0, chips: {y: 2}}\n",
+                 r"bad.yaml: nodes\[0\]: field 'chips': unknown chip type 'y'", id="unknown_chip"),
+    pytest.param(
+        "nodes:\n  - {name: n0, site: r0, chips: {x: 1}}\n  - {name: n1, site: r1, chips: {x: 1}}\n"
+        "links:\n  site_pairs:\n    - {sites: [r0, r1], bandwidth_gbps: -1}\n",
+        r"bad.yaml: links.site_pairs\[0\]: field 'bandwidth_gbps' must be a positive", id="negative_bandwidth"),
 ])
 def test_partition_refuses_a_bad_cluster_in_one_line_with_exit_2(capsys, write, body, error):
     path = write("bad.yaml", CLUSTER_HEAD + body)
@@ -312,10 +313,11 @@ def test_search_zorse_refuses_a_model_larger_than_all_memory_in_one_line_with_ex
 
 
 def test_search_zorse_refuses_min_groups_above_max_groups_in_one_line_with_exit_2(capsys):
-    code, out, err = run(capsys, "search", "--planner", "zorse", "--cluster", os.path.join(CLUSTERS, "zorse-b.yaml"),
-                         "--model", os.path.join(ROOT, "models", "llama-7b.yaml"), "--min-groups", "3",
-                         "--max-groups", "2")
-    assert code == 2 and err.strip() == "heteroauto: error: --min-groups: must be at least 1 and at most --max-groups, got 3"
+    code, out, err = run(capsys, "search", "--planner", "zorse", "--cluster", os.path.join(CLUSTERS,
+                                                                                           "zorse-b.yaml"), "--model",
+                         os.path.join(ROOT, "models", "llama-7b.yaml"), "--min-groups", "3", "--max-groups", "2")
+    assert code == 2 and err.strip(
+    ) == "heteroauto: error: --min-groups: must be at least 1 and at most --max-groups, got 3"
 
 
 def test_max_groups_one_plans_a_single_data_parallel_group():

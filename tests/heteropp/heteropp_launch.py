@@ -15,8 +15,8 @@ from h2.core.strategy import strategy_from_mapping
 from h2.train import TrainConfig, Trainer
 
 
-def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_dir: str, options: dict,
-               train: dict, start: dict) -> dict:
+def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_dir: str, options: dict, train: dict,
+               start: dict) -> dict:
     from datetime import timedelta
 
     from h2.core.training import PipelineOptions
@@ -33,18 +33,21 @@ def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_
         records = trainer.run()
         stage_report = trainer.stage_report()
         engine = trainer.engine
-        return {"rank": rank, "stage": engine.place.stage, "bytes_sent": engine.p2p.bytes_sent,
-                "optimizer_state_elements": engine.optimizer.owned_state_elements(),
-                "reduced_gradient_elements": engine.optimizer.reduced_gradient_elements,
-                "host_copies": getattr(engine.executor, "host_copies", 0),
-                "parameter_elements": sum(p.numel() for p in engine.optimizer.params),
-                "mean_step_s": sum(r["step_time_s"] for r in records) / len(records),
-                "elapsed_s": trainer.elapsed_s, "stage_report": stage_report,
-                "parameter_devices": sorted({str(p.device) for p in engine.optimizer.params}),
-                "device_host_accessible": (torch.dipu.get_device_properties(engine.device).host_accessible
+        return {
+            "rank": rank, "stage": engine.place.stage, "bytes_sent": engine.p2p.bytes_sent,
+            "optimizer_state_elements": engine.optimizer.owned_state_elements(),
+            "reduced_gradient_elements": engine.optimizer.reduced_gradient_elements, "host_copies": getattr(
+                engine.executor, "host_copies", 0), "parameter_elements": sum(
+                    p.numel() for p in engine.optimizer.params), "mean_step_s": sum(r["step_time_s"]
+                                                                                    for r in records) / len(records),
+            "elapsed_s": trainer.elapsed_s, "stage_report": stage_report, "parameter_devices": sorted({
+                str(p.device) for p in engine.optimizer.params
+            }), "device_host_accessible": (torch.dipu.get_device_properties(engine.device).host_accessible
                                            if engine.device.type == "dipu" else None),
-                "tp_backend": dist.get_backend(engine.groups.tp) if engine.groups.tp is not None else None,
-                "compute_order": " ".join(str(a) for a in engine.actions if a.kind in ("F", "B", "W"))}
+            "tp_backend": dist.get_backend(engine.groups.tp)
+            if engine.groups.tp is not None else None, "compute_order": " ".join(
+                str(a) for a in engine.actions if a.kind in ("F", "B", "W"))
+        }
     finally:
         dist.destroy_process_group()
 
@@ -65,8 +68,7 @@ def run_pipeline(strategy_data: dict, steps: int, *, out_dir: str | None = None,
     # process on 2 cores), never from this test process, whose autograd threads (after a backward on
     # a device such as dipu) make a plain fork unsafe.
     ranks = run_ranks(_rank_main, world_size, (strategy_data, steps, out_dir, options, train or {}, start or {}),
-                      timeout=300, env=env,
-                      start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
+                      timeout=300, env=env, start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
     with open(os.path.join(out_dir, "metrics.jsonl")) as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     return records, ranks
@@ -78,8 +80,8 @@ def run_reference(strategy_data: dict, steps: int, dtype: str = "fp32", train: d
     strategy = strategy_from_mapping(strategy_data, "test strategy")
     model = strategy.model_config()
     config = TrainConfig(steps=steps, dtype=dtype, micro_batch_size=strategy.micro_batch_size,
-                         micro_batches=strategy.micro_batches * strategy.dp,
-                         seq_len=strategy.seq_len or model.max_seq_len, **(train or {}))
+                         micro_batches=strategy.micro_batches * strategy.dp, seq_len=strategy.seq_len
+                         or model.max_seq_len, **(train or {}))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and the machine is shared
     try:

@@ -25,15 +25,19 @@ CHIPS = {
 def write_cluster(directory, chips=CHIPS, **overrides) -> str:
     entries = []
     for name, spec in chips.items():
-        entry = {"name": name, "count": spec["count"], "memory_gb": spec["memory_gb"], "usable_memory_fraction": 0.9,
-                 "chips_per_node": max(1, spec["count"]), "tp_max": 1, "intra_node_gbps": 2, "inter_node_gbps": 1,
-                 "peak_tflops": 0.01, "emulation": {"relative_speed": spec["relative_speed"]}}
+        entry = {
+            "name": name, "count": spec["count"], "memory_gb": spec["memory_gb"], "usable_memory_fraction": 0.9,
+            "chips_per_node": max(1, spec["count"]), "tp_max": 1, "intra_node_gbps": 2, "inter_node_gbps": 1,
+            "peak_tflops": 0.01, "emulation": {"relative_speed": spec["relative_speed"]}
+        }
         entry.update(overrides.get(name, {}))
         entries.append(entry)
-    data = {"name": "test-emulated", "model": "tiny", "chips": entries,
-            "training": {"seq_len": 64, "global_batch_sequences": 4, "micro_batch_size": 2, "zero1": False,
-                         "weight_bytes": 4, "gradient_bytes": 4, "optimizer_bytes": 8,
-                         "activation_bytes_per_element": 4}}
+    data = {
+        "name": "test-emulated", "model": "tiny", "chips": entries, "training": {
+            "seq_len": 64, "global_batch_sequences": 4, "micro_batch_size": 2, "zero1": False, "weight_bytes": 4,
+            "gradient_bytes": 4, "optimizer_bytes": 8, "activation_bytes_per_element": 4
+        }
+    }
     path = os.path.join(directory, "cluster.yaml")
     with open(path, "w") as handle:
         yaml.safe_dump(data, handle, sort_keys=False)
@@ -41,8 +45,10 @@ def write_cluster(directory, chips=CHIPS, **overrides) -> str:
 
 
 def write_strategy(directory, layers=(3, 1), chips=("emu-big", "emu-small"), name="strategy.yaml") -> str:
-    data = {"dp": 1, "micro_batches": 2, "micro_batch_size": 2, "seq_len": 64, "model": "tiny",
-            "stages": [{"chip": chip, "tp": 1, "layers": count} for chip, count in zip(chips, layers)]}
+    data = {
+        "dp": 1, "micro_batches": 2, "micro_batch_size": 2, "seq_len": 64, "model": "tiny",
+        "stages": [{"chip": chip, "tp": 1, "layers": count} for chip, count in zip(chips, layers)]
+    }
     path = os.path.join(directory, name)
     with open(path, "w") as handle:
         yaml.safe_dump(data, handle, sort_keys=False)
@@ -69,7 +75,7 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     ("negative bandwidth", "cluster.yaml: chip 'emu-small': field 'inter_node_gbps' must be positive, got -1.0"),
     ("chip count", "strategy.yaml: field 'stages': uses 2 chips of type 'emu-big', cluster"),
     ("speeds over the rule", "cluster.yaml: field 'emulation.relative_speed': the 2 ranks on this host claim 0.8 "
-                             "cores (1 x 0.4 (emu-big) + 1 x 0.4 (emu-small)), more than 0.5 x 1 host cores = 0.5"),
+     "cores (1 x 0.4 (emu-big) + 1 x 0.4 (emu-small)), more than 0.5 x 1 host cores = 0.5"),
 ])
 def test_a_bad_cluster_file_is_one_line_naming_file_and_field_before_any_rank_starts(tmp_path, case, expected):
     chips = {name: dict(spec) for name, spec in CHIPS.items()}
@@ -84,14 +90,16 @@ def test_a_bad_cluster_file_is_one_line_naming_file_and_field_before_any_rank_st
         for spec in chips.values():
             spec["relative_speed"] = 0.4
     cluster = write_cluster(tmp_path, chips, **overrides)
-    line = one_line_error(h2_train("--strategy", strategy, "--cluster", cluster, "--steps", "1",
-                                   "--out", str(tmp_path / "run"), cores="0"))
+    line = one_line_error(
+        h2_train("--strategy", strategy, "--cluster", cluster, "--steps", "1", "--out", str(tmp_path / "run"),
+                 cores="0"))
     assert expected in line
 
 
 def test_emulated_ranks_need_one_thread_each(tmp_path):
-    line = one_line_error(h2_train("--strategy", write_strategy(tmp_path), "--cluster", write_cluster(tmp_path),
-                                   "--threads", "2", "--out", str(tmp_path / "run")))
+    line = one_line_error(
+        h2_train("--strategy", write_strategy(tmp_path), "--cluster", write_cluster(tmp_path), "--threads", "2",
+                 "--out", str(tmp_path / "run")))
     assert "--threads 2: an emulated chip's kernels are timed by the CPU time of the thread" in line
 
 
@@ -100,8 +108,8 @@ def test_a_stage_over_its_chips_memory_fails_with_the_oom_naming_stage_and_chip(
     # One layer and the head peak at 1.73 MB on the small chip; the lower bound checked before the
     # launch (1.38 MB) lets a 1.6 MB chip through, so its memory runs out while training.
     chips = {"emu-big": CHIPS["emu-big"], "emu-small": {**CHIPS["emu-small"], "memory_gb": 0.0016}}
-    result = h2_train("--strategy", write_strategy(tmp_path), "--cluster", write_cluster(tmp_path, chips),
-                      "--steps", "2", "--out", str(tmp_path / "run"))
+    result = h2_train("--strategy", write_strategy(tmp_path), "--cluster", write_cluster(tmp_path, chips), "--steps",
+                      "2", "--out", str(tmp_path / "run"))
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("h2.cli.rank: error:")]
     assert errors and errors[0].startswith(
@@ -150,16 +158,20 @@ def test_the_planners_choice_on_measured_profiles_runs_with_each_chips_speed_in_
 def test_a_job_file_names_the_cluster_as_the_flag_does(tmp_path):
     chips = {name: {**spec, "relative_speed": 0.4} for name, spec in CHIPS.items()}
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({"strategy": write_strategy(tmp_path), "cluster": write_cluster(tmp_path, chips),
-                                   "steps": 1, "out": str(tmp_path / "run")}))
+    job.write_text(
+        yaml.safe_dump({
+            "strategy": write_strategy(tmp_path), "cluster": write_cluster(tmp_path, chips), "steps": 1,
+            "out": str(tmp_path / "run")
+        }))
     line = one_line_error(h2_train("--config", str(job), cores="0"))
     assert "cluster.yaml: field 'emulation.relative_speed': the 2 ranks on this host claim 0.8 cores" in line
 
 
 def test_a_rank_whose_stage_cannot_fit_its_emulated_chip_is_refused_before_any_rank_starts(tmp_path):
     chips = {"emu-big": CHIPS["emu-big"], "emu-small": {**CHIPS["emu-small"], "memory_gb": 0.0005}}
-    line = one_line_error(h2_train("--strategy", write_strategy(tmp_path), "--cluster", write_cluster(tmp_path, chips),
-                                   "--steps", "1", "--out", str(tmp_path / "run")))
+    line = one_line_error(
+        h2_train("--strategy", write_strategy(tmp_path), "--cluster", write_cluster(tmp_path, chips), "--steps", "1",
+                 "--out", str(tmp_path / "run")))
     assert line.startswith("h2: error: rank 1 (stage 1, chip emu-small (emulated: 0.2x a host core, 0.5 MB)) "
                            "needs at least 1.38 MB"), line
     assert "more than the 0.50 MB emulated memory of the chip" in line

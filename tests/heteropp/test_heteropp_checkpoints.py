@@ -28,10 +28,12 @@ HALF = {"checkpoint_every": 2, "keep_checkpoints": 5, "lr_decay_steps": STEPS, "
 
 def strategy(stages, *, micro_batches=2, micro_batch_size=2, dp=1):
     """`stages`: (tp, layers, stage dp)."""
-    return {"dp": dp, "micro_batches": micro_batches, "micro_batch_size": micro_batch_size, "seq_len": 32,
-            "schedule": "1f1b", "model": "tiny",
-            "stages": [{"chip": f"emu-{index}", "tp": tp, "layers": layers, "recompute": False, "dp": stage_dp}
-                       for index, (tp, layers, stage_dp) in enumerate(stages)]}
+    return {
+        "dp": dp, "micro_batches": micro_batches, "micro_batch_size": micro_batch_size, "seq_len": 32,
+        "schedule": "1f1b", "model": "tiny", "stages": [{
+            "chip": f"emu-{index}", "tp": tp, "layers": layers, "recompute": False, "dp": stage_dp
+        } for index, (tp, layers, stage_dp) in enumerate(stages)]
+    }
 
 
 # Stage 0 is two data-parallel replicas whose optimizer state is sharded (ZeRO-1).
@@ -81,8 +83,7 @@ def test_resume_under_the_same_strategy_continues_bit_for_bit_with_zero1_shards(
     assert trajectory(records) == trajectory(uninterrupted)
 
 
-def test_resume_under_a_strategy_with_layers_moved_and_tp_changed_reshards(checkpointed_at_2, tmp_path,
-                                                                          uninterrupted):
+def test_resume_under_a_strategy_with_layers_moved_and_tp_changed_reshards(checkpointed_at_2, tmp_path, uninterrupted):
     out = copy_of(checkpointed_at_2, tmp_path)
     records, _ = run_pipeline(MOVED_TP2, STEPS, out_dir=out, start={"resume": True})
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -110,8 +111,8 @@ def test_a_fresh_pipeline_run_refuses_a_folder_with_checkpoints_unless_overwriti
 
 def test_overwrite_starts_a_pipeline_run_over_removing_the_checkpoints_and_the_metrics(checkpointed_at_2, tmp_path):
     out = copy_of(checkpointed_at_2, tmp_path)
-    start, _ = pipeline_start(strategy_from_mapping(ZERO1_PP2, "s.yaml"), TrainConfig(steps=STEPS), out,
-                              overwrite=True, source="s.yaml")
+    start, _ = pipeline_start(strategy_from_mapping(ZERO1_PP2, "s.yaml"), TrainConfig(steps=STEPS), out, overwrite=True,
+                              source="s.yaml")
     start.prepare()
     assert (CheckpointDir(out).steps(), start.metrics.records()) == ([], [])
 
@@ -153,9 +154,9 @@ def test_a_rank_killed_while_writing_a_checkpoint_leaves_the_previous_one_to_res
     out = str(tmp_path / "pp")
     step_4 = CheckpointDir(out).folder(4)
     with pytest.raises(RankFailure, match="rank 0 of 3"):
-        run_ranks(_killed_renaming_the_manifest, 3, (step_4, ZERO1_PP2, STEPS, out, {"optimizer_sharding": "zero1"},
-                                                       HALF, {}),
-                  timeout=300, start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
+        run_ranks(_killed_renaming_the_manifest, 3,
+                  (step_4, ZERO1_PP2, STEPS, out, {"optimizer_sharding": "zero1"}, HALF, {}), timeout=300,
+                  start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
     assert CheckpointDir(out).latest_step() == 2 and not os.path.exists(os.path.join(step_4, MANIFEST))
     records, _ = run_pipeline(ZERO1_PP2, STEPS, out_dir=out, start={"resume": True}, optimizer_sharding="zero1")
     assert trajectory(records) == trajectory(uninterrupted)

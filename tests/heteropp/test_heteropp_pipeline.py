@@ -16,10 +16,12 @@ TOLERANCE = 1e-5
 
 def strategy(stages, *, dp=1, micro_batches=4, model="tiny", schedule="1f1b", micro_batch_size=2):
     """`stages`: (chip, tp, layers, recompute) or (chip, tp, layers, recompute, stage dp)."""
-    return {"dp": dp, "micro_batches": micro_batches, "micro_batch_size": micro_batch_size, "seq_len": 32,
-            "schedule": schedule, "model": model,
-            "stages": [{"chip": chip, "tp": tp, "layers": layers, "recompute": recompute} | dict(zip(["dp"], rest))
-                       for chip, tp, layers, recompute, *rest in stages]}
+    return {
+        "dp": dp, "micro_batches": micro_batches, "micro_batch_size": micro_batch_size, "seq_len": 32,
+        "schedule": schedule, "model": model,
+        "stages": [{"chip": chip, "tp": tp, "layers": layers, "recompute": recompute} | dict(zip(["dp"], rest))
+                   for chip, tp, layers, recompute, *rest in stages]
+    }
 
 
 def activation_bytes(data) -> int:
@@ -48,8 +50,8 @@ def test_figure8_shape_pp3_tp_1_2_1_layers_3_2_1_recompute_first_only_matches_re
 def test_figure8_per_stage_dp_2_1_1_with_tp_1_2_1_matches_reference_and_one_copy_crosses_each_boundary():
     # The paper's Figure 8 (TP 2/4/2, DP 4/2/2, layers 8/6/4, recompute on the first stage) halved
     # in TP and DP: 2 + 2 + 1 processes; each stage-0 replica holds half of every micro-batch.
-    data = strategy([("chip-a", 1, 3, True, 2), ("chip-a", 2, 2, False, 1), ("chip-b", 1, 1, False, 1)],
-                    dp=2, micro_batch_size=1, model={"preset": "tiny", "num_layers": 6})
+    data = strategy([("chip-a", 1, 3, True, 2), ("chip-a", 2, 2, False, 1), ("chip-b", 1, 1, False, 1)], dp=2,
+                    micro_batch_size=1, model={"preset": "tiny", "num_layers": 6})
     records, ranks = run_pipeline(data, STEPS, optimizer_sharding="zero1")
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
     expected = 2 * data["micro_batches"] * 2 * activation_bytes(data)  # 2 boundaries, both directions
@@ -59,9 +61,8 @@ def test_figure8_per_stage_dp_2_1_1_with_tp_1_2_1_matches_reference_and_one_copy
 
 
 def test_dp_growing_then_shrinking_with_full_tensors_and_split_backward_matches_reference():
-    data = strategy([("emu-big", 2, 1, False, 1), ("emu-small", 1, 2, True, 2), ("emu-big", 1, 1, False, 1)],
-                    dp=1, micro_batch_size=2, model={"preset": "tiny", "num_layers": 4},
-                    schedule="1f1b-split-backward")
+    data = strategy([("emu-big", 2, 1, False, 1), ("emu-small", 1, 2, True, 2), ("emu-big", 1, 1, False, 1)], dp=1,
+                    micro_batch_size=2, model={"preset": "tiny", "num_layers": 4}, schedule="1f1b-split-backward")
     records, ranks = run_pipeline(data, STEPS, resharding="full")
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
     # Full tensors: forward, stage 1's replicas get their halves and stage 2 the whole activation
@@ -123,5 +124,7 @@ def test_a_cpu_stage_feeding_a_dipu_stage_matches_reference():
     data["stages"][1]["device"] = "dipu"
     records, ranks = run_pipeline(data, STEPS)
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
-    assert [(r["stage"], r["parameter_devices"], r["tp_backend"]) for r in ranks] == [
-        (0, ["cpu"], "gloo"), (0, ["cpu"], "gloo"), (1, ["dipu:0"], "dicomm"), (1, ["dipu:1"], "dicomm")]
+    assert [(r["stage"], r["parameter_devices"], r["tp_backend"]) for r in ranks] == [(0, ["cpu"], "gloo"),
+                                                                                      (0, ["cpu"], "gloo"),
+                                                                                      (1, ["dipu:0"], "dicomm"),
+                                                                                      (1, ["dipu:1"], "dicomm")]

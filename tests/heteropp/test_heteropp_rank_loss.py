@@ -21,8 +21,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 PP2 = os.path.join(REPO_ROOT, "configs", "strategies", "local-tiny-pp2.yaml")
 STEPS = 10
 TIMEOUT_S = 20.0
-JOB = ["--strategy", PP2, "--steps", str(STEPS), "--checkpoint-every", "2", "--p2p-backend", "dicomm",
-       "--rank-timeout", str(TIMEOUT_S)]
+JOB = [
+    "--strategy", PP2, "--steps",
+    str(STEPS), "--checkpoint-every", "2", "--p2p-backend", "dicomm", "--rank-timeout",
+    str(TIMEOUT_S)
+]
 DEAD = "rank 0 (stage 0, chip emu-big) died (its process ended)"
 
 
@@ -101,6 +104,7 @@ def segments_of(pids) -> list[str]:
 
 
 class Outcome:
+
     def __init__(self, job: subprocess.Popen, out, pids: list[int], stopped_after_s: float):
         self.stdout, self.stderr = job.communicate(timeout=120)
         self.returncode, self.out, self.pids, self.stopped_after_s = job.returncode, out, pids, stopped_after_s

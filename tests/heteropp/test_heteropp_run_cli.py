@@ -30,8 +30,8 @@ def test_run_without_torchrun_is_a_one_line_error_naming_the_process_count(cli, 
 
 def test_run_with_an_unknown_p2p_backend_is_a_one_line_error(cli, tmp_path):
     # the launcher refuses it: a rank checks no option of the job it is handed
-    result = cli("h2", "train", "--strategy", FIG8, "--p2p-backend", "carrier-pigeon", "--steps", "1",
-                 "--out", str(tmp_path / "run"))
+    result = cli("h2", "train", "--strategy", FIG8, "--p2p-backend", "carrier-pigeon", "--steps", "1", "--out",
+                 str(tmp_path / "run"))
     assert result.returncode == 2
     assert "--p2p-backend must be one of gloo, dicomm" in result.stderr
     assert not (tmp_path / "run").exists()
@@ -50,9 +50,11 @@ def test_h2_train_with_a_strategy_launches_the_pipeline_on_local_processes(tmp_p
         records = [json.loads(line) for line in handle]
     assert [r["step"] for r in records] == [1, 2]
     assert {"step", "loss", "lr", "tokens_per_s", "elapsed_s", "grad_norm"} <= set(records[0])
-    assert sorted(os.listdir(out)) == ["checkpoints", "metrics.jsonl", "stage_report.json"]  # only the last stage's first rank logs
-    assert sorted(os.listdir(out / "checkpoints" / "step_00000002")) == ["manifest.json", "rank_00000.pt",
-                                                                         "rank_00001.pt"]
+    assert sorted(os.listdir(out)) == ["checkpoints", "metrics.jsonl",
+                                       "stage_report.json"]  # only the last stage's first rank logs
+    assert sorted(os.listdir(out / "checkpoints" / "step_00000002")) == [
+        "manifest.json", "rank_00000.pt", "rank_00001.pt"
+    ]
 
 
 def test_h2_train_with_a_strategy_and_the_wrong_process_count_is_a_one_line_error(cli):
@@ -127,5 +129,6 @@ def test_ranks_that_each_fit_the_host_but_not_together_are_refused_before_launch
     each = [memory_check.pipeline_rank_bytes(strategy.model_config(), config, topology, rank) for rank in (0, 1)]
     host = (max(each) + min(each) // 2, "host memory available (MemAvailable)")
     monkeypatch.setattr(memory_check, "free_bytes", lambda device: host)
-    with pytest.raises(UserError, match=r"the 2 ranks whose memory is this host's .* need at least [0-9.]+ MB together"):
+    with pytest.raises(UserError,
+                       match=r"the 2 ranks whose memory is this host's .* need at least [0-9.]+ MB together"):
         memory_check.check_pipeline_fits(strategy, TrainConfig())

@@ -6,21 +6,23 @@ from collections import Counter
 
 import pytest
 
+from h2.core.errors import UserError
+from h2.core.schedule import schedule_actions
 from h2.core.strategy import strategy_from_mapping
 from heteropp.data_parallel import assign_owners
-from h2.core.schedule import schedule_actions
-from h2.core.errors import UserError
 from heteropp.topology import Topology, blocks
 
 
 def topology(tps, dp, layers=None, stage_dps=None, micro_batch_size=1):
     layers = layers or [1] * len(tps)
     stage_dps = stage_dps or [None] * len(tps)
-    data = {"dp": dp, "micro_batches": 4, "micro_batch_size": micro_batch_size,
-            "model": {"preset": "tiny", "num_layers": sum(layers)},
-            "stages": [{"chip": f"chip{i}", "tp": tp, "layers": n, "recompute": i == 0}
-                       | ({} if stage_dp is None else {"dp": stage_dp})
-                       for i, (tp, n, stage_dp) in enumerate(zip(tps, layers, stage_dps))]}
+    data = {
+        "dp": dp, "micro_batches": 4, "micro_batch_size": micro_batch_size, "model": {
+            "preset": "tiny", "num_layers": sum(layers)
+        }, "stages": [{"chip": f"chip{i}", "tp": tp, "layers": n, "recompute": i == 0}
+                      | ({} if stage_dp is None else {"dp": stage_dp})
+                      for i, (tp, n, stage_dp) in enumerate(zip(tps, layers, stage_dps))]
+    }
     return Topology.from_strategy(strategy_from_mapping(data, "test"))
 
 
@@ -78,9 +80,18 @@ def rank_elements(topo, stage_index, row_numel):
 
 
 PLAN_SHAPES = [  # (tps, dp, stage dps, micro_batch_size)
-    ([1, 1], 2, None, 1), ([1, 2], 2, None, 1), ([2, 1], 2, None, 1), ([4, 2], 2, None, 1), ([2, 4], 1, None, 1),
-    ([1, 4], 1, None, 1), ([4, 1], 2, None, 1), ([2, 4], 4, [None, 2], 1), ([4, 2], 2, [None, 2], 1),
-    ([2, 2], 4, [1, 4], 1), ([1, 2], 2, [2, 1], 3), ([4, 2], 6, [3, 2], 1),
+    ([1, 1], 2, None, 1),
+    ([1, 2], 2, None, 1),
+    ([2, 1], 2, None, 1),
+    ([4, 2], 2, None, 1),
+    ([2, 4], 1, None, 1),
+    ([1, 4], 1, None, 1),
+    ([4, 1], 2, None, 1),
+    ([2, 4], 4, [None, 2], 1),
+    ([4, 2], 2, [None, 2], 1),
+    ([2, 2], 4, [1, 4], 1),
+    ([1, 2], 2, [2, 1], 3),
+    ([4, 2], 6, [3, 2], 1),
 ]
 
 
@@ -160,5 +171,5 @@ def test_the_shipped_figure8_strategy_is_the_papers_shape():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     topo = Topology.from_strategy(load_strategy(os.path.join(root, "configs", "strategies", "local-fig8-exact.yaml")))
     assert [(s.tp, s.dp, len(s.layers), s.recompute) for s in topo.stages] == [(2, 4, 8, True), (4, 2, 6, False),
-                                                                                (2, 2, 4, False)]
+                                                                               (2, 2, 4, False)]
     assert topo.world_size == 20 and [s.chip for s in topo.stages] == ["emu-a", "emu-a", "emu-b"]

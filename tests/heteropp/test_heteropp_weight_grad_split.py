@@ -15,8 +15,8 @@ from heteropp.tensor_parallel import ShardLinear, WeightGradStore, apply_tp
 def stage_and_store(recompute: bool):
     torch.manual_seed(0)
     store = WeightGradStore()
-    stage = apply_tp(build_stage(Transformer(preset("tiny")), range(1, 3), first=False, last=False),
-                     tp_index=0, tp_size=1, group=None, store=store)
+    stage = apply_tp(build_stage(Transformer(preset("tiny")), range(1, 3), first=False, last=False), tp_index=0,
+                     tp_size=1, group=None, store=store)
     return (apply_recompute(stage) if recompute else stage), store
 
 
@@ -36,9 +36,9 @@ def test_deferred_weight_gradients_equal_the_plain_backward(recompute):
     torch.autograd.backward(split(split_inputs), grad)
     store.deferring = False
     linears = [m.weight for m in split.modules() if isinstance(m, ShardLinear)]
-    assert linears and all(w.grad is None for w in linears)       # B: no weight gradients yet
+    assert linears and all(w.grad is None for w in linears)  # B: no weight gradients yet
     torch.testing.assert_close(split_inputs.grad, inputs.grad)  # but the input gradient is complete
-    WeightGradStore.run(store.take())                           # W
+    WeightGradStore.run(store.take())  # W
     for name, param in split.named_parameters():
         assert not param.grad.requires_grad  # W records no graph
         torch.testing.assert_close(param.grad, expected[name], rtol=1e-6, atol=1e-7)

@@ -23,9 +23,12 @@ STRATEGY = os.path.join(REPO_ROOT, "configs/strategies/local-2site-pp2.yaml")
 
 @pytest.mark.slow
 def test_a_pipeline_running_all_forwards_first_orders_matches_the_single_device_trainer_over_20_steps():
-    data = {"dp": 1, "micro_batches": 4, "micro_batch_size": 2, "seq_len": 32, "model": "tiny", "schedule": "jeeves",
-            "orders": ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
-            "stages": [{"chip": "emu-north", "tp": 1, "layers": 2}, {"chip": "emu-south", "tp": 1, "layers": 2}]}
+    data = {
+        "dp": 1, "micro_batches": 4, "micro_batch_size": 2, "seq_len": 32, "model": "tiny", "schedule": "jeeves",
+        "orders": ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"], "stages": [{
+            "chip": "emu-north", "tp": 1, "layers": 2
+        }, {"chip": "emu-south", "tp": 1, "layers": 2}]
+    }
     records, ranks = run_pipeline(data, 20)
     assert [rank["compute_order"] for rank in sorted(ranks, key=lambda r: r["stage"])] == data["orders"]
     assert max_relative_loss_difference(records, run_reference(data, 20)) < 1e-5
@@ -46,8 +49,8 @@ def test_a_strategy_in_flight_limit_bounds_how_far_the_first_stage_runs_ahead():
 
 
 def h2_train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "h2", "train", *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "h2", "train", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300)
 
 
 def write_yaml(path, data) -> str:
@@ -65,11 +68,11 @@ def edited(path: str, edit) -> dict:
 @pytest.mark.parametrize("case, expected", [
     ("negative latency", "cluster.yaml: links.inter_site: field 'latency_us' must not be negative, got -1.0"),
     ("negative bandwidth", "cluster.yaml: links.inter_site: field 'bandwidth_gbps' must be a positive number of "
-                           "GB/s, got -0.01"),
+     "GB/s, got -0.01"),
     ("k below one", "strategy.yaml: field 'in_flight_limit' must be at least 1 (one micro-batch), got 0"),
     ("unknown site", "strategy.yaml: field 'stages[1].site': unknown site 'east' (cluster"),
     ("memory below one micro-batch", "strategy.yaml: field 'stages[0]': chip 'emu-north' holds 0.0009 GB, one "
-                                     "micro-batch in flight over its 2 layers needs"),
+     "micro-batch in flight over its 2 layers needs"),
 ])
 def test_bad_jeeves_input_is_one_line_exit_2_before_any_rank_starts(tmp_path, case, expected):
     cluster = edited(CLUSTER, lambda c: None)
@@ -84,9 +87,9 @@ def test_bad_jeeves_input_is_one_line_exit_2_before_any_rank_starts(tmp_path, ca
         strategy["stages"][1]["site"] = "east"
     else:
         cluster["chips"][0]["memory_gb"] = 0.001
-    result = h2_train("--strategy", write_yaml(tmp_path / "strategy.yaml", strategy),
-                      "--cluster", write_yaml(tmp_path / "cluster.yaml", cluster), "--schedule", "jeeves",
-                      "--steps", "1", "--out", str(tmp_path / "run"))
+    result = h2_train("--strategy", write_yaml(tmp_path / "strategy.yaml", strategy), "--cluster",
+                      write_yaml(tmp_path / "cluster.yaml", cluster), "--schedule", "jeeves", "--steps", "1", "--out",
+                      str(tmp_path / "run"))
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], result.stderr
@@ -102,15 +105,16 @@ def test_jeeves_without_a_cluster_or_orders_is_one_line_exit_2(tmp_path):
 def heteroauto_simulate(strategy: str) -> dict:
     import json
 
-    result = subprocess.run([sys.executable, "-m", "h2.cli.heteroauto", "simulate", "--strategy", strategy,
-                             "--cluster", CLUSTER, "--json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([
+        sys.executable, "-m", "h2.cli.heteroauto", "simulate", "--strategy", strategy, "--cluster", CLUSTER, "--json"
+    ], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout)
 
 
 def test_heteroauto_simulate_prices_the_boundary_between_sites_at_the_inter_site_link():
     (first, _) = heteroauto_simulate(STRATEGY)["stages"]
-    assert first["send_s"] == pytest.approx(0.020 + 32768 / 0.01e9)   # 20 ms latency + 32 KiB at 10 MB/s
+    assert first["send_s"] == pytest.approx(0.020 + 32768 / 0.01e9)  # 20 ms latency + 32 KiB at 10 MB/s
 
 
 def test_heteroauto_simulate_replays_a_jeeves_strategy_faster_than_its_1f1b_on_the_two_sites(tmp_path):

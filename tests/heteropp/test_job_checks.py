@@ -12,8 +12,10 @@ from heteropp.job_checks import check_pipeline_job
 
 
 def strategy(model="tiny", tp=1, **fields):
-    data = {"dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": model,
-            "stages": [{"chip": "A", "tp": tp, "layers": 2}, {"chip": "A", "tp": 1, "layers": 2}], **fields}
+    data = {
+        "dp": 1, "micro_batches": 2, "micro_batch_size": 1, "model": model,
+        "stages": [{"chip": "A", "tp": tp, "layers": 2}, {"chip": "A", "tp": 1, "layers": 2}], **fields
+    }
     return strategy_from_mapping(data, "s.yaml")
 
 

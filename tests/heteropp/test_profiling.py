@@ -23,13 +23,18 @@ def write_problem(directory, chips: dict) -> str:
     model = os.path.join(directory, "model.yaml")
     with open(model, "w") as handle:
         yaml.safe_dump({"preset": "tiny", "num_kv_heads": 4}, handle)
-    entries = [{"name": name, "count": 4, "memory_gb": 0.02, "chips_per_node": 4, "tp_max": 4,
-                "inter_node_gbps": 1, "emulation": {"relative_speed": 0.1}, **fields} for name, fields in chips.items()]
+    entries = [{
+        "name": name, "count": 4, "memory_gb": 0.02, "chips_per_node": 4, "tp_max": 4, "inter_node_gbps": 1,
+        "emulation": {"relative_speed": 0.1}, **fields
+    } for name, fields in chips.items()]
     cluster = os.path.join(directory, "cluster.yaml")
     with open(cluster, "w") as handle:
-        yaml.safe_dump({"name": "profiled", "model": model, "chips": entries,
-                        "training": {"seq_len": 64, "global_batch_sequences": 4, "micro_batch_size": 2,
-                                     "activation_bytes_per_element": 4}}, handle, sort_keys=False)
+        yaml.safe_dump(
+            {
+                "name": "profiled", "model": model, "chips": entries, "training": {
+                    "seq_len": 64, "global_batch_sequences": 4, "micro_batch_size": 2, "activation_bytes_per_element": 4
+                }
+            }, handle, sort_keys=False)
     return cluster
 
 
@@ -42,8 +47,10 @@ def test_tp_2_and_4_are_measured_on_ranks_and_differ_from_the_formula_where_comm
     # emu-free's intra-node link costs nothing; emu-slow's is 0.01 GB/s with 2 ms latency, paced in
     # DiComm for its TP ranks. The formula prices two ring all-reduces per pass from the link alone;
     # the ranks pay DiComm's real algorithm, each message on the paced link, and their waiting.
-    cluster = write_problem(tmp_path, {"emu-free": {"intra_node_gbps": 1000, "latency_us": 0},
-                                       "emu-slow": {"intra_node_gbps": 0.01, "latency_us": 2000}})
+    cluster = write_problem(tmp_path, {
+        "emu-free": {"intra_node_gbps": 1000, "latency_us": 0},
+        "emu-slow": {"intra_node_gbps": 0.01, "latency_us": 2000}
+    })
     result = profile("--cluster", cluster, "--out-dir", str(tmp_path / "profiles"), "--repeats", "3")
     assert result.returncode == 0, result.stderr[-3000:]
     free = load_profile(tmp_path / "profiles" / "emu-free.yaml")
@@ -53,7 +60,7 @@ def test_tp_2_and_4_are_measured_on_ranks_and_differ_from_the_formula_where_comm
     formula = {entry.tp: entry for entry in slow.formula_layers}
     assert slow.layer(4).forward_s > 2 * free.layer(4).forward_s  # its links were paced, not assumed
     ratio = slow.layer(4).forward_s / formula[4].forward_s
-    assert not 0.8 < ratio < 1.25, ratio                           # and not as the formula prices them
+    assert not 0.8 < ratio < 1.25, ratio  # and not as the formula prices them
     # The note shows both, side by side, for every TP size.
     rows = [line for line in result.stdout.splitlines() if line.split()[:1] == ["4"]]
     assert len(rows) == 2 and all("|" in row for row in rows)

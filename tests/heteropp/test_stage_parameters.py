@@ -28,13 +28,16 @@ def tp_stage(name: str, layers: range, tp_index: int, *, first: bool, last: bool
 
 @pytest.mark.parametrize("name", ["tiny", "small"])
 @pytest.mark.parametrize("layers, first, last", [(range(0, 2), True, False), (range(2, 4), False, True)])
-def test_the_shards_of_a_tp2_stage_gathered_by_their_recorded_dims_are_the_single_device_weights(name, layers, first,
-                                                                                              last):
+def test_the_shards_of_a_tp2_stage_gathered_by_their_recorded_dims_are_the_single_device_weights(
+        name, layers, first, last):
     shards = [stage_parameters(tp_stage(name, layers, index, first=first, last=last), layers) for index in (0, 1)]
     whole = dict(model(name).named_parameters())
     assert [piece.name for piece in shards[0]] == [piece.name for piece in shards[1]]
-    expected = [n for n in whole if n.startswith(tuple(f"layers.{i}." for i in layers))
-                or (first and n.startswith("embed")) or (last and n.startswith(("norm", "head")))]
+    expected = [
+        n for n in whole if n.startswith(tuple(
+            f"layers.{i}."
+            for i in layers)) or (first and n.startswith("embed")) or (last and n.startswith(("norm", "head")))
+    ]
     assert sorted(piece.name for piece in shards[0]) == sorted(expected)
     for zero, one in zip(*shards):
         assert zero.split_dim == one.split_dim
@@ -50,8 +53,8 @@ def test_a_tp2_stage_records_the_cut_of_each_kind_of_weight():
 
 
 def test_a_stage_of_one_tp_rank_holds_every_weight_whole():
-    stage = apply_tp(build_stage(model("tiny"), range(0, 4), first=True, last=True), tp_index=0, tp_size=1,
-                     group=None, store=None)
+    stage = apply_tp(build_stage(model("tiny"), range(0, 4), first=True, last=True), tp_index=0, tp_size=1, group=None,
+                     store=None)
     assert {dim for _, _, dim in stage_parameters(stage, range(0, 4))} == {None}
 
 

@@ -36,8 +36,7 @@ def test_the_simulated_split_schedule_traces_input_and_weight_backward_on_every_
 
 def test_a_simulated_send_lies_on_its_own_lane_from_leaving_to_arriving():
     schedule = schedule_actions("1f1b", 2, 2)
-    result = simulate(schedule, [StageTerms(1.0, 2.0, 0.0, 0.0, send_occupancy_s=0.25)] * 2,
-                      keep_timeline=True)
+    result = simulate(schedule, [StageTerms(1.0, 2.0, 0.0, 0.0, send_occupancy_s=0.25)] * 2, keep_timeline=True)
     sends = [e for e in trace_events(result, ["a", "b"], split_backward=False) if e.get("cat") == "send"]
     assert sends and all(e["tid"] == 1 and e["dur"] == pytest.approx(0.25e6) for e in sends)
 
@@ -52,8 +51,8 @@ def test_a_written_trace_is_chrome_trace_event_json(tmp_path):
 
 def test_heteroauto_simulate_writes_its_predicted_step_as_a_trace_with_one_track_per_stage(cli, tmp_path):
     path = tmp_path / "predicted.json"
-    result = cli("h2.cli.heteroauto", "simulate", "--cluster", "configs/clusters/local-emulated.yaml",
-                 "--strategy", "configs/strategies/local-tiny-pp2.yaml", "--trace", str(path))
+    result = cli("h2.cli.heteroauto", "simulate", "--cluster", "configs/clusters/local-emulated.yaml", "--strategy",
+                 "configs/strategies/local-tiny-pp2.yaml", "--trace", str(path))
     assert result.returncode == 0, result.stderr
     events = json.loads(path.read_text())["traceEvents"]
     assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
-
 from h2.core.strategy import strategy_from_mapping
 from heteropp.topology import Topology
+from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
 
 STEPS = 20
 TOLERANCE = 1e-5
@@ -17,10 +16,12 @@ TOLERANCE = 1e-5
 
 def group(*, rows=(1, 3), ministages=2, sharding="zero2", offload=(), layers=4):
     """One stage: a chip-a replica and a chip-b replica of the tiny model, micro-batches of 4 sequences."""
-    return {"dp": 2, "micro_batches": 2, "micro_batch_size": 2, "seq_len": 32, "ministages": ministages,
-            "optimizer_sharding": sharding, "offload": list(offload),
-            "model": {"preset": "tiny", "num_layers": layers},
-            "stages": [{"chips": ["chip-a", "chip-b"], "rows": list(rows), "tp": 1, "layers": layers}]}
+    return {
+        "dp": 2, "micro_batches": 2, "micro_batch_size": 2, "seq_len": 32,
+        "ministages": ministages, "optimizer_sharding": sharding, "offload": list(offload), "model": {
+            "preset": "tiny", "num_layers": layers
+        }, "stages": [{"chips": ["chip-a", "chip-b"], "rows": list(rows), "tp": 1, "layers": layers}]
+    }
 
 
 def test_uneven_rows_give_each_replica_its_own_sequences_of_a_micro_batch():
@@ -58,7 +59,7 @@ def test_offloading_activations_and_parameters_on_a_discrete_emulated_chip_match
     records, ranks = run_pipeline(data, STEPS, device="dipu", env={"DIPU_HOST_PROFILE": "discrete"})
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
     assert [r["device_host_accessible"] for r in ranks] == [False, False]
-    assert all(r["host_copies"] > 0 for r in ranks)            # activations went to host memory
+    assert all(r["host_copies"] > 0 for r in ranks)  # activations went to host memory
     assert all(r["parameter_devices"] == ["cpu"] for r in ranks)  # parameters wait there between steps
 
 
@@ -69,9 +70,11 @@ def test_h2_train_runs_the_local_zorse_group_on_its_emulated_mixed_cluster(tmp_p
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    result = subprocess.run([sys.executable, "-m", "h2.cli.main", "train", "--strategy",
-                             "configs/strategies/local-zorse-group.yaml", "--cluster", "configs/clusters/local-zorse.yaml",
-                             "--steps", "2", "--out", str(tmp_path / "run")], cwd=root, capture_output=True, text=True)
+    result = subprocess.run([
+        sys.executable, "-m", "h2.cli.main", "train", "--strategy", "configs/strategies/local-zorse-group.yaml",
+        "--cluster", "configs/clusters/local-zorse.yaml", "--steps", "2", "--out",
+        str(tmp_path / "run")
+    ], cwd=root, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "emu-slow (emulated: 0.1x a host core, 250 MB) + emu-fast (emulated: 0.3x a host core, 250 MB)" in result.stdout
     with open(tmp_path / "run" / "stage_report.json") as handle:
@@ -82,13 +85,16 @@ def test_h2_train_refuses_a_schedule_flag_other_than_gpipe_on_ministages_in_one_
     import os
     import subprocess
     import sys
+
     import yaml
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(group()))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    result = subprocess.run([sys.executable, "-m", "h2.cli.main", "train", "--strategy", str(path), "--steps", "1",
-                             "--schedule", "1f1b", "--out", str(tmp_path / "run")], cwd=root, capture_output=True,
-                            text=True)
+    result = subprocess.run([
+        sys.executable, "-m", "h2.cli.main", "train", "--strategy",
+        str(path), "--steps", "1", "--schedule", "1f1b", "--out",
+        str(tmp_path / "run")
+    ], cwd=root, capture_output=True, text=True)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "--schedule 1f1b does not apply to a strategy with ministages or offload" in result.stderr
 
@@ -97,7 +103,7 @@ def test_h2_train_refuses_a_schedule_flag_other_than_gpipe_on_ministages_in_one_
 def test_offloading_parameters_then_activations_lowers_the_peak_device_memory_of_a_ministage_group():
     discrete = {"DIPU_HOST_PROFILE": "discrete"}
     peaks = []
-    for offload in ((), ("parameters",), ("parameters", "activations")):
+    for offload in ((), ("parameters", ), ("parameters", "activations")):
         data = group(ministages=2, offload=offload)
         data["schedule"] = "gpipe"
         _, ranks = run_pipeline(data, 1, device="dipu", env=discrete)

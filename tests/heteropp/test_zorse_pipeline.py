@@ -6,24 +6,26 @@ from __future__ import annotations
 
 import pytest
 
-from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
-
 from h2.core.schedule import gpipe_ministages
 from heteroauto.simulator import simulate
 from heteroauto.stage_terms import StageTerms
+from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
 
 STEPS = 20
 TOLERANCE = 1e-5
-SEQ_LEN, HIDDEN = 32, 64   # the tiny preset's hidden size
+SEQ_LEN, HIDDEN = 32, 64  # the tiny preset's hidden size
 
 
 def two_groups(*, ministages=2, sharding="zero2", offload=()):
     """Stage 0: a mixed group (chip-a and chip-b replicas, rows 1:3); stage 1: one chip-b replica taking
     whole micro-batches of 4 sequences. The tiny model's 4 layers: 1 per chunk with 2 ministages."""
-    return {"dp": 2, "micro_batches": 2, "micro_batch_size": 2, "seq_len": SEQ_LEN, "ministages": ministages,
-            "optimizer_sharding": sharding, "offload": list(offload), "model": {"preset": "tiny", "num_layers": 4},
-            "stages": [{"chips": ["chip-a", "chip-b"], "rows": [1, 3], "tp": 1, "layers": 2},
-                       {"chip": "chip-b", "dp": 1, "tp": 1, "layers": 2}]}
+    return {
+        "dp": 2, "micro_batches": 2, "micro_batch_size": 2, "seq_len": SEQ_LEN,
+        "ministages": ministages, "optimizer_sharding": sharding, "offload": list(offload), "model": {
+            "preset": "tiny", "num_layers": 4
+        }, "stages": [{"chips": ["chip-a", "chip-b"], "rows": [1, 3], "tp": 1, "layers": 2},
+                      {"chip": "chip-b", "dp": 1, "tp": 1, "layers": 2}]
+    }
 
 
 @pytest.mark.slow
@@ -55,7 +57,7 @@ def test_the_last_stage_sends_its_first_chunks_activations_around_to_stage_0():
     4 sequences; without the wrap-around it would send only the gradients."""
     data = two_groups()
     _, ranks = run_pipeline(data, 1)
-    (last,) = [r for r in ranks if r["stage"] == 1]
+    (last, ) = [r for r in ranks if r["stage"] == 1]
     micro_batch_bytes = 4 * SEQ_LEN * HIDDEN * 4
     wrapped, gradients = (2 - 1) * 2, 2 * 2
     assert last["bytes_sent"] == (wrapped + gradients) * micro_batch_bytes
@@ -68,17 +70,19 @@ def test_the_simulator_prices_the_wrap_around_on_the_last_stages_link():
     schedule = gpipe_ministages(2, 2, 2)
     free = [StageTerms(forward_s=1.0, backward_s=2.0, weight_grad_s=0.0, update_s=0.0)] * 4
     wrap = list(free)
-    wrap[1] = StageTerms(forward_s=1.0, backward_s=2.0, weight_grad_s=0.0, update_s=0.0,
-                         send_occupancy_s=10.0, send_latency_s=0.0)
+    wrap[1] = StageTerms(forward_s=1.0, backward_s=2.0, weight_grad_s=0.0, update_s=0.0, send_occupancy_s=10.0,
+                         send_latency_s=0.0)
     assert simulate(schedule, wrap).iteration_s >= simulate(schedule, free).iteration_s + 2 * 10.0
 
 
 @pytest.mark.slow
 def test_three_stages_with_two_ministages_wrap_over_their_own_group_and_match_the_reference():
-    data = {"dp": 1, "micro_batches": 2, "micro_batch_size": 2, "seq_len": SEQ_LEN, "ministages": 2,
-            "model": {"preset": "tiny", "num_layers": 6},
-            "stages": [{"chip": "chip-a", "tp": 1, "layers": 2}, {"chip": "chip-b", "tp": 1, "layers": 2},
-                       {"chip": "chip-a", "tp": 1, "layers": 2}]}
+    data = {
+        "dp": 1, "micro_batches": 2, "micro_batch_size": 2, "seq_len": SEQ_LEN, "ministages": 2, "model": {
+            "preset": "tiny", "num_layers": 6
+        }, "stages": [{"chip": "chip-a", "tp": 1, "layers": 2}, {"chip": "chip-b", "tp": 1, "layers": 2},
+                      {"chip": "chip-a", "tp": 1, "layers": 2}]
+    }
     records, _ = run_pipeline(data, STEPS)
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE
 
@@ -96,15 +100,20 @@ def test_h2_train_runs_two_emulated_chips_as_two_stages_of_two_ministages_on_the
     import os
     import subprocess
     import sys
+
     import yaml
-    strategy = {"dp": 1, "micro_batches": 2, "micro_batch_size": 2, "seq_len": 32, "ministages": 2, "model": "small",
-                "stages": [{"chip": "emu-slow", "tp": 1, "layers": 4}, {"chip": "emu-fast", "tp": 1, "layers": 4}]}
+    strategy = {
+        "dp": 1, "micro_batches": 2, "micro_batch_size": 2, "seq_len": 32, "ministages": 2, "model": "small",
+        "stages": [{"chip": "emu-slow", "tp": 1, "layers": 4}, {"chip": "emu-fast", "tp": 1, "layers": 4}]
+    }
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(strategy))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    result = subprocess.run([sys.executable, "-m", "h2.cli.main", "train", "--strategy", str(path), "--cluster",
-                             "configs/clusters/local-zorse.yaml", "--steps", "2", "--out", str(tmp_path / "run")],
-                            cwd=root, capture_output=True, text=True)
+    result = subprocess.run([
+        sys.executable, "-m", "h2.cli.main", "train", "--strategy",
+        str(path), "--cluster", "configs/clusters/local-zorse.yaml", "--steps", "2", "--out",
+        str(tmp_path / "run")
+    ], cwd=root, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "link stage 1 -> 0 (wrap-around, emulated)" in result.stdout
 

@@ -13,8 +13,11 @@ TOLERANCE = 1e-5
 
 @pytest.mark.slow
 def test_three_ministages_of_two_one_and_one_layers_match_the_reference():
-    data = {"dp": 2, "micro_batches": 2, "micro_batch_size": 2, "seq_len": 32, "ministages": 3,
-            "optimizer_sharding": "zero2", "model": {"preset": "tiny", "num_layers": 4},
-            "stages": [{"chips": ["chip-a", "chip-b"], "rows": [1, 3], "tp": 1, "layers": 4}]}
+    data = {
+        "dp": 2, "micro_batches": 2, "micro_batch_size": 2, "seq_len": 32, "ministages": 3,
+        "optimizer_sharding": "zero2", "model": {"preset": "tiny", "num_layers": 4}, "stages": [{
+            "chips": ["chip-a", "chip-b"], "rows": [1, 3], "tp": 1, "layers": 4
+        }]
+    }
     records, _ = run_pipeline(data, STEPS)
     assert max_relative_loss_difference(records, run_reference(data, STEPS)) < TOLERANCE

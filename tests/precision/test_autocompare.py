@@ -91,7 +91,7 @@ def test_half_precision_matmul_is_referenced_in_float32():
     a, b = torch.randn(16, 32).bfloat16(), torch.randn(32, 8).bfloat16()
     with OpAutoCompare("mm", report=None) as tool:
         a @ b
-    (row,) = tool.rows
+    (row, ) = tool.rows
     assert row["reference"] == "cpu bfloat16->float32"
     assert row["status"] == "ok" and row["max_abs"] > 0  # bf16 rounding, within bf16 tolerance
 
@@ -123,5 +123,5 @@ def test_in_place_op_returning_nothing_is_compared_on_what_it_wrote():
     params, grads = [torch.randn(4), torch.randn(3)], [torch.randn(4), torch.randn(3)]
     with OpAutoCompare("_foreach_add_", report=None) as tool:
         torch._foreach_add_(params, grads)
-    (row,) = tool.rows
+    (row, ) = tool.rows
     assert row["status"] == "ok" and row["outputs"] == ""

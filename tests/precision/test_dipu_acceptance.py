@@ -50,8 +50,8 @@ print(json.dumps({{"flagged": sorted({{row["op"] for row in tool.mismatches}}),
 def lowprec_run(tmp_path_factory):
     capture = str(tmp_path_factory.mktemp("lowprec") / "capture")
     code = LOWPREC_STEP.format(tests=os.path.dirname(os.path.abspath(__file__)), capture=capture)
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "DIPU_HOST_PROFILE": "lowprec", "OMP_NUM_THREADS": "1"})
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "DIPU_HOST_PROFILE": "lowprec", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1]), capture
 
@@ -62,8 +62,10 @@ def test_autocompare_flags_the_changed_op_and_nothing_else_on_lowprec(lowprec_ru
     assert result["phases"] == ["backward", "forward"]
     assert result["first_module"] == "Transformer.layers.0.attn.q_proj"
     compared = set(result["ops_compared"])
-    assert {"aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._log_softmax.default",
-            "aten.embedding_dense_backward.default"} <= compared
+    assert {
+        "aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._log_softmax.default",
+        "aten.embedding_dense_backward.default"
+    } <= compared
     assert any(op.startswith("aten._foreach_") for op in compared), "the AdamW update was not compared"
 
 
@@ -125,5 +127,5 @@ def test_time_measure_synchronises_and_names_the_device():
 
     with OpTimeMeasure("mm", report=None) as timer:
         torch.randn(16, 16).to("dipu") @ torch.randn(16, 16).to("dipu")
-    (row,) = timer.rows
+    (row, ) = timer.rows
     assert row["device"].startswith("dipu") and row["time_ms"] > 0

@@ -10,10 +10,10 @@ import struct
 
 import pytest
 
-from h2.core.errors import UserError
-from h2.cli.ditorch import main as ditorch
 from ditorch.precision.loss_diff import compare_losses
 from ditorch.precision.loss_log import read_loss_log
+from h2.cli.ditorch import main as ditorch
+from h2.core.errors import UserError
 
 
 def curve(steps: int, first: int = 1) -> list[tuple[int, float]]:
@@ -26,9 +26,11 @@ def precision_diff(*argv: str) -> int:
 
 # ---- fixture writers, one per format --------------------------------------------------------------
 def megatron_log(path, records, seq_length: int | None = 1024, global_batch: int = 8, loss_name="lm loss"):
-    lines = ["using world size: 8, data-parallel size: 8, tensor-model-parallel size: 1",
-             "------------------------ arguments ------------------------",
-             "  micro_batch_size ................................ 1"]
+    lines = [
+        "using world size: 8, data-parallel size: 8, tensor-model-parallel size: 1",
+        "------------------------ arguments ------------------------",
+        "  micro_batch_size ................................ 1"
+    ]
     if seq_length is not None:
         lines.append(f"  seq_length ...................................... {seq_length}")
     lines += ["-------------------- end of arguments ---------------------", "[after dataloaders are built] ..."]
@@ -49,13 +51,15 @@ COLOURS = ["\x1b[31m", "\x1b[32m", "\x1b[38;2;180;60;0m", "\x1b[36m", "\x1b[34m"
 def torchtitan_log(path, records, global_batch: int = 16, seq_len: int = 256):
     red, green, orange, cyan, blue, magenta, reset = COLOURS
     prefix = "[rank0]:[titan] 2025-03-01 12:00:00,000 - root - INFO - "
-    lines = [prefix + "Building llama3 debugmodel with {...}",
-             prefix + f"Training starts at step 1, with local batch size 8, global batch size {global_batch}, "
-                      f"sequence length {seq_len}, total steps 100 (warmup 2)"]
+    lines = [
+        prefix + "Building llama3 debugmodel with {...}",
+        prefix + f"Training starts at step 1, with local batch size 8, global batch size {global_batch}, "
+        f"sequence length {seq_len}, total steps 100 (warmup 2)"
+    ]
     for step, loss in records:
         lines.append(prefix + f"{red}step: {step:2}  {green}loss: {loss:7.4f}  {orange}grad_norm:  1.2345  "
-                              f"{cyan}memory:  1.20GiB(1.26%)  {blue}tps: 12,345  {cyan}tflops: 0.12  "
-                              f"{magenta}mfu: 0.01%{reset}")
+                     f"{cyan}memory:  1.20GiB(1.26%)  {blue}tps: 12,345  {cyan}tflops: 0.12  "
+                     f"{magenta}mfu: 0.01%{reset}")
         if step % 10 == 0:
             lines.append(prefix + f"{red}validate step: {step:2}  {green}loss: 99.0000  {blue}tps: 1,000{reset}")
     path.write_text("\n".join(lines) + "\n")
@@ -63,8 +67,10 @@ def torchtitan_log(path, records, global_batch: int = 16, seq_len: int = 256):
 
 
 def nanogpt_log(path, records, tokens_per_iter: int = 491_520):
-    lines = [f"tokens per iteration will be: {tokens_per_iter:,}", "Initializing a new model from scratch",
-             "number of parameters: 123.59M", "compiling the model... (takes a ~minute)"]
+    lines = [
+        f"tokens per iteration will be: {tokens_per_iter:,}", "Initializing a new model from scratch",
+        "number of parameters: 123.59M", "compiling the model... (takes a ~minute)"
+    ]
     for step, loss in records:
         if step % 10 == 0:
             lines.append(f"step {step}: train loss {loss + 0.5:.4f}, val loss {loss + 0.6:.4f}")
@@ -97,7 +103,8 @@ def tf2_tensor_events(folder, records, tag="loss"):
     for step, loss in records:
         tensor = TensorProto(dtype=2, tensor_content=struct.pack("<d", loss)) if step % 2 else \
             TensorProto(dtype=1, float_val=[loss])
-        writer.add_event(Event(step=step, wall_time=1.0, summary=Summary(value=[Summary.Value(tag=tag, tensor=tensor)])))
+        writer.add_event(Event(step=step, wall_time=1.0,
+                               summary=Summary(value=[Summary.Value(tag=tag, tensor=tensor)])))
     writer.close()
     return str(folder)
 
@@ -250,8 +257,9 @@ def test_generic_csv_with_iteration_and_lm_loss_columns(tmp_path):
 
 def test_h2_metrics_count_tokens_per_step_into_consumed_tokens(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "loss": 3.0, "lr": 0.1, "tokens": 100, "tokens_per_s": 1.0,
-                                        "step_time_s": 1.0}) + "\n" for s in (1, 2, 3)))
+    path.write_text("".join(
+        json.dumps({"step": s, "loss": 3.0, "lr": 0.1, "tokens": 100, "tokens_per_s": 1.0, "step_time_s": 1.0}) + "\n"
+        for s in (1, 2, 3)))
     log = read_loss_log(str(path))
     assert log.format == "h2" and log.tokens == {1: 100, 2: 200, 3: 300}
 
@@ -335,8 +343,9 @@ def test_align_tokens_without_a_token_count_names_the_missing_flag(tmp_path, cap
 def test_candidate_too_short_in_tokens_is_named(tmp_path):
     reference = read_loss_log(megatron_log(tmp_path / "m.log", curve(10), seq_length=100, global_batch=10))
     candidate = read_loss_log(nanogpt_log(tmp_path / "n.out", curve(5, first=0), tokens_per_iter=1000))
-    with pytest.raises(UserError, match=r"n.out: the curve ends at 5000 tokens \(step 4\), but the reference's "
-                                        r"10 steps reach 10000 tokens"):
+    with pytest.raises(
+            UserError, match=r"n.out: the curve ends at 5000 tokens \(step 4\), but the reference's "
+            r"10 steps reach 10000 tokens"):
         compare_losses(reference, candidate, align="tokens")
 
 

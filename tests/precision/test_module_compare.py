@@ -15,7 +15,7 @@ def lm_loss(logits, targets):
 
 def compare(candidate_context=None):
     model, tokens = build_tiny(), tiny_batch()
-    return compare_module_step(model, (tokens[:, :-1],), targets=tokens[:, 1:], loss_fn=lm_loss,
+    return compare_module_step(model, (tokens[:, :-1], ), targets=tokens[:, 1:], loss_fn=lm_loss,
                                candidate_device="cpu", candidate_context=candidate_context)
 
 
@@ -42,8 +42,8 @@ def test_first_diverging_module_is_the_one_whose_op_changed():
 
 def test_backward_only_change_is_found_in_gradients():
     target = "Transformer.layers.2.attn.v_proj"
-    report = compare(lambda: Perturb("mm", relative=1e-2,
-                                     predicate=lambda call: call.module == target and call.phase == "backward"))
+    report = compare(
+        lambda: Perturb("mm", relative=1e-2, predicate=lambda call: call.module == target and call.phase == "backward"))
     assert all(d.passed for d in report.forward)
     first = report.first_divergence
     assert first.kind == "output grad" or first.kind == "param grad"
@@ -53,6 +53,6 @@ def test_backward_only_change_is_found_in_gradients():
 def test_model_passed_in_is_left_untouched():
     model, tokens = build_tiny(), tiny_batch()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    compare_module_step(model, (tokens[:, :-1],), candidate_device="cpu")
+    compare_module_step(model, (tokens[:, :-1], ), candidate_device="cpu")
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ditorch.op_tools.op_filter import OpFilter, qualified_name
 from ditorch.op_tools.observe import OpObserve
+from ditorch.op_tools.op_filter import OpFilter, qualified_name
 
 aten = torch.ops.aten
 

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from h2.core.errors import UserError
-from h2.cli.ditorch import main as ditorch
 from ditorch.precision.loss_diff import compare_losses
 from ditorch.precision.loss_log import read_loss_log
+from h2.cli.ditorch import main as ditorch
+from h2.core.errors import UserError
 
 MODULE = "h2.cli.ditorch"
 

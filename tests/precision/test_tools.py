@@ -67,12 +67,12 @@ def test_dtype_cast_runs_selected_op_widened_and_returns_the_original_dtype():
 
 
 def test_dtype_cast_of_an_in_place_op_updates_the_original_tensor():
-    x = torch.full((4,), 1.0, dtype=torch.float16)
-    y = torch.full((4,), 1e-4, dtype=torch.float16)
+    x = torch.full((4, ), 1.0, dtype=torch.float16)
+    y = torch.full((4, ), 1e-4, dtype=torch.float16)
     with OpDtypeCast("add_", casts={torch.float16: torch.float64}, report=None):
         result = x.add_(y)
     assert result is x and x.dtype == torch.float16
-    assert torch.equal(x, torch.full((4,), 1.0 + 1e-4, dtype=torch.float64).half())
+    assert torch.equal(x, torch.full((4, ), 1.0 + 1e-4, dtype=torch.float64).half())
 
 
 def test_dtype_cast_of_an_out_variant_writes_the_out_tensor():
@@ -84,8 +84,9 @@ def test_dtype_cast_of_an_out_variant_writes_the_out_tensor():
 
 
 def test_parse_casts():
-    assert parse_casts("bfloat16:float32, float16:float64") == {torch.bfloat16: torch.float32,
-                                                               torch.float16: torch.float64}
+    assert parse_casts("bfloat16:float32, float16:float64") == {
+        torch.bfloat16: torch.float32, torch.float16: torch.float64
+    }
     with pytest.raises(ValueError, match="FROM:TO"):
         parse_casts("bfloat16")
 

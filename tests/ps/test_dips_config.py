@@ -38,7 +38,8 @@ def test_a_good_run_file_loads_with_the_papers_defaults(tmp_path):
     (("inner_steps: 4", "inner_steps: [4"), "malformed YAML"),
     (("inner_steps: 4", "inner_steps: 4\nsync_retry_s: -1"),
      "field 'sync_retry_s' must be 0 (train on at once) or a positive number of seconds, got -1.0"),
-    (("inner_steps: 4", "inner_steps: 4\nsync_retry_s: .inf"), "field 'sync_retry_s': expected a finite number, got inf"),
+    (("inner_steps: 4", "inner_steps: 4\nsync_retry_s: .inf"),
+     "field 'sync_retry_s': expected a finite number, got inf"),
 ])
 def test_a_bad_run_file_is_one_line_naming_file_and_field(tmp_path, change, message):
     path = write(tmp_path, GOOD.replace(*change))

@@ -48,7 +48,7 @@ def test_the_average_is_clipped_to_norm_one_from_the_shards_gram_matrices():
 
 
 def test_a_score_above_beta_times_the_largest_accepted_score_is_rejected_and_the_others_proceed():
-    grams = [{"a": {"a": 49.0, "c": 0.0}, "c": {"a": 0.0, "c": 700.0 ** 2}}]
+    grams = [{"a": {"a": 49.0, "c": 0.0}, "c": {"a": 0.0, "c": 700.0**2}}]
     state = settled()
     verdict = penalty.judge(state, grams, {"a": 1000, "c": 1000}, **SETTINGS)
     assert (verdict.accepted, list(verdict.rejected)) == (["a"], ["c"])
@@ -71,7 +71,7 @@ def test_the_threshold_is_at_least_beta_sigmas_while_the_record_is_small():
 
 def test_nothing_finite_is_rejected_before_warmup_scores_are_on_record():
     state = penalty.PenaltyState(mean=5.0, deviation=1.0, norms_seen=3, scores_seen=3, max_score=0.5)
-    grams = [{"c": {"c": 500.0 ** 2}}]
+    grams = [{"c": {"c": 500.0**2}}]
     assert penalty.judge(state, grams, {"c": 10}, **SETTINGS).accepted == ["c"]
 
 

@@ -27,8 +27,10 @@ def test_a_master_on_a_port_in_use_exits_2_with_one_line(cli, run_file):
 
 @pytest.mark.parametrize("args, message", [
     (["shard", "--master", "nowhere", "--index", "0"], "h2: error: --master: expected HOST:PORT, got 'nowhere'"),
-    (["launch", "--config", "{run}", "--kill", "master@soon"], "h2: error: --kill 'master@soon': expected NAME@SECONDS"),
-    (["launch", "--config", "{run}", "--resume", "--overwrite"], "h2: error: --resume and --overwrite exclude each other"),
+    (["launch", "--config", "{run}", "--kill", "master@soon"
+      ], "h2: error: --kill 'master@soon': expected NAME@SECONDS"),
+    (["launch", "--config", "{run}", "--resume", "--overwrite"
+      ], "h2: error: --resume and --overwrite exclude each other"),
     (["launch", "--config", "{run}", "--resume"], "no run to resume"),
 ])
 def test_bad_ps_command_lines_exit_2_with_one_line(cli, run_file, args, message):

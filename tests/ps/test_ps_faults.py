@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
 
@@ -51,8 +50,8 @@ def launch(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
 
 
 def test_killing_a_cluster_a_shard_and_the_master_mid_run_is_survived_and_logged(tmp_path):
-    result = launch("--config", write_run(tmp_path, 9000), "--kill", "cluster-b@r2", "--kill", "shard-1@r4",
-                    "--kill", "master@r6", "--shard-crash-at-round", "9")
+    result = launch("--config", write_run(tmp_path, 9000), "--kill", "cluster-b@r2", "--kill", "shard-1@r4", "--kill",
+                    "master@r6", "--shard-crash-at-round", "9")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = events(tmp_path)
     kinds = [(e["event"], e.get("cluster", e.get("shard"))) for e in log]
@@ -63,8 +62,10 @@ def test_killing_a_cluster_a_shard_and_the_master_mid_run_is_survived_and_logged
     assert log[-1]["event"] == "stop" or any(e["event"] == "round" and e["finished"] for e in log)
     for name in ("cluster-b", "shard-1", "master"):
         assert f"fault injection: killed {name}" in result.stdout and f"restarted {name}" in result.stdout
-    syncs = [json.loads(line) for c in ("a", "b")
-             for line in (tmp_path / "out" / "clusters" / c / "ps.jsonl").read_text().splitlines()]
+    syncs = [
+        json.loads(line) for c in ("a", "b")
+        for line in (tmp_path / "out" / "clusters" / c / "ps.jsonl").read_text().splitlines()
+    ]
     retried = [(s["step"], t["status"]) for s, t in zip(syncs, syncs[1:])
                if s["status"] == "skipped" and t["step"] == s["step"] and t["status"] != "joined"]
     assert retried, "no skipped sync point was tried again at the same step"
@@ -72,8 +73,8 @@ def test_killing_a_cluster_a_shard_and_the_master_mid_run_is_survived_and_logged
 
 def test_a_stopped_run_resumes_from_the_ps_snapshot_with_one_command(tmp_path):
     config = write_run(tmp_path, 6000)
-    first = subprocess.Popen([sys.executable, "-m", "h2.cli.main", "ps", "launch", "--config", config],
-                             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen([sys.executable, "-m", "h2.cli.main", "ps", "launch", "--config", config], cwd=REPO_ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if os.path.exists(tmp_path / "out" / "rounds.jsonl") and \

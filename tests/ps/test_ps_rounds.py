@@ -23,7 +23,7 @@ STEPS = 6
 def test_one_cluster_with_h1_and_outer_sgd_lr1_trains_exactly_like_the_single_device_trainer(tmp_path):
     config = TrainConfig(steps=STEPS, checkpoint_every=0, micro_batch_size=4)
     reference = Trainer(preset("tiny"), config, str(tmp_path / "reference"), show_progress=False).run()
-    with running_ps(tmp_path / "ps", clusters=("solo",), shards=2, mode="sync", inner_steps=1, eval_sequences=0,
+    with running_ps(tmp_path / "ps", clusters=("solo", ), shards=2, mode="sync", inner_steps=1, eval_sequences=0,
                     outer=OuterOptions(optimizer="sgd", lr=1.0, momentum=0.0)) as (_, _, address):
         trainer = Trainer(preset("tiny"), config, str(tmp_path / "cluster"), show_progress=False)
         records = run_with_ps(trainer, PSOptions(ps=address, cluster_id="solo"), show_progress=False,
@@ -38,7 +38,7 @@ def test_after_an_outer_sgd_step_of_lr_half_the_cluster_holds_the_midpoint_of_gl
     initial = model_tensors()
     reference = Trainer(preset("tiny"), config, str(tmp_path / "reference"), show_progress=False)
     reference.run()
-    with running_ps(tmp_path / "ps", clusters=("solo",), mode="sync", inner_steps=1, eval_sequences=0,
+    with running_ps(tmp_path / "ps", clusters=("solo", ), mode="sync", inner_steps=1, eval_sequences=0,
                     outer=OuterOptions(optimizer="sgd", lr=0.5, momentum=0.0)) as (_, _, address):
         trainer = Trainer(preset("tiny"), config, str(tmp_path / "cluster"), show_progress=False)
         run_with_ps(trainer, PSOptions(ps=address, cluster_id="solo"), show_progress=False, log=lambda _: None)
@@ -56,14 +56,18 @@ def run_round_with_a_nan_push(tmp_path, tokens: int = 512) -> tuple[list[dict], 
     """One dips round of clusters "good" and "bad" (which pushes NaN); the round records, the sync
     results and the tensors each cluster holds afterwards."""
     with running_ps(tmp_path, clusters=("good", "bad"), mode="dips", grace_s=5.0) as (_, _, address):
-        clients = {cid: ClusterClient(address, cid, log=lambda _: None,
-                                      outliers=Outliers("nan" if cid == "bad" else "none")) for cid in ("good", "bad")}
+        clients = {
+            cid: ClusterClient(address, cid, log=lambda _: None, outliers=Outliers("nan" if cid == "bad" else "none"))
+            for cid in ("good", "bad")
+        }
         tensors = {cid: model_tensors() for cid in clients}
         for value in tensors["good"].values():
             value -= 0.001
         results = {}
-        threads = [threading.Thread(target=lambda cid=cid: results.__setitem__(
-            cid, clients[cid].sync(tensors[cid], tokens=tokens, loss=3.0))) for cid in clients]
+        threads = [
+            threading.Thread(target=lambda cid=cid: results.__setitem__(
+                cid, clients[cid].sync(tensors[cid], tokens=tokens, loss=3.0))) for cid in clients
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -97,7 +97,7 @@ def test_a_control_request_over_4_mib_is_refused_before_it_is_read_and_the_maste
 
 
 def test_a_cluster_joining_again_while_its_session_is_live_drops_the_old_session_by_name(tmp_path):
-    with running_ps(tmp_path, clusters=("a",), missed_beats=50) as (_, _, address):
+    with running_ps(tmp_path, clusters=("a", ), missed_beats=50) as (_, _, address):
         control = Control(address)
         first = control.call("Join", cluster="a")["session"]
         control.call("Join", cluster="a")

@@ -19,8 +19,9 @@ def run_until_settled(supervisor: Supervisor, names: list[str], timeout_s: float
 def test_a_killed_child_is_restarted_with_its_restart_line():
     said = []
     supervisor = Supervisor(said.append)
-    supervisor.start(Child("worker", ["-c", "import time; time.sleep(30)"], None,
-                           restart_argv=lambda: ["-c", "pass"], restart_delay_s=0.0))
+    supervisor.start(
+        Child("worker", ["-c", "import time; time.sleep(30)"], None, restart_argv=lambda: ["-c", "pass"],
+              restart_delay_s=0.0))
     supervisor.kill("worker")
     run_until_settled(supervisor, ["worker"])
     child = supervisor.children["worker"]

@@ -84,8 +84,8 @@ void CollectiveChannel::waitAll() {
     try {
       moved = p.request->wait();
     } catch (const CommError& e) {
-      throw CommError(description_ + ": " + direction + " rank " + std::to_string(p.request->peer()) + " failed: " +
-                      e.what());
+      throw CommError(description_ + ": " + direction + " rank " + std::to_string(p.request->peer()) +
+                      " failed: " + e.what());
     }
     if (moved != p.bytes) {
       throw CommError(description_ + ": " + direction + " rank " + std::to_string(p.request->peer()) + " moved " +
@@ -204,8 +204,9 @@ void allToAll(CollectiveChannel& channel, const std::vector<ConstBytes>& sends, 
     channel.send(q, 0, sends[size_t(q)].data, sends[size_t(q)].bytes);
   }
   if (recvs[size_t(r)].bytes != sends[size_t(r)].bytes) {
-    throw CommError("all_to_all: rank " + std::to_string(r) + " sends itself " + std::to_string(sends[size_t(r)].bytes) +
-                    " bytes but expects " + std::to_string(recvs[size_t(r)].bytes));
+    throw CommError("all_to_all: rank " + std::to_string(r) + " sends itself " +
+                    std::to_string(sends[size_t(r)].bytes) + " bytes but expects " +
+                    std::to_string(recvs[size_t(r)].bytes));
   }
   copyIfDistinct(recvs[size_t(r)].data, sends[size_t(r)].data, sends[size_t(r)].bytes);
   channel.waitAll();

@@ -31,7 +31,8 @@ PYBIND11_MODULE(_dicomm_c10d, m) {
         auto memory = device_memory ? dicomm::DeviceMemory::fromAddresses(*device_memory) : nullptr;
         py::gil_scoped_release release;
         return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<dicomm::ProcessGroupDiComm>(
-            store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)),
+            store, rank, size,
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s)),
             std::move(shapes), std::move(memory)));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),

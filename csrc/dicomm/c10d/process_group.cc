@@ -62,8 +62,7 @@ ReduceInto arithmetic(c10d::ReduceOp::RedOpType op) {
       return [](void* o, const void* a, const void* b, size_t n) {
         elementwise<T>(o, a, b, n, [](T x, T y) { return isNan(x) ? x : isNan(y) ? y : (x < y ? y : x); });
       };
-    default:
-      break;
+    default: break;
   }
   if constexpr (std::is_integral_v<T>) {
     switch (op) {
@@ -79,8 +78,7 @@ ReduceInto arithmetic(c10d::ReduceOp::RedOpType op) {
         return [](void* o, const void* a, const void* b, size_t n) {
           elementwise<T>(o, a, b, n, [](T x, T y) { return static_cast<T>(x ^ y); });
         };
-      default:
-        break;
+      default: break;
     }
   }
   return nullptr;
@@ -91,16 +89,12 @@ ReduceInto logical(c10d::ReduceOp::RedOpType op) {
   switch (op) {
     case c10d::ReduceOp::SUM:
     case c10d::ReduceOp::MAX:
-    case c10d::ReduceOp::BOR:
-      return arithmetic<uint8_t>(c10d::ReduceOp::BOR);
+    case c10d::ReduceOp::BOR: return arithmetic<uint8_t>(c10d::ReduceOp::BOR);
     case c10d::ReduceOp::PRODUCT:
     case c10d::ReduceOp::MIN:
-    case c10d::ReduceOp::BAND:
-      return arithmetic<uint8_t>(c10d::ReduceOp::BAND);
-    case c10d::ReduceOp::BXOR:
-      return arithmetic<uint8_t>(c10d::ReduceOp::BXOR);
-    default:
-      return nullptr;
+    case c10d::ReduceOp::BAND: return arithmetic<uint8_t>(c10d::ReduceOp::BAND);
+    case c10d::ReduceOp::BXOR: return arithmetic<uint8_t>(c10d::ReduceOp::BXOR);
+    default: return nullptr;
   }
 }
 
@@ -109,9 +103,9 @@ ReduceInto reducer(const c10d::ReduceOp& op, at::ScalarType dtype, const char* n
   const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
   TORCH_CHECK(op.op_ != c10d::ReduceOp::AVG || floating, "dicomm ", name, ": AVG needs a floating point tensor, got ",
               dtype);
-  TORCH_CHECK(!floating || (op.op_ != c10d::ReduceOp::BAND && op.op_ != c10d::ReduceOp::BOR &&
-                            op.op_ != c10d::ReduceOp::BXOR),
-              "dicomm ", name, ": bitwise reductions need an integer or bool tensor, got ", dtype);
+  TORCH_CHECK(
+      !floating || (op.op_ != c10d::ReduceOp::BAND && op.op_ != c10d::ReduceOp::BOR && op.op_ != c10d::ReduceOp::BXOR),
+      "dicomm ", name, ": bitwise reductions need an integer or bool tensor, got ", dtype);
   ReduceInto kernel;
   switch (dtype) {
     case at::kFloat: kernel = arithmetic<float>(op.op_); break;
@@ -238,7 +232,8 @@ std::string ProcessGroupDiComm::transportOf(int peer) const { return transportNa
 void ProcessGroupDiComm::checkUsable() const {
   TORCH_CHECK(queue_, "dicomm: the process group was shut down");
   std::lock_guard<std::mutex> lock(failure_mutex_);
-  if (!failure_.empty()) throwBackendError("dicomm: the process group is unusable after an earlier failure: " + failure_);
+  if (!failure_.empty())
+    throwBackendError("dicomm: the process group is unusable after an earlier failure: " + failure_);
 }
 
 void ProcessGroupDiComm::recordFailure(const std::string& why) {
@@ -272,7 +267,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::pointToPoint(at::Tensor& tens
   TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "dicomm ", is_send ? "send" : "recv", ": peer ", peer,
               " is not another rank of this group of ", size_);
   const bool direct = movesDeviceDirect(tensor, peer);
-  HostTensor host = direct ? HostTensor::deviceDirect(tensor) : is_send ? HostTensor::input(tensor) : HostTensor::output(tensor);
+  HostTensor host = direct    ? HostTensor::deviceDirect(tensor)
+                    : is_send ? HostTensor::input(tensor)
+                              : HostTensor::output(tensor);
   const Memory memory = direct ? Memory::Device : Memory::Host;
   RequestPtr request;
   if (host.bytes() > 0) {
@@ -315,7 +312,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::recvAnysource(std::vector<at:
 // ---- collectives ----
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::enqueue(c10d::OpType type, const std::string& name,
-                                                          std::vector<at::Tensor> outputs, Body body) {
+                                                           std::vector<at::Tensor> outputs, Body body) {
   checkUsable();
   const uint64_t sequence = next_collective_++;
   const std::string description = "dicomm " + name + " #" + std::to_string(sequence) + " (rank " +
@@ -335,8 +332,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::enqueue(c10d::OpType type, co
     } catch (const std::exception& e) {
       const std::string what = dynamic_cast<const c10::Error*>(&e)
                                    ? description + ": " + dynamic_cast<const c10::Error*>(&e)->what_without_backtrace()
-                                   : std::string(e.what()).rfind(description, 0) == 0 ? e.what()
-                                                                                      : description + ": " + e.what();
+                               : std::string(e.what()).rfind(description, 0) == 0 ? e.what()
+                                                                                  : description + ": " + e.what();
       recordFailure(what);
       error = backendError(what);
     }
@@ -347,7 +344,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::enqueue(c10d::OpType type, co
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(c10d::OpType::BARRIER, "barrier", {}, [](CollectiveChannel& channel, Scratch&) { dicomm::barrier(channel); });
+  return enqueue(c10d::OpType::BARRIER, "barrier", {},
+                 [](CollectiveChannel& channel, Scratch&) { dicomm::barrier(channel); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::broadcast(std::vector<at::Tensor>& tensors,
@@ -395,7 +393,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::allreduce_coalesced(std::vect
   std::vector<at::Tensor> targets = tensors;
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors,
                  [flat, targets, reduce, op](CollectiveChannel& channel, Scratch& scratch) {
-                   dicomm::allreduce(channel, scratch, flat.data_ptr(), elementCount(flat), flat.element_size(), reduce);
+                   dicomm::allreduce(channel, scratch, flat.data_ptr(), elementCount(flat), flat.element_size(),
+                                     reduce);
                    divideForAverage(op, flat, channel.size());
                    int64_t offset = 0;
                    for (const auto& t : targets) {
@@ -432,18 +431,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::allgather(std::vector<std::ve
                                                              std::vector<at::Tensor>& inputs,
                                                              const c10d::AllgatherOptions& opts) {
   checkTensorCount(inputs, "all_gather");
-  TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == size_t(size_), "dicomm all_gather needs one list of ",
-              size_, " output tensors");
+  TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == size_t(size_), "dicomm all_gather needs one list of ", size_,
+              " output tensors");
   checkSameShape(outputs[0], inputs[0], "all_gather", "output");
   HostTensor input = HostTensor::input(inputs[0]);
   std::vector<HostTensor> slots;
   for (const auto& t : outputs[0]) slots.push_back(HostTensor::output(t));
-  return enqueue(c10d::OpType::ALLGATHER, "all_gather", outputs[0], [input, slots](CollectiveChannel& channel, Scratch&) {
-    std::vector<void*> pointers;
-    for (const auto& s : slots) pointers.push_back(s.data());
-    dicomm::allgather(channel, input.data(), input.bytes(), pointers);
-    for (const auto& s : slots) s.copyBack();
-  });
+  return enqueue(c10d::OpType::ALLGATHER, "all_gather", outputs[0],
+                 [input, slots](CollectiveChannel& channel, Scratch&) {
+                   std::vector<void*> pointers;
+                   for (const auto& s : slots) pointers.push_back(s.data());
+                   dicomm::allgather(channel, input.data(), input.bytes(), pointers);
+                   for (const auto& s : slots) s.copyBack();
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -456,7 +456,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::_allgather_base(at::Tensor& o
   return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output},
                  [in, out](CollectiveChannel& channel, Scratch&) {
                    std::vector<void*> pointers;
-                   for (int q = 0; q < channel.size(); ++q) pointers.push_back(static_cast<uint8_t*>(out.data()) + q * in.bytes());
+                   for (int q = 0; q < channel.size(); ++q)
+                     pointers.push_back(static_cast<uint8_t*>(out.data()) + q * in.bytes());
                    dicomm::allgather(channel, in.data(), in.bytes(), pointers);
                    out.copyBack();
                  });
@@ -499,12 +500,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::scatter(std::vector<at::Tenso
   const std::vector<HostTensor> slots =
       stageRootList(inputs, rank_ == root, size_, outputs[0], "scatter", "input", &HostTensor::input);
   HostTensor output = HostTensor::output(outputs[0]);
-  return enqueue(c10d::OpType::SCATTER, "scatter", outputs, [output, slots, root](CollectiveChannel& channel, Scratch&) {
-    std::vector<const void*> pointers;
-    for (const auto& s : slots) pointers.push_back(s.data());
-    dicomm::scatter(channel, pointers, output.data(), output.bytes(), root);
-    output.copyBack();
-  });
+  return enqueue(c10d::OpType::SCATTER, "scatter", outputs,
+                 [output, slots, root](CollectiveChannel& channel, Scratch&) {
+                   std::vector<const void*> pointers;
+                   for (const auto& s : slots) pointers.push_back(s.data());
+                   dicomm::scatter(channel, pointers, output.data(), output.bytes(), root);
+                   output.copyBack();
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDiComm::reduce_scatter(std::vector<at::Tensor>& outputs,

@@ -182,7 +182,10 @@ c10::intrusive_ptr<c10::ivalue::Future> P2PWork::getFuture() {
 // Collective and grouped works
 
 CollectiveWork::CollectiveWork(int rank, c10d::OpType type, std::string description, std::vector<at::Tensor> outputs)
-    : Work(rank, type), description_(std::move(description)), outputs_(std::move(outputs)), future_(tensorListFuture()) {}
+    : Work(rank, type),
+      description_(std::move(description)),
+      outputs_(std::move(outputs)),
+      future_(tensorListFuture()) {}
 
 void CollectiveWork::complete(std::exception_ptr error) {
   finish(error);

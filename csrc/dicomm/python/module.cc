@@ -5,8 +5,8 @@
 
 #include <chrono>
 #include <deque>
-#include <thread>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "dicomm/device_memory.h"
@@ -223,11 +223,12 @@ FrameKind kindFromName(const std::string& name) {
 // The tcp receive path (FrameStreamReader + Inbox) without a socket, for fuzzing.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(uint64_t max_message_bytes) : inbox_(1, limits(max_message_bytes)), reader_(inbox_, limits(max_message_bytes)) {}
+  explicit StreamDecoder(uint64_t max_message_bytes)
+      : inbox_(1, limits(max_message_bytes)), reader_(inbox_, limits(max_message_bytes)) {}
   size_t postRecv(uint64_t tag, size_t capacity) {
     buffers_.emplace_back(capacity);
-    requests_.push_back(std::make_shared<Request>(Direction::Recv, 1, tag, buffers_.back().data(), capacity,
-                                                  Clock::time_point::max()));
+    requests_.push_back(
+        std::make_shared<Request>(Direction::Recv, 1, tag, buffers_.back().data(), capacity, Clock::time_point::max()));
     inbox_.post(requests_.back());
     return requests_.size() - 1;
   }
@@ -315,7 +316,8 @@ PYBIND11_MODULE(_dicomm_core, m) {
         ArrivalClock clock(shape);
         std::vector<double> arrivals;
         for (const auto& [posted_s, bytes] : posts) {
-          const Clock::time_point posted(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(posted_s)));
+          const Clock::time_point posted(
+              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(posted_s)));
           arrivals.push_back(std::chrono::duration<double>(clock.arrival(posted, bytes).time_since_epoch()).count());
         }
         return arrivals;
@@ -348,11 +350,12 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_readwrite("device_direct", &Options::device_direct)
       .def_readwrite("spin_wait_us", &Options::spin_wait_us)
       .def("active_wait_window_us", [](const Options& o) { return o.activeWaitWindow().count(); })
-      .def("set_device_memory",
-           [](Options& o, const std::map<std::string, uintptr_t>& functions) {
-             o.device_memory = DeviceMemory::fromAddresses(functions);
-           },
-           py::arg("functions"), "Device memory functions by name (h2.core.devices.device_memory(...)).")
+      .def(
+          "set_device_memory",
+          [](Options& o, const std::map<std::string, uintptr_t>& functions) {
+            o.device_memory = DeviceMemory::fromAddresses(functions);
+          },
+          py::arg("functions"), "Device memory functions by name (h2.core.devices.device_memory(...)).")
       .def_readwrite("link", &Options::link)
       .def_readwrite("peer_links", &Options::peer_links)
       .def("validate", &Options::validate);
@@ -369,8 +372,8 @@ PYBIND11_MODULE(_dicomm_core, m) {
       .def_property_readonly("tag", &Handle::tag);
 
   py::class_<PyEngine>(m, "Engine")
-      .def(py::init<py::object, int, int, const Options&>(), py::arg("store"), py::arg("rank"),
-           py::arg("world_size"), py::arg("options"))
+      .def(py::init<py::object, int, int, const Options&>(), py::arg("store"), py::arg("rank"), py::arg("world_size"),
+           py::arg("options"))
       .def("isend", &PyEngine::isend, py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0, py::arg("device") = false)
       .def("irecv", &PyEngine::irecv, py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0, py::arg("device") = false)
       .def("set_copy_hooks", &PyEngine::setCopyHooks, py::arg("to_host"), py::arg("from_host"))
@@ -395,37 +398,40 @@ PYBIND11_MODULE(_dicomm_core, m) {
   });
 
   m.attr("FRAME_HEADER_BYTES") = kFrameHeaderBytes;
-  m.def("encode_frame_header",
-        [](const std::string& kind, uint16_t flags, uint64_t tag, uint64_t seq, uint64_t total_bytes, uint64_t offset,
-           uint64_t payload_bytes, uint64_t remote_address) {
-          FrameHeader h;
-          h.kind = kindFromName(kind);
-          h.flags = flags;
-          h.tag = tag;
-          h.seq = seq;
-          h.total_bytes = total_bytes;
-          h.offset = offset;
-          h.payload_bytes = payload_bytes;
-          h.remote_address = remote_address;
-          const auto bytes = encodeFrameHeader(h);
-          return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-        },
-        py::arg("kind"), py::arg("flags") = 0, py::arg("tag") = 0, py::arg("seq") = 0, py::arg("total_bytes") = 0,
-        py::arg("offset") = 0, py::arg("payload_bytes") = 0, py::arg("remote_address") = 0);
-  m.def("decode_frame_header",
-        [](const py::bytes& data, uint64_t max_message_bytes) {
-          std::string bytes = data;
-          FrameLimits limits;
-          limits.max_message_bytes = max_message_bytes;
-          limits.max_payload_bytes = kMaxChunkBytes;
-          return headerToDict(decodeFrameHeader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), limits));
-        },
-        py::arg("data"), py::arg("max_message_bytes") = uint64_t(1) << 40);
+  m.def(
+      "encode_frame_header",
+      [](const std::string& kind, uint16_t flags, uint64_t tag, uint64_t seq, uint64_t total_bytes, uint64_t offset,
+         uint64_t payload_bytes, uint64_t remote_address) {
+        FrameHeader h;
+        h.kind = kindFromName(kind);
+        h.flags = flags;
+        h.tag = tag;
+        h.seq = seq;
+        h.total_bytes = total_bytes;
+        h.offset = offset;
+        h.payload_bytes = payload_bytes;
+        h.remote_address = remote_address;
+        const auto bytes = encodeFrameHeader(h);
+        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      },
+      py::arg("kind"), py::arg("flags") = 0, py::arg("tag") = 0, py::arg("seq") = 0, py::arg("total_bytes") = 0,
+      py::arg("offset") = 0, py::arg("payload_bytes") = 0, py::arg("remote_address") = 0);
+  m.def(
+      "decode_frame_header",
+      [](const py::bytes& data, uint64_t max_message_bytes) {
+        std::string bytes = data;
+        FrameLimits limits;
+        limits.max_message_bytes = max_message_bytes;
+        limits.max_payload_bytes = kMaxChunkBytes;
+        return headerToDict(decodeFrameHeader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), limits));
+      },
+      py::arg("data"), py::arg("max_message_bytes") = uint64_t(1) << 40);
   m.def(
       "encode_hello",
       [](int rank, const std::string& token, const std::string& transport, const py::bytes& challenge) {
         return py::bytes(
-            Hello::answer(Challenge::decode(challenge), rank, parseTransportName(transport, "transport"), token).encode());
+            Hello::answer(Challenge::decode(challenge), rank, parseTransportName(transport, "transport"), token)
+                .encode());
       },
       py::arg("rank"), py::arg("token"), py::arg("transport"), py::arg("challenge"),
       "The payload of a dialer's Hello answering a listener's challenge payload, proving `token`.");

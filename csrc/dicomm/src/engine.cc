@@ -39,7 +39,8 @@ Engine::Engine(Store& store, int rank, int world_size, Options options)
   options_.validate();
   if (world_size_ < 1) throw std::invalid_argument("world size must be at least 1, got " + std::to_string(world_size_));
   if (rank_ < 0 || rank_ >= world_size_) {
-    throw std::invalid_argument("rank " + std::to_string(rank_) + " is outside [0, " + std::to_string(world_size_) + ")");
+    throw std::invalid_argument("rank " + std::to_string(rank_) + " is outside [0, " + std::to_string(world_size_) +
+                                ")");
   }
   for (const char c : options_.token) {
     if (c == '\n' || c == '\r' || c == '\0') throw std::invalid_argument("job token must not contain line breaks");
@@ -117,7 +118,8 @@ void Engine::rendezvous(Store& store) {
 
 PeerDescriptor Engine::lookUpPeer(Store& store, int q, Clock::time_point deadline) {
   PeerDescriptor peer = PeerDescriptor::decode(store.get(peerKey(options_, q), deadline));
-  if (peer.rank != q) throw CommError("store key " + peerKey(options_, q) + " describes rank " + std::to_string(peer.rank));
+  if (peer.rank != q)
+    throw CommError("store key " + peerKey(options_, q) + " describes rank " + std::to_string(peer.rank));
   return peer;
 }
 
@@ -130,7 +132,8 @@ void Engine::dialLowerRanks(Store& store, const std::string& token, Clock::time_
     std::string asked;
     const FrameHeader challenge_header = recvFrame(socket.fd(), &asked, options_.frameLimits(), deadline, name);
     if (challenge_header.kind != FrameKind::Hello) {
-      throw CommError(name + " opened the setup with a " + frameKindName(challenge_header.kind) + " frame, not a challenge");
+      throw CommError(name + " opened the setup with a " + frameKindName(challenge_header.kind) +
+                      " frame, not a challenge");
     }
     const Challenge challenge = Challenge::decode(asked);
     if (challenge.rank != q) throw CommError(name + " answered as rank " + std::to_string(challenge.rank));
@@ -147,7 +150,8 @@ void Engine::dialLowerRanks(Store& store, const std::string& token, Clock::time_
     const TextFields accepted = parseTextFields(answer);
     const auto proof = accepted.find("proof");
     if (proof == accepted.end() || !sameProof(hello.listenerProof(token, challenge), proof->second)) {
-      throw CommError(name + " did not prove it holds this job's token (job token mismatch: the listener belongs to "
+      throw CommError(name +
+                      " did not prove it holds this job's token (job token mismatch: the listener belongs to "
                       "another job)");
     }
     connectPeer(peer, kind, /*initiator=*/true, std::move(socket), deadline);
@@ -176,8 +180,8 @@ void Engine::acceptHigherRanks(Store& store, const std::string& token, Clock::ti
   std::set<int> waiting;
   for (int q = rank_ + 1; q < world_size_; ++q) waiting.insert(q);
   std::string last_refusal;
-  const auto hello_timeout = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(options_.hello_timeout_s));
+  const auto hello_timeout =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.hello_timeout_s));
   HelloDesk desk(listener_, rank_, options_.frameLimits(), hello_timeout);
   while (!waiting.empty()) {
     std::optional<HelloDesk::Arrival> arrival = desk.next(std::min(deadline, Clock::now() + kGaveUpPollInterval));
@@ -256,8 +260,8 @@ void Engine::throwIfAPeerGaveUp(Store& store, const std::set<int>& waiting) {
     const std::optional<bool> gave_up = store.has(key);
     if (!gave_up) return;  // the store cannot tell without waiting: the connect timeout decides
     if (*gave_up) {
-      throw CommError("rank " + std::to_string(q) + " gave up connecting to rank " + std::to_string(rank_) +
-                      ": " + store.get(key));
+      throw CommError("rank " + std::to_string(q) + " gave up connecting to rank " + std::to_string(rank_) + ": " +
+                      store.get(key));
     }
   }
 }
@@ -278,7 +282,9 @@ void Engine::setCopyHooks(CopyHooks hooks) {
 namespace {
 
 // A host buffer for one staged message; left uninitialised, since a copy fills it.
-std::shared_ptr<uint8_t[]> hostStaging(size_t bytes) { return std::shared_ptr<uint8_t[]>(new uint8_t[bytes ? bytes : 1]); }
+std::shared_ptr<uint8_t[]> hostStaging(size_t bytes) {
+  return std::shared_ptr<uint8_t[]>(new uint8_t[bytes ? bytes : 1]);
+}
 
 }  // namespace
 
@@ -286,8 +292,12 @@ std::shared_ptr<const CopyHooks> Engine::stagingHooks(const char* operation) con
   if (auto hooks = std::atomic_load(&copy_hooks_)) return hooks;
   if (auto device = options_.device_memory) {
     auto hooks = std::make_shared<CopyHooks>();
-    hooks->to_host = [device](void* host, const void* from, size_t n) { device->copy(host, from, n, CopyKind::DeviceToHost); };
-    hooks->from_host = [device](void* to, const void* host, size_t n) { device->copy(to, host, n, CopyKind::HostToDevice); };
+    hooks->to_host = [device](void* host, const void* from, size_t n) {
+      device->copy(host, from, n, CopyKind::DeviceToHost);
+    };
+    hooks->from_host = [device](void* to, const void* host, size_t n) {
+      device->copy(to, host, n, CopyKind::HostToDevice);
+    };
     return hooks;
   }
   throw std::invalid_argument(std::string(operation) +
@@ -308,9 +318,9 @@ RequestPtr Engine::isend(int peer, uint64_t tag, const void* data, size_t size, 
     if (size) hooks->to_host(staging.get(), data, size);
     data = staging.get();
   }
-  auto request = std::make_shared<Request>(Direction::Send, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)),
-                                           size, Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                                    std::chrono::duration<double>(options_.timeout_s)));
+  auto request = std::make_shared<Request>(
+      Direction::Send, peer, tag, static_cast<uint8_t*>(const_cast<void*>(data)), size,
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout_s)));
   if (staging) request->keepAlive(staging);
   if (direct) request->setOnDevice();
   request->setProgress(progress_[size_t(peer)]);
@@ -329,9 +339,9 @@ RequestPtr Engine::irecv(int peer, uint64_t tag, void* data, size_t capacity, Me
     staging = hostStaging(capacity);
     target = staging.get();
   }
-  auto request = std::make_shared<Request>(Direction::Recv, peer, tag, static_cast<uint8_t*>(target), capacity,
-                                           Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                              std::chrono::duration<double>(options_.timeout_s)));
+  auto request = std::make_shared<Request>(
+      Direction::Recv, peer, tag, static_cast<uint8_t*>(target), capacity,
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout_s)));
   if (staging) {
     request->keepAlive(staging);
     request->setBeforeComplete([hooks, data](Request& r, size_t bytes) {

@@ -18,9 +18,7 @@ T getLittleEndian(const uint8_t* in) {
   return T(value);
 }
 
-bool isKnownKind(uint8_t kind) {
-  return kind >= uint8_t(FrameKind::Hello) && kind <= uint8_t(kLastFrameKind);
-}
+bool isKnownKind(uint8_t kind) { return kind >= uint8_t(FrameKind::Hello) && kind <= uint8_t(kLastFrameKind); }
 
 bool kindCarriesPayload(FrameKind kind) {
   return kind == FrameKind::Hello || kind == FrameKind::HelloReply || kind == FrameKind::Data;
@@ -73,8 +71,7 @@ FrameHeader decodeFrameHeader(const uint8_t* p, size_t size, const FrameLimits& 
     reject(what.str());
   }
   if (p[4] != kFrameVersion) {
-    reject("protocol version " + std::to_string(p[4]) + ", this build speaks " +
-           std::to_string(kFrameVersion));
+    reject("protocol version " + std::to_string(p[4]) + ", this build speaks " + std::to_string(kFrameVersion));
   }
   if (!isKnownKind(p[5])) reject("unknown kind " + std::to_string(p[5]));
 
@@ -97,8 +94,7 @@ FrameHeader decodeFrameHeader(const uint8_t* p, size_t size, const FrameLimits& 
   if (!kindCarriesPayload(h.kind) && !region_announcement && h.payload_bytes != 0) {
     reject(kind + " frame carries " + std::to_string(h.payload_bytes) + " payload bytes, expected 0");
   }
-  if ((h.kind == FrameKind::Hello || h.kind == FrameKind::HelloReply) &&
-      h.payload_bytes > kMaxHelloPayloadBytes) {
+  if ((h.kind == FrameKind::Hello || h.kind == FrameKind::HelloReply) && h.payload_bytes > kMaxHelloPayloadBytes) {
     reject(kind + " payload of " + std::to_string(h.payload_bytes) + " bytes exceeds " +
            std::to_string(kMaxHelloPayloadBytes));
   }

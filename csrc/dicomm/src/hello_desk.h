@@ -1,7 +1,7 @@
 // The listener's front desk during setup: every connection to the listener gets a fresh
-// challenge (peer.h) and its own thread that waits a short time for the connecting peer's Hello, so connections that never speak (or
-// speak garbage) cannot hold up the peers of the job. At most kMaxPendingHellos wait at once;
-// a newer connection displaces the oldest one still waiting.
+// challenge (peer.h) and its own thread that waits a short time for the connecting peer's Hello, so connections that
+// never speak (or speak garbage) cannot hold up the peers of the job. At most kMaxPendingHellos wait at once; a newer
+// connection displaces the oldest one still waiting.
 #pragma once
 
 #include <deque>

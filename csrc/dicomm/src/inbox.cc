@@ -13,14 +13,15 @@ Inbox::Inbox(int peer, FrameLimits limits) : peer_(peer), limits_(limits) {}
 bool Inbox::fits(const RequestPtr& recv, uint64_t total, bool device_source) {
   if (recv->onDevice() && !device_source && total != 0) {
     recv->fail("message of " + std::to_string(total) + " bytes from rank " + std::to_string(peer_) + " (tag " +
-               std::to_string(recv->tag()) + ") is in host memory; this receive is in device memory and takes only "
+               std::to_string(recv->tag()) +
+               ") is in host memory; this receive is in device memory and takes only "
                "device memory (post a host receive, or send from device memory)");
     return false;
   }
   if (total <= recv->capacity()) return true;
-  recv->fail("message of " + std::to_string(total) + " bytes from rank " + std::to_string(peer_) +
-             " (tag " + std::to_string(recv->tag()) + ") does not fit the " +
-             std::to_string(recv->capacity()) + "-byte receive buffer");
+  recv->fail("message of " + std::to_string(total) + " bytes from rank " + std::to_string(peer_) + " (tag " +
+             std::to_string(recv->tag()) + ") does not fit the " + std::to_string(recv->capacity()) +
+             "-byte receive buffer");
   return false;
 }
 
@@ -79,7 +80,8 @@ uint8_t* Inbox::destination(const FrameHeader& h) {
     } else {
       if (h.total_bytes > limits_.max_unexpected_bytes - std::min(unexpected_bytes_, limits_.max_unexpected_bytes)) {
         throw FrameError("rank " + std::to_string(peer_) + " sent a " + std::to_string(h.total_bytes) +
-                         "-byte message on tag " + std::to_string(h.tag) + " with " + std::to_string(unexpected_bytes_) +
+                         "-byte message on tag " + std::to_string(h.tag) + " with " +
+                         std::to_string(unexpected_bytes_) +
                          " bytes already waiting for receives nobody posted: past the budget of " +
                          std::to_string(limits_.max_unexpected_bytes) + " bytes per peer (DICOMM_UNEXPECTED_BYTES)");
       }
@@ -134,8 +136,8 @@ void Inbox::landed(const FrameHeader& h) {
 
 std::optional<Inbox::Grant> Inbox::announce(const FrameHeader& h) {
   if (assembly_) {
-    throw FrameError("malformed frame: ReadyToSend for message " + std::to_string(h.seq) +
-                     " inside message " + std::to_string(assembly_->seq));
+    throw FrameError("malformed frame: ReadyToSend for message " + std::to_string(h.seq) + " inside message " +
+                     std::to_string(assembly_->seq));
   }
   checkNextSeq(h.seq);
   auto queue = posted_.find(h.tag);
@@ -214,8 +216,8 @@ std::optional<std::string> Inbox::expire(Clock::time_point now) {
     it = queue.empty() ? posted_.erase(it) : std::next(it);
   }
   auto inTransferOverdue = [&](const RequestPtr& recv) { return recv && recv->deadline() <= now; };
-  if (assembly_ && (inTransferOverdue(assembly_->recv) ||
-                    (assembly_->stored && inTransferOverdue(assembly_->stored->claimed_by)))) {
+  if (assembly_ &&
+      (inTransferOverdue(assembly_->recv) || (assembly_->stored && inTransferOverdue(assembly_->stored->claimed_by)))) {
     return "timed out in the middle of a message from rank " + std::to_string(peer_);
   }
   for (auto& [seq, recv] : awaiting_done_) {

@@ -106,7 +106,8 @@ void Options::validate() const {
   checkTransport(transport, "transport");
   for (auto& [peer, name] : peer_transport) checkTransport(name, "transport for peer " + std::to_string(peer));
   if (spin_wait_us < -1 || spin_wait_us > 10'000'000) {
-    throw std::invalid_argument("spin wait must be -1 (auto) or in [0, 10000000] us, got " + std::to_string(spin_wait_us));
+    throw std::invalid_argument("spin wait must be -1 (auto) or in [0, 10000000] us, got " +
+                                std::to_string(spin_wait_us));
   }
   if (!(timeout_s > 0)) throw std::invalid_argument("timeout must be positive, got " + std::to_string(timeout_s));
   if (!(connect_timeout_s > 0)) {

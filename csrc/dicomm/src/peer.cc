@@ -30,8 +30,8 @@ std::string linkTarget(const std::string& path) {
 
 std::string PeerDescriptor::encode() const {
   std::ostringstream out;
-  out << "rank=" << rank << "\naddress=" << address << "\nport=" << port << "\nhost_id=" << host_id
-      << "\npid=" << pid << "\nibverbs=" << (ibverbs ? 1 : 0) << "\nibverbs_device=" << ibverbs_device << "\n";
+  out << "rank=" << rank << "\naddress=" << address << "\nport=" << port << "\nhost_id=" << host_id << "\npid=" << pid
+      << "\nibverbs=" << (ibverbs ? 1 : 0) << "\nibverbs_device=" << ibverbs_device << "\n";
   return out.str();
 }
 
@@ -54,8 +54,8 @@ PeerDescriptor PeerDescriptor::decode(const std::string& text) {
 std::string localHostId() {
   char name[256] = {0};
   gethostname(name, sizeof(name) - 1);
-  return readFirstLine("/proc/sys/kernel/random/boot_id") + "/" + name + "/" + linkTarget("/proc/self/ns/ipc") +
-         "/" + linkTarget("/proc/self/ns/pid");
+  return readFirstLine("/proc/sys/kernel/random/boot_id") + "/" + name + "/" + linkTarget("/proc/self/ns/ipc") + "/" +
+         linkTarget("/proc/self/ns/pid");
 }
 
 namespace {

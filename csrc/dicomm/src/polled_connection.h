@@ -75,11 +75,8 @@ class PolledConnection : public QueuedConnection<PolledOutgoing> {
       case FrameKind::ReadyToSend:
         if (auto g = inbox_.announce(h)) grant(*g);
         return;
-      case FrameKind::ClearToSend:
-        onClearToSend(h);
-        return;
-      default:
-        onTransportFrame(h);
+      case FrameKind::ClearToSend: onClearToSend(h); return;
+      default: onTransportFrame(h);
     }
   }
   // The ClearToSend header answering `ready_to_send` (same tag, message and size).

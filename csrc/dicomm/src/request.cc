@@ -121,9 +121,10 @@ void Request::passiveWait(Clock::time_point until) {
 }
 
 size_t Request::wait(double timeout_s) {
-  const auto until = timeout_s < 0 ? Clock::time_point::max()
-                                   : Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                        std::chrono::duration<double>(timeout_s));
+  const auto until =
+      timeout_s < 0
+          ? Clock::time_point::max()
+          : Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   if (isPending() && progress_ && progress_->activeWaitWindow().count() > 0) {
     activeWait(std::min(until, Clock::now() + progress_->activeWaitWindow()));
   }

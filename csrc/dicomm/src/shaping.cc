@@ -32,9 +32,8 @@ void LinkShape::validate(const std::string& what) const {
 Clock::time_point ArrivalClock::arrival(Clock::time_point now, size_t bytes) {
   const auto latency = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(shape_.latency_s));
   const Clock::time_point start = std::max(last_arrival_, now + latency);
-  const double serialisation_s = std::isfinite(shape_.bandwidth_bytes_per_s)
-                                     ? double(bytes) / shape_.bandwidth_bytes_per_s
-                                     : 0.0;
+  const double serialisation_s =
+      std::isfinite(shape_.bandwidth_bytes_per_s) ? double(bytes) / shape_.bandwidth_bytes_per_s : 0.0;
   last_arrival_ = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(serialisation_s));
   return last_arrival_;
 }

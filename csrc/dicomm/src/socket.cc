@@ -23,9 +23,7 @@ int millisLeft(Clock::time_point deadline) {
   return left > 1000 ? 1000 : int(left);
 }
 
-[[noreturn]] void throwErrno(const std::string& what) {
-  throw CommError(what + ": " + std::strerror(errno));
-}
+[[noreturn]] void throwErrno(const std::string& what) { throw CommError(what + ": " + std::strerror(errno)); }
 
 // Waits until fd is ready for `events`; false when the deadline passes first.
 bool waitReady(int fd, short events, Clock::time_point deadline) {
@@ -147,10 +145,10 @@ std::string kernelList(const char* path) {
 
 void setCongestionControl(int fd, const std::string& name) {
   if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), socklen_t(name.size())) == 0) return;
-  throw CommError("tcp congestion control '" + name + "' (DICOMM_TCP_CONGESTION) refused by the kernel: " +
-                  std::strerror(errno) + "; available: " +
-                  kernelList("/proc/sys/net/ipv4/tcp_available_congestion_control") + "; allowed to every user: " +
-                  kernelList("/proc/sys/net/ipv4/tcp_allowed_congestion_control"));
+  throw CommError("tcp congestion control '" + name +
+                  "' (DICOMM_TCP_CONGESTION) refused by the kernel: " + std::strerror(errno) +
+                  "; available: " + kernelList("/proc/sys/net/ipv4/tcp_available_congestion_control") +
+                  "; allowed to every user: " + kernelList("/proc/sys/net/ipv4/tcp_allowed_congestion_control"));
 }
 
 bool peerIsOnThisHost(int fd) {

@@ -35,8 +35,7 @@ bool is_pinned(const at::Tensor& host) { return vendor().is_pinned_host_pointer(
 // A non_blocking copy between pinned host memory and the device is queued on the device's current
 // stream; everything else is synchronous (a pageable or temporary host buffer could be gone before
 // an asynchronous copy reads it).
-void memcpy_dense_maybe_async(const at::Tensor& dst, const at::Tensor& src, dipuMemcpyKind_t kind,
-                              bool non_blocking) {
+void memcpy_dense_maybe_async(const at::Tensor& dst, const at::Tensor& src, dipuMemcpyKind_t kind, bool non_blocking) {
   const at::Tensor& host = kind == dipuMemcpyHostToDevice ? src : dst;
   const at::Tensor& device = kind == dipuMemcpyHostToDevice ? dst : src;
   if (!non_blocking || dst.numel() == 0 || !is_pinned(host)) {
@@ -62,12 +61,13 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
   static diopi::OpSlot slot("aten::copy_", "diopiCopyInp");
   diopi::Call call(slot, dst);
   auto function = reinterpret_cast<decltype(&::diopiCopyInp)>(call.function());
-  if (function != nullptr && call.accepts(src, dst) && call.finish(function(call.context(), call.input(src), call.output(dst)))) {
+  if (function != nullptr && call.accepts(src, dst) &&
+      call.finish(function(call.context(), call.input(src), call.output(dst)))) {
     return;
   }
   note_fallback_reason(nullptr);  // staged below, not an operator fallback
-  at::Tensor staged = at::detail::empty_cpu(dst.sizes(), dst.scalar_type(), std::nullopt, std::nullopt, std::nullopt,
-                                            std::nullopt);
+  at::Tensor staged =
+      at::detail::empty_cpu(dst.sizes(), dst.scalar_type(), std::nullopt, std::nullopt, std::nullopt, std::nullopt);
   copy_device_to_host(src, staged);
   copy_host_to_device(staged, dst);
 }

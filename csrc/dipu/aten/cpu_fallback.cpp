@@ -57,8 +57,8 @@ class HostMirror {
   at::Tensor to_cpu(const at::Tensor& tensor) {
     if (!tensor.defined() || !tensor.device().is_privateuseone()) return tensor;
     Entry& entry = entry_for(tensor.storage());
-    at::Tensor cpu = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(entry.host),
-                                                              c10::DispatchKeySet(c10::DispatchKey::CPU), tensor.dtype());
+    at::Tensor cpu = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(entry.host), c10::DispatchKeySet(c10::DispatchKey::CPU), tensor.dtype());
     cpu.unsafeGetTensorImpl()->set_sizes_and_strides(tensor.sizes(), tensor.strides(), tensor.storage_offset());
     copy_math_bits(tensor, cpu);
     return cpu;

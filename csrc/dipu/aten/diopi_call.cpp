@@ -177,9 +177,7 @@ diopiTensor* Call::describe(const at::Tensor& tensor) {
   return &operand;
 }
 
-diopiConstTensorHandle_t Call::input(const at::Tensor& tensor) {
-  return tensor.defined() ? describe(tensor) : nullptr;
-}
+diopiConstTensorHandle_t Call::input(const at::Tensor& tensor) { return tensor.defined() ? describe(tensor) : nullptr; }
 
 diopiConstTensorHandle_t Call::input(const std::optional<at::Tensor>& tensor) {
   return tensor.has_value() ? input(*tensor) : nullptr;
@@ -247,8 +245,8 @@ bool Call::finish(diopiError_t status) {
     return false;
   }
   auto last_error = reinterpret_cast<decltype(&::diopiGetLastError)>(vendor_symbol("diopiGetLastError"));
-  TORCH_CHECK(false, slot_.diopi_name(), " (for ", slot_.aten_name(), ") failed: ",
-              last_error ? last_error() : "no detail from the vendor");
+  TORCH_CHECK(false, slot_.diopi_name(), " (for ", slot_.aten_name(),
+              ") failed: ", last_error ? last_error() : "no detail from the vendor");
 }
 
 at::Tensor to_meta(const at::Tensor& tensor) {

@@ -17,17 +17,17 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
                                     const std::optional<at::Tensor>& /*bias*/, c10::SymIntArrayRef stride,
                                     c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, bool transposed,
                                     c10::SymIntArrayRef output_padding, c10::SymInt groups) {
-  auto shape = transposed ? at::native::conv_input_size(input.sym_sizes(), weight.sym_sizes(), padding, output_padding,
-                                                         stride, dilation, groups)
-                          : at::native::conv_output_size(input.sym_sizes(), weight.sym_sizes(), padding, stride,
-                                                          dilation);
+  auto shape = transposed
+                   ? at::native::conv_input_size(input.sym_sizes(), weight.sym_sizes(), padding, output_padding, stride,
+                                                 dilation, groups)
+                   : at::native::conv_output_size(input.sym_sizes(), weight.sym_sizes(), padding, stride, dilation);
   return at::empty_symint(shape, input.options().memory_format(input.suggest_memory_format()));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
     const at::Tensor& /*grad_output*/, const at::Tensor& input, const at::Tensor& weight,
-    c10::SymIntArrayRef /*stride*/, c10::SymIntArrayRef /*padding*/, c10::SymIntArrayRef /*dilation*/,
-    bool transposed, c10::SymIntArrayRef /*output_padding*/, c10::SymInt groups, std::array<bool, 3> output_mask) {
+    c10::SymIntArrayRef /*stride*/, c10::SymIntArrayRef /*padding*/, c10::SymIntArrayRef /*dilation*/, bool transposed,
+    c10::SymIntArrayRef /*output_padding*/, c10::SymInt groups, std::array<bool, 3> output_mask) {
   at::Tensor grad_input, grad_weight, grad_bias;
   if (output_mask[0]) grad_input = empty(input.sym_sizes(), input);
   if (output_mask[1]) grad_weight = empty(weight.sym_sizes(), weight);

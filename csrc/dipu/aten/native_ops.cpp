@@ -47,8 +47,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
 void ensure_storage_bytes(const at::Tensor& self) {
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
   if (impl->numel() == 0) return;
-  size_t needed = at::detail::computeStorageNbytes(impl->sizes(), impl->strides(), impl->itemsize(),
-                                                   impl->storage_offset());
+  size_t needed =
+      at::detail::computeStorageNbytes(impl->sizes(), impl->strides(), impl->itemsize(), impl->storage_offset());
   if (needed > impl->storage().nbytes()) {
     c10::DeviceGuard guard(self.device());
     resize_device_storage(impl->storage(), needed);
@@ -109,7 +109,8 @@ at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::Sym
                       std::optional<c10::SymInt> storage_offset) {
   std::optional<int64_t> offset;
   if (storage_offset.has_value()) offset = storage_offset->guard_int(__FILE__, __LINE__);
-  return at::native::as_strided_tensorimpl(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), offset);
+  return at::native::as_strided_tensorimpl(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
+                                           offset);
 }
 
 at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
@@ -122,7 +123,8 @@ at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(), " elements cannot be converted to Scalar");
-  at::Tensor host = at::detail::empty_cpu({}, self.scalar_type(), std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+  at::Tensor host =
+      at::detail::empty_cpu({}, self.scalar_type(), std::nullopt, std::nullopt, std::nullopt, std::nullopt);
   DIPU_CHECK(vendor().memcpy(host.data_ptr(), self.data_ptr(), self.itemsize(), dipuMemcpyDeviceToHost));
   return host.item();
 }

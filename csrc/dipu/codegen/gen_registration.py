@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 import torch
+import yaml
 from torchgen import local
 from torchgen.api.types import DispatcherSignature
 from torchgen.model import BaseTy, BaseType, FunctionSchema, ListType, OptionalType
@@ -29,9 +29,9 @@ class TableError(Exception):
 
 @dataclass(frozen=True)
 class Kernel:
-    wrapper: str              # the C++ function
-    registration: str         # its m.impl line
-    meta_header: str | None   # the header declaring the at::meta function it calls, if any
+    wrapper: str  # the C++ function
+    registration: str  # its m.impl line
+    meta_header: str | None  # the header declaring the at::meta function it calls, if any
 
 
 def load_schema(aten_name: str) -> FunctionSchema:
@@ -188,8 +188,10 @@ def generate_wrapper(entry: dict) -> Kernel:
     diopi_name, tokens = split_call(entry["diopi"])
     converted = ", ".join(diopi_argument(t, arguments, set(outputs)) for t in tokens)
 
-    tensor_args = [a for a in schema.arguments.flat_all
-                   if is_tensor(a.type) or is_optional_tensor(a.type) or is_tensor_list(a.type)]
+    tensor_args = [
+        a for a in schema.arguments.flat_all
+        if is_tensor(a.type) or is_optional_tensor(a.type) or is_tensor_list(a.type)
+    ]
     names = [a.name for a in schema.arguments.flat_all]
     first_tensor = next(a.name for a in tensor_args if not is_optional_tensor(a.type))
     lines = [

@@ -94,7 +94,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_current_device", [] { return static_cast<int>(dipu::current_device()); });
   m.def("_set_device", [](int device) { dipu::set_device(static_cast<c10::DeviceIndex>(device)); });
   m.def("_synchronize", [](int device) { dipu::synchronize_device(static_cast<c10::DeviceIndex>(device)); });
-  m.def("_device_properties", [](int device) { return dipu::device_properties(static_cast<c10::DeviceIndex>(device)); });
+  m.def("_device_properties",
+        [](int device) { return dipu::device_properties(static_cast<c10::DeviceIndex>(device)); });
   m.def("_host_accessible", &dipu::host_accessible);
   m.def("_pacing_stats", &dipu::pacing_stats);
   m.def("_memory_stats", [](int device) { return dipu::memory_stats(static_cast<c10::DeviceIndex>(device)); });
@@ -112,7 +113,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_forced_fallback", &dipu::diopi::set_forced_fallback);
   m.def("_forced_fallback", &dipu::diopi::forced_fallback);
   m.def("_diopi_call_counts", &dipu::diopi::diopi_call_counts);
-  m.def("_vendor_implements", [](const std::string& diopi_function) {
-    return dipu::vendor_symbol(diopi_function.c_str()) != nullptr;
-  });
+  m.def("_vendor_implements",
+        [](const std::string& diopi_function) { return dipu::vendor_symbol(diopi_function.c_str()) != nullptr; });
 }

@@ -42,7 +42,8 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
   static std::once_flag created;
   static std::deque<at::Generator> generators;
   std::call_once(created, [] {
-    for (c10::DeviceIndex i = 0; i < device_count(); ++i) generators.push_back(at::make_generator<DipuGeneratorImpl>(i));
+    for (c10::DeviceIndex i = 0; i < device_count(); ++i)
+      generators.push_back(at::make_generator<DipuGeneratorImpl>(i));
   });
   check_device(device < 0 ? current_device() : device);
   return generators[device < 0 ? current_device() : device];

@@ -34,9 +34,7 @@ struct DipuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::Stream getNewStream(c10::Device device, int) const override { return create_stream(device.index()); }
 
-  c10::Stream getStreamFromGlobalPool(c10::Device device, bool) const override {
-    return create_stream(device.index());
-  }
+  c10::Stream getStreamFromGlobalPool(c10::Device device, bool) const override { return create_stream(device.index()); }
 
   c10::Stream exchangeStream(c10::Stream stream) const override { return exchange_stream(stream); }
 
@@ -88,8 +86,8 @@ struct DipuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     TORCH_CHECK(start != nullptr && end != nullptr, "both events must be recorded before elapsed_time");
     float milliseconds = 0;
-    DIPU_CHECK(vendor().event_elapsed_time(&milliseconds, static_cast<dipuEvent_t>(start),
-                                           static_cast<dipuEvent_t>(end)));
+    DIPU_CHECK(
+        vendor().event_elapsed_time(&milliseconds, static_cast<dipuEvent_t>(start), static_cast<dipuEvent_t>(end)));
     return milliseconds;
   }
 

@@ -42,10 +42,10 @@ typedef struct dipuEvent_st* dipuEvent_t;
 
 typedef struct {
   char name[128];
-  uint64_t total_memory;        /* bytes of device memory (the capacity) */
+  uint64_t total_memory; /* bytes of device memory (the capacity) */
   int32_t compute_units;
-  int32_t host_accessible;      /* 1: the CPU may read and write device pointers directly */
-  double relative_speed;        /* kernel throughput relative to the host CPU (1.0 = same) */
+  int32_t host_accessible; /* 1: the CPU may read and write device pointers directly */
+  double relative_speed;   /* kernel throughput relative to the host CPU (1.0 = same) */
   int32_t major;
   int32_t minor;
 } dipuDeviceProperties_t;
@@ -74,8 +74,7 @@ dipuError_t dipuFreeHost(void* ptr);
 int32_t dipuIsPinnedHostPointer(const void* ptr);
 dipuError_t dipuMemset(void* device_ptr, int32_t value, size_t size);
 dipuError_t dipuMemcpy(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind);
-dipuError_t dipuMemcpyAsync(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind,
-                            dipuStream_t stream);
+dipuError_t dipuMemcpyAsync(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind, dipuStream_t stream);
 
 /* Streams */
 dipuError_t dipuStreamCreate(dipuStream_t* stream);

@@ -11,6 +11,7 @@ from run_report import emit, log_step
 
 
 class Net(nn.Module):
+
     def __init__(self):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 8, 3, 1)
@@ -39,7 +40,7 @@ def main():
 
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(64, 1, 14, 14, generator=generator)
-    labels = torch.randint(0, 10, (64,), generator=generator)
+    labels = torch.randint(0, 10, (64, ), generator=generator)
 
     model = Net().to(device)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)

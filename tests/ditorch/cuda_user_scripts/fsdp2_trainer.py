@@ -17,6 +17,7 @@ from run_report import emit, log_step
 
 
 class Block(nn.Module):
+
     def __init__(self, dim):
         super().__init__()
         self.norm = nn.LayerNorm(dim)
@@ -34,7 +35,7 @@ def main():
     world_size, local_rank = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if args.device == "cuda":
         torch.cuda.set_device(local_rank)
-    mesh = init_device_mesh(args.device, (world_size,), mesh_dim_names=("dp",))
+    mesh = init_device_mesh(args.device, (world_size, ), mesh_dim_names=("dp", ))
 
     torch.manual_seed(0)
     with torch.device("meta"):

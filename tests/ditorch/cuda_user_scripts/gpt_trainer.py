@@ -4,7 +4,6 @@ fused AdamW where the device has it, bf16 autocast, gradient accumulation and cl
 import argparse
 import inspect
 import math
-from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
@@ -14,6 +13,7 @@ from run_report import emit, log_step
 
 
 class CausalSelfAttention(nn.Module):
+
     def __init__(self, n_embd, n_head):
         super().__init__()
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
@@ -29,6 +29,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
+
     def __init__(self, n_embd, n_head):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd)
@@ -42,11 +43,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+
     def __init__(self, vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32):
         super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab_size, n_embd), wpe=nn.Embedding(block_size, n_embd),
-            h=nn.ModuleList([Block(n_embd, n_head) for _ in range(n_layer)]), ln_f=nn.LayerNorm(n_embd)))
+        self.transformer = nn.ModuleDict(
+            dict(wte=nn.Embedding(vocab_size, n_embd), wpe=nn.Embedding(block_size, n_embd),
+                 h=nn.ModuleList([Block(n_embd, n_head) for _ in range(n_layer)]), ln_f=nn.LayerNorm(n_embd)))
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
@@ -95,7 +97,7 @@ def main():
     block_size, batch_size, accumulation = 16, 4, 2
 
     def get_batch(step):
-        ix = torch.randint(len(data) - block_size, (batch_size,), generator=torch.Generator().manual_seed(step))
+        ix = torch.randint(len(data) - block_size, (batch_size, ), generator=torch.Generator().manual_seed(step))
         x = torch.stack([data[i:i + block_size] for i in ix])
         y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
         if device_type == "cuda":

@@ -10,6 +10,7 @@ from run_report import emit, log_step
 
 
 class CharGRU(nn.Module):
+
     def __init__(self, vocab, hidden):
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)

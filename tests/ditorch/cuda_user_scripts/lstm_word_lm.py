@@ -9,6 +9,7 @@ from run_report import emit, log_step
 
 
 class RNNModel(nn.Module):
+
     def __init__(self, ntoken, ninp, nlayers, dropout=0.2):
         super().__init__()
         self.drop = nn.Dropout(dropout)

@@ -31,8 +31,9 @@ def main():
     for step in range(args.steps):
         if step == args.steps // 2:  # checkpoint and resume, as after a preemption
             buffer = io.BytesIO()
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict()}, buffer)
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+                buffer)
             buffer.seek(0)
             state = torch.load(buffer, map_location=args.device)
             model.load_state_dict(state["model"])

@@ -17,6 +17,7 @@ from run_report import emit, log_step
 
 
 class FeedForward(nn.Module):
+
     def __init__(self, dim, hidden):
         super().__init__()
         self.w1 = nn.Linear(dim, hidden)
@@ -32,7 +33,7 @@ def main():
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     world_size = int(os.environ["WORLD_SIZE"])
-    mesh = init_device_mesh(args.device, (world_size,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(args.device, (world_size, ), mesh_dim_names=("tp", ))
     torch.manual_seed(0)
     model = FeedForward(16, 64).to(args.device)
     model = parallelize_module(model, mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})

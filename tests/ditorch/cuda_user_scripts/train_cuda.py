@@ -7,8 +7,8 @@ Prints one `step N loss X` line per step and a final `result {...}` JSON line.
 
 import argparse
 import json
-import sys
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -17,8 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def build_model(width: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.LayerNorm(4 * width),
-                         nn.Linear(4 * width, width))
+    return nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.LayerNorm(4 * width), nn.Linear(4 * width, width))
 
 
 def main() -> None:
@@ -79,7 +78,9 @@ def main() -> None:
         "device_count": torch.cuda.device_count(),
         "max_memory_allocated": torch.cuda.max_memory_allocated(),
         "elapsed_ms": start.elapsed_time(end),
-        "first_loss": losses[0], "last_loss": losses[-1], "checksum": checksum,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "checksum": checksum,
         "rank": dist.get_rank() if distributed else 0,
     }
     # One write per line: with PYTHONUNBUFFERED print() writes the text and the newline separately,

@@ -9,6 +9,7 @@ from run_report import emit, log_step
 
 
 class Classifier(nn.Module):
+
     def __init__(self, vocab, d_model, classes):
         super().__init__()
         self.embedding = nn.Embedding(vocab, d_model, padding_idx=0)

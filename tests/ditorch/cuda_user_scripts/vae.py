@@ -10,6 +10,7 @@ from run_report import emit, log_step
 
 
 class VAE(nn.Module):
+
     def __init__(self):
         super().__init__()
         self.fc1 = nn.Linear(64, 32)

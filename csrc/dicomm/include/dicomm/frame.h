@@ -28,8 +28,8 @@ enum class FrameKind : uint8_t {
 };
 constexpr FrameKind kLastFrameKind = FrameKind::Pulled;
 
-constexpr uint16_t kFlagRefused = 1;  // HelloReply: setup refused; ClearToSend: receive refused;
-                                      // Done/Pulled: that side's copy failed
+constexpr uint16_t kFlagRefused = 1;       // HelloReply: setup refused; ClearToSend: receive refused;
+                                           // Done/Pulled: that side's copy failed
 constexpr uint16_t kFlagDeviceRegion = 2;  // ReadyToSend: the payload is the device region handle of
                                            // the message (device-direct); Pulled: answers such a one
 constexpr size_t kRegionHandleBytes = 64;

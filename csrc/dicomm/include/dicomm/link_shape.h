@@ -8,7 +8,7 @@ namespace dicomm {
 
 struct LinkShape {
   double bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();  // infinity: not limited
-  double latency_s = 0.0;                                                   // one way
+  double latency_s = 0.0;                                                  // one way
 
   bool shaped() const;
   // Throws std::invalid_argument naming `what` when the bandwidth is not positive or the latency negative.

@@ -26,9 +26,9 @@ const char* transportName(TransportKind kind);
 TransportKind parseTransportName(const std::string& name, const std::string& what);
 
 struct Options {
-  std::string token;                         // empty: rank 0 draws one and shares it via the store
+  std::string token;  // empty: rank 0 draws one and shares it via the store
   std::string store_prefix = "dicomm";
-  std::string transport = "auto";            // auto | tcp | shm | ibverbs, for every peer
+  std::string transport = "auto";             // auto | tcp | shm | ibverbs, for every peer
   std::map<int, std::string> peer_transport;  // per-peer override of `transport`
   double timeout_s = 300.0;                   // a pending request fails after this long
   double connect_timeout_s = 300.0;           // setup (store, connections) fails after this long
@@ -71,8 +71,8 @@ struct Options {
   // 5000 while this host's ranks (LOCAL_WORLD_SIZE) fit its cores, else 0, since a spinning waiter
   // on an oversubscribed host takes the core a peer it waits for needs (Open MPI's degraded mode).
   int64_t spin_wait_us = -1;
-  LinkShape link;                            // emulated link to every peer (default: none)
-  std::map<int, LinkShape> peer_links;       // per-peer override of `link`
+  LinkShape link;                       // emulated link to every peer (default: none)
+  std::map<int, LinkShape> peer_links;  // per-peer override of `link`
 
   // Defaults overridden by DICOMM_TRANSPORT, DICOMM_TIMEOUT_S, DICOMM_CONNECT_TIMEOUT_S, DICOMM_JOB_TOKEN,
   // DICOMM_BIND_ADDR, DICOMM_ADVERTISE_ADDR, DICOMM_TCP_CHUNK_BYTES, DICOMM_TCP_SOCKET_BUFFER_BYTES,

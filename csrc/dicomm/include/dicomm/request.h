@@ -52,8 +52,7 @@ enum class Direction : uint8_t { Send, Recv };
 
 class Request {
  public:
-  Request(Direction direction, int peer, uint64_t tag, uint8_t* data, size_t capacity,
-          Clock::time_point deadline);
+  Request(Direction direction, int peer, uint64_t tag, uint8_t* data, size_t capacity, Clock::time_point deadline);
   ~Request();
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;

@@ -31,7 +31,8 @@ class Store {
 
 // The error of a key still missing at the deadline.
 inline CommError storeKeyMissing(const std::string& key) {
-  return CommError("store key '" + key + "' was not set within the connect timeout (its rank never started, "
+  return CommError("store key '" + key +
+                   "' was not set within the connect timeout (its rank never started, "
                    "or it belongs to another job)");
 }
 

@@ -241,9 +241,8 @@ void IbverbsConnection::onReceive(const ibv_wc& wc) {
       throw FrameError("malformed frame: header announces " + std::to_string(h.payload_bytes) + " payload bytes, " +
                        std::to_string(wc.byte_len - kFrameHeaderBytes) + " arrived");
     }
-    dispatchFrame(h, [&](uint8_t* destination) {
-      std::memcpy(destination, frame + kFrameHeaderBytes, h.payload_bytes);
-    });
+    dispatchFrame(h,
+                  [&](uint8_t* destination) { std::memcpy(destination, frame + kFrameHeaderBytes, h.payload_bytes); });
   }
   postReceive(slot);
   ++consumed_;

@@ -91,8 +91,8 @@ class IbverbsConnection : public PolledConnection {
   std::map<uint32_t, Granted> granted_;  // by low 32 bits of seq (the immediate)
   std::map<uint64_t, Write> writes_;
   uint64_t next_write_id_ = 0;
-  uint64_t frames_sent_ = 0;      // SENDs and WRITE_WITH_IMMs, each consuming one peer slot
-  uint64_t consumed_ = 0;         // our slots consumed (and re-posted)
+  uint64_t frames_sent_ = 0;  // SENDs and WRITE_WITH_IMMs, each consuming one peer slot
+  uint64_t consumed_ = 0;     // our slots consumed (and re-posted)
   uint64_t consumed_reported_ = 0;
 };
 

@@ -9,8 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "dicomm/request.h"
 #include "dicomm/job_secret.h"
+#include "dicomm/request.h"
 
 namespace dicomm {
 namespace {

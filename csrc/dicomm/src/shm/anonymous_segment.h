@@ -1,7 +1,7 @@
 // A shared-memory mapping with no name anywhere (the shm transport's rings and doorbell): an
 // anonymous memory file (memfd) that a peer takes from the owning process by pid and descriptor
-// number, so a kill at any point leaves nothing in /dev/shm. The file starts with a header holding a random nonce the owner announces; a peer
-// checks it after taking the file, so a reused pid or a wrong descriptor is refused.
+// number, so a kill at any point leaves nothing in /dev/shm. The file starts with a header holding a random nonce the
+// owner announces; a peer checks it after taking the file, so a reused pid or a wrong descriptor is refused.
 #pragma once
 
 #include <cstddef>

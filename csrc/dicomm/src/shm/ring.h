@@ -13,8 +13,8 @@
 namespace dicomm {
 
 struct alignas(64) RingControl {
-  alignas(64) std::atomic<uint64_t> head;  // bytes ever written (producer)
-  alignas(64) std::atomic<uint64_t> tail;  // bytes ever consumed (consumer)
+  alignas(64) std::atomic<uint64_t> head;       // bytes ever written (producer)
+  alignas(64) std::atomic<uint64_t> tail;       // bytes ever consumed (consumer)
   alignas(64) std::atomic<uint64_t> cma_probe;  // the peer writes here to test cross-memory attach
 };
 

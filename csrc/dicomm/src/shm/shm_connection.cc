@@ -120,9 +120,8 @@ bool ShmConnection::pollIncoming() {
       ring.copyOut(tail + kFrameHeaderBytes, region.bytes, kRegionHandleBytes);
       announced_regions_[h.seq] = region;
     }
-    dispatchFrame(h, [&](uint8_t* destination) {
-      ring.copyOut(tail + kFrameHeaderBytes, destination, h.payload_bytes);
-    });
+    dispatchFrame(h,
+                  [&](uint8_t* destination) { ring.copyOut(tail + kFrameHeaderBytes, destination, h.payload_bytes); });
     ring.consume(tail, frameFootprint(h.payload_bytes));
     moved = true;
   }
@@ -131,9 +130,7 @@ bool ShmConnection::pollIncoming() {
 
 void ShmConnection::onTransportFrame(const FrameHeader& h) {
   switch (h.kind) {
-    case FrameKind::Pulled:
-      onPulled(h);
-      return;
+    case FrameKind::Pulled: onPulled(h); return;
     case FrameKind::Done: {
       RequestPtr recv = inbox_.takeAwaitingDone(h.seq);
       if (h.flags & kFlagRefused) {
@@ -181,8 +178,8 @@ void ShmConnection::grant(const Inbox::Grant& g) {
 
 uint64_t ShmConnection::senderShare(const FrameHeader& ready_to_send) const {
   const uint64_t total = ready_to_send.total_bytes;
-  const bool split = split_bytes_ != 0 && total >= split_bytes_ && link_.can_write_peer_memory &&
-                     ready_to_send.remote_address != 0;
+  const bool split =
+      split_bytes_ != 0 && total >= split_bytes_ && link_.can_write_peer_memory && ready_to_send.remote_address != 0;
   constexpr uint64_t kPage = 4096;
   return split ? (total / 2) & ~(kPage - 1) : total;
 }
@@ -220,7 +217,8 @@ bool ShmConnection::runPulls() {
 
 void ShmConnection::onPulled(const FrameHeader& h) {
   const bool region = h.flags & kFlagDeviceRegion;
-  RequestPtr send = region ? takeAwaiting(awaiting_clear_, h, "waiting") : takeAwaiting(awaiting_pulled_, h, "being read");
+  RequestPtr send =
+      region ? takeAwaiting(awaiting_clear_, h, "waiting") : takeAwaiting(awaiting_pulled_, h, "being read");
   if (region && (h.flags & kFlagRefused)) {
     send->fail("rank " + std::to_string(peer_) + " refused or could not read device message " + std::to_string(h.seq) +
                " of " + std::to_string(send->capacity()) + " bytes (see its receive's error)");
@@ -283,8 +281,8 @@ void ShmConnection::readRegion(const Pull& pull) {
   try {
     opened = device_memory_->open(*pull.region, link_.peer_pid);
   } catch (const CommError& e) {
-    throw CommError("device message " + std::to_string(pull.announcement.seq) + " from rank " +
-                    std::to_string(peer_) + ": " + e.what());
+    throw CommError("device message " + std::to_string(pull.announcement.seq) + " from rank " + std::to_string(peer_) +
+                    ": " + e.what());
   }
   const uint64_t total = pull.announcement.total_bytes;
   if (total > opened->bytes()) {

@@ -45,8 +45,8 @@ class ShmConnection : public PolledConnection {
   // A granted receive whose tail this side reads from the sender itself.
   struct Pull {
     RequestPtr recv;
-    FrameHeader announcement;  // the sender's ReadyToSend: seq, tag, size, source address
-    uint64_t from = 0;         // the receiver's share starts here
+    FrameHeader announcement;                    // the sender's ReadyToSend: seq, tag, size, source address
+    uint64_t from = 0;                           // the receiver's share starts here
     std::optional<dicomm_region_handle> region;  // device-direct: the sender's registered region
   };
 

@@ -44,7 +44,8 @@ uint64_t requireNumber(const TextFields& fields, const std::string& name) {
 AnonymousSegment takeFromPeer(int64_t pid, const TextFields& theirs, const std::string& what, size_t bytes,
                               const std::string& who) {
   const uint64_t fd = requireNumber(theirs, what + "_fd");
-  if (fd > uint64_t(INT_MAX)) throw CommError(who + " announced an invalid shm " + what + " descriptor " + std::to_string(fd));
+  if (fd > uint64_t(INT_MAX))
+    throw CommError(who + " announced an invalid shm " + what + " descriptor " + std::to_string(fd));
   return AnonymousSegment::takeFromPeer(pid, int(fd), requireNumber(theirs, what + "_nonce"), bytes,
                                         who + "'s shm " + what);
 }
@@ -83,7 +84,8 @@ class ShmHub : public PollingHub {
 
     std::ostringstream mine;
     mine << "ring_fd=" << link.inbound_segment.fd() << "\nring_nonce=" << link.inbound_segment.nonce()
-         << "\nring_bytes=" << capacity << "\nbell_fd=" << bell_segment_.fd() << "\nbell_nonce=" << bell_segment_.nonce()
+         << "\nring_bytes=" << capacity << "\nbell_fd=" << bell_segment_.fd()
+         << "\nbell_nonce=" << bell_segment_.nonce()
          << "\nprobe_address=" << reinterpret_cast<uint64_t>(&inbound_control->cma_probe)
          << "\ndevice_direct=" << (options_.device_memory && options_.device_direct ? 1 : 0) << "\n";
     FrameHeader hello;

@@ -59,7 +59,7 @@ class TcpConnection : public QueuedConnection<TcpOutgoing>, public std::enable_s
   Socket socket_;
   const int epoll_fd_;
   const size_t chunk_bytes_;
-  const size_t largest_read_threshold_;  // an eighth of the socket buffer; 0 with kernel autotuning
+  const size_t largest_read_threshold_;       // an eighth of the socket buffer; 0 with kernel autotuning
   const Clock::duration stream_spin_window_;  // how long a waiter reads a streaming message without sleeping
   std::mutex mu_;
   FrameStreamReader reader_;

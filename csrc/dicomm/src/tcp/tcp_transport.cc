@@ -104,8 +104,6 @@ class TcpTransport : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> makeTcpTransport(const Options& options) {
-  return std::make_unique<TcpTransport>(options);
-}
+std::unique_ptr<Transport> makeTcpTransport(const Options& options) { return std::make_unique<TcpTransport>(options); }
 
 }  // namespace dicomm

@@ -21,9 +21,9 @@ extern "C" {
 
 typedef enum {
   diopiSuccess = 0,
-  diopiErrorOccurred = 1,        /* the kernel failed; diopiGetLastError() says why */
+  diopiErrorOccurred = 1, /* the kernel failed; diopiGetLastError() says why */
   diopiDtypeNotSupported = 2,
-  diopiFallbackToCPU = 3,        /* the vendor declines this call: run it on the CPU instead */
+  diopiFallbackToCPU = 3, /* the vendor declines this call: run it on the CPU instead */
 } diopiError_t;
 
 typedef enum {
@@ -49,7 +49,7 @@ typedef enum {
 enum { diopi_tensor_wrapped_number = 1 }; /* a Python number: promotes like a scalar */
 
 typedef struct {
-  void* data;            /* address of element [0, ..., 0] */
+  void* data; /* address of element [0, ..., 0] */
   diopiDtype_t dtype;
   diopiDevice_t device;
   int64_t ndim;
@@ -75,7 +75,7 @@ typedef struct {
 } diopiSize_t;
 
 typedef struct {
-  void* stream;       /* the vendor's dipuStream_t to run on; NULL: default stream */
+  void* stream; /* the vendor's dipuStream_t to run on; NULL: default stream */
   int32_t device_index;
 } diopiContext;
 typedef diopiContext* diopiContextHandle_t;
@@ -91,8 +91,8 @@ diopiError_t diopiMm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiCon
 diopiError_t diopiBmm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                       diopiConstTensorHandle_t mat2);
 diopiError_t diopiAddmm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                        diopiConstTensorHandle_t mat1, diopiConstTensorHandle_t mat2,
-                        const diopiScalar_t* beta, const diopiScalar_t* alpha);
+                        diopiConstTensorHandle_t mat1, diopiConstTensorHandle_t mat2, const diopiScalar_t* beta,
+                        const diopiScalar_t* alpha);
 
 /* Element-wise */
 diopiError_t diopiAdd(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
@@ -108,15 +108,15 @@ diopiError_t diopiDiv(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiCo
                       diopiConstTensorHandle_t other);
 diopiError_t diopiDivInp(diopiContextHandle_t ctx, diopiTensorHandle_t input, diopiConstTensorHandle_t other);
 diopiError_t diopiNeg(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input);
-diopiError_t diopiPowTensorScalar(diopiContextHandle_t ctx, diopiTensorHandle_t out,
-                                  diopiConstTensorHandle_t input, const diopiScalar_t* exponent);
+diopiError_t diopiPowTensorScalar(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                                  const diopiScalar_t* exponent);
 diopiError_t diopiRsqrt(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input);
 diopiError_t diopiSqrt(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input);
 diopiError_t diopiExp(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input);
 diopiError_t diopiWhere(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t condition,
                         diopiConstTensorHandle_t input, diopiConstTensorHandle_t other);
-diopiError_t diopiMaskedFillInp(diopiContextHandle_t ctx, diopiTensorHandle_t input,
-                                diopiConstTensorHandle_t mask, const diopiScalar_t* value);
+diopiError_t diopiMaskedFillInp(diopiContextHandle_t ctx, diopiTensorHandle_t input, diopiConstTensorHandle_t mask,
+                                const diopiScalar_t* value);
 diopiError_t diopiFill(diopiContextHandle_t ctx, diopiTensorHandle_t input, const diopiScalar_t* value);
 diopiError_t diopiAddcmul(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                           diopiConstTensorHandle_t tensor1, diopiConstTensorHandle_t tensor2,
@@ -136,8 +136,7 @@ diopiError_t diopiSiluBackward(diopiContextHandle_t ctx, diopiTensorHandle_t gra
 diopiError_t diopiSoftmax(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                           int64_t dim);
 diopiError_t diopiSoftmaxBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
-                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output,
-                                  int64_t dim);
+                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output, int64_t dim);
 diopiError_t diopiLogSoftmax(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                              int64_t dim);
 diopiError_t diopiLogSoftmaxBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
@@ -155,9 +154,9 @@ diopiError_t diopiIndexSelect(diopiContextHandle_t ctx, diopiTensorHandle_t out,
                               int64_t dim, diopiConstTensorHandle_t index);
 diopiError_t diopiCat(diopiContextHandle_t ctx, diopiTensorHandle_t out, const diopiConstTensorHandle_t* tensors,
                       int64_t num_tensors, int64_t dim);
-diopiError_t diopiEmbeddingBackward(diopiContextHandle_t ctx, diopiTensorHandle_t out,
-                                    diopiConstTensorHandle_t grad, diopiConstTensorHandle_t indices,
-                                    int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq);
+diopiError_t diopiEmbeddingBackward(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t grad,
+                                    diopiConstTensorHandle_t indices, int64_t num_weights, int64_t padding_idx,
+                                    bool scale_grad_by_freq);
 
 /* Losses (reduction: 0 none, 1 mean, 2 sum) */
 diopiError_t diopiNLLLoss(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t total_weight,
@@ -165,9 +164,8 @@ diopiError_t diopiNLLLoss(diopiContextHandle_t ctx, diopiTensorHandle_t out, dio
                           diopiConstTensorHandle_t weight, int64_t reduction, int64_t ignore_index);
 diopiError_t diopiNLLLossBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
                                   diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
-                                  diopiConstTensorHandle_t target, diopiConstTensorHandle_t weight,
-                                  int64_t reduction, int64_t ignore_index,
-                                  diopiConstTensorHandle_t total_weight);
+                                  diopiConstTensorHandle_t target, diopiConstTensorHandle_t weight, int64_t reduction,
+                                  int64_t ignore_index, diopiConstTensorHandle_t total_weight);
 
 /* Attention (query/key/value: batch, heads, seq, head_dim; scale NULL: 1/sqrt(head_dim)) */
 diopiError_t diopiFlashAttention(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t logsumexp,
@@ -216,8 +214,7 @@ diopiError_t diopiLayerNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_
 /* input: N, C, ... with C split into `group` groups; mean/rstd: N x group */
 diopiError_t diopiGroupNorm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t save_mean,
                             diopiTensorHandle_t save_rstd, diopiConstTensorHandle_t input,
-                            diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias, int64_t group,
-                            double eps);
+                            diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias, int64_t group, double eps);
 diopiError_t diopiGroupNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
                                     diopiTensorHandle_t grad_weight, diopiTensorHandle_t grad_bias,
                                     diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
@@ -228,8 +225,8 @@ diopiError_t diopiGroupNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_
 diopiError_t diopiBatchNorm(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiTensorHandle_t save_mean,
                             diopiTensorHandle_t save_invstd, diopiConstTensorHandle_t input,
                             diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias,
-                            diopiConstTensorHandle_t running_mean, diopiConstTensorHandle_t running_var,
-                            bool training, double momentum, double eps);
+                            diopiConstTensorHandle_t running_mean, diopiConstTensorHandle_t running_var, bool training,
+                            double momentum, double eps);
 diopiError_t diopiBatchNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
                                     diopiTensorHandle_t grad_weight, diopiTensorHandle_t grad_bias,
                                     diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
@@ -241,8 +238,8 @@ diopiError_t diopiBatchNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_
  * in, out/groups, k... when transposed). Backward outputs may be NULL. */
 diopiError_t diopiConvolution(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                               diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias, diopiSize_t stride,
-                              diopiSize_t padding, diopiSize_t dilation, bool transposed,
-                              diopiSize_t output_padding, int64_t groups);
+                              diopiSize_t padding, diopiSize_t dilation, bool transposed, diopiSize_t output_padding,
+                              int64_t groups);
 diopiError_t diopiConvolutionBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
                                       diopiTensorHandle_t grad_weight, diopiTensorHandle_t grad_bias,
                                       diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
@@ -257,8 +254,7 @@ diopiError_t diopiMaxPool2dWithIndices(diopiContextHandle_t ctx, diopiTensorHand
 diopiError_t diopiMaxPool2dWithIndicesBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
                                                diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
                                                diopiSize_t kernel_size, diopiSize_t stride, diopiSize_t padding,
-                                               diopiSize_t dilation, bool ceil_mode,
-                                               diopiConstTensorHandle_t indices);
+                                               diopiSize_t dilation, bool ceil_mode, diopiConstTensorHandle_t indices);
 diopiError_t diopiAdaptiveAvgPool2d(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                                     diopiSize_t output_size);
 diopiError_t diopiAdaptiveAvgPool2dBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,

@@ -33,7 +33,8 @@ uint64_t round_up(uint64_t value, uint64_t multiple) { return (value + multiple 
 
 uint64_t random_nonce() {
   uint64_t value = 0;
-  if (getrandom(&value, sizeof(value), 0) != ssize_t(sizeof(value))) fail_errno("drawing the device memory nonce (getrandom)");
+  if (getrandom(&value, sizeof(value), 0) != ssize_t(sizeof(value)))
+    fail_errno("drawing the device memory nonce (getrandom)");
   return value | 1;  // never 0
 }
 

@@ -7,9 +7,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -82,8 +82,8 @@ void* DeviceMemory::allocate(int32_t device, size_t size, std::string* why) {
   }
   const uint64_t backing = host_backing_left();
   if (size > backing) {
-    *why = "the host cannot back it: emulated device memory lives in host memory, which has " +
-           format_gib(backing) + " left for new allocations (MemAvailable less device allocations not yet touched)";
+    *why = "the host cannot back it: emulated device memory lives in host memory, which has " + format_gib(backing) +
+           " left for new allocations (MemAvailable less device allocations not yet touched)";
     return nullptr;
   }
   Arena* owner = nullptr;
@@ -224,8 +224,9 @@ std::string DeviceMemory::open_handle(const IpcHandle& handle, int64_t expected_
   }
   char* device_address = arena->device_address(handle.offset);
   if (handle.owner_pid != int64_t(getpid())) {
-    auto [it, fresh] = blocks_.try_emplace(reinterpret_cast<uintptr_t>(device_address),
-                                           Block{handle.size, arena->vendor_address(handle.offset), -1, nullptr, {}, 0});
+    auto [it, fresh] =
+        blocks_.try_emplace(reinterpret_cast<uintptr_t>(device_address),
+                            Block{handle.size, arena->vendor_address(handle.offset), -1, nullptr, {}, 0});
     if (!fresh && it->second.arena != nullptr) return "the handle's range is already device memory of this process";
     it->second.size = std::max<size_t>(it->second.size, handle.size);
     ++it->second.opened;

@@ -65,9 +65,9 @@ class DeviceMemory {
     size_t size;
     char* vendor_base;
     int32_t device;
-    Arena* arena;                 // owned allocations only
-    Arena::Allocation allocation; // owned allocations only
-    int opened = 0;               // > 0: an opened handle's range, counted per open
+    Arena* arena;                  // owned allocations only
+    Arena::Allocation allocation;  // owned allocations only
+    int opened = 0;                // > 0: an opened handle's range, counted per open
   };
   const Block* find(const void* ptr, uintptr_t* base) const;
   Arena& arena(int32_t device);
@@ -78,7 +78,7 @@ class DeviceMemory {
   mutable std::shared_mutex mutex_;
   std::map<uintptr_t, Block> blocks_;
   std::vector<uint64_t> used_;
-  std::vector<std::unique_ptr<Arena>> arenas_;  // per device, created at first use
+  std::vector<std::unique_ptr<Arena>> arenas_;                               // per device, created at first use
   std::map<std::pair<int64_t, uint64_t>, std::unique_ptr<Arena>> attached_;  // (owner pid, nonce)
   uint64_t capacity_ = 0;
   bool host_accessible_ = true;

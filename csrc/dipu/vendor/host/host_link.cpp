@@ -17,7 +17,8 @@ HostLink::HostLink(const Profile& profile)
 
 std::chrono::nanoseconds HostLink::cost(size_t bytes) const {
   if (!emulated()) return std::chrono::nanoseconds(0);
-  return latency_ + std::chrono::nanoseconds(static_cast<int64_t>(static_cast<double>(bytes) / bytes_per_second_ * 1e9));
+  return latency_ +
+         std::chrono::nanoseconds(static_cast<int64_t>(static_cast<double>(bytes) / bytes_per_second_ * 1e9));
 }
 
 void HostLink::finish_copy(std::chrono::steady_clock::time_point start, size_t bytes) const {

@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <ctime>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -60,8 +60,7 @@ const DeviceState& state() {
     try {
       s.profile = load_profile_from_environment(library_directory() + "/host_profiles");
       s.link = HostLink(s.profile);
-      DeviceMemory::instance().configure(s.profile.device_count, s.profile.memory_capacity,
-                                         s.profile.host_accessible);
+      DeviceMemory::instance().configure(s.profile.device_count, s.profile.memory_capacity, s.profile.host_accessible);
     } catch (const std::exception& e) {
       s.error = e.what();
     }

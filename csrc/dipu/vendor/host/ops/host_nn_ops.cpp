@@ -1,24 +1,24 @@
 // The host vendor's DIOPI kernels for network layers: activations, normalization, convolution,
-// pooling, dropout's backward, mask checks and the mean-squared-error loss. Like the others they run the CPU's own ATen kernel on
-// views of the operands, so the default profile gives the CPU's bits.
+// pooling, dropout's backward, mask checks and the mean-squared-error loss. Like the others they run the CPU's own ATen
+// kernel on views of the operands, so the default profile gives the CPU's bits.
 #include <ATen/ops/_adaptive_avg_pool2d.h>
-#include <ATen/ops/all.h>
-#include <ATen/ops/isneginf.h>
-#include <ATen/ops/native_dropout_backward.h>
 #include <ATen/ops/_adaptive_avg_pool2d_backward.h>
+#include <ATen/ops/all.h>
 #include <ATen/ops/clamp_min.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/gelu_backward.h>
+#include <ATen/ops/isneginf.h>
 #include <ATen/ops/max_pool2d_with_indices.h>
 #include <ATen/ops/max_pool2d_with_indices_backward.h>
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/mse_loss_backward.h>
 #include <ATen/ops/native_batch_norm.h>
+#include <ATen/ops/native_batch_norm_backward.h>
+#include <ATen/ops/native_dropout_backward.h>
 #include <ATen/ops/native_group_norm.h>
 #include <ATen/ops/native_group_norm_backward.h>
-#include <ATen/ops/native_batch_norm_backward.h>
 #include <ATen/ops/native_layer_norm.h>
 #include <ATen/ops/native_layer_norm_backward.h>
 #include <ATen/ops/relu.h>
@@ -76,7 +76,8 @@ DEFINE_UNARY(diopiIsNegInf, at::isneginf_out)
 
 diopiError_t diopiAll(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input, diopiSize_t dim,
                       bool keepdim) {
-  return run_into("diopiAll", out, [&](at::Tensor& result) { at::all_out(result, view(input), to_dims(dim), keepdim); });
+  return run_into("diopiAll", out,
+                  [&](at::Tensor& result) { at::all_out(result, view(input), to_dims(dim), keepdim); });
 }
 
 diopiError_t diopiDropoutBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
@@ -146,8 +147,7 @@ diopiError_t diopiLayerNormBackward(diopiContextHandle_t, diopiTensorHandle_t gr
 
 diopiError_t diopiGroupNorm(diopiContextHandle_t, diopiTensorHandle_t out, diopiTensorHandle_t save_mean,
                             diopiTensorHandle_t save_rstd, diopiConstTensorHandle_t input,
-                            diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias, int64_t group,
-                            double eps) {
+                            diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias, int64_t group, double eps) {
   return run([&] {
     at::Tensor x = view(input);
     auto [n, c, hxw] = group_norm_shape(x);
@@ -181,8 +181,8 @@ diopiError_t diopiGroupNormBackward(diopiContextHandle_t, diopiTensorHandle_t gr
 diopiError_t diopiBatchNorm(diopiContextHandle_t, diopiTensorHandle_t out, diopiTensorHandle_t save_mean,
                             diopiTensorHandle_t save_invstd, diopiConstTensorHandle_t input,
                             diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias,
-                            diopiConstTensorHandle_t running_mean, diopiConstTensorHandle_t running_var,
-                            bool training, double momentum, double eps) {
+                            diopiConstTensorHandle_t running_mean, diopiConstTensorHandle_t running_var, bool training,
+                            double momentum, double eps) {
   return run([&] {
     auto [result, mean, invstd] =
         at::native_batch_norm(view(input), optional_view(weight), optional_view(bias), optional_view(running_mean),
@@ -206,10 +206,10 @@ diopiError_t diopiBatchNormBackward(diopiContextHandle_t, diopiTensorHandle_t gr
     at::Tensor x = view(input);
     std::optional<at::Tensor> w = optional_view(weight);
     at::ScalarType type = statistics_type(x, w);
-    auto [d_input, d_weight, d_bias] = at::native_batch_norm_backward(
-        view(grad_output), x, w, optional_view(running_mean), optional_view(running_var),
-        training ? statistics(save_mean, type) : std::nullopt, training ? statistics(save_invstd, type) : std::nullopt,
-        training, eps, wanted);
+    auto [d_input, d_weight, d_bias] =
+        at::native_batch_norm_backward(view(grad_output), x, w, optional_view(running_mean), optional_view(running_var),
+                                       training ? statistics(save_mean, type) : std::nullopt,
+                                       training ? statistics(save_invstd, type) : std::nullopt, training, eps, wanted);
     store("diopiBatchNormBackward", grad_input, d_input);
     store("diopiBatchNormBackward", grad_weight, d_weight);
     store("diopiBatchNormBackward", grad_bias, d_bias);
@@ -218,8 +218,8 @@ diopiError_t diopiBatchNormBackward(diopiContextHandle_t, diopiTensorHandle_t gr
 
 diopiError_t diopiConvolution(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
                               diopiConstTensorHandle_t weight, diopiConstTensorHandle_t bias, diopiSize_t stride,
-                              diopiSize_t padding, diopiSize_t dilation, bool transposed,
-                              diopiSize_t output_padding, int64_t groups) {
+                              diopiSize_t padding, diopiSize_t dilation, bool transposed, diopiSize_t output_padding,
+                              int64_t groups) {
   return run([&] {
     store("diopiConvolution", out,
           at::convolution(view(input), view(weight), optional_view(bias), dims(stride), dims(padding), dims(dilation),
@@ -262,8 +262,7 @@ diopiError_t diopiMaxPool2dWithIndices(diopiContextHandle_t, diopiTensorHandle_t
 diopiError_t diopiMaxPool2dWithIndicesBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
                                                diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
                                                diopiSize_t kernel_size, diopiSize_t stride, diopiSize_t padding,
-                                               diopiSize_t dilation, bool ceil_mode,
-                                               diopiConstTensorHandle_t indices) {
+                                               diopiSize_t dilation, bool ceil_mode, diopiConstTensorHandle_t indices) {
   return run_into("diopiMaxPool2dWithIndicesBackward", grad_input, [&](at::Tensor& result) {
     at::max_pool2d_with_indices_backward_out(result, view(grad_output), view(input), dims(kernel_size), dims(stride),
                                              dims(padding), dims(dilation), ceil_mode, view(indices));

@@ -9,7 +9,6 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/addcdiv.h>
 #include <ATen/ops/addcmul.h>
-#include <ATen/ops/lerp.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/cat.h>
@@ -17,6 +16,7 @@
 #include <ATen/ops/embedding_dense_backward.h>
 #include <ATen/ops/exp.h>
 #include <ATen/ops/index_select.h>
+#include <ATen/ops/lerp.h>
 #include <ATen/ops/mean.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
@@ -152,8 +152,7 @@ diopiError_t diopiSiluBackward(diopiContextHandle_t, diopiTensorHandle_t grad_in
                   [&](at::Tensor& result) { at::silu_backward_out(result, view(grad_output), view(input)); });
 }
 
-diopiError_t diopiSoftmax(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                          int64_t dim) {
+diopiError_t diopiSoftmax(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input, int64_t dim) {
   return run_into("diopiSoftmax", out, [&](at::Tensor& result) {
     at::Tensor self = view(input);
     at::_softmax_out(result, self, dim, result.scalar_type() != self.scalar_type());
@@ -169,8 +168,7 @@ diopiError_t diopiLogSoftmax(diopiContextHandle_t, diopiTensorHandle_t out, diop
 }
 
 diopiError_t diopiSoftmaxBackward(diopiContextHandle_t, diopiTensorHandle_t grad_input,
-                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output,
-                                  int64_t dim) {
+                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t output, int64_t dim) {
   return run_into("diopiSoftmaxBackward", grad_input, [&](at::Tensor& result) {
     at::_softmax_backward_data_out(result, view(grad_output), view(output), dim, result.scalar_type());
   });
@@ -184,14 +182,14 @@ diopiError_t diopiLogSoftmaxBackward(diopiContextHandle_t, diopiTensorHandle_t g
   });
 }
 
-diopiError_t diopiSum(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                      diopiSize_t dim, bool keepdim) {
+diopiError_t diopiSum(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input, diopiSize_t dim,
+                      bool keepdim) {
   return run_into("diopiSum", out,
                   [&](at::Tensor& result) { at::sum_out(result, view(input), to_dims(dim), keepdim); });
 }
 
-diopiError_t diopiMean(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
-                       diopiSize_t dim, bool keepdim) {
+diopiError_t diopiMean(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input, diopiSize_t dim,
+                       bool keepdim) {
   return run_into("diopiMean", out,
                   [&](at::Tensor& result) { at::mean_out(result, view(input), to_dims(dim), keepdim); });
 }

@@ -43,8 +43,8 @@ diopiError_t diopiLstmCell(diopiContextHandle_t, diopiTensorHandle_t hy, diopiTe
                            diopiConstTensorHandle_t input_bias, diopiConstTensorHandle_t hidden_bias) {
   return run([&] {
     at::ScalarType type = accumulation_type(view(input_gates).scalar_type());
-    at::Tensor gates = gates_with_bias(widened(input_gates, type) + widened(hidden_gates, type), input_bias,
-                                       hidden_bias, type);
+    at::Tensor gates =
+        gates_with_bias(widened(input_gates, type) + widened(hidden_gates, type), input_bias, hidden_bias, type);
     std::vector<at::Tensor> chunks = gates.chunk(4, 1);
     at::Tensor in_gate = chunks[0].sigmoid();
     at::Tensor forget_gate = chunks[1].sigmoid();
@@ -104,8 +104,7 @@ diopiError_t diopiGruCell(diopiContextHandle_t, diopiTensorHandle_t hy, diopiTen
     at::Tensor candidate = (biased(in[2], in_bias[2]) + reset * hidden_new).tanh();
     at::Tensor previous = view(hx);
     store("diopiGruCell", hy, candidate + update * (previous.to(type) - candidate));
-    store("diopiGruCell", workspace,
-          at::cat({reset, update, candidate, previous.to(type), hidden_new}, 1));
+    store("diopiGruCell", workspace, at::cat({reset, update, candidate, previous.to(type), hidden_new}, 1));
   });
 }
 

@@ -79,12 +79,11 @@ void store(const char* function, diopiTensorHandle_t out, const at::Tensor& valu
   }
 
 // out = aten(input, other, alpha)
-#define DEFINE_BINARY_ALPHA(name, aten_out)                                                        \
-  diopiError_t name(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input, \
-                    diopiConstTensorHandle_t other, const diopiScalar_t* alpha) {                  \
-    return run_into(#name, out, [&](at::Tensor& result) {                                          \
-      aten_out(result, view(input), view(other), to_scalar(alpha));                                \
-    });                                                                                            \
+#define DEFINE_BINARY_ALPHA(name, aten_out)                                                                     \
+  diopiError_t name(diopiContextHandle_t, diopiTensorHandle_t out, diopiConstTensorHandle_t input,              \
+                    diopiConstTensorHandle_t other, const diopiScalar_t* alpha) {                               \
+    return run_into(#name, out,                                                                                 \
+                    [&](at::Tensor& result) { aten_out(result, view(input), view(other), to_scalar(alpha)); }); \
   }
 
 // input.method(other), in place
