@@ -28,9 +28,9 @@ PIPELINE_ONLY = {
     "nproc": "a single-device run uses one process",
     "max_restarts": "a single-device run has no ranks to restart; --resume continues it",
     "cluster": "it says which chip each rank of a pipeline runs as and paces its links",
-    "log_every": "a single-device run shows a progress bar", **{
-        name: "it configures the pipeline" for name in flags.field_names([PipelineOptions]) if name != "log_every"
-    }
+    "write_job": "a single-device run has no ranks to start by hand",
+    "log_every": "a single-device run shows a progress bar",
+    **{name: "it configures the pipeline" for name in flags.field_names([PipelineOptions]) if name != "log_every"},
 }
 
 

@@ -151,6 +151,10 @@ class RunOptions:
         None, "with --strategy: after a rank fails, restart the job's ranks from the last checkpoint up to N "
         "times (torchrun's elastic restarts)", default_text="0")
     quiet: bool = option(False, "no progress bar")
+    write_job: str | None = option(
+        None, "with --strategy: check and resolve the job as usual, write it as "
+        "DIR/job.yaml and exit without starting ranks; start them by hand with "
+        "torchrun -m h2.cli.rank --job DIR/job.yaml", metavar="DIR")
 
     def __post_init__(self) -> None:
         if self.preset is not None and self.model_config is not None:

@@ -42,6 +42,8 @@ def run_pipeline_job(values: dict, run: RunOptions, hosts: tuple[int, str] | Non
     from h2.launch.launcher import launch
 
     job, cluster = resolve_pipeline_job(values, run, cluster)
+    if run.write_job:
+        return write_job_for_hand_launch(job, run.write_job)
     job_folder = tempfile.mkdtemp(prefix="h2-job-")  # the job file and torchrun's logs
     job_path = os.path.join(job_folder, JOB_FILE)
     try:
@@ -49,6 +51,22 @@ def run_pipeline_job(values: dict, run: RunOptions, hosts: tuple[int, str] | Non
         return launch(job.strategy, cluster, job_path, run.strategy, hosts, max_restarts=run.max_restarts or 0)
     finally:
         shutil.rmtree(job_folder, ignore_errors=True)
+
+
+def write_job_for_hand_launch(job: ResolvedJob, folder: str) -> int:
+    """`--write-job DIR`: the resolved job as DIR/job.yaml (its ranks mark themselves finished beside it),
+    and the torchrun line that starts its ranks on this host."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"--write-job {folder}: cannot create the folder ({error.strerror})") from None
+    path = os.path.join(folder, JOB_FILE)
+    write_job(path, job)
+    ranks = job.strategy.world_size
+    print(
+        f"h2: wrote {path}; start its {ranks} ranks with: torchrun --standalone --nproc-per-node {ranks} "
+        f"-m h2.cli.rank --job {path} (several hosts: --nnodes, --rdzv-backend c10d, --rdzv-endpoint)", flush=True)
+    return 0
 
 
 def resolve_pipeline_job(values: dict, run: RunOptions,

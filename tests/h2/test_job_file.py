@@ -153,5 +153,27 @@ def test_a_ranks_links_in_the_job_file_are_those_the_cluster_file_gives(tmp_path
     for rank in range(world):
         expected = RankLinks.for_strategy(job.strategy, load_cluster(cluster), rank, kernel_shaped)
         links = job.links(rank, kernel_shaped)
-        assert [(links.class_to(peer), links.to(peer)) for peer in range(world)] == \
-               [(expected.class_to(peer), expected.to(peer)) for peer in range(world)]
+        assert [(links.class_to(peer), links.to(peer))
+                for peer in range(world)] == [(expected.class_to(peer), expected.to(peer)) for peer in range(world)]
+
+
+@pytest.mark.slow
+def test_a_written_job_starts_by_hand_under_torchrun_and_trains(cli, tmp_path):
+    out, job_folder = tmp_path / "run", tmp_path / "job"
+    written = cli("h2", "train", "--strategy", "configs/strategies/local-tiny-pp2.yaml", "--steps", "2", "--out",
+                  str(out), "--write-job", str(job_folder))
+    job_path = job_folder / "job.yaml"
+    assert written.returncode == 0, written.stderr
+    assert f"-m h2.cli.rank --job {job_path}" in written.stdout and job_path.exists()
+    assert not (out / "metrics.jsonl").exists()  # written, not started
+    ranks = cli("torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "h2.cli.rank", "--job",
+                str(job_path))
+    assert ranks.returncode == 0, ranks.stderr[-2000:]
+    assert [record["step"] for record in read_metrics(out)] == [1, 2]
+
+
+def test_write_job_without_a_strategy_is_one_line(cli, tmp_path):
+    result = cli("h2", "train", "--preset", "tiny", "--steps", "1", "--out", str(tmp_path / "run"), "--write-job",
+                 str(tmp_path / "job"))
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
+    assert "--write-job needs --strategy" in result.stderr and not (tmp_path / "job").exists()
