@@ -1,9 +1,9 @@
 """DiComm: point-to-point communication between chips of different vendors.
 
-Owns: the Python API over the C++ transports (tcp, shm, ibverbs) and the benchmark
-(python benchmarks/dicomm/bench.py); the torch.distributed "dicomm" backend registration will live here
-too. Must not import heteropp, ditorch or h2 above its bottom layer h2.core (the benchmark launches
-its processes with h2.core.ranks). The C++ core (csrc/dicomm) never needs torch:
+Owns: the Python API over the C++ transports (tcp, shm, ibverbs: `endpoint`), the torch.distributed
+"dicomm" backend (`torch_backend`), the store adapter and the chip -> NIC map (`topology`, `python -m
+dicomm topology`). Its benchmarks are scripts in benchmarks/dicomm/. Must not import heteropp, ditorch
+or h2 above its bottom layer h2.core. The C++ core (csrc/dicomm) never needs torch:
 rendezvous takes any object with set/get. Design and configuration: docs/dicomm.md.
 """
 from dicomm.endpoint import CommError, Endpoint, FrameError, Handle, live_requests, probe_ibverbs

@@ -3,7 +3,8 @@ clipping, fp32/bf16, gradient accumulation, atomic checkpoints with exact resume
 progress) and the pipeline trainer that drives a HeteroPP engine on each rank (h2.train.pipeline).
 
 Every parallel run (HeteroPP) is checked against the reference trainer's loss on the same data.
-May import every layer below (h2.core, h2.model, h2.data, heteropp); never h2.cli.
+May import every layer below (h2.core, h2.model, h2.data, ditorch, dicomm, heteropp, h2.ps); never
+heteroauto, h2.launch or h2.cli.
 """
 
 from h2.core.training import TrainConfig
