@@ -27,9 +27,9 @@ LIMITS = (2, 4, 6, 8, 10, 12, 14, 16)
 def _row(label, report) -> str:
     f, j, o = report.one_f_one_b, report.jeeves, report.one_site
     fits = "" if f.fits else " (1f1b does not fit)"
-    return (
-        f"{label:>8} {f.iteration_s:8.3f} {j.iteration_s:8.3f} {o.iteration_s:8.3f} {f.iteration_s / j.iteration_s:6.2f}x "
-        f"{j.iteration_s / o.iteration_s:6.3f}x {j.bounds.bound_s:8.3f}  {list(j.layers)}{fits}")
+    return (f"{label:>8} {f.iteration_s:8.3f} {j.iteration_s:8.3f} {o.iteration_s:8.3f} "
+            f"{f.iteration_s / j.iteration_s:6.2f}x "
+            f"{j.iteration_s / o.iteration_s:6.3f}x {j.bounds.bound_s:8.3f}  {list(j.layers)}{fits}")
 
 
 def main() -> int:
@@ -39,7 +39,8 @@ def main() -> int:
     args = parser.parse_args()
     scenario = load_scenario(args.scenario)
     os.makedirs(args.out_dir, exist_ok=True)
-    header = f"{'':>8} {'1f1b s':>8} {'jeeves s':>8} {'1 site s':>8} {'1f1b/jv':>7} {'jv/site':>7} {'bound s':>8}  jeeves layers"
+    header = (f"{'':>8} {'1f1b s':>8} {'jeeves s':>8} {'1 site s':>8} {'1f1b/jv':>7} {'jv/site':>7} {'bound s':>8}  "
+              "jeeves layers")
     started = time.perf_counter()
 
     print(f"latency sweep ({scenario.links.inter_site.bandwidth_gbps:g} GB/s cross-site link, simulated)\n{header}")

@@ -95,9 +95,9 @@ def main() -> None:
         access = "host-accessible" if profile == "default" else "not host-accessible"
         for kind in ("wall", "cputime"):
             m = r[kind]
-            print(
-                f"{profile:<9} ({access:<19}) {kind:<8} cpu {m['cpu_s'] * 1e3:8.1f} ms   dipu {m['dipu_s'] * 1e3:8.1f} ms"
-                f"   dipu/cpu {m['ratio']:.3f}")
+            print(f"{profile:<9} ({access:<19}) {kind:<8} cpu {m['cpu_s'] * 1e3:8.1f} ms   "
+                  f"dipu {m['dipu_s'] * 1e3:8.1f} ms"
+                  f"   dipu/cpu {m['ratio']:.3f}")
 
 
 if __name__ == "__main__":

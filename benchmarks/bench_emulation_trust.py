@@ -113,9 +113,9 @@ def main() -> int:
                 f"{result['late']:>17.2%}", flush=True)
     half = measure(args.speed / 2, "none", args.iterations)
     full = measure(args.speed, "none", args.iterations)
-    print(
-        f"emulated at {args.speed / 2:g} alone: {half['median_s'] * 1e3:.1f} ms, {half['median_s'] / full['median_s']:.2f}x "
-        f"the chip at {args.speed:g} ({full['median_s'] * 1e3:.1f} ms; expected 2.00x)")
+    print(f"emulated at {args.speed / 2:g} alone: {half['median_s'] * 1e3:.1f} ms, "
+          f"{half['median_s'] / full['median_s']:.2f}x "
+          f"the chip at {args.speed:g} ({full['median_s'] * 1e3:.1f} ms; expected 2.00x)")
     print(f"after: {load()}")
     return 0
 

@@ -195,11 +195,10 @@ def report(rows: list[dict]) -> list[str]:
         latency_ratio = row["latency_s"] / link.latency_s if link.latency_s else math.nan
         bandwidth_ratio = row["bandwidth_bytes_per_s"] / link.bytes_per_s
         row["latency_ratio"], row["bandwidth_ratio"] = latency_ratio, bandwidth_ratio
-        lines.append(
-            f"{row['path']:<5} {link.describe():<22} {link.latency_us:>22.1f} {row['latency_s'] * 1e6:>10.1f} "
-            f"{latency_ratio:>6.3f}   {link.bandwidth_gbps:>26.4g} {row['bandwidth_bytes_per_s'] / 1e9:>9.4f} "
-            f"{bandwidth_ratio:>6.3f}   {base['latency_s'] * 1e6:>9.1f} us, {base['bandwidth_bytes_per_s'] / 1e9:>6.3f} GB/s"
-        )
+        lines.append(f"{row['path']:<5} {link.describe():<22} {link.latency_us:>22.1f} {row['latency_s'] * 1e6:>10.1f} "
+                     f"{latency_ratio:>6.3f}   {link.bandwidth_gbps:>26.4g} {row['bandwidth_bytes_per_s'] / 1e9:>9.4f} "
+                     f"{bandwidth_ratio:>6.3f}   {base['latency_s'] * 1e6:>9.1f} us, "
+                     f"{base['bandwidth_bytes_per_s'] / 1e9:>6.3f} GB/s")
     lines.append("")
     for row in rows:
         for what in ("latency", "bandwidth"):

@@ -102,8 +102,8 @@ def independent_step_s(strategy: Strategy, cluster, model, training, profile_dir
             compute_ms += profile["execution_time"]["forward_backward_time_ms"] - sum(computes)  # the loss
         first_layer += count
         chip = cluster.chip(stage.chip)
-        parameters = sum(profile["model"]["parameters"]["parameters_per_layer_bytes"][first_layer - count:first_layer]) \
-            / training.weight_bytes / stage.tp
+        layer_bytes = profile["model"]["parameters"]["parameters_per_layer_bytes"][first_layer - count:first_layer]
+        parameters = sum(layer_bytes) / training.weight_bytes / stage.tp
         link_gbps = chip.intra_node_gbps if stage.tp * stage_dp <= chip.chips_per_node else chip.inter_node_gbps
         ring = 2 * (stage_dp - 1) / stage_dp * parameters * training.weight_bytes / (link_gbps * 1e9)
         adam = parameters * 30 / (chip.memory_bandwidth_gbps * 1e9) / stage_dp
@@ -218,9 +218,8 @@ def main() -> None:
         }
         rows["Metis"]["Metis estimator"] = metis_estimate(checkout, arguments, theirs, plan["types"])
         rows["H2"]["Metis estimator"] = metis_estimate(checkout, arguments, ours, list(result.best.order))
-        print(
-            f"{'plan':<6} {'H2 cost model s':>16} {'H2 simulator s':>15} {'independent s':>14} {'Metis estimator ms':>19} "
-            f"{'fits (H2 memory)':>17}")
+        print(f"{'plan':<6} {'H2 cost model s':>16} {'H2 simulator s':>15} {'independent s':>14} "
+              f"{'Metis estimator ms':>19} {'fits (H2 memory)':>17}")
         for name, row in rows.items():
             print(f"{name:<6} {row['cost model']:>16.4f} {row['simulator']:>15.4f} {row['independent']:>14.4f} "
                   f"{row['Metis estimator']:>19.1f} {str(row['fits']):>17}")

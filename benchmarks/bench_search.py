@@ -108,9 +108,9 @@ def main() -> None:
     print("Predicted HeteroSpeedupRatio (synthesised profiles; each type alone with 2M tokens, searched the same way)")
     for name in ("exp-a-2", "exp-b-2", "exp-a-1", "exp-b-1"):
         paper, full = cli_search(name, "paper"), cli_search(name, "full")
-        print(
-            f"  {name}: paper {PAPER_RATIO[name] * 100:6.2f}%   --cost-model paper {paper['hetero_speedup_ratio'] * 100:6.2f}% "
-            f"({paper['iteration_s']:.2f} s; {describe(paper)})")
+        print(f"  {name}: paper {PAPER_RATIO[name] * 100:6.2f}%   "
+              f"--cost-model paper {paper['hetero_speedup_ratio'] * 100:6.2f}% "
+              f"({paper['iteration_s']:.2f} s; {describe(paper)})")
         print(f"  {'':7}  {'':14}   --cost-model full  {full['hetero_speedup_ratio'] * 100:6.2f}% "
               f"({full['iteration_s']:.2f} s; {describe(full)})")
 

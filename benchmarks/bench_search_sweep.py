@@ -7,9 +7,9 @@ CPU seconds of this single-threaded process, and the fitted growth cpu ~ k^a * c
 
 Chip types: the paper's A-D (configs/chips) and two more inside Table 5's ranges (E: 1.3x A100, 80 GB;
 F: 0.6x A100, 48 GB); a cluster of k types takes the first k, its chips split evenly in multiples of the
-largest power of two below half a type's share. Model: the H2 paper's 100B layer shape (h2-100b) with the point's layer count
-from 384 chips up; a 7B-class shape (hidden 4096) below, where 100B-wide layers do not fit. Global
-batch 4M tokens of 4096.
+largest power of two below half a type's share. Model: the H2 paper's 100B layer shape (h2-100b) with
+the point's layer count from 384 chips up; a 7B-class shape (hidden 4096) below, where 100B-wide layers
+do not fit. Global batch 4M tokens of 4096.
 """
 
 from __future__ import annotations

@@ -136,8 +136,8 @@ def main() -> None:
     reference_dir = os.path.join(out, "reference-cpu-fp32")
     seconds = train(reference_dir, args, "cpu", None)
     print(
-        f"reference: {args.preset} on cpu fp32, {args.steps} steps ({seconds:.0f} s{', reused' if not seconds else ''})",
-        flush=True)
+        f"reference: {args.preset} on cpu fp32, {args.steps} steps "
+        f"({seconds:.0f} s{', reused' if not seconds else ''})", flush=True)
     reference = read_loss_log(reference_dir)
     rows = []
     for name, (description, ops, bits) in [(CONTROL[0], CONTROL[1:]), *PROFILES.items()]:

@@ -13,6 +13,8 @@ import traceback
 from h2.core.ranks import RankFailure, run_ranks
 
 # (area, what a user calls, the code: `import ditorch` is run before it; an exception is a failure)
+# A code line too long for this file is split over two adjacent literals: the code run, and the line numbers an
+# error reports, stay the same.
 PROBES: list[tuple[str, str, str]] = [
     ("torch.cuda", "is_available, device_count, current_device", """
         assert torch.cuda.is_available() and torch.cuda.device_count() >= 1 and torch.cuda.current_device() == 0
@@ -32,7 +34,8 @@ PROBES: list[tuple[str, str, str]] = [
     ("torch.cuda", 'max_memory_allocated(torch.device("cuda:0"))',
      'torch.cuda.max_memory_allocated(torch.device("cuda:0"))'),
     ("torch.cuda", "reset_peak_memory_stats(), empty_cache(), memory_stats()", """
-        torch.cuda.reset_peak_memory_stats(); torch.cuda.empty_cache(); assert isinstance(torch.cuda.memory_stats(), dict)
+        torch.cuda.reset_peak_memory_stats(); torch.cuda.empty_cache(); """
+     """assert isinstance(torch.cuda.memory_stats(), dict)
     """),
     ("torch.cuda", "mem_get_info()", "free, total = torch.cuda.mem_get_info(); assert 0 < free <= total"),
     ("torch.cuda", 'mem_get_info("cuda:0")', 'torch.cuda.mem_get_info("cuda:0")'),
@@ -86,7 +89,8 @@ PROBES: list[tuple[str, str, str]] = [
         assert layer.weight.is_meta, layer.weight.device
     """),
     ("tensors", "pin_memory(), .to(non_blocking=True)", """
-        x = torch.ones(8).pin_memory(); assert x.is_pinned(); y = x.to("cuda", non_blocking=True); torch.cuda.synchronize()
+        x = torch.ones(8).pin_memory(); assert x.is_pinned(); y = x.to("cuda", non_blocking=True); """
+     """torch.cuda.synchronize()
     """),
     ("tensors", 'torch.Generator(device="cuda")', 'torch.Generator(device="cuda").manual_seed(0)'),
     ("tensors", "share_memory_() of a cuda tensor (hogwild)", 'torch.ones(4, device="cuda").share_memory_()'),
@@ -164,7 +168,8 @@ PROBES: list[tuple[str, str, str]] = [
     """),
     ("distributed", 'init_process_group("nccl"), all_reduce', """
         import torch.distributed as dist
-        dist.init_process_group("nccl"); x = torch.ones(2, device="cuda"); dist.all_reduce(x); result = dist.get_backend()
+        dist.init_process_group("nccl"); x = torch.ones(2, device="cuda"); dist.all_reduce(x); """
+     """result = dist.get_backend()
         dist.destroy_process_group()
     """),
     ("distributed", "init_process_group() with no backend", """

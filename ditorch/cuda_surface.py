@@ -70,10 +70,11 @@ DIRECT_NAMES = (
 
 # Where each name takes a device (positionally, or as the keyword `device`): every form torch accepts
 # there ("cuda", "cuda:1", torch.device("cuda", 1), an int) is translated to the vendor's device.
-DEVICE_ARGUMENT_POSITION = {
-    **dict.fromkeys(("set_device", "synchronize", "get_device_properties", "get_device_name", "get_device_capability", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated", "memory_stats", "mem_get_info", "get_rng_state", "Stream", "current_stream", "default_stream", "device"), 0),
-    "set_rng_state": 1,
-}
+TAKES_DEVICE_FIRST = ("set_device", "synchronize", "get_device_properties", "get_device_name", "get_device_capability",
+                      "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                      "reset_peak_memory_stats", "reset_max_memory_allocated", "memory_stats", "mem_get_info",
+                      "get_rng_state", "Stream", "current_stream", "default_stream", "device")
+DEVICE_ARGUMENT_POSITION = {**dict.fromkeys(TAKES_DEVICE_FIRST, 0), "set_rng_state": 1}
 
 
 def _with_device_translated(original, position: int, translate):

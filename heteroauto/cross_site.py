@@ -129,7 +129,8 @@ class XdcScenario:
 
     def activation_bytes(self) -> float:
         """One micro-batch's s x b x h activation (or gradient) crossing a stage boundary."""
-        return self.model.seq_len * self.pipeline.micro_batch_size * self.model.hidden_size * self.model.activation_bytes
+        model = self.model
+        return model.seq_len * self.pipeline.micro_batch_size * model.hidden_size * model.activation_bytes
 
     def limit_micro_batches(self, layers: int) -> int:
         """k of a stage of `layers` layers: the micro-batches whose activations fit its budget (at most

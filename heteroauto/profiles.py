@@ -159,7 +159,8 @@ def synthesise_profile(chip: ChipType, model: ModelConfig, training: TrainingSpe
             update.append(
                 UpdateProfile(dp=dp, tp=tp, seconds_per_layer=update_s_per_layer(model, training, chip, dp, tp)))
     assumptions = [
-        f"compute at {chip.achievable_fraction:g} x {chip.peak_tflops:g} peak TFLOPS = {rate / 1e12:.1f} TFLOPS achieved, "
+        f"compute at {chip.achievable_fraction:g} x {chip.peak_tflops:g} peak TFLOPS = "
+        f"{rate / 1e12:.1f} TFLOPS achieved, "
         f"split over the TP group at {chip.tp_efficiency_per_doubling:g} efficiency per doubling of tp "
         "(smaller GEMMs, kernel overheads)",
         "FLOPs from h2.model.config: backward = 2 x forward, recompute = 1 x forward, full s x s attention square",
@@ -319,7 +320,8 @@ def measured_profile(cluster: ClusterSpec, chip: ChipType, model: ModelConfig, t
         "the extra time of the same layer under activation recompute",
         "memory: device bytes a layer holds from forward to backward, with and without recompute, and the "
         "workspace of its backward",
-        "stage ends: embedding forward/backward (first stage) and norm + head + loss (last stage) measured the same way",
+        "stage ends: embedding forward/backward (first stage) and norm + head + loss (last stage) "
+        "measured the same way",
         f"update: measured squared-norm + clip + AdamW step of one layer's shard; dp > 1 derived: / dp (ZeRO-1) + "
         f"ring all-reduce of the gradient over {chip.inter_node_gbps:g} GB/s inter-node, not overlapped",
         f"late kernels: {late:.2%} of the emulated kernel time at worst (the host's load)",

@@ -293,8 +293,8 @@ class Planner:
                     terms.bytes(1) / chip.capacity_bytes,
                     (f"no feasible strategy: memory: the closest configuration (dp={dp}, chip {chip.name} "
                      f"tp={layer.tp} recompute={'on' if recompute else 'off'}, {where}) needs "
-                     f"{terms.bytes(1) / GB:.1f} GB per chip for one layer, capacity {chip.capacity_bytes / GB:.1f} GB"
-                     ))
+                     f"{terms.bytes(1) / GB:.1f} GB per chip for one layer, "
+                     f"capacity {chip.capacity_bytes / GB:.1f} GB"))
         self._caps[key] = StageVariantCaps(middle=variants[(False, False)], first=variants[(True, False)],
                                            last=variants[(False, True)], both=variants[(True, True)])
         return self._caps[key]

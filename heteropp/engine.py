@@ -6,7 +6,8 @@ Equivalent, step for step, to the single-device reference trainer on the same da
 batch is micro_batches micro-batches of R = dp * micro_batch_size consecutive sequences; replica d
 of a stage with dp_s replicas takes sequences [d * R / dp_s, (d + 1) * R / dp_s) of each
 (heteropp.topology; uneven `rows` of a Zorse group likewise), the last stage scales each replica's
-micro-batch loss by its rows / (R * micro_batches), and the loss of a step is the mean token cross-entropy over the batch.
+micro-batch loss by its rows / (R * micro_batches), and the loss of a step is the mean token
+cross-entropy over the batch.
 
 The data, the learning-rate schedule, metrics and the step loop belong to the trainer that drives
 this engine (h2.train.pipeline).

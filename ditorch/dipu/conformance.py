@@ -169,7 +169,8 @@ class CheckResult:
     dtypes: dict = field(default_factory=dict)  # dtype name -> DtypeResult
     diopi_calls: int = 0  # DIOPI kernel calls made by the compared samples on dipu
     fallback_calls: int = 0  # CPU fallback calls made by them
-    degraded: bool = False  # a sample reached a kernel the profile rounds, in a dtype it changes, with a non-empty output
+    # a sample reached a kernel the profile rounds, in a dtype it changes, with a non-empty output
+    degraded: bool = False
     not_compared: str = ""  # why no sample was compared (OpInfo declares the output nondeterministic, ...)
     declared: str = ""  # what PyTorch's own compare-with-CPU test declares about the op
     error: str = ""  # the check could not run (a crash, samples that cannot be made on dipu)

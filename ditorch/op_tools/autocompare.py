@@ -89,7 +89,8 @@ class OpAutoCompare(OpTool):
     def summary(self) -> str:
         compared = sum(1 for row in self.rows if row["status"].startswith(("ok", "mismatch")))
         failed = self.mismatches
-        text = f"autocompare: {compared} op calls compared with {self.reference_device.type}, {len(failed)} beyond tolerance"
+        text = (f"autocompare: {compared} op calls compared with {self.reference_device.type}, "
+                f"{len(failed)} beyond tolerance")
         if failed:
             counts: dict[str, int] = {}
             for row in failed:

@@ -4,15 +4,22 @@ Each reader turns a file into `Records`: (position, step, loss, consumed tokens 
 order, plus the tokens per step where the log states them. Positions are line numbers (text) or
 event numbers (TensorBoard), for messages.
 
-| format | what it reads | tokens |
-|---|---|---|
-| h2 | the h2 trainer's metrics.jsonl | `tokens` per step |
-| jsonl | JSON objects per line: a step field (step, _step, iteration, ...) and a loss field | a cumulative field (consumed_tokens, ...) |
-| csv | a header naming step and loss columns (W&B exports: `run - train/loss`), or bare `step,loss` rows | a cumulative column |
-| megatron | Megatron-LM's `iteration N/ M | ... | lm loss: X |` lines | consumed samples x seq_length (from the arguments block) |
-| torchtitan | torchtitan's `step: N  loss: X ...` lines | global batch size x sequence length (from "Training starts" line) |
-| nanogpt | nanoGPT's `iter N: loss X, time ...` lines | "tokens per iteration will be: N" |
-| tensorboard | scalars of event files (a file, or a folder holding one run's files) | the `ntokens_seen` tag |
+=========== ============================================================ ===========================================
+format      what it reads                                                tokens
+=========== ============================================================ ===========================================
+h2          the h2 trainer's metrics.jsonl                               `tokens` per step
+jsonl       JSON objects per line: a step field (step, _step, iteration, a cumulative field (consumed_tokens, ...)
+            ...) and a loss field
+csv         a header naming step and loss columns (W&B exports:          a cumulative column
+            `run - train/loss`), or bare `step,loss` rows
+megatron    Megatron-LM's `iteration N/ M | ... | lm loss: X |` lines    consumed samples x seq_length (from the
+                                                                         arguments block)
+torchtitan  torchtitan's `step: N  loss: X ...` lines                    global batch size x sequence length (from
+                                                                         "Training starts" line)
+nanogpt     nanoGPT's `iter N: loss X, time ...` lines                   "tokens per iteration will be: N"
+tensorboard scalars of event files (a file, or a folder holding one      the `ntokens_seen` tag
+            run's files)
+=========== ============================================================ ===========================================
 """
 
 from __future__ import annotations

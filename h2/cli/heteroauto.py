@@ -1,19 +1,24 @@
 """`heteroauto`: search a strategy, simulate one, or profile chip types.
 
-    heteroauto search   --cluster C [--model M] [--cost-model full|paper] [--time-limit S] [--out S.yaml] [--json] [--exhaustive]
-    heteroauto search   --planner zorse --cluster C [--model M] [--memory-fraction F] [--ministages K] [--offload auto|on|off]
+    heteroauto search   --cluster C [--model M] [--cost-model full|paper] [--time-limit S] [--out S.yaml] [--json]
+                        [--exhaustive]
+    heteroauto search   --planner zorse --cluster C [--model M] [--memory-fraction F] [--ministages K]
+                        [--offload auto|on|off]
     heteroauto partition --cluster C [--json]
     heteroauto simulate --strategy S --cluster C [--cost-model full|paper] [--json] [--trace FILE]
-    heteroauto profile  --cluster C [--chip NAME] [--model M] [--device cpu] [--synthesise] [--out-dir D | --out P.yaml]
-    heteroauto cross-site --scenario configs/xdc/gpt3-175b.yaml [--latency-ms 20] [--bandwidth-gbps B] [--limit K] [--json]
+    heteroauto profile  --cluster C [--chip NAME] [--model M] [--device cpu] [--synthesise]
+                        [--out-dir D | --out P.yaml]
+    heteroauto cross-site --scenario configs/xdc/gpt3-175b.yaml [--latency-ms 20] [--bandwidth-gbps B] [--limit K]
+                          [--json]
 
 `search --planner zorse` plans with the Zorse planner (heteroauto.zorse: mixed-type groups, rows per
 rank, ministages, ZeRO-2, offload; its flags are one argument group of `search`, refused without it);
 `partition` prints its phase 1 (the min-k-cut of the cluster's bandwidth graph, every k); `simulate` scores
 a Zorse strategy with the same simulator. `profile` measures by running the runtime's stage code on TP
-ranks of each chip (heteropp.profiling; an emulated chip on its emulated dipu device) and writes one profile file per chip type into the
-profile folder (default profiles/<cluster name>/), reusing a file measured for the same chip entry,
-model and micro-batch shape unless --force; `search` and `simulate` read that folder with --profiles.
+ranks of each chip (heteropp.profiling; an emulated chip on its emulated dipu device) and writes one
+profile file per chip type into the profile folder (default profiles/<cluster name>/), reusing a file
+measured for the same chip entry, model and micro-batch shape unless --force; `search` and `simulate`
+read that folder with --profiles.
 
 The command parses, loads the cluster file once, calls the planner's functions (heteroauto.problem,
 heteroauto.planning, heteroauto.profile_cache, heteroauto.predicted_trace) and the profiling job
@@ -329,9 +334,8 @@ def _print_search(args, outcome: SearchOutcome, problem: PlanningProblem) -> Non
           ", ".join(f"{c.name}={c.count}{' emulated' if c.emulated else ''}" for c in cluster.chips) +
           f"), model {model.name}, global batch {training.tokens} tokens ({training.sequences} x {training.seq_len}), "
           f"alpha {training.alpha:g}, cost model {args.cost_model}")
-    print(
-        f"strategy: dp={strategy.dp} micro_batches={strategy.micro_batches} micro_batch_size={strategy.micro_batch_size} "
-        f"pp={len(strategy.stages)} schedule={strategy.schedule}")
+    print(f"strategy: dp={strategy.dp} micro_batches={strategy.micro_batches} "
+          f"micro_batch_size={strategy.micro_batch_size} pp={len(strategy.stages)} schedule={strategy.schedule}")
     print(f"{'stage':>5} {'chip':>6} {'tp':>3} {'dp':>4} {'layers':>6} {'recomp':>6} {'memory GB':>10} {'cap GB':>7} "
           f"{'T_comp s':>9} {'T_upd s':>8} {'send s':>8}")
     for s in report.stages:
@@ -579,13 +583,12 @@ def _print_simulation(args, result: SimulatedStrategy, cluster: ClusterSpec, tok
           f"{'update s':>9} {'send s':>8} {'memory GB':>10} {'cap GB':>7}")
     for s, term, busy, bubble in zip(report.stages, result.terms, sim.busy_s, sim.bubble_s):
         flag = "" if s.fits else "  OVER CAPACITY"
-        print(
-            f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} {s.update_s:>9.4f} "
-            f"{term.send_s:>8.4f} {s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}"
-            f"{_emulated(cluster, s.chip)}")
-    print(
-        f"simulated iteration: {sim.iteration_s:.4f} s ({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
-        f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {tokens_per_chip_s:.2f}")
+        print(f"{s.index:>5} {s.chip:>6} {s.tp:>3} {s.dp:>3} {s.layers:>6} {busy:>10.4f} {bubble:>10.4f} "
+              f"{s.update_s:>9.4f} {term.send_s:>8.4f} {s.memory_bytes / GB:>10.4g} {s.capacity_bytes / GB:>7.4g}{flag}"
+              f"{_emulated(cluster, s.chip)}")
+    print(f"simulated iteration: {sim.iteration_s:.4f} s "
+          f"({'no transfers' if args.no_transfers else f'{sim.transfers} transfers'}); "
+          f"cost model: {report.iteration_s:.4f} s; tokens/chip/s: {tokens_per_chip_s:.2f}")
 
 
 def _cmd_simulate(args) -> int:
@@ -669,9 +672,9 @@ def _cmd_cross_site(args) -> int:
     bounds = report.jeeves.bounds
     print(f"  critical-path bound (jeeves' division): compute {bounds.compute_s:.3f} s, communication "
           f"{bounds.communication_s:.3f} s")
-    print(
-        f"  jeeves saves {1 - 1 / report.speedup:.1%} against 1f1b; {report.jeeves.iteration_s / report.one_site.iteration_s:.3f}x "
-        f"the one-site time; simulated in {elapsed:.1f} s")
+    print(f"  jeeves saves {1 - 1 / report.speedup:.1%} against 1f1b; "
+          f"{report.jeeves.iteration_s / report.one_site.iteration_s:.3f}x "
+          f"the one-site time; simulated in {elapsed:.1f} s")
     return 0
 
 

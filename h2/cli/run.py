@@ -232,12 +232,13 @@ def train(args, out: str, cluster: ClusterSpec) -> int:
     run = RunOptions(strategy=os.path.join(out, STRATEGY_FILE), cluster=args.cluster, out=out, resume=bool(args.resume),
                      overwrite=args.overwrite, max_restarts=args.max_restarts)
     # the launcher resolves the job from these values: exactly the options given count as given
-    values = {
-        **flags.given(args, TrainConfig), **flags.given(args, PipelineOptions),
-        **{name: getattr(run, name) for name in ("strategy", "cluster", "out")}, **{
-            name: getattr(run, name) for name in ("resume", "overwrite", "max_restarts") if getattr(run, name) not in (None, False)
-        }
+    given = {**flags.given(args, TrainConfig), **flags.given(args, PipelineOptions)}
+    files = {name: getattr(run, name) for name in ("strategy", "cluster", "out")}
+    switches = {
+        name: getattr(run, name) for name in ("resume", "overwrite", "max_restarts")
+        if getattr(run, name) not in (None, False)
     }
+    values = {**given, **files, **switches}
     hosts = (args.nnodes, args.rdzv_endpoint) if args.nnodes > 1 else None
     return run_pipeline_job(values, run, hosts, cluster)
 

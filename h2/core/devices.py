@@ -8,8 +8,9 @@ pyproject.toml), so that no layer imports another sideways to find them:
   and announces, through `serve_device`, the device types it serves (dicomm serves dipu).
 A device package may announce the C functions that reach its memory without host staging
 (`serve_device_memory`; DiComm asks `device_memory`). A package may also announce a fallback at run
-time (`serve_device(..., fallback=True)`: ditorch's host-staged gloo). `on_device_type_registered` lets a backend extend itself to a device type that
-appears after it was loaded, and `device_type_registered` is what a device package calls then.
+time (`serve_device(..., fallback=True)`: ditorch's host-staged gloo). `on_device_type_registered`
+lets a backend extend itself to a device type that appears after it was loaded, and
+`device_type_registered` is what a device package calls then.
 
 Torch is imported only inside the functions that need it: the planner uses this package torch-free.
 """

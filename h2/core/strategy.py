@@ -88,7 +88,8 @@ class Strategy:
     schedule: ScheduleName = "1f1b"
     seq_len: int | None = None
     orders: list[str] | None = None  # per stage, the compute actions in the order they run (h2.core.stage_orders)
-    in_flight_limit: int | None = None  # jeeves: micro-batches a stage may hold at once (k); None: what its memory holds
+    # jeeves: micro-batches a stage may hold at once (k); None: what its memory holds
+    in_flight_limit: int | None = None
     ministages: int = 1
     optimizer_sharding: Literal["none", "zero1", "zero2"] | None = None
     offload: list[Literal["activations", "parameters"]] = dataclasses.field(default_factory=list)

@@ -5,9 +5,10 @@ Addresses come from the benchmarking range 198.18.0.0/15: node k is 198.18.<100 
 on eth0 inside its namespace, so the addresses' text sorts in node order (torchrun's c10d rendezvous
 ranks nodes by address). Each namespace gets an /etc/hosts naming every node (`ip netns exec` mounts
 /etc/netns/<namespace>/hosts), so reverse look-ups of peers answer at once. The bridge has no address:
-nothing outside the emulated nodes can reach them, so two jobs' networks never meet. Bandwidth: inside each namespace an htb qdisc on eth0 gives every
-destination node its own token-bucket class (`tc ... htb rate`), with a u32 filter on the destination
-address; this kernel has no netem, so latency stays in the pacing layers (h2.core.links).
+nothing outside the emulated nodes can reach them, so two jobs' networks never meet. Bandwidth: inside
+each namespace an htb qdisc on eth0 gives every destination node its own token-bucket class
+(`tc ... htb rate`), with a u32 filter on the destination address; this kernel has no netem, so
+latency stays in the pacing layers (h2.core.links).
 
 Teardown (processes left in a namespace killed, namespaces and bridge deleted) runs when the `with`
 block ends, on an exception, on Ctrl-C and on SIGTERM/SIGHUP. A launcher killed with SIGKILL leaves

@@ -7,8 +7,9 @@ then the next ministage; backwards in reverse; each ministage's optimizer step r
 backward. Parameters are ZeRO-2 over the group: gradients reduce-scattered, optimizer state sharded;
 with k = 1 the weights stay whole between steps (gathered once, in the forward); with k > 1 a
 ministage is resharded after its forward and gathered again for its backward (the ministages held
-whole are only the one computing and the next, prefetched). with activation checkpointing (recompute, as the seed's runs) a layer keeps its input and backward
-recomputes the forward; without it a layer keeps all its activations. The planner tries both.
+whole are only the one computing and the next, prefetched). with activation checkpointing
+(recompute, as the seed's runs) a layer keeps its input and backward recomputes the forward; without
+it a layer keeps all its activations. The planner tries both.
 
 Per layer of group g and one micro-batch: forward f_g = max_r rows_r * f_r, backward
 b_g = max_r rows_r * (b_r [+ recompute_r]) (the slowest rank of the group sets the pace). Per layer and

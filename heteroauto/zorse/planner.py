@@ -239,11 +239,13 @@ def plan(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, rates
                         worst = memory[worst_g][worst_r]
                         if worst.fraction > 1:
                             if worst.fraction < nearest.fraction:
-                                nearest = _Nearest(worst.fraction, (
-                                    f"{len(shaped)} groups, {k} ministages, {size} sequences per micro-batch, "
-                                    f"offload {'on' if off else 'off'}, recompute {'on' if recompute else 'off'}: rank {worst_r} ({chips[worst_g][worst_r]}) of "
-                                    f"group {worst_g} needs {worst.device_bytes / GB:.3g} GB, its memory allows "
-                                    f"{worst.capacity_bytes / GB:.3g} GB"))
+                                nearest = _Nearest(
+                                    worst.fraction,
+                                    (f"{len(shaped)} groups, {k} ministages, {size} sequences per micro-batch, "
+                                     f"offload {'on' if off else 'off'}, recompute {'on' if recompute else 'off'}: "
+                                     f"rank {worst_r} ({chips[worst_g][worst_r]}) of "
+                                     f"group {worst_g} needs {worst.device_bytes / GB:.3g} GB, its memory allows "
+                                     f"{worst.capacity_bytes / GB:.3g} GB"))
                             continue
                         predicted = latency(shaped, chunks, hops, sequences // size, off, shapes, overlap)
                         if best is None or predicted.iteration_s < best.latency.iteration_s * (1 - 1e-9):

@@ -153,8 +153,8 @@ def test_a_failed_getrandom_fails_the_setup_in_one_line_naming_it(failing_getran
                                                                   drawn):
     results = run("token", transport=transport, tokens=tokens, connect_timeout=3,
                   env={"LD_PRELOAD": failing_getrandom, **failing_sizes})
-    assert any(r["error"].startswith(f"cannot draw {drawn} (getrandom: ") and "\n" not in r["error"] for r in results), \
-        results
+    prefix = f"cannot draw {drawn} (getrandom: "
+    assert any(r["error"].startswith(prefix) and "\n" not in r["error"] for r in results), results
 
 
 DECOY_ADDRESS = 0x3E0000000000

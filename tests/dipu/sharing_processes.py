@@ -29,7 +29,8 @@ assert lib.dipuMalloc(ctypes.byref(base), ctypes.c_size_t({ALLOCATION_BYTES})) =
 pattern = bytes(i % 251 for i in range({ALLOCATION_BYTES}))
 assert lib.dipuMemcpy(base, pattern, ctypes.c_size_t({ALLOCATION_BYTES}), 0) == 0
 handle = (ctypes.c_uint8 * 64)()
-assert lib.dipuIpcGetMemHandle(handle, ctypes.c_void_p(base.value + {EXPORTED_OFFSET}), ctypes.c_size_t({EXPORTED_BYTES})) == 0
+assert lib.dipuIpcGetMemHandle(handle, ctypes.c_void_p(base.value + {EXPORTED_OFFSET}),
+                               ctypes.c_size_t({EXPORTED_BYTES})) == 0
 print(json.dumps({{"pid": os.getpid(), "handle": bytes(handle).hex()}}), flush=True)
 for command in sys.stdin:
     command = command.strip()

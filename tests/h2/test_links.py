@@ -20,8 +20,10 @@ from h2.core.links import (
 )
 from h2.core.strategy import strategy_from_mapping
 
-FAST = "{name: F, count: 8, memory_gb: 1, chips_per_node: 4, tp_max: 4, intra_node_gbps: 100, inter_node_gbps: 10, latency_us: 5}"
-SLOW = "{name: S, count: 4, memory_gb: 1, chips_per_node: 2, tp_max: 2, intra_node_gbps: 20, inter_node_gbps: 2, latency_us: 30}"
+FAST = ("{name: F, count: 8, memory_gb: 1, chips_per_node: 4, tp_max: 4, intra_node_gbps: 100, inter_node_gbps: 10, "
+        "latency_us: 5}")
+SLOW = ("{name: S, count: 4, memory_gb: 1, chips_per_node: 2, tp_max: 2, intra_node_gbps: 20, inter_node_gbps: 2, "
+        "latency_us: 30}")
 
 
 @pytest.fixture

@@ -63,12 +63,14 @@ def test_a_bad_order_is_one_line_naming_file_field_and_action(orders, message):
 
 
 # ---- sites ---------------------------------------------------------------------------------------
-CLUSTER = """chips:
-  - {name: A, count: 4, memory_gb: 1, chips_per_node: 4, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1, site: north}
-  - {name: B, count: 4, memory_gb: 1, chips_per_node: 4, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1, site: south}
-links:
-  inter_site: {bandwidth_gbps: 0.1, latency_us: 20000}
-"""
+CLUSTER = (
+    "chips:\n"
+    "  - {name: A, count: 4, memory_gb: 1, chips_per_node: 4, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1, "
+    "site: north}\n"
+    "  - {name: B, count: 4, memory_gb: 1, chips_per_node: 4, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1, "
+    "site: south}\n"
+    "links:\n"
+    "  inter_site: {bandwidth_gbps: 0.1, latency_us: 20000}\n")
 
 
 @pytest.fixture
@@ -102,11 +104,12 @@ def test_a_strategy_with_sites_orders_and_an_in_flight_limit_saves_and_loads_unc
     assert load_strategy(tmp_path / "s.yaml") == original
 
 
-ONE_TYPE = """sites: [north, south]
-chips:
-  - {name: A, count: 4, memory_gb: 1, chips_per_node: 4, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1, site: north}
-  - {name: B, count: 4, memory_gb: 1, chips_per_node: 4, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1}
-"""
+ONE_TYPE = (
+    "sites: [north, south]\n"
+    "chips:\n"
+    "  - {name: A, count: 4, memory_gb: 1, chips_per_node: 4, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1, "
+    "site: north}\n"
+    "  - {name: B, count: 4, memory_gb: 1, chips_per_node: 4, tp_max: 1, intra_node_gbps: 10, inter_node_gbps: 1}\n")
 
 
 def test_a_stage_may_name_a_site_the_clusters_sites_list_names(tmp_path):

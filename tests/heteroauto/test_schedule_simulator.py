@@ -179,9 +179,10 @@ def test_a_schedule_that_waits_for_a_message_never_sent_is_reported():
 
 TWO_TYPES = (
     "chips:\n"
-    "  - {name: A, count: 8, memory_gb: 1, peak_tflops: 100, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n"
-    "  - {name: B, count: 8, memory_gb: 1, peak_tflops: 100, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, inter_node_gbps: 10}\n"
-)
+    "  - {name: A, count: 8, memory_gb: 1, peak_tflops: 100, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, "
+    "inter_node_gbps: 10}\n"
+    "  - {name: B, count: 8, memory_gb: 1, peak_tflops: 100, chips_per_node: 8, tp_max: 8, intra_node_gbps: 100, "
+    "inter_node_gbps: 10}\n")
 
 
 @pytest.mark.parametrize("links, bandwidth_gbps, latency_us", [

@@ -76,7 +76,8 @@ def test_h2_train_runs_the_local_zorse_group_on_its_emulated_mixed_cluster(tmp_p
         str(tmp_path / "run")
     ], cwd=root, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "emu-slow (emulated: 0.1x a host core, 250 MB) + emu-fast (emulated: 0.3x a host core, 250 MB)" in result.stdout
+    assert ("emu-slow (emulated: 0.1x a host core, 250 MB) + emu-fast (emulated: 0.3x a host core, 250 MB)"
+            in result.stdout)
     with open(tmp_path / "run" / "stage_report.json") as handle:
         assert [row["chip"] for row in json.load(handle)] == ["emu-slow+emu-fast"]
 
