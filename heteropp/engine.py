@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from h2.core.devices import resolve_device
-from h2.core.links import RankLinks
+from h2.core.links import PeerLinks
 from h2.core.schedule import resolve_schedule
 from h2.core.stage_orders import run_schedule
 from h2.core.training import PipelineOptions, TrainConfig
@@ -73,7 +73,7 @@ class StepResult:
 class PipelineEngine:
 
     def __init__(self, strategy, config: TrainConfig, options: PipelineOptions | None = None, source: str = "strategy",
-                 links: RankLinks | None = None, chip_labels: dict[str, str] | None = None):
+                 links: PeerLinks | None = None, chip_labels: dict[str, str] | None = None):
         """`links`: this rank's emulated link to every other rank (h2.core.links); its sends across
         stages are paced to them (gloo: in P2P; dicomm: in DiComm's shaping layer). `chip_labels`: how
         outputs name each chip type (e.g. 'emu-slow (emulated: 0.02x a host core, 120 MB)'); the chip's
@@ -103,7 +103,7 @@ class PipelineEngine:
         assert not (model.tie_embeddings and len(strategy.stages) > 1), "tied embeddings across stages"
         assert self.config.seq_len <= model.max_seq_len, "seq_len beyond the model's max_seq_len"
 
-    def _place_rank_and_build_groups(self, links: RankLinks | None) -> None:
+    def _place_rank_and_build_groups(self, links: PeerLinks | None) -> None:
         """Topology and groups: this rank's place and device, every stage's device type known here (and
         its backend loaded), and the process groups (wrapping around for ministages)."""
         self.topology = Topology.from_strategy(self.strategy)
@@ -174,7 +174,7 @@ class PipelineEngine:
         ]
         self.param_slots = [self.norm_slot[name] for name, _ in named]
 
-    def _connect_stages(self, links: RankLinks | None) -> None:
+    def _connect_stages(self, links: PeerLinks | None) -> None:
         """The point-to-point path to the neighbouring stages (paced to `links` under gloo) and the
         resharder that moves activations and gradients over it."""
         self.p2p = P2P(stage_through_host=p2p_needs_host_staging(self.options.p2p_backend, self.device.type),

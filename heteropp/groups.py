@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from h2.core.devices import collective_backend
 from h2.core.errors import UserError
-from h2.core.links import RankLinks
+from h2.core.links import PeerLinks
 from heteropp.topology import RankPlace, Topology
 
 GLOO_DEVICE_TYPES = ("cpu", "cuda")  # the tensors gloo reads itself
@@ -81,7 +81,7 @@ class RankGroups:
     tp_ranks: list[int]
 
 
-def group_options(backend: str, members: list[int], links: RankLinks | None):
+def group_options(backend: str, members: list[int], links: PeerLinks | None):
     """A dicomm group's pg_options: the emulated link from this rank to each member, which DiComm's
     shaping layer applies; None for other backends (gloo's cross-stage sends are paced in P2P)."""
     if backend != "dicomm" or links is None:
@@ -90,13 +90,13 @@ def group_options(backend: str, members: list[int], links: RankLinks | None):
     return GroupOptions(links={peer: links.to(peer) for peer in members if peer != links.rank})
 
 
-def new_group(members: list[int], backend: str, links: RankLinks | None) -> dist.ProcessGroup:
+def new_group(members: list[int], backend: str, links: PeerLinks | None) -> dist.ProcessGroup:
     """A process group of `members` (every rank must call this, in the same order)."""
     return dist.new_group(members, backend=backend, pg_options=group_options(backend, members, links))
 
 
 def build_groups(topology: Topology, rank: int, *, device_type: str = "cpu", p2p_backend: str = "gloo",
-                 stage_backend: str = "auto", links: RankLinks | None = None, wrap_around: bool = False) -> RankGroups:
+                 stage_backend: str = "auto", links: PeerLinks | None = None, wrap_around: bool = False) -> RankGroups:
     """`device_type`: the device of stages that do not name their own; `links`: this rank's emulated
     links, applied by DiComm to the groups it serves; `wrap_around`: the last stage sends to stage 0
     (ministages: heteropp.ministages), over boundary 0's group with two stages, its own with more."""

@@ -1,5 +1,6 @@
 """The checks of a pipeline job that only the runtime knows how to make, made once by the launcher
-before any rank starts (h2.cli.main); the engine (heteropp.engine) then asserts them as invariants.
+before any rank starts (h2.launch.pipeline_job); the engine (heteropp.engine) then asserts them as
+invariants.
 
 Each refusal is a one-line UserError naming the strategy file and field (or the flag).
 """

@@ -10,7 +10,7 @@ With `stage_through_host` (a cross-stage backend that cannot read the stages' de
 as gloo for dipu tensors) sends copy to host first and receives land in host buffers that are
 copied into place when waited for.
 
-With `link_to` (the emulated link to each peer, h2.core.links.RankLinks.to) every send is paced: a
+With `link_to` (the emulated link to each peer, h2.core.links.PeerLinks.to) every send is paced: a
 `LinkPacer` thread posts it when it would arrive over its link (max(previous arrival, now +
 latency) + bytes / bandwidth), so a pipeline on gloo sees its slow links; the schedule still never
 waits for a send. The DiComm backend paces in its own shaping layer instead (no `link_to` here then).
@@ -114,7 +114,7 @@ class P2P:
 
     def __init__(self, stage_through_host: bool = False, link_to: Callable[[int], Link] | None = None):
         """`link_to(peer)`: the emulated link to global rank `peer`, which paces the sends (h2.core.links
-        RankLinks.to); None: unpaced."""
+        PeerLinks.to); None: unpaced."""
         self.stage_through_host = stage_through_host
         self.bytes_sent = 0
         self._pacer = LinkPacer(link_to) if link_to is not None else None

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from h2.core.cluster import ChipType, ClusterSpec
 from h2.core.errors import UserError
@@ -208,11 +208,28 @@ def nodes_of(locations: list[Location]) -> list[tuple[Location, list[int]]]:
     return nodes
 
 
-class RankLinks:
-    """The link from one rank to every other of a job: what its pacing layers apply per peer.
+class PeerLinks(Protocol):
+    """What the pacing layers ask of one rank's links (heteropp's groups and P2P): the link to each peer
+    and its class. RankLinks answers from a loaded cluster; a pipeline rank's answer comes from its job
+    file (h2.launch.job.JobLinks)."""
+    rank: int
 
-    With `kernel_shaped` the bandwidth between nodes is already enforced by the kernel (network
-    namespaces with tc shaping), so only the latency is paced for peers on other nodes."""
+    def to(self, peer: int) -> Link:
+        ...
+
+    def class_to(self, peer: int) -> str:
+        ...
+
+
+def paced_link(link: Link, across_nodes: bool, kernel_shaped: bool) -> Link:
+    """What pacing applies on `link`: all of it, except where the kernel already shapes the bandwidth
+    between nodes (`kernel_shaped`: network namespaces with tc shaping), where only its latency is paced."""
+    return link.without_bandwidth() if kernel_shaped and across_nodes else link
+
+
+class RankLinks:
+    """The link from one rank to every other of a job: what its pacing layers apply per peer
+    (`paced_link`: with `kernel_shaped`, only the latency between nodes)."""
 
     def __init__(self, cluster: ClusterSpec, locations: list[Location], rank: int, kernel_shaped: bool = False):
         self.cluster, self.locations, self.rank = cluster, locations, rank
@@ -227,9 +244,7 @@ class RankLinks:
         """What pacing applies to messages from this rank to global rank `peer`."""
         here, there = self.locations[self.rank], self.locations[peer]
         _, link = link_between(self.cluster, here, there)
-        if self.kernel_shaped and here.machine != there.machine:
-            return link.without_bandwidth()
-        return link
+        return paced_link(link, here.machine != there.machine, self.kernel_shaped)
 
     def class_to(self, peer: int) -> str:
         return link_class(self.locations[self.rank], self.locations[peer])

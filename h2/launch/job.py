@@ -36,7 +36,7 @@ import yaml
 
 from h2.core.config_io import dataclass_from_mapping
 from h2.core.dips import PSOptions
-from h2.core.links import Link
+from h2.core.links import Link, paced_link
 from h2.core.strategy import Strategy
 from h2.core.training import PipelineOptions, TrainConfig
 
@@ -60,11 +60,8 @@ class RankEntry:
 
 
 class JobLinks:
-    """One rank's links to every other, as the job file lists them: what its pacing layers apply per
-    peer (h2.core.links.RankLinks's interface: `rank`, `to`, `class_to`).
-
-    With `kernel_shaped` the bandwidth between nodes is already enforced by the kernel (network
-    namespaces with tc shaping), so only the latency is paced for peers on other nodes."""
+    """One rank's links to every other, as the job file lists them (h2.core.links.PeerLinks): what its
+    pacing layers apply per peer (`paced_link`: with `kernel_shaped`, only the latency between nodes)."""
 
     def __init__(self, ranks: tuple[RankEntry, ...], rank: int, kernel_shaped: bool = False):
         assert ranks[rank].links is not None, "a job without a cluster has no links"
@@ -72,10 +69,8 @@ class JobLinks:
 
     def to(self, peer: int) -> Link:
         """What pacing applies to messages from this rank to global rank `peer`."""
-        link = self.ranks[self.rank].links[peer].link
-        if self.kernel_shaped and self.ranks[self.rank].node != self.ranks[peer].node:
-            return link.without_bandwidth()
-        return link
+        across_nodes = self.ranks[self.rank].node != self.ranks[peer].node
+        return paced_link(self.ranks[self.rank].links[peer].link, across_nodes, self.kernel_shaped)
 
     def class_to(self, peer: int) -> str:
         return self.ranks[self.rank].links[peer].link_class
@@ -115,10 +110,13 @@ def read_job(path: str | os.PathLike) -> ResolvedJob:
 
 
 def _job_to_dict(job: ResolvedJob) -> dict:
+    configs = {
+        "train": dataclasses.asdict(job.train), "pipeline": dataclasses.asdict(job.pipeline),
+        "ps": dataclasses.asdict(job.ps)
+    }
     return {
-        "source": job.source, "strategy": job.strategy.to_dict(), "train": dataclasses.asdict(job.train),
-        "explicit": sorted(job.explicit), "pipeline": dataclasses.asdict(job.pipeline), "ps": dataclasses.asdict(
-            job.ps), "out": job.out, "resume": job.resume, "overwrite": job.overwrite, "chip_labels": job.chip_labels,
+        "source": job.source, "strategy": job.strategy.to_dict(), **configs, "explicit": sorted(job.explicit),
+        "out": job.out, "resume": job.resume, "overwrite": job.overwrite, "chip_labels": job.chip_labels,
         "stage_links": job.stage_links, "ranks": [_rank_to_dict(entry) for entry in job.ranks]
     }
 
@@ -132,11 +130,14 @@ def _rank_to_dict(entry: RankEntry) -> dict:
 
 
 def _job_from_dict(data: dict, path: str) -> ResolvedJob:
-    return ResolvedJob(source=data["source"], strategy=_strategy_from_dict(data["strategy"], path), train=TrainConfig(
-        **data["train"]), pipeline=PipelineOptions(**data["pipeline"]), ps=PSOptions(**data["ps"]), out=data["out"],
-                       explicit=frozenset(data["explicit"]), resume=data["resume"], overwrite=data["overwrite"],
-                       chip_labels=data["chip_labels"], stage_links=data["stage_links"], ranks=tuple(
-                           _rank_from_dict(entry) for entry in data["ranks"]))
+    configs = {
+        "train": TrainConfig(**data["train"]), "pipeline": PipelineOptions(**data["pipeline"]),
+        "ps": PSOptions(**data["ps"])
+    }
+    ranks = tuple(_rank_from_dict(entry) for entry in data["ranks"])
+    return ResolvedJob(source=data["source"], strategy=_strategy_from_dict(data["strategy"], path), **configs,
+                       out=data["out"], ranks=ranks, explicit=frozenset(data["explicit"]), resume=data["resume"],
+                       overwrite=data["overwrite"], chip_labels=data["chip_labels"], stage_links=data["stage_links"])
 
 
 def _strategy_from_dict(data: dict, path: str) -> Strategy:

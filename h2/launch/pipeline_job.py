@@ -124,9 +124,10 @@ def resolve_job(strategy: Strategy, config: TrainConfig, options: PipelineOption
     pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
                    source=run.strategy)  # refuses what the ranks would, before any starts
     labels, stage_links = _cluster_descriptions(strategy, cluster)
+    ranks = rank_entries(strategy, config, cluster)
     return ResolvedJob(source=run.strategy, strategy=strategy, train=config, pipeline=options, ps=flags.build(
-        PSOptions, values), out=out, ranks=rank_entries(strategy, config, cluster), explicit=explicit,
-                       resume=run.resume, overwrite=run.overwrite, chip_labels=labels, stage_links=stage_links)
+        PSOptions, values), out=out, ranks=ranks, explicit=explicit, resume=run.resume, overwrite=run.overwrite,
+                       chip_labels=labels, stage_links=stage_links)
 
 
 def _on_cluster(strategy: Strategy, cluster: ClusterSpec, options: PipelineOptions,

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from h2.core.errors import UserError
-from h2.core.links import RankLinks
+from h2.core.links import PeerLinks
 from h2.core.training import TRAJECTORY_FIELDS, PipelineOptions, TrainConfig
 from h2.data import SequenceStream, load_stdlib_corpus
 from h2.data.corpus import Corpus
@@ -77,7 +77,7 @@ def pipeline_start(strategy, config: TrainConfig, out_dir: str, *, resume: bool 
 class PipelineTrainer:
 
     def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
-                 corpus: Corpus | None = None, source: str = "strategy", links: RankLinks | None = None,
+                 corpus: Corpus | None = None, source: str = "strategy", links: PeerLinks | None = None,
                  chip_labels: dict[str, str] | None = None, *, resume: bool = False, overwrite: bool = False,
                  restarted: bool = False, explicit: frozenset[str] = frozenset()):
         """`out_dir` None: no metrics, no checkpoints (benchmarks); the other keywords: `pipeline_start`."""
