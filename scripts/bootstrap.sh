@@ -14,9 +14,12 @@ python="${PYTHON:-python3}"
 # System packages: the rdma-core headers and libraries, so the ibverbs transport always compiles,
 # pyverbs, which the tests use to cross-check DiComm's RDMA probe, OpenSSL's libcrypto headers
 # (DiComm's setup handshake proves the job token with HMAC-SHA256), GoogleTest (DiComm's C++ unit tests)
-# and clang-format (scripts/lint.sh checks csrc/ with it). Installed only as root (CI and the development
+# clang-format (scripts/lint.sh checks csrc/ with it), and OpenCL: the ICD loader and headers, pocl (Portable
+# OpenCL on the CPU, the OpenCL device this machine has), CLBlast (OpenCL BLAS) and clinfo, for the OpenCL DIPU
+# vendor. Installed only as root (CI and the development
 # machines are root); otherwise say what was skipped and build without them.
-system_packages=(libibverbs-dev librdmacm-dev rdma-core python3-pyverbs libssl-dev libgtest-dev clang-format)
+system_packages=(libibverbs-dev librdmacm-dev rdma-core python3-pyverbs libssl-dev libgtest-dev clang-format
+                 ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libclblast-dev clinfo)
 missing_packages=()
 for package in "${system_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing_packages+=("$package")
@@ -30,7 +33,8 @@ if [ "${#missing_packages[@]}" -gt 0 ]; then
     echo "[bootstrap] skipped system packages ${missing_packages[*]} (needs root and apt-get):" \
          "the ibverbs transport is not compiled and the pyverbs cross-check is skipped;" \
          "without libssl-dev DiComm does not build, without libgtest-dev scripts/test.sh cannot build its C++ unit tests," \
-         "without clang-format scripts/lint.sh does not check csrc/"
+         "without clang-format scripts/lint.sh does not check csrc/," \
+         "without the OpenCL packages the OpenCL vendor is not built"
   fi
 fi
 
@@ -50,6 +54,17 @@ build_and_test_deps=(numpy pyyaml "pybind11>=2.12" "scikit-build-core>=0.10" nin
 if ! "$py" -c "import numpy, yaml, pybind11, scikit_build_core, ninja, pytest, pytest_benchmark, hypothesis, expecttest, matplotlib, tensorboardX, grpc, zmq, networkx" 2>/dev/null; then
   echo "[bootstrap] installing build and test dependencies"
   "${pip[@]}" "${build_and_test_deps[@]}"
+fi
+# The ecosystem's libraries for real workloads (Hugging Face configs and tokenizers, safetensors, datasets and
+# parquet, TensorBoard and W&B logging, progress bars), the planner's LP solver (highspy); torch stays pinned
+# through a constraint so that none of them can make pip resolve another build.
+workload_deps=(transformers tokenizers safetensors datasets pyarrow sentencepiece tensorboard wandb tqdm highspy)
+if ! "$py" -c "import transformers, tokenizers, safetensors, datasets, pyarrow, sentencepiece, tensorboard, wandb, tqdm, highspy" 2>/dev/null; then
+  echo "[bootstrap] installing workload libraries (transformers, tokenizers, safetensors, datasets, ...)"
+  constraint="$(mktemp)"
+  echo "torch==$torch_version" > "$constraint"
+  "${pip[@]}" -c "$constraint" "${workload_deps[@]}"
+  rm -f "$constraint"
 fi
 # The linter (ruff) and the formatter (yapf) are pinned: another version may lint or format differently
 # and fail scripts/lint.sh on unchanged code.
