@@ -54,6 +54,7 @@ class SearchOutcome:
     bounded: int
     hetero_speedup_ratio: float | None = None
     baselines: dict = field(default_factory=dict)
+    speedup_baseline: str = "paper"  # SPEEDUP_BASELINES: which HeteroSpeedupRatio
 
     @property
     def method(self) -> str:
@@ -88,41 +89,73 @@ def run_search(problem: PlanningProblem, profiles: dict[str, Profile], options: 
                   time_limit_s=options.time_limit_s, progress=progress)
 
 
-def baseline_ratio(problem: PlanningProblem, profiles: dict[str, Profile], tokens_per_s: float, options: SearchOptions,
-                   baseline_tokens: int | None = None) -> tuple[float | None, dict]:
-    """HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i; type i alone gets its chip share of the batch,
-    or baseline_tokens (the paper's Table 6 runs: 2M tokens on each type's 256 chips)."""
+SPEEDUP_BASELINES = ("paper", "share")
+
+
+def baseline_sequences(problem: PlanningProblem, chip_name: str, kind: str, baseline_tokens: int | None) -> int:
+    """The global batch (sequences) chip type `chip_name` trains with alone for HeteroSpeedupRatio.
+
+    `paper` (the H2 paper's definition, Section 6.2.1): every type alone with the same baseline batch,
+    `baseline_tokens`, else the cluster file's `training.baseline_gbs_tokens` (its Table 6 runs: 2M tokens),
+    else the run's own global batch. `share`: the type's chip share of the run's global batch."""
+    cluster, training = problem.cluster, problem.training
+    if kind == "share":
+        return training.sequences * cluster.chip(chip_name).count // cluster.total_chips
+    tokens = baseline_tokens or training.baseline_gbs_tokens or training.tokens
+    return tokens // training.seq_len
+
+
+def _divisible_batches(sequences: int, micro_batch_size: int) -> list[int]:
+    """`sequences` rounded down to a whole number of micro-batches, then (for a batch the search cannot
+    split, such as a prime number of micro-batches) to multiples of 2, 4, ... 1024 micro-batches."""
+    units = sequences // micro_batch_size
+    candidates = [units] + [units - units % step for step in (2**k for k in range(1, 11)) if units >= step]
+    return list(dict.fromkeys(unit * micro_batch_size for unit in candidates if unit >= 1))
+
+
+def _alone(problem: PlanningProblem, profiles: dict[str, Profile], options: SearchOptions, chip_name: str,
+           wanted: int) -> dict:
+    """Chip type `chip_name` searched alone with about `wanted` sequences per step: its best plan and TGS."""
     cluster, model, training = problem.cluster, problem.model, problem.training
-    baselines, total = {}, 0.0
     alone_options = dataclasses.replace(options, top_k=1, dp=None)
-    for chip in cluster.chips:
-        if baseline_tokens is not None:
-            share = baseline_tokens // training.seq_len
-        else:
-            share = training.micro_batch_units * chip.count // cluster.total_chips * training.micro_batch_size
-        if share < training.micro_batch_size or share % training.micro_batch_size:
-            baselines[chip.name] = {
-                "error": f"baseline batch of {share} sequences is not a whole number of "
-                f"micro-batches"
-            }
-            return None, baselines
-        alone = dataclasses.replace(training, global_batch_tokens=None, global_batch_sequences=share)
-        alone_problem = dataclasses.replace(problem, cluster=cluster.only(chip.name), training=alone)
+    batches = _divisible_batches(wanted, training.micro_batch_size)
+    if not batches:
+        return {"error": f"baseline batch of {wanted} sequences is less than one micro-batch"}
+    errors = []
+    for sequences in batches:
+        alone = dataclasses.replace(training, global_batch_tokens=None, global_batch_sequences=sequences)
+        alone_problem = dataclasses.replace(problem, cluster=cluster.only(chip_name), training=alone)
         try:
             result = run_search(alone_problem, profiles, alone_options)
         except UserError as error:
-            baselines[chip.name] = {"error": str(error)}
-            return None, baselines
+            errors.append(str(error))
+            continue
         strategy = result.best.to_strategy(model, alone)
         iteration = evaluate_strategy(strategy, cluster, model, alone, profiles,
                                       cost_model=options.cost_model).iteration_s
-        tgs = alone.tokens / iteration / chip.count
-        baselines[chip.name] = {
-            "chips": chip.count, "gbs_tokens": alone.tokens, "iteration_s": iteration, "tokens_per_chip_s": tgs,
-            "dp": result.best.dp, "tp": list(result.best.tps), "pp": sum(result.best.pps), "recompute": list(
-                result.best.recompute)
+        chips = cluster.chip(chip_name).count
+        entry = {
+            "chips": chips, "gbs_tokens": alone.tokens, "iteration_s": iteration,
+            "tokens_per_chip_s": alone.tokens / iteration / chips, "dp": result.best.dp, "tp": list(result.best.tps),
+            "pp": sum(result.best.pps), "recompute": list(result.best.recompute)
         }
-        total += chip.count * tgs
+        if sequences != wanted:
+            entry["rounded_from_sequences"] = wanted
+        return entry
+    return {"error": errors[0]}
+
+
+def baseline_ratio(problem: PlanningProblem, profiles: dict[str, Profile], tokens_per_s: float, options: SearchOptions,
+                   baseline_tokens: int | None = None, kind: str = "paper") -> tuple[float | None, dict]:
+    """HeteroSpeedupRatio = N * TGS / sum_i N_i * TGS_i, each type i alone searched the same way with the
+    batch `baseline_sequences` gives it (rounded down to one the search can split, and said so)."""
+    baselines, total = {}, 0.0
+    for chip in problem.cluster.chips:
+        wanted = baseline_sequences(problem, chip.name, kind, baseline_tokens)
+        baselines[chip.name] = _alone(problem, profiles, options, chip.name, wanted)
+        if "error" in baselines[chip.name]:
+            return None, baselines
+        total += chip.count * baselines[chip.name]["tokens_per_chip_s"]
     return tokens_per_s / total, baselines
 
 
@@ -143,7 +176,8 @@ def _searched(problem: PlanningProblem, profiles: dict[str, Profile], options: S
 
 
 def search_strategy(problem: PlanningProblem, options: SearchOptions, *, baselines: bool = True, baseline_tokens: int
-                    | None = None, progress: Callable[[Progress], None] | None = None) -> SearchOutcome:
+                    | None = None, speedup_baseline: str = "paper",
+                    progress: Callable[[Progress], None] | None = None) -> SearchOutcome:
     """Search the best strategy of `problem`, score it with the cost model, and (`baselines`) search each
     chip type alone for its HeteroSpeedupRatio."""
     profiles = problem.profiles()
@@ -153,7 +187,9 @@ def search_strategy(problem: PlanningProblem, options: SearchOptions, *, baselin
     outcome = SearchOutcome(strategy, report, options, result, search_s, search_cpu_s, evaluated, bounded)
     if baselines:
         outcome.hetero_speedup_ratio, outcome.baselines = baseline_ratio(
-            problem, profiles, report.tokens_per_iteration / report.iteration_s, options, baseline_tokens)
+            problem, profiles, report.tokens_per_iteration / report.iteration_s, options, baseline_tokens,
+            speedup_baseline)
+        outcome.speedup_baseline = speedup_baseline
     return outcome
 
 

@@ -109,8 +109,14 @@ def _parser() -> argparse.ArgumentParser:
                             help="--search paper: second stage at every dp, not only the first stage's (slower)")
     search_cmd.add_argument("--no-baselines", action="store_true",
                             help="skip the per-chip-type searches behind HeteroSpeedupRatio")
-    search_cmd.add_argument("--baseline-gbs-tokens",
-                            help="global batch of each chip type trained alone (default: its chip share of the batch)")
+    search_cmd.add_argument(
+        "--baseline-gbs-tokens", help="HeteroSpeedupRatio: global batch of each chip type trained alone (default: the "
+        "cluster file's training.baseline_gbs_tokens, else the run's global batch)")
+    search_cmd.add_argument(
+        "--speedup-baseline", choices=planning.SPEEDUP_BASELINES, default="paper",
+        help="paper: HeteroSpeedupRatio as the H2 paper defines it (every type alone with the "
+        "same baseline batch); share: each type alone with its chip share of the run's batch, "
+        "printed as the per-type-share ratio (default paper)")
 
     simulate_cmd = commands.add_parser("simulate", help="replay a strategy's pipeline schedule")
     problem(simulate_cmd)
@@ -281,8 +287,11 @@ def _searched(args, problem: PlanningProblem) -> SearchOutcome:
     progress = _show_progress if (args.progress or sys.stderr.isatty()) else None
     baseline_tokens = (parse_count(args.baseline_gbs_tokens, "--baseline-gbs-tokens")
                        if args.baseline_gbs_tokens is not None else None)
+    if baseline_tokens is not None and args.speedup_baseline == "share":
+        raise UserError("--baseline-gbs-tokens sets the paper's baseline batch; --speedup-baseline share takes none")
     outcome = planning.search_strategy(problem, _search_options(args), baselines=not args.no_baselines,
-                                       baseline_tokens=baseline_tokens, progress=progress)
+                                       baseline_tokens=baseline_tokens, speedup_baseline=args.speedup_baseline,
+                                       progress=progress)
     if progress is not None and outcome.result is not None and sys.stderr.isatty():
         print(file=sys.stderr)
     return outcome
@@ -305,6 +314,7 @@ def _search_payload(outcome: SearchOutcome, problem: PlanningProblem) -> dict:
         "iteration_s": report.iteration_s,
         "tokens_per_chip_s": report.tokens_per_chip_s,
         "hetero_speedup_ratio": outcome.hetero_speedup_ratio,
+        "speedup_baseline": outcome.speedup_baseline,
         "baselines": outcome.baselines,
         "cost_model": outcome.options.cost_model,
         "search": outcome.method,
@@ -351,17 +361,26 @@ def _print_search(args, outcome: SearchOutcome, problem: PlanningProblem) -> Non
           f"{outcome.evaluated} evaluated, {outcome.bounded} skipped by bounds; {_proof(outcome)}")
 
 
+def _count_text(value: int) -> str:
+    """A count as parse_count reads it back: 2097152 -> '2M'."""
+    for suffix, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if value % scale == 0:
+            return f"{value // scale}{suffix}"
+    return str(value)
+
+
 def _print_speedup_ratio(args, outcome: SearchOutcome) -> None:
     ratio, baselines = outcome.hetero_speedup_ratio, outcome.baselines
+    name = "HeteroSpeedupRatio" if outcome.speedup_baseline == "paper" else "per-type-share HeteroSpeedupRatio"
     if ratio is not None:
-        alone = ", ".join(f"{name} {b['tokens_per_chip_s']:.2f}" for name, b in baselines.items())
-        batch = (f"{args.baseline_gbs_tokens} tokens each"
-                 if args.baseline_gbs_tokens is not None else "its chip share of the batch")
-        print(f"HeteroSpeedupRatio: {ratio * 100:.2f}%  (each type alone, same search, {batch}: "
-              f"tokens/chip/s {alone})")
+        alone = ", ".join(
+            f"{chip} {b['tokens_per_chip_s']:.2f} at {_count_text(b['gbs_tokens'])} tokens" +
+            (f" (rounded from {b['rounded_from_sequences']} sequences)" if "rounded_from_sequences" in b else "")
+            for chip, b in baselines.items())
+        print(f"{name}: {ratio * 100:.2f}%  (each type alone, same search: tokens/chip/s {alone})")
     elif baselines:
-        print("HeteroSpeedupRatio: n/a (" + "; ".join(f"{k}: {v.get('error')}"
-                                                      for k, v in baselines.items() if 'error' in v) + ")")
+        print(f"{name}: n/a (" + "; ".join(f"{k}: {v.get('error')}"
+                                           for k, v in baselines.items() if 'error' in v) + ")")
 
 
 def _proof(outcome: SearchOutcome) -> str:

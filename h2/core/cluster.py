@@ -69,6 +69,9 @@ class TrainingSpec:
     micro_batch_size: int = 1
     alpha: float = 1.0
     zero1: bool = True
+    # The global batch each chip type trains with alone when HeteroSpeedupRatio is computed (the H2 paper's
+    # Table 6 runs: 2M tokens); None: the run's own global batch (the paper's constant-GBS comparison).
+    baseline_gbs_tokens: int | None = None
     weight_bytes: int = 2  # bf16 weights
     gradient_bytes: int = 4  # fp32 gradient accumulation (Megatron's main_grad)
     optimizer_bytes: int = 12  # fp32 master weights + Adam m and v
@@ -82,7 +85,7 @@ class TrainingSpec:
                 f"{source}: field 'alpha' must be in [0, 1] (1 for 1F1B, 0 for zero-bubble), got {self.alpha}")
         if (self.global_batch_tokens is None) == (self.global_batch_sequences is None):
             raise UserError(f"{source}: give exactly one of 'global_batch_tokens' or 'global_batch_sequences'")
-        for name in ("global_batch_tokens", "global_batch_sequences"):
+        for name in ("global_batch_tokens", "global_batch_sequences", "baseline_gbs_tokens"):
             if getattr(self, name) is not None:
                 check_range(getattr(self, name), 1, MAX_COUNT, source, name)
         if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
@@ -177,7 +180,7 @@ def _load_chip(entry: dict, base_dir: str, where: str, source: str, prefix: str)
 
 def training_from_mapping(mapping: dict, source: str) -> TrainingSpec:
     data = dict(mapping)
-    for name in ("global_batch_tokens", "global_batch_sequences"):
+    for name in ("global_batch_tokens", "global_batch_sequences", "baseline_gbs_tokens"):
         if name in data and data[name] is not None:
             data[name] = parse_count(data[name], f"{source}: field '{name}'")
     training = dataclass_from_mapping(TrainingSpec, data, source)

@@ -328,3 +328,36 @@ def test_the_zorse_flags_are_one_group_of_the_search_help(capsys):
     group = help_text[help_text.index("the Zorse planner (--planner zorse):"):]
     assert all(flag in group for flag in ZORSE_FLAGS.replace(" and", ",").split(", "))
     assert "--exhaustive" not in group
+
+
+def _speedup(capsys, cluster: str, *flags: str) -> dict:
+    code, out, err = run(capsys, "search", "--cluster", os.path.join(CLUSTERS, cluster), "--json", *flags)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_the_default_speedup_ratio_is_the_papers_every_type_alone_with_the_same_baseline_batch(capsys):
+    default = _speedup(capsys, "exp-a-2.yaml")  # 6M tokens; the cluster file's baseline_gbs_tokens: 2M (Table 6)
+    assert default["speedup_baseline"] == "paper"
+    assert [b["gbs_tokens"] for b in default["baselines"].values()] == [2 << 20] * 3
+    constant_gbs = _speedup(capsys, "exp-a-1.yaml")  # 2M tokens over 3 types of 256 chips
+    assert [b["gbs_tokens"] for b in constant_gbs["baselines"].values()] == [2 << 20] * 3
+    share = _speedup(capsys, "exp-a-1.yaml", "--speedup-baseline", "share")
+    assert share["speedup_baseline"] == "share"
+    assert [b["gbs_tokens"] for b in share["baselines"].values()] == [170 * 4096] * 3
+    assert share["hetero_speedup_ratio"] > constant_gbs["hetero_speedup_ratio"]
+
+
+def test_the_per_type_share_ratio_is_named_so_and_rounds_an_indivisible_share(capsys):
+    code, out, err = run(capsys, "search", "--cluster", os.path.join(CLUSTERS, "exp-c-2.yaml"), "--speedup-baseline",
+                         "share")
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if "HeteroSpeedupRatio" in line)
+    assert line.startswith("per-type-share HeteroSpeedupRatio: ") and "n/a" not in line
+    assert "rounded from 1489 sequences" in line  # chip B's share of 2048 sequences: 2048 * 1024 / 1408, a prime
+
+
+def test_a_baseline_batch_with_the_share_ratio_is_one_line(capsys):
+    code, out, err = run(capsys, "search", "--cluster", LOCAL, "--speedup-baseline", "share", "--baseline-gbs-tokens",
+                         "512")
+    assert code == 2 and "--speedup-baseline share takes none" in err
