@@ -190,11 +190,16 @@ class Infeasibility:
             self.memory_cover = (ratio, message)
 
     def reason(self) -> str:
-        if self.memory_cover is not None:
-            return self.memory_cover[1]
-        if self.memory_overflow is not None:
-            return self.memory_overflow[1]
-        return self.depth or self.profile or "no feasible strategy: no configuration to evaluate"
+        """Every constraint that ruled configurations out, the structural ones (stage count, profile) first:
+        a memory message alone would hide that the stage count ruled out the configurations memory did not."""
+        prefix = "no feasible strategy: "
+        memory = (self.memory_cover or self.memory_overflow or (None, None))[1]
+        structural = [text.removeprefix(prefix) for text in (self.depth, self.profile) if text]
+        if memory and structural:
+            return (prefix + "; ".join(
+                text.replace("every configuration has", "some configurations have")
+                for text in structural) + "; the others fail on " + memory.removeprefix(prefix))
+        return memory or (prefix + "; ".join(structural) if structural else prefix + "no configuration to evaluate")
 
 
 class _TimeUp(Exception):

@@ -269,6 +269,17 @@ def test_pipeline_deeper_than_the_model_is_reported():
         search(cluster, model, training, profiles_for(cluster, model, training))
 
 
+def test_a_refusal_names_the_stage_count_beside_memory_when_both_ruled_plans_out():
+    # dp 1 and 2 give 8 and 4 stages for a 2-layer model; dp 4 and 8 fit the depth but not the memory
+    cluster = ClusterSpec(name="deep-and-small", chips=(_chip("A", 8, memory_gb=0.001, tp_max=1), ), source="d.yaml")
+    training = TrainingSpec(seq_len=256, global_batch_sequences=8)
+    with pytest.raises(UserError) as refused:
+        search(cluster, small_model(2), training, profiles_for(cluster, small_model(2), training))
+    message = str(refused.value)
+    assert message.startswith("no feasible strategy: some configurations have more pipeline stages than the model's "
+                              "2 layers; the others fail on memory: ")
+
+
 def test_every_order_of_the_types_is_in_the_space():
     cluster = ClusterSpec(name="three", chips=(_chip("A", 2), _chip("B", 2), _chip("C", 2)), source="three.yaml")
     assert sorted(search_module._orders(cluster)) == sorted(itertools.permutations("ABC"))
