@@ -15,8 +15,14 @@ the arguments for Metis's cost_het_cluster.py. What each of Metis's fields recei
 - parameters_per_layer_bytes: bf16 weights per layer at tp 1 (Metis divides by tp itself);
 - layer_memory_total_mb: per chip at (tp, bs), what H2's memory model gives one layer (its states and
   one micro-batch of activations), in MiB; Metis compares it with the device memory x 1024;
-- clusterfile: per node its type, memory (the usable capacity in GiB) and bandwidths in MiB/s
-  (Metis multiplies them by 1024 * 1024).
+- clusterfile: per node its type, memory (the usable capacity in GiB) and bandwidths in MiB per
+  millisecond: Metis's estimator (model/cost_estimator.py `_get_pp_cost`, `_get_dp_cost`) divides bytes
+  by bandwidth x 1024 x 1024 and adds the quotient to profile times in milliseconds, so the bandwidth must
+  be in MiB/ms for its transfer terms to come out in ms. (Metis's README sample gives bytes/s, 312500000
+  for 2.5 Gb/s, which would make every transfer about 10^9 times too cheap; an earlier version of this
+  bridge gave MiB/s, which made them 1000 times too cheap.) Metis's GPUCluster.get_inter_bandwidth
+  returns the node's intra_bandwidth (its code, run unmodified), so its estimator prices inter-node
+  transfers at the intra-node bandwidth.
 """
 
 from __future__ import annotations
@@ -36,6 +42,13 @@ from heteroauto.profiles import synthesise_profile, update_s_per_layer
 from heteroauto.stage_terms import embedding_terms, head_terms
 
 MIB = 1 << 20
+
+
+def metis_bandwidth(gbps: float) -> float:
+    """A link of `gbps` GB/s in Metis's bandwidth unit, MiB per millisecond."""
+    return gbps * 1e9 / 1e3 / MIB
+
+
 METIS_TYPES = ("A100", "V100", "P100", "T4")  # the device types Metis's utils.DeviceType knows
 
 
@@ -111,8 +124,8 @@ def write_inputs(cluster_path: str, out: str) -> list[str]:
             ip = f"10.0.{len(hosts) // 250}.{len(hosts) % 250 + 1}"
             hosts.append(f"{ip} slots={chip.chips_per_node}")
             nodes[ip] = {
-                "instance_type": chip.name, "inter_bandwidth": chip.inter_node_gbps * 1e9 / MIB,
-                "intra_bandwidth": chip.intra_node_gbps * 1e9 / MIB, "memory": chip.capacity_bytes / (1 << 30)
+                "instance_type": chip.name, "inter_bandwidth": metis_bandwidth(chip.inter_node_gbps),
+                "intra_bandwidth": metis_bandwidth(chip.intra_node_gbps), "memory": chip.capacity_bytes / (1 << 30)
             }
     with open(os.path.join(out, "hostfile"), "w") as handle:
         handle.write("\n".join(hosts) + "\n")
