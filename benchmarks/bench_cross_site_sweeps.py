@@ -1,9 +1,11 @@
 """JEEVES across two sites at the paper's setup (configs/xdc/gpt3-175b.yaml), simulated: iteration time
 of 1F1B, JEEVES and one site against the cross-site latency (1-40 ms) and against the activation
-memory (k = 2-16 micro-batches of a uniform stage, at 20 ms). Prints both tables and writes the two
-plots (docs/figures/xdc-latency-sweep.png, docs/figures/xdc-memory-sweep.png).
+memory (k = 2-16 micro-batches of a uniform stage, at 20 ms). Prints both tables and, given --out-dir,
+writes the two plots there (xdc-latency-sweep.png, xdc-memory-sweep.png; the ones in docs/figures came
+from `--out-dir docs/figures`). Without --out-dir nothing is written: the tracked figures change only
+when asked.
 
-    .venv/bin/python benchmarks/bench_cross_site_sweeps.py [--scenario FILE] [--out-dir docs/figures]
+    .venv/bin/python benchmarks/bench_cross_site_sweeps.py [--scenario FILE] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ def _row(label, report) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="configs/xdc/gpt3-175b.yaml")
-    parser.add_argument("--out-dir", default="docs/figures")
+    parser.add_argument("--out-dir", help="write the two plots into this folder (default: print the tables only)")
     args = parser.parse_args()
     scenario = load_scenario(args.scenario)
-    os.makedirs(args.out_dir, exist_ok=True)
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
     header = (f"{'':>8} {'1f1b s':>8} {'jeeves s':>8} {'1 site s':>8} {'1f1b/jv':>7} {'jv/site':>7} {'bound s':>8}  "
               "jeeves layers")
     started = time.perf_counter()
@@ -76,9 +79,10 @@ def main() -> int:
         plt.close(fig)
         print(f"wrote {path}")
 
-    plot(LATENCIES_MS, by_latency, "cross-site latency (ms)", os.path.join(args.out_dir, "xdc-latency-sweep.png"))
-    plot(LIMITS, by_limit, "activation memory: micro-batches of a uniform stage (k), 20 ms",
-         os.path.join(args.out_dir, "xdc-memory-sweep.png"), fits_only_1f1b=True)
+    if args.out_dir:
+        plot(LATENCIES_MS, by_latency, "cross-site latency (ms)", os.path.join(args.out_dir, "xdc-latency-sweep.png"))
+        plot(LIMITS, by_limit, "activation memory: micro-batches of a uniform stage (k), 20 ms",
+             os.path.join(args.out_dir, "xdc-memory-sweep.png"), fits_only_1f1b=True)
     return 0
 
 
