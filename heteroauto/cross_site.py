@@ -272,10 +272,27 @@ class CrossSiteReport:
     uncoordinated: ScheduleRun  # JEEVES's rules on the uniform division, no global send list
     jeeves: ScheduleRun
     one_site: ScheduleRun
+    # JEEVES given only the activation memory 1F1B uses (its peak in flight on a uniform stage), or None
+    # when the scenario's own budget is already no larger
+    jeeves_equal_memory: ScheduleRun | None = None
 
     @property
     def speedup(self) -> float:
         return self.one_f_one_b.iteration_s / self.jeeves.iteration_s
+
+    @property
+    def saving(self) -> float:
+        """JEEVES against 1F1B, each with the scenario's activation budget (equal schedule budgets)."""
+        return 1 - self.jeeves.iteration_s / self.one_f_one_b.iteration_s
+
+    @property
+    def equal_memory_run(self) -> ScheduleRun:
+        return self.jeeves_equal_memory or self.jeeves
+
+    @property
+    def equal_memory_saving(self) -> float:
+        """JEEVES held to the micro-batches 1F1B holds, against 1F1B."""
+        return 1 - self.equal_memory_run.iteration_s / self.one_f_one_b.iteration_s
 
     def to_dict(self) -> dict:
 
@@ -287,17 +304,32 @@ class CrossSiteReport:
             }
 
         return {
-            "latency_ms": self.latency_ms, "bandwidth_gbps": self.bandwidth_gbps, "1f1b": run(self.one_f_one_b),
-            "jeeves_uncoordinated": run(self.uncoordinated), "jeeves": run(self.jeeves), "one_site": run(
-                self.one_site), "jeeves_saves": 1 - self.jeeves.iteration_s / self.one_f_one_b.iteration_s,
+            "latency_ms": self.latency_ms, "bandwidth_gbps": self.bandwidth_gbps, "1f1b": run(
+                self.one_f_one_b), "jeeves_uncoordinated": run(self.uncoordinated), "jeeves": run(
+                    self.jeeves), "one_site": run(self.one_site), "jeeves_equal_memory": run(self.equal_memory_run),
+            "jeeves_saves": self.saving, "jeeves_saves_at_equal_memory": self.equal_memory_saving,
             "jeeves_over_one_site": self.jeeves.iteration_s / self.one_site.iteration_s
         }
 
 
-def compare(scenario: XdcScenario, *, memory_aware: bool = True) -> CrossSiteReport:
+def equal_memory_jeeves_run(scenario: XdcScenario, one_f_one_b: ScheduleRun) -> ScheduleRun | None:
+    """JEEVES (memory-aware) with the activation memory limited to what 1F1B holds at its peak: as many
+    micro-batches of a uniform stage as 1F1B keeps in flight on its fullest stage. None when the
+    scenario's own budget is no larger (then the equal-schedule run already is the equal-memory one)."""
+    held = max(one_f_one_b.peak_in_flight)
+    uniform = scenario.model.layers // scenario.pipeline.stages
+    if scenario.limit_micro_batches(uniform) <= held:
+        return None
+    run = memory_aware_jeeves_run(scenario.with_limit(held))
+    return replace(run, name=f"jeeves at 1f1b's memory (k={held})")
+
+
+def compare(scenario: XdcScenario, *, memory_aware: bool = True, equal_memory: bool = True) -> CrossSiteReport:
     inter = scenario.links.inter_site
-    return CrossSiteReport(latency_ms=inter.latency_us / 1000.0, bandwidth_gbps=inter.bandwidth_gbps,
-                           one_f_one_b=one_f_one_b_run(scenario), uncoordinated=jeeves_run(
+    one_f_one_b = one_f_one_b_run(scenario)
+    return CrossSiteReport(latency_ms=inter.latency_us / 1000.0,
+                           bandwidth_gbps=inter.bandwidth_gbps, one_f_one_b=one_f_one_b, uncoordinated=jeeves_run(
                                scenario, name="jeeves without the send list",
                                coordinated=False), jeeves=memory_aware_jeeves_run(scenario)
-                           if memory_aware else jeeves_run(scenario), one_site=one_f_one_b_run(scenario, one_site=True))
+                           if memory_aware else jeeves_run(scenario), one_site=one_f_one_b_run(scenario, one_site=True),
+                           jeeves_equal_memory=equal_memory_jeeves_run(scenario, one_f_one_b) if equal_memory else None)

@@ -97,3 +97,13 @@ def test_bad_scenario_fields_are_one_line_naming_file_and_field_and_exit_2(capsy
     path = _scenario_with(tmp_path, edit)
     code, _, err = run(capsys, "cross-site", "--scenario", path)
     assert code == 2 and message in err and err.count("\n") == 1 and path in err
+
+
+def test_the_comparison_also_holds_jeeves_to_the_memory_1f1b_uses(paper_runs):
+    report = paper_runs[20]
+    held = max(report.one_f_one_b.peak_in_flight)  # 1F1B's first stage: as many micro-batches as stages
+    assert held == 8 and max(report.jeeves.peak_in_flight) > held  # the scenario's budget lets JEEVES hold more
+    equal = report.jeeves_equal_memory
+    assert equal.peak_layer_units <= held * 12  # what 1F1B holds on a 12-layer stage, in layers x micro-batches
+    assert report.saving > report.equal_memory_saving > 0.15
+    assert report.to_dict()["jeeves_saves_at_equal_memory"] == report.equal_memory_saving
