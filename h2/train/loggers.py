@@ -57,7 +57,8 @@ class TensorBoardLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         # A resumed run logs again the steps after its checkpoint: purge_step drops the old events of those.
-        self.writer = SummaryWriter(log_dir=os.path.join(out_dir, "tensorboard"), purge_step=first_step or None)
+        self.writer = SummaryWriter(log_dir=os.path.join(out_dir, "tensorboard"),
+                                    purge_step=first_step + 1 if first_step else None)
 
     def write(self, record: dict) -> None:
         for tag, value in scalars(record).items():

@@ -25,6 +25,7 @@ from h2.train.checkpoint import (
     rng_state,
     set_rng_state,
 )
+from h2.train.loggers import check_available as check_loggers_available
 from h2.train.loggers import open_loggers
 from h2.train.lr_schedule import learning_rate
 from h2.train.memory_check import check_training_fits
@@ -45,6 +46,7 @@ class Trainer:
     def __init__(self, model_config: ModelConfig, config: TrainConfig, out_dir: str, *, resume: bool = False,
                  overwrite: bool = False, explicit: frozenset[str] = frozenset(), corpus: Corpus | None = None,
                  show_progress: bool = True):
+        check_loggers_available(config.loggers)  # a missing package, before the folder changes
         self.out_dir = out_dir
         start = RunStart(out_dir, resume=resume, overwrite=overwrite)
         start.check_continues(SINGLE_DEVICE, model_config)

@@ -4,9 +4,15 @@ loss the single-device trainer gives on the same weights and data."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from h2.data import load_stdlib_corpus
+from h2.train.evaluation import data_streams, model_loss, validation_batches
+from h2.train.generation import load_run_model
 from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
 
 STEPS = 4
@@ -27,13 +33,25 @@ def validation(records: list[dict]) -> dict[int, float]:
 
 
 def evaluates_as_the_reference(data: dict, out_dir: str) -> None:
-    records, _ = run_pipeline(data, STEPS, out_dir=out_dir, train=EVALUATION)
+    records, _ = run_pipeline(data, STEPS, out_dir=out_dir, train=EVALUATION | {"log_to": "tensorboard"})
     reference = run_reference(data, STEPS, train=EVALUATION)
     assert max_relative_loss_difference(records, reference) < 1e-5
     ours, theirs = validation(records), validation(reference)
     assert sorted(ours) == [2, 4] and sorted(theirs) == [2, 4]
     assert all(ours[step] == pytest.approx(theirs[step], abs=1e-5) for step in ours)
     assert all(r["val_ppl"] == pytest.approx(math.exp(r["val_loss"])) for r in records if "val_loss" in r)
+    events = EventAccumulator(os.path.join(out_dir, "tensorboard"))
+    events.Reload()
+    assert {event.step: event.value for event in events.Scalars("val/loss")} == pytest.approx(ours, rel=1e-6)
+    # h2 generate's model: the checkpoint's stages and TP pieces assembled into the single-device model
+    model, _ = load_run_model(out_dir)
+    global_batch = data["dp"] * data["micro_batch_size"] * data["micro_batches"]
+    _, stream = data_streams(load_stdlib_corpus(), data["seq_len"], seed=0, validate=True)
+    losses = [
+        model_loss(model, batch, data["micro_batch_size"], torch.device("cpu"))
+        for batch in validation_batches(stream, global_batch, EVALUATION["eval_batches"])
+    ]
+    assert sum(losses) / len(losses) == pytest.approx(ours[STEPS], abs=1e-5)
 
 
 def test_a_two_stage_pipeline_with_tp_dp_and_recompute_evaluates_as_the_single_device_trainer(tmp_path):
