@@ -4,9 +4,10 @@ the runtime's PipelineEngine (heteropp.engine), which owns the stage, its groups
 Only the first rank of the last stage writes `metrics.jsonl` (the reference trainer's format plus
 `cross_stage_bytes`, every `log_every` steps the peak device memory per stage, and with `--eval-every`
 the validation loss of a forward-only pass through the pipeline that every rank takes part in,
-h2.train.evaluation) and feeds the `--log-to` loggers. Checkpoints are the reference trainer's format (h2.train.checkpoint): every
-rank writes its shard (its stage's parameters, TP pieces named as in the whole model, the optimizer
-state it owns, ZeRO-1 shards included, and its RNG states); once all are on disk rank 0 completes
+h2.train.evaluation) and feeds the `--log-to` loggers. Checkpoints are the reference trainer's format
+(h2.train.checkpoint): every rank writes its shard (its stage's parameters, TP pieces named as in the
+whole model, the optimizer state it owns, ZeRO-1 shards included, and its RNG states); once all are on
+disk rank 0 completes
 the checkpoint with the manifest (strategy, step, data position, hyper-parameters). The output
 folder follows the reference trainer's rule (h2.train.run_state). A resumed run under the same
 strategy continues bit for bit; under another strategy with the same model, sequence length and
