@@ -10,7 +10,7 @@ from h2.cli.main import main
 from h2.core.model_config import preset
 from h2.data import ByteTokenizer
 from h2.train import TrainConfig, Trainer
-from h2.train.generation import load_run_model
+from h2.train.generation import load_run_model, run_tokenizer
 
 PROMPT = "def "
 
@@ -80,3 +80,18 @@ def test_the_checkpoint_loads_as_the_trained_model(trained):
     with torch.no_grad():
         assert torch.equal(loaded(tokens), model(tokens))
     assert manifest["step"] == 3
+
+
+def test_the_tokenizer_the_run_names_encodes_and_decodes_the_prompt(tmp_path):
+    import tokenizers
+
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel()
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    bpe.train_from_iterator(["the cat sat on the mat"] * 50, tokenizers.trainers.BpeTrainer(vocab_size=300))
+    path = str(tmp_path / "tokenizer.json")
+    bpe.save(path)
+    tokenizer = run_tokenizer({"train_config": {"tokenizer": path}})
+    assert tokenizer.encode("the cat") == bpe.encode("the cat").ids
+    assert tokenizer.decode(tokenizer.encode("the cat sat")) == bpe.decode(bpe.encode("the cat sat").ids)
+    assert isinstance(run_tokenizer({"train_config": {}}), ByteTokenizer)
