@@ -61,6 +61,7 @@ def train_config_for(strategy, config: TrainConfig) -> TrainConfig:
 
 
 PACING_FIELDS = ("kernels", "late_kernels", "emulated_s", "overrun_s")
+FORWARD_KINDS = ("F", "SEND_F", "RECV_F")  # what an evaluation runs of a step's actions
 
 
 @dataclasses.dataclass
@@ -329,6 +330,23 @@ class PipelineEngine:
         micro-batches is the batch's mean loss, with uneven rows too."""
         rows = len(self.stage_info.rows(self.place.dp_index))
         return rows / (self.micro_batch_sequences * self.config.micro_batches)
+
+    def evaluate(self, batch: torch.Tensor) -> torch.Tensor:
+        """The mean loss over the global `batch`, forward only: the step's forwards and the sends and
+        receives of activations, in the schedule's order, without gradients or an optimizer step. Every
+        rank calls it; the value is meaningful on the last stage."""
+        forward_only = [action for action in self.actions if action.kind in FORWARD_KINDS]
+        micro_batches = self.replica_micro_batches(batch)
+        with self.on_chip(), torch.no_grad():
+            inputs = [mb[:, :-1].to(self.device) for mb in micro_batches]
+            targets = [mb[:, 1:].to(self.device) for mb in micro_batches]
+            if self.ministage_group:  # no STEP among the actions: nothing to call on one
+                loss_sum = self.executor.run(forward_only, inputs, targets, self.loss_weight, None)
+            else:
+                loss_sum = self.executor.run(forward_only, inputs, targets, self.loss_weight)
+            if self.is_last and self.groups.dp is not None:
+                dist.all_reduce(loss_sum, group=self.groups.dp)
+        return loss_sum
 
     def step(self, batch: torch.Tensor, lr: float) -> StepResult:
         """One optimizer step on the global `batch` (sequences of seq_len + 1 tokens) at learning rate `lr`."""

@@ -1,4 +1,5 @@
-"""The `h2` command: `h2 train`, `h2 model-info`, and `h2 run` with its steps (h2.cli.run).
+"""The `h2` command: `h2 train`, `h2 model-info`, `h2 generate` (h2.cli.generate), and `h2 run` with its
+steps (h2.cli.run).
 
 `h2 train`'s options are generated from the job's config classes (h2.core.training: RunOptions,
 TrainConfig, PipelineOptions); `--config job.yaml` reads the same names from a file and flags given
@@ -74,6 +75,7 @@ def _train(args: argparse.Namespace) -> int:
         records = run_with_ps(trainer, ps, show_progress=not run.quiet)
     else:
         records = trainer.run()
+    trainer.metrics.close()  # the loggers' files complete (--log-to)
     cfg = trainer.config
     params = sum(p.numel() for p in trainer.model.parameters())
     throughput = (sum(r["tokens"] for r in records) / sum(r["step_time_s"] for r in records)) if records else 0.0
@@ -159,9 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(handler=_model_info)
 
-    from h2.cli import ps, run
+    from h2.cli import generate, ps, run
     ps.add_commands(sub)
     run.add_parsers(sub)
+    generate.add_parser(sub)
     return parser
 
 

@@ -35,6 +35,7 @@ from datetime import timedelta
 from h2.core.emulation import host_cores, host_work_warning
 from h2.core.errors import ArgumentParser, UserError, one_line, run_cli
 from h2.launch.contract import KERNEL_SHAPED_ENV, ResolvedJob, mark_finished, rank_names, read_job
+from h2.train.progress import validation_text
 
 # Set in torchrun's store once this job has made its output folder its own: a restarted attempt
 # continues from there instead of applying the fresh-run rule again.
@@ -49,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_progress(record: dict, topology, memory: list[dict]) -> None:
-    """The step's loss and throughput; per chip type the tokens/s each of its chips carries (the job's
-    tokens/s times the type's share of the layers, over its chips); per stage the peak device memory."""
+def _print_progress(record: dict, topology) -> None:
+    """The step's loss and throughput, and its validation loss where it evaluated; per chip type the
+    tokens/s each of its chips carries (the job's tokens/s times the type's share of the layers, over its
+    chips); per stage the peak device memory (the record's, h2.train.pipeline)."""
     share, chips = {}, {}  # per chip type: its share of the job's token-layers, its chips
     total_layers = sum(len(stage.layers) for stage in topology.stages)
     for stage in topology.stages:
@@ -61,10 +63,10 @@ def _print_progress(record: dict, topology, memory: list[dict]) -> None:
             share[name] = share.get(name, 0.0) + rows * len(stage.layers) / total_layers
             chips[name] = chips.get(name, 0) + stage.tp
     per_chip = " ".join(f"{name} {record['tokens_per_s'] * share[name] / chips[name]:,.1f}" for name in share)
-    peaks = " ".join(f"{row['stage']}:{row['peak_allocated_bytes'] / 1e6:.1f}" for row in memory
-                     if row["peak_allocated_bytes"] is not None)
+    peaks = " ".join(f"{stage}:{peak / 1e6:.1f}" for stage, peak in enumerate(record.get("peak_allocated_bytes") or ())
+                     if peak is not None)
     print(
-        f"step {record['step']} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+        f"step {record['step']} loss {record['loss']:.4f}{validation_text(record)} lr {record['lr']:.2e} "
         f"grad_norm {record['grad_norm']:.3f} {record['tokens_per_s']:,.0f} tokens/s "
         f"(per chip: {per_chip}) cross-stage {record['cross_stage_bytes']:,} B" +
         (f" peak MB per stage {peaks}" if peaks else ""), flush=True)
@@ -189,9 +191,8 @@ def train(trainer, job: ResolvedJob) -> list[dict]:
 
     def show(record: dict) -> None:
         if record["step"] % job.pipeline.log_every == 0 or record["step"] == trainer.config.steps:
-            memory = trainer.engine.device_report()  # a collective: every rank takes part
             if trainer.writes_metrics:
-                _print_progress(record, trainer.topology, memory)
+                _print_progress(record, trainer.topology)
 
     if job.ps.ps:
         from h2.train.ps_pipeline import run_pipeline_with_ps
@@ -206,6 +207,8 @@ def train(trainer, job: ResolvedJob) -> list[dict]:
 def finish(trainer, job: ResolvedJob, watchdog, records: list[dict], job_folder: str | None) -> None:
     """The stage report and trace, the final barrier with the other ranks, then the run's summary."""
     report = trainer.stage_report()
+    if trainer.metrics is not None:
+        trainer.metrics.close()  # the loggers' files complete (--log-to)
     trace = trainer.engine.write_trace()
     if trace is not None and trainer.rank == 0:
         print(f"trace of every rank in {os.path.dirname(trace)} (rank-<r>.json)", flush=True)

@@ -49,6 +49,14 @@ class TrainConfig:
                          "every stage")
     checkpoint_every: int = option(100, "checkpoint every N steps, 0 for only at the end")
     keep_checkpoints: int = option(2, "how many checkpoints to keep")
+    # Evaluation and logging (h2.train.evaluation, h2.train.loggers); none of them changes the trajectory.
+    eval_every: int = option(0, "every N steps, the loss and perplexity on the held-out validation split; 0: never")
+    eval_batches: int = option(
+        4, "global batches of the validation split each evaluation reads (the same ones "
+        "each time, from its start)")
+    log_to: str | None = option(
+        None, "also log the metrics to: tensorboard, wandb (offline), or both, "
+        "comma-separated (under --out)", default_text="metrics.jsonl only", metavar="LIST")
 
     def __post_init__(self) -> None:
         checks = [("steps", self.steps >= 1), ("micro_batch_size", self.micro_batch_size >= 1),
@@ -58,6 +66,7 @@ class TrainConfig:
                   ("beta2", 0 <= self.beta2 < 1), ("grad_clip", self.grad_clip >= 0),
                   ("checkpoint_every", self.checkpoint_every >= 0), ("keep_checkpoints", self.keep_checkpoints >= 1),
                   ("seed", 0 <= self.seed < 2**32)]  # numpy's generator takes a 32-bit seed
+        checks += [("eval_every", self.eval_every >= 0), ("eval_batches", self.eval_batches >= 1)]
         if self.seq_len is not None:
             checks.append(("seq_len", self.seq_len >= 1))
         if self.lr_decay_steps is not None:
@@ -67,6 +76,15 @@ class TrainConfig:
                 raise UserError(f"training option '{name}' out of range: {getattr(self, name)!r}")
         if self.dtype not in ("fp32", "bf16"):
             raise UserError(f"training option 'dtype' must be fp32 or bf16, got {self.dtype!r}")
+        for name in self.loggers:
+            if name not in LOGGERS:
+                raise UserError(f"--log-to: unknown logger '{name}' (known: {', '.join(LOGGERS)})")
+
+    @property
+    def loggers(self) -> tuple[str, ...]:
+        """The loggers --log-to names, in its order, each once."""
+        names = (name.strip() for name in (self.log_to or "").split(","))
+        return tuple(dict.fromkeys(name for name in names if name))
 
     @property
     def global_batch(self) -> int:
@@ -79,6 +97,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+LOGGERS = ("tensorboard", "wandb")  # what --log-to accepts (h2.train.loggers)
 P2P_BACKENDS = ("gloo", "dicomm")
 STAGE_BACKENDS = ("auto", "gloo", "dicomm")
 RESHARDING_MODES = ("sliced", "full")

@@ -9,6 +9,9 @@ checkpoint) replaces the log by an empty one (`start_over`).
 A kill or a full disk during an append can leave a torn last line: readers skip it and say so in
 one line on stderr, and a run that continues the log drops it first (`drop_torn_tail`), so that its
 appends start on a line of their own. A damaged line before the last is refused (file and line).
+
+`append` is the one path every trainer writes a record through; it also hands the record to the
+loggers the run attached (`--log-to`: TensorBoard, W&B offline; h2.train.loggers).
 """
 
 from __future__ import annotations
@@ -25,6 +28,17 @@ class MetricsLog:
 
     def __init__(self, out_dir: str):
         self.path = os.path.join(out_dir, "metrics.jsonl")
+        self.loggers: list = []
+
+    def attach(self, loggers: list) -> None:
+        """Hand every record appended from now on to `loggers` too (h2.train.loggers.open_loggers)."""
+        self.loggers.extend(loggers)
+
+    def close(self) -> None:
+        """Close the attached loggers (their files complete); appending still works, to the log alone."""
+        loggers, self.loggers = self.loggers, []
+        for logger in loggers:
+            logger.close()
 
     def records(self) -> list[dict]:
         return read_metrics(self.path) if os.path.exists(self.path) else []
@@ -54,6 +68,8 @@ class MetricsLog:
     def append(self, record: dict) -> None:
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
+        for logger in self.loggers:
+            logger.write(record)
 
 
 def _read(path: str) -> tuple[list[dict], bytes]:

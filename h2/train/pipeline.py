@@ -2,9 +2,12 @@
 the runtime's PipelineEngine (heteropp.engine), which owns the stage, its groups and one optimizer step.
 
 Only the first rank of the last stage writes `metrics.jsonl` (the reference trainer's format plus
-`cross_stage_bytes`). Checkpoints are the reference trainer's format (h2.train.checkpoint): every
-rank writes its shard (its stage's parameters, TP pieces named as in the whole model, the optimizer
-state it owns, ZeRO-1 shards included, and its RNG states); once all are on disk rank 0 completes
+`cross_stage_bytes`, every `log_every` steps the peak device memory per stage, and with `--eval-every`
+the validation loss of a forward-only pass through the pipeline that every rank takes part in,
+h2.train.evaluation) and feeds the `--log-to` loggers. Checkpoints are the reference trainer's format
+(h2.train.checkpoint): every rank writes its shard (its stage's parameters, TP pieces named as in the
+whole model, the optimizer state it owns, ZeRO-1 shards included, and its RNG states); once all are on
+disk rank 0 completes
 the checkpoint with the manifest (strategy, step, data position, hyper-parameters). The output
 folder follows the reference trainer's rule (h2.train.run_state). A resumed run under the same
 strategy continues bit for bit; under another strategy with the same model, sequence length and
@@ -25,8 +28,9 @@ import torch.distributed as dist
 from h2.core.errors import UserError
 from h2.core.links import PeerLinks
 from h2.core.training import TRAJECTORY_FIELDS, PipelineOptions, TrainConfig
-from h2.data import SequenceStream, load_stdlib_corpus
+from h2.data import load_stdlib_corpus
 from h2.data.corpus import Corpus
+from h2.train import evaluation
 from h2.train.checkpoint import (
     Checkpoint,
     cut,
@@ -37,6 +41,7 @@ from h2.train.checkpoint import (
     rng_state,
     set_rng_state,
 )
+from h2.train.loggers import open_loggers
 from h2.train.lr_schedule import learning_rate
 from h2.train.memory_check import check_rank_fits
 from h2.train.run_state import PIPELINE, RunStart
@@ -93,7 +98,10 @@ class PipelineTrainer:
         self.model_config = self.engine.model_config
         self.topology, self.rank = self.engine.topology, self.engine.rank
         self.writes_metrics = self.engine.reports_loss
-        self.stream = SequenceStream(corpus or load_stdlib_corpus(), self.config.seq_len, seed=self.config.seed)
+        self.stream, validation = evaluation.data_streams(corpus or load_stdlib_corpus(), self.config.seq_len,
+                                                          self.config.seed, validate=self.config.eval_every > 0)
+        self.validation_batches = evaluation.validation_batches(validation, self.engine.global_batch,
+                                                                self.config.eval_batches) if validation else []
         self.out_dir = out_dir
         self.step, self.elapsed_s = 0, 0.0
         self.host_cpu_s = 0.0  # this process's CPU time inside steps: the host work its chip needed
@@ -110,6 +118,7 @@ class PipelineTrainer:
             self._restore(checkpoint)
         if start is not None and self.writes_metrics:
             start.prepare()
+            self.metrics.attach(open_loggers(self.config.loggers, out_dir, self.step, self.config.to_dict()))
 
     # ---- checkpoints -----------------------------------------------------------------------
     def _same_layout(self, checkpoint: Checkpoint) -> bool:
@@ -181,12 +190,28 @@ class PipelineTrainer:
             "tokens_per_s": tokens / step_time, "step_time_s": step_time, "elapsed_s": self.elapsed_s,
             "cross_stage_bytes": result.cross_stage_bytes
         }
+        if evaluation.due(config, self.step):
+            record.update(self.evaluate())
+        if self._reports_memory():
+            memory = self.engine.device_report()  # a collective: every rank takes part
+            record["peak_allocated_bytes"] = [row["peak_allocated_bytes"] for row in memory]
         if self.metrics is not None:
             self.metrics.append(record)
         every = config.checkpoint_every
         if self.checkpoints is not None and (self.step == config.steps or (every and self.step % every == 0)):
             self.save_checkpoint()
         return record
+
+    def evaluate(self) -> dict:
+        """The validation loss and perplexity of the pipeline's model as it is now, forward only through
+        the pipeline (every rank takes part; meaningful on the last stage)."""
+        return evaluation.result([float(self.engine.evaluate(batch)) for batch in self.validation_batches])
+
+    def _reports_memory(self) -> bool:
+        """Whether this step's record gets the peak device memory per stage: every `log_every` steps and
+        the last, in a run that logs (the progress line shows it)."""
+        every = self.engine.options.log_every
+        return self.out_dir is not None and (self.step % every == 0 or self.step == self.config.steps)
 
     def stage_report(self) -> list[dict]:
         """Per stage: peak device memory, emulated kernel pacing and the host CPU its ranks spent in

@@ -14,9 +14,10 @@ from h2.core.devices import resolve_device
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from h2.core.training import TrainConfig
-from h2.data import SequenceStream, load_stdlib_corpus
+from h2.data import load_stdlib_corpus
 from h2.data.corpus import Corpus
 from h2.model.transformer import Transformer, language_model_loss
+from h2.train import evaluation
 from h2.train.checkpoint import (
     load_optimizer_state_by_name,
     optimizer_state_by_name,
@@ -24,9 +25,11 @@ from h2.train.checkpoint import (
     rng_state,
     set_rng_state,
 )
+from h2.train.loggers import check_available as check_loggers_available
+from h2.train.loggers import open_loggers
 from h2.train.lr_schedule import learning_rate
 from h2.train.memory_check import check_training_fits
-from h2.train.progress import ProgressBar
+from h2.train.progress import ProgressBar, validation_fields
 from h2.train.run_state import SINGLE_DEVICE, RunStart
 
 
@@ -43,6 +46,7 @@ class Trainer:
     def __init__(self, model_config: ModelConfig, config: TrainConfig, out_dir: str, *, resume: bool = False,
                  overwrite: bool = False, explicit: frozenset[str] = frozenset(), corpus: Corpus | None = None,
                  show_progress: bool = True):
+        check_loggers_available(config.loggers)  # a missing package, before the folder changes
         self.out_dir = out_dir
         start = RunStart(out_dir, resume=resume, overwrite=overwrite)
         start.check_continues(SINGLE_DEVICE, model_config)
@@ -63,12 +67,16 @@ class Trainer:
         self.model = Transformer(model_config).to(self.device)
         self.optimizer = build_adamw(self.model, config)
         self.parameter_names = {id(param): name for name, param in self.model.named_parameters()}
-        self.stream = SequenceStream(corpus or load_stdlib_corpus(), config.seq_len, seed=config.seed)
+        self.stream, validation = evaluation.data_streams(corpus or load_stdlib_corpus(), config.seq_len, config.seed,
+                                                          validate=config.eval_every > 0)
+        self.validation_batches = evaluation.validation_batches(validation, config.global_batch,
+                                                                config.eval_batches) if validation else []
         self.step, self.elapsed_s = 0, 0.0
         self.data_partition = (0, 1)  # (index, count): a Di-PS cluster reads its own part of every batch
         if start.checkpoint is not None:
             self._restore(start.checkpoint)
         start.prepare()
+        self.metrics.attach(open_loggers(config.loggers, out_dir, self.step, self.config.to_dict()))
 
     def _restore(self, checkpoint) -> None:
         with torch.no_grad():
@@ -133,7 +141,14 @@ class Trainer:
         return {
             "step": self.step, "loss": loss_value, "lr": lr, "grad_norm": float(grad_norm), "tokens": tokens,
             "tokens_per_s": tokens / step_time, "step_time_s": step_time, "elapsed_s": self.elapsed_s
-        }
+        } | (self.evaluate() if evaluation.due(config, self.step) else {})
+
+    def evaluate(self) -> dict:
+        """The validation loss and perplexity of the model as it is now (h2.train.evaluation)."""
+        return evaluation.result([
+            evaluation.model_loss(self.model, batch, self.config.micro_batch_size, self.device, self._autocast)
+            for batch in self.validation_batches
+        ])
 
     def run(self) -> list[dict]:
         """Train up to config.steps, checkpointing on schedule and at the end; returns this run's records."""
@@ -148,7 +163,8 @@ class Trainer:
             self.metrics.append(record)
             records.append(record)
             if bar:
-                bar.update(self.step, loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+                shown = {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}"} | validation_fields(record)
+                bar.update(self.step, **shown)
             every = self.config.checkpoint_every
             if self.step == self.config.steps or (every and self.step % every == 0):
                 self.save_checkpoint()
@@ -156,7 +172,11 @@ class Trainer:
 
 
 def train(model_config: ModelConfig, config: TrainConfig, out_dir: str, **kwargs) -> list[dict]:
-    return Trainer(model_config, config, out_dir, **kwargs).run()
+    trainer = Trainer(model_config, config, out_dir, **kwargs)
+    try:
+        return trainer.run()
+    finally:
+        trainer.metrics.close()
 
 
 _SPARK = "▁▂▃▄▅▆▇█"
