@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import glob
 import os
-import time
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
