@@ -64,8 +64,8 @@ def test_the_master_command_refuses_a_bad_run_file_with_exit_2(tmp_path, cli):
 @pytest.mark.parametrize("options, message", [
     (dict(ps="localhost"), "--ps: expected HOST:PORT, got 'localhost'"),
     (dict(ps="localhost:1"), "--ps needs --cluster-id"),
-    (dict(cluster_id="a"), "--cluster-id, --outlier and --pace-step-s need --ps"),
-    (dict(pace_step_s=0.5), "--cluster-id, --outlier and --pace-step-s need --ps"),
+    (dict(cluster_id="a"), "--cluster-id, --outlier, --pace-step-s and --ps-secret-file need --ps"),
+    (dict(pace_step_s=0.5), "--cluster-id, --outlier, --pace-step-s and --ps-secret-file need --ps"),
     (dict(pace_step_s=-1.0), "--pace-step-s must be 0 or positive"),
 ])
 def test_bad_cluster_options_are_one_line(options, message):
