@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import zmq
+from zmq.utils import z85
 
 from h2.core.errors import UserError
 
@@ -64,7 +65,7 @@ def participant_key(run_secret: bytes, participant: str) -> bytes:
 
 def curve_keys(key: bytes) -> tuple[bytes, bytes]:
     """(public, secret) CURVE key pair, Z85-encoded, derived from a participant's key."""
-    secret = zmq.utils.z85.encode(hmac.new(key, b"h2-ps curve", hashlib.sha256).digest())
+    secret = z85.encode(hmac.new(key, b"h2-ps curve", hashlib.sha256).digest())
     return zmq.curve_public(secret), secret
 
 

@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from h2.core.errors import UserError
 from h2.ps import wire
@@ -101,7 +102,7 @@ class LayerServer:
         self.authenticator = ThreadAuthenticator(context)
         self.authenticator.start()
         self.authenticator.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_Admitted(curve.clients))
-        self.authenticator.curve_user_id = lambda key: curve.clients[zmq.utils.z85.encode(key)]
+        self.authenticator.curve_user_id = lambda key: curve.clients[z85.encode(key)]
         self.router = context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, _message_limit(self.max_payload))
