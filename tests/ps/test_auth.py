@@ -28,6 +28,7 @@ from h2.core.model_config import preset
 from h2.model.transformer import Transformer
 from h2.ps import wire
 from h2.ps.client import ClusterClient
+from h2.ps.datapath import DataFlowError
 from h2.ps.rpc import Control, Rejected
 from ps_harness import running_ps
 
@@ -180,6 +181,18 @@ def test_a_stranger_can_neither_get_a_push_ticket_nor_push_layers(job):
     assert len(master.pushes) == 0 and all(len(server.state.staged) == 0 for server in servers)
     assert unchanged(before, servers)
     assert codes == ["UNAUTHENTICATED"] * len(STRANGERS) and answers == [None] * len(answers)
+
+
+def test_a_cluster_cannot_push_under_another_clusters_ticket(job):
+    master, servers, address, client, _ = job
+    ticket = client.request_push()["ticket"]
+    other = ClusterClient(address, "c2", log=lambda _: None)
+    try:
+        with pytest.raises(DataFlowError, match=f"ticket {ticket} was not issued to cluster/c2"):
+            other.layers.push(ticket, model_tensors(), [layer.name for layer in master.layers], None)
+    finally:
+        other.close(leave=False)
+    assert all(len(server.state.staged[ticket]) == 0 for server in servers)
 
 
 def test_a_push_claiming_forged_tokens_counts_at_most_what_h_steps_of_the_runs_batch_consume(tmp_path):
