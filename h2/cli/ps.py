@@ -19,11 +19,10 @@ import time
 from dataclasses import dataclass
 
 from h2.core import flags
-from h2.core.dips import PSOptions, load_dips_config, parse_address
+from h2.core.dips import SECRET_ENV, PSOptions, load_dips_config, parse_address
 from h2.core.errors import ArgumentParser, UserError
 from h2.core.ranks import free_port
 from h2.core.training import RunOptions
-from h2.ps.auth import SECRET_ENV
 
 SECRETS = "secrets"  # <out>/secrets/: run.secret (the master's) and one key file per shard and cluster
 

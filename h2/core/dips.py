@@ -18,6 +18,7 @@ from h2.core.errors import UserError
 from h2.core.training import TrainConfig, option
 
 MODES = ("sync", "async", "dips")
+SECRET_ENV = "H2_PS_SECRET_FILE"  # names a process's Di-PS credential file when no flag does (h2.ps.auth)
 
 
 @dataclass
@@ -172,6 +173,9 @@ class PSOptions:
             parse_address(self.ps, "--ps")
             if not self.cluster_id:
                 raise UserError("--ps needs --cluster-id (this cluster's id in the run)")
+            if not (self.ps_secret_file or os.environ.get(SECRET_ENV)):
+                raise UserError(f"--ps needs this cluster's credential: pass --ps-secret-file FILE or set {SECRET_ENV} "
+                                f"(h2 ps launch writes them to <out>/secrets/)")
         elif self.cluster_id or self.outlier != "none" or self.pace_step_s or self.ps_secret_file:
             raise UserError("--cluster-id, --outlier, --pace-step-s and --ps-secret-file need --ps")
 

@@ -37,9 +37,9 @@ from typing import Callable
 import zmq
 from zmq.utils import z85
 
+from h2.core.dips import SECRET_ENV
 from h2.core.errors import UserError
 
-SECRET_ENV = "H2_PS_SECRET_FILE"
 MASTER = "master"
 REPLAY_WINDOW_S = 120.0
 MAX_REMEMBERED_NONCES = 1_000_000
