@@ -3,7 +3,8 @@
     python benchmarks/bench_dips_transport.py [--sizes 1,16,64] [--repeats 5]
 
 Both sides run in this process over loopback. ZeroMQ: one push of a layer of that size to a real
-`LayerServer`, which copies it into its staging buffer and acknowledges. gRPC: one unary call carrying
+`LayerServer` over CURVE (encrypted and authenticated, as Di-PS runs it), which copies it into its staging
+buffer and acknowledges. gRPC: one unary call (plaintext, unsigned) carrying
 the same bytes to a generic handler that copies them into a buffer and answers a few bytes. The
 median of `repeats` transfers each; printed side by side with their ratio (the paper measured ZeroMQ
 1.74x faster than gRPC on a 25 Gbps network; loopback on a shared 2-core machine is another world).
@@ -21,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import torch
+import zmq
 
-from h2.ps.datapath import LayerServer, Route, push_layers
+from h2.ps.datapath import CurveClient, CurveServer, LayerServer, Route, push_layers
 from h2.ps.layout import Layer
 
 MiB = 1 << 20
@@ -32,17 +34,21 @@ def zeromq_seconds(nbytes: int, repeats: int) -> float:
     layer = Layer("blob", (("blob", (nbytes // 4, )), ))
     staging = np.empty(nbytes // 4, dtype=np.float32)
 
-    def on_push(ticket, name, payload):
+    def on_push(ticket, name, payload, sender):
         staging[:] = np.frombuffer(payload, dtype=np.float32)
 
-    server = LayerServer("127.0.0.1", 0, {0: layer}, on_push=on_push, on_pull=lambda name, version: (0, None))
-    route = Route(0, layer, f"tcp://127.0.0.1:{server.port}")
+    server_public, server_secret = zmq.curve_keypair()
+    client = CurveClient(*zmq.curve_keypair())
+    curve = CurveServer(server_public, server_secret, {client.public: "cluster/bench"})
+    server = LayerServer("127.0.0.1", 0, {0: layer}, on_push=on_push, on_pull=lambda name, version: (0, None),
+                         curve=curve)
+    route = Route(0, layer, f"tcp://127.0.0.1:{server.port}", server_public)
     tensors = {"blob": torch.ones(nbytes // 4)}
     try:
         times = []
         for _ in range(repeats + 1):
             started = time.perf_counter()
-            push_layers([route], 1, tensors)
+            push_layers([route], 1, tensors, curve=client)
             times.append(time.perf_counter() - started)
         return statistics.median(times[1:])
     finally:

@@ -1,9 +1,10 @@
 """`h2 ps`: the Di-PS processes, each started by one command, and a local launcher for a whole run.
 
-    h2 ps master --config configs/dips/local-4.yaml            # the control flow (gRPC)
-    h2 ps shard --master HOST:PORT --index 0                   # one shard server (ZeroMQ data flow)
-    h2 train --preset tiny --ps HOST:PORT --cluster-id c0      # one cluster (any h2 training job)
-    h2 ps launch --config configs/dips/local-4.yaml            # all of them on this machine
+    h2 ps secrets --config configs/dips/local-4.yaml           # the run secret and every participant's key
+    h2 ps master --config configs/dips/local-4.yaml --secret-file runs/dips/secrets/run.secret
+    h2 ps shard --master HOST:PORT --index 0 --secret-file shard-0.key    # one shard server (ZeroMQ)
+    h2 train --preset tiny --ps HOST:PORT --cluster-id c0 --ps-secret-file cluster-c0.key   # one cluster
+    h2 ps launch --config configs/dips/local-4.yaml            # all of them on this machine (keys included)
     h2 ps simulate --clusters configs/dips/paper-table1.yaml   # the outer loop at the paper's scale
 """
 
@@ -18,22 +19,27 @@ import time
 from dataclasses import dataclass
 
 from h2.core import flags
-from h2.core.dips import PSOptions, load_dips_config, parse_address
+from h2.core.dips import SECRET_ENV, PSOptions, load_dips_config, parse_address
 from h2.core.errors import ArgumentParser, UserError
 from h2.core.ranks import free_port
 from h2.core.training import RunOptions
 
+SECRETS = "secrets"  # <out>/secrets/: run.secret (the master's) and one key file per shard and cluster
+
 
 def _master(args: argparse.Namespace) -> int:
+    from h2.ps.auth import MASTER, load_credential
     from h2.ps.master import Master
 
     config = load_dips_config(args.config)
+    credential = load_credential(args.secret_file, MASTER)
     port = config.master_port if args.port is None else args.port
-    Master(config, args.config, port=port, resume=args.resume).serve_forever()
+    Master(config, args.config, port=port, credential=credential, resume=args.resume).serve_forever()
     return 0
 
 
 def _shard(args: argparse.Namespace) -> int:
+    from h2.ps.auth import load_credential, shard_name
     from h2.ps.shard import ShardServer
 
     parse_address(args.master, "--master")
@@ -42,7 +48,8 @@ def _shard(args: argparse.Namespace) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be a TCP port, got {getattr(args, name)}")
     if args.index < 0:
         raise UserError(f"--index must be 0 or positive, got {args.index}")
-    ShardServer(args.master, args.index, args.host, args.control_port, args.data_port,
+    credential = load_credential(args.secret_file, shard_name(args.index))
+    ShardServer(args.master, args.index, args.host, args.control_port, args.data_port, credential=credential,
                 crash_at_round=args.crash_at_round).serve_forever()
     return 0
 
@@ -86,12 +93,24 @@ class RoundCounter:
         return self.rounds
 
 
+def _secrets(config) -> str:
+    """Write the run secret (kept if the run has one) and every participant's key; their folder."""
+    from h2.ps.auth import write_run_secrets
+
+    folder = os.path.join(config.out, SECRETS)
+    write_run_secrets(folder, config.shards, [spec.id for spec in config.clusters])
+    return folder
+
+
 def _cluster_job(config, spec, out: str, master: str, resume: bool) -> list[str]:
+    from h2.ps.auth import cluster_name, participant_file
+
     folder = os.path.join(out, "clusters", spec.id)
     os.makedirs(folder, exist_ok=True)
     job = os.path.join(folder, "job.yaml")
     ps = PSOptions(ps=master, cluster_id=spec.id, pace_step_s=spec.step_time_s, outlier=spec.outlier,
-                   outlier_every=spec.outlier_every, outlier_scale=spec.outlier_scale)
+                   outlier_every=spec.outlier_every, outlier_scale=spec.outlier_scale, ps_secret_file=participant_file(
+                       os.path.join(out, SECRETS), cluster_name(spec.id)))
     if spec.strategy:  # a pipeline starts over (it keeps no checkpoint) and pulls the latest version
         from h2.launch.pipeline_job import NOT_WITH_STRATEGY
         flags.write_job(job, RunOptions(strategy=spec.strategy, out=folder), config.train, ps,
@@ -102,7 +121,15 @@ def _cluster_job(config, spec, out: str, master: str, resume: bool) -> list[str]
     return ["-m", "h2.cli.main", "train", "--config", job, "--resume" if resume and has_checkpoint else "--overwrite"]
 
 
+def _write_secrets(args: argparse.Namespace) -> int:
+    folder = _secrets(load_dips_config(args.config))
+    print(f"{folder}: run.secret (the master's only) and one key file per shard and cluster (mode 0600); "
+          f"hand each process its own file")
+    return 0
+
+
 def _launch(args: argparse.Namespace) -> int:
+    from h2.ps.auth import participant_file, shard_name
     from h2.ps.supervisor import Child, Supervisor
 
     if args.resume and args.overwrite:
@@ -120,17 +147,26 @@ def _launch(args: argparse.Namespace) -> int:
     if args.overwrite and os.path.isdir(out):
         shutil.rmtree(out)
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    secrets = _secrets(config)
     host = config.host
     port = config.master_port or free_port()
     master = f"{host}:{port}"
     say = lambda message: print(f"[launch] {message}", flush=True)  # noqa: E731
     supervisor = Supervisor(say, env={"OMP_NUM_THREADS": "1"})
-    master_argv = ["-m", "h2.cli.main", "ps", "master", "--config", args.config, "--port", str(port)]
+    master_argv = [
+        "-m", "h2.cli.main", "ps", "master", "--config", args.config, "--port",
+        str(port), "--secret-file",
+        os.path.join(secrets, "run.secret")
+    ]
     supervisor.start(
         Child("master", master_argv + (["--resume"] if args.resume else []), None,
               restart_argv=lambda: master_argv + ["--resume"], restart_delay_s=1.0))
     for index in range(config.shards):
-        shard_argv = ["-m", "h2.cli.main", "ps", "shard", "--master", master, "--index", str(index), "--host", host]
+        shard_argv = [
+            "-m", "h2.cli.main", "ps", "shard", "--master", master, "--index",
+            str(index), "--host", host, "--secret-file",
+            participant_file(secrets, shard_name(index))
+        ]
         crash = ["--crash-at-round", str(args.shard_crash_at_round)] if index == 0 and args.shard_crash_at_round else []
         supervisor.start(
             Child(f"shard-{index}", shard_argv + crash, os.path.join(out, "logs", f"shard-{index}.log"),
@@ -220,6 +256,8 @@ def add_commands(sub) -> None:
     master.add_argument("--config", required=True, metavar="YAML", help="the Di-PS run file (configs/dips/*.yaml)")
     master.add_argument("--port", type=int, help="gRPC port (default: the run file's master_port)")
     master.add_argument("--resume", action="store_true", help="continue from <out>/master/state.json")
+    master.add_argument("--secret-file", metavar="FILE",
+                        help=f"the run secret (<out>/{SECRETS}/run.secret; default: ${SECRET_ENV})")
     master.set_defaults(handler=_master)
 
     shard = commands.add_parser("shard", help="one shard server (its layers and their outer optimizer)")
@@ -230,7 +268,14 @@ def add_commands(sub) -> None:
     shard.add_argument("--data-port", type=int, default=0, help="ZeroMQ port (default: any free port)")
     shard.add_argument("--crash-at-round", type=int, default=0, metavar="N",
                        help="fault injection: exit abruptly while preparing round N (0: never)")
+    shard.add_argument(
+        "--secret-file", metavar="FILE", help=f"this shard's key (<out>/{SECRETS}/shard-I.key) or the run secret "
+        f"(default: ${SECRET_ENV})")
     shard.set_defaults(handler=_shard)
+
+    keys = commands.add_parser("secrets", help="write a run's secret and every participant's key (launch does it)")
+    keys.add_argument("--config", required=True, metavar="YAML", help="the Di-PS run file (its out folder)")
+    keys.set_defaults(handler=_write_secrets)
 
     launch = commands.add_parser("launch", help="a whole emulated multi-cluster run on this machine")
     launch.add_argument("--config", required=True, metavar="YAML", help="the Di-PS run file")

@@ -18,6 +18,7 @@ from h2.core.errors import UserError
 from h2.core.training import TrainConfig, option
 
 MODES = ("sync", "async", "dips")
+SECRET_ENV = "H2_PS_SECRET_FILE"  # names a process's Di-PS credential file when no flag does (h2.ps.auth)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class DipsConfig:
     missed_beats: int = 3  # ... and are dropped after this many missed beats
     transfer_timeout_s: float = 30.0  # a layer's push or pull that takes longer fails (the sync point is skipped)
     sync_retry_s: float = 30.0  # a skipped sync point is retried every heartbeat this long before training on
+    ticket_ttl_s: float = 0.0  # a push ticket not committed this long expires (0: 4 x transfer_timeout_s, >= 60 s)
     host: str = "127.0.0.1"  # where the master and the shards listen
     master_port: int = 0  # the master's gRPC port (0: the launcher picks a free one)
     shards: int = 2  # shard servers; the model's layers are split over them
@@ -91,6 +93,8 @@ def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
         ("transfer_timeout_s", config.transfer_timeout_s > 0, "must be positive"),
         ("sync_retry_s", math.isfinite(config.sync_retry_s)
          and config.sync_retry_s >= 0, "must be 0 (train on at once) or a positive number of seconds"),
+        ("ticket_ttl_s", math.isfinite(config.ticket_ttl_s)
+         and config.ticket_ttl_s >= 0, "must be 0 (4 x transfer_timeout_s) or a positive number of seconds"),
         ("master_port", 0 <= config.master_port <= 65535, "must be a TCP port (0: pick a free one)"),
         ("shards", config.shards >= 1, "must be at least 1"),
         ("eval_sequences", config.eval_sequences >= 0, "must be 0 or positive"),
@@ -155,6 +159,10 @@ class PSOptions:
         "or send NaN")
     outlier_every: int = option(1, "inject on every N-th push (with --outlier)")
     outlier_scale: float = option(100.0, "the factor of --outlier scale")
+    # Di-PS authentication (issue 34)
+    ps_secret_file: str | None = option(
+        None, "this cluster's Di-PS credential (or the run secret) file, written by h2 ps launch to "
+        "<out>/secrets/ (default: $H2_PS_SECRET_FILE)", metavar="FILE")
 
     def __post_init__(self) -> None:
         if self.pace_step_s < 0:
@@ -165,8 +173,11 @@ class PSOptions:
             parse_address(self.ps, "--ps")
             if not self.cluster_id:
                 raise UserError("--ps needs --cluster-id (this cluster's id in the run)")
-        elif self.cluster_id or self.outlier != "none" or self.pace_step_s:
-            raise UserError("--cluster-id, --outlier and --pace-step-s need --ps")
+            if not (self.ps_secret_file or os.environ.get(SECRET_ENV)):
+                raise UserError(f"--ps needs this cluster's credential: pass --ps-secret-file FILE or set {SECRET_ENV} "
+                                f"(h2 ps launch writes them to <out>/secrets/)")
+        elif self.cluster_id or self.outlier != "none" or self.pace_step_s or self.ps_secret_file:
+            raise UserError("--cluster-id, --outlier, --pace-step-s and --ps-secret-file need --ps")
 
 
 def parse_address(address: str, where: str) -> tuple[str, int]:

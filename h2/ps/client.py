@@ -11,6 +11,10 @@ trainer calls the same steps across its ranks):
 A round the master skips, a push or commit the PS refuses, or a PS that does not answer makes the
 cluster skip this sync point and go on training from its own parameters; if the master dropped it
 (missed heartbeats) or restarted, it joins again and pulls the latest version.
+
+A cluster speaks with its credential (h2.ps.auth: `--ps-secret-file` or $H2_PS_SECRET_FILE): its calls
+to the master are signed with it, and its CURVE key pair for the shards is derived from it; every rank
+of a pipeline cluster derives the same pair (`cluster_curve`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import torch
 
 from h2.core.errors import UserError
 from h2.core.model_config import preset
-from h2.ps.datapath import DataFlowError, Route, pull_layers, push_layers
+from h2.ps.auth import Credential, cluster_name, load_credential
+from h2.ps.datapath import CurveClient, DataFlowError, Route, pull_layers, push_layers
 from h2.ps.layout import Layer, model_layers, unflatten
 from h2.ps.rpc import Control, Rejected, Unreachable
 
@@ -66,12 +71,24 @@ class SyncResult:
     finished: bool = False
 
 
-class LayerClient:
-    """Pushes and pulls named full-model tensors to and from the shards that hold their layers."""
+def cluster_credential(cluster_id: str, secret_file: str | None) -> Credential:
+    """Cluster `cluster_id`'s credential from `secret_file` or $H2_PS_SECRET_FILE (one line if neither)."""
+    return load_credential(secret_file, cluster_name(cluster_id), "--ps-secret-file")
 
-    def __init__(self, routes: list[dict], layers: list[Layer], timeout_s: float = 30.0):
-        self.timeout_s = timeout_s
-        self.routes = {r["index"]: Route(r["index"], layers[r["index"]], r["address"]) for r in routes}
+
+def cluster_curve(credential: Credential) -> CurveClient:
+    return CurveClient(*credential.curve)
+
+
+class LayerClient:
+    """Pushes and pulls named full-model tensors to and from the shards that hold their layers (as the
+    client whose CURVE keys are `curve`)."""
+
+    def __init__(self, routes: list[dict], layers: list[Layer], curve: CurveClient, timeout_s: float = 30.0):
+        self.timeout_s, self.curve = timeout_s, curve
+        self.routes = {
+            r["index"]: Route(r["index"], layers[r["index"]], r["address"], r["server_key"].encode()) for r in routes
+        }
         self.by_name = {route.layer.name: route for route in self.routes.values()}
 
     def routes_for(self, layer_names: list[str], order: list[int] | None = None) -> list[Route]:
@@ -81,7 +98,7 @@ class LayerClient:
 
     def push(self, ticket: int, tensors: dict[str, torch.Tensor], layer_names: list[str], order: list[int] | None,
              transform: Callable[[Layer, torch.Tensor], torch.Tensor] | None = None) -> int:
-        return push_layers(self.routes_for(layer_names, order), ticket, tensors, transform=transform,
+        return push_layers(self.routes_for(layer_names, order), ticket, tensors, transform=transform, curve=self.curve,
                            timeout_s=self.timeout_s)
 
     def pull(self, version: int, tensors: dict[str, torch.Tensor], layer_names: list[str]) -> int:
@@ -91,7 +108,7 @@ class LayerClient:
                 for name, value in unflatten(layer, vector).items():
                     tensors[name].copy_(value)
 
-        return pull_layers(self.routes_for(layer_names), version, write, timeout_s=self.timeout_s)
+        return pull_layers(self.routes_for(layer_names), version, write, curve=self.curve, timeout_s=self.timeout_s)
 
 
 @dataclass
@@ -126,10 +143,12 @@ class Outliers:
 
 class ClusterClient:
 
-    def __init__(self, address: str, cluster_id: str, *, log: Callable[[str], None] = print,
-                 outliers: Outliers | None = None):
+    def __init__(self, address: str, cluster_id: str, *, log: Callable[[str], None] = print, outliers: Outliers
+                 | None = None, secret_file: str | None = None, credential: Credential | None = None):
         self.address, self.cluster_id, self.log = address, cluster_id, log
-        self.master = Control(address)
+        self.credential = credential or cluster_credential(cluster_id, secret_file)
+        self.curve = cluster_curve(self.credential)
+        self.master = Control(address, self.credential.signer())
         self.outliers = outliers or Outliers()
         self.needs_rejoin = False
         self.finished = False
@@ -161,7 +180,7 @@ class ClusterClient:
 
     def follow(self, routes: list[dict]) -> None:
         """Use the shards' current addresses (a restarted shard listens on a new port)."""
-        self.layers = LayerClient(routes, self.model_layers, self.transfer_timeout_s)
+        self.layers = LayerClient(routes, self.model_layers, self.curve, self.transfer_timeout_s)
 
     def _join_when_ready(self) -> dict:
         deadline = time.monotonic() + GIVE_UP_S

@@ -13,6 +13,13 @@ Cluster side (`push_layers`, `pull_layers`): a producer thread serialises layers
 float32 vectors) in the master's order while one sender thread per shard sends the ones ready and
 waits for each acknowledgement; pulled layers are received by one thread per shard and copied into
 the model (deserialised) by a consumer thread while the next ones arrive.
+
+Every connection is CurveZMQ (libzmq's CURVE, pyzmq's `zmq.auth`): the server holds its key pair and
+admits only the client public keys it was given (`CurveServer.clients`, each named by its participant),
+through a ZAP authenticator of its own ZeroMQ context; every message it receives carries the sender's
+name (the ZAP User-Id), which `on_push` gets. A client names the server's public key, so it talks only to
+the shard that holds the matching secret. A peer without an admitted key gets no answer at all: its
+handshake fails before any frame reaches the server.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from typing import Callable
 
 import torch
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from h2.core.errors import UserError
 from h2.ps import wire
@@ -38,25 +47,68 @@ class Refused(Exception):
     """Raised by a layer server's handlers: answered as an ERROR frame with this one line."""
 
 
+ZAP_DOMAIN = "h2ps"
+CURVE_OVERHEAD = 64  # bytes CURVE adds to a message part (command name, nonce, MAC, flags), with room to spare
+
+
+def _message_limit(max_payload: int) -> int:
+    """ZeroMQ's MAXMSGSIZE for messages whose largest part is a `max_payload`-byte payload: it counts the
+    encrypted part, so CURVE's overhead is added."""
+    return max_payload + wire.HEADER.size + CURVE_OVERHEAD
+
+
 def _context() -> zmq.Context:
     return zmq.Context.instance()
+
+
+@dataclass(frozen=True)
+class CurveServer:
+    """A layer server's CURVE key pair (Z85) and the clients it admits: public key (Z85) -> name."""
+    public: bytes
+    secret: bytes
+    clients: dict[bytes, str]
+
+
+@dataclass(frozen=True)
+class CurveClient:
+    """A client's CURVE key pair (Z85)."""
+    public: bytes
+    secret: bytes
+
+
+class _Admitted:
+    """The ZAP authenticator's callback: only the listed client keys."""
+
+    def __init__(self, clients: dict[bytes, str]):
+        self.clients = clients
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.clients
 
 
 class LayerServer:
     """Serves pushes and pulls of `layers` (names indexed by their position in the model's layer list).
 
-    `on_push(ticket, layer_name, payload)` stores a pushed layer (raise Refused to refuse it);
-    `on_pull(layer_name, version)` returns (version, flat float32 tensor) of a layer."""
+    `on_push(ticket, layer_name, payload, sender)` stores a pushed layer from client `sender` (raise
+    Refused to refuse it); `on_pull(layer_name, version)` returns (version, flat float32 tensor) of a
+    layer. Only the clients `curve` admits are served."""
 
-    def __init__(self, host: str, port: int, layers: dict[int, Layer], *, on_push: Callable[[int, str, memoryview],
+    def __init__(self, host: str, port: int, layers: dict[int, Layer], *, on_push: Callable[[int, str, memoryview, str],
                                                                                             None],
-                 on_pull: Callable[[str, int], tuple[int, torch.Tensor]], pool_frames: int = 4):
+                 on_pull: Callable[[str, int], tuple[int, torch.Tensor]], curve: CurveServer, pool_frames: int = 4):
         self.layers, self.on_push, self.on_pull = layers, on_push, on_pull
         self.max_payload = max([layer.nbytes for layer in layers.values()] + [wire.MAX_ERROR_BYTES])
-        context = _context()
+        self.context = context = zmq.Context()
+        self.authenticator = ThreadAuthenticator(context)
+        self.authenticator.start()
+        self.authenticator.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_Admitted(curve.clients))
+        self.authenticator.curve_user_id = lambda key: curve.clients[z85.encode(key)]
         self.router = context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.MAXMSGSIZE, self.max_payload + wire.HEADER.size)
+        self.router.setsockopt(zmq.MAXMSGSIZE, _message_limit(self.max_payload))
+        self.router.curve_server = True
+        self.router.curve_secretkey, self.router.curve_publickey = curve.secret, curve.public
+        self.router.zap_domain = ZAP_DOMAIN.encode()
         try:
             if port:
                 self.router.bind(f"tcp://{host}:{port}")
@@ -65,6 +117,8 @@ class LayerServer:
                 self.port = self.router.bind_to_random_port(f"tcp://{host}")
         except zmq.ZMQError as error:
             self.router.close()
+            self.authenticator.stop()
+            context.term()
             raise UserError(f"shard data flow: cannot listen on {host}:{port} ({error})") from None
         self._replies_address = f"inproc://h2ps-replies-{id(self)}"
         self.replies = context.socket(zmq.PULL)
@@ -114,16 +168,17 @@ class LayerServer:
             self.refused += 1
             self.router.send_multipart([identity, *wire.error_frames(str(error))])
             return
-        self.queues[header.layer].put((identity, header, payload, frames))  # blocks when the pool is full
+        sender = frames[0].get("User-Id")
+        self.queues[header.layer].put((identity, header, payload, frames, sender))  # blocks when the pool is full
 
     def _layer_loop(self, index: int) -> None:
-        socket = _context().socket(zmq.PUSH)
+        socket = self.context.socket(zmq.PUSH)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(self._replies_address)
         layer = self.layers[index]
         while not self._stop.is_set():
             try:
-                identity, header, payload, _frames = self.queues[index].get(timeout=0.1)
+                identity, header, payload, _frames, sender = self.queues[index].get(timeout=0.1)
             except queue.Empty:
                 continue
             try:
@@ -131,7 +186,7 @@ class LayerServer:
                     if header.nbytes != layer.nbytes:
                         raise Refused(f"layer {layer.name} holds {layer.nbytes} bytes, "
                                       f"the push carries {header.nbytes}")
-                    self.on_push(header.ticket, layer.name, payload)
+                    self.on_push(header.ticket, layer.name, payload, sender)
                     reply = [wire.Header(wire.OK, index, header.ticket, 0, 0).pack(), b""]
                 else:
                     version, vector = self.on_pull(layer.name, header.version)
@@ -146,6 +201,8 @@ class LayerServer:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=2)
+        self.authenticator.stop()
+        self.context.destroy(linger=0)
 
 
 # ---- cluster side -------------------------------------------------------------------------------
@@ -154,34 +211,41 @@ class Route:
     index: int  # the layer's position in the model's layer list (its id on the wire)
     layer: Layer
     address: str  # tcp://host:port of the shard that holds it
+    server_key: bytes  # the shard's CURVE public key (Z85)
 
 
 class SocketPool:
-    """Connected DEALER sockets kept between transfers, one per (shard address, reply size limit): a
-    transfer takes one out and puts it back when it went well; a socket whose transfer failed may still
-    receive a stale reply, so it is closed instead."""
+    """Connected DEALER sockets kept between transfers, one per (shard address and key, reply size limit,
+    client key): a transfer takes one out and puts it back when it went well; a socket whose transfer failed
+    may still receive a stale reply, so it is closed instead."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.idle: dict[tuple[str, int], list[zmq.Socket]] = {}
+        self.idle: dict[tuple, list[zmq.Socket]] = {}
 
-    def take(self, address: str, max_payload: int) -> zmq.Socket:
+    def take(self, route: Route, max_payload: int, curve: CurveClient) -> zmq.Socket:
         with self.lock:
-            idle = self.idle.get((address, max_payload))
+            idle = self.idle.get(_pool_key(route, max_payload, curve))
             if idle:
                 return idle.pop()
         socket = _context().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.MAXMSGSIZE, max_payload + wire.HEADER.size)
-        socket.connect(address)
+        socket.setsockopt(zmq.MAXMSGSIZE, _message_limit(max_payload))
+        socket.curve_serverkey = route.server_key
+        socket.curve_publickey, socket.curve_secretkey = curve.public, curve.secret
+        socket.connect(route.address)
         return socket
 
-    def give_back(self, address: str, max_payload: int, socket: zmq.Socket, healthy: bool) -> None:
+    def give_back(self, route: Route, max_payload: int, curve: CurveClient, socket: zmq.Socket, healthy: bool) -> None:
         if not healthy:
             socket.close(0)
             return
         with self.lock:
-            self.idle.setdefault((address, max_payload), []).append(socket)
+            self.idle.setdefault(_pool_key(route, max_payload, curve), []).append(socket)
+
+
+def _pool_key(route: Route, max_payload: int, curve: CurveClient) -> tuple:
+    return route.address, route.server_key, max_payload, curve.public
 
 
 SOCKETS = SocketPool()
@@ -217,8 +281,9 @@ def _run_workers(workers: list[threading.Thread], errors: list[BaseException]) -
         raise errors[0]
 
 
-def push_layers(routes: list[Route], ticket: int, tensors: dict[str, torch.Tensor], *, timeout_s: float = 30.0,
-                pool_slots: int = 2, transform: Callable[[Layer, torch.Tensor], torch.Tensor] | None = None) -> int:
+def push_layers(routes: list[Route], ticket: int, tensors: dict[str, torch.Tensor], *, curve: CurveClient,
+                timeout_s: float = 30.0, pool_slots: int = 2,
+                transform: Callable[[Layer, torch.Tensor], torch.Tensor] | None = None) -> int:
     """Push every routed layer of `tensors` (full-model names) under `ticket`; the bytes sent.
 
     A producer serialises layers in `routes` order into at most `pool_slots` waiting vectors per
@@ -242,7 +307,8 @@ def push_layers(routes: list[Route], ticket: int, tensors: dict[str, torch.Tenso
             pool.put(None)
 
     def send(address: str) -> None:
-        socket = SOCKETS.take(address, max_payload)
+        shard = grouped[address][0]
+        socket = SOCKETS.take(shard, max_payload, curve)
         healthy = False
         try:
             while (item := pools[address].get()) is not None:
@@ -259,7 +325,7 @@ def push_layers(routes: list[Route], ticket: int, tensors: dict[str, torch.Tenso
             while pools[address].get() is not None:
                 pass
         finally:
-            SOCKETS.give_back(address, max_payload, socket, healthy)
+            SOCKETS.give_back(shard, max_payload, curve, socket, healthy)
 
     workers = [threading.Thread(target=produce, name="ps-serialise")]
     workers += [threading.Thread(target=send, args=(address, ), name="ps-push") for address in grouped]
@@ -267,7 +333,7 @@ def push_layers(routes: list[Route], ticket: int, tensors: dict[str, torch.Tenso
     return sum(route.layer.nbytes for route in routes)
 
 
-def pull_layers(routes: list[Route], version: int, write: Callable[[Layer, torch.Tensor], None], *,
+def pull_layers(routes: list[Route], version: int, write: Callable[[Layer, torch.Tensor], None], *, curve: CurveClient,
                 timeout_s: float = 30.0) -> int:
     """Pull every routed layer at global `version`; `write(layer, vector)` deserialises each into the
     model on a consumer thread while the next layers arrive. The bytes received."""
@@ -277,7 +343,8 @@ def pull_layers(routes: list[Route], version: int, write: Callable[[Layer, torch
     max_payload = max(route.layer.nbytes for route in routes)
 
     def receive(address: str) -> None:
-        socket = SOCKETS.take(address, max_payload)
+        shard = grouped[address][0]
+        socket = SOCKETS.take(shard, max_payload, curve)
         healthy = False
         try:
             for route in grouped[address]:
@@ -292,7 +359,7 @@ def pull_layers(routes: list[Route], version: int, write: Callable[[Layer, torch
         except BaseException as error:  # noqa: BLE001 - handed to the caller
             errors.append(error)
         finally:
-            SOCKETS.give_back(address, max_payload, socket, healthy)
+            SOCKETS.give_back(shard, max_payload, curve, socket, healthy)
             received.put(None)
 
     def consume() -> None:

@@ -15,6 +15,13 @@ heartbeats is dropped (its pending push with it) and may join again; a shard tha
 marked lost until it registers again (the launcher restarts it from its snapshot). The master's own
 state (version, round, penalty statistics, tokens) is written to `master/state.json` after every
 round, so a restarted master goes on where it stopped; shards and clusters re-register by themselves.
+
+Who may call what (h2.ps.auth): the master holds the run secret and admits only calls signed by a
+participant of the run file (`cluster/<id>`, `shard/<i>`); a cluster's calls name only itself (and,
+after Join, its current session), a shard's register and beat only itself; `Status` answers
+participants only. A committed push counts at most the tokens H inner steps of the run's batch can
+consume (`tokens_cap`). A cluster holds one push ticket at a time (a new request forgets the old one)
+and a ticket not committed within `ticket_ttl_s` expires: the shards forget what it staged.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ from h2.core.dips import DipsConfig
 from h2.core.errors import UserError
 from h2.core.model_config import preset
 from h2.ps import penalty
+from h2.ps.auth import Credential, Guard, cluster_name, curve_keys, shard_name
 from h2.ps.layout import assign_layers, model_layers
-from h2.ps.rpc import Control, Rejected, Unreachable, serve, wait_until_stopped
+from h2.ps.rpc import Control, Forbidden, Rejected, Unreachable, serve, wait_until_stopped
 
 
 @dataclass
@@ -85,6 +93,11 @@ class MasterState:
     cluster_tokens: dict = field(default_factory=dict)
 
 
+def ticket_ttl_s(config: DipsConfig) -> float:
+    """How long an issued push ticket may stay uncommitted before it expires."""
+    return config.ticket_ttl_s or max(60.0, 4 * config.transfer_timeout_s)
+
+
 def _try(function, *args, **kwargs):
     try:
         return function(*args, **kwargs)
@@ -109,9 +122,15 @@ class EventLog:
 
 class Master:
 
-    def __init__(self, config: DipsConfig, source: str, *, port: int, resume: bool = False):
+    def __init__(self, config: DipsConfig, source: str, *, port: int, credential: Credential, resume: bool = False):
         self.config, self.source = config, source
-        self.layers = model_layers(preset(config.model))
+        if credential.run_secret is None:
+            raise UserError(f"the master needs the run secret, not the credential of {credential.participant}")
+        self.credential = credential
+        model = preset(config.model)
+        self.layers = model_layers(model)
+        self.tokens_cap = config.inner_steps * config.train.global_batch * (config.train.seq_len or model.max_seq_len)
+        self.ticket_ttl_s = ticket_ttl_s(config)
         self.assignment = assign_layers(self.layers, config.shards)
         self.dir = os.path.join(config.out, "master")
         os.makedirs(self.dir, exist_ok=True)
@@ -138,7 +157,9 @@ class Master:
             "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard, "ShardBeat": self._shard_beat,
             "Status": self._status
         }
-        self.server, self.port = serve(handlers, config.host, port, what="master", max_workers=64)
+        participants = {cluster_name(cid) for cid in self.clusters} | {shard_name(i) for i in self.shards}
+        guard = Guard(lambda caller: credential.key_of(caller) if caller in participants else None)
+        self.server, self.port = serve(handlers, config.host, port, what="master", guard=guard, max_workers=64)
         resumed = f", resumed at version {self.state.version} round {self.state.round}" if resume else ""
         self.events.write(
             "start", f"mode {config.mode} on {config.host}:{self.port}, {config.shards} shards, "
@@ -178,65 +199,80 @@ class Master:
         return 0 < self.config.tokens <= self.state.tokens
 
     # ---- clusters ----------------------------------------------------------------------------------
-    def _cluster(self, request: dict) -> ClusterRecord:
+    def _cluster(self, request: dict, caller: str, *, session: bool = True) -> ClusterRecord:
+        """The record of the cluster the request names, which must be the caller; with `session`, the
+        request must also carry the cluster's current session."""
         cid = str(request["cluster"])
         record = self.clusters.get(cid)
         if record is None:
             raise Rejected(f"unknown cluster '{cid}' ({self.source} lists: {', '.join(self.clusters) or 'none'})")
-        if request.get("session") is not None:
-            if request["session"] != record.session:
-                raise Rejected(f"cluster '{cid}': session {request['session']} is not current (join again)")
+        if caller != cluster_name(cid):
+            raise Forbidden(f"{caller} cannot speak for cluster '{cid}'")
+        if session:
+            if request.get("session") != record.session or not record.session:
+                raise Rejected(f"cluster '{cid}': session {request.get('session')} is not current (join again)")
             if not record.active:
                 raise Rejected(f"cluster '{cid}' was dropped (missed heartbeats): join again")
         return record
 
     def routes(self) -> list[dict]:
         owner = {name: shard for shard, names in enumerate(self.assignment) for name in names}
+        keys = {shard: curve_keys(self.credential.key_of(shard_name(shard)))[0].decode() for shard in self.shards}
         return [{
-            "index": i, "layer": layer.name, "shard": owner[layer.name], "address": self.shards[owner[layer.name]].data
+            "index": i, "layer": layer.name, "shard": owner[layer.name], "address": self.shards[owner[layer.name]].data,
+            "server_key": keys[owner[layer.name]]
         } for i, layer in enumerate(self.layers)]
 
-    def _join(self, request: dict) -> dict:
+    def _join(self, request: dict, caller: str) -> dict:
         with self.lock:
-            record = self._cluster({"cluster": request["cluster"]})
+            record = self._cluster(request, caller, session=False)
             if not all(shard.alive for shard in self.shards.values()):
                 raise Rejected("the run is not ready: not every shard has registered yet")
             rejoin = bool(record.session)
+            abandoned = []
             if record.active and rejoin:
-                self._drop(record, "joined again while its session was live (a restarted process replaces it)")
+                abandoned = self._drop(record,
+                                       "joined again while its session was live (a restarted process replaces it)")
             record.session = f"{random.getrandbits(48):x}"
             record.active, record.last_beat = True, time.monotonic()
             self.events.write(
                 "join", f"cluster {record.id} {'rejoined' if rejoin else 'joined'}; it starts from "
                 f"version {self.state.version}", cluster=record.id, version=self.state.version, rejoin=rejoin)
             self.changed.notify_all()
-            return {
+            reply = {
                 "session": record.session, "partition": record.partition, "partitions": len(
                     self.clusters), "inner_steps": self.config.inner_steps, "heartbeat_s": self.config.heartbeat_s,
                 "version": self.state.version, "routes": self.routes(), "model": self.config.model,
                 "eval_sequences": self.config.eval_sequences, "transfer_timeout_s": self.config.transfer_timeout_s,
                 "sync_retry_s": self.config.sync_retry_s, "finished": self.finished
             }
+        self._forget(abandoned)
+        return reply
 
-    def _beat(self, request: dict) -> dict:
+    def _beat(self, request: dict, caller: str) -> dict:
         with self.lock:
-            record = self._cluster(request)
+            record = self._cluster(request, caller)
             record.last_beat = time.monotonic()
             return {"finished": self.finished, "version": self.state.version}
 
-    def _request_push(self, request: dict) -> dict:
+    def _request_push(self, request: dict, caller: str) -> dict:
         with self.lock:
-            record = self._cluster(request)
+            record = self._cluster(request, caller)
             record.last_beat = time.monotonic()
             lost = [shard.index for shard in self.shards.values() if not shard.alive]
             if lost:
                 return {"status": "skip", "reason": f"shard {lost[0]} is lost"}
+            superseded = [t for t, push in self.pushes.items() if push.cluster == record.id and not push.committed]
+            for old in superseded:  # one ticket per cluster at a time: an abandoned push is forgotten
+                self.pushes.pop(old)
             ticket = random.getrandbits(62)
             pushing = sum(1 for push in self.pushes.values() if not push.committed)
             self.pushes[ticket] = Push(ticket, record.id, int(request["base_version"]), time.monotonic())
             shards = list(self.shards.values())
+        if superseded:
+            self._forget(superseded)
         try:
-            list(self.fanout.map(lambda shard: shard.control.call("Expect", ticket=ticket), shards))
+            list(self.fanout.map(lambda shard: shard.control.call("Expect", ticket=ticket, cluster=record.id), shards))
         except (Rejected, Unreachable) as error:
             with self.lock:
                 self.pushes.pop(ticket, None)
@@ -248,13 +284,21 @@ class Master:
             "status": "push", "ticket": ticket, "order": [route["index"] for route in order], "routes": self.routes()
         }
 
-    def _commit_push(self, request: dict) -> dict:
+    def _commit_push(self, request: dict, caller: str) -> dict:
         ticket = int(request["ticket"])
+        claimed = int(request["tokens"])
+        loss = request.get("loss")
+        if claimed < 0:
+            raise Rejected(f"tokens must be 0 or positive, got {claimed}")
+        if loss is not None and not isinstance(loss, (int, float)):
+            raise Rejected(f"loss must be a number or null, got {type(loss).__name__}")
         with self.lock:
-            record = self._cluster(request)
+            record = self._cluster(request, caller)
             push = self.pushes.get(ticket)
             if push is None or push.cluster != record.id:
                 raise Rejected(f"cluster '{record.id}': ticket {ticket} is unknown (master restarted or push dropped)")
+            if push.committed:
+                raise Rejected(f"cluster '{record.id}': ticket {ticket} is already committed")
             shards = list(self.shards.values())
         try:
             missing = [
@@ -266,18 +310,27 @@ class Master:
         incomplete = [f"shard {shard.index}: {', '.join(m[str(ticket)])}" for shard, m in zip(shards, missing) if m]
         if incomplete:
             return {"status": "skip", "reason": f"push incomplete ({incomplete[0]})"}
+        tokens = min(claimed, self.tokens_cap)
+        if tokens < claimed:
+            self.events.write(
+                "tokens_capped", f"cluster {record.id} claimed {claimed:,} tokens for one push; counted "
+                f"{tokens:,} (H x batch x sequence length)", cluster=record.id, claimed=claimed, counted=tokens)
         with self.lock:
-            push.tokens, push.loss, push.committed = int(request["tokens"]), request.get("loss"), time.monotonic()
+            if self.pushes.get(ticket) is not push:
+                return {"status": "skip", "reason": f"ticket {ticket} expired or was replaced while committing"}
+            push.tokens, push.loss, push.committed = tokens, loss, time.monotonic()
             self.pending.append(push)
             self.window_closes = push.committed + self.config.window_s
             self.changed.notify_all()
         return {"status": "committed"}
 
-    def _await_round(self, request: dict) -> dict:
+    def _await_round(self, request: dict, caller: str) -> dict:
         ticket = int(request["ticket"])
         deadline = time.monotonic() + min(float(request.get("wait_s", 5.0)), 30.0)
         with self.lock:
-            self._cluster(request)
+            record = self._cluster(request, caller)
+            if ticket in self.pushes and self.pushes[ticket].cluster != record.id:
+                raise Forbidden(f"ticket {ticket} was not issued to cluster '{record.id}'")
             while ticket not in self.outcomes:
                 if ticket not in self.pushes:
                     return {
@@ -295,18 +348,26 @@ class Master:
                 "finished": self.finished, "routes": self.routes()
             }
 
-    def _leave(self, request: dict) -> dict:
+    def _leave(self, request: dict, caller: str) -> dict:
         with self.lock:
-            record = self._cluster(request)
+            record = self._cluster(request, caller)
             record.active, record.session = False, ""
+            waiting = {push.ticket for push in self.pending if push.cluster == record.id}
             self.pending = [push for push in self.pending if push.cluster != record.id]
+            abandoned = [
+                t for t, push in self.pushes.items()
+                if push.cluster == record.id and (t in waiting or not push.committed)
+            ]
+            for ticket in abandoned:
+                self.pushes.pop(ticket)
             self.events.write("leave", f"cluster {record.id} left the run", cluster=record.id)
             self.changed.notify_all()
+        self._forget(abandoned)
         return {}
 
-    def _pulled(self, request: dict) -> dict:
+    def _pulled(self, request: dict, caller: str) -> dict:
         with self.lock:
-            record = self._cluster(request)
+            record = self._cluster(request, caller)
         self.events.write(
             "pull", f"cluster {record.id} pulled version {request['version']} in "
             f"{float(request['pull_s']):.3f} s", cluster=record.id, version=int(request["version"]),
@@ -314,25 +375,30 @@ class Master:
         return {}
 
     # ---- shards ------------------------------------------------------------------------------------
-    def _shard(self, request: dict) -> ShardRecord:
+    def _shard(self, request: dict, caller: str) -> ShardRecord:
         index = int(request["index"])
         if index not in self.shards:
             raise Rejected(f"unknown shard {index} ({self.source} has shards 0..{self.config.shards - 1})")
+        if caller != shard_name(index):
+            raise Forbidden(f"{caller} cannot speak for shard {index}")
         return self.shards[index]
 
-    def _shard_plan(self, request: dict) -> dict:
-        shard = self._shard(request)
+    def _shard_plan(self, request: dict, caller: str) -> dict:
+        shard = self._shard(request, caller)
         o = self.config.outer
         return {
             "layers": self.assignment[shard.index], "model": self.config.model, "seed": self.config.seed,
             "version": self.state.version, "heartbeat_s": self.config.heartbeat_s, "outer": {
                 "optimizer": o.optimizer, "lr": o.lr, "momentum": o.momentum
-            }, "snapshot_dir": os.path.join(self.config.out, "shards", f"shard-{shard.index}")
+            }, "snapshot_dir": os.path.join(self.config.out, "shards", f"shard-{shard.index}"), "clients": {
+                curve_keys(self.credential.key_of(cluster_name(cid)))[0].decode(): cluster_name(cid)
+                for cid in self.clusters
+            }, "max_tickets": 2 * len(self.clusters) + 2, "ticket_ttl_s": self.ticket_ttl_s
         }
 
-    def _register_shard(self, request: dict) -> dict:
+    def _register_shard(self, request: dict, caller: str) -> dict:
         with self.lock:
-            shard = self._shard(request)
+            shard = self._shard(request, caller)
             version = int(request["version"])
             if version != self.state.version:  # it missed a commit (or the master restarted mid-round)
                 return {"reload": self.state.version}
@@ -340,7 +406,8 @@ class Master:
                 self._lose_shard(shard, "registered again while alive (a restarted process replaces it)")
             if shard.control is not None:
                 shard.control.close()
-            shard.control, shard.data = Control(str(request["control"])), str(request["data"])
+            signer = self.credential.signer(shard_name(shard.index))
+            shard.control, shard.data = Control(str(request["control"]), signer), str(request["data"])
             was_lost = shard.version >= 0
             shard.alive, shard.last_beat, shard.version = True, time.monotonic(), version
             self.events.write("shard", f"shard {shard.index} {'re' if was_lost else ''}registered at version {version}",
@@ -348,15 +415,15 @@ class Master:
             self.changed.notify_all()
         return {"version": self.state.version}
 
-    def _shard_beat(self, request: dict) -> dict:
+    def _shard_beat(self, request: dict, caller: str) -> dict:
         with self.lock:
-            shard = self._shard(request)
+            shard = self._shard(request, caller)
             if not shard.alive:
                 raise Rejected(f"shard {shard.index} is not registered here: register again")
             shard.last_beat = time.monotonic()
         return {}
 
-    def _status(self, request: dict) -> dict:
+    def _status(self, request: dict, caller: str) -> dict:
         with self.lock:
             return {
                 "mode": self.config.mode, "version": self.state.version, "round": self.state.round,
@@ -371,25 +438,39 @@ class Master:
         limit = self.config.missed_beats * self.config.heartbeat_s
         while not self.stopped.wait(self.config.heartbeat_s / 2):
             now = time.monotonic()
+            forget = []
             with self.lock:
                 for record in self.clusters.values():
                     if record.active and now - record.last_beat > limit:
-                        self._drop(record, f"missed {self.config.missed_beats} heartbeats")
+                        forget += self._drop(record, f"missed {self.config.missed_beats} heartbeats")
                 for shard in self.shards.values():
                     if shard.alive and now - shard.last_beat > limit:
                         self._lose_shard(shard, f"missed {self.config.missed_beats} heartbeats")
+                expired = [
+                    push for push in self.pushes.values()
+                    if not push.committed and now - push.issued > self.ticket_ttl_s
+                ]
+                for push in expired:
+                    self.pushes.pop(push.ticket)
+                    self.events.write(
+                        "ticket_expired", f"cluster {push.cluster}'s ticket expired uncommitted after "
+                        f"{self.ticket_ttl_s:g} s: the shards forget what it staged", cluster=push.cluster)
+                forget += [push.ticket for push in expired]
+            self._forget(forget)
 
-    def _drop(self, record, reason: str) -> None:
-        """Forget a cluster's session and whatever it had pending; the caller holds the lock."""
+    def _drop(self, record, reason: str) -> list[int]:
+        """Forget a cluster's session and whatever it had pending; the caller holds the lock and then has
+        the shards forget the tickets returned."""
         record.active = False
         dropped = [push for push in self.pending if push.cluster == record.id]
         self.pending = [push for push in self.pending if push.cluster != record.id]
-        for push in list(self.pushes.values()):
-            if push.cluster == record.id:
-                self.pushes.pop(push.ticket)
+        tickets = [push.ticket for push in self.pushes.values() if push.cluster == record.id]
+        for ticket in tickets:
+            self.pushes.pop(ticket)
         self.events.write("drop", f"cluster {record.id} dropped: {reason} ({len(dropped)} pending push dropped)",
                           cluster=record.id, pending_dropped=len(dropped), reason=reason)
         self.changed.notify_all()
+        return tickets
 
     def _lose_shard(self, shard: ShardRecord, reason: str) -> None:
         """Mark a shard lost (pushes refused, the round in progress skipped); the caller holds the lock."""
@@ -500,6 +581,8 @@ class Master:
                     version=version)
 
     def _forget(self, tickets: list[int], round_id: int | None = None) -> None:
+        if not tickets:
+            return
         for shard in list(self.shards.values()):
             if shard.alive and shard.control is not None:
                 try:

@@ -8,6 +8,11 @@ A round on the shard: the master announces each push's ticket (`Expect`); cluste
 gradients Δ_j = θ - θ_j of its layers (θ: the global model now, Algorithm 1); `Prepare` computes the
 next version out of place (weighted average, clip, outer step; one thread per layer) and writes its
 snapshot; `Commit` makes it current, `Abort` forgets it. The previous version stays pullable.
+
+Only the master drives a shard (its control calls are signed under this shard's key, h2.ps.auth), and
+only the run's clusters reach its data flow (CURVE: the public keys the master's plan lists). A push is
+staged only under a ticket the master announced for the pushing cluster; at most `max_tickets` tickets
+are staged at once, and one that was announced but not completed within `ticket_ttl_s` is dropped.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from h2.core.errors import UserError
 from h2.core.model_config import preset
 from h2.model.transformer import Transformer
 from h2.ps import outer
-from h2.ps.datapath import LayerServer, Refused
+from h2.ps.auth import MASTER, Credential, Guard, cluster_name
+from h2.ps.datapath import CurveServer, LayerServer, Refused
 from h2.ps.layout import Layer, flatten, model_layers
 from h2.ps.rpc import Control, Rejected, Unreachable, serve, wait_until_stopped
 
@@ -41,8 +47,10 @@ def log(index: int, message: str) -> None:
 class ShardState:
     """The layers' parameters, momentum and staged pushes, with snapshots on disk."""
 
-    def __init__(self, index: int, layers: list[Layer], options: OuterOptions, snapshot_dir: str):
+    def __init__(self, index: int, layers: list[Layer], options: OuterOptions, snapshot_dir: str, *,
+                 max_tickets: int = 8, ticket_ttl_s: float = 120.0):
         self.index, self.layers, self.options = index, {layer.name: layer for layer in layers}, options
+        self.max_tickets, self.ticket_ttl_s = max_tickets, ticket_ttl_s
         self.snapshot_dir = snapshot_dir
         os.makedirs(snapshot_dir, exist_ok=True)
         self.lock = threading.Lock()
@@ -51,6 +59,8 @@ class ShardState:
         self.momentum: dict[str, torch.Tensor | None] = {name: None for name in self.layers}
         self.previous: tuple[int, dict[str, torch.Tensor]] | None = None
         self.staged: dict[int, dict[str, torch.Tensor]] = {}
+        self.owners: dict[int, tuple[str, float]] = {}  # ticket -> (the cluster it was issued to, when)
+        self.held: set[int] = set()  # complete at a commit check: they wait for their round
         self.measured: dict[int, dict[str, torch.Tensor]] = {}
         self.prepared: dict | None = None
         self.threads = ThreadPoolExecutor(max_workers=max(1, len(layers)), thread_name_prefix="ps-layer-math")
@@ -90,12 +100,14 @@ class ShardState:
             os.remove(self.snapshot_path(old))
 
     # ---- data flow ------------------------------------------------------------------------------
-    def on_push(self, ticket: int, layer: str, payload: memoryview) -> None:
+    def on_push(self, ticket: int, layer: str, payload: memoryview, sender: str) -> None:
         with self.lock:
             staging = self.staged.get(ticket)
             if staging is None:
                 raise Refused(f"push from an unknown cluster: ticket {ticket} was not issued by the master "
                               f"(or its round is over)")
+            if self.owners[ticket][0] != sender:
+                raise Refused(f"ticket {ticket} was not issued to {sender}")
             vector = staging.get(layer)
             if vector is None:
                 vector = staging[layer] = torch.empty(self.layers[layer].numel, dtype=torch.float32)
@@ -110,16 +122,34 @@ class ShardState:
             raise Refused(f"version {version} of layer {layer} is not held (current {self.version})")
 
     # ---- control flow ---------------------------------------------------------------------------
-    def expect(self, ticket: int) -> None:
+    def expect(self, ticket: int, owner: str) -> None:
+        """Stage pushes of `ticket` from cluster `owner` (its participant name), within the bounds."""
         with self.lock:
-            self.staged.setdefault(ticket, {})
+            if ticket in self.staged:
+                return
+            now = time.monotonic()
+            for old, (_, since) in list(self.owners.items()):
+                if old not in self.held and old not in self.measured and now - since > self.ticket_ttl_s:
+                    self._drop(old)
+            if len(self.staged) >= self.max_tickets:
+                raise Rejected(f"shard {self.index}: {len(self.staged)} push tickets are staged already "
+                               f"(at most {self.max_tickets})")
+            self.staged[ticket], self.owners[ticket] = {}, (owner, now)
+
+    def _drop(self, ticket: int) -> None:
+        self.staged.pop(ticket, None)
+        self.owners.pop(ticket, None)
+        self.held.discard(ticket)
+        self.measured.pop(ticket, None)
 
     def missing(self, tickets: list[int]) -> dict[str, list[str]]:
         with self.lock:
-            return {
+            absent = {
                 str(t): [name for name in self.layers if name not in self.staged.get(t, {})] for t in tickets
                 if t not in self.staged or len(self.staged[t]) < len(self.layers)
             }
+            self.held.update(t for t in tickets if t in self.staged and str(t) not in absent)
+            return absent
 
     def measure(self, tickets: list[int]) -> dict[str, dict[str, float]]:
         """<Δ_j, Δ_k> over this shard's layers, Δ_j = θ - θ_j, for every pair of tickets."""
@@ -175,8 +205,7 @@ class ShardState:
         """Drop staged pushes (and a prepared round that was abandoned)."""
         with self.lock:
             for ticket in tickets:
-                self.staged.pop(ticket, None)
-                self.measured.pop(ticket, None)
+                self._drop(ticket)
             if round_id is not None and self.prepared is not None and self.prepared["round"] == round_id:
                 path = self.snapshot_path(self.prepared["version"])
                 self.prepared = None
@@ -187,9 +216,10 @@ class ShardState:
 class ShardServer:
     """One shard process: its state, its data flow, its control endpoint and its heartbeat."""
 
-    def __init__(self, master: str, index: int, host: str, control_port: int, data_port: int, crash_at_round: int = 0):
+    def __init__(self, master: str, index: int, host: str, control_port: int, data_port: int, *, credential: Credential,
+                 crash_at_round: int = 0):
         self.index, self.host, self.crash_at_round = index, host, crash_at_round
-        self.master = Control(master)
+        self.master = Control(master, credential.signer())
         self.stopped = threading.Event()
         log(index, f"asking master {master} for its plan")
         try:
@@ -201,16 +231,22 @@ class ShardServer:
         self.heartbeat_s = plan["heartbeat_s"]
         all_layers = model_layers(preset(plan["model"]))
         mine = [layer for layer in all_layers if layer.name in plan["layers"]]
-        self.state = ShardState(index, mine, OuterOptions(**plan["outer"]), plan["snapshot_dir"])
+        self.state = ShardState(index, mine, OuterOptions(**plan["outer"]), plan["snapshot_dir"],
+                                max_tickets=int(plan["max_tickets"]), ticket_ttl_s=float(plan["ticket_ttl_s"]))
         self.model, self.seed = plan["model"], plan["seed"]
         self.state.start(plan["version"], self.model, self.seed)
         indices = {all_layers.index(layer): layer for layer in mine}
-        self.data = LayerServer(host, data_port, indices, on_push=self.state.on_push, on_pull=self.state.on_pull)
+        public, secret = credential.curve
+        curve = CurveServer(public, secret, {key.encode(): name for key, name in plan["clients"].items()})
+        self.data = LayerServer(host, data_port, indices, on_push=self.state.on_push, on_pull=self.state.on_pull,
+                                curve=curve)
         handlers = {
             "Expect": self._expect, "Holds": self._holds, "Measure": self._measure, "Prepare": self._prepare,
             "Commit": self._commit, "Forget": self._forget, "Status": self._status
         }
-        self.control, self.control_port = serve(handlers, host, control_port, what=f"shard {index} control flow")
+        guard = Guard(lambda caller: credential.key if caller == MASTER else None)
+        self.control, self.control_port = serve(handlers, host, control_port, what=f"shard {index} control flow",
+                                                guard=guard)
         self._register()
         log(
             index, f"serving {', '.join(layer.name for layer in mine)} at version {self.state.version}: "
@@ -253,17 +289,17 @@ class ShardServer:
                     log(self.index, "master unreachable: retrying")
 
     # ---- control handlers ------------------------------------------------------------------------
-    def _expect(self, request: dict) -> dict:
-        self.state.expect(int(request["ticket"]))
+    def _expect(self, request: dict, caller: str) -> dict:
+        self.state.expect(int(request["ticket"]), cluster_name(str(request["cluster"])))
         return {}
 
-    def _holds(self, request: dict) -> dict:
+    def _holds(self, request: dict, caller: str) -> dict:
         return {"missing": self.state.missing([int(t) for t in request["tickets"]])}
 
-    def _measure(self, request: dict) -> dict:
+    def _measure(self, request: dict, caller: str) -> dict:
         return {"gram": self.state.measure([int(t) for t in request["tickets"]])}
 
-    def _prepare(self, request: dict) -> dict:
+    def _prepare(self, request: dict, caller: str) -> dict:
         round_id = int(request["round"])
         if round_id == self.crash_at_round:
             log(self.index, f"fault injection: exiting while preparing round {round_id}")
@@ -271,15 +307,15 @@ class ShardServer:
         weights = {int(t): float(w) for t, w in request["weights"].items()}
         return {"version": self.state.prepare(round_id, weights, float(request["clip"]))}
 
-    def _commit(self, request: dict) -> dict:
+    def _commit(self, request: dict, caller: str) -> dict:
         return {"version": self.state.commit(int(request["round"]))}
 
-    def _forget(self, request: dict) -> dict:
+    def _forget(self, request: dict, caller: str) -> dict:
         round_id = request.get("round")
         self.state.forget([int(t) for t in request["tickets"]], None if round_id is None else int(round_id))
         return {}
 
-    def _status(self, request: dict) -> dict:
+    def _status(self, request: dict, caller: str) -> dict:
         return {
             "index": self.index, "version": self.state.version, "layers": list(self.state.layers),
             "refused_frames": self.data.refused

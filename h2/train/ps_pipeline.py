@@ -23,7 +23,7 @@ import torch.distributed as dist
 from h2.core.dips import PSOptions
 from h2.core.errors import UserError
 from h2.core.model_config import preset
-from h2.ps.client import ClusterClient, LayerClient, SyncResult, sync_retrying
+from h2.ps.client import ClusterClient, LayerClient, SyncResult, cluster_credential, cluster_curve, sync_retrying
 from h2.ps.datapath import DataFlowError
 from h2.ps.layout import layer_of, model_layers
 from h2.ps.rpc import Rejected, Unreachable
@@ -47,8 +47,9 @@ def _broadcast(value, group):
 class StageSync:
     """This rank's side of the sync points: which layers its stage holds, and moving them."""
 
-    def __init__(self, trainer, join: dict):
+    def __init__(self, trainer, join: dict, options: PSOptions):
         engine = trainer.engine
+        self.curve = cluster_curve(cluster_credential(options.cluster_id, options.ps_secret_file))
         self.engine, self.group = engine, engine.groups.everyone
         self.pieces = engine.parameter_pieces()
         layers = self.model_layers = model_layers(preset(join["model"]))
@@ -62,7 +63,7 @@ class StageSync:
 
     def follow(self, routes: list[dict]) -> None:
         """Use the shards' current addresses."""
-        self.layers = LayerClient(routes, self.model_layers, self.transfer_timeout_s)
+        self.layers = LayerClient(routes, self.model_layers, self.curve, self.transfer_timeout_s)
 
     def push(self, ticket: int, order: list[int]) -> bool:
         ok = True
@@ -95,9 +96,9 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
     client = None
     join = None
     if first:
-        client = ClusterClient(options.ps, options.cluster_id, log=say)
+        client = ClusterClient(options.ps, options.cluster_id, log=say, secret_file=options.ps_secret_file)
         join = {
-            "routes": [{"index": route.index, "address": route.address}
+            "routes": [{"index": route.index, "address": route.address, "server_key": route.server_key.decode()}
                        for route in client.layers.routes.values()], "model": client.model, "version": client.version,
             "inner_steps": client.inner_steps, "partition": client.partition, "partitions": client.partitions,
             "transfer_timeout_s": client.transfer_timeout_s, "sync_retries": client.sync_retries,
@@ -110,7 +111,7 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
         raise UserError(f"--ps {options.ps}: the run trains model '{join['model']}', this pipeline "
                         f"'{trainer.model_config.name}'")
     trainer.data_partition = (join["partition"], join["partitions"])
-    stage = StageSync(trainer, join)
+    stage = StageSync(trainer, join, options)
     sync_log = SyncLog(trainer.out_dir, append=False) if first else None
     if not stage.pull(join["version"]):
         raise UserError(f"--ps {options.ps}: pulling the global model's version {join['version']} failed")

@@ -60,7 +60,7 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
         log(f"[cluster {options.cluster_id}] {message}")
 
     client = ClusterClient(options.ps, options.cluster_id, log=say, outliers=Outliers(
-        options.outlier, options.outlier_every, options.outlier_scale))
+        options.outlier, options.outlier_every, options.outlier_scale), secret_file=options.ps_secret_file)
     if client.model != trainer.model_config.name:
         raise UserError(f"--ps {options.ps}: the run trains model '{client.model}', this trainer "
                         f"'{trainer.model_config.name}'")

@@ -1,12 +1,17 @@
-"""An in-process Di-PS run for tests: the master and its shard servers as threads of the test process."""
+"""An in-process Di-PS run for tests: the master and its shard servers as threads of the test process, with
+the run's secrets in `<out>/secrets/` and $H2_PS_SECRET_FILE naming the run secret while it runs (so the
+clusters the tests start, in-process or as rank processes, find their credentials as launched ones do)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 from h2.core.dips import ClusterSpec, DipsConfig, OuterOptions, check_dips_config
 from h2.core.training import TrainConfig
+from h2.ps.auth import MASTER, SECRET_ENV, Credential, load_secret_file, shard_name, write_run_secrets
 from h2.ps.master import Master
+from h2.ps.rpc import Control
 from h2.ps.shard import ShardServer
 
 
@@ -15,15 +20,35 @@ def running_ps(out_dir, *, clusters=("a", "b"), shards=2, **fields):
     config = DipsConfig(out=str(out_dir), shards=shards, clusters=[ClusterSpec(id=c) for c in clusters],
                         heartbeat_s=0.2, train=TrainConfig(steps=8, checkpoint_every=0), **fields)
     check_dips_config(config, "test")
-    master = Master(config, "test.yaml", port=0)
+    secret_file = write_run_secrets(os.path.join(str(out_dir), "secrets"), shards, list(clusters))
+    master = Master(config, "test.yaml", port=0, credential=load_secret_file(secret_file, MASTER))
     address = f"127.0.0.1:{master.port}"
-    servers = [ShardServer(address, index, "127.0.0.1", 0, 0) for index in range(shards)]
+    servers = [
+        ShardServer(address, index, "127.0.0.1", 0, 0, credential=load_secret_file(secret_file, shard_name(index)))
+        for index in range(shards)
+    ]
+    previous = os.environ.get(SECRET_ENV)
+    os.environ[SECRET_ENV] = secret_file
     try:
         yield master, servers, address
     finally:
+        if previous is None:
+            os.environ.pop(SECRET_ENV, None)
+        else:
+            os.environ[SECRET_ENV] = previous
         for server in servers:
             server.close()
         master.close()
 
 
-__all__ = ["running_ps", "OuterOptions"]
+def credential_of(master: Master, participant: str) -> Credential:
+    """A participant's real credential (from the run secret the master holds)."""
+    return Credential(participant, master.credential.key_of(participant))
+
+
+def control_as(master: Master, participant: str) -> Control:
+    """A control client of the master speaking as `participant` with its real credential."""
+    return Control(f"127.0.0.1:{master.port}", credential_of(master, participant).signer())
+
+
+__all__ = ["running_ps", "credential_of", "control_as", "OuterOptions"]

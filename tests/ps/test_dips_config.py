@@ -2,7 +2,7 @@
 
 import pytest
 
-from h2.core.dips import PSOptions, load_dips_config
+from h2.core.dips import SECRET_ENV, PSOptions, load_dips_config
 from h2.core.errors import UserError
 
 GOOD = """
@@ -64,10 +64,20 @@ def test_the_master_command_refuses_a_bad_run_file_with_exit_2(tmp_path, cli):
 @pytest.mark.parametrize("options, message", [
     (dict(ps="localhost"), "--ps: expected HOST:PORT, got 'localhost'"),
     (dict(ps="localhost:1"), "--ps needs --cluster-id"),
-    (dict(cluster_id="a"), "--cluster-id, --outlier and --pace-step-s need --ps"),
-    (dict(pace_step_s=0.5), "--cluster-id, --outlier and --pace-step-s need --ps"),
+    (dict(cluster_id="a"), "--cluster-id, --outlier, --pace-step-s and --ps-secret-file need --ps"),
+    (dict(pace_step_s=0.5), "--cluster-id, --outlier, --pace-step-s and --ps-secret-file need --ps"),
     (dict(pace_step_s=-1.0), "--pace-step-s must be 0 or positive"),
 ])
 def test_bad_cluster_options_are_one_line(options, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         PSOptions(**options)
+
+
+def test_a_cluster_without_its_credential_is_refused_before_training(monkeypatch, cli):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    with pytest.raises(UserError, match="--ps needs this cluster's credential: pass --ps-secret-file FILE or set "
+                       f"{SECRET_ENV}"):
+        PSOptions(ps="localhost:1", cluster_id="a")
+    result = cli("h2.cli.main", "train", "--preset", "tiny", "--steps", "1", "--ps", "127.0.0.1:1", "--cluster-id", "a")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "--ps needs this cluster's credential" in result.stderr

@@ -8,8 +8,8 @@ import zmq
 
 from h2.core.errors import UserError
 from h2.ps import rpc, wire
-from h2.ps.rpc import Control, Rejected
-from ps_harness import running_ps
+from h2.ps.rpc import Rejected
+from ps_harness import control_as, credential_of, running_ps
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +18,14 @@ def ps(tmp_path_factory):
         yield run
 
 
-def request(address: str, frames: list, timeout_ms: int = 3000):
+def request(ps, address: str, frames: list, timeout_ms: int = 3000):
+    """Send `frames` to a shard as cluster "a" (its real CURVE keys) and parse the answer."""
+    master = ps[0]
+    server_key = next(route["server_key"] for route in master.routes() if route["address"] == address)
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    socket.curve_serverkey = server_key.encode()
+    socket.curve_publickey, socket.curve_secretkey = credential_of(master, "cluster/a").curve
     socket.connect(address)
     try:
         socket.send_multipart(frames)
@@ -44,33 +49,33 @@ def layer_zero(ps):
 def test_a_push_from_an_unknown_cluster_is_refused_and_the_shard_keeps_serving(ps):
     address, layer = layer_zero(ps)
     nbytes = ps[0].layers[layer].nbytes
-    header, payload = request(address, [wire.Header(wire.PUSH, layer, 12345, 0, nbytes).pack(), b"\0" * nbytes])
+    header, payload = request(ps, address, [wire.Header(wire.PUSH, layer, 12345, 0, nbytes).pack(), b"\0" * nbytes])
     assert header.kind == wire.ERROR and bytes(payload).startswith(b"push from an unknown cluster: ticket 12345")
-    assert request(address, pull_frames(layer))[0].kind == wire.DATA
+    assert request(ps, address, pull_frames(layer))[0].kind == wire.DATA
 
 
 def test_a_truncated_frame_is_refused_and_the_shard_keeps_serving(ps):
     address, layer = layer_zero(ps)
-    header, payload = request(address, [wire.Header(wire.PUSH, layer, 1, 0, 4096).pack(), b"\0" * 100])
+    header, payload = request(ps, address, [wire.Header(wire.PUSH, layer, 1, 0, 4096).pack(), b"\0" * 100])
     assert bytes(payload) == b"truncated or padded frame: header declares 4096 payload bytes, 100 arrived"
-    assert request(address, pull_frames(layer))[0].kind == wire.DATA
+    assert request(ps, address, pull_frames(layer))[0].kind == wire.DATA
 
 
 def test_an_oversized_message_is_dropped_by_the_transport_and_the_shard_keeps_serving(ps):
     address, layer = layer_zero(ps)
     too_big = max(layer.nbytes for layer in ps[0].layers) + 1024
-    assert request(address, [wire.Header(wire.PUSH, layer, 1, 0, too_big).pack(), b"\0" * too_big], 1000) is None
-    assert request(address, pull_frames(layer))[0].kind == wire.DATA
+    assert request(ps, address, [wire.Header(wire.PUSH, layer, 1, 0, too_big).pack(), b"\0" * too_big], 1000) is None
+    assert request(ps, address, pull_frames(layer))[0].kind == wire.DATA
 
 
 def test_a_pull_of_a_version_the_shard_does_not_hold_is_refused(ps):
     address, layer = layer_zero(ps)
-    header, payload = request(address, pull_frames(layer, version=99))
+    header, payload = request(ps, address, pull_frames(layer, version=99))
     assert header.kind == wire.ERROR and b"version 99 of layer" in bytes(payload)
 
 
 def test_a_join_from_an_unknown_cluster_is_refused_and_the_master_keeps_serving(ps):
-    control = Control(ps[2])
+    control = control_as(ps[0], "cluster/a")
     with pytest.raises(Rejected, match=r"unknown cluster 'zz' \(test.yaml lists: a, b\)"):
         control.call("Join", cluster="zz")
     assert control.call("Status")["mode"] == "dips"
@@ -78,27 +83,28 @@ def test_a_join_from_an_unknown_cluster_is_refused_and_the_master_keeps_serving(
 
 def test_a_control_request_that_is_not_json_is_refused_by_name(ps):
     channel = grpc.insecure_channel(ps[2])
+    metadata, _ = credential_of(ps[0], "cluster/a").signer().sign("Status", b"\xff{")
     with pytest.raises(grpc.RpcError) as error:
-        channel.unary_unary(f"/{rpc.SERVICE}/Status")(b"\xff{", timeout=5)
+        channel.unary_unary(f"/{rpc.SERVICE}/Status")(b"\xff{", timeout=5, metadata=metadata)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.details() == "malformed request: not UTF-8 JSON"
 
 
 def test_a_port_in_use_is_one_line(ps):
     with pytest.raises(UserError, match=rf"^master: cannot listen on 127.0.0.1:{ps[0].port} \(port in use"):
-        rpc.serve({}, "127.0.0.1", ps[0].port, what="master")
+        rpc.serve({}, "127.0.0.1", ps[0].port, what="master", guard=None)
 
 
 def test_a_control_request_over_4_mib_is_refused_before_it_is_read_and_the_master_keeps_serving(ps):
-    control = Control(ps[2])
+    control = control_as(ps[0], "cluster/a")
     with pytest.raises(Rejected, match="RESOURCE_EXHAUSTED|larger than max|Received message larger"):
         control.call("Join", cluster="x" * (5 << 20))
     assert control.call("Status")["mode"] == "dips"
 
 
 def test_a_cluster_joining_again_while_its_session_is_live_drops_the_old_session_by_name(tmp_path):
-    with running_ps(tmp_path, clusters=("a", ), missed_beats=50) as (_, _, address):
-        control = Control(address)
+    with running_ps(tmp_path, clusters=("a", ), missed_beats=50) as (master, _, _):
+        control = control_as(master, "cluster/a")
         first = control.call("Join", cluster="a")["session"]
         control.call("Join", cluster="a")
         with pytest.raises(Rejected, match="is not current"):
