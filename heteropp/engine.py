@@ -28,6 +28,7 @@ from h2.core.links import PeerLinks
 from h2.core.schedule import resolve_schedule
 from h2.core.stage_orders import run_schedule
 from h2.core.training import PipelineOptions, TrainConfig
+from h2.model.hf_weights import copy_into, load_hf_parameters
 from h2.model.transformer import Transformer
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm, clip_coefficient
 from heteropp.executor import StageExecutor
@@ -136,6 +137,8 @@ class PipelineEngine:
         needs (`store`)."""
         torch.manual_seed(self.config.seed)
         model = Transformer(self.model_config)
+        if self.config.init_from:  # checked by heteropp.job_checks; a resumed run's checkpoint then wins
+            copy_into(model, load_hf_parameters(self.model_config, self.config.init_from))
         # The global gradient norm is taken as torch's clip_grad_norm_ takes it on the whole model:
         # the norm of every parameter's gradient norm, in the model's parameter order.
         self.norm_slot = {name: slot for slot, (name, _) in enumerate(model.named_parameters())}

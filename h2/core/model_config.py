@@ -221,7 +221,7 @@ def load_hf_model_config(path: str | os.PathLike) -> ModelConfig:
     try:
         return ModelConfig(**fields)
     except UserError as error:
-        raise UserError(f"{path}: {error}") from None
+        raise UserError(f"{path}: {str(error).removeprefix('model: ')}") from None
 
 
 def load_model_config(path: str | os.PathLike) -> ModelConfig:

@@ -49,6 +49,11 @@ class TrainConfig:
                          "every stage")
     checkpoint_every: int = option(100, "checkpoint every N steps, 0 for only at the end")
     keep_checkpoints: int = option(2, "how many checkpoints to keep")
+    # ---- Hugging Face weights in (h2.model.hf_weights; `h2 export` writes them out) ----
+    init_from: str | None = option(
+        None, "start from the weights of a Hugging Face model folder (config.json and model.safetensors, or "
+        "shards with their index; pickles are refused); the model is its config.json unless given, and "
+        "must match it", metavar="DIR")
 
     def __post_init__(self) -> None:
         checks = [("steps", self.steps >= 1), ("micro_batch_size", self.micro_batch_size >= 1),

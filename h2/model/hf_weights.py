@@ -203,3 +203,39 @@ def copy_into(model: torch.nn.Module, parameters: dict[str, torch.Tensor]) -> No
     """Copy `parameters` (by h2 name, whole) into a whole h2 `Transformer`."""
     for name, param in model.named_parameters():
         param.copy_(parameters[name])
+
+
+def check_init_from(config: ModelConfig, folder: str, flag: str = "--init-from") -> None:
+    """Before any work: `folder` is a Hugging Face model folder whose config.json describes the same
+    network as `config` and whose safetensors hold every parameter with its shape (nothing is read
+    but headers)."""
+    from h2.core.model_config import load_hf_model_config
+    if not os.path.isdir(folder):
+        raise UserError(f"{flag} {folder}: not a folder (expected a Hugging Face model folder)")
+    files = safetensors_files(folder)
+    theirs = load_hf_model_config(folder)
+    difference = first_difference(config.architecture(), theirs.architecture())
+    if difference:
+        raise UserError(f"{flag} {folder}: its config.json does not match model '{config.name}' ({difference})")
+    shapes = {}
+    for path in files:
+        try:
+            with safe_open(path, framework="pt", device="cpu") as handle:
+                shapes.update({name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()})
+        except FileNotFoundError:
+            raise UserError(f"{path}: named by {INDEX_FILE} but missing") from None
+        except (SafetensorError, OSError, ValueError) as error:
+            raise UserError(f"{path}: not a readable safetensors file ({error})") from None
+    for name, shape in parameter_shapes(config).items():
+        if shapes.get(hf_name(name)) != shape:
+            found = "missing" if hf_name(name) not in shapes else f"shape {list(shapes[hf_name(name)])}"
+            raise UserError(f"{flag} {folder}: tensor '{hf_name(name)}' is {found}, model '{config.name}' "
+                            f"needs shape {list(shape)}")
+
+
+def first_difference(ours: dict, theirs: dict) -> str | None:
+    """'field: ours vs theirs' for the first field two configs' mappings disagree on, else None."""
+    for name in ours:
+        if ours[name] != theirs.get(name):
+            return f"{name}: {ours[name]!r} vs {theirs.get(name)!r} in config.json"
+    return None

@@ -16,6 +16,7 @@ from h2.core.model_config import ModelConfig
 from h2.core.training import TrainConfig
 from h2.data import SequenceStream, load_stdlib_corpus
 from h2.data.corpus import Corpus
+from h2.model.hf_weights import check_init_from, copy_into, load_hf_parameters
 from h2.model.transformer import Transformer, language_model_loss
 from h2.train.checkpoint import (
     load_optimizer_state_by_name,
@@ -44,6 +45,8 @@ class Trainer:
                  overwrite: bool = False, explicit: frozenset[str] = frozenset(), corpus: Corpus | None = None,
                  show_progress: bool = True):
         self.out_dir = out_dir
+        if config.init_from:  # before the run folder is touched
+            check_init_from(model_config, config.init_from)
         start = RunStart(out_dir, resume=resume, overwrite=overwrite)
         start.check_continues(SINGLE_DEVICE, model_config)
         config = start.adopt_trajectory(config, explicit)
@@ -61,6 +64,8 @@ class Trainer:
 
         torch.manual_seed(config.seed)
         self.model = Transformer(model_config).to(self.device)
+        if config.init_from and start.checkpoint is None:
+            copy_into(self.model, load_hf_parameters(model_config, config.init_from))
         self.optimizer = build_adamw(self.model, config)
         self.parameter_names = {id(param): name for name, param in self.model.named_parameters()}
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), config.seq_len, seed=config.seed)
