@@ -39,6 +39,7 @@ from heteropp.resharding import Resharder
 from heteropp.stage import apply_recompute, build_stage
 from heteropp.stage_parameters import StageParameter, stage_parameters
 from heteropp.tensor_parallel import WeightGradStore, apply_tp
+from heteropp.tied_embeddings import EMBEDDING, HEAD, sum_tied_gradient, tied_group
 from heteropp.topology import Topology
 from heteropp.tracing import SpanRecorder, span
 
@@ -100,8 +101,7 @@ class PipelineEngine:
 
     def _check_invariants(self) -> None:
         """What heteropp.job_checks.check_pipeline_job refused before the ranks started."""
-        strategy, model = self.strategy, self.model_config
-        assert not (model.tie_embeddings and len(strategy.stages) > 1), "tied embeddings across stages"
+        model = self.model_config
         assert self.config.seq_len <= model.max_seq_len, "seq_len beyond the model's max_seq_len"
 
     def _place_rank_and_build_groups(self, links: PeerLinks | None) -> None:
@@ -120,6 +120,8 @@ class PipelineEngine:
         self.groups = build_groups(self.topology, self.rank, device_type=device_type,
                                    p2p_backend=self.options.p2p_backend, stage_backend=self.options.stage_backend,
                                    links=links, wrap_around=self.ministage_group)
+        across = self.model_config.tie_embeddings and self.topology.num_stages > 1
+        self.tied_group = tied_group(self.topology, self.rank, self.options.p2p_backend, links) if across else None
 
     def _load_backends(self) -> None:
         """Every stage's device type (and its collective backend) and DiComm's torch.distributed backend
@@ -175,7 +177,12 @@ class PipelineEngine:
             self.optimizer.holds_reduced_gradient(index) and (split_dim is not None or self.place.tp_index == 0)
             for index, (_, _, split_dim) in enumerate(self.pieces)
         ]
-        self.param_slots = [self.norm_slot[name] for name, _ in named]
+        tied_across = self.tied_group is not None
+        self.param_slots = [self.norm_slot[EMBEDDING if name == HEAD and tied_across else name] for name, _ in named]
+        # A head tied to the first stage's embedding: its gradient joins the embedding's, counted there.
+        self.tied_index = next((i for i, (name, _) in enumerate(named) if name in (EMBEDDING, HEAD)), None)
+        if tied_across and self.is_last:
+            self.counted_in_norm[self.tied_index] = False
 
     def _connect_stages(self, links: PeerLinks | None) -> None:
         """The point-to-point path to the neighbouring stages (paced to `links` under gloo) and the
@@ -354,6 +361,8 @@ class PipelineEngine:
             with span(self.recorder if self.stage_info.dp > 1 else None, "gradients over dp", "all-reduce",
                       ranks=self.stage_info.dp):
                 self.optimizer.reduce_gradients()
+            if self.tied_group is not None:
+                sum_tied_gradient(self.optimizer.params[self.tied_index].grad, self.tied_group)
             self._add_squared_norms(totals, range(len(self.optimizer.params)))
         # One all-reduce over every rank: each model parameter's squared gradient norm (summed over
         # its TP pieces, exact in float64 for a whole tensor) and the bytes sent across stages.

@@ -276,6 +276,7 @@ def apply_tp(stage: nn.Module, *, tp_index: int, tp_size: int, group, store: Wei
         return ShardLinear(shard, store, partial_sums=dim == COLUMNS and group is not None, tp_split_dim=split_dim,
                            bias=bias)
 
+    tied = stage.embed is not None and stage.head is not None and stage.head.weight is stage.embed.weight
     if stage.embed is not None:
         rows, split_dim = cut(stage.embed.weight, ROWS)
         stage.embed = VocabParallelEmbedding(rows, t * rows.shape[0], group, tp_split_dim=split_dim)
@@ -294,4 +295,6 @@ def apply_tp(stage: nn.Module, *, tp_index: int, tp_size: int, group, store: Wei
     if stage.head is not None:
         rows, split_dim = cut(stage.head.weight, ROWS)
         stage.head = ColumnParallelHead(rows, group, store, tp_split_dim=split_dim)
+    if tied:  # the same rows of the same tensor: one parameter, as in the model (heteropp.tied_embeddings)
+        stage.head.proj.weight = stage.embed.weight
     return stage
