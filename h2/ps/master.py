@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from h2.core.dips import DipsConfig
 from h2.core.errors import UserError
-from h2.core.model_config import preset
+from h2.core.model_config import resolve_model
 from h2.ps import penalty
 from h2.ps.layout import assign_layers, model_layers
 from h2.ps.rpc import Control, Rejected, Unreachable, serve, wait_until_stopped
@@ -111,7 +111,7 @@ class Master:
 
     def __init__(self, config: DipsConfig, source: str, *, port: int, resume: bool = False):
         self.config, self.source = config, source
-        self.layers = model_layers(preset(config.model))
+        self.layers = model_layers(resolve_model(config.model))
         self.assignment = assign_layers(self.layers, config.shards)
         self.dir = os.path.join(config.out, "master")
         os.makedirs(self.dir, exist_ok=True)
