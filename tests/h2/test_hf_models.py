@@ -213,3 +213,23 @@ def test_a_mistral_config_without_a_sliding_window_is_accepted(tmp_path):
     config = load_model_config(path)
     reference = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(path))
     assert config.family == "mistral" and config.num_parameters() == sum(p.numel() for p in reference.parameters())
+
+
+def test_h2_plan_takes_a_hugging_face_config_named_by_the_cluster_file_relative_to_it(tmp_path, capsys):
+    write_config(tmp_path / "Llama-3.2-tiny", LLAMA_32)
+    shipped = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "clusters", "local-emulated.yaml")
+    with open(shipped) as handle:
+        text = handle.read().replace("\nmodel: tiny\n", "\nmodel: Llama-3.2-tiny/config.json\n")
+    (tmp_path / "cluster.yaml").write_text(text)
+    os.makedirs(tmp_path / "profiles")
+    status = main([
+        "plan", "--cluster",
+        str(tmp_path / "cluster.yaml"), "--profiles",
+        str(tmp_path / "profiles"), "--out",
+        str(tmp_path / "plan")
+    ])
+    out = capsys.readouterr().out
+    assert status == 0 and "plan for model Llama-3.2-tiny" in out, out
+    with open(tmp_path / "plan" / "plan.json") as handle:
+        planned = json.load(handle)["model_config"]
+    assert planned == load_model_config(str(tmp_path / "Llama-3.2-tiny")).to_dict()
