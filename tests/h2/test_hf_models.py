@@ -233,3 +233,12 @@ def test_h2_plan_takes_a_hugging_face_config_named_by_the_cluster_file_relative_
     with open(tmp_path / "plan" / "plan.json") as handle:
         planned = json.load(handle)["model_config"]
     assert planned == load_model_config(str(tmp_path / "Llama-3.2-tiny")).to_dict()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_h2_model_info_counts_a_hugging_face_configs_parameters_as_transformers(cli, tmp_path, family):
+    path = write_config(tmp_path, FAMILIES[family])
+    result = cli("h2", "model-info", "--model-config", path, "--json")
+    assert result.returncode == 0, result.stderr
+    reference = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(path))
+    assert json.loads(result.stdout)["parameters"] == sum(p.numel() for p in reference.parameters())
