@@ -180,19 +180,27 @@ class ModelConfig:
         return bytes_per_element * self._seq(seq_len) * micro_batch_size * self.hidden_size
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field, but the Hugging Face family fields only where they differ from their defaults: a
+        preset's record (in checkpoints, plans and profile fingerprints) reads as before they existed."""
+        data = dataclasses.asdict(self)
+        for spec in dataclasses.fields(self):
+            if spec.name in FAMILY_FIELDS and data[spec.name] == spec.default:
+                del data[spec.name]
+        return data
 
     def to_hf_config(self) -> dict:
         """This model as its family's Hugging Face config.json (H2's presets as Llama)."""
-        return hf_config_of(self.to_dict())
+        return hf_config_of(dataclasses.asdict(self))
 
     def architecture(self) -> dict:
         """The fields that shape the network (what two configs must share for one's weights to fit the other)."""
         ignored = ("name", "init_std", "max_seq_len")
-        return {name: value for name, value in self.to_dict().items() if name not in ignored}
+        return {name: value for name, value in dataclasses.asdict(self).items() if name not in ignored}
 
 
 FAMILIES = ("llama", "qwen2", "mistral")
+FAMILY_FIELDS = ("family", "attention_head_dim", "rope_scaling", "rope_factor", "rope_low_freq_factor",
+                 "rope_high_freq_factor", "rope_original_max_position")
 
 PRESETS: dict[str, ModelConfig] = {
     # Trains in seconds on two CPU cores; byte-level vocabulary.
