@@ -242,3 +242,23 @@ def test_h2_model_info_counts_a_hugging_face_configs_parameters_as_transformers(
     assert result.returncode == 0, result.stderr
     reference = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(path))
     assert json.loads(result.stdout)["parameters"] == sum(p.numel() for p in reference.parameters())
+
+
+def test_an_export_copies_the_tokenizer_the_runs_options_name_and_says_the_byte_tokenizer_has_none(tmp_path):
+    from h2.cli.export import _copy_tokenizer
+    tokenizer = tmp_path / "tok" / "tokenizer.json"
+    tokenizer.parent.mkdir()
+    tokenizer.write_text('{"model": {"type": "BPE"}}')
+    (tmp_path / "out").mkdir()
+    assert _copy_tokenizer({"train_config": {"tokenizer": str(tokenizer)}}, str(tmp_path / "out")) == \
+        "tokenizer tokenizer.json"
+    assert (tmp_path / "out" / "tokenizer.json").read_text() == tokenizer.read_text()
+    assert "byte tokenizer" in _copy_tokenizer({"train_config": {}}, str(tmp_path / "out"))
+
+
+def test_an_export_into_a_folder_that_is_not_empty_is_refused_in_one_line(trained, cli, tmp_path):
+    _, _, trainer, _ = trained
+    (tmp_path / "keep.txt").write_text("mine")
+    result = cli("h2", "export", "--run", trainer.out_dir, "--format", "hf", "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"h2: error: --out {tmp_path}: not empty (give --overwrite to replace its files)"
