@@ -19,8 +19,9 @@ from heteropp.tied_embeddings import check_tied_across_stages
 def check_pipeline_job(strategy, config: TrainConfig, options: PipelineOptions, source: str = "strategy") -> None:
     """Refuse what HeteroPP cannot run: a schedule the strategy cannot run in (--schedule other than
     GPipe's on ministages or offload), embeddings tied across stages that cannot stay tied
-    (heteropp.tied_embeddings), a sequence longer than the model's, a stage's TP size that does not divide the model's heads, KV heads, FFN or vocabulary, or an
-    --init-from folder whose model is not the strategy's."""
+    (heteropp.tied_embeddings), a sequence longer than the model's, a stage's TP size that does not
+    divide the model's heads, KV heads, FFN or vocabulary, or an --init-from folder whose model is not
+    the strategy's."""
     resolve_schedule(strategy, options.schedule, source)
     model = strategy.model_config(source)
     check_tied_across_stages(strategy, strategy.optimizer_sharding or options.optimizer_sharding, source)
