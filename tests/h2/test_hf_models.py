@@ -262,3 +262,18 @@ def test_an_export_into_a_folder_that_is_not_empty_is_refused_in_one_line(traine
     result = cli("h2", "export", "--run", trainer.out_dir, "--format", "hf", "--out", str(tmp_path))
     assert result.returncode == 2
     assert result.stderr.strip() == f"h2: error: --out {tmp_path}: not empty (give --overwrite to replace its files)"
+
+
+def test_a_pipeline_init_from_a_folder_of_another_model_is_refused_before_any_rank_starts(trained):
+    from h2.core.strategy import strategy_from_mapping
+    from h2.core.training import PipelineOptions
+    from heteropp.job_checks import check_pipeline_job
+    _, _, _, out = trained
+    plan = strategy_from_mapping(
+        {
+            "dp": 1, "micro_batches": 2, "micro_batch_size": 1, "seq_len": 32, "model": "tiny",
+            "stages": [{"chip": "a", "tp": 1, "layers": 2}, {"chip": "a", "tp": 1, "layers": 2}]
+        }, "s.yaml")
+    with pytest.raises(UserError) as error:
+        check_pipeline_job(plan, TrainConfig(init_from=out), PipelineOptions(), "s.yaml")
+    assert str(error.value).startswith(f"--init-from {out}: its config.json does not match model 'tiny' (num_layers:")
