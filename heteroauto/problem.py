@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
-from h2.core.model_config import ModelConfig, resolve_model
+from h2.core.model_config import PRESETS, ModelConfig, resolve_model
 from heteroauto.profiles import Profile, profiles_for
 
 
@@ -29,15 +29,15 @@ class TrainingOverrides:
 
 
 def model_for(cluster: ClusterSpec, name: str | None = None, default: ModelConfig | None = None) -> ModelConfig:
-    """`name` (a preset or YAML), else `default`, else the cluster file's `model` (a model file named
-    there is relative to the cluster file, as chip files are)."""
+    """`name` (a preset, a YAML or a Hugging Face config.json), else `default`, else the cluster file's
+    `model` (a model file named there is relative to the cluster file, as chip files are)."""
     if name is not None:
         return resolve_model(name)
     if default is not None:
         return default
     if cluster.model is None:
         raise UserError(f"{cluster.source}: no field 'model' and no --model given")
-    relative = cluster.model.endswith((".yaml", ".yml")) and not os.path.isabs(cluster.model)
+    relative = cluster.model not in PRESETS and not os.path.isabs(cluster.model)
     return resolve_model(os.path.join(os.path.dirname(cluster.source), cluster.model) if relative else cluster.model)
 
 

@@ -28,6 +28,7 @@ from h2.core.links import PeerLinks
 from h2.core.schedule import resolve_schedule
 from h2.core.stage_orders import run_schedule
 from h2.core.training import PipelineOptions, TrainConfig
+from h2.model.hf_weights import copy_into, load_hf_parameters
 from h2.model.transformer import Transformer
 from heteropp.data_parallel import StageOptimizer, clip_by_global_norm, clip_coefficient
 from heteropp.executor import StageExecutor
@@ -38,6 +39,7 @@ from heteropp.resharding import Resharder
 from heteropp.stage import apply_recompute, build_stage
 from heteropp.stage_parameters import StageParameter, stage_parameters
 from heteropp.tensor_parallel import WeightGradStore, apply_tp
+from heteropp.tied_embeddings import EMBEDDING, HEAD, sum_tied_gradient, tied_group
 from heteropp.topology import Topology
 from heteropp.tracing import SpanRecorder, span
 
@@ -100,8 +102,7 @@ class PipelineEngine:
 
     def _check_invariants(self) -> None:
         """What heteropp.job_checks.check_pipeline_job refused before the ranks started."""
-        strategy, model = self.strategy, self.model_config
-        assert not (model.tie_embeddings and len(strategy.stages) > 1), "tied embeddings across stages"
+        model = self.model_config
         assert self.config.seq_len <= model.max_seq_len, "seq_len beyond the model's max_seq_len"
 
     def _place_rank_and_build_groups(self, links: PeerLinks | None) -> None:
@@ -120,6 +121,8 @@ class PipelineEngine:
         self.groups = build_groups(self.topology, self.rank, device_type=device_type,
                                    p2p_backend=self.options.p2p_backend, stage_backend=self.options.stage_backend,
                                    links=links, wrap_around=self.ministage_group)
+        across = self.model_config.tie_embeddings and self.topology.num_stages > 1
+        self.tied_group = tied_group(self.topology, self.rank, self.options.p2p_backend, links) if across else None
 
     def _load_backends(self) -> None:
         """Every stage's device type (and its collective backend) and DiComm's torch.distributed backend
@@ -137,6 +140,8 @@ class PipelineEngine:
         needs (`store`)."""
         torch.manual_seed(self.config.seed)
         model = Transformer(self.model_config)
+        if self.config.init_from:  # checked by heteropp.job_checks; a resumed run's checkpoint then wins
+            copy_into(model, load_hf_parameters(self.model_config, self.config.init_from))
         # The global gradient norm is taken as torch's clip_grad_norm_ takes it on the whole model:
         # the norm of every parameter's gradient norm, in the model's parameter order.
         self.norm_slot = {name: slot for slot, (name, _) in enumerate(model.named_parameters())}
@@ -173,7 +178,12 @@ class PipelineEngine:
             self.optimizer.holds_reduced_gradient(index) and (split_dim is not None or self.place.tp_index == 0)
             for index, (_, _, split_dim) in enumerate(self.pieces)
         ]
-        self.param_slots = [self.norm_slot[name] for name, _ in named]
+        tied_across = self.tied_group is not None
+        self.param_slots = [self.norm_slot[EMBEDDING if name == HEAD and tied_across else name] for name, _ in named]
+        # A head tied to the first stage's embedding: its gradient joins the embedding's, counted there.
+        self.tied_index = next((i for i, (name, _) in enumerate(named) if name in (EMBEDDING, HEAD)), None)
+        if tied_across and self.is_last:
+            self.counted_in_norm[self.tied_index] = False
 
     def _connect_stages(self, links: PeerLinks | None) -> None:
         """The point-to-point path to the neighbouring stages (paced to `links` under gloo) and the
@@ -369,6 +379,8 @@ class PipelineEngine:
             with span(self.recorder if self.stage_info.dp > 1 else None, "gradients over dp", "all-reduce",
                       ranks=self.stage_info.dp):
                 self.optimizer.reduce_gradients()
+            if self.tied_group is not None:
+                sum_tied_gradient(self.optimizer.params[self.tied_index].grad, self.tied_group)
             self._add_squared_norms(totals, range(len(self.optimizer.params)))
         # One all-reduce over every rank: each model parameter's squared gradient norm (summed over
         # its TP pieces, exact in float64 for a whole tensor) and the bytes sent across stages.

@@ -164,17 +164,19 @@ class _Linear(torch.autograd.Function):
 
 
 class ShardLinear(nn.Module):
-    """A bias-free linear holding one shard (or all) of a weight [out, in], cut along `tp_split_dim`
-    (0: column-parallel, 1: row-parallel, None: whole; heteropp.stage_parameters reads it).
-    `partial_sums`: its outputs are partial sums that the TP group adds up (row-parallel); under
-    autocast they are then left unrounded (the operands rounded, the product in fp32, as a
-    low-precision GEMM with fp32 output), so the sum is rounded once, after the reduction, as the
-    single-device product is."""
+    """A linear holding one shard (or all) of a weight [out, in] and of its bias [out] if it has one
+    (column-parallel only), cut along `tp_split_dim` (0: column-parallel, 1: row-parallel, None: whole;
+    heteropp.stage_parameters reads it). `partial_sums`: its outputs are partial sums that the TP group
+    adds up (row-parallel); under autocast they are then left unrounded (the operands rounded, the
+    product in fp32, as a low-precision GEMM with fp32 output), so the sum is rounded once, after the
+    reduction, as the single-device product is."""
 
     def __init__(self, weight: torch.Tensor, store: WeightGradStore | None, partial_sums: bool = False,
-                 tp_split_dim: int | None = None):
+                 tp_split_dim: int | None = None, bias: torch.Tensor | None = None):
         super().__init__()
+        assert bias is None or not partial_sums, "a row-parallel shard has no bias"
         self.weight = nn.Parameter(weight.detach().clone())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.store, self.partial_sums, self.tp_split_dim = store, partial_sums, tp_split_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -186,11 +188,12 @@ class ShardLinear(nn.Module):
                     return F.linear(x, self.weight.to(rounding).float())
                 return _Linear.apply(x, self.weight, self.store, rounding)
         if self.store is None:  # no split-backward schedule: torch's own linear and backward
-            return F.linear(x, self.weight)
-        return _Linear.apply(x, self.weight, self.store)
+            return F.linear(x, self.weight, self.bias)
+        output = _Linear.apply(x, self.weight, self.store)
+        return output if self.bias is None else output + self.bias.to(output.dtype)
 
     def extra_repr(self) -> str:
-        return f"out={self.weight.shape[0]}, in={self.weight.shape[1]}"
+        return f"out={self.weight.shape[0]}, in={self.weight.shape[1]}, bias={self.bias is not None}"
 
 
 class ParallelBlock(nn.Module):
@@ -267,26 +270,31 @@ def apply_tp(stage: nn.Module, *, tp_index: int, tp_size: int, group, store: Wei
     def cut(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, int | None]:
         return shard_of(weight, dim, t, n), dim if n > 1 else None
 
-    def linear(weight: torch.Tensor, dim: int) -> ShardLinear:
-        shard, split_dim = cut(weight, dim)
-        return ShardLinear(shard, store, partial_sums=dim == COLUMNS and group is not None, tp_split_dim=split_dim)
+    def linear(module: nn.Linear, dim: int) -> ShardLinear:
+        shard, split_dim = cut(module.weight, dim)
+        bias = None if module.bias is None else cut(module.bias, dim)[0]  # column-parallel only (q, k, v)
+        return ShardLinear(shard, store, partial_sums=dim == COLUMNS and group is not None, tp_split_dim=split_dim,
+                           bias=bias)
 
+    tied = stage.embed is not None and stage.head is not None and stage.head.weight is stage.embed.weight
     if stage.embed is not None:
         rows, split_dim = cut(stage.embed.weight, ROWS)
         stage.embed = VocabParallelEmbedding(rows, t * rows.shape[0], group, tp_split_dim=split_dim)
     for layer in stage.layers:
         attn, mlp = layer.attn, layer.mlp
-        attn.q_proj = linear(attn.q_proj.weight, ROWS)
-        attn.k_proj = linear(attn.k_proj.weight, ROWS)
-        attn.v_proj = linear(attn.v_proj.weight, ROWS)
-        attn.o_proj = linear(attn.o_proj.weight, COLUMNS)
-        mlp.gate_proj = linear(mlp.gate_proj.weight, ROWS)
-        mlp.up_proj = linear(mlp.up_proj.weight, ROWS)
-        mlp.down_proj = linear(mlp.down_proj.weight, COLUMNS)
+        attn.q_proj = linear(attn.q_proj, ROWS)
+        attn.k_proj = linear(attn.k_proj, ROWS)
+        attn.v_proj = linear(attn.v_proj, ROWS)
+        attn.o_proj = linear(attn.o_proj, COLUMNS)
+        mlp.gate_proj = linear(mlp.gate_proj, ROWS)
+        mlp.up_proj = linear(mlp.up_proj, ROWS)
+        mlp.down_proj = linear(mlp.down_proj, COLUMNS)
         if group is not None:
             layer.attn = ParallelBlock(attn, group)
             layer.mlp = ParallelBlock(mlp, group)
     if stage.head is not None:
         rows, split_dim = cut(stage.head.weight, ROWS)
         stage.head = ColumnParallelHead(rows, group, store, tp_split_dim=split_dim)
+    if tied:  # the same rows of the same tensor: one parameter, as in the model (heteropp.tied_embeddings)
+        stage.head.proj.weight = stage.embed.weight
     return stage

@@ -1,5 +1,5 @@
-"""The `h2` command: `h2 train`, `h2 model-info`, `h2 generate` (h2.cli.generate), and `h2 run` with its
-steps (h2.cli.run).
+"""The `h2` command: `h2 train`, `h2 model-info`, `h2 generate` (h2.cli.generate), `h2 export` (h2.cli.export),
+and `h2 run` with its steps (h2.cli.run).
 
 `h2 train`'s options are generated from the job's config classes (h2.core.training: RunOptions,
 TrainConfig, PipelineOptions); `--config job.yaml` reads the same names from a file and flags given
@@ -35,10 +35,13 @@ PIPELINE_ONLY = {
 }
 
 
-def _model(run: RunOptions):
-    from h2.core.model_config import load_model_config, preset
+def _model(run: RunOptions, init_from: str | None = None):
+    """--model-config, else --preset, else the --init-from folder's config.json, else tiny."""
+    from h2.core.model_config import load_hf_model_config, load_model_config, preset
     if run.model_config:
         return load_model_config(run.model_config)
+    if run.preset is None and init_from:
+        return load_hf_model_config(init_from)
     return preset(run.preset or "tiny")
 
 
@@ -61,7 +64,7 @@ def _train(args: argparse.Namespace) -> int:
     from h2.train.trainer import Trainer, summarize_losses
 
     ps = flags.build(PSOptions, values)
-    model_config = _model(run)
+    model_config = _model(run, values.get("init_from"))
     if model_config.name == "h2-100b":
         raise UserError("preset 'h2-100b' is for planning only (103 B parameters); train tiny or small here")
     options = {name: value for name, value in values.items() if name in flags.field_names([TrainConfig])}
@@ -120,8 +123,9 @@ def _model_info(args) -> int:
         print(json.dumps(info, indent=2))
         return 0
     flops, act = info["flops_per_token"], info["activation_bytes_per_layer"]
-    print(f"model {config.name}: {config.num_layers} layers, hidden {config.hidden_size}, "
-          f"{config.num_heads} heads ({config.num_kv_heads} KV), intermediate {config.intermediate_size}, "
+    print(f"model {config.name} ({config.family}): {config.num_layers} layers, hidden {config.hidden_size}, "
+          f"{config.num_heads} heads ({config.num_kv_heads} KV) of {config.head_dim}, "
+          f"intermediate {config.intermediate_size}, "
           f"vocab {config.vocab_size}, seq {config.max_seq_len}, "
           f"{'tied' if config.tie_embeddings else 'untied'} embeddings")
     print(f"parameters        {info['parameters']:>18,}  ({info['parameters'] / 1e9:.3f} B)")
@@ -161,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(handler=_model_info)
 
-    from h2.cli import generate, ps, run
+    from h2.cli import export, generate, ps, run
+    export.add_parser(sub)
     ps.add_commands(sub)
     run.add_parsers(sub)
     generate.add_parser(sub)

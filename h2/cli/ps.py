@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from h2.core import flags
 from h2.core.dips import SECRET_ENV, PSOptions, load_dips_config, parse_address
 from h2.core.errors import ArgumentParser, UserError
+from h2.core.model_config import PRESETS
 from h2.core.ranks import free_port
 from h2.core.training import RunOptions
 
@@ -116,7 +117,8 @@ def _cluster_job(config, spec, out: str, master: str, resume: bool) -> list[str]
         flags.write_job(job, RunOptions(strategy=spec.strategy, out=folder), config.train, ps,
                         exclude=NOT_WITH_STRATEGY)
         return ["-m", "h2.cli.main", "train", "--config", job]
-    flags.write_job(job, RunOptions(preset=config.model, out=folder, quiet=True), config.train, ps)
+    model = {"preset": config.model} if config.model in PRESETS else {"model_config": config.model}
+    flags.write_job(job, RunOptions(out=folder, quiet=True, **model), config.train, ps)
     has_checkpoint = os.path.exists(os.path.join(folder, "checkpoints", "latest"))
     return ["-m", "h2.cli.main", "train", "--config", job, "--resume" if resume and has_checkpoint else "--overwrite"]
 

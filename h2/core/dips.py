@@ -15,6 +15,7 @@ from typing import Literal
 
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
+from h2.core.model_config import resolve_model
 from h2.core.training import TrainConfig, option
 
 MODES = ("sync", "async", "dips")
@@ -52,7 +53,7 @@ class ClusterSpec:
 @dataclass
 class DipsConfig:
     mode: Literal["sync", "async", "dips"] = "dips"
-    model: str = "tiny"  # model preset
+    model: str = "tiny"  # model preset, or a model YAML or Hugging Face config.json (h2.core.model_config)
     seed: int = 0  # the initial global model
     inner_steps: int = 8  # H: inner steps between two pushes of a cluster
     tokens: int = 0  # stop once the outer loop consumed this many tokens (0: no limit)
@@ -109,6 +110,10 @@ def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
 
 def check_dips_config(config: DipsConfig, source: str) -> DipsConfig:
     """Raise a one-line UserError naming `source` and the first field out of range."""
+    try:
+        resolve_model(config.model)
+    except UserError as error:
+        raise UserError(f"{source}: field 'model': {error}") from None
     for name, ok, requirement in _checks(config):
         if not ok:
             value = config

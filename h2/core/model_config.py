@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
+from h2.core.hf_config import hf_config_of, is_hf_config_path, model_fields_from_hf, read_hf_config
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,14 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     init_std: float = 0.02
+    # Hugging Face families (h2.core.hf_config): llama and mistral have no biases, qwen2 a bias on q, k and v.
+    family: str = "llama"
+    attention_head_dim: int | None = None  # None: hidden_size / num_heads
+    rope_scaling: str | None = None  # None, or "llama3" (Llama 3.1's frequency-dependent scaling, below)
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
 
     def __post_init__(self) -> None:
         self.validate()
@@ -49,31 +58,57 @@ class ModelConfig:
                 raise UserError(f"{source}: field '{name}' must be positive, got {getattr(self, name)}")
             if getattr(self, name) > high:
                 raise UserError(f"{source}: field '{name}' must be at most {high}, got {getattr(self, name)}")
-        for name in ("rope_theta", "norm_eps", "init_std"):
+        for name in ("rope_theta", "norm_eps", "init_std", "rope_factor", "rope_low_freq_factor",
+                     "rope_high_freq_factor"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise UserError(f"{source}: field '{name}' must be a positive finite number, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
+        if self.family not in FAMILIES:
+            raise UserError(f"{source}: field 'family' must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if self.rope_scaling not in (None, "llama3"):
+            raise UserError(f"{source}: field 'rope_scaling' must be null or 'llama3', got {self.rope_scaling!r}")
+        if self.rope_scaling and not self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise UserError(f"{source}: field 'rope_low_freq_factor' must be below rope_high_freq_factor")
+        if self.rope_original_max_position <= 0:
+            raise UserError(f"{source}: field 'rope_original_max_position' must be positive")
+        self._validate_heads(source)
+
+    def _validate_heads(self, source: str) -> None:
+        if self.attention_head_dim is None and self.hidden_size % self.num_heads:
             raise UserError(f"{source}: field 'hidden_size' ({self.hidden_size}) must be divisible "
                             f"by num_heads ({self.num_heads})")
+        if self.attention_head_dim is not None and not 0 < self.attention_head_dim <= 1 << 16:
+            raise UserError(f"{source}: field 'attention_head_dim' must be in 1..65536, got {self.attention_head_dim}")
         if self.num_heads % self.num_kv_heads:
             raise UserError(f"{source}: field 'num_kv_heads' ({self.num_kv_heads}) must divide "
                             f"num_heads ({self.num_heads})")
         if self.head_dim % 2:
-            raise UserError(f"{source}: head dimension hidden_size/num_heads = {self.head_dim} must be even for RoPE")
+            raise UserError(f"{source}: head dimension {self.head_dim} must be even for RoPE")
 
     # ---- shapes -------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether q, k and v projections carry a bias (Qwen2's attention)."""
+        return self.family == "qwen2"
+
     # ---- parameters ---------------------------------------------------------------------
+    def attention_weight_params(self) -> int:
+        return 2 * self.hidden_size * (self.q_dim + self.kv_dim)  # q, k, v, o projections
+
     def attention_params(self) -> int:
-        h = self.hidden_size
-        return h * h + 2 * h * self.kv_dim + h * h  # q, k, v, o projections (no biases)
+        biases = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
+        return self.attention_weight_params() + biases
 
     def mlp_params(self) -> int:
         return 3 * self.hidden_size * self.intermediate_size  # gate, up, down
@@ -101,9 +136,10 @@ class ModelConfig:
         return self.max_seq_len if seq_len is None else seq_len
 
     def layer_forward_flops_per_token(self, seq_len: int | None = None) -> int:
-        matmuls = 2 * (self.attention_params() + self.mlp_params())
-        attention_scores = 2 * 2 * self._seq(seq_len) * self.hidden_size  # QK^T and PV, full square
-        return matmuls + attention_scores
+        matmuls = 2 * (self.attention_weight_params() + self.mlp_params())
+        biases = self.attention_params() - self.attention_weight_params()  # one add each
+        attention_scores = 2 * 2 * self._seq(seq_len) * self.q_dim  # QK^T and PV, full square
+        return matmuls + biases + attention_scores
 
     def layer_backward_flops_per_token(self, seq_len: int | None = None) -> int:
         return 2 * self.layer_forward_flops_per_token(seq_len)
@@ -127,13 +163,13 @@ class ModelConfig:
         """Bytes one decoder layer keeps for backward, per micro-batch, on one of `tp` shards.
 
         Kept tensors: the two RMSNorm inputs and outputs (replicated across tensor parallelism:
-        4*s*b*h), then sharded by tp: q (h), k and v (kv_dim each), the attention output fed to
-        the o projection (h), the MLP gate and up outputs and their SwiGLU product (3*I), and,
+        4*s*b*h), then sharded by tp: q (q_dim), k and v (kv_dim each), the attention output fed to
+        the o projection (q_dim), the MLP gate and up outputs and their SwiGLU product (3*I), and,
         without a fused attention kernel, the softmax probabilities (heads*s*s).
         """
         s, b, h = self._seq(seq_len), micro_batch_size, self.hidden_size
         replicated = 4 * s * b * h
-        sharded = s * b * (2 * h + 2 * self.kv_dim + 3 * self.intermediate_size)
+        sharded = s * b * (2 * self.q_dim + 2 * self.kv_dim + 3 * self.intermediate_size)
         if materialized_attention:
             sharded += b * self.num_heads * s * s
         return bytes_per_element * (replicated + sharded // tp)
@@ -144,8 +180,27 @@ class ModelConfig:
         return bytes_per_element * self._seq(seq_len) * micro_batch_size * self.hidden_size
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field, but the Hugging Face family fields only where they differ from their defaults: a
+        preset's record (in checkpoints, plans and profile fingerprints) reads as before they existed."""
+        data = dataclasses.asdict(self)
+        for spec in dataclasses.fields(self):
+            if spec.name in FAMILY_FIELDS and data[spec.name] == spec.default:
+                del data[spec.name]
+        return data
 
+    def to_hf_config(self) -> dict:
+        """This model as its family's Hugging Face config.json (H2's presets as Llama)."""
+        return hf_config_of(dataclasses.asdict(self))
+
+    def architecture(self) -> dict:
+        """The fields that shape the network (what two configs must share for one's weights to fit the other)."""
+        ignored = ("name", "init_std", "max_seq_len")
+        return {name: value for name, value in dataclasses.asdict(self).items() if name not in ignored}
+
+
+FAMILIES = ("llama", "qwen2", "mistral")
+FAMILY_FIELDS = ("family", "attention_head_dim", "rope_scaling", "rope_factor", "rope_low_freq_factor",
+                 "rope_high_freq_factor", "rope_original_max_position")
 
 PRESETS: dict[str, ModelConfig] = {
     # Trains in seconds on two CPU cores; byte-level vocabulary.
@@ -167,9 +222,22 @@ def preset(name: str) -> ModelConfig:
         raise UserError(f"unknown model preset '{name}' (known: {', '.join(PRESETS)})") from None
 
 
+def load_hf_model_config(path: str | os.PathLike) -> ModelConfig:
+    """The model of a Hugging Face config.json, or of the model folder holding one (h2.core.hf_config)."""
+    path, data = read_hf_config(os.fspath(path))
+    fields = model_fields_from_hf(data, path)
+    try:
+        return ModelConfig(**fields)
+    except UserError as error:
+        raise UserError(f"{path}: {str(error).removeprefix('model: ')}") from None
+
+
 def load_model_config(path: str | os.PathLike) -> ModelConfig:
-    """A model YAML: either `preset: NAME` with overrides, or every field spelled out."""
+    """A model YAML (either `preset: NAME` with overrides, or every field spelled out), or a Hugging Face
+    config.json (or the model folder holding one)."""
     path = os.fspath(path)
+    if is_hf_config_path(path):
+        return load_hf_model_config(path)
     data = load_yaml_mapping(path)
     base = data.pop("preset", None)
     if base is not None:
@@ -186,9 +254,10 @@ def load_model_config(path: str | os.PathLike) -> ModelConfig:
 
 
 def resolve_model(name_or_path: str) -> ModelConfig:
-    """A preset name, or a path to a model YAML."""
+    """A preset name, or a path to a model YAML or a Hugging Face config.json (or its folder)."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
-    if name_or_path.endswith((".yaml", ".yml")) or os.path.sep in name_or_path:
+    if name_or_path.endswith((".yaml", ".yml", ".json")) or os.path.sep in name_or_path:
         return load_model_config(name_or_path)
-    raise UserError(f"unknown model preset '{name_or_path}' (known: {', '.join(PRESETS)}; or a path to a YAML file)")
+    raise UserError(f"unknown model preset '{name_or_path}' (known: {', '.join(PRESETS)}; or a path to a YAML file "
+                    "or a Hugging Face config.json)")

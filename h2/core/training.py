@@ -57,6 +57,11 @@ class TrainConfig:
     log_to: str | None = option(
         None, "also log the metrics to: tensorboard, wandb (offline), or both, "
         "comma-separated (under --out)", default_text="metrics.jsonl only", metavar="LIST")
+    # ---- Hugging Face weights in (h2.model.hf_weights; `h2 export` writes them out) ----
+    init_from: str | None = option(
+        None, "start from the weights of a Hugging Face model folder (config.json and model.safetensors, or "
+        "shards with their index; pickles are refused); the model is its config.json unless given, and "
+        "must match it", metavar="DIR")
 
     def __post_init__(self) -> None:
         checks = [("steps", self.steps >= 1), ("micro_batch_size", self.micro_batch_size >= 1),

@@ -29,15 +29,33 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def rotary_cos_sin(seq_len: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_frequencies(config: ModelConfig) -> torch.Tensor:
+    """The rotation frequency of each pair of a head's dimensions [head_dim / 2], in fp32; with
+    `rope_scaling: llama3`, Llama 3.1's: long wavelengths divided by `rope_factor`, short ones kept,
+    those between interpolated."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta**(torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim))
+    if config.rope_scaling != "llama3":
+        return inv_freq
+    factor, low, high = config.rope_factor, config.rope_low_freq_factor, config.rope_high_freq_factor
+    original = config.rope_original_max_position
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelength - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    between = ~(wavelength < original / high) * ~(wavelength > original / low)
+    return torch.where(between, smoothed, scaled)
+
+
+def rotary_cos_sin(seq_len: int, inv_freq: torch.Tensor, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables for rotary position embedding, each [seq_len, head_dim / 2]."""
-    inv_freq = 1.0 / (theta**(torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1]) of x [batch, heads, seq, head_dim] by the position's angle."""
+    """Rotate pairs (x[2i], x[2i+1]) of x [batch, heads, seq, head_dim] by the position's angle.
+    (Hugging Face's Llama pairs x[i] with x[i + head_dim/2]: h2.model.hf_weights permutes q and k.)"""
     x_even, x_odd = x[..., 0::2], x[..., 1::2]
     rotated_even = x_even * cos - x_odd * sin
     rotated_odd = x_even * sin + x_odd * cos
@@ -52,11 +70,11 @@ class Attention(nn.Module):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        self.rope_theta = config.rope_theta
-        self.q_proj = nn.Linear(config.hidden_size, config.num_heads * config.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, config.kv_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, config.kv_dim, bias=False)
-        self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
+        self.inv_freq = rotary_frequencies(config).tolist()  # plain numbers: no buffer to move or cut
+        self.q_proj = nn.Linear(config.hidden_size, config.q_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.kv_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.kv_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.q_dim, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -65,7 +83,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)  # [b, heads, s, d]
         k = self.k_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)  # [b, kv_heads, s, d]
         v = self.v_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        cos, sin = rotary_cos_sin(seq, self.head_dim, self.rope_theta, x.device, q.dtype)
+        cos, sin = rotary_cos_sin(seq, torch.tensor(self.inv_freq, dtype=torch.float32), x.device, q.dtype)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         queries_per_kv = q.shape[1] // k.shape[1]
         if queries_per_kv > 1:
@@ -116,12 +134,14 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) weights; residual output projections scaled by 1/sqrt(2 * layers)."""
+        """Normal(0, init_std) weights; residual output projections scaled by 1/sqrt(2 * layers); zero biases."""
         std = self.config.init_std
         residual_std = std / math.sqrt(2 * self.config.num_layers)
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(param)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(param)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(param, mean=0.0, std=residual_std)
             else:

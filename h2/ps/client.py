@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from h2.core.errors import UserError
-from h2.core.model_config import preset
+from h2.core.model_config import resolve_model
 from h2.ps.auth import Credential, cluster_name, load_credential
 from h2.ps.datapath import CurveClient, DataFlowError, Route, pull_layers, push_layers
 from h2.ps.layout import Layer, model_layers, unflatten
@@ -170,7 +170,7 @@ class ClusterClient:
         self.partition, self.partitions = reply["partition"], reply["partitions"]
         self.inner_steps, self.heartbeat_s = reply["inner_steps"], reply["heartbeat_s"]
         self.model, self.eval_sequences = reply["model"], reply["eval_sequences"]
-        self.model_layers = model_layers(preset(self.model))
+        self.model_layers = model_layers(resolve_model(self.model))
         self.transfer_timeout_s = reply["transfer_timeout_s"]
         self.sync_retries = sync_retries(reply["sync_retry_s"], reply["heartbeat_s"])
         self.follow(reply["routes"])

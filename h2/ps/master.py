@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from h2.core.dips import DipsConfig
 from h2.core.errors import UserError
-from h2.core.model_config import preset
+from h2.core.model_config import resolve_model
 from h2.ps import penalty
 from h2.ps.auth import Credential, Guard, cluster_name, curve_keys, shard_name
 from h2.ps.layout import assign_layers, model_layers
@@ -127,7 +127,7 @@ class Master:
         if credential.run_secret is None:
             raise UserError(f"the master needs the run secret, not the credential of {credential.participant}")
         self.credential = credential
-        model = preset(config.model)
+        model = resolve_model(config.model)
         self.layers = model_layers(model)
         self.tokens_cap = config.inner_steps * config.train.global_batch * (config.train.seq_len or model.max_seq_len)
         self.ticket_ttl_s = ticket_ttl_s(config)

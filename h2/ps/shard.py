@@ -28,7 +28,7 @@ import torch
 
 from h2.core.dips import OuterOptions
 from h2.core.errors import UserError
-from h2.core.model_config import preset
+from h2.core.model_config import resolve_model
 from h2.model.transformer import Transformer
 from h2.ps import outer
 from h2.ps.auth import MASTER, Credential, Guard, cluster_name
@@ -80,7 +80,7 @@ class ShardState:
             self.momentum = {name: saved["momentum"].get(name) for name in self.layers}
         elif version == 0:
             torch.manual_seed(seed)
-            tensors = dict(Transformer(preset(model_name)).named_parameters())
+            tensors = dict(Transformer(resolve_model(model_name)).named_parameters())
             self.params = {name: flatten(layer, tensors) for name, layer in self.layers.items()}
             self._write(0, self.params, self.momentum)
         else:
@@ -229,7 +229,7 @@ class ShardServer:
         except Unreachable:
             raise UserError(f"shard {index}: master {master} did not answer for 120 s") from None
         self.heartbeat_s = plan["heartbeat_s"]
-        all_layers = model_layers(preset(plan["model"]))
+        all_layers = model_layers(resolve_model(plan["model"]))
         mine = [layer for layer in all_layers if layer.name in plan["layers"]]
         self.state = ShardState(index, mine, OuterOptions(**plan["outer"]), plan["snapshot_dir"],
                                 max_tickets=int(plan["max_tickets"]), ticket_ttl_s=float(plan["ticket_ttl_s"]))

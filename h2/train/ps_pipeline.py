@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from h2.core.dips import PSOptions
 from h2.core.errors import UserError
-from h2.core.model_config import preset
+from h2.core.model_config import resolve_model
 from h2.ps.client import ClusterClient, LayerClient, SyncResult, cluster_credential, cluster_curve, sync_retrying
 from h2.ps.datapath import DataFlowError
 from h2.ps.layout import layer_of, model_layers
@@ -52,7 +52,7 @@ class StageSync:
         self.curve = cluster_curve(cluster_credential(options.cluster_id, options.ps_secret_file))
         self.engine, self.group = engine, engine.groups.everyone
         self.pieces = engine.parameter_pieces()
-        layers = self.model_layers = model_layers(preset(join["model"]))
+        layers = self.model_layers = model_layers(resolve_model(join["model"]))
         self.transfer_timeout_s = join["transfer_timeout_s"]
         self.follow(join["routes"])
         self.layer_names = sorted({layer_of(name) for name, _, _ in self.pieces})
@@ -107,7 +107,7 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
     join = _broadcast(join, engine.groups.everyone)
     if options.outlier != "none":
         raise UserError("--outlier is fault injection for single-device clusters, not for --strategy pipelines")
-    if join["model"] != trainer.model_config.name:
+    if resolve_model(join["model"]).architecture() != trainer.model_config.architecture():
         raise UserError(f"--ps {options.ps}: the run trains model '{join['model']}', this pipeline "
                         f"'{trainer.model_config.name}'")
     trainer.data_partition = (join["partition"], join["partitions"])

@@ -19,6 +19,7 @@ import torch
 
 from h2.core.dips import PSOptions
 from h2.core.errors import UserError
+from h2.core.model_config import resolve_model
 from h2.data import SequenceStream
 from h2.model.transformer import language_model_loss
 from h2.ps.client import ClusterClient, Outliers, SyncResult, sync_retrying
@@ -61,7 +62,7 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
 
     client = ClusterClient(options.ps, options.cluster_id, log=say, outliers=Outliers(
         options.outlier, options.outlier_every, options.outlier_scale), secret_file=options.ps_secret_file)
-    if client.model != trainer.model_config.name:
+    if resolve_model(client.model).architecture() != trainer.model_config.architecture():
         raise UserError(f"--ps {options.ps}: the run trains model '{client.model}', this trainer "
                         f"'{trainer.model_config.name}'")
     trainer.data_partition = (client.partition, client.partitions)

@@ -16,6 +16,7 @@ from h2.core.model_config import ModelConfig
 from h2.core.training import TrainConfig
 from h2.data import load_stdlib_corpus
 from h2.data.corpus import Corpus
+from h2.model.hf_weights import check_init_from, copy_into, load_hf_parameters
 from h2.model.transformer import Transformer, language_model_loss
 from h2.train import evaluation
 from h2.train.checkpoint import (
@@ -48,6 +49,8 @@ class Trainer:
                  show_progress: bool = True):
         check_loggers_available(config.loggers)  # a missing package, before the folder changes
         self.out_dir = out_dir
+        if config.init_from:  # before the run folder is touched
+            check_init_from(model_config, config.init_from)
         start = RunStart(out_dir, resume=resume, overwrite=overwrite)
         start.check_continues(SINGLE_DEVICE, model_config)
         config = start.adopt_trajectory(config, explicit)
@@ -65,6 +68,8 @@ class Trainer:
 
         torch.manual_seed(config.seed)
         self.model = Transformer(model_config).to(self.device)
+        if config.init_from and start.checkpoint is None:
+            copy_into(self.model, load_hf_parameters(model_config, config.init_from))
         self.optimizer = build_adamw(self.model, config)
         self.parameter_names = {id(param): name for name, param in self.model.named_parameters()}
         self.stream, validation = evaluation.data_streams(corpus or load_stdlib_corpus(), config.seq_len, config.seed,

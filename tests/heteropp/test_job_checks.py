@@ -27,10 +27,22 @@ def test_a_runnable_job_passes():
     check(strategy(seq_len=32))
 
 
-def test_tied_embeddings_across_stages_are_refused_in_one_line():
+def test_tied_embeddings_across_stages_of_equal_tp_and_dp_pass():
+    check(strategy(model={"preset": "tiny", "tie_embeddings": True}))
+
+
+def test_tied_embeddings_across_stages_of_different_tp_are_refused_in_one_line():
     with pytest.raises(UserError) as error:
-        check(strategy(model={"preset": "tiny", "tie_embeddings": True}))
-    assert str(error.value) == "s.yaml: model 'tiny' ties embeddings, which HeteroPP does not support across stages"
+        check(strategy(model={"preset": "tiny", "tie_embeddings": True}, tp=2))
+    assert str(error.value) == ("s.yaml: model 'tiny' ties its embedding to its head across stages, which needs the "
+                                "first and last stages' tp equal (got 2 and 1)")
+
+
+def test_tied_embeddings_across_stages_with_sharded_optimizer_state_are_refused_in_one_line():
+    with pytest.raises(UserError) as error:
+        check(strategy(model={"preset": "tiny", "tie_embeddings": True}, optimizer_sharding="zero1"))
+    assert str(error.value) == ("s.yaml: model 'tiny' ties its embedding to its head across stages, which needs "
+                                "optimizer_sharding none (got zero1)")
 
 
 def test_a_sequence_longer_than_the_models_is_refused_in_one_line():
@@ -55,12 +67,12 @@ def test_a_schedule_flag_other_than_gpipe_on_ministages_is_refused_in_one_line()
         check(strategy(ministages=2), options=PipelineOptions(schedule="1f1b"))
 
 
-def test_h2_train_refuses_tied_embeddings_across_stages_before_any_rank_starts(cli, tmp_path):
+def test_h2_train_refuses_tied_embeddings_across_stages_of_different_tp_before_any_rank_starts(cli, tmp_path):
     path = tmp_path / "tied.yaml"
     path.write_text("dp: 1\nmicro_batches: 2\nmicro_batch_size: 1\nseq_len: 32\n"
                     "model: {preset: tiny, tie_embeddings: true}\n"
-                    "stages:\n  - {chip: A, tp: 1, layers: 2}\n  - {chip: A, tp: 1, layers: 2}\n")
+                    "stages:\n  - {chip: A, tp: 2, layers: 2}\n  - {chip: A, tp: 1, layers: 2}\n")
     result = cli("h2", "train", "--strategy", str(path), "--steps", "1", "--out", str(tmp_path / "run"))
     assert result.returncode == 2
-    assert result.stderr.strip() == (f"h2: error: {path}: model 'tiny' ties embeddings, which HeteroPP does not "
-                                     f"support across stages")
+    assert result.stderr.strip() == (f"h2: error: {path}: model 'tiny' ties its embedding to its head across "
+                                     "stages, which needs the first and last stages' tp equal (got 2 and 1)")
