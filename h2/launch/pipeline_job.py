@@ -18,6 +18,7 @@ from h2.core import flags
 from h2.core.cluster import ClusterSpec
 from h2.core.dips import PSOptions
 from h2.core.errors import UserError
+from h2.core.run_lock import hold_output_folder
 from h2.core.strategy import Strategy
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 from h2.launch.contract import PeerLink, RankEntry, ResolvedJob, write_job
@@ -41,6 +42,8 @@ def run_pipeline_job(values: dict, run: RunOptions, hosts: tuple[int, str] | Non
     loaded by the caller (else it is loaded here, once)."""
     from h2.launch.launcher import launch
 
+    if not run.write_job:
+        hold_output_folder(run.out or DEFAULT_OUT)
     job, cluster = resolve_pipeline_job(values, run, cluster)
     if run.write_job:
         return write_job_for_hand_launch(job, run.write_job)

@@ -18,6 +18,7 @@ from h2.data import SequenceStream, load_stdlib_corpus
 from h2.data.corpus import Corpus
 from h2.model.transformer import Transformer, language_model_loss
 from h2.train.checkpoint import (
+    ADAMW_COPIES,
     load_optimizer_state_by_name,
     optimizer_state_by_name,
     piece_layout,
@@ -36,6 +37,11 @@ def build_adamw(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Adam
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
+
+
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """About how many bytes one checkpoint of `model` takes: its parameters and AdamW's two moments."""
+    return ADAMW_COPIES * sum(param.numel() * param.element_size() for param in model.parameters())
 
 
 class Trainer:
@@ -61,6 +67,7 @@ class Trainer:
 
         torch.manual_seed(config.seed)
         self.model = Transformer(model_config).to(self.device)
+        start.check_room(checkpoint_bytes(self.model), config.keep_checkpoints)
         self.optimizer = build_adamw(self.model, config)
         self.parameter_names = {id(param): name for name, param in self.model.named_parameters()}
         self.stream = SequenceStream(corpus or load_stdlib_corpus(), config.seq_len, seed=config.seed)

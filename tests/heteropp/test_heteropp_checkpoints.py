@@ -68,7 +68,7 @@ def copy_of(out: str, tmp_path) -> str:
 
 def test_every_rank_writes_its_shard_and_the_manifest_names_strategy_step_and_data_position(checkpointed_at_2):
     folder = CheckpointDir(checkpointed_at_2).folder(2)
-    assert sorted(os.listdir(folder)) == [MANIFEST, "rank_00000.pt", "rank_00001.pt", "rank_00002.pt"]
+    assert sorted(os.listdir(folder)) == [MANIFEST, "rank_00000.safetensors", "rank_00001.safetensors", "rank_00002.safetensors"]
     with open(os.path.join(folder, MANIFEST)) as handle:
         manifest = json.load(handle)
     assert manifest["step"] == 2 and manifest["kind"] == "pipeline" and manifest["world_size"] == 3
@@ -130,7 +130,7 @@ def test_a_checkpoint_left_without_its_manifest_by_a_kill_is_skipped_for_the_pre
     out = copy_of(checkpointed_at_2, tmp_path)
     checkpoints = CheckpointDir(out)
     os.makedirs(checkpoints.folder(3))
-    shutil.copy(os.path.join(checkpoints.folder(2), "rank_00000.pt"), checkpoints.folder(3))  # shards, no manifest
+    shutil.copy(os.path.join(checkpoints.folder(2), "rank_00000.safetensors"), checkpoints.folder(3))  # shards, no manifest
     records, _ = run_pipeline(ZERO1_PP2, STEPS, out_dir=out, start={"resume": True}, optimizer_sharding="zero1")
     assert trajectory(records) == trajectory(uninterrupted)
     assert checkpoints.steps() == [2, 4]

@@ -53,7 +53,7 @@ def test_h2_train_with_a_strategy_launches_the_pipeline_on_local_processes(tmp_p
     assert sorted(os.listdir(out)) == ["checkpoints", "metrics.jsonl",
                                        "stage_report.json"]  # only the last stage's first rank logs
     assert sorted(os.listdir(out / "checkpoints" / "step_00000002")) == [
-        "manifest.json", "rank_00000.pt", "rank_00001.pt"
+        "manifest.json", "rank_00000.safetensors", "rank_00001.safetensors"
     ]
 
 
