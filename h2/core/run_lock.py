@@ -35,12 +35,12 @@ def hold_output_folder(out_dir: str, flag: str = "--out") -> None:
     except FileExistsError:
         raise UserError(f"{flag} {out_dir}: exists and is not a folder") from None
     except OSError as error:
-        raise UserError(f"{flag} {out_dir}: cannot create the folder ({error.strerror or error})") from None
+        raise UserError(f"output folder '{out_dir}' is not writable ({error.strerror or error})") from None
     path = os.path.join(out_dir, LOCK_FILE)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
-        raise UserError(f"{flag} {out_dir}: cannot create its lock {path} ({error.strerror or error})") from None
+        raise UserError(f"output folder '{out_dir}' is not writable ({error.strerror or error}: {path})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

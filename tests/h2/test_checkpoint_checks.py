@@ -16,7 +16,7 @@ import pytest
 from h2.core.errors import UserError
 from h2.model import preset
 from h2.train import TrainConfig, Trainer
-from h2.train.checkpoint import FORMAT, MANIFEST, CheckpointDir, manifest_digest, shard_name
+from h2.train.checkpoint import FORMAT, MANIFEST, CheckpointDir, shard_name
 from h2.train.metrics import read_metrics
 
 STEPS = 6
@@ -160,6 +160,8 @@ def test_every_checkpoint_damaged_is_one_line_naming_the_newest(out, corpus):
 
 
 def test_the_manifest_lists_every_shard_with_its_size_and_sha256(out):
+    from h2.train.checkpoint import manifest_digest
+
     manifest = json.loads((step_folder(out, 4) / MANIFEST).read_text())
     data = shard(out, 4).read_bytes()
     assert manifest["format"] == FORMAT == "h2-checkpoint-2"
@@ -193,6 +195,8 @@ class RunsCode:
 def tamper(out, tmp_path, *, earlier_format: bool) -> str:
     """Step 4's shard replaced by a pickle that runs code (its manifest made consistent with it, as an
     attacker would); with `earlier_format`, as the checkpoint of format 1 it pretends to be."""
+    from h2.train.checkpoint import manifest_digest
+
     marker = str(tmp_path / "code-ran")
     folder = step_folder(out, 4)
     payload = pickle.dumps({"parameters": RunsCode(marker)})

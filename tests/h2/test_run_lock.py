@@ -12,11 +12,20 @@ import pytest
 
 from h2.cli.main import main
 from h2.core.errors import UserError
-from h2.core.run_lock import LOCK_FILE, hold_output_folder, release_output_folder
+
+LOCK_FILE = ".h2.lock"
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HOLD = ("import sys, time\nfrom h2.core.run_lock import hold_output_folder\nhold_output_folder(sys.argv[1])\n"
-        "print('held', flush=True)\ntime.sleep(120)\n")
+# A run in progress as the lock's protocol has it: an exclusive flock on <out>/.h2.lock, its pid inside.
+HOLD = """
+import fcntl, os, sys, time
+os.makedirs(sys.argv[1], exist_ok=True)
+fd = os.open(os.path.join(sys.argv[1], ".h2.lock"), os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.write(fd, f"{os.getpid()}\\n".encode())
+print("held", flush=True)
+time.sleep(120)
+"""
 
 
 @pytest.fixture
@@ -78,6 +87,8 @@ def test_h2_ps_launch_on_a_held_folder_is_refused(held, capsys, tmp_path):
 
 
 def test_the_lock_goes_with_its_holder_and_is_held_once_per_process(held, tmp_path):
+    from h2.core.run_lock import hold_output_folder, release_output_folder
+
     out, pid = held
     with pytest.raises(UserError, match=f"pid {pid}"):
         hold_output_folder(str(out))
@@ -90,6 +101,8 @@ def test_the_lock_goes_with_its_holder_and_is_held_once_per_process(held, tmp_pa
 
 
 def test_an_out_that_is_a_file_is_one_line(tmp_path):
+    from h2.core.run_lock import hold_output_folder
+
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="--out .*file: exists and is not a folder"):
         hold_output_folder(str(tmp_path / "file"))
