@@ -42,8 +42,6 @@ def run_pipeline_job(values: dict, run: RunOptions, hosts: tuple[int, str] | Non
     loaded by the caller (else it is loaded here, once)."""
     from h2.launch.launcher import launch
 
-    if not run.write_job:
-        hold_output_folder(run.out or DEFAULT_OUT)
     job, cluster = resolve_pipeline_job(values, run, cluster)
     if run.write_job:
         return write_job_for_hand_launch(job, run.write_job)
@@ -123,6 +121,8 @@ def resolve_job(strategy: Strategy, config: TrainConfig, options: PipelineOption
     _check_stage_backends(strategy, config, options)
     _check_process_count(strategy, run)
     out = run.out or DEFAULT_OUT
+    if not run.write_job:  # the folder is this run's from the first look at it (ranks started by hand take none)
+        hold_output_folder(out)
     explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
     pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
                    source=run.strategy)  # refuses what the ranks would, before any starts
