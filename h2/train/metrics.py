@@ -17,8 +17,8 @@ import json
 import os
 import sys
 
-from h2.core.errors import UserError
-from h2.train.checkpoint import atomic_write
+from h2.core.errors import RunFailed, UserError
+from h2.train.checkpoint import atomic_write, os_error_text
 
 
 class MetricsLog:
@@ -52,8 +52,13 @@ class MetricsLog:
         atomic_write(self.path, lambda handle: handle.write(text))
 
     def append(self, record: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        """One record, one write; a full disk or an I/O error is a RunFailed naming the log and the errno
+        (a torn last line it may leave is skipped by every reader)."""
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+        except OSError as error:
+            raise RunFailed(f"cannot write {self.path}: {os_error_text(error)}") from None
 
 
 def _read(path: str) -> tuple[list[dict], bytes]:

@@ -100,3 +100,22 @@ def test_a_resumed_run_counts_the_space_its_old_checkpoints_take(tmp_path, monke
     folder.check_room(100_000, keep=1)  # 2 x 100 kB fit in 64 KiB free + the 200 kB the old one takes
     with pytest.raises(UserError, match="its checkpoints need about"):
         folder.check_room(200_000, keep=1)
+
+
+def test_a_full_disk_while_logging_a_step_is_one_line_naming_the_log(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    from h2.core.errors import RunFailed
+    from h2.train.metrics import MetricsLog
+
+    real_open = builtins.open
+
+    def full(file, mode="r", *args, **kwargs):
+        if str(file).endswith("metrics.jsonl") and "a" in mode:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full)
+    with pytest.raises(RunFailed, match=r"^cannot write .*metrics.jsonl: No space left on device \(ENOSPC\)$"):
+        MetricsLog(str(tmp_path)).append({"step": 1, "loss": 5.0})
