@@ -211,7 +211,7 @@ def torn_case(rng: random.Random, workdir: str, timeout_s: float) -> None:
     out = _pristine_run(workdir)
     newest = os.path.join(out, "checkpoints", f"step_{STEPS:08d}")
     target = rng.choice([
-        os.path.join(newest, "rank_00000.pt"),
+        os.path.join(newest, "rank_00000.safetensors"),
         os.path.join(newest, "manifest.json"),
         os.path.join(out, "checkpoints", "latest"),
         os.path.join(out, "metrics.jsonl")

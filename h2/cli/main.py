@@ -20,6 +20,7 @@ import sys
 from h2.core import flags
 from h2.core.dips import PSOptions
 from h2.core.errors import ArgumentParser, UserError, run_cli
+from h2.core.run_lock import hold_output_folder
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 from h2.launch.pipeline_job import flag_text, run_pipeline_job
 
@@ -70,6 +71,7 @@ def _train(args: argparse.Namespace) -> int:
     options = {name: value for name, value in values.items() if name in flags.field_names([TrainConfig])}
     config = TrainConfig(**options)
     out_dir = run.out or f"runs/{model_config.name}"
+    hold_output_folder(out_dir)
     trainer = Trainer(model_config, config, out_dir, resume=run.resume, overwrite=run.overwrite,
                       explicit=frozenset(options), show_progress=not run.quiet)
     start_step = trainer.step

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from h2.core.dips import SECRET_ENV, PSOptions, load_dips_config, parse_address
 from h2.core.errors import ArgumentParser, UserError
 from h2.core.model_config import PRESETS
 from h2.core.ranks import free_port
+from h2.core.run_lock import empty_held_folder, hold_output_folder
 from h2.core.training import RunOptions
 
 SECRETS = "secrets"  # <out>/secrets/: run.secret (the master's) and one key file per shard and cluster
@@ -141,13 +141,14 @@ def _launch(args: argparse.Namespace) -> int:
         raise UserError(f"{args.config}: field 'clusters' lists no cluster to launch")
     kills = [_parse_kill(text) for text in args.kill]
     out = config.out
+    hold_output_folder(out, flag=f"{args.config}: out")
     state = os.path.join(out, "master", "state.json")
     if os.path.exists(state) and not (args.resume or args.overwrite):
         raise UserError(f"{out} holds an earlier run: pass --resume to continue it or --overwrite to start over")
     if args.resume and not os.path.exists(state):
         raise UserError(f"{state}: no run to resume")
-    if args.overwrite and os.path.isdir(out):
-        shutil.rmtree(out)
+    if args.overwrite:
+        empty_held_folder(out)
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     secrets = _secrets(config)
     host = config.host

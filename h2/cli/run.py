@@ -36,6 +36,7 @@ from h2.core.cluster import ClusterSpec, load_cluster
 from h2.core.emulation import describe_chip
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
+from h2.core.run_lock import hold_output_folder
 from h2.core.strategy import load_strategy
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 from h2.launch.profiling_job import profile_chips
@@ -387,6 +388,7 @@ def _cmd_run(args) -> int:
     _check_run_flags(args)
     cluster, model = _cluster_and_model(args)
     reference = _check_run_inputs(args, cluster, model)
+    hold_output_folder(args.out)
     profiles, plan = _plan_run(args, cluster, model)
     status = train(args, args.out, cluster)
     if status != 0:

@@ -2,7 +2,8 @@
 
 `UserError` is bad input (a file, a field, a flag, a peer): its message is one line naming what is
 wrong. `run_cli(prog)` turns it into `prog: error: message` on stderr and exit status 2, with no
-traceback; `ArgumentParser` makes argparse's own usage errors take the same path.
+traceback; `ArgumentParser` makes argparse's own usage errors take the same path. `RunFailed` is a
+run that cannot go on through no fault of its input (a full disk, an I/O error): one line, exit 1.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from typing import Callable
 
 class UserError(ValueError):
     """Bad input from the user (a file, a flag, a field). The message is shown as is, on one line."""
+
+
+class RunFailed(Exception):
+    """A run that cannot go on (disk full, I/O error): its message is one line naming the file and why."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -37,8 +42,8 @@ def report_user_error(prog: str, error: BaseException) -> int:
 
 def run_cli(prog: str, *, also: tuple[type[BaseException], ...] = ()) -> Callable:
     """Decorate a command's entry point (`main(argv) -> int`, or a subcommand's `run(args) -> int`):
-    a UserError (and any type in `also`) prints `prog: error: message` and returns 2; a closed
-    output pipe ends quietly; Ctrl-C returns 130."""
+    a UserError (and any type in `also`) prints `prog: error: message` and returns 2; a RunFailed the
+    same line and returns 1; a closed output pipe ends quietly; Ctrl-C returns 130."""
 
     def decorate(main: Callable[..., int]) -> Callable[..., int]:
 
@@ -48,6 +53,9 @@ def run_cli(prog: str, *, also: tuple[type[BaseException], ...] = ()) -> Callabl
                 return main(*args, **kwargs)
             except (UserError, *also) as error:
                 return report_user_error(prog, error)
+            except RunFailed as error:
+                print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+                return 1
             except BrokenPipeError:  # output piped into `head` and friends
                 sys.stderr.close()
                 return 0

@@ -18,6 +18,7 @@ from h2.core import flags
 from h2.core.cluster import ClusterSpec
 from h2.core.dips import PSOptions
 from h2.core.errors import UserError
+from h2.core.run_lock import hold_output_folder
 from h2.core.strategy import Strategy
 from h2.core.training import PipelineOptions, RunOptions, TrainConfig
 from h2.launch.contract import PeerLink, RankEntry, ResolvedJob, write_job
@@ -122,6 +123,8 @@ def resolve_job(strategy: Strategy, config: TrainConfig, options: PipelineOption
     _check_stage_backends(strategy, config, options)
     _check_process_count(strategy, run)
     out = run.out or DEFAULT_OUT
+    if not run.write_job:  # the folder is this run's from the first look at it (ranks started by hand take none)
+        hold_output_folder(out)
     explicit = frozenset(name for name in values if name in flags.field_names([TrainConfig]))
     pipeline_start(strategy, config, out, resume=run.resume, overwrite=run.overwrite, explicit=explicit,
                    source=run.strategy)  # refuses what the ranks would, before any starts

@@ -20,8 +20,8 @@ import json
 import os
 import sys
 
-from h2.core.errors import UserError
-from h2.train.checkpoint import atomic_write
+from h2.core.errors import RunFailed, UserError
+from h2.train.checkpoint import atomic_write, os_error_text
 
 
 class MetricsLog:
@@ -66,8 +66,13 @@ class MetricsLog:
         atomic_write(self.path, lambda handle: handle.write(text))
 
     def append(self, record: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        """One record, one write; a full disk or an I/O error is a RunFailed naming the log and the errno
+        (a torn last line it may leave is skipped by every reader)."""
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+        except OSError as error:
+            raise RunFailed(f"cannot write {self.path}: {os_error_text(error)}") from None
         for logger in self.loggers:
             logger.write(record)
 

@@ -32,6 +32,7 @@ from h2.data import load_stdlib_corpus
 from h2.data.corpus import Corpus
 from h2.train import evaluation
 from h2.train.checkpoint import (
+    ADAMW_COPIES,
     Checkpoint,
     cut,
     json_value,
@@ -65,6 +66,21 @@ def _check_batch_shape(strategy, config: TrainConfig, checkpoint: Checkpoint, so
                         f"checkpoint's {saved['global_batch']} ({checkpoint.folder}); a resumed run keeps its batch")
 
 
+def checkpoint_bytes(strategy, model_config) -> int:
+    """About how many bytes one checkpoint of a pipeline run takes: every stage's parameters (fp32) once
+    per data-parallel replica, and AdamW's two moments beside them."""
+    last, total = len(strategy.stages) - 1, 0
+    for index, stage in enumerate(strategy.stages):
+        parameters = stage.layers * model_config.layer_params()
+        if index == 0:
+            parameters += model_config.embedding_params()
+        if index == last:
+            head = model_config.head_params() or (model_config.embedding_params() if last else 0)
+            parameters += model_config.final_norm_params() + head
+        total += strategy.stage_dp(index) * parameters
+    return ADAMW_COPIES * 4 * total
+
+
 def pipeline_start(strategy, config: TrainConfig, out_dir: str, *, resume: bool = False, overwrite: bool = False,
                    restarted: bool = False, explicit: frozenset[str] = frozenset(),
                    source: str = "strategy") -> tuple[RunStart, TrainConfig]:
@@ -74,6 +90,7 @@ def pipeline_start(strategy, config: TrainConfig, out_dir: str, *, resume: bool 
     start = RunStart(out_dir, resume=resume, overwrite=overwrite, restarted=restarted)
     start.check_continues(PIPELINE, strategy.model_config(source))
     config = start.adopt_trajectory(config, explicit, PIPELINE_TRAJECTORY)
+    start.check_room(checkpoint_bytes(strategy, strategy.model_config(source)), config.keep_checkpoints)
     if start.checkpoint is not None:
         _check_batch_shape(strategy, config, start.checkpoint, source)
     return start, config

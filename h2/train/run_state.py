@@ -7,7 +7,11 @@
   (one given on the command line that differs is refused), and the metrics logged after the
   checkpoint are dropped;
 - a job restarted after a failure (torchrun's elastic restart, `restarted`) continues from its
-  newest checkpoint, or starts over when it has none yet.
+  newest checkpoint, or starts over when it has none yet;
+- a run whose checkpoints would not fit in the folder's free space is refused (`check_room`: the
+  trainer gives the estimate, parameters and optimizer state of all ranks, times keep + 1).
+
+One run at a time uses a folder: the command lines take its lock first (h2.core.run_lock).
 
 Everything is decided (and every refusal made) before anything in the folder changes; `prepare()`
 then changes it, on one process only: it first removes the temporaries that killed writers of this
@@ -87,6 +91,7 @@ class RunStart:
         check_writable(out_dir)
         self.out_dir, self.overwrite, self.restarted = out_dir, overwrite, restarted
         self.checkpoints = CheckpointDir(out_dir)
+        self.checkpoints.check_folder()
         self.metrics = MetricsLog(out_dir)
         self.checkpoint: Checkpoint | None = None
         if resume or (restarted and self.checkpoints.complete_steps()):
@@ -106,6 +111,11 @@ class RunStart:
         if logged:
             raise UserError(f"output folder '{self.out_dir}' holds the metrics of an earlier run ({logged} step"
                             f"{'s' if logged != 1 else ''} logged, no checkpoint): pass --overwrite to start over")
+
+    def check_room(self, checkpoint_bytes: int, keep: int) -> None:
+        """Refuse, in one line, a run whose checkpoints (`keep` of `checkpoint_bytes` and one being
+        written) would not fit in the output folder's free space."""
+        self.checkpoints.check_room(checkpoint_bytes, keep)
 
     def check_continues(self, kind: str, model_config: ModelConfig) -> None:
         """Refuse, in one line, a checkpoint of another kind of run or of another model."""

@@ -20,6 +20,7 @@ from h2.model.hf_weights import check_init_from, copy_into, load_hf_parameters
 from h2.model.transformer import Transformer, language_model_loss
 from h2.train import evaluation
 from h2.train.checkpoint import (
+    ADAMW_COPIES,
     load_optimizer_state_by_name,
     optimizer_state_by_name,
     piece_layout,
@@ -40,6 +41,11 @@ def build_adamw(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Adam
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
+
+
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """About how many bytes one checkpoint of `model` takes: its parameters and AdamW's two moments."""
+    return ADAMW_COPIES * sum(param.numel() * param.element_size() for param in model.parameters())
 
 
 class Trainer:
@@ -68,6 +74,7 @@ class Trainer:
 
         torch.manual_seed(config.seed)
         self.model = Transformer(model_config).to(self.device)
+        start.check_room(checkpoint_bytes(self.model), config.keep_checkpoints)
         if config.init_from and start.checkpoint is None:
             copy_into(self.model, load_hf_parameters(model_config, config.init_from))
         self.optimizer = build_adamw(self.model, config)

@@ -56,7 +56,7 @@ def test_start_up_removes_temporaries_that_killed_writers_left(tmp_path, corpus)
     run(tmp_path, corpus, steps=2)
     pid = dead_pid()
     stale = [
-        tmp_path / "checkpoints" / "step_00000002" / f"rank_00000.pt.tmp.{pid}",
+        tmp_path / "checkpoints" / "step_00000002" / f"rank_00000.safetensors.tmp.{pid}",
         tmp_path / "checkpoints" / f"latest.tmp.{pid}", tmp_path / f"metrics.jsonl.tmp.{pid}"
     ]
     for path in stale:
@@ -75,7 +75,7 @@ def test_start_up_sweep_leaves_a_live_writers_temporary_alone(tmp_path):
 
 def test_resume_falls_back_to_the_newest_intact_checkpoint_with_one_line(tmp_path, corpus, capfd):
     run(tmp_path, corpus, steps=4, checkpoint_every=2, keep_checkpoints=3)
-    (tmp_path / "checkpoints" / "step_00000004" / "rank_00000.pt").write_bytes(b"PK\x03\x04 torn")
+    (tmp_path / "checkpoints" / "step_00000004" / "rank_00000.safetensors").write_bytes(b"PK\x03\x04 torn")
     capfd.readouterr()
     trainer, _ = run(tmp_path, corpus, resume=True, steps=4)
     lines = [line for line in capfd.readouterr().err.splitlines() if "resuming from" in line]
@@ -94,7 +94,7 @@ def test_resume_falls_back_past_a_torn_manifest(tmp_path, corpus):
 def test_resume_with_every_checkpoint_damaged_is_one_line_error(tmp_path, corpus):
     run(tmp_path, corpus, steps=4, checkpoint_every=2, keep_checkpoints=3)
     for step in (2, 4):
-        (tmp_path / "checkpoints" / f"step_{step:08d}" / "rank_00000.pt").write_bytes(b"torn")
+        (tmp_path / "checkpoints" / f"step_{step:08d}" / "rank_00000.safetensors").write_bytes(b"torn")
     with pytest.raises(UserError, match="no intact checkpoint"):
         run(tmp_path, corpus, resume=True, steps=4)
 

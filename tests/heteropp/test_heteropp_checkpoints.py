@@ -68,7 +68,9 @@ def copy_of(out: str, tmp_path) -> str:
 
 def test_every_rank_writes_its_shard_and_the_manifest_names_strategy_step_and_data_position(checkpointed_at_2):
     folder = CheckpointDir(checkpointed_at_2).folder(2)
-    assert sorted(os.listdir(folder)) == [MANIFEST, "rank_00000.pt", "rank_00001.pt", "rank_00002.pt"]
+    assert sorted(os.listdir(folder)) == [
+        MANIFEST, "rank_00000.safetensors", "rank_00001.safetensors", "rank_00002.safetensors"
+    ]
     with open(os.path.join(folder, MANIFEST)) as handle:
         manifest = json.load(handle)
     assert manifest["step"] == 2 and manifest["kind"] == "pipeline" and manifest["world_size"] == 3
@@ -130,10 +132,27 @@ def test_a_checkpoint_left_without_its_manifest_by_a_kill_is_skipped_for_the_pre
     out = copy_of(checkpointed_at_2, tmp_path)
     checkpoints = CheckpointDir(out)
     os.makedirs(checkpoints.folder(3))
-    shutil.copy(os.path.join(checkpoints.folder(2), "rank_00000.pt"), checkpoints.folder(3))  # shards, no manifest
+    shutil.copy(os.path.join(checkpoints.folder(2), "rank_00000.safetensors"),
+                checkpoints.folder(3))  # shards, no manifest
     records, _ = run_pipeline(ZERO1_PP2, STEPS, out_dir=out, start={"resume": True}, optimizer_sharding="zero1")
     assert trajectory(records) == trajectory(uninterrupted)
     assert checkpoints.steps() == [2, 4]
+
+
+def test_a_damaged_rank_shard_is_skipped_for_the_previous_checkpoint_and_the_run_continues_bit_for_bit(
+        tmp_path, uninterrupted):
+    out = str(tmp_path / "pp")
+    run_pipeline(ZERO1_PP2, STEPS, out_dir=out, train=HALF, optimizer_sharding="zero1")
+    shard = os.path.join(CheckpointDir(out).folder(4), "rank_00001.safetensors")  # a ZeRO-1 replica's shard
+    with open(shard, "r+b") as handle:
+        handle.seek(os.path.getsize(shard) // 2)
+        handle.write(bytes(4096))
+    lines = []
+    assert CheckpointDir(out).load_latest(say=lines.append).step == 2
+    assert "step_00000002, the newest intact checkpoint (skipped 1 newer: " in lines[0]
+    assert "step_00000004/rank_00001.safetensors: its SHA-256 differs from the manifest's" in lines[0]
+    records, _ = run_pipeline(ZERO1_PP2, STEPS, out_dir=out, start={"resume": True}, optimizer_sharding="zero1")
+    assert trajectory(records) == trajectory(uninterrupted)
 
 
 def _killed_renaming_the_manifest(rank: int, world_size: int, step_folder: str, *args):

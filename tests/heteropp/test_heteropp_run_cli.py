@@ -50,10 +50,10 @@ def test_h2_train_with_a_strategy_launches_the_pipeline_on_local_processes(tmp_p
         records = [json.loads(line) for line in handle]
     assert [r["step"] for r in records] == [1, 2]
     assert {"step", "loss", "lr", "tokens_per_s", "elapsed_s", "grad_norm"} <= set(records[0])
-    assert sorted(os.listdir(out)) == ["checkpoints", "metrics.jsonl",
+    assert sorted(os.listdir(out)) == [".h2.lock", "checkpoints", "metrics.jsonl",
                                        "stage_report.json"]  # only the last stage's first rank logs
     assert sorted(os.listdir(out / "checkpoints" / "step_00000002")) == [
-        "manifest.json", "rank_00000.pt", "rank_00001.pt"
+        "manifest.json", "rank_00000.safetensors", "rank_00001.safetensors"
     ]
 
 
