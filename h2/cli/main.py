@@ -71,6 +71,9 @@ def _train(args: argparse.Namespace) -> int:
     options = {name: value for name, value in values.items() if name in flags.field_names([TrainConfig])}
     config = TrainConfig(**options)
     out_dir = run.out or f"runs/{model_config.name}"
+    if config.init_from:  # a bad --init-from folder is refused before the output folder is created and locked
+        from h2.model.hf_weights import check_init_from
+        check_init_from(model_config, config.init_from)
     hold_output_folder(out_dir)
     trainer = Trainer(model_config, config, out_dir, resume=run.resume, overwrite=run.overwrite,
                       explicit=frozenset(options), show_progress=not run.quiet)
