@@ -54,6 +54,16 @@ def job_from_args(args: argparse.Namespace) -> dict:
     return values
 
 
+def _check_inputs(model_config, config: TrainConfig) -> None:
+    """What a single-device run reads besides its flags, checked before its output folder is created and
+    locked: the --init-from folder and the --log-to packages."""
+    from h2.model.hf_weights import check_init_from
+    from h2.train.loggers import check_available
+    if config.init_from:
+        check_init_from(model_config, config.init_from)
+    check_available(config.loggers)
+
+
 def _train(args: argparse.Namespace) -> int:
     values = job_from_args(args)
     run = flags.build(RunOptions, values)
@@ -71,9 +81,7 @@ def _train(args: argparse.Namespace) -> int:
     options = {name: value for name, value in values.items() if name in flags.field_names([TrainConfig])}
     config = TrainConfig(**options)
     out_dir = run.out or f"runs/{model_config.name}"
-    if config.init_from:  # a bad --init-from folder is refused before the output folder is created and locked
-        from h2.model.hf_weights import check_init_from
-        check_init_from(model_config, config.init_from)
+    _check_inputs(model_config, config)
     hold_output_folder(out_dir)
     trainer = Trainer(model_config, config, out_dir, resume=run.resume, overwrite=run.overwrite,
                       explicit=frozenset(options), show_progress=not run.quiet)
