@@ -9,10 +9,14 @@ detection can still ask the real CUDA runtime.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
+import torch._utils
+import torch.cuda.nccl
 
 from ditorch.device_args import DeviceTranslator
+from ditorch.multi_device import MultiDeviceCopies
 from ditorch.patches import Patches
 
 _ORIGINAL_IS_AVAILABLE = torch.cuda.is_available
@@ -67,6 +71,10 @@ DIRECT_NAMES = (
     "init",
     "get_arch_list",
 )
+
+# Modules holding torch._utils._get_available_device_type (by attribute or imported by name).
+USERS_OF_AVAILABLE_DEVICE_TYPE = ("torch._utils", "torch.nn.parallel.data_parallel",
+                                  "torch.distributed.checkpoint.filesystem")
 
 # Where each name takes a device (positionally, or as the keyword `device`): every form torch accepts
 # there ("cuda", "cuda:1", torch.device("cuda", 1), an int) is translated to the vendor's device.
@@ -217,6 +225,31 @@ class CudaSurface:
             self._replace(torch.cuda, name, replacement)
             self.mapped[f"torch.cuda.{name}"] = source
         self._map_amp()
+        self._map_available_device_type()
+        self._map_multi_device_copies()
+
+    def _map_available_device_type(self) -> None:
+        """torch's "which accelerator is there" (DataParallel, distributed checkpoint) answers the vendor's
+        device type: once torch.cuda.is_available() is mapped it would answer "cuda", whose devices are not
+        where the vendor's tensors live. Modules that imported the function by name are pointed too."""
+        device_type = self.device_type
+
+        def available_device_type() -> str:
+            return device_type
+
+        for module_name in USERS_OF_AVAILABLE_DEVICE_TYPE:
+            module = sys.modules.get(module_name)
+            if module is not None and hasattr(module, "_get_available_device_type"):
+                self._replace(module, "_get_available_device_type", available_device_type)
+        self.mapped["torch._utils._get_available_device_type"] = f"'{device_type}'"
+
+    def _map_multi_device_copies(self) -> None:
+        """nn.DataParallel's copies across devices (torch.nn.parallel.comm over torch._C) for the vendor's devices."""
+        for name, replacement in MultiDeviceCopies(self.device_type).primitives().items():
+            self._replace(torch._C, name, replacement)
+            self.mapped[f"torch._C.{name}"] = "ditorch.multi_device"
+        self._replace(torch.cuda.nccl, "is_available", lambda tensors: False)  # NCCL never holds the vendor's tensors
+        self.mapped["torch.cuda.nccl.is_available"] = "False"
 
     def _map_amp(self) -> None:
         device_type = self.device_type

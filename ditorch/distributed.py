@@ -20,6 +20,7 @@ from ditorch.patches import Patches
 from h2.core import devices
 
 HOST_STAGED_GLOO = "hostgloo"
+_ABSENT = object()
 
 
 def _completed_work(result):
@@ -124,6 +125,7 @@ class DistributedMapping:
         self.translate = device_translator
         self._patches = Patches()
         self.backend: str | None = None
+        self._replaced_default_backend: tuple[str, object] | None = None
 
     def map_backend(self, backend):
         """"nccl" -> the vendor's backend string; "cpu:gloo,cuda:nccl" -> the vendor's entry for cuda:nccl."""
@@ -143,6 +145,7 @@ class DistributedMapping:
         if self.adapter.name == "dipu":
             register_host_staged_gloo(self.adapter.device_type)
         self.backend = collective_backend_for(self.adapter)
+        self._answer_default_backend_for_device()
         mapping = self
 
         def wrap(name, translate_device_id):
@@ -188,6 +191,14 @@ class DistributedMapping:
         if self.adapter.name == "dipu":
             self._dtensor_random_as_on_a_cpu_mesh()
 
+    def _answer_default_backend_for_device(self) -> None:
+        """get_default_backend_for_device(device) names the backend that serves the vendor's device
+        (torch keeps the first backend registered for a device type, which may be a fallback)."""
+        backend_map = dist.Backend.default_device_backend_map
+        device_type = self.adapter.device_type
+        self._replaced_default_backend = (device_type, backend_map.get(device_type, _ABSENT))
+        backend_map[device_type] = device_collective_backend(self.adapter)
+
     def _dtensor_random_as_on_a_cpu_mesh(self) -> None:
         """DTensor's offset-based random tracker needs a Philox generator (seed + offset) and dipu's is
         the CPU's mt19937 (so that dipu draws what the CPU draws): on a dipu mesh, random DTensor ops run
@@ -206,3 +217,11 @@ class DistributedMapping:
 
     def undo(self) -> None:
         self._patches.undo()
+        if self._replaced_default_backend is not None:
+            device_type, original = self._replaced_default_backend
+            backend_map = dist.Backend.default_device_backend_map
+            if original is _ABSENT:
+                backend_map.pop(device_type, None)
+            else:
+                backend_map[device_type] = original
+            self._replaced_default_backend = None

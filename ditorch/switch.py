@@ -45,6 +45,10 @@ def _unmap() -> None:
 
 
 def _map_onto(adapter: VendorAdapter) -> None:
+    if adapter.name == "dipu":
+        from ditorch.dipu import _C, visible
+        if not _C._vendor_loaded():
+            visible.apply(cuda_mapped=True)  # CUDA_VISIBLE_DEVICES now speaks of dipu's devices
     STATE.surface = CudaSurface(adapter.name, adapter.device_type)
     STATE.surface.apply()
     STATE.device_args = DeviceArguments(adapter.device_type)

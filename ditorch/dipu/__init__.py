@@ -16,6 +16,7 @@ from ditorch.dipu import at_exit as _at_exit
 from ditorch.dipu import device as _device_module
 from ditorch.dipu import fallback as _fallback
 from ditorch.dipu import sharing as _sharing
+from ditorch.dipu import visible as _visible
 from ditorch.dipu.errors import DipuError, VendorNotFound
 from ditorch.dipu.fallback import (
     fallback_counts,
@@ -70,6 +71,7 @@ if not _C._vendor_loaded():
         use_vendor(os.environ.get("DIPU_VENDOR") or "host")
     except VendorNotFound as error:
         raise (VendorNotFound(f"DIPU_VENDOR: {error}") if os.environ.get("DIPU_VENDOR") else error) from None
+    _visible.apply(cuda_mapped=False)
 environment.switch("DIPU_LOG_FALLBACK")  # read by the C++ fallback; 0 or 1
 _fallback.check_operators(_fallback.operator_list(os.environ.get("DIPU_FORCE_FALLBACK_OPS", "")),
                           "DIPU_FORCE_FALLBACK_OPS")

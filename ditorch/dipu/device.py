@@ -1,6 +1,7 @@
 """The torch.dipu module: devices, streams, events, random state and memory of the dipu device,
 shaped like torch.cuda so that code written for one reads the same on the other."""
 import contextlib
+import uuid
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,12 @@ class device:
 
 @dataclass(frozen=True)
 class DeviceProperties:
+    """A dipu device's properties under the names torch.cuda's carry (so that DataParallel, the profiler
+    and libraries that read CUDA's properties read these), plus dipu's own (compute_units,
+    host_accessible, relative_speed). The vendor ABI reports name, total_memory, compute_units
+    (= multi_processor_count), host_accessible (= is_integrated: the device works in host memory),
+    relative_speed, major and minor; CUDA's remaining attributes have no ABI field yet and read as
+    UNREPORTED_BY_THE_VENDOR says (uuid is derived from the vendor, index and name)."""
     name: str
     total_memory: int
     compute_units: int
@@ -83,10 +90,59 @@ class DeviceProperties:
     relative_speed: float
     major: int
     minor: int
+    multi_processor_count: int
+    is_integrated: int
+    is_multi_gpu_board: int
+    uuid: str
+    warp_size: int
+    max_threads_per_block: int
+    max_threads_per_multi_processor: int
+    regs_per_multiprocessor: int
+    shared_memory_per_block: int
+    shared_memory_per_block_optin: int
+    shared_memory_per_multiprocessor: int
+    L2_cache_size: int
+    clock_rate: int
+    memory_clock_rate: int
+    memory_bus_width: int
+    pci_bus_id: int
+    pci_device_id: int
+    pci_domain_id: int
+    gcnArchName: str
+
+
+# CUDA's attributes the vendor ABI does not report: one thread per lane, no figure for the rest.
+UNREPORTED_BY_THE_VENDOR = {
+    "is_multi_gpu_board": 0,
+    "warp_size": 1,
+    "max_threads_per_block": 1,
+    "max_threads_per_multi_processor": 1,
+    "regs_per_multiprocessor": 0,
+    "shared_memory_per_block": 0,
+    "shared_memory_per_block_optin": 0,
+    "shared_memory_per_multiprocessor": 0,
+    "L2_cache_size": 0,
+    "clock_rate": 0,
+    "memory_clock_rate": 0,
+    "memory_bus_width": 0,
+    "pci_bus_id": 0,
+    "pci_device_id": 0,
+    "pci_domain_id": 0,
+    "gcnArchName": "",
+}
+
+
+def _device_uuid(index: int, name: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"dipu://{_C._vendor_name()}/{index}/{name}"))
 
 
 def get_device_properties(device=None) -> DeviceProperties:
-    return DeviceProperties(**_C._device_properties(_index(device)))
+    index = _index(device)
+    reported = dict(_C._device_properties(index))
+    reported.update(UNREPORTED_BY_THE_VENDOR)
+    reported.update(multi_processor_count=reported["compute_units"], is_integrated=int(reported["host_accessible"]),
+                    uuid=_device_uuid(index, reported["name"]))
+    return DeviceProperties(**reported)
 
 
 def get_device_name(device=None) -> str:
