@@ -94,6 +94,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_current_device", [] { return static_cast<int>(dipu::current_device()); });
   m.def("_set_device", [](int device) { dipu::set_device(static_cast<c10::DeviceIndex>(device)); });
   m.def("_synchronize", [](int device) { dipu::synchronize_device(static_cast<c10::DeviceIndex>(device)); });
+  m.def("_set_visible_devices", &dipu::set_visible_devices);
   m.def("_device_properties",
         [](int device) { return dipu::device_properties(static_cast<c10::DeviceIndex>(device)); });
   m.def("_host_accessible", &dipu::host_accessible);

@@ -9,6 +9,9 @@ namespace dipu {
 namespace {
 
 thread_local c10::DeviceIndex thread_device = 0;
+// Whether this thread has told the vendor its device: a vendor's current device starts at its own
+// device 0, which is not the process's device 0 when visible devices are mapped.
+thread_local bool thread_device_told = false;
 thread_local std::vector<c10::StreamId> thread_current_streams;
 
 std::mutex streams_mutex;
@@ -34,13 +37,17 @@ void check_device(c10::DeviceIndex device) {
               " does not exist (device count ", static_cast<int>(device_count()), ")");
 }
 
-c10::DeviceIndex current_device() { return thread_device; }
+c10::DeviceIndex current_device() {
+  if (!thread_device_told && vendor_loaded()) set_device(thread_device);
+  return thread_device;
+}
 
 void set_device(c10::DeviceIndex device) {
   check_device(device);
-  if (device == thread_device) return;
+  if (device == thread_device && thread_device_told) return;
   DIPU_CHECK(vendor().set_device(device));
   thread_device = device;
+  thread_device_told = true;
 }
 
 void synchronize_device(c10::DeviceIndex device) {

@@ -3,8 +3,11 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
+#include <vector>
 
 #include <c10/util/Exception.h>
 
@@ -28,6 +31,64 @@ void mark_forked_child() {
 }
 
 const bool fork_handler_installed = [] { return pthread_atfork(nullptr, nullptr, &mark_forked_child) == 0; }();
+
+// The visible-device map: the device-indexed calls of the ABI (count, set/get device, properties,
+// memory info) go through these, which translate the process's indices to the vendor's.
+std::optional<std::vector<int32_t>> visible;
+VendorApi vendor_own;  // the vendor's own device-indexed functions, called by the translations
+
+bool visible_index(int32_t device) { return device >= 0 && device < static_cast<int32_t>(visible->size()); }
+
+dipuError_t visible_device_count(int32_t* count) {
+  *count = static_cast<int32_t>(visible->size());
+  return dipuSuccess;
+}
+
+dipuError_t visible_set_device(int32_t device) {
+  return visible_index(device) ? vendor_own.set_device((*visible)[device]) : dipuErrorInvalidDevice;
+}
+
+dipuError_t visible_get_device(int32_t* device) {
+  int32_t own = 0;
+  dipuError_t status = vendor_own.get_device(&own);
+  if (status != dipuSuccess) return status;
+  auto found = std::find(visible->begin(), visible->end(), own);
+  if (found == visible->end()) return dipuErrorInvalidDevice;
+  *device = static_cast<int32_t>(found - visible->begin());
+  return dipuSuccess;
+}
+
+dipuError_t visible_device_properties(int32_t device, dipuDeviceProperties_t* properties) {
+  return visible_index(device) ? vendor_own.device_properties((*visible)[device], properties) : dipuErrorInvalidDevice;
+}
+
+dipuError_t visible_mem_get_info(int32_t device, size_t* free_bytes, size_t* total_bytes) {
+  return visible_index(device) ? vendor_own.mem_get_info((*visible)[device], free_bytes, total_bytes)
+                               : dipuErrorInvalidDevice;
+}
+
+void map_visible_devices() {
+  if (!visible) return;
+  int32_t count = 0;
+  TORCH_CHECK(api.device_count(&count) == dipuSuccess, "DIPU vendor ", api.vendor_name(),
+              " failed to start: ", api.last_error_message());
+  for (int32_t index : *visible) {
+    TORCH_CHECK(index < count, "visible device ", index, " does not exist (vendor ", api.vendor_name(), " has ", count,
+                " device(s))");
+  }
+  vendor_own = api;
+  api.device_count = &visible_device_count;
+  api.set_device = &visible_set_device;
+  api.get_device = &visible_get_device;
+  api.device_properties = &visible_device_properties;
+  api.mem_get_info = &visible_mem_get_info;
+  // The opening thread's vendor device becomes visible device 0 (other threads are told by the
+  // shim's set_device, or at their first current_device()).
+  if (!visible->empty()) {
+    TORCH_CHECK(vendor_own.set_device(visible->front()) == dipuSuccess, "DIPU vendor ", api.vendor_name(),
+                " cannot select device ", visible->front(), ": ", api.last_error_message());
+  }
+}
 
 template <typename Function>
 void bind(Function& slot, const char* name) {
@@ -71,6 +132,7 @@ void open_library() {
   bind(api.event_synchronize, "dipuEventSynchronize");
   bind(api.event_query, "dipuEventQuery");
   bind(api.event_elapsed_time, "dipuEventElapsedTime");
+  map_visible_devices();
   int32_t count = 0;
   dipuError_t status = api.device_count(&count);
   TORCH_CHECK(status == dipuSuccess, "DIPU vendor ", api.vendor_name(), " failed to start: ", api.last_error_message());
@@ -88,6 +150,13 @@ void set_vendor_path(const std::string& path) {
   TORCH_CHECK(!loaded.load() || path == chosen_path, "DIPU vendor ", chosen_path,
               " is already loaded; choose the vendor before the first use of the device");
   chosen_path = path;
+}
+
+void set_visible_devices(const std::vector<int32_t>& indices) {
+  std::lock_guard lock(vendor_mutex);
+  TORCH_CHECK(!loaded.load(), "DIPU vendor ", chosen_path,
+              " is already loaded; choose the visible devices before the first use of the device");
+  visible = indices;
 }
 
 const VendorApi& vendor() {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "vendor/dipu_vendor.h"
 
@@ -42,6 +43,10 @@ struct VendorApi {
 // Chooses the library the first use of the device will open (Python sets it at import from
 // DIPU_VENDOR). Fails once a vendor is loaded.
 void set_vendor_path(const std::string& path);
+// Which vendor devices the process sees, in order (visible device i is vendor device indices[i]);
+// Python sets it at import from DIPU_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES. Fails once a vendor is
+// loaded; an index the vendor lacks fails when it opens.
+void set_visible_devices(const std::vector<int32_t>& indices);
 // Opens the chosen library now if not done yet; returns its runtime API.
 const VendorApi& vendor();
 bool vendor_loaded();
