@@ -36,6 +36,9 @@ def _dipu_lines() -> list[str]:
         p = torch.dipu.get_device_properties(index)
         access = "host-accessible" if p.host_accessible else "not host-accessible"
         lines.append(f"  dipu:{index} {p.name}: {_gib(p.total_memory)}, {access}, relative speed {p.relative_speed:g}")
+        description = dipu.vendor.device_description(index)
+        if description:
+            lines.append(f"    {description}")
     return lines
 
 
