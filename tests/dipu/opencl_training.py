@@ -1,7 +1,8 @@
 """Training runs the OpenCL vendor's tests compare with the CPU: a TransformerEncoderLayer and the
 project's model (a preset of h2.model.Transformer), each trained with AdamW from the same seed on the
-same random batch. Run as a script in a process whose DIPU_VENDOR is opencl, it prints the losses of
-both devices and the operators that fell back to the CPU as JSON."""
+same random batch. Run as a script (`opencl_training.py encoder|tiny|small STEPS [LR]`) in a process
+whose DIPU_VENDOR is opencl, it prints the losses of both devices and the operators that fell back to the
+CPU as JSON."""
 from __future__ import annotations
 
 import json
@@ -53,10 +54,10 @@ def model_losses(device: str, steps: int, name: str, batch: int = 2, seq: int = 
     return losses
 
 
-def main(which: str, steps: int) -> None:
+def main(which: str, steps: int, lr: float = 1e-3) -> None:
     import ditorch.dipu as dipu
 
-    run = encoder_layer_losses if which == "encoder" else (lambda d, s: model_losses(d, s, which))
+    run = encoder_layer_losses if which == "encoder" else (lambda d, s: model_losses(d, s, which, lr=lr))
     cpu = run("cpu", steps)
     dipu.reset_fallback_counts()
     on_dipu = run("dipu", steps)
@@ -64,4 +65,4 @@ def main(which: str, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), *(float(lr) for lr in sys.argv[3:]))

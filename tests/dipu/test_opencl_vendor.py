@@ -166,3 +166,32 @@ def test_a_bad_device_setting_fails_the_first_use_of_the_device_in_a_script():
     assert script.stdout.startswith("DIPU vendor opencl failed to start: DIPU_OPENCL_DEVICE=nosuchdevice: no device "
                                     f"of OpenCL platform '{first_platform}' matches (devices: 0 '"), script.stdout
     assert script.stdout.count("\n") == 1
+
+
+def test_a_cuda_written_script_runs_on_opencl_after_import_ditorch():
+    result = run_opencl("""
+        import torch
+        import ditorch
+
+        def train(device):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            x, y = torch.randn(8, 16).to(device), torch.randint(0, 4, (8,)).to(device)
+            for _ in range(3):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            return loss.item(), str(x.device)
+
+        assert torch.cuda.is_available()
+        (on_cuda, where), (on_cpu, _) = train("cuda"), train("cpu")
+        torch.cuda.synchronize()
+        print(where, torch.cuda.get_device_name(0), abs(on_cuda - on_cpu) / on_cpu)
+    """)
+    where, rest = result.stdout.strip().split(" ", 1)
+    name, error = rest.rsplit(" ", 1)
+    clinfo = subprocess.run(["clinfo", "-l"], capture_output=True, text=True, check=True).stdout
+    assert where == "dipu:0" and name in clinfo
+    assert float(error) < 1e-5

@@ -224,16 +224,17 @@ void gemm(const Stream& stream, const Operand& out, const Operand& a, const Oper
   }
 }
 
+// The reduced dimensions, each once (a 0-dim input has none: dim 0 and -1 name the scalar itself).
 std::vector<int64_t> normalizedDims(diopiSize_t dim, size_t ndim) {
   std::vector<int64_t> dims;
-  if (dim.len <= 0) {
+  if (dim.len <= 0 || ndim == 0) {
     for (size_t i = 0; i < ndim; ++i) dims.push_back(static_cast<int64_t>(i));
     return dims;
   }
   for (int64_t i = 0; i < dim.len; ++i) {
     int64_t d = dim.data[i] < 0 ? dim.data[i] + static_cast<int64_t>(ndim) : dim.data[i];
-    if (d < 0 || d >= static_cast<int64_t>(std::max<size_t>(ndim, 1))) throw Decline("dimension out of range");
-    dims.push_back(d);
+    if (d < 0 || d >= static_cast<int64_t>(ndim)) throw Decline("dimension out of range");
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) dims.push_back(d);
   }
   return dims;
 }
