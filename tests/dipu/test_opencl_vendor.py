@@ -195,3 +195,16 @@ def test_a_cuda_written_script_runs_on_opencl_after_import_ditorch():
     clinfo = subprocess.run(["clinfo", "-l"], capture_output=True, text=True, check=True).stdout
     assert where == "dipu:0" and name in clinfo
     assert float(error) < 1e-5
+
+
+def test_conformance_of_the_opencl_kernels_against_the_cpu():
+    """`ditorch conformance --vendor opencl` over OpInfo samples of a few kernels (float32, which the
+    vendor implements; other dtypes fall back), including a 0-dim sum, which once crashed the vendor."""
+    ops = "sum,mean,_softmax,_log_softmax_backward_data,native_layer_norm,index_select,nll_loss_forward,gelu"
+    result = subprocess.run([
+        sys.executable, "-m", "h2.cli.ditorch", "conformance", "--vendor", "opencl", "--ops", ops, "--dtypes",
+        "float32", "--max-samples", "3"
+    ], capture_output=True, text=True, env={**os.environ, **OPENCL}, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "conformance of vendor opencl" in result.stdout
+    assert "summary: 8 passed, 0 failed of 8 table checks" in result.stdout, result.stdout

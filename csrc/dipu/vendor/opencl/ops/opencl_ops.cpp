@@ -2,8 +2,8 @@
 // of kernels.cl.inc. Float32 only (plus the index and mask dtypes the operators take): a call with
 // another dtype, more than 8 dimensions or a host operand that is not a scalar returns
 // diopiFallbackToCPU before anything is written, and the shim runs it on the CPU. Operators absent
-// here (attention, convolution, pooling, recurrent cells, batch and group norm, MSE, all, isneginf)
-// are not exported, so the shim's CPU fallback runs them too.
+// here (attention, convolution, pooling, recurrent cells, batch and group norm) are not exported, so
+// the shim's CPU fallback runs them too.
 #include <clblast.h>
 
 #include <algorithm>
@@ -67,7 +67,9 @@ enum Op {
   kAddcmul = 25,
   kAddcdiv = 26,
   kLerp = 27,
-  kDropoutBackward = 28
+  kDropoutBackward = 28,
+  kSquaredDifference = 29,
+  kMseBackward = 30
 };
 
 void requireFloat(const Operand& t) {
@@ -239,43 +241,51 @@ std::vector<int64_t> normalizedDims(diopiSize_t dim, size_t ndim) {
   return dims;
 }
 
+// How a reduction walks its input: the kept dimensions (with the input's and the output's strides)
+// and the reduced ones (with the input's strides).
+struct Reduction {
+  std::vector<int64_t> kept_shape, kept_in_strides, kept_out_strides, red_shape, red_strides;
+  int64_t count = 1;  // elements reduced into each output element
+};
+
+Reduction reductionOf(const Operand& input, const Operand& out, diopiSize_t dim, bool keepdim) {
+  std::vector<int64_t> dims = normalizedDims(dim, input.shape.size());
+  std::vector<bool> reduced(input.shape.size(), false);
+  for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
+  Reduction r;
+  size_t out_dim = 0;
+  int64_t kept = 1;
+  for (size_t d = 0; d < input.shape.size(); ++d) {
+    if (reduced[d]) {
+      r.red_shape.push_back(input.shape[d]);
+      r.red_strides.push_back(input.stride[d]);
+      r.count *= input.shape[d];
+      if (keepdim) ++out_dim;
+    } else {
+      if (out_dim >= out.shape.size()) throw Decline("unexpected output shape");
+      r.kept_shape.push_back(input.shape[d]);
+      r.kept_in_strides.push_back(input.stride[d]);
+      r.kept_out_strides.push_back(out.stride[out_dim]);
+      kept *= input.shape[d];
+      ++out_dim;
+    }
+  }
+  if (out.numel() != kept) throw Decline("unexpected output shape");
+  return r;
+}
+
 // out = sum (or mean) of input over `dim`.
 void reduce(diopiContextHandle_t ctx, diopiTensorHandle_t out_handle, diopiConstTensorHandle_t input_handle,
             diopiSize_t dim, bool keepdim, bool mean) {
   Stream stream = streamOf(ctx);
   Operand out = deviceFloat(out_handle), input = deviceFloat(input_handle);
-  std::vector<int64_t> dims = normalizedDims(dim, input.shape.size());
-  std::vector<bool> reduced(input.shape.size(), false);
-  for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
-  std::vector<int64_t> kept_shape, kept_in_strides, kept_out_strides, red_shape, red_strides;
-  size_t out_dim = 0;
-  int64_t count = 1;
-  for (size_t d = 0; d < input.shape.size(); ++d) {
-    if (reduced[d]) {
-      red_shape.push_back(input.shape[d]);
-      red_strides.push_back(input.stride[d]);
-      count *= input.shape[d];
-      if (keepdim) ++out_dim;
-    } else {
-      kept_shape.push_back(input.shape[d]);
-      kept_in_strides.push_back(input.stride[d]);
-      kept_out_strides.push_back(out.shape.empty() ? 0 : out.stride[out_dim]);
-      ++out_dim;
-    }
-  }
-  if (out.numel() != std::max<int64_t>(1, [&] {
-        int64_t c = 1;
-        for (int64_t e : kept_shape) c *= e;
-        return c;
-      }())) {
-    throw Decline("unexpected output shape");
-  }
-  float divisor = mean ? static_cast<float>(count) : 1.0f;
+  Reduction r = reductionOf(input, out, dim, keepdim);
+  float divisor = mean ? static_cast<float>(r.count) : 1.0f;
   cl_mem in_buffer = input.numel() ? input.buffer : placeholder(stream.device);
   launch(stream.device, stream.queue, "reduce_f32", static_cast<size_t>(out.numel()), cl_long{out.numel()},
-         cl_int(kept_shape.size()), pack(kept_shape), out.buffer, out.offset, pack(kept_out_strides), in_buffer,
-         input.offset, pack(kept_in_strides), cl_int(red_shape.size()), pack(red_shape), pack(red_strides),
-         cl_long{input.numel() ? count : 0}, cl_float(divisor));
+         cl_int(r.kept_shape.size()), pack(r.kept_shape), out.buffer, out.offset, pack(r.kept_out_strides), in_buffer,
+         input.offset, pack(r.kept_in_strides), cl_int(r.red_shape.size()), pack(r.red_shape), pack(r.red_strides),
+         cl_long{input.numel() ? r.count : 0}, cl_float(divisor));
 }
 
 // Softmax family: mode 0 softmax, 1 log_softmax, 2 and 3 their backward (x: the forward's output).
@@ -797,6 +807,82 @@ diopiError_t diopiLayerNormBackward(diopiContextHandle_t ctx, diopiTensorHandle_
              cl_long{n}, gw.buffer ? gw.buffer : none, gw.offset, gb.buffer ? gb.buffer : none, gb.offset, cl_int(want),
              god.buffer(), god.offset(), xd.buffer(), xd.offset(), md.buffer(), md.offset(), rd.buffer(), rd.offset());
     }
+  });
+}
+
+// ---- Losses and checks beyond the training step ----
+
+diopiError_t diopiMSELoss(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                          diopiConstTensorHandle_t target, int64_t reduction) {
+  return run([&] {
+    Stream stream = streamOf(ctx);
+    Operand o = deviceFloat(out), x = deviceFloat(input), y = deviceFloat(target);
+    if (x.shape != y.shape) throw Decline("mse_loss of broadcast operands");
+    if (reduction == 0) {
+      elementwise(ctx, out, kSquaredDifference, {input, target}, nullptr, 0.0);
+      return;
+    }
+    // The squared differences into a scratch buffer, then summed (and divided for the mean).
+    Scratch scratch(stream, static_cast<size_t>(x.numel()) * sizeof(float));
+    Operand squares = x;
+    squares.buffer = scratch.buffer();
+    squares.offset = 0;
+    squares.stride = contiguousStrides(x.shape);
+    cl_mem none = placeholder(stream.device);
+    std::vector<int64_t> x_strides = broadcastStrides(x, x.shape), y_strides = broadcastStrides(y, x.shape);
+    std::vector<int64_t> zeros(x.shape.size(), 0);
+    launch(stream.device, stream.queue, "ew_f32", static_cast<size_t>(x.numel()), cl_int(kSquaredDifference),
+           cl_long{x.numel()}, cl_int(x.shape.size()), pack(x.shape), squares.buffer, cl_long{0}, pack(squares.stride),
+           x.numel() ? x.buffer : none, x.offset, pack(x_strides), y.numel() ? y.buffer : none, y.offset,
+           pack(y_strides), none, cl_long{0}, pack(zeros), none, cl_long{0}, pack(zeros), cl_int(3), cl_int(0),
+           cl_float(0), cl_float(0), cl_float(0), cl_float(0));
+    std::vector<int64_t> all_shape{x.numel()}, all_stride{1}, empty;
+    float divisor = reduction == 1 ? static_cast<float>(x.numel()) : 1.0f;
+    launch(stream.device, stream.queue, "reduce_f32", size_t{1}, cl_long{1}, cl_int(0), pack(empty), o.buffer, o.offset,
+           pack(empty), squares.buffer, cl_long{0}, pack(empty), cl_int(1), pack(all_shape), pack(all_stride),
+           cl_long{x.numel()}, cl_float(divisor));
+  });
+}
+
+diopiError_t diopiMSELossBackward(diopiContextHandle_t ctx, diopiTensorHandle_t grad_input,
+                                  diopiConstTensorHandle_t grad_output, diopiConstTensorHandle_t input,
+                                  diopiConstTensorHandle_t target, int64_t reduction) {
+  return run([&] {
+    Operand x = deviceFloat(input);
+    double scale = reduction == 1 ? 2.0 / static_cast<double>(std::max<int64_t>(x.numel(), 1)) : 2.0;
+    elementwise(ctx, grad_input, kMseBackward, {input, target, grad_output}, nullptr, scale);
+  });
+}
+
+diopiError_t diopiAll(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input,
+                      diopiSize_t dim, bool keepdim) {
+  return run([&] {
+    Stream stream = streamOf(ctx);
+    Operand o = operand(out), x = operand(input);
+    if (o.host_scalar || x.host_scalar || o.dtype != diopi_dtype_bool ||
+        (x.dtype != diopi_dtype_bool && x.dtype != diopi_dtype_uint8)) {
+      throw Decline("all of a non-bool tensor");
+    }
+    Reduction r = reductionOf(x, o, dim, keepdim);
+    if (o.numel() == 0) return;
+    cl_mem in_buffer = x.numel() ? x.buffer : placeholder(stream.device);
+    launch(stream.device, stream.queue, "all_u8", static_cast<size_t>(o.numel()), cl_long{o.numel()},
+           cl_int(r.kept_shape.size()), pack(r.kept_shape), o.buffer, o.offset, pack(r.kept_out_strides), in_buffer,
+           x.offset, pack(r.kept_in_strides), cl_int(r.red_shape.size()), pack(r.red_shape), pack(r.red_strides),
+           cl_long{x.numel() ? r.count : 0});
+  });
+}
+
+diopiError_t diopiIsNegInf(diopiContextHandle_t ctx, diopiTensorHandle_t out, diopiConstTensorHandle_t input) {
+  return run([&] {
+    Stream stream = streamOf(ctx);
+    Operand o = operand(out), x = deviceFloat(input);
+    if (o.host_scalar || o.dtype != diopi_dtype_bool) throw Decline("isneginf output");
+    std::vector<int64_t> strides = broadcastStrides(x, o.shape);
+    if (o.numel() == 0) return;
+    launch(stream.device, stream.queue, "isneginf_f32", static_cast<size_t>(o.numel()), cl_long{o.numel()},
+           cl_int(o.shape.size()), pack(o.shape), o.buffer, o.offset, pack(o.stride), x.buffer, x.offset,
+           pack(strides));
   });
 }
 
