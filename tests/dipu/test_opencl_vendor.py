@@ -206,5 +206,26 @@ def test_conformance_of_the_opencl_kernels_against_the_cpu():
         "float32", "--max-samples", "3"
     ], capture_output=True, text=True, env={**os.environ, **OPENCL}, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "conformance of vendor opencl" in result.stdout
+    assert "conformance of vendor opencl against the CPU" in result.stdout
+    assert "tolerances (torch.testing.assert_close per dtype): float32 rtol 1.3e-06 atol 1e-05" in result.stdout
     assert "summary: 8 passed, 0 failed of 8 table checks" in result.stdout, result.stdout
+
+
+def test_two_devices_are_two_contexts_with_copies_between_them():
+    """pocl's POCL_DEVICES gives the platform two CPU devices: dipu:0 and dipu:1, one context each, a copy
+    between them through the host, kernels on the second; DIPU_OPENCL_DEVICE=1 keeps only the second."""
+    two = {"POCL_DEVICES": "pthread pthread"}
+    result = run_opencl(
+        """
+        import torch, ditorch.dipu
+        a = torch.randn(4, 5)
+        x = a.to("dipu:0")
+        y = x.to("dipu:1")
+        with torch.dipu.device(1):
+            z = torch.ones(3, device="dipu") * 2
+        print(torch.dipu.device_count(), y.device, torch.equal(y.cpu(), a), torch.equal((y @ y.t()).cpu(),
+              (x @ x.t()).cpu()), z.device, torch.equal(z.cpu(), torch.full((3,), 2.0)))
+    """, **two)
+    assert result.stdout.split() == ["2", "dipu:1", "True", "True", "dipu:1", "True"], result.stdout
+    second = run_opencl("import torch, ditorch.dipu; print(torch.dipu.device_count())", DIPU_OPENCL_DEVICE="1", **two)
+    assert second.stdout.strip() == "1"

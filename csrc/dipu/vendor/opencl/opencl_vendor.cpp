@@ -87,7 +87,8 @@ dipuError_t enqueueCopy(cl_command_queue queue, void* dst, const void* src, size
         status = clEnqueueReadBuffer(runtime.device(from.device).queue, from.buffer, CL_TRUE, from.offset, size,
                                      staged.data(), 0, nullptr, nullptr);
         if (status == CL_SUCCESS) {
-          status = clEnqueueWriteBuffer(queue, to.buffer, CL_TRUE, to.offset, size, staged.data(), 0, nullptr, nullptr);
+          status = clEnqueueWriteBuffer(runtime.device(to.device).queue, to.buffer, CL_TRUE, to.offset, size,
+                                        staged.data(), 0, nullptr, nullptr);
         }
         break;
       }
@@ -240,6 +241,9 @@ dipuError_t dipuMemcpy(void* dst, const void* src, size_t size, dipuMemcpyKind_t
   const void* on_device = kind == dipuMemcpyHostToDevice ? dst : src;
   if (size > 0 && runtime.locate(on_device, size, &where)) device = where.device;
   if (cl_int status = runtime.finishDevice(device); status != CL_SUCCESS) return failCl("clFinish", status);
+  if (kind == dipuMemcpyDeviceToDevice && size > 0 && runtime.locate(dst, size, &where) && where.device != device) {
+    if (cl_int status = runtime.finishDevice(where.device); status != CL_SUCCESS) return failCl("clFinish", status);
+  }
   return enqueueCopy(runtime.device(device).queue, dst, src, size, kind, /*blocking=*/true);
 }
 
