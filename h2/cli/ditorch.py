@@ -151,7 +151,6 @@ def command_conformance(args) -> int:
     profile = f" (profile {conformance.profile_name()})" if dipu.vendor_name() == "host" else ""
     print(f"conformance of vendor {dipu.vendor_name()}{profile} against the CPU: "
           f"{len(checks)} checks, up to {args.max_samples} samples per dtype")
-    print(f"tolerances (torch.testing.assert_close per dtype): {_tolerances(dtypes)}")
     results = conformance.run_isolated(checks, dtypes, args.max_samples, progress=_conformance_progress,
                                        timeout=args.check_timeout)
     return _report_conformance(args, results, degradation, dipu.vendor_name(), conformance.profile_name())
@@ -171,6 +170,8 @@ def _tolerances(dtypes) -> str:
 
 def _report_conformance(args, results, degradation, vendor: str, profile: str) -> int:
     from ditorch.dipu import conformance
+
+    print(f"tolerances (torch.testing.assert_close per dtype): {_tolerances(conformance.DEFAULT_DTYPES)}")
 
     for result in results:
         if result.check.aten or result.status != "pass" or args.verbose:

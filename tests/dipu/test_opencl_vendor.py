@@ -93,6 +93,14 @@ def test_copies_views_casts_and_memory_statistics_round_trip():
         event = stream.record_event()
         torch.dipu.current_stream().wait_event(event)
         checks["stream"] = torch.equal(doubled.cpu(), a * 2)
+        start, end = torch.dipu.Event(enable_timing=True), torch.dipu.Event(enable_timing=True)
+        start.record()
+        (d @ d.t()).sum()
+        end.record()
+        end.synchronize()
+        checks["elapsed_time"] = end.query() and start.elapsed_time(end) >= 0
+        torch.dipu.synchronize()
+        checks["idle_stream_query"] = torch.dipu.current_stream().query() and stream.query()
         before = torch.dipu.memory_allocated()
         block = torch.empty(2**20, device="dipu")
         checks["allocated"] = torch.dipu.memory_allocated() - before == 4 * 2**20

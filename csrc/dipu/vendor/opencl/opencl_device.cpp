@@ -300,6 +300,28 @@ void Runtime::addStream(dipuStream_t stream) {
 void Runtime::removeStream(dipuStream_t stream) {
   std::lock_guard lock(mutex_);
   streams_.erase(stream);
+  auto last = last_command_.find(stream->queue);
+  if (last != last_command_.end()) {
+    clReleaseEvent(last->second);
+    last_command_.erase(last);
+  }
+}
+
+void Runtime::noteCommand(cl_command_queue queue, cl_event event) {
+  if (event == nullptr) return;
+  std::lock_guard lock(mutex_);
+  cl_event& last = last_command_[queue];
+  if (last != nullptr) clReleaseEvent(last);
+  last = event;
+}
+
+bool Runtime::queueIdle(cl_command_queue queue) const {
+  std::lock_guard lock(mutex_);
+  auto last = last_command_.find(queue);
+  if (last == last_command_.end()) return true;
+  cl_int state = CL_QUEUED;
+  clGetEventInfo(last->second, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(state), &state, nullptr);
+  return state == CL_COMPLETE || state < 0;
 }
 
 cl_int Runtime::finishDevice(int32_t device) const {

@@ -83,6 +83,10 @@ class Runtime {
   void addStream(dipuStream_t stream);
   void removeStream(dipuStream_t stream);
   cl_int finishDevice(int32_t device) const;
+  // The last command enqueued on `queue` (the caller's reference passes to the runtime), so that
+  // queueIdle can tell an idle queue from a busy one (OpenCL has no query for a queue).
+  void noteCommand(cl_command_queue queue, cl_event event);
+  bool queueIdle(cl_command_queue queue) const;
   cl_command_queue queueOf(int32_t device, dipuStream_t stream) const;
 
  private:
@@ -102,6 +106,7 @@ class Runtime {
   std::map<uintptr_t, size_t> free_ranges_;  // fake address ranges not handed out (start -> size)
   std::vector<uint64_t> used_;
   std::set<dipuStream_t> streams_;
+  std::map<cl_command_queue, cl_event> last_command_;
   uintptr_t reserved_base_ = 0;
   size_t reserved_size_ = 0;
 };

@@ -65,18 +65,19 @@ dipuError_t enqueueCopy(cl_command_queue queue, void* dst, const void* src, size
   if (size == 0) return dipuSuccess;
   Location from, to;
   cl_int status = CL_SUCCESS;
+  cl_event done = nullptr;
   switch (kind) {
     case dipuMemcpyHostToDevice:
       if (auto error = locate(dst, size, "memcpy destination", &to)) return error;
       blocking = blocking || !isPinned(src);
       status = clEnqueueWriteBuffer(queue, to.buffer, blocking ? CL_TRUE : CL_FALSE, to.offset, size, src, 0, nullptr,
-                                    nullptr);
+                                    &done);
       break;
     case dipuMemcpyDeviceToHost:
       if (auto error = locate(src, size, "memcpy source", &from)) return error;
       blocking = blocking || !isPinned(dst);
       status = clEnqueueReadBuffer(queue, from.buffer, blocking ? CL_TRUE : CL_FALSE, from.offset, size, dst, 0,
-                                   nullptr, nullptr);
+                                   nullptr, &done);
       break;
     case dipuMemcpyDeviceToDevice:
       if (auto error = locate(src, size, "memcpy source", &from)) return error;
@@ -92,11 +93,12 @@ dipuError_t enqueueCopy(cl_command_queue queue, void* dst, const void* src, size
         }
         break;
       }
-      status = clEnqueueCopyBuffer(queue, from.buffer, to.buffer, from.offset, to.offset, size, 0, nullptr, nullptr);
+      status = clEnqueueCopyBuffer(queue, from.buffer, to.buffer, from.offset, to.offset, size, 0, nullptr, &done);
       if (status == CL_SUCCESS && blocking) status = clFinish(queue);
       break;
     default: return fail(dipuErrorInvalidValue, "unknown memcpy kind");
   }
+  Runtime::instance().noteCommand(queue, done);
   return status == CL_SUCCESS ? dipuSuccess : failCl("memcpy", status);
 }
 
@@ -285,14 +287,8 @@ dipuError_t dipuStreamQuery(dipuStream_t stream) {
   if (auto error = ready()) return error;
   int32_t device = stream != nullptr ? stream->device : currentDevice();
   cl_command_queue queue = Runtime::instance().queueOf(device, stream);
-  cl_event marker = nullptr;
-  cl_int status = clEnqueueMarkerWithWaitList(queue, 0, nullptr, &marker);
-  if (status != CL_SUCCESS) return failCl("clEnqueueMarkerWithWaitList", status);
   clFlush(queue);
-  cl_int state = CL_QUEUED;
-  clGetEventInfo(marker, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(state), &state, nullptr);
-  clReleaseEvent(marker);
-  return state == CL_COMPLETE ? dipuSuccess : dipuErrorNotReady;
+  return Runtime::instance().queueIdle(queue) ? dipuSuccess : dipuErrorNotReady;
 }
 
 dipuError_t dipuStreamWaitEvent(dipuStream_t stream, dipuEvent_t event) {
@@ -303,7 +299,10 @@ dipuError_t dipuStreamWaitEvent(dipuStream_t stream, dipuEvent_t event) {
   if (event->device != device) {  // another context: the host waits
     status = clWaitForEvents(1, &event->event);
   } else {
-    status = clEnqueueBarrierWithWaitList(Runtime::instance().queueOf(device, stream), 1, &event->event, nullptr);
+    cl_command_queue queue = Runtime::instance().queueOf(device, stream);
+    cl_event barrier = nullptr;
+    status = clEnqueueBarrierWithWaitList(queue, 1, &event->event, &barrier);
+    Runtime::instance().noteCommand(queue, barrier);
   }
   return status == CL_SUCCESS ? dipuSuccess : failCl("stream wait", status);
 }

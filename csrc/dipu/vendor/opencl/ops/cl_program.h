@@ -45,7 +45,9 @@ void launch(int32_t device, cl_command_queue queue, const char* name, size_t ite
   cl_uint index = 0;
   (setArg(k, index++, args), ...);
   size_t global = items;
-  checkCl(clEnqueueNDRangeKernel(queue, k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr), name);
+  cl_event done = nullptr;
+  checkCl(clEnqueueNDRangeKernel(queue, k, 1, nullptr, &global, nullptr, 0, nullptr, &done), name);
+  Runtime::instance().noteCommand(queue, done);
 }
 
 }  // namespace dipu::opencl

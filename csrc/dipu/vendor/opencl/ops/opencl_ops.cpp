@@ -198,11 +198,13 @@ void gemm(const Stream& stream, const Operand& out, const Operand& a, const Oper
   if (out.numel() == 0) return;
   if (beta == 0.0f) {
     cl_float zero = 0.0f;
+    cl_event filled = nullptr;
     size_t bytes = static_cast<size_t>(out.numel()) * sizeof(float);
     if (!out.contiguous()) throw Decline("strided output");
     checkCl(clEnqueueFillBuffer(stream.queue, out.buffer, &zero, sizeof(zero), static_cast<size_t>(out.offset) * 4,
-                                bytes, 0, nullptr, nullptr),
+                                bytes, 0, nullptr, &filled),
             "clEnqueueFillBuffer");
+    Runtime::instance().noteCommand(stream.queue, filled);
   }
   if (k == 0) return;
   bool dense_a = !readableAsMatrix(a), dense_b = !readableAsMatrix(b);
@@ -211,19 +213,21 @@ void gemm(const Stream& stream, const Operand& out, const Operand& a, const Oper
   size_t ldc = n == 2 ? static_cast<size_t>(std::max<int64_t>(out.stride[0], static_cast<int64_t>(cols)))
                       : static_cast<size_t>(std::max<int64_t>(out.stride[1], static_cast<int64_t>(cols)));
   cl_command_queue queue = stream.queue;
+  cl_event done = nullptr;
   if (n == 2) {
     checkBlas(clblast::Gemm<float>(clblast::Layout::kRowMajor, ma.transpose, mb.transpose, m, cols, k, alpha, ma.buffer,
                                    ma.offset, ma.ld, mb.buffer, mb.offset, mb.ld, beta, out.buffer,
-                                   static_cast<size_t>(out.offset), ldc, &queue, nullptr),
+                                   static_cast<size_t>(out.offset), ldc, &queue, &done),
               "Gemm");
   } else {
     checkBlas(clblast::GemmStridedBatched<float>(
                   clblast::Layout::kRowMajor, ma.transpose, mb.transpose, m, cols, k, alpha, ma.buffer, ma.offset,
                   ma.ld, ma.batch_stride, mb.buffer, mb.offset, mb.ld, mb.batch_stride, beta, out.buffer,
                   static_cast<size_t>(out.offset), ldc, static_cast<size_t>(out.stride[0]),
-                  static_cast<size_t>(out.shape[0]), &queue, nullptr),
+                  static_cast<size_t>(out.shape[0]), &queue, &done),
               "GemmStridedBatched");
   }
+  Runtime::instance().noteCommand(queue, done);
 }
 
 // The reduced dimensions, each once (a 0-dim input has none: dim 0 and -1 name the scalar itself).
@@ -489,9 +493,11 @@ diopiError_t diopiFill(diopiContextHandle_t ctx, diopiTensorHandle_t input, cons
       default: throw Decline("fill of this dtype");
     }
     size_t item = itemSize(t.dtype);
+    cl_event filled = nullptr;
     checkCl(clEnqueueFillBuffer(stream.queue, t.buffer, &pattern, item, static_cast<size_t>(t.offset) * item,
-                                static_cast<size_t>(t.numel()) * item, 0, nullptr, nullptr),
+                                static_cast<size_t>(t.numel()) * item, 0, nullptr, &filled),
             "clEnqueueFillBuffer");
+    Runtime::instance().noteCommand(stream.queue, filled);
   });
 }
 
