@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from test_opencl_vendor import warm_opencl_caches  # noqa: F401  (compiles the kernels outside the timed tests)
+
 HERE = Path(__file__).resolve().parent
 ATTENTION = {
     "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
