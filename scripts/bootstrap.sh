@@ -34,7 +34,7 @@ if [ "${#missing_packages[@]}" -gt 0 ]; then
          "the ibverbs transport is not compiled and the pyverbs cross-check is skipped;" \
          "without libssl-dev DiComm does not build, without libgtest-dev scripts/test.sh cannot build its C++ unit tests," \
          "without clang-format scripts/lint.sh does not check csrc/," \
-         "without the OpenCL packages the OpenCL vendor is not built"
+         "without the OpenCL packages the build stops unless H2_WITHOUT_OPENCL=1 (then without the OpenCL vendor)"
   fi
 fi
 

@@ -1,4 +1,5 @@
 """Choosing the vendor library: by name (libdipu_vendor_<name>.so next to the shim) or by path."""
+import ctypes
 import os
 from pathlib import Path
 
@@ -40,3 +41,16 @@ def use_vendor(name_or_path: str) -> None:
 def vendor_name() -> str:
     """The loaded vendor's own name (opens the vendor if needed)."""
     return _C._vendor_name()
+
+
+def device_description(index: int) -> str | None:
+    """The vendor's one-line description of device `index` (platform, device, driver), or None when
+    the vendor does not describe its devices (the optional dipuGetDeviceDescription)."""
+    library = ctypes.CDLL(_C._vendor_path())
+    describe = getattr(library, "dipuGetDeviceDescription", None)
+    if describe is None:
+        return None
+    text = ctypes.create_string_buffer(512)
+    if describe(ctypes.c_int32(index), text, ctypes.c_size_t(len(text))) != 0:
+        return None
+    return text.value.decode(errors="replace")

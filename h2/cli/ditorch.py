@@ -36,6 +36,9 @@ def _dipu_lines() -> list[str]:
         p = torch.dipu.get_device_properties(index)
         access = "host-accessible" if p.host_accessible else "not host-accessible"
         lines.append(f"  dipu:{index} {p.name}: {_gib(p.total_memory)}, {access}, relative speed {p.relative_speed:g}")
+        description = dipu.vendor.device_description(index)
+        if description:
+            lines.append(f"    {description}")
     return lines
 
 
@@ -145,15 +148,30 @@ def command_conformance(args) -> int:
         raise UserError(f"no {where} matches {', '.join(sorted(wanted))}")
     degradation = conformance.profile_degradation() if dipu.vendor_name() == "host" else conformance.Degradation()
 
-    print(f"conformance of vendor {dipu.vendor_name()} (profile {conformance.profile_name()}) against the CPU: "
+    profile = f" (profile {conformance.profile_name()})" if dipu.vendor_name() == "host" else ""
+    print(f"conformance of vendor {dipu.vendor_name()}{profile} against the CPU: "
           f"{len(checks)} checks, up to {args.max_samples} samples per dtype")
     results = conformance.run_isolated(checks, dtypes, args.max_samples, progress=_conformance_progress,
                                        timeout=args.check_timeout)
     return _report_conformance(args, results, degradation, dipu.vendor_name(), conformance.profile_name())
 
 
+def _tolerances(dtypes) -> str:
+    """The rtol/atol torch.testing.assert_close applies to each floating dtype (exact for the others)."""
+    from torch.testing._comparison import default_tolerances
+
+    parts = []
+    for dtype in dtypes:
+        rtol, atol = default_tolerances(dtype)
+        parts.append(f"{str(dtype).removeprefix('torch.')} " +
+                     (f"rtol {rtol:g} atol {atol:g}" if rtol or atol else "exact"))
+    return "; ".join(parts)
+
+
 def _report_conformance(args, results, degradation, vendor: str, profile: str) -> int:
     from ditorch.dipu import conformance
+
+    print(f"tolerances (torch.testing.assert_close per dtype): {_tolerances(conformance.DEFAULT_DTYPES)}")
 
     for result in results:
         if result.check.aten or result.status != "pass" or args.verbose:

@@ -171,10 +171,11 @@ def test_cli_usage_errors_are_one_line_with_exit_status_2(args, message, capsys)
     assert err.count("\n") == 1 and err.startswith(message), err
 
 
-@pytest.mark.parametrize("args, message", [(["conformance", "--vendor", "nosuch"
-                                             ], "ditorch: error: no DIPU vendor named 'nosuch' (installed: host)"),
-                                           (["info"], "dipu: not loadable (DIPU vendor host failed to start: "
-                                            "DIPU_HOST_PROFILE: no built-in profile named 'nosuch'")])
+@pytest.mark.parametrize("args, message", [
+    (["conformance", "--vendor", "nosuch"], "ditorch: error: no DIPU vendor named 'nosuch' (installed: host, opencl)"),
+    (["info"], "dipu: not loadable (DIPU vendor host failed to start: "
+     "DIPU_HOST_PROFILE: no built-in profile named 'nosuch'")
+])
 def test_vendor_and_profile_problems_are_reported_in_one_line(args, message):
     result = ditorch(*args, DIPU_HOST_PROFILE="nosuch")
     assert "Traceback" not in result.stderr

@@ -77,4 +77,4 @@ def test_a_bad_setting_is_one_line_and_exit_2_for_a_command(cli, tmp_path):
     result = cli("h2.cli.main", "train", "--device", "dipu", "--steps", "1", "--out", str(tmp_path / "run"),
                  env={"DIPU_VENDOR": "nosuch"})
     assert result.returncode == 2
-    assert result.stderr.strip() == "h2: error: DIPU_VENDOR: no DIPU vendor named 'nosuch' (installed: host)"
+    assert result.stderr.strip() == "h2: error: DIPU_VENDOR: no DIPU vendor named 'nosuch' (installed: host, opencl)"

@@ -104,6 +104,10 @@ typedef struct {
 } dipuPacingStats_t;
 dipuError_t dipuGetPacingStats(dipuPacingStats_t* stats);
 
+/* Optional, looked up by name like dipuGetPacingStats: one line saying what the device is beyond its
+ * properties (for OpenCL: platform, device, driver), written into text[size]. */
+dipuError_t dipuGetDeviceDescription(int32_t device, char* text, size_t size);
+
 #ifdef __cplusplus
 }
 #endif
