@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.devices import resolve_device
-from h2.core.emulation import check_core_share, host_cores
+from h2.core.emulation import UNTRUSTED_FRACTION, check_core_share, host_cores
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from heteroauto.profile_cache import ProfileTarget, cached_profiles, save_profiles, to_measure
@@ -27,7 +27,7 @@ class MeasureOptions:
     device: str = "cpu"
     repeats: int = 5
     attempts: int = 2
-    max_late: float = 0.1
+    max_late: float = UNTRUSTED_FRACTION
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -36,6 +36,21 @@ class MeasureOptions:
             raise UserError("--attempts: must be at least 1")
         if not 0 <= self.max_late:
             raise UserError(f"--max-late: must be a fraction >= 0, got {self.max_late}")
+
+
+class UntrustedProfile(UserError):
+    """A measured profile the host's load decided (more than UNTRUSTED_FRACTION of its emulated kernel time
+    late), refused unless forced: one line, exit 2 like every refusal."""
+
+
+def refuse_untrusted_profiles(profiles: dict[str, Profile]) -> None:
+    """One line naming the first INVALID profile (nothing is written then)."""
+    for name, profile in profiles.items():
+        if not profile.trusted:
+            raise UntrustedProfile(
+                f"INVALID profile of chip '{name}' not written: {profile.late_fraction:.1%} of its emulated kernel "
+                f"time ran late (the host's load, not the chip; limit {UNTRUSTED_FRACTION:.0%}); measure on a "
+                f"quieter host, or --force to write it marked untrusted")
 
 
 @dataclass(frozen=True)
@@ -94,10 +109,12 @@ def _measured(cluster: ClusterSpec, targets: list[ProfileTarget], model: ModelCo
 
 
 def profile_chips(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, targets: list[ProfileTarget],
-                  options: MeasureOptions = MeasureOptions(), *, force: bool = False,
-                  synthesise: bool = False) -> ProfiledChips:
+                  options: MeasureOptions = MeasureOptions(), *, force: bool = False, synthesise: bool = False,
+                  refuse_untrusted: bool = True) -> ProfiledChips:
     """The profile of every target, written to its file unless read from it: synthesised, or reused from
-    the cache where up to date (unless `force`) and measured for the rest."""
+    the cache where up to date and trusted (unless `force`) and measured for the rest. A measured profile
+    that is INVALID (h2.core.emulation.measurement_trust) is refused, nothing written, unless `force` or
+    not `refuse_untrusted` (then it is written with `trusted: false`, and measured again next time)."""
     if synthesise:
         profiles = {target.chip.name: synthesise_profile(target.chip, model, training) for target in targets}
         how = dict.fromkeys(profiles, "synthesised")
@@ -105,6 +122,8 @@ def profile_chips(cluster: ClusterSpec, model: ModelConfig, training: TrainingSp
         _check_host_can_measure(cluster, targets, options)
         cached = {} if force else cached_profiles(targets, cluster, model, training)
         measured = _measured(cluster, to_measure(targets, cached), model, training, options)
+        if refuse_untrusted and not force:
+            refuse_untrusted_profiles(measured)
         profiles = {**cached, **measured}
         how = {**dict.fromkeys(cached, "cached"), **dict.fromkeys(measured, "measured")}
     save_profiles(targets, profiles, skip={name for name, state in how.items() if state == "cached"})
