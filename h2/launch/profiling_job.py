@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.devices import resolve_device
-from h2.core.emulation import UNTRUSTED_FRACTION, check_core_share, host_cores
+from h2.core.emulation import UNTRUSTED_FRACTION, check_core_share, host_cores, measurement_trust
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from heteroauto.profile_cache import ProfileTarget, cached_profiles, save_profiles, to_measure
@@ -28,6 +28,7 @@ class MeasureOptions:
     repeats: int = 5
     attempts: int = 2
     max_late: float = UNTRUSTED_FRACTION
+    refuse_invalid: bool = False  # stop at the first INVALID measurement (UntrustedProfile)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -43,14 +44,14 @@ class UntrustedProfile(UserError):
     late), refused unless forced: one line, exit 2 like every refusal."""
 
 
-def refuse_untrusted_profiles(profiles: dict[str, Profile]) -> None:
-    """One line naming the first INVALID profile (nothing is written then)."""
-    for name, profile in profiles.items():
-        if not profile.trusted:
-            raise UntrustedProfile(
-                f"INVALID profile of chip '{name}' not written: {profile.late_fraction:.1%} of its emulated kernel "
-                f"time ran late (the host's load, not the chip; limit {UNTRUSTED_FRACTION:.0%}); measure on a "
-                f"quieter host, or --force to write it marked untrusted")
+def refuse_if_invalid(chip: str, tp: int, late_fraction: float) -> None:
+    """One line when the measurement of `chip` at `tp` kept is INVALID: refused as soon as it is taken, so a
+    busy host costs one measurement, and no profile is written."""
+    if not measurement_trust(late_fraction, 1.0).trusted:
+        raise UntrustedProfile(
+            f"INVALID profile of chip '{chip}' not written: {late_fraction:.1%} of its emulated kernel time at tp "
+            f"{tp} ran late (the host's load, not the chip; limit {UNTRUSTED_FRACTION:.0%}); measure on a quieter "
+            f"host, or --force to write it marked untrusted")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ def measure(cluster: ClusterSpec, targets: list[ProfileTarget], model: ModelConf
                            dtype=dtype, device=options.device, repeats=options.repeats, directory=directory,
                            cluster=cluster))
         measurement = min(attempts, key=lambda attempt: attempt.late_fraction)
+        if options.refuse_invalid:
+            refuse_if_invalid(chip.name, tp, measurement.late_fraction)
         measured.setdefault(chip.name, []).append(dataclasses.asdict(measurement))
         bar.update(done, chip=f"{chip.name} tp {tp}")
     return measured
@@ -112,18 +115,18 @@ def profile_chips(cluster: ClusterSpec, model: ModelConfig, training: TrainingSp
                   options: MeasureOptions = MeasureOptions(), *, force: bool = False, synthesise: bool = False,
                   refuse_untrusted: bool = True) -> ProfiledChips:
     """The profile of every target, written to its file unless read from it: synthesised, or reused from
-    the cache where up to date and trusted (unless `force`) and measured for the rest. A measured profile
-    that is INVALID (h2.core.emulation.measurement_trust) is refused, nothing written, unless `force` or
-    not `refuse_untrusted` (then it is written with `trusted: false`, and measured again next time)."""
+    the cache where up to date (unless `force`) and measured for the rest. With `refuse_untrusted` (heteroauto
+    profile) a measurement that is INVALID (h2.core.emulation.measurement_trust) is refused at once, nothing
+    written, unless `force` (then the profile is written with `trusted: false`), and a cached profile marked
+    so is measured again; without it (h2 run, h2 profile) such a profile is written and reused, marked."""
     if synthesise:
         profiles = {target.chip.name: synthesise_profile(target.chip, model, training) for target in targets}
         how = dict.fromkeys(profiles, "synthesised")
     else:
         _check_host_can_measure(cluster, targets, options)
-        cached = {} if force else cached_profiles(targets, cluster, model, training)
+        cached = {} if force else cached_profiles(targets, cluster, model, training, trusted_only=refuse_untrusted)
+        options = dataclasses.replace(options, refuse_invalid=refuse_untrusted and not force)
         measured = _measured(cluster, to_measure(targets, cached), model, training, options)
-        if refuse_untrusted and not force:
-            refuse_untrusted_profiles(measured)
         profiles = {**cached, **measured}
         how = {**dict.fromkeys(cached, "cached"), **dict.fromkeys(measured, "measured")}
     save_profiles(targets, profiles, skip={name for name, state in how.items() if state == "cached"})

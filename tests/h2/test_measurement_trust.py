@@ -73,13 +73,14 @@ def profile(tmp_path, *extra: str) -> int:
 
 
 def test_an_invalid_profile_is_refused_in_one_line_exit_2_and_nothing_is_written(tmp_path, monkeypatch, capsys):
-    fake_measurements(monkeypatch, late=0.2)
+    calls = fake_measurements(monkeypatch, late=0.2)
     assert profile(tmp_path) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "heteroauto: error: INVALID profile of chip 'emu-small' not written: 20.0% of its emulated kernel time ran "
-        "late (the host's load, not the chip; limit 5%); measure on a quieter host, or --force to write it marked "
-        "untrusted")
+        "heteroauto: error: INVALID profile of chip 'emu-small' not written: 20.0% of its emulated kernel time at tp "
+        "1 ran late (the host's load, not the chip; limit 5%); measure on a quieter host, or --force to write it "
+        "marked untrusted")
     assert not (tmp_path / "emu-small.yaml").exists()
+    assert calls == [1, 1]  # refused at the first TP size (taken again once, as --attempts 2 says), not tp 2
 
 
 def test_forced_an_invalid_profile_is_written_marked_untrusted_and_measured_again_next_time(
@@ -88,7 +89,7 @@ def test_forced_an_invalid_profile_is_written_marked_untrusted_and_measured_agai
     assert profile(tmp_path, "--force") == 0
     written = yaml.safe_load((tmp_path / "emu-small.yaml").read_text())
     assert written["trusted"] is False and written["late_fraction"] == pytest.approx(0.2)
-    assert "UNTRUSTED (written with --force): 20.0% of its emulated kernel time ran late" in capsys.readouterr().out
+    assert "UNTRUSTED: 20.0% of its emulated kernel time ran late" in capsys.readouterr().out
     calls = fake_measurements(monkeypatch, late=0.01)
     assert profile(tmp_path) == 0 and calls  # the untrusted file is not reused from the cache
     assert "trusted" not in yaml.safe_load((tmp_path / "emu-small.yaml").read_text())
