@@ -68,7 +68,8 @@ def profile(cluster: str, folder: str, *extra: str) -> dict[str, MeasurementTrus
     ], cwd=REPO_ROOT, text=True, stderr=subprocess.PIPE)
     sys.stderr.write(run.stderr)
     if run.returncode == 2 and "INVALID" in run.stderr:
-        print(f"INVALID: the profiles cannot be trusted: {run.stderr.strip().splitlines()[-1]}")
+        refusal = run.stderr.strip().splitlines()[-1].removeprefix("heteroauto: error: ")
+        print(f"INVALID: the profile step refused its measurement (exit 2): {refusal}")
         print(f"after: {load()}")
         sys.exit(EXIT_INVALID)
     if run.returncode != 0:

@@ -130,3 +130,21 @@ def test_the_benchmarks_print_invalid_instead_of_pass_and_exit_3(capsys):
         "PASS planned step within 15% of the simulator (1.0%)", "FAIL planned at least 1.3x faster"
     ]
     assert verdicts(checks[:1], on_time) == 0
+
+
+def test_a_benchmark_whose_profile_step_refuses_its_measurement_prints_invalid_and_exits_3(monkeypatch, capsys):
+    import subprocess
+
+    import bench_closed_loop
+
+    refusal = ("heteroauto: error: INVALID profile of chip 'emu-fast' not written: 822.0% of its emulated kernel "
+               "time at tp 1 ran late (the host's load, not the chip; limit 5%); measure on a quieter host, or "
+               "--force to write it marked untrusted\n")
+    monkeypatch.setattr(bench_closed_loop.subprocess, "run",
+                        lambda command, **_: subprocess.CompletedProcess(command, 2, stderr=refusal))
+    with pytest.raises(SystemExit) as ended:
+        bench_closed_loop.profile("cluster.yaml", "profiles")
+    assert ended.value.code == 3
+    out = capsys.readouterr().out
+    assert out.startswith("INVALID: the profile step refused its measurement (exit 2): INVALID profile of chip "
+                          "'emu-fast' not written: 822.0%") and "PASS" not in out
