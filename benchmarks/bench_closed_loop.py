@@ -19,6 +19,12 @@ chips that did the predicted work means the host did not feed them), the measure
 plan over the uniform split, and the machine's load before and after (uptime). The figures are the emulated chips'; the
 acceptance targets it checks: within 15 % of the simulator, within 20 % of the cost model, memory
 within 15 %, speed-up >= 1.3 (each line says PASS or FAIL).
+
+Only a trustworthy measurement gets a PASS or FAIL (h2.core.emulation.measurement_trust): when a profile
+or a training run had more than 5 % of its emulated kernel time late (the host's load decided it, not the
+emulated chips), every target line says INVALID instead, with the measurement that was, and the benchmark
+exits 3. Exit status: 0 every target PASS, 1 a FAIL, 3 INVALID (the profile step refusing its measurement
+included), anything else a command that failed.
 """
 
 from __future__ import annotations
@@ -32,8 +38,11 @@ import sys
 
 import yaml
 
+from h2.core.emulation import MeasurementTrust, measurement_trust, stage_report_trust
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = {"simulator": 0.15, "cost model": 0.20, "memory": 0.15, "speed-up": 1.3}
+EXIT_FAIL, EXIT_INVALID = 1, 3
 
 
 def load() -> str:
@@ -49,6 +58,48 @@ def command(*args: str, capture: bool = True) -> str:
         sys.exit(f"bench_closed_loop: `{' '.join(args)}` failed (exit {run.returncode}):\n"
                  f"{(run.stderr or '')[-3000:]}")
     return run.stdout or ""
+
+
+def profile(cluster: str, folder: str, *extra: str) -> dict[str, MeasurementTrust]:
+    """`heteroauto profile` into `folder`; the trust of each chip's profile there. A profile step that
+    refuses its measurement (INVALID, exit 2) ends the benchmark: INVALID, exit 3."""
+    run = subprocess.run([
+        sys.executable, "-m", "h2.cli.heteroauto", "profile", "--cluster", cluster, "--out-dir", folder, *extra
+    ], cwd=REPO_ROOT, text=True, stderr=subprocess.PIPE)
+    sys.stderr.write(run.stderr)
+    if run.returncode == 2 and "INVALID" in run.stderr:
+        refusal = run.stderr.strip().splitlines()[-1].removeprefix("heteroauto: error: ")
+        print(f"INVALID: the profile step refused its measurement (exit 2): {refusal}")
+        print(f"after: {load()}")
+        sys.exit(EXIT_INVALID)
+    if run.returncode != 0:
+        sys.exit(f"bench_closed_loop: `heteroauto profile` failed (exit {run.returncode})")
+    return profile_trust(folder)
+
+
+def profile_trust(folder: str) -> dict[str, MeasurementTrust]:
+    """Each profile's verdict (a profile written with --force on a busy host says `trusted: false`)."""
+    trust = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".yaml"):
+            with open(os.path.join(folder, name)) as handle:
+                data = yaml.safe_load(handle) or {}
+            late = float(data.get("late_fraction", 0.0)) if data.get("trusted") is False else 0.0
+            trust[f"profile {name[:-len('.yaml')]}"] = measurement_trust(late, 1.0)
+    return trust
+
+
+def verdicts(checks: list[tuple[bool, str]], trust: dict[str, MeasurementTrust]) -> int:
+    """Each target's line: PASS or FAIL when every measurement is trusted, else INVALID (and which one was
+    not); the exit status."""
+    invalid = {name: measured for name, measured in trust.items() if not measured.trusted}
+    for name, measured in invalid.items():
+        print(f"INVALID measurement, {name}: {measured.describe()}")
+    for ok, line in checks:
+        print(f"{'INVALID' if invalid else verdict(ok)} {line}")
+    if invalid:
+        return EXIT_INVALID
+    return 0 if all(ok for ok, _ in checks) else EXIT_FAIL
 
 
 def uniform_split(strategy: dict) -> dict:
@@ -122,8 +173,7 @@ def main() -> int:
     os.makedirs(out, exist_ok=True)
     print(f"closed loop on {args.cluster} (emulated chips); before: {load()}", flush=True)
 
-    command("h2.cli.heteroauto", "profile", "--cluster", args.cluster, "--out-dir", profiles,
-            *(["--force"] if args.force_profile else []), capture=False)
+    trust = profile(args.cluster, profiles, *(["--force"] if args.force_profile else []))
     plan_path, uniform_path = os.path.join(out, "planned.yaml"), os.path.join(out, "uniform.yaml")
     searched = json.loads(
         command("h2.cli.heteroauto", "search", "--cluster", args.cluster, "--profiles", profiles, "--out", plan_path,
@@ -180,16 +230,20 @@ def main() -> int:
     sim_error = abs(plan["measured"]["step_s"] / plan["predicted"]["iteration_s"] - 1)
     cost_error = abs(plan["measured"]["step_s"] / plan["predicted"]["cost_model_iteration_s"] - 1)
     memory_error = max(abs(r - 1) for r in memory_ratios)
-    print(f"{verdict(sim_error <= TARGETS['simulator'])} planned step within {TARGETS['simulator']:.0%} of the "
-          f"simulator ({sim_error:.1%})")
-    print(f"{verdict(cost_error <= TARGETS['cost model'])} planned step within {TARGETS['cost model']:.0%} of the "
-          f"cost model ({cost_error:.1%})")
-    print(f"{verdict(memory_error <= TARGETS['memory'])} every stage's peak memory within {TARGETS['memory']:.0%} of "
-          f"the memory model (worst {memory_error:.1%})")
-    print(f"{verdict(speedup >= TARGETS['speed-up'])} planned at least {TARGETS['speed-up']}x faster than the uniform "
-          f"split ({speedup:.2f}x)")
+    for name, result in results.items():
+        trust[f"{name} run"] = stage_report_trust(result["measured"]["stages"])
+    status = verdicts([
+        (sim_error
+         <= TARGETS['simulator'], f"planned step within {TARGETS['simulator']:.0%} of the simulator ({sim_error:.1%})"),
+        (cost_error <= TARGETS['cost model'],
+         f"planned step within {TARGETS['cost model']:.0%} of the cost model ({cost_error:.1%})"),
+        (memory_error <= TARGETS['memory'],
+         f"every stage's peak memory within {TARGETS['memory']:.0%} of the memory model (worst {memory_error:.1%})"),
+        (speedup >= TARGETS['speed-up'],
+         f"planned at least {TARGETS['speed-up']}x faster than the uniform split ({speedup:.2f}x)"),
+    ], trust)
     print(f"after: {after}")
-    return 0
+    return status
 
 
 if __name__ == "__main__":

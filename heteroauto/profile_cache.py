@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
-from h2.core.emulation import describe_chip
+from h2.core.emulation import UNTRUSTED_FRACTION, describe_chip
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from heteroauto.profiles import Profile, load_profile, profile_fingerprint, save_profile
@@ -61,22 +61,24 @@ def profile_targets(cluster: ClusterSpec, folder: str, chip: str | None = None,
     return targets
 
 
-def cached_profile(target: ProfileTarget, cluster: ClusterSpec, model: ModelConfig,
-                   training: TrainingSpec) -> Profile | None:
-    """The profile in the target's file if it was measured for exactly this chip entry, model and shape."""
+def cached_profile(target: ProfileTarget, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
+                   trusted_only: bool = False) -> Profile | None:
+    """The profile in the target's file if it was measured for exactly this chip entry, model and shape
+    (and, with `trusted_only`, trusted: a profile written with `trusted: false` is measured again)."""
     if not os.path.exists(target.path):
         return None
     try:
         profile = load_profile(target.path)
     except UserError:
         return None
-    return profile if profile.fingerprint == profile_fingerprint(cluster, target.chip, model, training) else None
+    up_to_date = profile.fingerprint == profile_fingerprint(cluster, target.chip, model, training)
+    return profile if up_to_date and (profile.trusted or not trusted_only) else None
 
 
-def cached_profiles(targets: list[ProfileTarget], cluster: ClusterSpec, model: ModelConfig,
-                    training: TrainingSpec) -> dict[str, Profile]:
-    """The up-to-date cached profile of each target that has one, by chip name."""
-    found = {target.chip.name: cached_profile(target, cluster, model, training) for target in targets}
+def cached_profiles(targets: list[ProfileTarget], cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
+                    trusted_only: bool = False) -> dict[str, Profile]:
+    """The up-to-date cached profile of each target that has one, by chip name (`trusted_only`: cached_profile)."""
+    found = {target.chip.name: cached_profile(target, cluster, model, training, trusted_only) for target in targets}
     return {name: profile for name, profile in found.items() if profile is not None}
 
 
@@ -100,6 +102,9 @@ def profile_report(profile: Profile, target: ProfileTarget, how: str) -> str:
     where = describe_chip(target.chip) + (f", device {profile.device}" if profile.device else "")
     state = f"up to date in {target.path}" if how == "cached" else f"wrote {target.path}"
     lines = [f"profile of chip {where}: {profile.source}, {state}"]
+    if not profile.trusted:
+        lines.append(f"  UNTRUSTED: {profile.late_fraction:.1%} of its emulated kernel time ran late, more than "
+                     f"{UNTRUSTED_FRACTION:.0%}: it follows the host's load, not the chip")
     lines += [f"  {line}" for line in (profile.assumptions[-1:] if profile.source == "measured" else ())]
     formula = {entry.tp: entry for entry in profile.formula_layers}
     header = f"{'tp':>3} {'fwd ms':>9} {'bwd ms':>9} {'recomp ms':>9} {'act MB':>8} {'act MB rc':>9}"

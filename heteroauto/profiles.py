@@ -15,6 +15,7 @@ import yaml
 
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.emulation import measurement_trust
 from h2.core.errors import UserError
 from h2.core.links import Link, Location, link_between
 from h2.core.model_config import ModelConfig
@@ -70,6 +71,10 @@ class Profile:
     # measurement (compute / tp + the TP all-reduces over the chip's intra-node link), for comparison.
     formula_layers: list[LayerProfile] = field(default_factory=list)
     fingerprint: str | None = None  # what it was measured for (profile_fingerprint); None: not cached
+    # False: measured while the host made more than h2.core.emulation.UNTRUSTED_FRACTION of its emulated
+    # kernel time late (written only by `heteroauto profile --force`; never reused from the cache).
+    trusted: bool = True
+    late_fraction: float = 0.0  # an untrusted profile's: the largest late fraction of its measurements
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_tp", {entry.tp: entry for entry in self.layers})
@@ -95,6 +100,7 @@ class Profile:
             "stage_ends"
         ]
         keys += [key for key in ("formula_layers", "fingerprint") if data[key]]
+        keys += [] if self.trusted else ["trusted", "late_fraction"]
         return {key: data[key] for key in keys}
 
 
@@ -326,7 +332,8 @@ def measured_profile(cluster: ClusterSpec, chip: ChipType, model: ModelConfig, t
         f"ring all-reduce of the gradient over {chip.inter_node_gbps:g} GB/s inter-node, not overlapped",
         f"late kernels: {late:.2%} of the emulated kernel time at worst (the host's load)",
     ]
-    return Profile(chip=chip.name, model=model.name, seq_len=training.seq_len,
-                   micro_batch_size=training.micro_batch_size, layers=layers, update=update, source="measured",
-                   device="dipu (emulated)" if chip.emulation else device, assumptions=assumptions, stage_ends=ends,
-                   formula_layers=formula, fingerprint=profile_fingerprint(cluster, chip, model, training))
+    return Profile(
+        chip=chip.name, model=model.name, seq_len=training.seq_len, micro_batch_size=training.micro_batch_size,
+        layers=layers, update=update, source="measured", device="dipu (emulated)" if chip.emulation else device,
+        assumptions=assumptions, stage_ends=ends, formula_layers=formula, fingerprint=profile_fingerprint(
+            cluster, chip, model, training), trusted=measurement_trust(late, 1.0).trusted, late_fraction=late)

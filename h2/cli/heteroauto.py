@@ -17,8 +17,10 @@ rank, ministages, ZeRO-2, offload; its flags are one argument group of `search`,
 a Zorse strategy with the same simulator. `profile` measures by running the runtime's stage code on TP
 ranks of each chip (heteropp.profiling; an emulated chip on its emulated dipu device) and writes one
 profile file per chip type into the profile folder (default profiles/<cluster name>/), reusing a file
-measured for the same chip entry, model and micro-batch shape unless --force; `search` and `simulate`
-read that folder with --profiles.
+measured for the same chip entry, model and micro-batch shape unless --force; a profile measured while the
+host made more than 5 % of its emulated kernel time late (h2.core.emulation.UNTRUSTED_FRACTION) is INVALID:
+refused in one line, exit 2, nothing written, unless --force (then written marked `trusted: false`, and
+measured again next time); `search` and `simulate` read that folder with --profiles.
 
 The command parses, loads the cluster file once, calls the planner's functions (heteroauto.problem,
 heteroauto.planning, heteroauto.profile_cache, heteroauto.predicted_trace) and the profiling job
@@ -35,6 +37,7 @@ import sys
 import time
 
 from h2.core.cluster import ClusterSpec, load_cluster, parse_count
+from h2.core.emulation import UNTRUSTED_FRACTION
 from h2.core.errors import ArgumentParser, UserError, run_cli
 from h2.core.model_config import ModelConfig
 from h2.core.strategy import Strategy, load_strategy
@@ -163,11 +166,14 @@ def _parser() -> argparse.ArgumentParser:
     profile_cmd.add_argument("--repeats", type=int, default=5, help="timed rounds per measurement (median)")
     profile_cmd.add_argument("--out-dir", metavar="DIR", help="profile folder (default profiles/<cluster name>)")
     profile_cmd.add_argument("--out", metavar="FILE", help="with --chip: write this file instead of DIR/<chip>.yaml")
-    profile_cmd.add_argument("--force", action="store_true", help="measure again even where a profile is up to date")
     profile_cmd.add_argument(
-        "--max-late", type=float, default=0.1, metavar="FRACTION",
+        "--force", action="store_true", help="measure again even where a profile is up to date, and write a "
+        f"profile measured with more than {UNTRUSTED_FRACTION:.0%} of its emulated kernel time late (refused "
+        "otherwise, exit 2) marked 'trusted: false'")
+    profile_cmd.add_argument(
+        "--max-late", type=float, default=UNTRUSTED_FRACTION, metavar="FRACTION",
         help="measure a TP size again when more than this fraction of its emulated kernel time "
-        "was late (the host's load, not the chip); default 0.1")
+        f"was late (the host's load, not the chip); default {UNTRUSTED_FRACTION:g}")
     profile_cmd.add_argument("--attempts", type=int, default=2,
                              help="measurements of one TP size at most; the least late is kept (default 2)")
     return parser

@@ -160,11 +160,12 @@ def _write_json(path: str, data: dict) -> None:
 # ---- profile ----------------------------------------------------------------------------------------
 def profile(args, cluster: ClusterSpec, model: ModelConfig) -> str:
     """Measure the chip types without an up-to-date profile in the cache (as heteroauto profile does),
-    print each chip type's profile; the folder."""
+    print each chip type's profile (an INVALID one is kept, marked untrusted in its report: the run's
+    `h2 check` verdict covers it); the folder."""
     folder = profile_folder(args, cluster, model)
     training = planning_problem(cluster, model).training
     targets = profile_targets(cluster, folder)
-    profiled = profile_chips(cluster, model, training, targets, force=args.force_profile)
+    profiled = profile_chips(cluster, model, training, targets, force=args.force_profile, refuse_untrusted=False)
     for target in targets:
         name = target.chip.name
         print(profile_report(profiled.profiles[name], target, profiled.how[name]))
@@ -260,6 +261,16 @@ def write_traces(folder: str, plan: PlannedStrategy) -> None:
 
 
 # ---- check ------------------------------------------------------------------------------------------
+def measurement_verdict(stage_report: list[dict]) -> dict:
+    """Prints whether the run's step times and memory can be trusted (h2.core.emulation's verdict on its
+    late kernel time: INVALID past 5 %); the verdict for summary.json."""
+    from h2.core.emulation import stage_report_trust
+
+    trust = stage_report_trust(stage_report)
+    print(f"measurement {trust.describe()}")
+    return {"trusted": trust.trusted, "late_fraction": trust.fraction}
+
+
 def measured_step_s(records: list[dict]) -> tuple[float, str]:
     """The median step time leaving out the first steps (start-up: allocation, first receives) when
     there are enough; and which steps it covers."""
@@ -310,6 +321,7 @@ def check(out: str, reference=None, threshold: float | None = None) -> int:
             print(f"stage {model_row['stage']} ({model_row['chip']}): peak memory {shown} vs predicted "
                   f"{model_row['memory_bytes'] / MB:.2f} MB of {model_row['capacity_bytes'] / MB:.2f} MB{late}")
         summary["memory"] = rows
+        summary["measurement"] = measurement_verdict(_read_json(stage_report))
     status = 0
     if reference is not None:
         from ditorch.precision.plot import plot_loss_diff

@@ -24,12 +24,21 @@ of a chip without emulation runs at host speed and counts 1). The cost: an emula
 fraction of a host core, so a run of N ranks on C cores is about N / (CORE_SHARE_LIMIT x C) times
 slower than the host could go. `check_core_share` refuses a job that breaks the rule, in one line.
 
+**INVALID measurements.** The rule is checked before a job starts; what the host really gave is measured
+while it runs: the time its kernels ran late (the host vendor's pacing counters, stage_report.json's
+`overrun_s` over `emulated_s`) and the time paced steps overran their target (h2.train.pacing). A
+measurement whose late or overrun time exceeds UNTRUSTED_FRACTION (5 %) of its measured time depends on
+the host's load, not on the emulated chips: `measurement_trust` is the one verdict every reader of such
+a measurement uses (the closed-loop benchmarks print INVALID and exit 3 instead of PASS/FAIL,
+`heteroauto profile` refuses to write the profile unless --force, `h2 check` marks the run INVALID).
+
 Pure Python; imports h2.core.errors and chip_type (and, for types, cluster and strategy: never the reverse).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from h2.core.chip_type import ChipEmulation, ChipType
@@ -40,16 +49,57 @@ if TYPE_CHECKING:
     from h2.core.strategy import Strategy
 
 __all__ = [
-    "CORE_SHARE_LIMIT", "EMULATED_DEVICE", "ChipEmulation", "busy_host_warning", "check_core_share", "core_share",
-    "describe_chip", "emulated_stage_devices", "host_cores", "host_vendor_settings", "host_work_warning", "rank_chips",
+    "CORE_SHARE_LIMIT", "UNTRUSTED_FRACTION", "MeasurementTrust", "measurement_trust", "stage_report_trust",
+    "EMULATED_DEVICE", "ChipEmulation", "busy_host_warning", "check_core_share", "core_share", "describe_chip",
+    "emulated_stage_devices", "host_cores", "host_vendor_settings", "host_work_warning", "rank_chips",
     "rank_wait_environment"
 ]
 
 CORE_SHARE_LIMIT = 0.5
+# A measurement is INVALID when the time the host made late (late kernel time, pacing overruns) is more
+# than this fraction of the time measured (emulated kernel time, paced step time): the one threshold.
+UNTRUSTED_FRACTION = 0.05
 # Mantissa bits a precision keeps in matmul outputs (fp32 keeps all 23: no rounding).
 MANTISSA_BITS = {"fp32": 23, "tf32": 10, "bf16": 7}
 MATMUL_KERNELS = ("diopiMm", "diopiBmm", "diopiAddmm")
 EMULATED_DEVICE = "dipu"
+
+
+@dataclass(frozen=True)
+class MeasurementTrust:
+    """How much of a measurement the host's load decided: `late_s` of its `measured_s` (`what` names the
+    measured time, e.g. 'emulated kernel time')."""
+    late_s: float
+    measured_s: float
+    what: str
+
+    @property
+    def fraction(self) -> float:
+        return self.late_s / self.measured_s if self.measured_s > 0 else 0.0
+
+    @property
+    def trusted(self) -> bool:
+        return self.fraction <= UNTRUSTED_FRACTION
+
+    def describe(self) -> str:
+        """'trusted: 0.4% of the emulated kernel time late (limit 5%)' or 'INVALID: ...'."""
+        verdict = "trusted" if self.trusted else "INVALID"
+        reason = "" if self.trusted else ": it measured the host's load, not the emulated chips"
+        return (
+            f"{verdict}: {self.fraction:.1%} of the {self.what} late ({self.late_s:.3f} of {self.measured_s:.3f} s; "
+            f"limit {UNTRUSTED_FRACTION:.0%}){reason}")
+
+
+def measurement_trust(late_s: float, measured_s: float, what: str = "emulated kernel time") -> MeasurementTrust:
+    """The verdict on a measurement of which the host made `late_s` of `measured_s` seconds late."""
+    return MeasurementTrust(float(late_s), float(measured_s), what)
+
+
+def stage_report_trust(rows: list[dict]) -> MeasurementTrust:
+    """The verdict on a run from its stage report (stage_report.json): late kernel time over emulated
+    kernel time, summed over its stages (a run without emulated kernels is trusted)."""
+    return measurement_trust(sum(row.get("overrun_s") or 0.0 for row in rows),
+                             sum(row.get("emulated_s") or 0.0 for row in rows))
 
 
 def describe_chip(chip: ChipType) -> str:

@@ -27,10 +27,11 @@ from h2.core.links import Location, link_between, nodes_of, rank_locations
 from h2.core.strategy import Strategy
 from h2.launch import netns
 from h2.launch.contract import FAILURES_PREFIX, KERNEL_SHAPED_ENV, job_finished, rank_names
+from h2.launch.exit_watch import ExitWatch, Stall
 
 RENDEZVOUS_PORT = 29500
 _STOP_GRACE_S = 10.0
-EXIT_GRACE_S = 15.0  # how long ranks may take to exit once one of them has finished
+EXIT_STALL_S = 300.0  # a finished job's process without progress for this long is hung (the job passes --rank-timeout)
 
 
 def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts: int = 0, node: int = 0) -> list[str]:
@@ -49,13 +50,14 @@ def rank_command(nproc: int, job_path: str, rendezvous: list[str], max_restarts:
 
 
 def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str,
-           hosts: tuple[int, str] | None = None, max_restarts: int = 0) -> int:
+           hosts: tuple[int, str] | None = None, max_restarts: int = 0, stall_s: float = EXIT_STALL_S) -> int:
     """Runs the job's ranks until they finish; returns the exit status (the first failure's). With
     `hosts` = (N, HOST:PORT) this host runs 1/N of the ranks and meets the other hosts' torchruns at
     that rendezvous endpoint (torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT).
     torchrun restarts every rank up to `max_restarts` times after one fails. A rank that died by a
-    signal is named in one line (h2.launch.agent's failures)."""
-    status = _launch(strategy, cluster, job_path, source, hosts, max_restarts)
+    signal is named in one line (h2.launch.agent's failures). `stall_s`: the exit watch's timeout (the job's
+    --rank-timeout; run_until_ranks_exit)."""
+    status = _launch(strategy, cluster, job_path, source, hosts, max_restarts, stall_s)
     if status != 0:
         report_rank_deaths(strategy, os.path.dirname(job_path))
     return status
@@ -97,7 +99,7 @@ def _signal_name(signum: int) -> str:
 
 
 def _launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, source: str, hosts: tuple[int, str] | None,
-            max_restarts: int) -> int:
+            max_restarts: int, stall_s: float) -> int:
     if hosts is not None and hosts[0] > 1:
         count, endpoint = hosts
         if strategy.world_size % count:
@@ -111,13 +113,13 @@ def _launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sour
     nodes = nodes_of(rank_locations(strategy, cluster, source)) if cluster is not None else []
     standalone = rank_command(strategy.world_size, job_path, ["--standalone"], max_restarts)
     if len(nodes) <= 1:
-        return run_until_ranks_exit(standalone, strategy, os.path.dirname(job_path))
+        return run_until_ranks_exit(standalone, strategy, os.path.dirname(job_path), stall_s)
     missing = netns.missing_requirements()
     if missing:
         print(
             f"h2: {len(nodes)} emulated nodes on loopback, not network namespaces ({'; '.join(missing)}): "
             f"links paced by the pacing layers only", flush=True)
-        return run_until_ranks_exit(standalone, strategy, os.path.dirname(job_path))
+        return run_until_ranks_exit(standalone, strategy, os.path.dirname(job_path), stall_s)
     locations = [location for location, _ in nodes]
 
     def bandwidth(i: int, j: int) -> float:
@@ -131,42 +133,47 @@ def _launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sour
         return _run_nodes(emulated, [ranks for _, ranks in nodes], job_path, max_restarts)
 
 
-def run_until_ranks_exit(command: list[str], strategy: Strategy, job_folder: str,
-                         exit_grace_s: float = EXIT_GRACE_S) -> int:
+def run_until_ranks_exit(command: list[str], strategy: Strategy, job_folder: str, stall_s: float = EXIT_STALL_S) -> int:
     """Runs torchrun's `command` until it ends; returns its status. Once a rank has passed the final
-    barrier (its mark in `job_folder`), every rank has done its work: a rank still running
-    `exit_grace_s` later (stopped or hung while exiting, which torchrun would wait for forever) is
-    killed with one line naming it, and the status is 1."""
+    barrier (its mark in `job_folder`), every rank has done its work and the exit watch (h2.launch.exit_watch)
+    follows the processes still running by their progress: one whose CPU time has not moved for `stall_s`
+    seconds (stopped, or hung while exiting: torchrun would wait for it forever) is named in one line and
+    killed with the job, and the status is 1. Processes that progress are waited for, however busy the host."""
     process = subprocess.Popen(command)
-    finished_at = None
+    watch = None
     while True:
         try:
             return process.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
             pass
-        if finished_at is None:
+        if watch is None:
             if job_finished(job_folder):
-                finished_at = time.monotonic()
+                watch = ExitWatch(stall_s)
             continue
-        if time.monotonic() - finished_at > exit_grace_s:
-            _kill_lingering_ranks(process, strategy, exit_grace_s)
+        stalls = watch.observe(_exiting_processes(process.pid, strategy))
+        if stalls:
+            _kill_stalled(process, stalls, stall_s)
             return 1
 
 
-def _kill_lingering_ranks(process: subprocess.Popen, strategy: Strategy, exit_grace_s: float) -> None:
+def _exiting_processes(root: int, strategy: Strategy) -> dict[str, int]:
+    """What a finished job still runs, by name: its rank processes; torchrun itself once none is left."""
     describe = _rank_describer(strategy)
-    lingering = _rank_processes(process.pid)
-    for pid in [*lingering.values(), process.pid]:
+    ranks = {describe(rank): pid for rank, pid in sorted(_rank_processes(root).items())}
+    return ranks or {f"torchrun (pid {root})": root}
+
+
+def _kill_stalled(process: subprocess.Popen, stalls: list[Stall], stall_s: float) -> None:
+    for pid in [*_rank_processes(process.pid).values(), process.pid]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     process.wait()
-    names = ", ".join(describe(rank) for rank in sorted(lingering)) or "a rank"
+    names = ", ".join(f"{stall.name} ({stall.why()})" for stall in stalls)
     print(
-        f"h2: error: {names} stopped responding after the job finished (still running {exit_grace_s:g} s "
-        f"after the final barrier: stopped or hung while exiting); killed. The run's checkpoints and "
-        f"metrics are complete", file=sys.stderr, flush=True)
+        f"h2: error: {names} stopped responding after the job finished (no progress for {stall_s:g} s after "
+        f"the final barrier); killed. The run's checkpoints and metrics are complete", file=sys.stderr, flush=True)
 
 
 def _rank_processes(root: int) -> dict[int, int]:

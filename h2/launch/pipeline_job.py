@@ -49,7 +49,8 @@ def run_pipeline_job(values: dict, run: RunOptions, hosts: tuple[int, str] | Non
     job_path = os.path.join(job_folder, JOB_FILE)
     try:
         write_job(job_path, job)
-        return launch(job.strategy, cluster, job_path, run.strategy, hosts, max_restarts=run.max_restarts or 0)
+        return launch(job.strategy, cluster, job_path, run.strategy, hosts, max_restarts=run.max_restarts or 0,
+                      stall_s=job.pipeline.rank_timeout)
     finally:
         shutil.rmtree(job_folder, ignore_errors=True)
 

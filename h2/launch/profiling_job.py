@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.devices import resolve_device
-from h2.core.emulation import check_core_share, host_cores
+from h2.core.emulation import UNTRUSTED_FRACTION, check_core_share, host_cores, measurement_trust
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from heteroauto.profile_cache import ProfileTarget, cached_profiles, save_profiles, to_measure
@@ -27,7 +27,8 @@ class MeasureOptions:
     device: str = "cpu"
     repeats: int = 5
     attempts: int = 2
-    max_late: float = 0.1
+    max_late: float = UNTRUSTED_FRACTION
+    refuse_invalid: bool = False  # stop at the first INVALID measurement (UntrustedProfile)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -36,6 +37,21 @@ class MeasureOptions:
             raise UserError("--attempts: must be at least 1")
         if not 0 <= self.max_late:
             raise UserError(f"--max-late: must be a fraction >= 0, got {self.max_late}")
+
+
+class UntrustedProfile(UserError):
+    """A measured profile the host's load decided (more than UNTRUSTED_FRACTION of its emulated kernel time
+    late), refused unless forced: one line, exit 2 like every refusal."""
+
+
+def refuse_if_invalid(chip: str, tp: int, late_fraction: float) -> None:
+    """One line when the measurement of `chip` at `tp` kept is INVALID: refused as soon as it is taken, so a
+    busy host costs one measurement, and no profile is written."""
+    if not measurement_trust(late_fraction, 1.0).trusted:
+        raise UntrustedProfile(
+            f"INVALID profile of chip '{chip}' not written: {late_fraction:.1%} of its emulated kernel time at tp "
+            f"{tp} ran late (the host's load, not the chip; limit {UNTRUSTED_FRACTION:.0%}); measure on a quieter "
+            f"host, or --force to write it marked untrusted")
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,8 @@ def measure(cluster: ClusterSpec, targets: list[ProfileTarget], model: ModelConf
                            dtype=dtype, device=options.device, repeats=options.repeats, directory=directory,
                            cluster=cluster))
         measurement = min(attempts, key=lambda attempt: attempt.late_fraction)
+        if options.refuse_invalid:
+            refuse_if_invalid(chip.name, tp, measurement.late_fraction)
         measured.setdefault(chip.name, []).append(dataclasses.asdict(measurement))
         bar.update(done, chip=f"{chip.name} tp {tp}")
     return measured
@@ -94,16 +112,20 @@ def _measured(cluster: ClusterSpec, targets: list[ProfileTarget], model: ModelCo
 
 
 def profile_chips(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, targets: list[ProfileTarget],
-                  options: MeasureOptions = MeasureOptions(), *, force: bool = False,
-                  synthesise: bool = False) -> ProfiledChips:
+                  options: MeasureOptions = MeasureOptions(), *, force: bool = False, synthesise: bool = False,
+                  refuse_untrusted: bool = True) -> ProfiledChips:
     """The profile of every target, written to its file unless read from it: synthesised, or reused from
-    the cache where up to date (unless `force`) and measured for the rest."""
+    the cache where up to date (unless `force`) and measured for the rest. With `refuse_untrusted` (heteroauto
+    profile) a measurement that is INVALID (h2.core.emulation.measurement_trust) is refused at once, nothing
+    written, unless `force` (then the profile is written with `trusted: false`), and a cached profile marked
+    so is measured again; without it (h2 run, h2 profile) such a profile is written and reused, marked."""
     if synthesise:
         profiles = {target.chip.name: synthesise_profile(target.chip, model, training) for target in targets}
         how = dict.fromkeys(profiles, "synthesised")
     else:
         _check_host_can_measure(cluster, targets, options)
-        cached = {} if force else cached_profiles(targets, cluster, model, training)
+        cached = {} if force else cached_profiles(targets, cluster, model, training, trusted_only=refuse_untrusted)
+        options = dataclasses.replace(options, refuse_invalid=refuse_untrusted and not force)
         measured = _measured(cluster, to_measure(targets, cached), model, training, options)
         profiles = {**cached, **measured}
         how = {**dict.fromkeys(cached, "cached"), **dict.fromkeys(measured, "measured")}

@@ -123,7 +123,7 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
         if pacer.overruns:
             say(f"emulated pacing overran on {pacer.overruns} of {pacer.steps} steps (compute up to "
                 f"{pacer.worst_compute_s:.3f} s > {options.pace_step_s:.3f} s): the host was too busy to emulate "
-                f"this speed")
+                f"this speed; step times {pacer.trust().describe()}")
         say(f"stopped at step {trainer.step}, version {client.version}" +
             (" (the run's token budget is spent)" if client.finished else ""))
     finally:

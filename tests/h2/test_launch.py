@@ -49,30 +49,68 @@ def test_one_node_runs_one_standalone_torchrun_without_namespaces(tmp_path, caps
     assert "--standalone" in started[0] and capsys.readouterr().out == ""
 
 
-# Stands in for torchrun: starts rank 1, which never exits (as one stopped or hung while exiting),
-# then marks rank 0 past the final barrier, as h2.cli.rank does, and waits for rank 1.
-TORCHRUN_WITH_A_RANK_THAT_DOES_NOT_EXIT = """\
+# Stands in for torchrun: starts rank 1 running RANK_1 (argv[2]), then marks rank 0 past the final
+# barrier, as h2.cli.rank does, and waits for rank 1 (torchrun waits for every rank, forever).
+TORCHRUN_WITH_RANK_1 = """\
 import os, subprocess, sys
-rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+rank = subprocess.Popen([sys.executable, "-c", sys.argv[2]],
                         env={**os.environ, "RANK": "1", "TORCHELASTIC_RUN_ID": "test"})
 open(os.path.join(sys.argv[1], "finished-0"), "w").close()
 sys.exit(rank.wait())
 """
+HUNG = "import time; time.sleep(60)  # hung while exiting"
+STOPS_ITSELF = "import os, signal, time; os.kill(os.getpid(), signal.SIGSTOP); time.sleep(60)"
+# Exits after 4 s of CPU work past the final barrier: a rank that a busy host lets exit only slowly.
+SLOW_TO_EXIT = "import time\nend = time.process_time() + 4\nwhile time.process_time() < end: pass"
 
 
-def test_a_rank_still_running_after_the_job_finished_is_killed_and_named(tmp_path, capfd):
-    # The fault campaign's ranks family: a rank stopped past the final barrier; torchrun waits for it forever.
+def run_torchrun(tmp_path, rank_1: str, stall_s: float) -> tuple[int, float]:
     script = tmp_path / "torchrun.py"
-    script.write_text(TORCHRUN_WITH_A_RANK_THAT_DOES_NOT_EXIT)
+    script.write_text(TORCHRUN_WITH_RANK_1)
     started = time.monotonic()
-    status = launch.run_until_ranks_exit([sys.executable, str(script), str(tmp_path)],
-                                         strategy_from_mapping(STRATEGY, "s.yaml"), str(tmp_path), exit_grace_s=1.0)
-    assert status == 1 and time.monotonic() - started < 30
+    status = launch.run_until_ranks_exit([sys.executable, str(script),
+                                          str(tmp_path), rank_1], strategy_from_mapping(STRATEGY, "s.yaml"),
+                                         str(tmp_path), stall_s)
+    return status, time.monotonic() - started
+
+
+def survivors(marker: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+
+
+def test_a_rank_hung_after_the_job_finished_is_killed_and_named(tmp_path, capfd):
+    # The fault campaign's ranks family: a rank stuck past the final barrier; torchrun waits for it forever.
+    status, took = run_torchrun(tmp_path, HUNG, stall_s=1.0)
+    assert status == 1 and took < 30
     assert capfd.readouterr().err == (
-        "h2: error: rank 1 (stage 1, chip A) stopped responding after the job finished (still running 1 s after the "
-        "final barrier: stopped or hung while exiting); killed. The run's checkpoints and metrics are complete\n")
-    survivors = subprocess.run(["pgrep", "-f", "import time; time.sleep(60)"], capture_output=True, text=True).stdout
-    assert survivors.split() == [], survivors
+        "h2: error: rank 1 (stage 1, chip A) (hung) stopped responding after the job finished (no progress for 1 s "
+        "after the final barrier); killed. The run's checkpoints and metrics are complete\n")
+    assert survivors("hung while exiting") == []
+
+
+def test_a_rank_stopped_after_the_job_finished_is_named_as_stopped(tmp_path, capfd):
+    status, took = run_torchrun(tmp_path, STOPS_ITSELF, stall_s=1.0)
+    assert status == 1 and took < 30
+    assert "rank 1 (stage 1, chip A) (stopped by a signal) stopped responding after the job finished" in \
+        capfd.readouterr().err
+    assert survivors("os.kill(os.getpid(), signal.SIGSTOP)") == []
+
+
+def test_a_rank_that_keeps_working_after_the_job_finished_is_waited_for(tmp_path, capfd):
+    # A busy host: the rank needs longer than the stall timeout to exit, but its CPU time advances.
+    status, took = run_torchrun(tmp_path, SLOW_TO_EXIT, stall_s=1.0)
+    assert status == 0, capfd.readouterr().err
+    assert took > 4 and "stopped responding" not in capfd.readouterr().err
+
+
+def test_torchrun_slow_to_exit_after_its_ranks_is_waited_for(tmp_path, capfd):
+    # No rank left, torchrun itself still exiting (its interpreter's teardown on a busy host).
+    script = tmp_path / "torchrun.py"
+    script.write_text("import os, sys, time\nopen(os.path.join(sys.argv[1], 'finished-0'), 'w').close()\n"
+                      "end = time.process_time() + 3\nwhile time.process_time() < end: pass\n")
+    status = launch.run_until_ranks_exit([sys.executable, str(script), str(tmp_path)],
+                                         strategy_from_mapping(STRATEGY, "s.yaml"), str(tmp_path), 1.0)
+    assert status == 0 and "stopped responding" not in capfd.readouterr().err
 
 
 def test_a_job_whose_ranks_exit_ends_with_torchruns_status(tmp_path):
