@@ -186,8 +186,8 @@ def test_profile_measures_a_decoder_layer_through_torch(capsys, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("h2.model.transformer")
     path = str(tmp_path / "p.yaml")
-    code, out, err = run(capsys, "profile", "--cluster", LOCAL, "--chip", "emu-small", "--device", "cpu", "--out", path,
-                         "--repeats", "1")
+    code, out, err = run(capsys, "profile", "--force", "--cluster", LOCAL, "--chip", "emu-small", "--device", "cpu",
+                         "--out", path, "--repeats", "1")
     assert code == 0, err
     from heteroauto.profiles import load_profile
     profile = load_profile(path)

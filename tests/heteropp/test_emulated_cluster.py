@@ -125,7 +125,8 @@ def heteroauto(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_the_planners_choice_on_measured_profiles_runs_with_each_chips_speed_in_its_kernel_time(tmp_path):
     cluster = write_cluster(tmp_path)
-    profiled = heteroauto("profile", "--cluster", cluster, "--out-dir", str(tmp_path / "profiles"), "--repeats", "2")
+    profiled = heteroauto("profile", "--force", "--cluster", cluster, "--out-dir", str(tmp_path / "profiles"),
+                          "--repeats", "2")
     assert profiled.returncode == 0, profiled.stderr[-3000:]
     plan = str(tmp_path / "plan.yaml")
     searched = heteroauto("search", "--cluster", cluster, "--profiles", str(tmp_path / "profiles"), "--out", plan,
