@@ -53,7 +53,7 @@ from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig, resolve_model
 from h2.core.schedule import ScheduleName, schedule_named
-from h2.core.stage_orders import parse_orders
+from h2.core.stage_orders import check_replica_orders, parse_orders
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,11 @@ class Strategy:
     ministages: int = 1
     optimizer_sharding: Literal["none", "zero1", "zero2"] | None = None
     offload: list[Literal["activations", "parameters"]] = dataclasses.field(default_factory=list)
+    # jeeves with replicas sharing a cross-site link (h2.core.stage_orders): replica_orders[d][s] is what
+    # stage s of replica d runs (replica 0's are `orders`); send_lists: per shared boundary and direction,
+    # the global order its replicas' messages take the link in ("0F: 0.0 1.0 0.1 1.1 ...")
+    replica_orders: list[list[str]] | None = None
+    send_lists: list[str] | None = None
 
     def model_config(self, source: str = "strategy") -> ModelConfig:
         if isinstance(self.model, str):
@@ -204,6 +209,7 @@ class Strategy:
                             f"got {self.in_flight_limit}")
         if self.orders is not None:
             parse_orders(self.orders, len(self.stages), self.micro_batches, source)
+        check_replica_orders(self, source)
         model = self.model_config(source)
         total = sum(stage.layers for stage in self.stages)
         if total != model.num_layers:
@@ -262,6 +268,10 @@ class Strategy:
             data["in_flight_limit"] = self.in_flight_limit
         if self.orders is not None:
             data["orders"] = list(self.orders)
+        if self.replica_orders is not None:
+            data["replica_orders"] = [list(orders) for orders in self.replica_orders]
+        if self.send_lists is not None:
+            data["send_lists"] = list(self.send_lists)
         return data
 
     def save(self, path: str | os.PathLike) -> None:
