@@ -7,6 +7,8 @@
     schedule: 1f1b             # or 1f1b-split-backward (zero-bubble style, alpha = 0), jeeves, or gpipe
     orders: [...]              # optional: each stage's compute actions in order (h2.core.stage_orders)
     in_flight_limit: 4         # optional, jeeves: micro-batches a stage may hold at once (k)
+    replica_orders: [[...]]    # optional, jeeves across a shared link: per replica its per-stage orders
+    send_lists: ["0F: 0.0 1.0 ..."]  # optional, with them: each shared boundary's global send order
     model: h2-100b             # preset name, or a mapping of ModelConfig fields (with optional `preset`)
     stages:                    # pipeline order
       - {chip: A, tp: 2, layers: 8, recompute: true}          # dp 4 (the strategy's)
