@@ -10,7 +10,11 @@ batches. Prints per schedule: the largest relative loss difference to the refere
 of all rounds, the measured step time (median over every round's steps after the first; each round's
 median beside it), the simulator's prediction
 (heteroauto's cost model with the stages' site links, replaying the schedule the ranks ran), and the
-ratios jeeves / 1f1b of both. Every chip and link here is emulated (configs/clusters/local-2site.yaml).
+ratios jeeves / 1f1b of both, and per schedule measured / predicted with a verdict: within 20 % (PASS or
+FAIL), or INVALID when the host's load average exceeded its cores (oversubscribed: the emulated chips
+cannot get their share). `--strategy configs/strategies/local-2site-dp2.yaml --cluster
+configs/clusters/local-2site-dp2.yaml` runs two replicas sharing the cross-site link. Every chip and
+link here is emulated.
 """
 
 from __future__ import annotations
@@ -58,22 +62,29 @@ def reference(strategy_path: str, steps: int) -> list[dict]:
 
 
 def predicted(strategy_path: str, cluster_path: str) -> dict[str, float]:
-    """The simulator's step time for each schedule, on the orders the ranks run."""
+    """The simulator's step time for each schedule, on the orders the ranks run (every replica's, the
+    cross-site link one queue that the replicas share: heteroauto.jeeves_plan.predicted_iteration_s)."""
     import dataclasses
 
     from h2.core.cluster import load_cluster
-    from h2.core.stage_orders import run_schedule
     from h2.core.strategy import load_strategy
-    from heteroauto.jeeves_plan import strategy_costs, with_schedule_orders
-    from heteroauto.simulator import simulate
+    from heteroauto.jeeves_plan import predicted_iteration_s, strategy_costs, with_schedule_orders
 
     strategy, cluster = load_strategy(strategy_path), load_cluster(cluster_path)
-    terms = strategy_costs(strategy, cluster, strategy_path).terms
+    costs = strategy_costs(strategy, cluster, strategy_path)
     times = {}
     for schedule in SCHEDULES:
         scheduled, _ = with_schedule_orders(dataclasses.replace(strategy), cluster, schedule, strategy_path)
-        times[schedule] = simulate(run_schedule(scheduled, schedule, strategy_path), terms).iteration_s
+        times[schedule] = predicted_iteration_s(scheduled, costs, schedule, strategy_path)
     return times
+
+
+def verdict(measured_s: float, predicted_s: float, load: float, cores: int) -> str:
+    """PASS when measured is within 20 % of predicted, FAIL otherwise; INVALID when the host was
+    oversubscribed (load average above its cores) whatever the numbers."""
+    if load > cores:
+        return "INVALID (host oversubscribed)"
+    return "PASS" if abs(measured_s / predicted_s - 1) <= 0.2 else "FAIL"
 
 
 def main() -> int:
@@ -109,11 +120,16 @@ def main() -> int:
         }
     print(f"two emulated sites ({args.cluster}), {args.strategy}, {args.steps} steps x {args.rounds} rounds "
           f"({' '.join(order)}); load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    print(f"{'schedule':>8} {'loss diff':>10} {'measured s':>11} {'per round s':>14} {'predicted s':>12}")
+    print(f"{'schedule':>8} {'loss diff':>10} {'measured s':>11} {'per round s':>14} {'predicted s':>12} "
+          f"{'measured/predicted':>19}  within 20 %")
+    load, cores = max(load_before[0], load_after[0]), os.cpu_count() or 1
     for schedule, row in results.items():
         per_round = " ".join(f"{value:.3f}" for value in row["round_medians_s"])
+        row["measured_over_predicted"] = row["measured_step_s"] / row["predicted_step_s"]
+        row["verdict"] = verdict(row["measured_step_s"], row["predicted_step_s"], load, cores)
         print(f"{schedule:>8} {row['max_relative_loss_difference']:>10.2e} {row['measured_step_s']:>11.4f} "
-              f"{per_round:>14} {row['predicted_step_s']:>12.4f}")
+              f"{per_round:>14} {row['predicted_step_s']:>12.4f} {row['measured_over_predicted']:>19.3f}  "
+              f"{row['verdict']}")
     measured_ratio = results["jeeves"]["measured_step_s"] / results["1f1b"]["measured_step_s"]
     predicted_ratio = results["jeeves"]["predicted_step_s"] / results["1f1b"]["predicted_step_s"]
     print(f"jeeves / 1f1b: measured {measured_ratio:.3f}, predicted {predicted_ratio:.3f}")

@@ -10,7 +10,10 @@ and the per-stage orders it generates, ready for the strategy file the runtime r
   activations fit in the stage's chip next to its weights and optimizer state (the memory model);
   a stage that cannot hold one is a one-line error.
 
-The orders are replica 0's: every data-parallel replica of a stage runs the same order.
+With replicas sharing a cross-site link (every stage the same dp), the generator schedules all
+replicas on one queue per shared boundary and direction: each replica gets its own orders
+(`replica_orders`) and the link its global send lists (`send_lists`), which the runtime's pacing follows
+(heteropp.p2p); otherwise every replica runs replica 0's orders.
 
 Must not import the runtime; pure Python.
 """
@@ -24,7 +27,7 @@ from h2.core.cluster import ClusterSpec, TrainingSpec
 from h2.core.errors import UserError
 from h2.core.links import rank_locations, stage_link, stage_site
 from h2.core.model_config import ModelConfig
-from h2.core.stage_orders import needs_generated_orders, orders_of
+from h2.core.stage_orders import format_send_list, needs_generated_orders, orders_of
 from h2.core.strategy import Strategy
 from heteroauto.evaluation import evaluate_strategy, stage_layer_profile, training_for
 from heteroauto.jeeves import JeevesSchedule, PipelineCosts, jeeves_schedule
@@ -121,9 +124,28 @@ def generate_jeeves(strategy: Strategy, costs: StrategyCosts,
     pipeline = PipelineCosts(forward_s=tuple(t.forward_s for t in terms), backward_s=tuple(t.backward_s for t in terms),
                              occupancy_s=tuple(t.send_occupancy_s for t in terms[:-1]), latency_s=tuple(
                                  t.send_latency_s for t in terms[:-1]), shared=tuple(costs.shared))
-    generated = jeeves_schedule(pipeline, strategy.micro_batches, in_flight_limits(strategy, costs), source=source)
+    replicas = shared_replicas(strategy, costs)
+    generated = jeeves_schedule(pipeline, strategy.micro_batches, in_flight_limits(strategy, costs), replicas=replicas,
+                                source=source)
     orders = orders_of(generated.actions[0])
-    return dataclasses.replace(strategy, schedule="jeeves", orders=orders), generated
+    if replicas == 1:
+        return dataclasses.replace(strategy, schedule="jeeves", orders=orders, replica_orders=None,
+                                   send_lists=None), generated
+    send_lists = [
+        format_send_list(boundary, direction, [(m.replica, m.micro_batch) for m in messages])
+        for (boundary, direction), messages in sorted(generated.send_lists.items())
+    ]
+    return dataclasses.replace(strategy, schedule="jeeves", orders=orders, replica_orders=[
+        orders_of(actions) for actions in generated.actions
+    ], send_lists=send_lists), generated
+
+
+def shared_replicas(strategy: Strategy, costs: StrategyCosts) -> int:
+    """How many replicas share each cross-site link: the strategy's dp when every stage has it and some
+    boundary crosses sites (then every replica runs its own order and the link takes one global send
+    list); else 1 (every replica runs replica 0's order)."""
+    dps = {strategy.stage_dp(index) for index in range(len(strategy.stages))}
+    return dps.pop() if len(dps) == 1 and any(costs.shared) else 1
 
 
 def with_schedule_orders(strategy: Strategy, cluster: ClusterSpec, schedule: str | None, source: str,
@@ -138,4 +160,38 @@ def with_schedule_orders(strategy: Strategy, cluster: ClusterSpec, schedule: str
     strategy, generated = generate_jeeves(strategy, costs, source)
     return strategy, (f"schedule jeeves generated for cluster {cluster.source}: in-flight limits "
                       f"k={in_flight_limits(strategy, costs)}, peak in flight {generated.peak_in_flight}; "
-                      f"orders: " + " | ".join(strategy.orders))
+                      f"orders: " + " | ".join(strategy.orders) + _replica_lines(strategy))
+
+
+def _replica_lines(strategy: Strategy) -> str:
+    if strategy.replica_orders is None:
+        return ""
+    others = "; ".join(f"replica {r}: " + " | ".join(orders) for r, orders in enumerate(strategy.replica_orders) if r)
+    return f"; {others}; global send lists: " + "; ".join(strategy.send_lists or [])
+
+
+def predicted_iteration_s(strategy: Strategy, costs: StrategyCosts, schedule: str | None = None,
+                          source: str = "strategy") -> float:
+    """The simulator's step of `strategy` as its ranks run it (its orders for `schedule`, each replica's
+    own where it has replica_orders): every replica replayed, each cross-site boundary one queue that
+    all replicas share, in the strategy's global send lists where it has them (else the replicas'
+    messages split the link)."""
+    from h2.core.stage_orders import parse_send_lists, run_schedule
+    from heteroauto.jeeves import Message
+    from heteroauto.simulator import SharedLink, simulate_replicas
+
+    replicas = shared_replicas(strategy, costs)
+    schedules = [
+        run_schedule(strategy, schedule, source, replica if strategy.replica_orders else 0)
+        for replica in range(replicas)
+    ]
+    lists = {}
+    if strategy.send_lists is not None and strategy.replica_orders is not None:
+        lists = parse_send_lists(strategy.send_lists, len(strategy.stages), replicas, strategy.micro_batches, source)
+    shared = {}
+    for boundary, crosses in enumerate(costs.shared):
+        if crosses and replicas > 1:
+            orders = {d: [Message(r, m) for r, m in lists[(boundary, d)]] for d in "FB"} if lists else None
+            term = costs.terms[boundary]
+            shared[boundary] = SharedLink(term.send_occupancy_s, term.send_latency_s, orders)
+    return simulate_replicas(schedules, costs.terms, shared_links=shared).iteration_s

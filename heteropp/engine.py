@@ -26,7 +26,7 @@ import torch.distributed as dist
 from h2.core.devices import resolve_device
 from h2.core.links import PeerLinks
 from h2.core.schedule import resolve_schedule
-from h2.core.stage_orders import run_schedule
+from h2.core.stage_orders import parse_send_lists, run_schedule
 from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.hf_weights import copy_into, load_hf_parameters
 from h2.model.transformer import Transformer
@@ -34,7 +34,7 @@ from heteropp.data_parallel import StageOptimizer, clip_by_global_norm, clip_coe
 from heteropp.executor import StageExecutor
 from heteropp.groups import build_groups, dicomm_registered, p2p_needs_host_staging
 from heteropp.ministages import MinistageExecutor
-from heteropp.p2p import P2P
+from heteropp.p2p import BACKWARD, FORWARD, P2P, SharedLink
 from heteropp.resharding import Resharder
 from heteropp.stage import apply_recompute, build_stage
 from heteropp.stage_parameters import StageParameter, stage_parameters
@@ -82,7 +82,7 @@ class PipelineEngine:
         outputs name each chip type (e.g. 'emu-slow (emulated: 0.02x a host core, 120 MB)'); the chip's
         name where absent. The job was checked before any rank started (heteropp.job_checks); what it
         checked is asserted here."""
-        self.strategy, self.options = strategy, options or PipelineOptions()
+        self.strategy, self.options, self.source = strategy, options or PipelineOptions(), source
         self.chip_labels = dict(chip_labels or {})
         self.model_config = strategy.model_config()
         self.config = train_config_for(strategy, config)
@@ -90,7 +90,7 @@ class PipelineEngine:
         self.ministage_group = self.schedule.ministage_executor
         self._check_invariants()
         self._place_rank_and_build_groups(links)
-        self.actions = run_schedule(strategy, self.options.schedule, source)[self.place.stage]
+        self.actions = run_schedule(strategy, self.options.schedule, source, self.place.dp_index)[self.place.stage]
         self.recorder = (SpanRecorder(self.rank, f"stage {self.place.stage}, {self.chip_label}", self.device)
                          if self.options.trace else None)
         chunk_layers = (strategy.chunk_layers(self.place.stage) if self.ministage_group else [self.stage_info.layers])
@@ -188,9 +188,31 @@ class PipelineEngine:
     def _connect_stages(self, links: PeerLinks | None) -> None:
         """The point-to-point path to the neighbouring stages (paced to `links` under gloo) and the
         resharder that moves activations and gradients over it."""
+        paced = links is not None and self.options.p2p_backend == "gloo"
         self.p2p = P2P(stage_through_host=p2p_needs_host_staging(self.options.p2p_backend, self.device.type),
-                       link_to=links.to if links is not None and self.options.p2p_backend == "gloo" else None)
+                       link_to=links.to if paced else None, shared=self._shared_links(links) if paced else None)
         self.resharder = Resharder(self.topology, self.rank, self.groups, self.p2p, mode=self.options.resharding)
+
+    def _shared_links(self, links: PeerLinks) -> dict[int, SharedLink]:
+        """Per direction, the cross-site link this rank's sends share with the other replicas' in the
+        order of the strategy's send lists (jeeves with replicas, heteroauto.jeeves_plan); only between
+        stages of one rank per replica (TP 1) on both sides."""
+        if self.strategy.send_lists is None:
+            return {}
+        stage, stages = self.place.stage, self.topology.stages
+        lists = parse_send_lists(self.strategy.send_lists, len(stages), self.stage_info.dp, self.strategy.micro_batches,
+                                 self.source)
+        shared = {}
+        for direction, boundary, peer_stage in ((FORWARD, stage, stage + 1), (BACKWARD, stage - 1, stage - 1)):
+            order = lists.get((boundary, "F" if direction == FORWARD else "B"))
+            if order is None or stages[stage].tp != 1 or stages[peer_stage].tp != 1:
+                continue
+            peer = stages[peer_stage].rank_of(self.place.dp_index, 0)
+            shared[direction] = SharedLink(link=links.link_to(peer), order=order, replica=self.place.dp_index,
+                                           store=dist.distributed_c10d._get_default_store(),
+                                           key=f"h2/shared-link/{boundary}{'FB'[direction]}",
+                                           kernel_shaped=links.shaped_by_kernel(peer))
+        return shared
 
     def _executor_for_schedule(self, chunks: list[torch.nn.Module]) -> StageExecutor | MinistageExecutor:
         """The executor that runs this schedule's actions (the registry's `ministage_executor` flag)."""

@@ -9,7 +9,7 @@
     heteroauto profile  --cluster C [--chip NAME] [--model M] [--device cpu] [--synthesise]
                         [--out-dir D | --out P.yaml]
     heteroauto cross-site --scenario configs/xdc/gpt3-175b.yaml [--latency-ms 20] [--bandwidth-gbps B] [--limit K]
-                          [--json]
+                          [--solver-division] [--json]
 
 `search --planner zorse` plans with the Zorse planner (heteroauto.zorse: mixed-type groups, rows per
 rank, ministages, ZeRO-2, offload; its flags are one argument group of `search`, refused without it);
@@ -145,6 +145,9 @@ def _parser() -> argparse.ArgumentParser:
     cross_site_cmd.add_argument(
         "--limit", type=int, metavar="K",
         help="activation memory for K micro-batches of a uniform stage (default: the chip's budget)")
+    cross_site_cmd.add_argument(
+        "--solver-division", action="store_true",
+        help="also JEEVES on the division that minimises the paper's objective (section 3.2), solved by HiGHS")
     cross_site_cmd.add_argument("--json", action="store_true")
     partition_cmd = commands.add_parser(
         "partition", help="Zorse's phase 1: the cluster's machines cut into k "
@@ -681,7 +684,7 @@ def _cmd_cross_site(args) -> int:
 
     scenario = _cross_site_scenario(args)
     started = time.perf_counter()
-    report = compare(scenario)
+    report = compare(scenario, solver_division=args.solver_division)
     elapsed = time.perf_counter() - started
     if args.json:
         print(json.dumps({**report.to_dict(), "simulate_s": elapsed}))
@@ -690,7 +693,9 @@ def _cmd_cross_site(args) -> int:
     print(f"{scenario.source}: {p.replicas} replicas x {p.stages} stages x TP{p.tensor_parallel}, {p.micro_batches} "
           f"micro-batches each, {scenario.chip.name}; cross-site link {report.bandwidth_gbps:g} GB/s, "
           f"{report.latency_ms:g} ms (simulated)")
-    for run in (report.one_f_one_b, report.uncoordinated, report.jeeves, report.jeeves_equal_memory, report.one_site):
+    runs = (report.one_f_one_b, report.uncoordinated, report.jeeves, report.jeeves_solver, report.jeeves_equal_memory,
+            report.one_site)
+    for run in runs:
         if run is None:
             continue
         fits = "" if run.fits else "  (does not fit the activation budget)"

@@ -220,6 +220,12 @@ class PeerLinks(Protocol):
     def class_to(self, peer: int) -> str:
         ...
 
+    def shaped_by_kernel(self, peer: int) -> bool:
+        ...
+
+    def link_to(self, peer: int) -> Link:
+        ...
+
 
 def paced_link(link: Link, across_nodes: bool, kernel_shaped: bool) -> Link:
     """What pacing applies on `link`: all of it, except where the kernel already shapes the bandwidth
@@ -248,6 +254,14 @@ class RankLinks:
 
     def class_to(self, peer: int) -> str:
         return link_class(self.locations[self.rank], self.locations[peer])
+
+    def link_to(self, peer: int) -> Link:
+        """The link to global rank `peer` itself (bandwidth included, whoever shapes it)."""
+        return link_between(self.cluster, self.locations[self.rank], self.locations[peer])[1]
+
+    def shaped_by_kernel(self, peer: int) -> bool:
+        """Whether the kernel shapes the bandwidth of messages to `peer` (paced_link)."""
+        return self.kernel_shaped and self.locations[self.rank].machine != self.locations[peer].machine
 
 
 def stage_link(strategy: "Strategy", cluster: ClusterSpec, locations: list[Location], src: int, dst: int) -> Link:

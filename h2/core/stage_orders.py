@@ -124,14 +124,17 @@ def _compute_after(actions: Sequence[Action], position: int) -> Action:
     return next((a for a in actions[position:] if a.kind in ("F", "B", "W")), actions[position])
 
 
-def run_schedule(strategy, schedule: str | None = None, source: str = "strategy") -> list[list[Action]]:
-    """What the stages of `strategy` run (the schedule h2.core.schedule.resolve_schedule picks with the
-    `schedule` override): its explicit orders when it has them and they are of that schedule; else the
-    schedule's built-in action lists. A generated schedule without orders is a UserError."""
+def run_schedule(strategy, schedule: str | None = None, source: str = "strategy",
+                 replica: int = 0) -> list[list[Action]]:
+    """What the stages of `strategy`'s data-parallel replica `replica` run (the schedule
+    h2.core.schedule.resolve_schedule picks with the `schedule` override): its explicit orders when it
+    has them and they are of that schedule (the replica's own when the strategy has replica_orders);
+    else the schedule's built-in action lists. A generated schedule without orders is a UserError."""
     resolved = resolve_schedule(strategy, schedule, source)
     stages, micro_batches = len(strategy.stages), strategy.micro_batches
     if runs_own_orders(strategy, resolved):
-        return parse_orders(strategy.orders, stages, micro_batches, source)
+        orders = strategy.orders if strategy.replica_orders is None else strategy.replica_orders[replica]
+        return parse_orders(orders, stages, micro_batches, source)
     if resolved.needs_orders:
         raise UserError(f"{source}: schedule '{resolved.name}' is generated from the cluster's costs: give the "
                         f"strategy per-stage orders (field 'orders') or run with --cluster, which generates them")
@@ -149,3 +152,55 @@ def needs_generated_orders(strategy, schedule: str | None = None, source: str = 
     needs orders and the strategy carries none of its own for it."""
     resolved = resolve_schedule(strategy, schedule, source)
     return resolved.needs_orders and not runs_own_orders(strategy, resolved)
+
+
+def format_send_list(boundary: int, direction: str, messages: Sequence[tuple[int, int]]) -> str:
+    """One shared boundary's global send list in a direction ("F" or "B") as a strategy's send_lists entry."""
+    return f"{boundary}{direction}: " + " ".join(f"{replica}.{micro_batch}" for replica, micro_batch in messages)
+
+
+def parse_send_lists(entries, num_stages: int, replicas: int, micro_batches: int,
+                     source: str) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """A strategy's send_lists field: (boundary, direction) -> [(replica, micro_batch)] in link order,
+    every replica's every micro-batch exactly once."""
+    where = f"{source}: field 'send_lists'"
+    if not isinstance(entries, list):
+        raise UserError(f"{where} must be a list of 'BOUNDARY DIRECTION: replica.micro_batch ...' lines")
+    lists: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    everything = sorted((r, m) for r in range(replicas) for m in range(micro_batches))
+    for index, entry in enumerate(entries):
+        head, _, body = str(entry).partition(":")
+        head = head.strip()
+        try:
+            key = (int(head[:-1]), head[-1])
+            messages = [(int(r), int(m)) for r, m in (token.split(".") for token in body.split())]
+        except (ValueError, IndexError):
+            raise UserError(f"{where}[{index}]: expected 'BOUNDARY F|B: replica.micro_batch ...', got "
+                            f"{str(entry)[:60]!r}") from None
+        if key[1] not in "FB" or not 0 <= key[0] < num_stages - 1 or key in lists:
+            raise UserError(f"{where}[{index}]: '{head}' is not a new boundary 0..{num_stages - 2} with F or B")
+        if sorted(messages) != everything:
+            raise UserError(f"{where}[{index}]: must list every replica's (0..{replicas - 1}) every micro-batch "
+                            f"(0..{micro_batches - 1}) once")
+        lists[key] = messages
+    return lists
+
+
+def check_replica_orders(strategy, source: str) -> None:
+    """A strategy's replica_orders (one per-stage order list per replica, the first its `orders`) and
+    send_lists, checked."""
+    stages, micro_batches = len(strategy.stages), strategy.micro_batches
+    if strategy.replica_orders is not None:
+        where = f"{source}: field 'replica_orders'"
+        replicas = {strategy.stage_dp(index) for index in range(stages)}
+        if len(replicas) != 1 or not isinstance(strategy.replica_orders, list):
+            raise UserError(f"{where} needs the same dp on every stage")
+        if len(strategy.replica_orders) != strategy.stage_dp(0):
+            raise UserError(f"{where} must list one per-stage order list per replica ({strategy.stage_dp(0)}), "
+                            f"got {len(strategy.replica_orders)}")
+        if strategy.orders is None or list(strategy.replica_orders[0]) != list(strategy.orders):
+            raise UserError(f"{where}[0] must be the strategy's orders (replica 0 runs them)")
+        for replica, orders in enumerate(strategy.replica_orders):
+            parse_orders(orders, stages, micro_batches, f"{where}[{replica}]")
+    if strategy.send_lists is not None:
+        parse_send_lists(strategy.send_lists, stages, strategy.stage_dp(0), micro_batches, source)

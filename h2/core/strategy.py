@@ -7,6 +7,8 @@
     schedule: 1f1b             # or 1f1b-split-backward (zero-bubble style, alpha = 0), jeeves, or gpipe
     orders: [...]              # optional: each stage's compute actions in order (h2.core.stage_orders)
     in_flight_limit: 4         # optional, jeeves: micro-batches a stage may hold at once (k)
+    replica_orders: [[...]]    # optional, jeeves across a shared link: per replica its per-stage orders
+    send_lists: ["0F: 0.0 1.0 ..."]  # optional, with them: each shared boundary's global send order
     model: h2-100b             # preset name, or a mapping of ModelConfig fields (with optional `preset`)
     stages:                    # pipeline order
       - {chip: A, tp: 2, layers: 8, recompute: true}          # dp 4 (the strategy's)
@@ -53,7 +55,7 @@ from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
 from h2.core.model_config import PRESETS, ModelConfig, resolve_model
 from h2.core.schedule import ScheduleName, schedule_named
-from h2.core.stage_orders import parse_orders
+from h2.core.stage_orders import check_replica_orders, parse_orders
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,11 @@ class Strategy:
     ministages: int = 1
     optimizer_sharding: Literal["none", "zero1", "zero2"] | None = None
     offload: list[Literal["activations", "parameters"]] = dataclasses.field(default_factory=list)
+    # jeeves with replicas sharing a cross-site link (h2.core.stage_orders): replica_orders[d][s] is what
+    # stage s of replica d runs (replica 0's are `orders`); send_lists: per shared boundary and direction,
+    # the global order its replicas' messages take the link in ("0F: 0.0 1.0 0.1 1.1 ...")
+    replica_orders: list[list[str]] | None = None
+    send_lists: list[str] | None = None
 
     def model_config(self, source: str = "strategy") -> ModelConfig:
         if isinstance(self.model, str):
@@ -204,6 +211,7 @@ class Strategy:
                             f"got {self.in_flight_limit}")
         if self.orders is not None:
             parse_orders(self.orders, len(self.stages), self.micro_batches, source)
+        check_replica_orders(self, source)
         model = self.model_config(source)
         total = sum(stage.layers for stage in self.stages)
         if total != model.num_layers:
@@ -262,6 +270,10 @@ class Strategy:
             data["in_flight_limit"] = self.in_flight_limit
         if self.orders is not None:
             data["orders"] = list(self.orders)
+        if self.replica_orders is not None:
+            data["replica_orders"] = [list(orders) for orders in self.replica_orders]
+        if self.send_lists is not None:
+            data["send_lists"] = list(self.send_lists)
         return data
 
     def save(self, path: str | os.PathLike) -> None:

@@ -75,6 +75,12 @@ class JobLinks:
     def class_to(self, peer: int) -> str:
         return self.ranks[self.rank].links[peer].link_class
 
+    def link_to(self, peer: int) -> Link:
+        return self.ranks[self.rank].links[peer].link
+
+    def shaped_by_kernel(self, peer: int) -> bool:
+        return self.kernel_shaped and self.ranks[self.rank].node != self.ranks[peer].node
+
 
 @dataclass(frozen=True)
 class ResolvedJob:
