@@ -83,11 +83,10 @@ class BaselinePlan:
 
     def describe(self) -> str:
         stages = " | ".join(f"{len(g.chips)}x[{','.join(sorted(set(g.chips)))}] L{g.layers}" for g in self.plan.groups)
-        return (
-            f"{len(self.plan.groups)} stages ({stages}), S {self.plan.micro_batch_sequences} x M "
-            f"{self.plan.micro_batches}, {self.plan.ministages} ministages, offload {'on' if self.plan.offload else 'off'}, "
-            f"recompute "
-            f"{'on' if self.plan.recompute else 'off'}, memory {self.plan.max_memory_fraction:.2f}")
+        flags = (f"offload {'on' if self.plan.offload else 'off'}, recompute {'on' if self.plan.recompute else 'off'}, "
+                 f"memory {self.plan.max_memory_fraction:.2f}")
+        return (f"{len(self.plan.groups)} stages ({stages}), S {self.plan.micro_batch_sequences} x M "
+                f"{self.plan.micro_batches}, {self.plan.ministages} ministages, {flags}")
 
 
 @dataclass(frozen=True)
