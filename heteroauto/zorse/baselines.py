@@ -72,7 +72,9 @@ HEXISCALE_SPLITS = (1, 2, 4, 8)
 @dataclass(frozen=True)
 class BaselinePlan:
     system: str
-    plan: ZorsePlan  # stages as groups (one ministage each, except Cephalo's), rows, layers, memory
+    # stages as groups (one ministage each, except Cephalo's), rows, layers, memory; its `latency` is the
+    # Zorse latency model's only for Cephalo (the pipelines are priced by 1F1B estimate and simulator)
+    plan: ZorsePlan
     schedule: str  # "1f1b" or "gpipe" (Cephalo's ministages)
     collectives_per_micro_batch: bool  # the ZeRO-2 gather and reduce-scatter every micro-batch
     simulated_s: float
