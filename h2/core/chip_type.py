@@ -9,6 +9,7 @@
         inter_node_gbps: 1         # default bandwidth between two nodes of this type (GB/s)
         latency_us: 50             # default one-way latency of its links
         site: north                # the site its nodes sit in, where the file has no `nodes` section
+        provenance: "spec sheet: <source>"   # or "measured: <source>" (optional)
         emulation:                 # what the DIPU host vendor emulates (h2.core.emulation)
           relative_speed: 0.05
           precision: fp32
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from h2.core.errors import UserError
+
+PROVENANCE_KINDS = ("spec sheet: ", "measured: ")
 
 
 def check_range(value: float, low: float, high: float, where: str, name: str) -> None:
@@ -69,6 +72,7 @@ class ChipType:
     emulated: bool = False
     emulation: ChipEmulation | None = None  # what the DIPU host vendor emulates (h2.core.emulation)
     site: str | None = None  # the site its nodes sit in (h2.core.links); None: the default
+    provenance: str | None = None  # where its numbers come from: "spec sheet: <source>" or "measured: <source>"
 
     # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
     RANGES = {
@@ -88,6 +92,10 @@ class ChipType:
             check_range(getattr(self, name), low, high, where, name)
         if self.peak_tflops is not None:
             check_range(self.peak_tflops, 1e-9, 1e9, where, "peak_tflops")
+        if self.provenance is not None and not (isinstance(self.provenance, str)
+                                                and self.provenance.startswith(PROVENANCE_KINDS)):
+            raise UserError(f"{where}: field 'provenance' must start with 'spec sheet: ' or 'measured: ', "
+                            f"got {self.provenance!r}")
         if self.site is not None and not (isinstance(self.site, str) and self.site):
             raise UserError(f"{where}: field 'site' must name a site, got {self.site!r}")
         if self.tp_max & (self.tp_max - 1):

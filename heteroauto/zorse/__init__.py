@@ -8,7 +8,8 @@ the SPLIT min-k-cut of that graph, every k in one pass), costs (the latency mode
 activations, offloaded bytes; and, without overlap, HeteroPP's runtime), planner (phase 2: group
 order, layers and rows, the enumeration of micro-batch size, recompute, ministages and offload),
 strategies (a plan as a strategy file and back), scoring (a plan as the shared simulator's action
-lists and stage terms).
+lists and stage terms), baselines (the paper's TorchTitan-Het, HexiScale and Cephalo as planners priced
+by the same models and simulator).
 
 Reasons about numbers only: imports h2.core, networkx and the planner's own modules
 (heteroauto); never torch, never the runtime (heteropp) or anything above.
