@@ -83,13 +83,15 @@ class OrderedGroups:
     tp_values: list[int] = field(default_factory=list)  # every tp any option uses, sorted (given: shared slices)
     starts_pipeline: bool = True  # group 0 is the pipeline's first (False: a chain inside a longer pipeline)
     follower: bool = False  # the last group is the next chain's first: it gives the transfer, is not placed
+    # group steps by what makes them (group_key) and tail cap: (bound, steps) of the last bound asked, and
+    # the bound-free shapes; problems built from the same option lists may share one (their groups alike)
+    shared: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.tp_values = self.tp_values or sorted({o.tp for options in self.options for o in options})
         # stages behind matter only through micro-batches in flight; relaxed: not at all
         self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.layers)
-        self.shapes: dict = {}
-        self.steps_at: tuple[float, dict] = (math.nan, {})  # the steps of the last bound asked, by (g, tail cap)
+        self._group_keys: list | None = None
         self.candidates: np.ndarray | None = None
 
     @property
@@ -99,6 +101,18 @@ class OrderedGroups:
 
     def front_tp(self, j: int) -> int | None:
         return None if j == len(self.tp_values) else self.tp_values[j]
+
+    def group_key(self, g: int) -> tuple:
+        """Everything group g's steps depend on besides the bound and the tail cap: two problems (two stage
+        orders, two chains) whose groups have equal keys share the steps. The options enter by identity:
+        the problems sharing a cache hold the lists (the caller keeps them alive as long as the cache)."""
+        if self._group_keys is None:
+            last = len(self.options) - 1
+            self._group_keys = [(id(options), g == 0 and self.starts_pipeline, g == last, tuple(self.tp_values),
+                                 tuple(sorted(self.boundary_send_s[g].items())), self.monotone_tp
+                                 and self.same_type_next[g], self.relaxed, self.micro_batches, self.alpha)
+                                for g, options in enumerate(self.options)]
+        return self._group_keys[g]
 
     # what the search asks of a problem (orders_dp.AllOrders answers the same for every order at once)
     def least_sum(self, bound: float, cap: float = INF) -> float:
@@ -241,20 +255,18 @@ def group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int | No
     """Every (option, front) step of group g under bound M (inf: memory caps only), at tails
     0..tail_cap (default: the problem's, capped at b)."""
     tail_cap = problem.tail_cap if tail_cap is None else tail_cap
-    key = (g, tail_cap)
-    if problem.steps_at[0] != bound:
-        problem.steps_at = (bound, {})
-    known = problem.steps_at[1].get(key)
-    if known is None:
-        known = problem.steps_at[1][key] = _group_steps(problem, g, bound, tail_cap)
-    return known
+    key = ("steps", problem.group_key(g), tail_cap)
+    known = problem.shared.get(key)
+    if known is None or known[0] != bound:
+        known = problem.shared[key] = (bound, _group_steps(problem, g, bound, tail_cap))
+    return known[1]
 
 
 def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) -> GroupSteps:
-    key = (g, tail_cap)
-    shape = problem.shapes.get(key)
+    key = ("shape", problem.group_key(g), tail_cap)
+    shape = problem.shared.get(key)
     if shape is None:
-        shape = problem.shapes[key] = _shape(problem, g, tail_cap)
+        shape = problem.shared[key] = _shape(problem, g, tail_cap)
     steps = shape.steps
     if not len(steps.pp):
         return steps
