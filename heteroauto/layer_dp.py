@@ -475,9 +475,12 @@ class Rows:
         return bool(len(self.rows)) and bool(np.isfinite(self.values).any())
 
     @staticmethod
-    def merged(a: Rows, b: Rows) -> Rows:
-        """Entry-wise minimum of two tables."""
-        return _rows_by_id(np.concatenate([a.rows, b.rows]), np.concatenate([a.values, b.values]), np.minimum)
+    def merged(tables: list[Rows]) -> Rows:
+        """Entry-wise minimum of tables."""
+        if len(tables) == 1:
+            return tables[0]
+        return _rows_by_id(np.concatenate([t.rows for t in tables]), np.concatenate([t.values
+                                                                                     for t in tables]), np.minimum)
 
 
 def _rows_by_id(ids: np.ndarray, values: np.ndarray, op) -> Rows:
@@ -528,7 +531,17 @@ def place_sums_rows(jobs: list[tuple[OrderedGroups, int, list[Rows], np.ndarray 
         return result
     joined = {name: np.concatenate(values) for name, values in columns.items() if values}
     source = np.concatenate(sources)
-    used = np.flatnonzero(np.isfinite(source).any(axis=0))
+    finite = np.isfinite(source)
+    some = finite.any(axis=1)  # rows a trim left all inf lead nowhere
+    if cap < INF:  # nor rows whose every entry, placed, reaches the cap (checked with room for rounding)
+        remaining = (joined["rest"] if "rest" in joined else np.broadcast_to(
+            (first.layers - np.arange(width)) * least_rate, source.shape)).min(axis=1)
+        least = source.min(axis=1) + joined["rate"] * joined["low"] + joined["ks"] + remaining
+        some &= least < cap * (1 + 1e-9) + 1e-12
+    if not some.all():
+        joined = {name: values[some] for name, values in joined.items()}
+        source, finite = source[some], finite[some]
+    used = np.flatnonzero(finite.any(axis=0))
     if not len(used):
         return result
     start = int(used[0])

@@ -16,6 +16,7 @@ layer_dp only (no search code, no torch).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -62,13 +63,14 @@ class AllOrders:
                 for t in range(count):
                     if not mask >> t & 1:
                         jobs.setdefault((t, front, (mask | 1 << t) == full), []).append((mask, table))
-            partial: dict[tuple[int, int], object] = {}
+            arrivals: dict[tuple[int, int], list] = {}
             batches = [(self._chain(t, front, starts), [table for _, table in entries], [(mask | 1 << t, t)
                                                                                          for mask, _ in entries])
                        for (t, front, starts), entries in jobs.items()]
             for (_, _, keys), placed in zip(batches, place_one(batches) if batches else []):
                 for key, after in zip(keys, placed):
-                    partial[key] = after if key not in partial else merge(partial[key], after)
+                    arrivals.setdefault(key, []).append(after)
+            partial = {key: merge(tables) for key, tables in arrivals.items()}  # merge(tables) -> one table
             if trim is not None:
                 for (mask, t), table in partial.items():
                     trim(mask, t, table)
@@ -185,7 +187,7 @@ class AllOrders:
             return layer_dp.place_most_together([(batches[i][0], groups[i][step], stacked[i]) for i in live], bound)
 
         one, rest = _together(together, stack=np.concatenate, unstack=lambda table, count: np.split(table, count))
-        level, _ = self._sweep(start, one, rest, np.maximum)
+        level, _ = self._sweep(start, one, rest, lambda tables: functools.reduce(np.maximum, tables))
         return max((float(table.max()) for table in level.values()), default=-INF)
 
     def feasible(self, bound: float) -> bool:
