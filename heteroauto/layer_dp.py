@@ -503,18 +503,31 @@ def place_sums_rows(jobs: list[tuple[OrderedGroups, int, list[Rows], np.ndarray 
     first = jobs[0][0]
     fronts, tails, width = first.fronts, first.tail_cap + 1, first.layers + 1
     size = fronts * tails  # ids of one table's rows
-    columns: dict[str, list] = {name: [] for name in ("source", "tail", "low", "high", "rate", "ks", "to", "rest")}
+    columns: dict[str, list] = {name: [] for name in ("tail", "low", "high", "rate", "ks", "to", "rest")}
     sources: list[np.ndarray] = []
-    base = 0
+    rests: list[np.ndarray] = []  # per job with a rest, its per-table rows; columns["rest"] indexes them all
+    least_left = ((first.layers - np.arange(width)) * least_rate).min()
+    base = rest_base = 0
     for problem, g, tables, rest in jobs:
         steps, count = group_steps(problem, g, bound), len(tables)
         rows = np.concatenate([table.rows for table in tables])
         if len(steps.pp) and len(rows):
             copy = np.repeat(np.arange(count), [len(table.rows) for table in tables])
+            values = np.concatenate([table.values for table in tables])
             front, tail = rows // tails, rows % tails
             pair, row = np.nonzero((steps.front[:, None] == front[None, :]) & steps.valid[:, tail])
+            # rows a trim left all inf lead nowhere, nor, under a cap, rows whose every entry placed reaches
+            # it (their least entry, the group's least cost and the least the rest adds; room for rounding)
+            least = values.min(axis=1)[row]
+            if cap < INF:
+                least = least + steps.compute_s[pair] * steps.pp[pair] + steps.ks[pair] + (
+                    least_left if rest is None else rest.min(axis=1)[copy[row]])
+                keep = least < cap * (1 + 1e-9) + 1e-12
+            else:
+                keep = least < INF
+            pair, row = pair[keep], row[keep]
             tail = tail[row]
-            sources.append(np.concatenate([table.values for table in tables])[row])
+            sources.append(values[row])
             columns["tail"].append(tail)
             columns["low"].append(steps.pp[pair])
             columns["high"].append(steps.hi[pair, tail])
@@ -523,7 +536,9 @@ def place_sums_rows(jobs: list[tuple[OrderedGroups, int, list[Rows], np.ndarray 
             columns["to"].append((base + copy[row]) * size + steps.destination[pair] * tails +
                                  np.minimum(tail + steps.pp[pair], first.tail_cap))
             if rest is not None:
-                columns["rest"].append(rest[copy[row]])
+                columns["rest"].append(rest_base + copy[row])
+                rests.append(rest)
+                rest_base += count
         base += count
     empty = Rows(rows=np.zeros(0, dtype=np.int64), values=np.zeros((0, width)))
     result = [[empty] * len(tables) for _, _, tables, _ in jobs]
@@ -531,17 +546,7 @@ def place_sums_rows(jobs: list[tuple[OrderedGroups, int, list[Rows], np.ndarray 
         return result
     joined = {name: np.concatenate(values) for name, values in columns.items() if values}
     source = np.concatenate(sources)
-    finite = np.isfinite(source)
-    some = finite.any(axis=1)  # rows a trim left all inf lead nowhere
-    if cap < INF:  # nor rows whose every entry, placed, reaches the cap (checked with room for rounding)
-        remaining = (joined["rest"] if "rest" in joined else np.broadcast_to(
-            (first.layers - np.arange(width)) * least_rate, source.shape)).min(axis=1)
-        least = source.min(axis=1) + joined["rate"] * joined["low"] + joined["ks"] + remaining
-        some &= least < cap * (1 + 1e-9) + 1e-12
-    if not some.all():
-        joined = {name: values[some] for name, values in joined.items()}
-        source, finite = source[some], finite[some]
-    used = np.flatnonzero(finite.any(axis=0))
+    used = np.flatnonzero(np.isfinite(source).any(axis=0))
     if not len(used):
         return result
     start = int(used[0])
@@ -551,7 +556,7 @@ def place_sums_rows(jobs: list[tuple[OrderedGroups, int, list[Rows], np.ndarray 
     placed = _window_min(source[:, start:stop] - rate * positions[None, :], joined["low"], joined["high"])
     placed += rate * positions[None, :] + joined["ks"][:, None]
     if cap < INF:
-        remaining = (joined["rest"][:, start:stop] if "rest" in joined else
+        remaining = (np.concatenate(rests)[joined["rest"], start:stop] if "rest" in joined else
                      ((first.layers - np.arange(width)) * least_rate)[start:stop])
         placed[placed + remaining >= cap] = INF
     reached = np.isfinite(placed).any(axis=1)

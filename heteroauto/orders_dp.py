@@ -38,6 +38,7 @@ class AllOrders:
     layers: int
     _candidates: np.ndarray | None = field(default=None, repr=False)
     _least_rate: float | None = field(default=None, repr=False)  # least time of one layer in any option
+    _limits: tuple = field(default=(None, None), repr=False)  # (bound, _group_layer_limits) of the last bound
 
     def __post_init__(self) -> None:
         sample = self.chain(self.types[0], None, len(self.types) == 1)
@@ -158,6 +159,11 @@ class AllOrders:
     def _group_layer_limits(self, bound: float) -> list[np.ndarray]:
         """Per type, per group (pipeline order), the most layers the group's stages admit under M in any
         order, position and front (a valid step's hi at any tail)."""
+        if self._limits[0] != bound:
+            self._limits = (bound, self._layer_limits(bound))
+        return self._limits[1]
+
+    def _layer_limits(self, bound: float) -> list[np.ndarray]:
         count, most = len(self.types), []
         for t in range(count):
             limits = None
