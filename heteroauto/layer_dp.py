@@ -83,13 +83,25 @@ class OrderedGroups:
     tp_values: list[int] = field(default_factory=list)  # every tp any option uses, sorted (given: shared slices)
     starts_pipeline: bool = True  # group 0 is the pipeline's first (False: a chain inside a longer pipeline)
     follower: bool = False  # the last group is the next chain's first: it gives the transfer, is not placed
+    # group steps by what makes them (group_key) and tail cap: (bound, steps) of the last bound asked, and
+    # the bound-free shapes; problems built from the same option lists may share one (their groups alike)
+    shared: dict = field(default_factory=dict, repr=False)
+    most_stages: int | None = None  # most stages any pipeline of the space has (default: these groups' most
+
+    # when they are a whole pipeline, else the layers)
 
     def __post_init__(self) -> None:
         self.tp_values = self.tp_values or sorted({o.tp for options in self.options for o in options})
-        # stages behind matter only through micro-batches in flight; relaxed: not at all
-        self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.layers)
-        self.shapes: dict = {}
-        self.steps_at: tuple[float, dict] = (math.nan, {})  # the steps of the last bound asked, by (g, tail cap)
+        # stages behind matter only through micro-batches in flight (relaxed: not at all), and never exceed
+        # the pipeline's stages: a cap at or above that count truncates nothing
+        most_stages = self.most_stages
+        if most_stages is None:
+            whole = self.starts_pipeline and not self.follower
+            most_stages = sum(max((o.pp for o in options), default=0)
+                              for options in self.options) if whole else self.layers
+        self.stage_cap = min(self.layers, most_stages)  # stages behind any state: at most L, at most the most
+        self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.stage_cap)
+        self._group_keys: list | None = None
         self.candidates: np.ndarray | None = None
 
     @property
@@ -99,6 +111,18 @@ class OrderedGroups:
 
     def front_tp(self, j: int) -> int | None:
         return None if j == len(self.tp_values) else self.tp_values[j]
+
+    def group_key(self, g: int) -> tuple:
+        """Everything group g's steps depend on besides the bound and the tail cap: two problems (two stage
+        orders, two chains) whose groups have equal keys share the steps. The options enter by identity:
+        the problems sharing a cache hold the lists (the caller keeps them alive as long as the cache)."""
+        if self._group_keys is None:
+            last = len(self.options) - 1
+            self._group_keys = [(id(options), g == 0 and self.starts_pipeline, g == last, tuple(self.tp_values),
+                                 tuple(sorted(self.boundary_send_s[g].items())), self.monotone_tp
+                                 and self.same_type_next[g], self.relaxed, self.micro_batches, self.alpha)
+                                for g, options in enumerate(self.options)]
+        return self._group_keys[g]
 
     # what the search asks of a problem (orders_dp.AllOrders answers the same for every order at once)
     def least_sum(self, bound: float, cap: float = INF) -> float:
@@ -154,11 +178,19 @@ def _allowances(bound: float, fixed_weight: np.ndarray, weight: np.ndarray) -> n
     """_allowance over arrays of stage variants."""
     if bound == INF:
         return np.full(len(weight), INF)
+    free = weight <= 0
+    return _allowances_of(bound, fixed_weight, np.where(free, 1.0, weight), free if free.any() else None)
+
+
+def _allowances_of(bound: float, fixed_weight: np.ndarray, positive_weight: np.ndarray,
+                   free: np.ndarray | None) -> np.ndarray:
+    """_allowances with the weights <= 0 (free: their mask, None when there is none) given as 1."""
     room = bound - fixed_weight
-    with np.errstate(divide="ignore", invalid="ignore"):
-        count = np.floor(room / weight * (1 + _ROUND) + _ROUND)
-    count = np.where(weight <= 0, INF, count)
-    return np.where(room < -abs(bound) * _ROUND, -1.0, count)
+    count = np.floor(room / positive_weight * (1 + _ROUND) + _ROUND)
+    if free is not None:
+        count[free] = INF
+    count[room < -abs(bound) * _ROUND] = -1.0
+    return count
 
 
 @dataclass
@@ -177,6 +209,21 @@ class _GroupShape:
     pair_weight: np.ndarray
     edge_caps: np.ndarray  # (pairs, tails)
     edge_fixed: np.ndarray  # per pair
+    # the allowances of the inner, first and edge stages in one call (weights <= 0 as 1, their mask or None)
+    every_fixed: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    every_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    every_free: np.ndarray | None = None
+    far: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (options, tails): flat index
+    near: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # of the running total
+    has_inner: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # (options, 1)
+    special: np.ndarray | None = None  # (options, 1): a first stage of its own
+
+    def __post_init__(self) -> None:
+        fixed = [self.inner_fixed] + ([self.first_fixed] if self.first_caps is not None else []) + [self.edge_fixed]
+        weight = [self.weight] + ([self.weight] if self.first_caps is not None else []) + [self.pair_weight]
+        self.every_fixed, every_weight = np.concatenate(fixed), np.concatenate(weight)
+        free = every_weight <= 0
+        self.every_weight, self.every_free = np.where(free, 1.0, every_weight), free if free.any() else None
 
 
 def _shape(problem: OrderedGroups, g: int, tail_cap: int) -> _GroupShape:
@@ -241,39 +288,45 @@ def group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int | No
     """Every (option, front) step of group g under bound M (inf: memory caps only), at tails
     0..tail_cap (default: the problem's, capped at b)."""
     tail_cap = problem.tail_cap if tail_cap is None else tail_cap
-    key = (g, tail_cap)
-    if problem.steps_at[0] != bound:
-        problem.steps_at = (bound, {})
-    known = problem.steps_at[1].get(key)
-    if known is None:
-        known = problem.steps_at[1][key] = _group_steps(problem, g, bound, tail_cap)
-    return known
+    key = ("steps", problem.group_key(g), tail_cap)
+    known = problem.shared.get(key)
+    if known is None or known[0] != bound:
+        known = problem.shared[key] = (bound, _group_steps(problem, g, bound, tail_cap))
+    return known[1]
 
 
 def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) -> GroupSteps:
-    key = (g, tail_cap)
-    shape = problem.shapes.get(key)
+    key = ("shape", problem.group_key(g), tail_cap)
+    shape = problem.shared.get(key)
     if shape is None:
-        shape = problem.shapes[key] = _shape(problem, g, tail_cap)
+        shape = problem.shared[key] = _shape(problem, g, tail_cap)
+        tails = np.zeros(tail_cap + 1, dtype=np.int64) if problem.relaxed else np.arange(tail_cap + 1)
+        options, depth = shape.inner_caps.shape
+        rows = np.arange(options)[:, None] * depth
+        shape.far = rows + tails[None, :] + shape.inner_far[:, None]
+        shape.near = rows + tails[None, :] + shape.inner_near[:, None] - 1
+        shape.has_inner = (shape.inner_far > 0)[:, None]
+        shape.special = None if shape.first_caps is None else np.isfinite(shape.first_fixed)[:, None]
     steps = shape.steps
     if not len(steps.pp):
         return steps
-    tails = np.zeros(tail_cap + 1, dtype=np.int64) if problem.relaxed else np.arange(tail_cap + 1)
+    options = len(shape.weight)
+    if bound == INF:
+        every = np.full(len(shape.every_fixed), INF)
+    else:
+        every = _allowances_of(bound, shape.every_fixed, shape.every_weight, shape.every_free)
     # inner stages: caps fall with distance (more micro-batches in flight); sum them by a running total
-    limited = np.minimum(shape.inner_caps, _allowances(bound, shape.inner_fixed, shape.weight)[:, None])
-    running = np.concatenate([np.zeros((len(limited), 1)), np.cumsum(limited[:, 1:], axis=1)], axis=1)
-    rows = np.arange(len(limited))[:, None]
-    has_inner = (shape.inner_far > 0)[:, None]
-    inner_hi = np.where(
-        has_inner, running[rows, tails[None, :] + shape.inner_far[:, None]] -
-        running[rows, tails[None, :] + shape.inner_near[:, None] - 1], 0.0)
-    inner_valid = ~has_inner | (limited[rows, tails[None, :] + shape.inner_far[:, None]] >= 1)
-    if shape.first_caps is not None:
-        first_hi = np.minimum(shape.first_caps, _allowances(bound, shape.first_fixed, shape.weight)[:, None])
-        special = np.isfinite(shape.first_fixed)[:, None]
-        inner_hi = inner_hi + np.where(special, first_hi, 0.0)
-        inner_valid = inner_valid & (~special | (first_hi >= 1))
-    edge_hi = np.minimum(shape.edge_caps, _allowances(bound, shape.edge_fixed, shape.pair_weight)[:, None])
+    limited = np.minimum(shape.inner_caps, every[:options, None])
+    running = np.zeros(limited.shape)  # from distance 1 (index 0 is never read)
+    np.cumsum(limited[:, 1:], axis=1, out=running[:, 1:])
+    running = running.ravel()
+    inner_hi = np.where(shape.has_inner, running[shape.far] - running[shape.near], 0.0)
+    inner_valid = ~shape.has_inner | (limited.ravel()[shape.far] >= 1)
+    if shape.special is not None:
+        first_hi = np.minimum(shape.first_caps, every[options:2 * options, None])
+        inner_hi = inner_hi + np.where(shape.special, first_hi, 0.0)
+        inner_valid = inner_valid & (~shape.special | (first_hi >= 1))
+    edge_hi = np.minimum(shape.edge_caps, every[len(every) - len(shape.edge_fixed):, None])
     hi = inner_hi[steps.option_index] + edge_hi
     valid = inner_valid[steps.option_index] & (edge_hi >= 1) & (hi >= steps.pp[:, None])
     return GroupSteps(options=steps.options, option_index=steps.option_index, front=steps.front,
@@ -401,6 +454,149 @@ def place_sums(problem: OrderedGroups, table: np.ndarray, bound: float, groups: 
     return tables, all_steps
 
 
+@dataclass
+class Rows:
+    """A sum table of shape (fronts, tails, layers + 1) by its rows that may hold a finite entry: rows[i] =
+    front * tails + tail (ascending), values[i] that row. orders_dp's tables are nearly all inf (about one
+    row in a hundred reachable), so they are kept this way."""
+    rows: np.ndarray
+    values: np.ndarray
+
+    def dense(self, fronts: int, tails: int) -> np.ndarray:
+        table = np.full((fronts * tails, self.values.shape[1]), INF)
+        table[self.rows] = self.values
+        return table.reshape(fronts, tails, -1)
+
+    def least_last(self) -> float:
+        """The least entry at the last layer count (inf: none)."""
+        return float(self.values[:, -1].min()) if len(self.rows) else INF
+
+    def reachable(self) -> bool:
+        return bool(len(self.rows)) and bool(np.isfinite(self.values).any())
+
+    @staticmethod
+    def merged(tables: list[Rows]) -> Rows:
+        """Entry-wise minimum of tables."""
+        if len(tables) == 1:
+            return tables[0]
+        return _rows_by_id(np.concatenate([t.rows for t in tables]), np.concatenate([t.values
+                                                                                     for t in tables]), np.minimum)
+
+
+def _rows_by_id(ids: np.ndarray, values: np.ndarray, op) -> Rows:
+    """Rows holding op-reduction of the values of equal ids, ids ascending."""
+    order = np.argsort(ids, kind="stable")
+    ids, values = ids[order], values[order]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.zeros(0, dtype=np.int64)
+    if len(starts) == len(ids):
+        return Rows(rows=ids, values=values)
+    return Rows(rows=ids[starts], values=op.reduceat(values, starts, axis=0))
+
+
+def place_sums_rows(jobs: list[tuple[OrderedGroups, int, list[Rows], np.ndarray | None]], bound: float,
+                    cap: float = INF, least_rate: float = 0.0) -> list[list[Rows]]:
+    """One group placed onto each of several Rows tables in one set of numpy calls: jobs[i] = (problem, g,
+    its tables, per table and layers placed a lower bound on what the groups still to place add, or None:
+    the layers left at least_rate), every problem with the same fronts, tails and layers (the chains of one
+    orders_dp.AllOrders). Per job, its tables after group g: as place_sums of that one group, entry for
+    entry (the rows left all inf dropped)."""
+    first = jobs[0][0]
+    fronts, tails, width = first.fronts, first.tail_cap + 1, first.layers + 1
+    size = fronts * tails  # ids of one table's rows
+    columns: dict[str, list] = {name: [] for name in ("tail", "low", "high", "rate", "ks", "to", "rest")}
+    sources: list[np.ndarray] = []
+    rests: list[np.ndarray] = []  # per job with a rest, its per-table rows; columns["rest"] indexes them all
+    least_left = ((first.layers - np.arange(width)) * least_rate).min()
+    base = rest_base = 0
+    for problem, g, tables, rest in jobs:
+        steps, count = group_steps(problem, g, bound), len(tables)
+        rows = np.concatenate([table.rows for table in tables])
+        if len(steps.pp) and len(rows):
+            copy = np.repeat(np.arange(count), [len(table.rows) for table in tables])
+            values = np.concatenate([table.values for table in tables])
+            front, tail = rows // tails, rows % tails
+            pair, row = np.nonzero((steps.front[:, None] == front[None, :]) & steps.valid[:, tail])
+            # rows a trim left all inf lead nowhere, nor, under a cap, rows whose every entry placed reaches
+            # it (their least entry, the group's least cost and the least the rest adds; room for rounding)
+            least = values.min(axis=1)[row]
+            if cap < INF:
+                least = least + steps.compute_s[pair] * steps.pp[pair] + steps.ks[pair] + (
+                    least_left if rest is None else rest.min(axis=1)[copy[row]])
+                keep = least < cap * (1 + 1e-9) + 1e-12
+            else:
+                keep = least < INF
+            pair, row = pair[keep], row[keep]
+            tail = tail[row]
+            sources.append(values[row])
+            columns["tail"].append(tail)
+            columns["low"].append(steps.pp[pair])
+            columns["high"].append(steps.hi[pair, tail])
+            columns["rate"].append(steps.compute_s[pair])
+            columns["ks"].append(steps.ks[pair])
+            columns["to"].append((base + copy[row]) * size + steps.destination[pair] * tails +
+                                 np.minimum(tail + steps.pp[pair], first.tail_cap))
+            if rest is not None:
+                columns["rest"].append(rest_base + copy[row])
+                rests.append(rest)
+                rest_base += count
+        base += count
+    empty = Rows(rows=np.zeros(0, dtype=np.int64), values=np.zeros((0, width)))
+    result = [[empty] * len(tables) for _, _, tables, _ in jobs]
+    if not sources or not sum(len(v) for v in sources):
+        return result
+    joined = {name: np.concatenate(values) for name, values in columns.items() if values}
+    source = np.concatenate(sources)
+    used = np.flatnonzero(np.isfinite(source).any(axis=0))
+    if not len(used):
+        return result
+    start = int(used[0])
+    stop = int(min(width, used[-1] + min(joined["high"].max(), width - 1) + 1))
+    positions = np.arange(start, stop, dtype=float)
+    rate = joined["rate"][:, None]
+    placed = _window_min(source[:, start:stop] - rate * positions[None, :], joined["low"], joined["high"])
+    placed += rate * positions[None, :] + joined["ks"][:, None]
+    if cap < INF:
+        remaining = (np.concatenate(rests)[joined["rest"], start:stop] if "rest" in joined else
+                     ((first.layers - np.arange(width)) * least_rate)[start:stop])
+        placed[placed + remaining >= cap] = INF
+    reached = np.isfinite(placed).any(axis=1)
+    if not reached.any():
+        return result
+    reduced = _rows_by_id(joined["to"][reached], placed[reached], np.minimum)
+    values = np.full((len(reduced.rows), width), INF)
+    values[:, start:stop] = _undominated(reduced.rows // tails, reduced.values)
+    keep = np.isfinite(values[:, start:stop]).any(axis=1)
+    ids, values = reduced.rows[keep], values[keep]
+    bounds = np.searchsorted(ids, np.arange(base + 1) * size)
+    copy = 0
+    for job, (_, _, tables, _) in enumerate(jobs):
+        for i in range(len(tables)):
+            lo, hi = bounds[copy], bounds[copy + 1]
+            if hi > lo:
+                result[job][i] = Rows(rows=ids[lo:hi] - copy * size, values=values[lo:hi])
+            copy += 1
+    return result
+
+
+def _undominated(groups: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """_drop_dominated on rows sorted by (group = table and front, tail): an entry that one with fewer
+    stages behind in its group matches or beats is cleared."""
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    if len(starts) == len(groups):
+        return values
+    counts = np.diff(np.r_[starts, len(groups)])
+    which = np.repeat(np.arange(len(starts)), counts)
+    rank = np.arange(len(groups)) - starts[which]
+    padded = np.full((len(starts), int(counts.max()), values.shape[1]), INF)
+    padded[which, rank] = values
+    prior = np.concatenate(
+        [np.full((len(starts), 1, values.shape[1]), INF),
+         np.minimum.accumulate(padded, axis=1)[:, :-1]], axis=1)[which, rank]
+    kept = values.copy()
+    kept[np.minimum(prior, kept) == prior] = INF
+    return kept
+
+
 def _place_rows(problem: OrderedGroups, steps: GroupSteps, table: np.ndarray, front: np.ndarray, copy_pair: np.ndarray,
                 tail: np.ndarray, positions: np.ndarray):
     """Each (copy, pair, tail) row of a group's placement: (its sums at layer columns start.., its
@@ -451,7 +647,7 @@ def _drop_dominated(table: np.ndarray, worst: float, better, live: np.ndarray | 
 def most_layers(problem: OrderedGroups, bound: float) -> float:
     """The most layers some choice holds under bound M within memory, with at least one layer per stage
     and at most L stages (-inf when not even one layer per stage fits)."""
-    most = np.full((problem.fronts, problem.layers + 1), -INF)
+    most = np.full((problem.fronts, problem.stage_cap + 1), -INF)
     most[problem.fronts - 1, 0] = 0.0
     most = place_most(problem, most, bound, range(len(problem.options) - 1, -1, -1))
     return float(most.max())
@@ -460,10 +656,10 @@ def most_layers(problem: OrderedGroups, bound: float) -> float:
 def place_most(problem: OrderedGroups, most: np.ndarray, bound: float, groups: range, copies: int = 1) -> np.ndarray:
     """Place `groups` (from the end) onto a table of most layers held per (front, stages behind); copies:
     that many tables stacked along the front axis, placed at once (as place_sums)."""
-    fronts, depth = problem.fronts * copies, problem.layers + 1
+    fronts, depth = problem.fronts * copies, problem.stage_cap + 1
     shift = (np.arange(copies) * problem.fronts)[:, None]
     for g in groups:
-        steps = group_steps(problem, g, bound, tail_cap=problem.layers)
+        steps = group_steps(problem, g, bound, tail_cap=problem.stage_cap)
         new = np.full(fronts * depth, -INF)
         front = (steps.front[None, :] + shift).ravel()  # per (copy, pair)
         copy_pair, tail = np.nonzero(np.tile(steps.valid, (copies, 1)) & np.isfinite(most[front]))
@@ -479,6 +675,39 @@ def place_most(problem: OrderedGroups, most: np.ndarray, bound: float, groups: r
         if not np.isfinite(most).any():
             break
     return most
+
+
+def place_most_together(jobs: list[tuple[OrderedGroups, int, np.ndarray]], bound: float) -> list[np.ndarray]:
+    """One group placed onto each of several tables of most layers in one set of numpy calls: jobs[i] =
+    (problem, g, its tables stacked along the front axis), every problem with the same fronts and layers
+    (the chains of one orders_dp.AllOrders). The result per job: as place_most of that one group."""
+    first = jobs[0][0]
+    fronts, depth = first.fronts, first.stage_cap + 1
+    sizes = [len(most) for _, _, most in jobs]
+    tables = np.concatenate([most for _, _, most in jobs])
+    reached = np.isfinite(tables)
+    rows, targets, reach = [], [], []
+    base = 0
+    for (problem, g, _), size in zip(jobs, sizes):
+        steps, copies = group_steps(problem, g, bound, tail_cap=problem.stage_cap), size // fronts
+        count = len(steps.pp)
+        if count:
+            front = (steps.front[None, :] + (base // fronts + np.arange(copies))[:, None] * fronts).ravel()
+            copy_pair, tail = np.nonzero(np.tile(steps.valid, (copies, 1)) & reached[front])
+            pair = copy_pair % count
+            keep = tail + steps.pp[pair] < depth
+            copy_pair, pair, tail = copy_pair[keep], pair[keep], tail[keep]
+            rows.append(front[copy_pair] * depth + tail)
+            reach.append(steps.hi[pair, tail])
+            targets.append((steps.destination[pair] + base + copy_pair // count * fronts) * depth + tail +
+                           steps.pp[pair])
+        base += size
+    new = np.full(len(tables) * depth, -INF)
+    if rows:
+        np.maximum.at(new, np.concatenate(targets), tables.reshape(-1)[np.concatenate(rows)] + np.concatenate(reach))
+    new = new.reshape(len(tables), depth)
+    _drop_dominated(new, -INF, np.maximum)
+    return np.split(new, np.cumsum(sizes)[:-1])
 
 
 def feasible(problem: OrderedGroups, bound: float) -> bool:

@@ -8,12 +8,15 @@ group, so t's last group is placed once per f, the minimum over f taken, and t's
 The per-type pieces are layer_dp chains built by the caller: t's groups followed by f's first group (which
 only supplies the transfer and is not placed), sharing one set of tp slices. Under a bound M, layer counts
 that the groups still to place cannot complete to L (at least one layer each, at most what their stages
-admit under M anywhere) are cleared after each type. Pure Python + numpy; imports
+admit under M anywhere) are cleared after each type. The sum tables are kept by their reachable rows
+(layer_dp.Rows: about one row in a hundred), and each step's placements, every chain's at once, are one
+set of numpy calls (layer_dp.place_sums_rows, place_most_together). Pure Python + numpy; imports
 layer_dp only (no search code, no torch).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -35,38 +38,40 @@ class AllOrders:
     layers: int
     _candidates: np.ndarray | None = field(default=None, repr=False)
     _least_rate: float | None = field(default=None, repr=False)  # least time of one layer in any option
+    _limits: tuple = field(default=(None, None), repr=False)  # (bound, _group_layer_limits) of the last bound
 
     def __post_init__(self) -> None:
         sample = self.chain(self.types[0], None, len(self.types) == 1)
-        self.fronts, self.tail_cap = sample.fronts, sample.tail_cap
+        self.fronts, self.tail_cap, self.stage_cap = sample.fronts, sample.tail_cap, sample.stage_cap
 
     # ---- the sweep over sets of types ----------------------------------------------------------------
-    def _sweep(self, start: np.ndarray, place_one: Callable, place_rest: Callable, merge, keep: bool = False,
-               trim: Callable | None = None):
+    def _sweep(self, start, place_one: Callable, place_rest: Callable, merge, keep: bool = False,
+               trim: Callable | None = None, reachable: Callable = lambda table: bool(np.isfinite(table).any())):
         """Tables after every (set, front type), built by set size; with keep, also each type's table
-        after only its last group (partial), for tracing the order back. The placements that share a
-        chain (same type, same next type) are handed over together: place_*(chain, tables, keys) ->
-        tables, keys[i] = (the set once the type is placed, the type). trim(placed set, type whose last
-        group alone is placed or -1, table): clears what cannot finish."""
+        after only its last group (partial), for tracing the order back. All placements of one step are handed
+        over at once, grouped by chain (same type, same next type): place_*([(chain, tables, keys), ...])
+        -> per chain its tables, keys[i] = (the set once the type is placed, the type). trim(placed set, type whose last
+        group alone is placed or -1, table): clears what cannot finish. Tables: numpy arrays, or whatever the
+        place_* functions, merge and reachable(table) take (layer_dp.Rows for sums)."""
         count, full = len(self.types), (1 << len(self.types)) - 1
-        level: dict[tuple[int, int], np.ndarray] = {(0, -1): start}
+        level: dict[tuple[int, int], object] = {(0, -1): start}
         kept: dict = {}
         for _ in range(count):
-            jobs: dict[tuple[int, int, bool], list[tuple[int, np.ndarray]]] = {}
+            jobs: dict[tuple[int, int, bool], list[tuple[int, object]]] = {}
             for (mask, front), table in level.items():
-                if not np.isfinite(table).any():
+                if not reachable(table):
                     continue  # nothing reachable: no order through this state
                 for t in range(count):
                     if not mask >> t & 1:
                         jobs.setdefault((t, front, (mask | 1 << t) == full), []).append((mask, table))
-            partial: dict[tuple[int, int], np.ndarray] = {}
-            for (t, front, starts), entries in jobs.items():
-                placed = place_one(self._chain(t, front, starts), [table
-                                                                   for _, table in entries], [(mask | 1 << t, t)
-                                                                                              for mask, _ in entries])
-                for (mask, _), after in zip(entries, placed):
-                    key = (mask | 1 << t, t)
-                    partial[key] = after if key not in partial else merge(partial[key], after)
+            arrivals: dict[tuple[int, int], list] = {}
+            batches = [(self._chain(t, front, starts), [table for _, table in entries], [(mask | 1 << t, t)
+                                                                                         for mask, _ in entries])
+                       for (t, front, starts), entries in jobs.items()]
+            for (_, _, keys), placed in zip(batches, place_one(batches) if batches else []):
+                for key, after in zip(keys, placed):
+                    arrivals.setdefault(key, []).append(after)
+            partial = {key: merge(tables) for key, tables in arrivals.items()}  # merge(tables) -> one table
             if trim is not None:
                 for (mask, t), table in partial.items():
                     trim(mask, t, table)
@@ -74,8 +79,10 @@ class AllOrders:
             for key in partial:
                 rest.setdefault((key[1], key[0] == full), []).append(key)
             level = {}
-            for (t, starts), keys in rest.items():
-                level.update(zip(keys, place_rest(self._chain(t, -1, starts), [partial[key] for key in keys], keys)))
+            batches = [(self._chain(t, -1, starts), [partial[key] for key in keys], keys)
+                       for (t, starts), keys in rest.items()]
+            for (_, _, keys), placed in zip(batches, place_rest(batches) if batches else []):
+                level.update(zip(keys, placed))
             if trim is not None:
                 for (mask, _), table in level.items():
                     trim(mask, -1, table)
@@ -94,21 +101,24 @@ class AllOrders:
 
         least_rest = self._least_rest(bound) if cap < INF else None
 
-        def place(chain, tables, groups, keys):
-            rest = None if least_rest is None else (
-                lambda step: np.array([least_rest(mask, t, groups[step]) for mask, t in keys]))
-            return layer_dp.place_sums(chain, np.concatenate(tables), bound, groups, cap, self._least_rate,
-                                       copies=len(tables), rest=rest)[0][-1]
+        def together(batches: list, step: int, live: list[int], groups: list[range], stacked: list) -> list:
+            jobs = [(batches[i][0], groups[i][step], stacked[i], None if least_rest is None else np.array(
+                [least_rest(mask, t, groups[i][step]) for mask, t in batches[i][2]])) for i in live]
+            return layer_dp.place_sums_rows(jobs, bound, cap, self._least_rate)
 
-        one, rest = _stacked(place)
-        return self._sweep(self._start_sum(), one, rest, np.minimum, keep, self._layer_trim(bound))
+        one, rest = _together(together, stack=list, unstack=lambda table, count: table)
+        start = layer_dp.Rows(rows=np.array([(self.fronts - 1) * (self.tail_cap + 1)]), values=np.full(
+            (1, self.layers + 1), INF))
+        start.values[0, 0] = 0.0
+        return self._sweep(start, one, rest, layer_dp.Rows.merged, keep, self._layer_trim(bound),
+                           reachable=layer_dp.Rows.reachable)
 
     def _layer_trim(self, bound: float) -> Callable:
         """trim for sum tables under M: clear the layer counts the groups still to place cannot complete to
         L, holding at least one layer each and at most what their stages admit under M at any position."""
         most = self._group_layer_limits(bound)
 
-        def trim(mask: int, partial: int, table: np.ndarray) -> None:
+        def trim(mask: int, partial: int, table: layer_dp.Rows) -> None:
             ahead = [t for t in range(len(self.types)) if not mask >> t & 1]
             most_ahead = sum(float(most[t].sum()) for t in ahead)
             count_ahead = sum(len(most[t]) for t in ahead)
@@ -117,8 +127,8 @@ class AllOrders:
                 count_ahead += len(most[partial]) - 1
             fewest = self.layers - most_ahead  # layers placed below this cannot reach L
             if fewest > 0:
-                table[:, :, :math.ceil(min(fewest, self.layers + 1))] = INF
-            table[:, :, max(0, self.layers - count_ahead + 1):] = INF
+                table.values[:, :math.ceil(min(fewest, self.layers + 1))] = INF
+            table.values[:, max(0, self.layers - count_ahead + 1):] = INF
 
         return trim
 
@@ -149,6 +159,11 @@ class AllOrders:
     def _group_layer_limits(self, bound: float) -> list[np.ndarray]:
         """Per type, per group (pipeline order), the most layers the group's stages admit under M in any
         order, position and front (a valid step's hi at any tail)."""
+        if self._limits[0] != bound:
+            self._limits = (bound, self._layer_limits(bound))
+        return self._limits[1]
+
+    def _layer_limits(self, bound: float) -> list[np.ndarray]:
         count, most = len(self.types), []
         for t in range(count):
             limits = None
@@ -168,17 +183,17 @@ class AllOrders:
         """The least sum of stage terms over every order under bound M (inf: nothing fits); a value >= cap
         means only 'not below cap' (layer_dp.place_sums)."""
         level, _ = self._sum_sweep(bound, cap=cap)
-        return min((float(table[:, :, -1].min()) for table in level.values()), default=INF)
+        return min((table.least_last() for table in level.values()), default=INF)
 
     def most_layers(self, bound: float) -> float:
-        start = np.full((self.fronts, self.layers + 1), -INF)
+        start = np.full((self.fronts, self.stage_cap + 1), -INF)
         start[self.fronts - 1, 0] = 0.0
 
-        def place(chain, tables, groups, keys):
-            return layer_dp.place_most(chain, np.concatenate(tables), bound, groups, copies=len(tables))
+        def together(batches: list, step: int, live: list[int], groups: list[range], stacked: list) -> list:
+            return layer_dp.place_most_together([(batches[i][0], groups[i][step], stacked[i]) for i in live], bound)
 
-        one, rest = _stacked(place)
-        level, _ = self._sweep(start, one, rest, np.maximum)
+        one, rest = _together(together, stack=np.concatenate, unstack=lambda table, count: np.split(table, count))
+        level, _ = self._sweep(start, one, rest, lambda tables: functools.reduce(np.maximum, tables))
         return max((float(table.max()) for table in level.values()), default=-INF)
 
     def feasible(self, bound: float) -> bool:
@@ -198,6 +213,9 @@ class AllOrders:
     def best_order(self, bound: float) -> tuple[str, ...]:
         """An order whose least sum under M is the least over every order (types from the pipeline's front)."""
         level, kept = self._sum_sweep(bound, keep=True)
+        tails = self.tail_cap + 1
+        level = {key: table.dense(self.fronts, tails) for key, table in level.items()}
+        kept = {key: table.dense(self.fronts, tails) for key, table in kept.items()}
         count, full = len(self.types), (1 << len(self.types)) - 1
         front = min(range(count), key=lambda t: float(level[(full, t)][:, :, -1].min()) if (full, t) in level else INF)
         table = level[(full, front)][:, :, -1]
@@ -244,16 +262,31 @@ class AllOrders:
         return walked[1]
 
 
-def _stacked(place: Callable) -> tuple[Callable, Callable]:
-    """The sweep's place_one (a chain's last placed group) and place_rest (its other groups) from
-    place(chain, tables stacked along the front axis, groups from the end) -> the stacked result."""
+def _last_group(chain: OrderedGroups) -> range:
+    """The chain's last placed group (its follower, if any, only gives the transfer)."""
+    last = len(chain.options) - 1 - chain.follower
+    return range(last, last - 1, -1)
 
-    def one(chain, tables, keys):
-        last = len(chain.options) - 1 - chain.follower
-        return np.split(place(chain, tables, range(last, last - 1, -1), keys), len(tables))
 
-    def rest(chain, tables, keys):
-        return np.split(place(chain, tables, range(len(chain.options) - 2, -1, -1), keys), len(tables))
+def _together(together: Callable, stack: Callable, unstack: Callable) -> tuple[Callable, Callable]:
+    """The sweep's place_one (each chain's last placed group) and place_rest (its other groups, from the
+    end) from together(batches, step, live, groups, stacked): every live batch's step-th group placed on
+    its stacked tables (stack(tables); unstack(stacked, count) -> the tables) in one set of numpy calls,
+    the new stacked tables returned in live's order."""
+
+    def place(batches: list, groups: list[range]) -> list[list]:
+        stacked = [stack(tables) for _, tables, _ in batches]
+        for step in range(max(len(r) for r in groups)):
+            live = [i for i, r in enumerate(groups) if step < len(r)]
+            for i, table in zip(live, together(batches, step, live, groups, stacked)):
+                stacked[i] = table
+        return [unstack(table, len(tables)) for table, (_, tables, _) in zip(stacked, batches)]
+
+    def one(batches: list) -> list[list]:
+        return place(batches, [_last_group(chain) for chain, _, _ in batches])
+
+    def rest(batches: list) -> list[list]:
+        return place(batches, [range(len(chain.options) - 2, -1, -1) for chain, _, _ in batches])
 
     return one, rest
 

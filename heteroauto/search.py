@@ -216,7 +216,14 @@ class _Item:
     lower_bound_s: float = 0.0  # below every plan of the item (order-free relaxation)
     pending: list = field(default_factory=list)  # (lower bound, kind, key, least M, floor) of work not done yet
     problems: dict = field(default_factory=dict)  # ordered problems built so far
+    shared: dict = field(default_factory=dict)  # group steps shared by those problems (layer_dp.group_steps)
     bounded: bool = False
+
+    def most_stages(self) -> int:
+        """The most pipeline stages any plan of the item has: every group at its deepest option."""
+        return sum(
+            max(o.pp for o in self.options[(name, group.count)]) for name, groups in self.groups.items()
+            for group in groups)
 
 
 class Planner:
@@ -403,7 +410,8 @@ class Planner:
             same.append(same_type)
         return OrderedGroups(micro_batches=self.training.micro_batch_units // item.dp, alpha=self.training.alpha,
                              layers=self.model.num_layers, options=options, boundary_send_s=boundary,
-                             same_type_next=same, monotone_tp=self.monotone_tp, relaxed=level != "exact", **chain)
+                             same_type_next=same, monotone_tp=self.monotone_tp, relaxed=level != "exact",
+                             shared=item.shared, most_stages=item.most_stages(), **chain)
 
     def _cheapest_from(self, item: _Item, chip: ChipType, tp: int) -> float:
         """The cheapest transfer from a stage of `chip` at `tp` to a stage of any other type."""

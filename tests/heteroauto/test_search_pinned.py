@@ -1,0 +1,59 @@
+"""The default search's plans pinned: a faster search must find the very plans (and iteration times) it
+found before (Exp-A/B/C of the H2 paper), and still equal the exhaustive oracle on small problems."""
+
+import os
+import random
+
+import pytest
+
+from autohelpers import CLUSTERS, random_problem
+from h2.core.cluster import load_cluster
+from h2.core.errors import UserError
+from h2.core.model_config import preset
+from heteroauto.oracle import oracle_search
+from heteroauto.profiles import profiles_for
+from heteroauto.search import search
+
+# experiment: (iteration s, dp, groups in pipeline order, tp, recompute, stage layers) of the default search
+PINNED = {
+    "exp-a-1": (34.22975554601521, 32, ("A", "C", "B"), (4, 8, 8), (False, False, False), ((20, 20), (15, ), (41, ))),
+    "exp-b-1": (19.962510383303517, 8, ("B#0", "B#1", "A#0", "A#1", "C#0", "C#1", "D#0", "D#1"),
+                (8, 8, 8, 8, 8, 8, 4, 8), (False, ) * 8, ((6, 6), (6, 6), (5, 5), (5, 5), (2, 2), (2, 2), (5, 6, 6, 6),
+                                                          (11, 10))),
+    "exp-c-1": (28.5190275687362, 16, ("A#0", "A#1", "A#2", "B#0", "B#1", "B#2", "B#3", "B#4", "B#5", "B#6", "B#7"),
+                (8, 8, 8, 4, 4, 4, 4, 4, 4, 8, 8), (False, ) * 11, ((7, ), (7, ), (7, ), (4, 5), (5, 5), (5, 5), (5, 5),
+                                                                    (5, 5), (5, 5), (8, ), (8, ))),
+    "exp-b-2": (66.68373933025703, 16, ("C#0", "C#1", "A#0", "A#1", "B#0", "B#1", "D#0", "D#1"),
+                (4, 8, 2, 2, 4, 4, 2, 4), (False, False, False, False, False, False, True, False),
+                ((2, 2), (3, ), (3, 3, 3, 3), (3, 3, 3, 3), (6, 6), (6, 6), (5, 5, 5, 5), (10, 11))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_default_search_finds_the_pinned_plan(name):
+    cluster = load_cluster(os.path.join(CLUSTERS, f"{name}.yaml"))
+    model = preset("h2-100b")
+    result = search(cluster, model, cluster.training, profiles_for(cluster, model, cluster.training))
+    iteration_s, dp, groups, tps, recompute, stage_layers = PINNED[name]
+    plan = result.best
+    assert result.optimal
+    assert (plan.dp, tuple(g.label for g in plan.groups), plan.tps, plan.recompute,
+            plan.stage_layers) == (dp, groups, tps, recompute, stage_layers)
+    assert plan.objective_s == pytest.approx(iteration_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("group_size", [None, 2])
+def test_search_equals_the_oracle_on_fixed_small_problems(seed, group_size):
+    cluster, model, training = random_problem(random.Random(1000 + seed), max_types=3)
+    profiles = profiles_for(cluster, model, training)
+    try:
+        oracle = oracle_search(cluster, model, training, profiles, group_size=group_size)
+    except UserError as error:
+        if "too large" in str(error):
+            pytest.skip("past the oracle's limit")
+        with pytest.raises(UserError):
+            search(cluster, model, training, profiles, group_size=group_size)
+        return
+    found = search(cluster, model, training, profiles, group_size=group_size)
+    assert found.best.objective_s == pytest.approx(oracle.objective_s, rel=1e-9)
