@@ -159,9 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(handler=_model_info)
 
-    from h2.cli import ps, run
+    from h2.cli import data, ps, run
     ps.add_commands(sub)
     run.add_parsers(sub)
+    data.add_commands(sub)
     return parser
 
 

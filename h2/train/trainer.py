@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
 
 import numpy as np
@@ -14,7 +15,7 @@ from h2.core.devices import resolve_device
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from h2.core.training import TrainConfig
-from h2.data import SequenceStream, load_stdlib_corpus
+from h2.data import adopt_data_options, load_training_data
 from h2.data.corpus import Corpus
 from h2.model.transformer import Transformer, language_model_loss
 from h2.train.checkpoint import (
@@ -47,6 +48,7 @@ class Trainer:
         start = RunStart(out_dir, resume=resume, overwrite=overwrite)
         start.check_continues(SINGLE_DEVICE, model_config)
         config = start.adopt_trajectory(config, explicit)
+        config = adopt_data_options(config, start.checkpoint and start.checkpoint.manifest["train_config"], explicit)
         self.checkpoints, self.metrics = start.checkpoints, start.metrics
         self.show_progress = show_progress
         if config.lr_decay_steps is None:
@@ -58,12 +60,13 @@ class Trainer:
         self.model_config, self.config = model_config, config
         self.device = resolve_device(config.device)
         check_training_fits(model_config, config, self.device)
+        self.stream, self.validation, self.tokenizer = load_training_data(config, model_config, cache_dir=os.path.join(
+            out_dir, "data_cache"), corpus=corpus, progress=show_progress)
 
         torch.manual_seed(config.seed)
         self.model = Transformer(model_config).to(self.device)
         self.optimizer = build_adamw(self.model, config)
         self.parameter_names = {id(param): name for name, param in self.model.named_parameters()}
-        self.stream = SequenceStream(corpus or load_stdlib_corpus(), config.seq_len, seed=config.seed)
         self.step, self.elapsed_s = 0, 0.0
         self.data_partition = (0, 1)  # (index, count): a Di-PS cluster reads its own part of every batch
         if start.checkpoint is not None:
