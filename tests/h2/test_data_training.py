@@ -7,6 +7,7 @@ import json
 import pytest
 
 from h2.cli.main import main
+from h2.data import load_data
 from h2.train.checkpoint import CheckpointDir
 from h2.train.metrics import read_metrics
 from tests.h2.test_data_sources import _texts, write_jsonl, write_parquet
@@ -48,6 +49,8 @@ def test_loss_falls_and_a_resumed_run_is_bit_exact(workload, tmp_path):
     manifest = CheckpointDir(str(parts)).load_latest().manifest
     assert manifest["data"]["position"] == 50 * 4
     assert manifest["train_config"]["data"] == workload["data"]
+    trained_on = load_data(workload["data"], tokenizer=workload["tokenizer"], seq_len=32).train.corpus.fingerprint
+    assert manifest["data"]["corpus"] == trained_on
     # --resume without the data options reads the checkpoint's data again
     assert main([
         "train", "--model-config", workload["model"], "--out",
