@@ -11,13 +11,16 @@ from h2.data.load import (
     adopt_data_options,
     check_data_options,
     load_data,
+    load_run_tokenizer,
     load_training_data,
     prepare_data_cache,
+    save_run_tokenizer,
 )
 from h2.data.stream import SequenceStream
 from h2.data.tokenizer import ByteTokenizer, load_tokenizer
 
 __all__ = [
     "ByteTokenizer", "Corpus", "LoadedData", "adopt_data_options", "check_data_options", "load_data",
-    "load_stdlib_corpus", "load_tokenizer", "load_training_data", "prepare_data_cache", "SequenceStream"
+    "load_run_tokenizer", "save_run_tokenizer", "load_stdlib_corpus", "load_tokenizer", "load_training_data",
+    "prepare_data_cache", "SequenceStream"
 ]

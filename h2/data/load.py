@@ -189,3 +189,20 @@ def adopt_data_options(config, checkpoint_train_config: dict | None, explicit: f
         if name in checkpoint_train_config and name not in explicit
     }
     return dataclasses.replace(config, **saved)
+
+
+RUN_TOKENIZER = "tokenizer"
+
+
+def save_run_tokenizer(tokenizer, out_dir: str) -> list[str]:
+    """Copy the run's tokenizer files into `<out_dir>/tokenizer/` (none for the byte tokenizer), so that
+    generating from and exporting a run do not depend on where the tokenizer was."""
+    return tokenizer.save(os.path.join(out_dir, RUN_TOKENIZER))
+
+
+def load_run_tokenizer(out_dir: str):
+    """The tokenizer a run in `out_dir` trained with (`save_run_tokenizer`): bytes when it kept no file."""
+    folder = os.path.join(out_dir, RUN_TOKENIZER)
+    if os.path.isdir(folder) and os.listdir(folder):
+        return load_tokenizer(folder)
+    return ByteTokenizer()

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from h2.core.errors import UserError
 from h2.core.links import PeerLinks
 from h2.core.training import TRAJECTORY_FIELDS, PipelineOptions, TrainConfig
-from h2.data import adopt_data_options, load_training_data
+from h2.data import adopt_data_options, load_training_data, save_run_tokenizer
 from h2.data.corpus import Corpus
 from h2.train.checkpoint import (
     Checkpoint,
@@ -117,6 +117,7 @@ class PipelineTrainer:
             self._restore(checkpoint)
         if start is not None and self.writes_metrics:
             start.prepare()
+            save_run_tokenizer(self.tokenizer, out_dir)
 
     # ---- checkpoints -----------------------------------------------------------------------
     def _same_layout(self, checkpoint: Checkpoint) -> bool:

@@ -15,7 +15,7 @@ from h2.core.devices import resolve_device
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from h2.core.training import TrainConfig
-from h2.data import adopt_data_options, load_training_data
+from h2.data import adopt_data_options, load_training_data, save_run_tokenizer
 from h2.data.corpus import Corpus
 from h2.model.transformer import Transformer, language_model_loss
 from h2.train.checkpoint import (
@@ -72,6 +72,7 @@ class Trainer:
         if start.checkpoint is not None:
             self._restore(start.checkpoint)
         start.prepare()
+        save_run_tokenizer(self.tokenizer, out_dir)
 
     def _restore(self, checkpoint) -> None:
         with torch.no_grad():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from h2.cli.main import main
-from h2.data import load_data
+from h2.data import load_data, load_run_tokenizer, load_tokenizer
 from h2.train.checkpoint import CheckpointDir
 from h2.train.metrics import read_metrics
 from tests.h2.test_data_sources import _texts, write_jsonl, write_parquet
@@ -43,6 +43,9 @@ def test_loss_falls_and_a_resumed_run_is_bit_exact(workload, tmp_path):
     losses = [r["loss"] for r in read_metrics(whole / "metrics.jsonl")]
     assert len(losses) == STEPS
     assert sum(losses[-10:]) / 10 <= 0.8 * sum(losses[:10]) / 10
+    kept = load_run_tokenizer(str(whole))  # the run keeps its tokenizer's files (for generate and export)
+    assert kept.fingerprint == load_tokenizer(workload["tokenizer"]).fingerprint
+    assert kept.decode(kept.encode("seven wizards")) == "seven wizards"
 
     parts = tmp_path / "parts"
     assert _train(workload, parts, "--steps", "50") == 0
