@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -63,8 +64,16 @@ def _init_worker(tokenizer_path: str | None) -> None:
     _WORKER_TOKENIZER = load_tokenizer(tokenizer_path)
 
 
-def _encode_in_worker(texts: list[str]) -> list[np.ndarray]:
-    return _WORKER_TOKENIZER.encode_batch(texts)
+def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """One batch's tokens, flat in the shards' dtype, and each document's length: little to pickle back."""
+    encoded = _WORKER_TOKENIZER.encode_batch(texts)
+    flat = np.concatenate(encoded) if encoded else np.empty(0, dtype=np.int64)
+    return flat.astype(token_dtype(_WORKER_TOKENIZER.vocab_size)), np.array([len(e) for e in encoded], dtype=np.int64)
+
+
+def _unpacked(packed: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
+    flat, lengths = packed
+    return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
 
 def _batches(documents: Iterator[str]) -> Iterator[list[str]]:
@@ -86,9 +95,12 @@ def encoded_batches(source: DataSource, tokenizer, tokenizer_path: str | None,
         for batch in _batches(source.documents()):
             yield tokenizer.encode_batch(batch)
         return
-    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    # fork is quick, but not from a process with other threads (a pipeline rank's watchdog and gloo)
+    forkable = sys.platform.startswith("linux") and threading.active_count() == 1
+    context = multiprocessing.get_context("fork" if forkable else "spawn")
     with context.Pool(workers, initializer=_init_worker, initargs=(tokenizer_path, )) as pool:
-        yield from pool.imap(_encode_in_worker, _batches(source.documents()), chunksize=1)
+        for packed in pool.imap(_encode_in_worker, _batches(source.documents()), chunksize=1):
+            yield _unpacked(packed)
 
 
 # ---- writing a prepared folder --------------------------------------------------------------------

@@ -190,6 +190,9 @@ def _refused(capsys, argv, message):
     ("empty_file", "empty (0 bytes)"),
     ("empty_texts", "empty dataset"),
     ("not_utf8", "not UTF-8 text"),
+    ("bad_json_line", "not a JSON line"),
+    ("not_text", "field 'text' is int, not text"),
+    ("no_eod", "no end-of-document token"),
     ("bad_parquet", "not a parquet file"),
     ("bad_tokenizer", "not a Hugging Face tokenizer.json"),
     ("bad_sentencepiece", "not a sentencepiece model"),
@@ -221,6 +224,14 @@ def test_bad_data_is_refused_in_one_line_before_any_work(case, message, tmp_path
     elif case == "not_utf8":
         data = tmp_path / "data.txt"
         data.write_bytes(b"\xff\xfe\x00bad")
+    elif case == "bad_json_line":
+        data.write_text("{not json\n")
+    elif case == "not_text":
+        data.write_text(json.dumps({"text": 7}) + "\n")
+    elif case == "no_eod":
+        from tokenizers import Tokenizer, models
+        tokenizer = str(tmp_path / "plain.json")
+        Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>")).save(tokenizer)
     elif case == "bad_parquet":
         data = tmp_path / "data.parquet"
         data.write_bytes(b"not parquet at all")
@@ -261,3 +272,15 @@ def test_a_tokenizer_larger_than_the_model_is_refused(data_dir, bpe, tmp_path, c
     _refused(capsys, ["train", "--tokenizer", bpe, "--model-config",
                       _model_yaml(tmp_path, 512), "--out",
                       str(out)], "give --data too")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--validation-fraction", "0"], "--validation-fraction must be in (0, 1)"),
+    (["--seq-len", "64", "--data", "SHORT"], "too few for a training and a validation sequence"),
+])
+def test_options_that_leave_no_training_or_validation_data_are_refused(extra, message, tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("a few words")
+    argv = ["train", "--out", str(tmp_path / "run"), "--quiet", *extra]
+    _refused(capsys, [str(short) if a == "SHORT" else a for a in argv], message)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
