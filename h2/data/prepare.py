@@ -24,6 +24,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import queue
 import shutil
 import sys
 import tempfile
@@ -90,7 +91,12 @@ def _batches(documents: Iterator[str]) -> Iterator[list[str]]:
 
 def encoded_batches(source: DataSource, tokenizer, tokenizer_path: str | None,
                     workers: int) -> Iterator[list[np.ndarray]]:
-    """Every document's tokens, batch by batch in document order; `workers` > 1: a process pool."""
+    """Every document's tokens, batch by batch in document order. A tokenizer whose library encodes a
+    batch on every CPU itself (the `tokenizers` library) does so here while a thread reads the next
+    batches; the others are spread over a pool of `workers` processes."""
+    if getattr(tokenizer, "encodes_in_parallel", False):
+        yield from _encoded_reading_ahead(source, tokenizer)
+        return
     if workers <= 1:
         for batch in _batches(source.documents()):
             yield tokenizer.encode_batch(batch)
@@ -101,6 +107,45 @@ def encoded_batches(source: DataSource, tokenizer, tokenizer_path: str | None,
     with context.Pool(workers, initializer=_init_worker, initargs=(tokenizer_path, )) as pool:
         for packed in pool.imap(_encode_in_worker, _batches(source.documents()), chunksize=1):
             yield _unpacked(packed)
+
+
+_END = object()
+
+
+def _encoded_reading_ahead(source: DataSource, tokenizer) -> Iterator[list[np.ndarray]]:
+    """Encode batch by batch while a thread reads and parses the next ones (the library releases the
+    GIL while it encodes); an error while reading is raised here."""
+    batches: queue.Queue = queue.Queue(maxsize=4)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                batches.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for batch in _batches(source.documents()):
+                if not put(batch):
+                    return
+            put(_END)
+        except BaseException as error:  # handed to the consumer, which raises it
+            put(error)
+
+    reader = threading.Thread(target=read, name="h2-data-reader", daemon=True)
+    reader.start()
+    try:
+        while (item := batches.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield tokenizer.encode_batch(item)
+    finally:
+        stop.set()
+        reader.join(timeout=5)
 
 
 # ---- writing a prepared folder --------------------------------------------------------------------

@@ -87,6 +87,7 @@ class HFTokenizer:
     """A Hugging Face `tokenizer.json`, through the `tokenizers` library."""
 
     kind = "tokenizers"
+    encodes_in_parallel = True  # encode_batch runs on every CPU (the library's own threads)
 
     def __init__(self, path: str):
         from tokenizers import Tokenizer as HF

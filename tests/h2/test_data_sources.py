@@ -110,6 +110,21 @@ def test_prepared_shards_equal_tokens_prepared_on_the_fly(data_dir, bpe, tmp_pat
     assert from_folder.tokenizer.fingerprint == load_tokenizer(bpe).fingerprint
 
 
+def test_a_pool_of_processes_tokenizes_as_one_process_does(data_dir, tmp_path):
+    """The byte tokenizer (like sentencepiece) is spread over --workers processes: same tokens, in order."""
+    assert main([
+        "data", "prepare", "--data",
+        str(data_dir), "--out",
+        str(tmp_path / "bytes"), "--quiet", "--workers", "2"
+    ]) == 0
+    pooled = open_prepared(str(tmp_path / "bytes"))
+    single = load_data(str(data_dir), seq_len=32)
+    tokens = np.concatenate([single.train.corpus.tokens, single.validation.corpus.tokens])
+    assert pooled.index["dtype"] == "uint16" and pooled.index["documents"] == 500
+    assert np.array_equal(pooled.tokens.to_array(), tokens)
+    assert int(tokens[pooled.document_starts[1] - 1]) == 0  # bytes: NUL ends a document
+
+
 def test_token_dtype_follows_the_vocabulary(data_dir, tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     assert token_dtype(65535) == np.uint16 and token_dtype(65536) == np.uint32
@@ -284,3 +299,15 @@ def test_options_that_leave_no_training_or_validation_data_are_refused(extra, me
     argv = ["train", "--out", str(tmp_path / "run"), "--quiet", *extra]
     _refused(capsys, [str(short) if a == "SHORT" else a for a in argv], message)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_bad_record_deep_in_a_file_is_one_line_when_tokenizing_reaches_it(tmp_path, bpe, capsys):
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, _texts(1200, 4))
+    with open(data, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"body": "no text field"}) + "\n")
+    _refused(capsys,
+             ["data", "prepare", "--data",
+              str(data), "--tokenizer", bpe, "--out",
+              str(tmp_path / "p"), "--quiet"], f"{data}:1201: no field 'text'")
+    assert not (tmp_path / "p").exists() and [p.name for p in tmp_path.iterdir()] == ["data.jsonl"]
