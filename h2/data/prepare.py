@@ -42,8 +42,8 @@ FORMAT, VERSION = "h2-tokens", 1
 INDEX = "index.json"
 DOCUMENTS = "documents.npy"
 DEFAULT_SHARD_TOKENS = 1 << 26
-BATCH_DOCUMENTS = 512
-BATCH_CHARS = 1 << 20
+BATCH_DOCUMENTS = 4096
+BATCH_CHARS = 4 << 20
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
