@@ -178,11 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(handler=_model_info)
 
-    from h2.cli import export, generate, ps, run
+    from h2.cli import data, export, generate, ps, run
     export.add_parser(sub)
     ps.add_commands(sub)
     run.add_parsers(sub)
     generate.add_parser(sub)
+    data.add_commands(sub)
     return parser
 
 

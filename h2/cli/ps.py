@@ -130,6 +130,13 @@ def _write_secrets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_data(config) -> None:
+    """The clusters' data options (the run file's train section), refused here rather than in each cluster."""
+    from h2.core.model_config import resolve_model
+    from h2.data import check_data_options
+    check_data_options(config.train, resolve_model(config.model))
+
+
 def _launch(args: argparse.Namespace) -> int:
     from h2.ps.auth import participant_file, shard_name
     from h2.ps.supervisor import Child, Supervisor
@@ -137,6 +144,7 @@ def _launch(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite exclude each other")
     config = load_dips_config(args.config)
+    _check_data(config)
     if not config.clusters:
         raise UserError(f"{args.config}: field 'clusters' lists no cluster to launch")
     kills = [_parse_kill(text) for text in args.kill]

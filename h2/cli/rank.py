@@ -163,8 +163,14 @@ def join_job(job: ResolvedJob, describe):
 
 def build_trainer(job: ResolvedJob, links, watchdog):
     """The rank's PipelineTrainer; a restarted attempt continues in the folder its job made its own."""
-    from h2.train.pipeline import PipelineTrainer
+    import torch.distributed as dist
 
+    from h2.data import prepare_data_cache
+    from h2.train.pipeline import PipelineTrainer, data_cache_dir
+
+    if job.out is not None and dist.get_rank() == 0:  # the others find the data prepared
+        prepare_data_cache(job.train, data_cache_dir(job.out))
+    dist.barrier()
     restarted = torchrun_attempt() > 0 and watchdog.store.check([FOLDER_PREPARED])
     trainer = PipelineTrainer(job.strategy, job.train, job.out, job.pipeline, source=job.source, links=links,
                               chip_labels=job.chip_labels, resume=job.resume, overwrite=job.overwrite,

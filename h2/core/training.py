@@ -62,6 +62,18 @@ class TrainConfig:
         None, "start from the weights of a Hugging Face model folder (config.json and model.safetensors, or "
         "shards with their index; pickles are refused); the model is its config.json unless given, and "
         "must match it", metavar="DIR")
+    # ---- data (h2.data): what the run trains on ----
+    data: str | None = option(
+        None, "training text: a file, a folder or a glob of .txt, .jsonl/.json or .parquet files, a folder "
+        "saved by datasets' save_to_disk, or a folder prepared by `h2 data prepare`",
+        default_text="the embedded standard-library corpus", metavar="PATH")
+    data_field: str = option("text", "the field of .jsonl/.json/.parquet/datasets records that holds the text")
+    tokenizer: str | None = option(
+        None, "a Hugging Face tokenizer.json or a sentencepiece .model (or a folder "
+        "holding one)", default_text="bytes", metavar="PATH")
+    validation_fraction: float = option(
+        0.01, "fraction of the data's tokens held out for validation "
+        "(at least one sequence)")
 
     def __post_init__(self) -> None:
         checks = [("steps", self.steps >= 1), ("micro_batch_size", self.micro_batch_size >= 1),

@@ -86,6 +86,7 @@ def resolve_pipeline_job(values: dict, run: RunOptions,
 def check_options(values: dict, run: RunOptions) -> tuple[Strategy, TrainConfig, PipelineOptions]:
     """The strategy file and the options that go with it, each refusal one line."""
     from h2.core.strategy import load_strategy
+    from h2.data import check_data_options
     from h2.train.loggers import check_available as check_loggers_available
     from heteropp.groups import check_p2p_backend
     from heteropp.job_checks import check_pipeline_job
@@ -103,6 +104,7 @@ def check_options(values: dict, run: RunOptions) -> tuple[Strategy, TrainConfig,
     check_p2p_backend(options.p2p_backend)
     check_pipeline_job(strategy, config, options, run.strategy)
     check_loggers_available(config.loggers)
+    check_data_options(config, strategy.model_config(run.strategy))
     return strategy, config, options
 
 

@@ -1,12 +1,11 @@
-"""Evaluation on the held-out validation split: which data a run trains and validates on, when it
-evaluates, and the loss and perplexity of one evaluation.
+"""Evaluation on the held-out validation split: when a run evaluates, which batches, and the loss and
+perplexity of one evaluation.
 
-The default corpus is split once (`data_streams`): training reads its head, validation its last
-`VALIDATION_FRACTION`, so the validation loss is measured on text the model never trained on. The split
-is the same with and without `--eval-every`: switching evaluation on changes no training step. An
-evaluation reads the same `eval_batches` global batches every time, the first ones of the validation
-stream (its own fixed order, whatever the run's seed), forward only: no gradients, no optimizer
-step, no random numbers drawn, and the training stream's position is untouched.
+The split itself is h2.data's (`load_data`: training reads the data's head, validation its last
+`--validation-fraction`), made the same with and without `--eval-every`, so switching evaluation on
+changes no training step. An evaluation reads the same `eval_batches` global batches every time, the
+first ones of the validation stream (its own fixed order, whatever the run's seed), forward only: no
+gradients, no optimizer step, no random numbers drawn, and the training stream's position is untouched.
 """
 
 from __future__ import annotations
@@ -16,28 +15,9 @@ import math
 
 import torch
 
-from h2.core.errors import UserError
 from h2.core.training import TrainConfig
 from h2.data import SequenceStream
-from h2.data.corpus import Corpus
 from h2.model.transformer import language_model_loss
-
-VALIDATION_FRACTION = 0.01
-VALIDATION_SEED = 0  # the validation order, the same for every run on the same text
-
-
-def data_streams(corpus: Corpus, seq_len: int, seed: int,
-                 validate: bool) -> tuple[SequenceStream, SequenceStream | None]:
-    """The training stream (the corpus's head, in the run's seeded order) and, when the run
-    `validate`s, the validation stream (its tail, in a fixed order). The one place the trainers take
-    their data from."""
-    training, validation = corpus.split(VALIDATION_FRACTION)
-    if not validate:
-        return SequenceStream(training, seq_len, seed=seed), None
-    if len(validation) < seq_len + 1:
-        raise UserError(f"--eval-every: the validation split (the last {VALIDATION_FRACTION:.0%} of the corpus, "
-                        f"{len(validation)} tokens) is shorter than one sequence of {seq_len + 1} tokens")
-    return SequenceStream(training, seq_len, seed=seed), SequenceStream(validation, seq_len, seed=VALIDATION_SEED)
 
 
 def validation_batches(validation: SequenceStream, global_batch: int, batches: int) -> list[torch.Tensor]:

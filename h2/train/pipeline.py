@@ -28,7 +28,7 @@ import torch.distributed as dist
 from h2.core.errors import UserError
 from h2.core.links import PeerLinks
 from h2.core.training import TRAJECTORY_FIELDS, PipelineOptions, TrainConfig
-from h2.data import load_stdlib_corpus
+from h2.data import adopt_data_options, load_training_data, save_run_tokenizer
 from h2.data.corpus import Corpus
 from h2.train import evaluation
 from h2.train.checkpoint import (
@@ -96,6 +96,11 @@ def pipeline_start(strategy, config: TrainConfig, out_dir: str, *, resume: bool 
     return start, config
 
 
+def data_cache_dir(out_dir: str | None) -> str | None:
+    """Where a run's data prepared on the fly is kept (h2.data.load_data); None: in memory."""
+    return os.path.join(out_dir, "data_cache") if out_dir is not None else None
+
+
 class PipelineTrainer:
 
     def __init__(self, strategy, config: TrainConfig, out_dir: str | None, options: PipelineOptions | None = None,
@@ -108,6 +113,7 @@ class PipelineTrainer:
             start, config = pipeline_start(strategy, config, out_dir, resume=resume, overwrite=overwrite,
                                            restarted=restarted, explicit=explicit, source=source)
         checkpoint = start.checkpoint if start else None
+        config = adopt_data_options(config, checkpoint and checkpoint.manifest["train_config"], explicit)
         self.strategy = strategy
         check_rank_fits(strategy, config, dist.get_rank(), chip_labels)
         self.engine = PipelineEngine(strategy, config, options, source=source, links=links, chip_labels=chip_labels)
@@ -115,10 +121,10 @@ class PipelineTrainer:
         self.model_config = self.engine.model_config
         self.topology, self.rank = self.engine.topology, self.engine.rank
         self.writes_metrics = self.engine.reports_loss
-        self.stream, validation = evaluation.data_streams(corpus or load_stdlib_corpus(), self.config.seq_len,
-                                                          self.config.seed, validate=self.config.eval_every > 0)
-        self.validation_batches = evaluation.validation_batches(validation, self.engine.global_batch,
-                                                                self.config.eval_batches) if validation else []
+        self.stream, self.validation, self.tokenizer = load_training_data(
+            self.config, self.model_config, cache_dir=data_cache_dir(out_dir), corpus=corpus)
+        self.validation_batches = evaluation.validation_batches(
+            self.validation, self.engine.global_batch, self.config.eval_batches) if self.config.eval_every > 0 else []
         self.out_dir = out_dir
         self.step, self.elapsed_s = 0, 0.0
         self.host_cpu_s = 0.0  # this process's CPU time inside steps: the host work its chip needed
@@ -136,6 +142,7 @@ class PipelineTrainer:
         if start is not None and self.writes_metrics:
             start.prepare()
             self.metrics.attach(open_loggers(self.config.loggers, out_dir, self.step, self.config.to_dict()))
+            save_run_tokenizer(self.tokenizer, out_dir)
 
     # ---- checkpoints -----------------------------------------------------------------------
     def _same_layout(self, checkpoint: Checkpoint) -> bool:

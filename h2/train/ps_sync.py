@@ -30,7 +30,8 @@ HELD_OUT_SEED = 1_000_003
 
 
 def held_out_batch(stream: SequenceStream, sequences: int) -> torch.Tensor:
-    """A fixed sample of the corpus, the same for every cluster (its own seeded order)."""
+    """A fixed sample of the held-out split (h2.data.load_data), the same for every cluster (its own
+    seeded order)."""
     return SequenceStream(stream.corpus, stream.seq_len, seed=HELD_OUT_SEED).sequences(0, sequences)
 
 
@@ -69,7 +70,7 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
     tensors = dict(trainer.model.named_parameters())
     pacer = Pacer(options.pace_step_s)
     sync_log = SyncLog(trainer.out_dir, append=trainer.step > 0)
-    held_out = held_out_batch(trainer.stream, client.eval_sequences) if client.eval_sequences else None
+    held_out = held_out_batch(trainer.validation, client.eval_sequences) if client.eval_sequences else None
     inner_steps = client.inner_steps
 
     def record_sync(result: SyncResult) -> None:

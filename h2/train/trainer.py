@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
 
 import numpy as np
@@ -14,7 +15,7 @@ from h2.core.devices import resolve_device
 from h2.core.errors import UserError
 from h2.core.model_config import ModelConfig
 from h2.core.training import TrainConfig
-from h2.data import load_stdlib_corpus
+from h2.data import adopt_data_options, load_training_data, save_run_tokenizer
 from h2.data.corpus import Corpus
 from h2.model.hf_weights import check_init_from, copy_into, load_hf_parameters
 from h2.model.transformer import Transformer, language_model_loss
@@ -60,6 +61,7 @@ class Trainer:
         start = RunStart(out_dir, resume=resume, overwrite=overwrite)
         start.check_continues(SINGLE_DEVICE, model_config)
         config = start.adopt_trajectory(config, explicit)
+        config = adopt_data_options(config, start.checkpoint and start.checkpoint.manifest["train_config"], explicit)
         self.checkpoints, self.metrics = start.checkpoints, start.metrics
         self.show_progress = show_progress
         if config.lr_decay_steps is None:
@@ -71,6 +73,8 @@ class Trainer:
         self.model_config, self.config = model_config, config
         self.device = resolve_device(config.device)
         check_training_fits(model_config, config, self.device)
+        self.stream, self.validation, self.tokenizer = load_training_data(config, model_config, cache_dir=os.path.join(
+            out_dir, "data_cache"), corpus=corpus, progress=show_progress)
 
         torch.manual_seed(config.seed)
         self.model = Transformer(model_config).to(self.device)
@@ -79,16 +83,15 @@ class Trainer:
             copy_into(self.model, load_hf_parameters(model_config, config.init_from))
         self.optimizer = build_adamw(self.model, config)
         self.parameter_names = {id(param): name for name, param in self.model.named_parameters()}
-        self.stream, validation = evaluation.data_streams(corpus or load_stdlib_corpus(), config.seq_len, config.seed,
-                                                          validate=config.eval_every > 0)
-        self.validation_batches = evaluation.validation_batches(validation, config.global_batch,
-                                                                config.eval_batches) if validation else []
+        self.validation_batches = evaluation.validation_batches(self.validation, config.global_batch,
+                                                                config.eval_batches) if config.eval_every > 0 else []
         self.step, self.elapsed_s = 0, 0.0
         self.data_partition = (0, 1)  # (index, count): a Di-PS cluster reads its own part of every batch
         if start.checkpoint is not None:
             self._restore(start.checkpoint)
         start.prepare()
         self.metrics.attach(open_loggers(config.loggers, out_dir, self.step, self.config.to_dict()))
+        save_run_tokenizer(self.tokenizer, out_dir)
 
     def _restore(self, checkpoint) -> None:
         with torch.no_grad():

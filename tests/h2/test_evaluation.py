@@ -13,9 +13,10 @@ import torch
 
 from h2.core.errors import UserError
 from h2.core.model_config import preset
+from h2.data import load_data
+from h2.data.load import DEFAULT_VALIDATION_FRACTION
 from h2.model.transformer import language_model_loss
 from h2.train import TrainConfig, Trainer
-from h2.train.evaluation import VALIDATION_FRACTION, data_streams
 from h2.train.progress import ProgressBar
 
 
@@ -35,7 +36,7 @@ def test_every_nth_step_logs_the_validation_loss_and_its_perplexity(tmp_path, co
 
 def test_the_validation_loss_is_the_mean_loss_of_the_first_m_batches_of_the_held_out_tail(tmp_path, corpus):
     trainer, records = run(tmp_path, corpus, eval_every=4, eval_batches=3)
-    _, validation = data_streams(corpus, 64, seed=123, validate=True)
+    _, validation, _ = load_data(seq_len=64, seed=123, corpus=corpus)
     with torch.no_grad():
         losses = [
             language_model_loss(trainer.model(batch[:, :-1]), batch[:, 1:]).item()
@@ -47,12 +48,11 @@ def test_the_validation_loss_is_the_mean_loss_of_the_first_m_batches_of_the_held
 
 
 def test_training_reads_the_corpus_head_and_validation_its_tail(corpus):
-    training, validation = data_streams(corpus, 64, seed=0, validate=True)
+    training, validation, _ = load_data(seq_len=64, seed=0, corpus=corpus)
     cut = len(corpus) - len(validation.corpus)
-    assert len(validation.corpus) == pytest.approx(VALIDATION_FRACTION * len(corpus), abs=1)
+    assert len(validation.corpus) == pytest.approx(DEFAULT_VALIDATION_FRACTION * len(corpus), abs=1)
     assert np.array_equal(training.corpus.tokens, corpus.tokens[:cut])
     assert np.array_equal(validation.corpus.tokens, corpus.tokens[cut:])
-    assert data_streams(corpus, 64, seed=0, validate=False)[1] is None
 
 
 def test_evaluating_changes_no_training_step(tmp_path, corpus):

@@ -10,8 +10,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from h2.data import load_stdlib_corpus
-from h2.train.evaluation import data_streams, model_loss, validation_batches
+from h2.data import load_data, load_stdlib_corpus
+from h2.train.evaluation import model_loss, validation_batches
 from h2.train.generation import load_run_model
 from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
 
@@ -46,7 +46,7 @@ def evaluates_as_the_reference(data: dict, out_dir: str) -> None:
     # h2 generate's model: the checkpoint's stages and TP pieces assembled into the single-device model
     model, _ = load_run_model(out_dir)
     global_batch = data["dp"] * data["micro_batch_size"] * data["micro_batches"]
-    _, stream = data_streams(load_stdlib_corpus(), data["seq_len"], seed=0, validate=True)
+    _, stream, _ = load_data(seq_len=data["seq_len"], corpus=load_stdlib_corpus())
     losses = [
         model_loss(model, batch, data["micro_batch_size"], torch.device("cpu"))
         for batch in validation_batches(stream, global_batch, EVALUATION["eval_batches"])
