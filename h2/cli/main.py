@@ -56,9 +56,11 @@ def job_from_args(args: argparse.Namespace) -> dict:
 
 def _check_inputs(model_config, config: TrainConfig) -> None:
     """What a single-device run reads besides its flags, checked before its output folder is created and
-    locked: the --init-from folder and the --log-to packages."""
+    locked: the data and tokenizer, the --init-from folder and the --log-to packages."""
+    from h2.data import check_data_options
     from h2.model.hf_weights import check_init_from
     from h2.train.loggers import check_available
+    check_data_options(config, model_config)
     if config.init_from:
         check_init_from(model_config, config.init_from)
     check_available(config.loggers)
