@@ -30,6 +30,7 @@ import dataclasses
 import json
 import os
 import statistics
+import tempfile
 
 from h2.core import flags
 from h2.core.cluster import ClusterSpec, load_cluster
@@ -357,8 +358,10 @@ def check_writable_folder(folder: str, flag: str) -> None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise UserError(f"{flag} {folder}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {folder}: {existing} is not writable")
+    try:  # a file without a name (O_TMPFILE where the file system has it): nothing is left behind
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as error:
+        raise UserError(f"{flag} {folder}: cannot write in {existing} ({error.strerror or error})") from None
 
 
 def _check_run_flags(args) -> TrainConfig:
