@@ -93,6 +93,7 @@ def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
          f"must be positive, at most {MAX_TIMEOUT_S:g} s"),
         ("sync_retry_s", math.isfinite(config.sync_retry_s)
          and 0 <= config.sync_retry_s <= MAX_TIMEOUT_S, "must be 0 (train on at once) or a positive number of seconds"),
+        ("seed", 0 <= config.seed < 2**32, "must be in [0, 2**32)"),
         ("master_port", 0 <= config.master_port <= 65535, "must be a TCP port (0: pick a free one)"),
         ("shards", 1 <= config.shards <= MAX_SHARDS, f"must be between 1 and {MAX_SHARDS}"),
         ("eval_sequences", 0 <= config.eval_sequences <= MAX_GLOBAL_BATCH, f"must be between 0 and {MAX_GLOBAL_BATCH}"),
@@ -128,8 +129,8 @@ def check_dips_config(config: DipsConfig, source: str) -> DipsConfig:
                             f"{cluster.step_time_s}")
         if cluster.strategy is not None and cluster.outlier != "none":
             raise UserError(f"{where}.outlier': fault injection is for single-device clusters, not a strategy's")
-        if cluster.outlier_every < 1:
-            raise UserError(f"{where}.outlier_every' must be at least 1, got {cluster.outlier_every}")
+        if not 1 <= cluster.outlier_every <= MAX_STEPS:
+            raise UserError(f"{where}.outlier_every' must be between 1 and {MAX_STEPS}, got {cluster.outlier_every}")
         if not math.isfinite(cluster.outlier_scale):
             raise UserError(f"{where}.outlier_scale' must be a finite number, got {cluster.outlier_scale}")
     return config
@@ -169,8 +170,8 @@ class PSOptions:
                             f"{self.pace_step_s}")
         if not math.isfinite(self.outlier_scale):
             raise UserError(f"--outlier-scale must be a finite number, got {self.outlier_scale}")
-        if self.outlier_every < 1:
-            raise UserError(f"--outlier-every must be at least 1, got {self.outlier_every}")
+        if not 1 <= self.outlier_every <= MAX_STEPS:
+            raise UserError(f"--outlier-every must be between 1 and {MAX_STEPS}, got {self.outlier_every}")
         if self.ps is not None:
             parse_address(self.ps, "--ps")
             if not self.cluster_id:

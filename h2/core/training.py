@@ -144,8 +144,9 @@ class PipelineOptions:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not 0 < self.rank_timeout <= MAX_TIMEOUT_S:
             raise UserError(f"--rank-timeout must be positive and at most {MAX_TIMEOUT_S:g} s, got {self.rank_timeout}")
-        if self.threads > MAX_THREADS:
-            raise UserError(f"--threads must be at most {MAX_THREADS}, got {self.threads}")
+        for name, most in (("threads", MAX_THREADS), ("log_every", MAX_STEPS)):
+            if getattr(self, name) > most:
+                raise UserError(f"--{name.replace('_', '-')} must be at most {most}, got {getattr(self, name)}")
 
 
 @dataclass
