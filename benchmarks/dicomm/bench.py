@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dicomm.bench: transport '{t}' is not available here ({probe_ibverbs()['message']})",
                   file=sys.stderr)
             return 2
-    if args.sizes:
+    if args.sizes is not None:
         sizes = parse_sizes(args.sizes, "--sizes")
     else:
         sizes = QUICK_SIZES if args.quick else FULL_SIZES

@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sizes", help="comma-separated message sizes in bytes")
     parser.add_argument("--json", metavar="FILE", help="also write {'rows': [...]} to FILE")
     args = parser.parse_args(argv)
-    sizes = parse_sizes(args.sizes, "--sizes") if args.sizes else (QUICK_SIZES if args.quick else SIZES)
+    sizes = parse_sizes(args.sizes, "--sizes") if args.sizes is not None else (QUICK_SIZES if args.quick else SIZES)
     check_output_file(args.json, "--json")
     what = "dist.send/recv" if args.torch else "Endpoint"
     env = {"DIPU_HOST_PROFILE": args.profile, "OMP_NUM_THREADS": "1"}

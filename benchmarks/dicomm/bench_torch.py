@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allreduce-sizes", help="comma-separated all_reduce sizes in bytes")
     parser.add_argument("--world", type=int, default=4, help="processes for all_reduce (default 4)")
     args = parser.parse_args(argv)
-    p2p_sizes = parse_sizes(args.sizes, "--sizes") if args.sizes else (QUICK_P2P_SIZES if args.quick else P2P_SIZES)
-    ar_sizes = (parse_sizes(args.allreduce_sizes, "--allreduce-sizes") if args.allreduce_sizes else
+    p2p_sizes = parse_sizes(args.sizes,
+                            "--sizes") if args.sizes is not None else (QUICK_P2P_SIZES if args.quick else P2P_SIZES)
+    ar_sizes = (parse_sizes(args.allreduce_sizes, "--allreduce-sizes") if args.allreduce_sizes is not None else
                 (QUICK_ALLREDUCE_SIZES if args.quick else ALLREDUCE_SIZES))
     if not 1 <= args.world <= 64:
         raise UserError(f"--world must be between 1 and 64, got {args.world}")

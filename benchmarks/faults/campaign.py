@@ -1038,7 +1038,7 @@ def _input_yaml(case: Case) -> None:
 
 
 for _name, _table in INPUT_TABLES.items():
-    family(f"input-{_name}", quick=2, full=len(_table))(lambda case, table=_table: refusal_case(case.pick(table), case))
+    family(f"input-{_name}", quick=1, full=len(_table))(lambda case, table=_table: refusal_case(case.pick(table), case))
 
 
 @family("signals", quick=1, full=2 * len(LAUNCHER_SIGNALS))
