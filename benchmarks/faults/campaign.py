@@ -906,7 +906,7 @@ def _bench_table() -> list[tuple[list[str], dict]]:
                          ["--torch", "--json", "{binary}/x"], ["--device", "dipu", "--sizes", "0"])] + [
                              ([*bench, "--sizes", "8"], {"DICOMM_TCP_CONGESTION": "bogus"}),
                              ([*bench, "--sizes", "8"], {"DICOMM_MAX_MESSAGE_BYTES": "0"}),
-                             ([*bench, "--sizes", "8"], {"DICOMM_TIMEOUT": "nan"}),
+                             ([*bench, "--sizes", "8"], {"DICOMM_TIMEOUT_S": "nan"}),
                              ([*bench, "--sizes", "8"], {"DICOMM_TRANSPORT": "bogus"}),
                          ]
 
