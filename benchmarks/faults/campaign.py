@@ -27,13 +27,32 @@ Families of cases (each case is tried, then judged survived or lost):
           not name the peer, a setup slowed by a second or more, or a `/dev/shm` segment of a rank
           left behind.
 
+- input-yaml: damaged spec files (deep nesting, duplicate keys, a FIFO, a folder, binary, Latin-1,
+          empty, a list, 17 MiB, missing, /proc/self/mem, /dev/zero) through every loader (job file,
+          cluster, Di-PS run file, model, strategy, Di-PS scenario); lost on anything but a one-line
+          UserError naming the file.
+- input-train, input-run, input-ps, input-heteroauto, input-ditorch, input-bench: tables of bad
+          flags, files and environment variables per command (every typed flag of h2 train's config
+          classes with bad values of its type; h2 run/plan/profile/check; h2 ps master, shard, launch,
+          simulate and each run-file field; heteroauto search, partition, profile, simulate,
+          cross-site; ditorch conformance, precision-diff, replay; the DiComm benchmark), each run as
+          a user runs it; lost on anything but exit status 2 with one line on stderr and no
+          traceback within 90 s, or anything left in its TMPDIR.
+- signals: SIGTERM, SIGINT (to the launcher alone, or to its group), SIGHUP or SIGKILL to a
+          two-rank `h2 train --strategy` during its start-up or its steps; lost on a traceback or C++
+          stack trace, another exit status (143, 130, 130, 129, killed), a process of the job left
+          running, or its `h2-job-*` folder left in TMPDIR (after SIGKILL: once the next launcher ran).
+
+A family is one function registered with `@family(name, quick=..., full=...)`; `--families` runs a
+subset, `--list` prints the cases per mode.
+
 Every case runs its processes with TMPDIR set to a folder of its own; anything left there after the
 case (a launcher's job file, torchrun's folders) counts as a leaked temporary, as does a
 `*.tmp.<pid>` file left in a run folder after the run that follows a kill.
 
 `--mode quick` (CI, through tests/test_fault_campaign.py) tries a few cases of each family; `--mode
-full` tries at least 500. Prints one line per family and the totals: tried, survived, lost; exit
-status 1 when any case was lost.
+full` tries every table entry once (at least 1000 cases). Prints one line per family and the totals:
+tried, survived, lost; exit status 1 when any case was lost.
 
 Run: python benchmarks/faults/campaign.py --mode full --seed 0
 """

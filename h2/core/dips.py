@@ -84,25 +84,36 @@ class DipsConfig:
 def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
     p, o = config.penalty, config.outer
     return [
-        ("inner_steps", 1 <= config.inner_steps <= MAX_STEPS, f"must be between 1 and {MAX_STEPS}"),
+        ("inner_steps", config.inner_steps >= 1, "must be at least 1"),
         ("tokens", config.tokens >= 0, "must be 0 (no limit) or positive"),
-        ("grace_s", 0 <= config.grace_s <= MAX_TIMEOUT_S, f"must be 0 or positive, at most {MAX_TIMEOUT_S:g} s"),
-        ("heartbeat_s", 0 < config.heartbeat_s <= MAX_TIMEOUT_S, f"must be positive, at most {MAX_TIMEOUT_S:g} s"),
-        ("missed_beats", 1 <= config.missed_beats <= 1000, "must be between 1 and 1000"),
-        ("transfer_timeout_s", 0 < config.transfer_timeout_s <= MAX_TIMEOUT_S,
-         f"must be positive, at most {MAX_TIMEOUT_S:g} s"),
+        ("grace_s", config.grace_s >= 0, "must be 0 or positive"),
+        ("heartbeat_s", config.heartbeat_s > 0, "must be positive"),
+        ("missed_beats", config.missed_beats >= 1, "must be at least 1"),
+        ("transfer_timeout_s", config.transfer_timeout_s > 0, "must be positive"),
         ("sync_retry_s", math.isfinite(config.sync_retry_s)
-         and 0 <= config.sync_retry_s <= MAX_TIMEOUT_S, "must be 0 (train on at once) or a positive number of seconds"),
-        ("seed", 0 <= config.seed < 2**32, "must be in [0, 2**32)"),
+         and config.sync_retry_s >= 0, "must be 0 (train on at once) or a positive number of seconds"),
         ("master_port", 0 <= config.master_port <= 65535, "must be a TCP port (0: pick a free one)"),
-        ("shards", 1 <= config.shards <= MAX_SHARDS, f"must be between 1 and {MAX_SHARDS}"),
-        ("eval_sequences", 0 <= config.eval_sequences <= MAX_GLOBAL_BATCH, f"must be between 0 and {MAX_GLOBAL_BATCH}"),
+        ("shards", config.shards >= 1, "must be at least 1"),
+        ("eval_sequences", config.eval_sequences >= 0, "must be 0 or positive"),
         ("outer.lr", o.lr > 0, "must be positive"),
         ("outer.momentum", 0 <= o.momentum < 1, "must be in [0, 1)"),
         ("penalty.alpha", 0 < p.alpha <= 1, "must be in (0, 1]"),
         ("penalty.beta", p.beta > 0, "must be positive"),
         ("penalty.clip_norm", p.clip_norm >= 0, "must be 0 (no clip) or positive"),
         ("penalty.warmup_scores", p.warmup_scores >= 0, "must be 0 or positive"),
+    ] + _upper_bounds(config)
+
+
+def _upper_bounds(config: DipsConfig) -> list[tuple[str, bool, str]]:
+    """Counts and times past which unbounded work would follow (no real run comes near them)."""
+    times = [(name, getattr(config, name) <= MAX_TIMEOUT_S, f"must be at most {MAX_TIMEOUT_S:g} s")
+             for name in ("grace_s", "heartbeat_s", "transfer_timeout_s", "sync_retry_s")]
+    return times + [
+        ("inner_steps", config.inner_steps <= MAX_STEPS, f"must be at most {MAX_STEPS}"),
+        ("missed_beats", config.missed_beats <= 1000, "must be at most 1000"),
+        ("shards", config.shards <= MAX_SHARDS, f"must be at most {MAX_SHARDS}"),
+        ("eval_sequences", config.eval_sequences <= MAX_GLOBAL_BATCH, f"must be at most {MAX_GLOBAL_BATCH}"),
+        ("seed", 0 <= config.seed < 2**32, "must be in [0, 2**32)"),
     ]
 
 
@@ -124,13 +135,16 @@ def check_dips_config(config: DipsConfig, source: str) -> DipsConfig:
         if cluster.id in seen:
             raise UserError(f"{where}.id': duplicate cluster id '{cluster.id}'")
         seen.add(cluster.id)
-        if not 0 <= cluster.step_time_s <= MAX_TIMEOUT_S:
-            raise UserError(f"{where}.step_time_s' must be 0 or positive, at most {MAX_TIMEOUT_S:g} s, got "
-                            f"{cluster.step_time_s}")
+        if cluster.step_time_s < 0:
+            raise UserError(f"{where}.step_time_s' must be 0 or positive, got {cluster.step_time_s}")
+        if cluster.step_time_s > MAX_TIMEOUT_S:
+            raise UserError(f"{where}.step_time_s' must be at most {MAX_TIMEOUT_S:g} s, got {cluster.step_time_s}")
         if cluster.strategy is not None and cluster.outlier != "none":
             raise UserError(f"{where}.outlier': fault injection is for single-device clusters, not a strategy's")
-        if not 1 <= cluster.outlier_every <= MAX_STEPS:
-            raise UserError(f"{where}.outlier_every' must be between 1 and {MAX_STEPS}, got {cluster.outlier_every}")
+        if cluster.outlier_every < 1:
+            raise UserError(f"{where}.outlier_every' must be at least 1, got {cluster.outlier_every}")
+        if cluster.outlier_every > MAX_STEPS:
+            raise UserError(f"{where}.outlier_every' must be at most {MAX_STEPS}, got {cluster.outlier_every}")
         if not math.isfinite(cluster.outlier_scale):
             raise UserError(f"{where}.outlier_scale' must be a finite number, got {cluster.outlier_scale}")
     return config
@@ -165,13 +179,16 @@ class PSOptions:
     outlier_scale: float = option(100.0, "the factor of --outlier scale")
 
     def __post_init__(self) -> None:
-        if not 0 <= self.pace_step_s <= MAX_TIMEOUT_S:
-            raise UserError(f"--pace-step-s must be 0 or positive, at most {MAX_TIMEOUT_S:g} s, got "
-                            f"{self.pace_step_s}")
+        if self.pace_step_s < 0:
+            raise UserError(f"--pace-step-s must be 0 or positive, got {self.pace_step_s}")
+        if self.pace_step_s > MAX_TIMEOUT_S:
+            raise UserError(f"--pace-step-s must be at most {MAX_TIMEOUT_S:g} s, got {self.pace_step_s}")
         if not math.isfinite(self.outlier_scale):
             raise UserError(f"--outlier-scale must be a finite number, got {self.outlier_scale}")
-        if not 1 <= self.outlier_every <= MAX_STEPS:
-            raise UserError(f"--outlier-every must be between 1 and {MAX_STEPS}, got {self.outlier_every}")
+        if self.outlier_every < 1:
+            raise UserError(f"--outlier-every must be at least 1, got {self.outlier_every}")
+        if self.outlier_every > MAX_STEPS:
+            raise UserError(f"--outlier-every must be at most {MAX_STEPS}, got {self.outlier_every}")
         if self.ps is not None:
             parse_address(self.ps, "--ps")
             if not self.cluster_id:

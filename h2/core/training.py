@@ -79,7 +79,7 @@ class TrainConfig:
         for name, ok in checks:
             if not ok:
                 raise UserError(f"training option '{name}' out of range: {getattr(self, name)!r}")
-        if self.global_batch > MAX_GLOBAL_BATCH:
+        if self.micro_batches > 1 and self.global_batch > MAX_GLOBAL_BATCH:  # one huge micro-batch: the memory check
             raise UserError(f"training option 'micro_batches' out of range: {self.micro_batches} micro-batches of "
                             f"{self.micro_batch_size} sequences exceed {MAX_GLOBAL_BATCH} sequences per step (a "
                             f"step's batch is held in memory)")
@@ -142,8 +142,10 @@ class PipelineOptions:
         for name in ("threads", "log_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if not 0 < self.rank_timeout <= MAX_TIMEOUT_S:
-            raise UserError(f"--rank-timeout must be positive and at most {MAX_TIMEOUT_S:g} s, got {self.rank_timeout}")
+        if not self.rank_timeout > 0:
+            raise UserError(f"--rank-timeout must be positive, got {self.rank_timeout}")
+        if self.rank_timeout > MAX_TIMEOUT_S:
+            raise UserError(f"--rank-timeout must be at most {MAX_TIMEOUT_S:g} s, got {self.rank_timeout}")
         for name, most in (("threads", MAX_THREADS), ("log_every", MAX_STEPS)):
             if getattr(self, name) > most:
                 raise UserError(f"--{name.replace('_', '-')} must be at most {most}, got {getattr(self, name)}")
@@ -183,9 +185,13 @@ class RunOptions:
                 raise UserError(f"--{name.replace('_', '-')} is empty")
         if self.preset is not None and self.model_config is not None:
             raise UserError("give a model as --preset or as --model-config, not both")
-        if self.nproc is not None and not 1 <= self.nproc <= MAX_PROCESSES:
-            raise UserError(f"--nproc must be between 1 and {MAX_PROCESSES}, got {self.nproc}")
-        if self.max_restarts is not None and not 0 <= self.max_restarts <= MAX_RESTARTS:
-            raise UserError(f"--max-restarts must be between 0 and {MAX_RESTARTS}, got {self.max_restarts}")
+        if self.nproc is not None and self.nproc < 1:
+            raise UserError(f"--nproc must be at least 1, got {self.nproc}")
+        if self.nproc is not None and self.nproc > MAX_PROCESSES:
+            raise UserError(f"--nproc must be at most {MAX_PROCESSES}, got {self.nproc}")
+        if self.max_restarts is not None and self.max_restarts < 0:
+            raise UserError(f"--max-restarts must be at least 0, got {self.max_restarts}")
+        if self.max_restarts is not None and self.max_restarts > MAX_RESTARTS:
+            raise UserError(f"--max-restarts must be at most {MAX_RESTARTS}, got {self.max_restarts}")
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite exclude each other")

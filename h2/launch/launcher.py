@@ -67,15 +67,15 @@ def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sourc
     signal is named in one line (h2.launch.agent's failures).
 
     Stopped itself (SIGINT, SIGTERM, SIGHUP; h2.launch.launcher.job_folder turns the last two into
-    `Stopped`), it passes the signal to the job's torchrun and waits for it to stop its ranks before it
+    `Stopped`), it stops the job's torchrun (SIGTERM) and waits for it to stop its ranks before it
     returns through the caller's clean-up: a SIGTERM or SIGHUP ends the process with 128 + the signal."""
     try:
         status = _launch(strategy, cluster, job_path, source, hosts, max_restarts)
     except KeyboardInterrupt:
-        _stop_children(signal.SIGINT)
+        _stop_children()
         raise
     except Stopped as stopped:
-        _stop_children(stopped.signum)
+        _stop_children()
         raise SystemExit(128 + stopped.signum) from None
     if status != 0:
         report_rank_deaths(strategy, os.path.dirname(job_path))
@@ -320,20 +320,23 @@ def _die_with_parent() -> None:
 
 
 def start_child(command: list[str]) -> subprocess.Popen:
-    """Start a job's torchrun; the launcher stops it when stopped itself, and the kernel sends it
-    SIGTERM if the launcher dies without a chance to (SIGKILL)."""
-    process = subprocess.Popen(command, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    """Start a job's torchrun in a process group of its own (a Ctrl-C reaches the launcher only, which
+    stops it: a SIGINT in the middle of its start-up would be a traceback); the launcher stops it when
+    stopped itself, and the kernel sends it SIGTERM if the launcher dies without a chance to (SIGKILL)."""
+    process = subprocess.Popen(command, process_group=0,
+                               preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     _CHILDREN.append(process)
     return process
 
 
-def _stop_children(signum: int) -> None:
-    """Pass `signum` to every running torchrun this launcher started, wait for each to stop its ranks;
-    one that does not within _JOB_STOP_GRACE_S is killed with its ranks."""
+def _stop_children() -> None:
+    """SIGTERM to every running torchrun this launcher started (torchrun stops its ranks; a process
+    still starting up ends without a traceback), wait for each; one that does not end within
+    _JOB_STOP_GRACE_S is killed with its ranks."""
     running = [process for process in _CHILDREN if process.poll() is None]
     for process in running:
         with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signum)
+            process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + _JOB_STOP_GRACE_S
     for process in running:
         try:
