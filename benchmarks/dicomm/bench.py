@@ -14,7 +14,17 @@ import numpy as np
 
 import bench_device
 import bench_torch
-from common import human, iterations_for, ping_pong, rendezvous_store, report, row
+from common import (
+    check_congestion_control,
+    check_output_file,
+    human,
+    iterations_for,
+    parse_sizes,
+    ping_pong,
+    rendezvous_store,
+    report,
+    row,
+)
 from dicomm import _dicomm_core as _core
 from dicomm.endpoint import Endpoint, probe_ibverbs
 from h2.core.errors import ArgumentParser, UserError, run_cli
@@ -127,22 +137,18 @@ def check_targets(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(size) for size in text.split(",")]
-    except ValueError:
-        raise UserError(f"--sizes {text}: not a comma-separated list of byte counts") from None
-    if any(size < 0 for size in sizes):
-        raise UserError(f"--sizes {text}: message sizes must be at least 0 bytes")
-    return sizes
-
-
-def _check_environment() -> None:
+def _check_environment(transports: list[str], sizes: list[int]) -> None:
     """The DICOMM_* variables the workers will read, checked before any worker starts."""
     try:
-        _core.Options.from_environment().validate()
+        options = _core.Options.from_environment()
+        options.validate()
     except ValueError as error:
         raise UserError(str(error)) from None
+    if options.max_message_bytes < max(sizes):
+        raise UserError(f"DICOMM_MAX_MESSAGE_BYTES={options.max_message_bytes} is below the largest message size "
+                        f"{max(sizes)}: the receiving rank would refuse it")
+    if "tcp" in transports and options.tcp_congestion not in ("", "auto"):
+        check_congestion_control(options.tcp_congestion)
 
 
 @run_cli("dicomm.bench")
@@ -166,16 +172,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dicomm.bench: transport '{t}' is not available here ({probe_ibverbs()['message']})",
                   file=sys.stderr)
             return 2
-    _check_environment()
-    if args.sizes:
-        sizes = _sizes(args.sizes)
+    if args.sizes is not None:
+        sizes = parse_sizes(args.sizes, "--sizes")
     else:
         sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    _check_environment(transports, sizes)
+    check_output_file(args.json, "--json")
     if "ibverbs" not in available:
         print(probe_ibverbs()["message"])
     rows = run(transports, sizes, args.quick)
-    report(rows, format_table(rows), check_targets(rows), args.json)
-    return 0
+    return report(rows, format_table(rows), check_targets(rows), args.json)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import argparse
 import os
 import statistics
 
-from common import human, iterations_for, ping_pong, rendezvous_store, report
+from common import check_output_file, human, iterations_for, parse_sizes, ping_pong, rendezvous_store, report
 from h2.core.ranks import run_ranks
 
 SIZES = [4096, 1 << 20, 64 << 20]
@@ -134,12 +134,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sizes", help="comma-separated message sizes in bytes")
     parser.add_argument("--json", metavar="FILE", help="also write {'rows': [...]} to FILE")
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (QUICK_SIZES if args.quick else SIZES)
+    sizes = parse_sizes(args.sizes, "--sizes") if args.sizes is not None else (QUICK_SIZES if args.quick else SIZES)
+    check_output_file(args.json, "--json")
     what = "dist.send/recv" if args.torch else "Endpoint"
     env = {"DIPU_HOST_PROFILE": args.profile, "OMP_NUM_THREADS": "1"}
     rows = run_ranks(worker, 2, (args.device, sizes, args.quick, args.torch), env=env, timeout=1800)[0]
     title = (f"{what}: {args.device} tensors (emulated chip: host vendor, profile '{args.profile}', whose emulated "
              "host link sets what each host<->device and peer copy costs: docs/dipu.md) between two processes; "
              "one-way latency = half the median round trip; every number below depends on the emulation")
-    report(rows, format_table(rows, title), check_targets(rows, what), args.json)
-    return 0
+    return report(rows, format_table(rows, title), check_targets(rows, what), args.json)

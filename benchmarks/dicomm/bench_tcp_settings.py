@@ -20,7 +20,7 @@ import statistics
 
 import numpy as np
 
-from common import iterations_for, ping_pong, rendezvous_store
+from common import iterations_for, parse_sizes, ping_pong, rendezvous_store
 from h2.core.ranks import run_ranks
 
 DEFAULT_SETTINGS = {
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--setting", type=parse_setting, action="append", default=[])
     args = parser.parse_args()
-    sizes = [int(size) for size in args.sizes.split(",")]
+    sizes = parse_sizes(args.sizes, "--sizes")
     settings = dict(args.setting) or DEFAULT_SETTINGS
     load_before = os.getloadavg()[0]
     one_way = run_ranks(worker, 2, (sizes, args.rounds, settings), timeout=1800)[0]

@@ -15,7 +15,8 @@ import statistics
 import sys
 import time
 
-from common import Iterations, human, iterations_for, rendezvous_store, report
+from common import Iterations, check_output_file, human, iterations_for, parse_sizes, rendezvous_store, report
+from h2.core.errors import UserError
 from h2.core.ranks import run_ranks
 
 P2P_SIZES = [8, 4096, 256 << 10, 4 << 20, 64 << 20]
@@ -163,15 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allreduce-sizes", help="comma-separated all_reduce sizes in bytes")
     parser.add_argument("--world", type=int, default=4, help="processes for all_reduce (default 4)")
     args = parser.parse_args(argv)
-    p2p_sizes = [int(s)
-                 for s in args.sizes.split(",")] if args.sizes else (QUICK_P2P_SIZES if args.quick else P2P_SIZES)
-    ar_sizes = ([int(s) for s in args.allreduce_sizes.split(",")] if args.allreduce_sizes else
+    p2p_sizes = parse_sizes(args.sizes,
+                            "--sizes") if args.sizes is not None else (QUICK_P2P_SIZES if args.quick else P2P_SIZES)
+    ar_sizes = (parse_sizes(args.allreduce_sizes, "--allreduce-sizes") if args.allreduce_sizes is not None else
                 (QUICK_ALLREDUCE_SIZES if args.quick else ALLREDUCE_SIZES))
+    if not 1 <= args.world <= 64:
+        raise UserError(f"--world must be between 1 and 64, got {args.world}")
+    check_output_file(args.json, "--json")
     rows = spawn(p2p_worker, 2, p2p_sizes, args.quick) if p2p_sizes else []
     if ar_sizes and args.world > 1:
         rows += spawn(allreduce_worker, args.world, ar_sizes, args.quick)
-    report(rows, format_table(rows), check_targets(rows, args.world), args.json)
-    return 0
+    return report(rows, format_table(rows), check_targets(rows, args.world), args.json)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass
+
+from h2.core.errors import UserError
+
+MAX_SIZE = 1 << 30  # the largest message size a benchmark takes (a buffer of it on each rank)
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,43 @@ def human(size: int) -> str:
     return f"{size} B"
 
 
-def report(rows: list[dict], table: str, targets: list[str], json_path: str | None) -> None:
-    """Print the table and the PASS/FAIL lines; with --json, also write {'rows': [...]} to the file."""
+def parse_sizes(text: str, flag: str) -> list[int]:
+    """A comma-separated list of message sizes in bytes, each 1..MAX_SIZE."""
+    try:
+        sizes = [int(size) for size in text.split(",")]
+    except ValueError:
+        raise UserError(f"{flag} {text}: not a comma-separated list of byte counts") from None
+    if any(not 1 <= size <= MAX_SIZE for size in sizes):
+        raise UserError(f"{flag} {text}: message sizes must be between 1 and {MAX_SIZE} bytes (1 GiB)")
+    return sizes
+
+
+def check_output_file(path: str | None, flag: str) -> None:
+    """Refuse, before the benchmark runs, an output file that could not be written after it."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UserError(f"{flag} {path}: is a folder")
+    if not os.path.isdir(folder):
+        raise UserError(f"{flag} {path}: no folder {folder}")
+    writable = os.access(path, os.W_OK) if os.path.exists(path) else os.access(folder, os.W_OK | os.X_OK)
+    if not writable:
+        raise UserError(f"{flag} {path}: not writable")
+
+
+def check_congestion_control(name: str) -> None:
+    """Refuse, before any rank starts, a DICOMM_TCP_CONGESTION the kernel would refuse the ranks' sockets."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+        except OSError as error:
+            raise UserError(f"DICOMM_TCP_CONGESTION={name}: refused by the kernel ({error.strerror})") from None
+
+
+def report(rows: list[dict], table: str, targets: list[str], json_path: str | None) -> int:
+    """Print the table and the PASS/FAIL lines; with --json, also write {'rows': [...]} to the file.
+    The exit status: 1 when a target failed, else 0."""
     print(table)
     print()
     for line in targets:
@@ -76,3 +116,4 @@ def report(rows: list[dict], table: str, targets: list[str], json_path: str | No
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"rows": rows}, f, indent=1)
+    return 1 if any(line.startswith("FAIL") for line in targets) else 0

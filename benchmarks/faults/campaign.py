@@ -27,13 +27,32 @@ Families of cases (each case is tried, then judged survived or lost):
           not name the peer, a setup slowed by a second or more, or a `/dev/shm` segment of a rank
           left behind.
 
+- input-yaml: damaged spec files (deep nesting, duplicate keys, a FIFO, a folder, binary, Latin-1,
+          empty, a list, 17 MiB, missing, /proc/self/mem, /dev/zero) through every loader (job file,
+          cluster, Di-PS run file, model, strategy, Di-PS scenario); lost on anything but a one-line
+          UserError naming the file.
+- input-train, input-run, input-ps, input-heteroauto, input-ditorch, input-bench: tables of bad
+          flags, files and environment variables per command (every typed flag of h2 train's config
+          classes with bad values of its type; h2 run/plan/profile/check; h2 ps master, shard, launch,
+          simulate and each run-file field; heteroauto search, partition, profile, simulate,
+          cross-site; ditorch conformance, precision-diff, replay; the DiComm benchmark), each run as
+          a user runs it; lost on anything but exit status 2 with one line on stderr and no
+          traceback within 90 s, or anything left in its TMPDIR.
+- signals: SIGTERM, SIGINT (to the launcher alone, or to its group), SIGHUP or SIGKILL to a
+          two-rank `h2 train --strategy` during its start-up or its steps; lost on a traceback or C++
+          stack trace, another exit status (143, 130, 130, 129, killed), a process of the job left
+          running, or its `h2-job-*` folder left in TMPDIR (after SIGKILL: once the next launcher ran).
+
+A family is one function registered with `@family(name, quick=..., full=...)`; `--families` runs a
+subset, `--list` prints the cases per mode.
+
 Every case runs its processes with TMPDIR set to a folder of its own; anything left there after the
 case (a launcher's job file, torchrun's folders) counts as a leaked temporary, as does a
 `*.tmp.<pid>` file left in a run folder after the run that follows a kill.
 
 `--mode quick` (CI, through tests/test_fault_campaign.py) tries a few cases of each family; `--mode
-full` tries at least 500. Prints one line per family and the totals: tried, survived, lost; exit
-status 1 when any case was lost.
+full` tries every table entry once (at least 1000 cases). Prints one line per family and the totals:
+tried, survived, lost; exit status 1 when any case was lost.
 
 Run: python benchmarks/faults/campaign.py --mode full --seed 0
 """
@@ -52,6 +71,8 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -71,14 +92,48 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 sys.path[:0] = [os.path.join(REPO_ROOT, "tests", "dicomm"), os.path.join(REPO_ROOT, "tests", "heteropp")]
 
 STEPS = 4
-CASES = {
-    "quick": {"kill": 3, "torn": 4, "cli": 12, "frame": 40, "ranks": 1, "dicomm": 6},
-    "full": {"kill": 60, "torn": 60, "cli": 40, "frame": 360, "ranks": 12, "dicomm": 36}
-}
+MODES = ("quick", "full")
 
 
 class Lost(Exception):
     """A case whose outcome the campaign counts as lost (state lost, hang, traceback, leak)."""
+
+
+# ---- the families: a registry (a new family is one decorated function) ---------------------------
+@dataclass
+class Case:
+    """One case of a family: its random source, a folder of its own (removed after it), the time a run
+    may take, its index in the family and the mode."""
+    rng: random.Random
+    workdir: str
+    timeout_s: float
+    index: int
+    mode: str
+
+    def pick(self, table: list):
+        """Full mode walks `table` in order (every entry once); quick mode picks at random."""
+        return table[self.index % len(table)] if self.mode == "full" else self.rng.choice(table)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    run: Callable[[Case], None]
+    cases: dict[str, int]  # mode -> cases tried
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def family(name: str, *, quick: int, full: int):
+    """Register `function(case)` as the family `name`: it returns when the case survived and raises
+    Lost otherwise. Families run in the order they are registered."""
+
+    def register(function: Callable[[Case], None]) -> Callable[[Case], None]:
+        FAMILIES[name] = Family(name, function, {"quick": quick, "full": full})
+        return function
+
+    return register
 
 
 # ---- kill: SIGKILL a training run at a random moment, then resume -------------------------------
@@ -580,36 +635,457 @@ def dicomm_case(rng: random.Random, workdir: str, timeout_s: float, index: int) 
         raise Lost(f"{kind}: {lost}") from None
 
 
+# ---- bad input: damaged spec files, and a table of bad flags per command -------------------------------
+def _write(path: str, data: bytes) -> str:
+    with open(path, "wb") as handle:
+        handle.write(data)
+    return path
+
+
+# Damaged spec files, each made on demand in a case's folder: `{name}` in a table's argv names one.
+DAMAGED = {
+    "deep": lambda folder: _write(os.path.join(folder, "deep.yaml"), b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n"),
+    "deep-map": lambda folder: _write(
+        os.path.join(folder, "deep-map.yaml"), "".join("  " * depth + f"k{depth}:\n"
+                                                       for depth in range(3000)).encode() + b"  " * 3000 + b"v: 1\n"),
+    "duplicate": lambda folder: _write(os.path.join(folder, "duplicate.yaml"), b"name: a\nname: b\n"),
+    "fifo": lambda folder: (os.mkfifo(os.path.join(folder, "fifo.yaml")), os.path.join(folder, "fifo.yaml"))[1],
+    "folder": lambda folder: (os.makedirs(os.path.join(folder, "dir.yaml")), os.path.join(folder, "dir.yaml"))[1],
+    "binary": lambda folder: _write(os.path.join(folder, "binary.yaml"),
+                                    bytes(range(256)) * 4),
+    "latin1": lambda folder: _write(os.path.join(folder, "latin1.yaml"), "name: caf\u00e9\n".encode("latin-1")),
+    "empty": lambda folder: _write(os.path.join(folder, "empty.yaml"), b""),
+    "list": lambda folder: _write(os.path.join(folder, "list.yaml"), b"- 1\n- 2\n"),
+    "huge": lambda folder: _write(os.path.join(folder, "huge.yaml"), b"# " + b"x" * (17 << 20) + b"\n"),
+    "missing": lambda folder: os.path.join(folder, "no-such.yaml"),
+    "proc-mem": lambda folder: "/proc/self/mem",
+    "dev-zero": lambda folder: "/dev/zero",
+}
+
+
+def _resolve(argv: list[str], folder: str) -> list[str]:
+    """`{name}` of DAMAGED (or `{folder}`) in argv made into a path inside `folder`."""
+    made: dict[str, str] = {"folder": folder}
+
+    def path(match) -> str:
+        name = match.group(1)
+        if name not in made:
+            made[name] = DAMAGED[name](folder)
+        return made[name]
+
+    import re
+
+    return [re.sub(r"\{([a-z0-9-]+)\}", path, part) for part in argv]
+
+
+def _loaders() -> dict:
+    from h2.cli.main import JOB_CONFIGS
+    from h2.core import flags
+    from h2.core.cluster import load_cluster
+    from h2.core.dips import load_dips_config
+    from h2.core.model_config import load_model_config
+    from h2.core.strategy import load_strategy
+    from h2.ps.simulator import load_scenario
+
+    return {
+        "job file": lambda path: flags.job_values(path, JOB_CONFIGS), "cluster file": load_cluster,
+        "Di-PS run file": load_dips_config, "model file": load_model_config, "strategy file": load_strategy,
+        "Di-PS scenario": load_scenario
+    }
+
+
+YAML_CASES = [(loader, damage) for loader in ("job file", "cluster file", "Di-PS run file", "model file",
+                                              "strategy file", "Di-PS scenario") for damage in DAMAGED]
+
+
+def loader_case(loader: str, damage: str, workdir: str) -> None:
+    """A damaged spec file through its loader: a one-line UserError naming the file, nothing else."""
+    (path, ) = _resolve([f"{{{damage}}}"], workdir)
+    try:
+        _loaders()[loader](path)
+    except UserError as error:
+        if "\n" in str(error) or path not in str(error):
+            raise Lost(f"{loader}, {damage}: the error does not name the file in one line: {error}") from None
+        return
+    except Exception as error:  # noqa: BLE001 - anything else is a traceback for the user
+        raise Lost(f"{loader}, {damage}: {type(error).__name__}: {str(error)[:200]}") from None
+    raise Lost(f"{loader}, {damage}: accepted")
+
+
+PROGRAMS = {
+    "h2": ["-m", "h2"], "heteroauto": ["-m", "h2.cli.heteroauto"], "ditorch": ["-m", "h2.cli.ditorch"],
+    "dicomm-bench": [os.path.join(REPO_ROOT, "benchmarks", "dicomm", "bench.py")]
+}
+SPEC_DAMAGES = ("deep", "duplicate", "fifo", "folder", "binary", "missing", "proc-mem", "dev-zero")
+INPUT_TIMEOUT_S = 90.0  # a refusal comes before any work; past this the command is counted as working on
+CAMPAIGN_CLUSTER = os.path.join(REPO_ROOT, "configs", "clusters", "local-hetero.yaml")
+DIPS_RUN = os.path.join(REPO_ROOT, "configs", "dips", "local-4.yaml")
+SCENARIO = os.path.join(REPO_ROOT, "configs", "dips", "paper-table1.yaml")
+XDC_SCENARIO = os.path.join(REPO_ROOT, "configs", "xdc", "gpt3-175b.yaml")
+
+
+def _flag_values(annotation) -> list[str]:
+    """Bad values of a flag of this type."""
+    import typing
+
+    options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    kind = options[0]
+    if kind is float:
+        return ["nan", "inf", "-inf", "1e999", "x"]
+    if kind is int:
+        return ["x", "1.5", str(2**63), "-1"]
+    if typing.get_origin(kind) is typing.Literal:
+        return ["bogus"]
+    return []
+
+
+def _short_train(*argv: str) -> list[str]:
+    """h2 train with `argv`, one step into the case's folder unless `argv` says otherwise: a bad value
+    accepted by mistake ends soon (and is counted lost)."""
+    return [
+        "h2", "train", *argv, *([] if "--steps" in argv else ["--steps", "1"]),
+        *([] if "--out" in argv else ["--out", "{folder}/run"])
+    ]
+
+
+def _train_table() -> list[tuple[list[str], dict]]:
+    """h2 train: every typed flag of the job's config classes with bad values (the Di-PS flags with --ps,
+    the pipeline's with --strategy, so that the value is what is refused), and damaged files."""
+    import dataclasses
+    import typing
+
+    from h2.core.dips import PSOptions
+    from h2.core.training import PipelineOptions, RunOptions, TrainConfig
+
+    context = {
+        PSOptions: ["--ps", "127.0.0.1:1", "--cluster-id", "c0"], PipelineOptions: ["--strategy", PP2], TrainConfig: [],
+        RunOptions: []
+    }
+    table = []
+    for config, extra in context.items():
+        hints = typing.get_type_hints(config)
+        for field in dataclasses.fields(config):
+            if "help" not in field.metadata or field.name in ("ps", ):
+                continue
+            flag = "--" + field.name.replace("_", "-")
+            for value in _flag_values(hints[field.name]):
+                table.append((_short_train(*extra, flag, value), {}))
+    for flag in ("--config", "--model-config", "--strategy", "--cluster"):
+        table += [(_short_train(flag, f"{{{damage}}}"), {}) for damage in SPEC_DAMAGES]
+    table += [(_short_train(*argv), {})
+              for argv in (["--preset", ""], ["--preset", "huge"], ["--device", "quantum"], ["--out", "{binary}/run"],
+                           ["--ps", "nowhere"], ["--ps", "127.0.0.1:99999", "--cluster-id", "c0"],
+                           ["--cluster-id", "c0"], ["--strategy", PP2, "--p2p-backend", "bogus"],
+                           ["--strategy", PP2, "--stage-backend", "bogus"], ["--strategy", PP2, "--nproc", "0"],
+                           ["--strategy", PP2, "--max-restarts", "-1"], ["--resume", "--overwrite"])]
+    return table
+
+
+def _run_table() -> list[tuple[list[str], dict]]:
+    """h2 run, plan, profile and check: every flag checked before profiling starts."""
+    bad = [["--steps", "0"], ["--steps", str(2**63)], ["--lr", "inf"], ["--lr", "nan"], ["--lr", "-1"],
+           ["--min-lr", "nan"], ["--warmup-steps", str(2**63)], ["--seed", "-1"], ["--seed", str(2**40)],
+           ["--keep-checkpoints", "0"], ["--checkpoint-every", "-1"], ["--beta1", "1"], ["--grad-clip", "inf"],
+           ["--threshold", "0"], ["--threshold", "nan"], ["--threshold", "inf"], ["--max-restarts", "-1"],
+           ["--rank-timeout", "0"], ["--rank-timeout", "nan"], ["--threads", "0"], ["--log-every", "0"],
+           ["--p2p-backend", "bogus"], ["--schedule", "bogus"], ["--nnodes", "0"], ["--nnodes", "2"],
+           ["--rdzv-endpoint", "nowhere"], ["--rdzv-endpoint", "host:99999"], ["--resume", "--overwrite"],
+           ["--reference", "{missing}"], ["--reference", "{binary}"]]
+    table = [(["h2", "run", "--cluster", CAMPAIGN_CLUSTER, "--out", "{folder}/out", *flags], {}) for flags in bad]
+    table += [(["h2", "run", "--cluster", CAMPAIGN_CLUSTER, "--out", "{binary}/out"], {})]
+    for command in ("run", "plan", "profile"):
+        out = ["--out", "{folder}/out"] if command != "profile" else []
+        table += [(["h2", command, "--cluster", f"{{{damage}}}", *out], {}) for damage in SPEC_DAMAGES]
+    table += [(["h2", "check", "--run", "{folder}"], {}),
+              (["h2", "check", "--run", "{folder}", "--threshold", "nan"], {})]
+    return table
+
+
+def _dips_run_file(changes: dict) -> Callable[[str], str]:
+    """configs/dips/local-4.yaml with `changes` (dotted names for nested fields), written in a folder."""
+    import yaml
+
+    def make(folder: str) -> str:
+        with open(DIPS_RUN, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+        data["out"] = os.path.join(folder, "dips-out")
+        for name, value in changes.items():
+            target = data
+            *parents, last = name.split(".")
+            for parent in parents:
+                target = target.setdefault(parent, {})
+            target[last] = value
+        return _write(os.path.join(folder, "run.yaml"), yaml.safe_dump(data).encode())
+
+    return make
+
+
+DIPS_FIELD_VALUES = {
+    "mode": ["bogus"], "seed": [-1, 2**40], "inner_steps": [0, 2**40], "tokens": [
+        -1
+    ], "grace_s": [-1.0, ".nan"], "heartbeat_s": [0, -1.0, ".inf"], "missed_beats": [0], "transfer_timeout_s": [
+        0, ".nan"
+    ], "sync_retry_s": [-1.0], "master_port": [99999, -1], "shards": [0, 100000], "eval_sequences": [-1, 2**40],
+    "outer.lr": [0, ".nan"
+                 ], "outer.momentum": [1.0], "outer.optimizer": ["bogus"], "penalty.alpha": [0, 2.0], "penalty.beta": [
+                     0
+                 ], "penalty.clip_norm": [-1.0], "penalty.warmup_scores": [-1], "train.steps": [0], "train.lr": [
+                     ".nan"
+                 ], "train.micro_batches": [10**9], "clusters": [[], [{"id": "../x"}], [{"id": "a"}, {"id": "a"}],
+                                                                 [{"id": "a", "step_time_s": -1.0}],
+                                                                 [{"id": "a", "outlier_every": 0}]]
+}
+
+
+def _ps_table() -> list[tuple[list[str], dict]]:
+    """h2 ps master, shard, launch and simulate: ports, counts, times and run-file fields."""
+    table = []
+    for name, values in DIPS_FIELD_VALUES.items():
+        for value in values:
+            value = {".nan": float("nan"), ".inf": float("inf")}.get(value, value) if isinstance(value, str) else value
+            key = f"dips-{name}-{len(table)}"
+            DAMAGED[key] = _dips_run_file({name: value})
+            table.append((["h2", "ps", "master", "--config", f"{{{key}}}"], {}))
+    table += [(["h2", "ps", "master", "--config", f"{{{damage}}}"], {}) for damage in SPEC_DAMAGES]
+    table += [(["h2", "ps", *argv], {}) for argv in (
+        ["master", "--config", DIPS_RUN, "--port", "99999"], ["master", "--config", DIPS_RUN, "--port", "-1"],
+        ["master", "--config", DIPS_RUN, "--port", "x"], ["shard", "--master", "nowhere", "--index", "0"],
+        ["shard", "--master", "127.0.0.1:1", "--index", "-1"],
+        ["shard", "--master", "127.0.0.1:1", "--index", "0", "--control-port", "70000"],
+        ["shard", "--master", "127.0.0.1:1", "--index", "0", "--data-port", "-1"],
+        ["launch", "--config", DIPS_RUN, "--time-limit", "nan"],
+        ["launch", "--config", DIPS_RUN, "--time-limit", "inf"], ["launch", "--config", DIPS_RUN, "--time-limit", "-1"],
+        ["launch", "--config", DIPS_RUN, "--kill", "x@nan"], ["launch", "--config", DIPS_RUN, "--kill", "nobody@1"], [
+            "launch", "--config", DIPS_RUN, "--resume", "--overwrite"
+        ], ["simulate", "--clusters", SCENARIO, "--rounds", str(10**12)],
+        ["simulate", "--clusters", SCENARIO, "--rounds", "0"], ["simulate", "--clusters", "{deep}"],
+        ["simulate", "--clusters", "{duplicate}"])]
+    DAMAGED["dips-shards-launch"] = _dips_run_file({"shards": 100000})
+    table.append((["h2", "ps", "launch", "--config", "{dips-shards-launch}", "--time-limit", "5"], {}))
+    return table
+
+
+def _heteroauto_table() -> list[tuple[list[str], dict]]:
+    """heteroauto search, simulate, cross-site, partition and profile."""
+    search = ["heteroauto", "search", "--cluster", CAMPAIGN_CLUSTER]
+    table = [([*search, *argv], {})
+             for argv in (["--alpha", "nan"], ["--alpha", "2"], ["--seq-len", "0"], ["--seq-len", "-1"],
+                          ["--micro-batch-size", "0"], ["--top", "0"], ["--group-size", "-1"], ["--time-limit", "nan"],
+                          ["--time-limit", "-1"], ["--gap", "nan"], ["--gap", "-1"], ["--dp", "0"],
+                          ["--gbs-tokens", "0"], ["--gbs-tokens", "x"], ["--gbs-sequences", "-1"],
+                          ["--planner", "zorse", "--memory-fraction", "nan"],
+                          ["--planner", "zorse", "--memory-fraction", "0"], ["--planner", "zorse", "--min-groups", "0"],
+                          ["--planner", "zorse", "--max-groups", "0"], ["--out", "{binary}/s.yaml"])]
+    for command in ("search", "partition", "profile"):
+        table += [(["heteroauto", command, "--cluster", f"{{{damage}}}"], {}) for damage in SPEC_DAMAGES]
+    DAMAGED["escaping-cluster"] = _escaping_cluster
+    table += [(["heteroauto", "profile", "--cluster", "{escaping-cluster}", "--synthesise"], {}),
+              (["heteroauto", "profile", "--cluster", CAMPAIGN_CLUSTER, "--repeats", "0"], {}),
+              (["heteroauto", "profile", "--cluster", CAMPAIGN_CLUSTER, "--attempts", "0"], {}),
+              (["heteroauto", "simulate", "--strategy", "{deep}"], {}),
+              (["heteroauto", "simulate", "--strategy", "{duplicate}"], {}),
+              (["heteroauto", "cross-site", "--scenario", "{deep}"], {}),
+              (["heteroauto", "cross-site", "--scenario", XDC_SCENARIO, "--latency-ms", "nan"], {}),
+              (["heteroauto", "cross-site", "--scenario", XDC_SCENARIO, "--bandwidth-gbps", "0"], {})]
+    return table
+
+
+def _escaping_cluster(folder: str) -> str:
+    import yaml
+
+    with open(CAMPAIGN_CLUSTER, encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
+    data["name"] = "../../escaped"
+    for chip in data["chips"]:
+        if isinstance(chip.get("from"), str) and not os.path.isabs(chip["from"]):
+            chip["from"] = os.path.join(os.path.dirname(CAMPAIGN_CLUSTER), chip["from"])
+    return _write(os.path.join(folder, "escaping.yaml"), yaml.safe_dump(data).encode())
+
+
+def _ditorch_table() -> list[tuple[list[str], dict]]:
+    conformance = ["ditorch", "conformance", "--ops", "add"]
+    return [([*conformance, *argv], {})
+            for argv in (["--baseline", "{missing}"], ["--baseline", "{binary}"], ["--max-samples", "0"],
+                         ["--max-samples", str(10**9)], ["--check-timeout", "nan"], ["--check-timeout", "0"],
+                         ["--check-timeout", "-1"], ["--json", "{binary}/x.json"], ["--from-json", "{missing}"],
+                         ["--dtypes", "bogus"])] + [
+                             (["ditorch", "precision-diff", "{missing}", "{missing}"], {}),
+                             (["ditorch", "precision-diff", "{binary}", "{binary}"], {}),
+                             (["ditorch", "replay", "{missing}"], {}),
+                             (["ditorch", "replay", "{folder}", "--rtol", "nan"], {}),
+                         ]
+
+
+def _bench_table() -> list[tuple[list[str], dict]]:
+    bench = ["dicomm-bench", "--quick"]
+    return [([*bench, *argv], {})
+            for argv in (["--sizes", "0"], ["--sizes", "-1"], ["--sizes", str(2**70)], ["--sizes", "x"],
+                         ["--sizes", ""], ["--json", "{binary}/x.json"], ["--json", "{folder}"],
+                         ["--transports", "bogus"], ["--torch", "--sizes", "0"], ["--torch", "--world", "0"],
+                         ["--torch", "--json", "{binary}/x"], ["--device", "dipu", "--sizes", "0"])] + [
+                             ([*bench, "--sizes", "8"], {"DICOMM_TCP_CONGESTION": "bogus"}),
+                             ([*bench, "--sizes", "8"], {"DICOMM_MAX_MESSAGE_BYTES": "0"}),
+                             ([*bench, "--sizes", "8"], {"DICOMM_TIMEOUT_S": "nan"}),
+                             ([*bench, "--sizes", "8"], {"DICOMM_TRANSPORT": "bogus"}),
+                         ]
+
+
+def refusal_case(entry: tuple[list[str], dict], case: Case) -> None:
+    """The command as a user runs it (a process of its own, TMPDIR of its own): lost on anything but exit
+    status 2 with one line on stderr and no traceback, within INPUT_TIMEOUT_S, leaving nothing behind."""
+    argv, env = entry
+    folder = os.path.join(case.workdir, "files")
+    os.makedirs(folder)
+    argv = _resolve(argv, folder)
+    tmpdir = _case_tmpdir(case.workdir)
+    command = [sys.executable, *PROGRAMS[argv[0]], *argv[1:]]
+    what = " ".join(argv)[:160] + "".join(f" {k}={v}" for k, v in env.items())
+    job = subprocess.Popen(command, cwd=folder, env={**os.environ, "TMPDIR": tmpdir, **env}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    stderr = _end(job, INPUT_TIMEOUT_S, what)
+    lines = stderr.strip().splitlines()
+    if job.returncode != 2 or len(lines) != 1 or "Traceback" in stderr:
+        raise Lost(f"{what}: exit status {job.returncode}, stderr {lines[-3:]}")
+    _check_no_leaks([], tmpdir)
+
+
+INPUT_TABLES = {
+    "train": _train_table(), "run": _run_table(), "ps": _ps_table(), "heteroauto": _heteroauto_table(),
+    "ditorch": _ditorch_table(), "bench": _bench_table()
+}
+
+# ---- signals: the pipeline launcher stopped or killed at a random moment ------------------------------
+LAUNCHER_SIGNALS = ("SIGTERM", "SIGINT", "SIGINT-group", "SIGHUP", "SIGKILL")
+EXIT_STATUS = {"SIGTERM": 143, "SIGINT": 130, "SIGINT-group": 130, "SIGHUP": 129, "SIGKILL": -9}
+NO_TRACES = ("Traceback", "frame #", "terminate called", "Exception raised from")
+
+
+def _job_folders(tmpdir: str) -> list[str]:
+    return [name for name in os.listdir(tmpdir) if name.startswith("h2-job-")]
+
+
+def _launcher(out: str, tmpdir: str, steps: int) -> subprocess.Popen:
+    return subprocess.Popen([
+        sys.executable, "-m", "h2", "train", "--strategy", PP2, "--steps",
+        str(steps), "--checkpoint-every", "0", "--rank-timeout",
+        str(RANK_TIMEOUT_S), "--out", out
+    ], cwd=REPO_ROOT, env={**os.environ, "TMPDIR": tmpdir}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def signals_case(case: Case) -> None:
+    """SIGTERM, SIGINT (to the launcher alone, or to its group as Ctrl-C does), SIGHUP or SIGKILL to `h2
+    train --strategy` during start-up or its steps: lost on a traceback or C++ stack trace, another exit
+    status, a process of the job left running, or a job folder left in TMPDIR (after SIGKILL: left
+    until the next launcher starts, which removes it)."""
+    from test_heteropp_rank_loss import alive, descendants
+
+    how = LAUNCHER_SIGNALS[case.index % len(LAUNCHER_SIGNALS)]
+    out, tmpdir = os.path.join(case.workdir, "run"), _case_tmpdir(case.workdir)
+    job = _launcher(out, tmpdir, 10_000)
+    deadline = time.monotonic() + case.timeout_s
+    during_steps = case.rng.random() < 0.5
+    while not (_logged_steps(out) if during_steps else _job_folders(tmpdir)):
+        if job.poll() is not None or time.monotonic() > deadline:
+            _end(job, 1, "the launcher")
+            raise Lost(f"the job ended or stalled before the {how}: {job.returncode}")
+        time.sleep(0.02)
+    time.sleep(case.rng.uniform(0.0, 0.5))
+    pids = [job.pid, *descendants(job.pid)]
+    signum = getattr(signal, how.split("-")[0])
+    (os.killpg if how.endswith("group") else os.kill)(job.pid, signum)
+    stderr = _end(job, RANK_TIMEOUT_S + END_GRACE_S, f"the launcher after a {how}")
+    when = "steps" if during_steps else "start-up"
+    if job.returncode != EXIT_STATUS[how]:
+        raise Lost(f"a {how} during {when}: exit status {job.returncode}: {stderr.strip()[-300:]}")
+    traces = [mark for mark in NO_TRACES if mark in stderr]
+    if traces:
+        raise Lost(f"a {how} during {when}: {traces[0]!r} on stderr: {stderr.strip()[-600:]}")
+    end = time.monotonic() + END_GRACE_S
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < end:
+        time.sleep(0.1)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    if left:
+        raise Lost(f"a {how} during {when}: processes of the job left running: {left}")
+    if how == "SIGKILL":
+        if not _job_folders(tmpdir):
+            return
+        again = _launcher(os.path.join(case.workdir, "again"), tmpdir, 1)
+        stderr = _end(again, case.timeout_s, "the launcher after a SIGKILLed one")
+        if again.returncode != 0:
+            raise Lost(f"the launcher after a SIGKILLed one failed ({again.returncode}): {stderr.strip()[-300:]}")
+    _check_no_leaks(pids, tmpdir)
+
+
+# ---- the existing families, registered ------------------------------------------------------------
+@family("kill", quick=3, full=60)
+def _kill(case: Case) -> None:
+    kill_case(case.rng, case.workdir, case.timeout_s)
+
+
+@family("torn", quick=4, full=60)
+def _torn(case: Case) -> None:
+    torn_case(case.rng, case.workdir, case.timeout_s)
+
+
+@family("cli", quick=12, full=len(BAD_CLI))
+def _cli(case: Case) -> None:
+    cli_case(case.pick(BAD_CLI), case.workdir)
+
+
+@family("frame", quick=40, full=360)
+def _frame(case: Case) -> None:
+    frame_case(case.rng)
+
+
+@family("ranks", quick=1, full=12)
+def _ranks(case: Case) -> None:
+    ranks_case(case.rng, case.workdir, case.timeout_s, case.index)
+
+
+@family("dicomm", quick=6, full=36)
+def _dicomm(case: Case) -> None:
+    dicomm_case(case.rng, case.workdir, case.timeout_s, case.index)
+
+
+# ---- bad input per command: each refused in one line with exit 2, before any work --------------------
+@family("input-yaml", quick=6, full=len(YAML_CASES))
+def _input_yaml(case: Case) -> None:
+    loader_case(*case.pick(YAML_CASES), case.workdir)
+
+
+for _name, _table in INPUT_TABLES.items():
+    family(f"input-{_name}", quick=1, full=len(_table))(lambda case, table=_table: refusal_case(case.pick(table), case))
+
+
+@family("signals", quick=1, full=2 * len(LAUNCHER_SIGNALS))
+def _signals(case: Case) -> None:
+    signals_case(case)
+
+
 # ---- the campaign --------------------------------------------------------------------------------
-def run(mode: str, seed: int, timeout_s: float, show=print) -> dict[str, dict[str, int]]:
+def run(mode: str, seed: int, timeout_s: float, show=print, only: list[str] | None = None) -> dict[str, dict[str, int]]:
     rng = random.Random(seed)
     counts: dict[str, dict[str, int]] = {}
-    for family, cases in CASES[mode].items():
-        tally = counts.setdefault(family, {"tried": 0, "survived": 0, "lost": 0})
+    for name, entry in FAMILIES.items():
+        if only and name not in only:
+            continue
+        tally = counts.setdefault(name, {"tried": 0, "survived": 0, "lost": 0})
         started = time.perf_counter()
-        for index in range(cases):
-            workdir = tempfile.mkdtemp(prefix=f"faults-{family}-")
+        for index in range(entry.cases[mode]):
+            workdir = tempfile.mkdtemp(prefix=f"faults-{name}-")
             try:
-                if family == "kill":
-                    kill_case(rng, workdir, timeout_s)
-                elif family == "torn":
-                    torn_case(rng, workdir, timeout_s)
-                elif family == "cli":
-                    cli_case(BAD_CLI[index % len(BAD_CLI)] if mode == "full" else rng.choice(BAD_CLI), workdir)
-                elif family == "ranks":
-                    ranks_case(rng, workdir, timeout_s, index)
-                elif family == "dicomm":
-                    dicomm_case(rng, workdir, timeout_s, index)
-                else:
-                    frame_case(rng)
+                entry.run(Case(rng, workdir, timeout_s, index, mode))
                 tally["survived"] += 1
             except Lost as lost:
                 tally["lost"] += 1
-                show(f"  lost: {family} case {index}: {lost}")
+                show(f"  lost: {name} case {index}: {lost}")
             finally:
                 tally["tried"] += 1
                 shutil.rmtree(workdir, ignore_errors=True)
-        show(f"{family:6s} tried {tally['tried']:4d}  survived {tally['survived']:4d}  lost {tally['lost']:4d}  "
+        show(f"{name:16s} tried {tally['tried']:4d}  survived {tally['survived']:4d}  lost {tally['lost']:4d}  "
              f"({time.perf_counter() - started:.1f} s)")
     total = {key: sum(tally[key] for tally in counts.values()) for key in ("tried", "survived", "lost")}
     show(f"total  tried {total['tried']:4d}  survived {total['survived']:4d}  lost {total['lost']:4d}")
@@ -618,13 +1094,25 @@ def run(mode: str, seed: int, timeout_s: float, show=print) -> dict[str, dict[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=sorted(CASES), default="quick")
+    parser.add_argument("--mode", choices=MODES, default="quick")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a run may take before it counts as hung")
     parser.add_argument("--json", metavar="FILE", help="also write the counts as JSON")
+    parser.add_argument("--families", help=f"comma-separated families to run (default all: {', '.join(FAMILIES)})")
+    parser.add_argument("--list", action="store_true", help="print each family's cases per mode and exit")
     args = parser.parse_args(argv)
+    if args.list:
+        for entry in FAMILIES.values():
+            print(f"{entry.name:16s} quick {entry.cases['quick']:4d}  full {entry.cases['full']:4d}")
+        print(f"{'total':16s} quick {sum(f.cases['quick'] for f in FAMILIES.values()):4d}  "
+              f"full {sum(f.cases['full'] for f in FAMILIES.values()):4d}")
+        return 0
+    only = args.families.split(",") if args.families else None
+    unknown = [name for name in only or [] if name not in FAMILIES]
+    if unknown:
+        parser.error(f"--families: no family {unknown[0]} (have {', '.join(FAMILIES)})")
     print(f"fault campaign, {args.mode} mode, seed {args.seed}, load {os.getloadavg()[0]:.1f}")
-    counts = run(args.mode, args.seed, args.timeout)
+    counts = run(args.mode, args.seed, args.timeout, only=only)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(counts, handle, indent=1)

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 
+from h2.core import flags
 from h2.core.errors import ArgumentParser, UserError, run_cli
 
 
@@ -115,6 +116,7 @@ def _saved_conformance(path: str):
 
 
 def command_conformance(args) -> int:
+    baseline = _saved_conformance(args.baseline)[1] if args.baseline else None  # read before any check runs
     if args.from_json:
         from ditorch.dipu import conformance
 
@@ -122,7 +124,7 @@ def command_conformance(args) -> int:
         saved, results, degradation = _saved_conformance(args.from_json)
         print(f"conformance of vendor {saved['vendor']} (profile {saved['profile']}) against the CPU, "
               f"as saved in {args.from_json}: {len(results)} checks")
-        return _report_conformance(args, results, degradation, saved["vendor"], saved["profile"])
+        return _report_conformance(args, results, degradation, saved["vendor"], saved["profile"], baseline)
     if args.profile:
         os.environ["DIPU_HOST_PROFILE"] = args.profile
     import ditorch.dipu as dipu
@@ -131,9 +133,9 @@ def command_conformance(args) -> int:
         os.environ["DIPU_VENDOR"] = dipu.resolve_vendor(args.vendor)  # for the worker processes
     from ditorch.dipu import conformance
 
-    if args.max_samples < 1:
-        raise UserError(f"--max-samples must be at least 1, got {args.max_samples}")
-    if not args.check_timeout > 0:
+    if not 1 <= args.max_samples <= 10_000:
+        raise UserError(f"--max-samples must be between 1 and 10000, got {args.max_samples}")
+    if not 0 < args.check_timeout < float("inf"):
         raise UserError(f"--check-timeout must be a positive number of seconds, got {args.check_timeout}")
     for path in (args.json, args.markdown):
         _check_writable(path)  # before a run that can take minutes
@@ -153,7 +155,7 @@ def command_conformance(args) -> int:
           f"{len(checks)} checks, up to {args.max_samples} samples per dtype")
     results = conformance.run_isolated(checks, dtypes, args.max_samples, progress=_conformance_progress,
                                        timeout=args.check_timeout)
-    return _report_conformance(args, results, degradation, dipu.vendor_name(), conformance.profile_name())
+    return _report_conformance(args, results, degradation, dipu.vendor_name(), conformance.profile_name(), baseline)
 
 
 def _tolerances(dtypes) -> str:
@@ -168,7 +170,7 @@ def _tolerances(dtypes) -> str:
     return "; ".join(parts)
 
 
-def _report_conformance(args, results, degradation, vendor: str, profile: str) -> int:
+def _report_conformance(args, results, degradation, vendor: str, profile: str, baseline=None) -> int:
     from ditorch.dipu import conformance
 
     print(f"tolerances (torch.testing.assert_close per dtype): {_tolerances(conformance.DEFAULT_DTYPES)}")
@@ -176,7 +178,6 @@ def _report_conformance(args, results, degradation, vendor: str, profile: str) -
     for result in results:
         if result.check.aten or result.status != "pass" or args.verbose:
             print(conformance.format_result(result))
-    baseline = _saved_conformance(args.baseline)[1] if args.baseline else None
     _print_conformance_summary(results, degradation, profile, baseline)
     totals = conformance.summary(results)
     if args.json:
@@ -295,7 +296,7 @@ def add_precision_diff_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"tokens the {role} consumes per step, for --align tokens (default: what its log says)")
     parser.add_argument("--align", choices=("step", "tokens"), default="step",
                         help="pair steps by number (default) or by consumed tokens, when the batch sizes differ")
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+    parser.add_argument("--threshold", type=flags.finite_float, default=DEFAULT_THRESHOLD,
                         help=f"pass when MRE < threshold (default {DEFAULT_THRESHOLD}, the H2 paper's 1.5%%)")
     parser.add_argument("--steps", type=int, metavar="N",
                         help="compare the reference's first N steps (default: all of its steps)")
@@ -365,8 +366,10 @@ def add_replay_parser(subparsers) -> argparse.ArgumentParser:
         "with the saved outputs. Exit 0 when all match, 1 when some do not, 2 on bad input.")
     parser.add_argument("capture", metavar="DIR", help="a capture folder (or one call folder inside it)")
     parser.add_argument("--device", default="cpu", help="device to replay on (default cpu)")
-    parser.add_argument("--rtol", type=float, help="relative tolerance for all outputs (default: per dtype)")
-    parser.add_argument("--atol", type=float, help="absolute tolerance for all outputs (default: per dtype)")
+    parser.add_argument("--rtol", type=flags.finite_float,
+                        help="relative tolerance for all outputs (default: per dtype)")
+    parser.add_argument("--atol", type=flags.finite_float,
+                        help="absolute tolerance for all outputs (default: per dtype)")
     parser.set_defaults(run=command_replay)
     return parser
 

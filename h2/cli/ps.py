@@ -18,12 +18,14 @@ import time
 from dataclasses import dataclass
 
 from h2.core import flags
-from h2.core.dips import SECRET_ENV, PSOptions, load_dips_config, parse_address
+from h2.core.dips import MAX_SHARDS, SECRET_ENV, PSOptions, load_dips_config, parse_address
 from h2.core.errors import ArgumentParser, UserError
 from h2.core.model_config import PRESETS
 from h2.core.ranks import free_port
 from h2.core.run_lock import empty_held_folder, hold_output_folder
-from h2.core.training import RunOptions
+from h2.core.training import MAX_TIMEOUT_S, RunOptions
+
+MAX_ROUNDS = 10_000  # rounds one simulation or fault injection may name (10k simulated rounds: seconds)
 
 SECRETS = "secrets"  # <out>/secrets/: run.secret (the master's) and one key file per shard and cluster
 
@@ -71,7 +73,10 @@ def _parse_kill(text: str) -> Kill:
     try:
         if at.startswith("r"):
             return Kill(name, rounds=int(at[1:]))
-        return Kill(name, seconds=float(at))
+        seconds = float(at)
+        if not 0 <= seconds <= MAX_TIMEOUT_S:
+            raise ValueError(seconds)
+        return Kill(name, seconds=seconds)
     except ValueError:
         raise UserError(f"--kill {text!r}: expected NAME@SECONDS or NAME@rROUNDS (master, shard-0, cluster-c1)") \
             from None
@@ -143,6 +148,9 @@ def _launch(args: argparse.Namespace) -> int:
 
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite exclude each other")
+    if not 0 <= args.time_limit <= MAX_TIMEOUT_S:
+        raise UserError(f"--time-limit must be 0 (none) or positive, at most {MAX_TIMEOUT_S:g} s, got "
+                        f"{args.time_limit:g}")
     config = load_dips_config(args.config)
     _check_data(config)
     if not config.clusters:
@@ -159,6 +167,7 @@ def _launch(args: argparse.Namespace) -> int:
         empty_held_folder(out)
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     secrets = _secrets(config)
+    started = time.monotonic()  # --time-limit counts from here, the processes' start-up included
     host = config.host
     port = config.master_port or free_port()
     master = f"{host}:{port}"
@@ -198,7 +207,6 @@ def _launch(args: argparse.Namespace) -> int:
     say(f"{config.mode} run of {len(clusters)} clusters and {config.shards} shards, master {master}; "
         f"logs in {out}/logs; emulated cluster speeds: " +
         ", ".join(f"{s.id} {s.step_time_s:g} s/step" if s.step_time_s else f"{s.id} unpaced" for s in config.clusters))
-    started = time.monotonic()
     rounds = RoundCounter(os.path.join(out, "rounds.jsonl"))
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -265,7 +273,7 @@ def add_commands(sub) -> None:
 
     master = commands.add_parser("master", help="the master (control flow: clusters, rounds, heartbeats, penalty)")
     master.add_argument("--config", required=True, metavar="YAML", help="the Di-PS run file (configs/dips/*.yaml)")
-    master.add_argument("--port", type=int, help="gRPC port (default: the run file's master_port)")
+    master.add_argument("--port", type=flags.port_number, help="gRPC port (default: the run file's master_port)")
     master.add_argument("--resume", action="store_true", help="continue from <out>/master/state.json")
     master.add_argument("--secret-file", metavar="FILE",
                         help=f"the run secret (<out>/{SECRETS}/run.secret; default: ${SECRET_ENV})")
@@ -273,11 +281,12 @@ def add_commands(sub) -> None:
 
     shard = commands.add_parser("shard", help="one shard server (its layers and their outer optimizer)")
     shard.add_argument("--master", required=True, metavar="HOST:PORT", help="the master's address")
-    shard.add_argument("--index", type=int, required=True, help="which shard of the run this is")
+    shard.add_argument("--index", type=flags.bounded_int(0, MAX_SHARDS - 1), required=True,
+                       help="which shard of the run this is")
     shard.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    shard.add_argument("--control-port", type=int, default=0, help="gRPC port (default: any free port)")
-    shard.add_argument("--data-port", type=int, default=0, help="ZeroMQ port (default: any free port)")
-    shard.add_argument("--crash-at-round", type=int, default=0, metavar="N",
+    shard.add_argument("--control-port", type=flags.port_number, default=0, help="gRPC port (default: any free port)")
+    shard.add_argument("--data-port", type=flags.port_number, default=0, help="ZeroMQ port (default: any free port)")
+    shard.add_argument("--crash-at-round", type=flags.bounded_int(0, MAX_ROUNDS), default=0, metavar="N",
                        help="fault injection: exit abruptly while preparing round N (0: never)")
     shard.add_argument(
         "--secret-file", metavar="FILE", help=f"this shard's key (<out>/{SECRETS}/shard-I.key) or the run secret "
@@ -296,13 +305,14 @@ def add_commands(sub) -> None:
         "--kill", action="append", default=[], metavar="NAME@SECONDS",
         help="fault injection: SIGKILL master, shard-I or cluster-ID that many seconds in, or "
         "NAME@rN once N rounds are done (repeatable); it is restarted as a scheduler would")
-    launch.add_argument("--shard-crash-at-round", type=int, default=0, metavar="N",
+    launch.add_argument("--shard-crash-at-round", type=flags.bounded_int(0, MAX_ROUNDS), default=0, metavar="N",
                         help="fault injection: shard 0 exits while preparing round N (its first start only)")
-    launch.add_argument("--time-limit", type=float, default=0.0, metavar="SECONDS",
+    launch.add_argument("--time-limit", type=flags.finite_float, default=0.0, metavar="SECONDS",
                         help="stop the run after this long (0: when every cluster stopped)")
     launch.set_defaults(handler=_launch)
 
     sim = commands.add_parser("simulate", help="the outer loop at the paper's scale: PS overhead per round")
     sim.add_argument("--clusters", required=True, metavar="YAML", help="clusters, throughputs and links")
-    sim.add_argument("--rounds", type=int, default=20, help="outer rounds to simulate (default 20)")
+    sim.add_argument("--rounds", type=flags.bounded_int(1, MAX_ROUNDS), default=20,
+                     help=f"outer rounds to simulate, at most {MAX_ROUNDS} (default 20)")
     sim.set_defaults(handler=_simulate)

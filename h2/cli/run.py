@@ -30,6 +30,7 @@ import dataclasses
 import json
 import os
 import statistics
+import tempfile
 
 from h2.core import flags
 from h2.core.cluster import ClusterSpec, load_cluster
@@ -353,26 +354,69 @@ def _reference_flags(parser: argparse.ArgumentParser) -> None:
         "--reference", metavar="RUN",
         help="a run of the same model (its folder or metrics.jsonl, or a CSV of step,loss): "
         "compare the loss curves (MRE)")
-    parser.add_argument("--threshold", type=float, help="pass when MRE < threshold (default 0.015, the H2 paper's)")
+    parser.add_argument("--threshold", type=flags.finite_float,
+                        help="pass when MRE < threshold (default 0.015, the H2 paper's)")
 
 
-def _check_run_flags(args) -> None:
+def _check_threshold(threshold: float | None) -> None:
+    if threshold is not None and not threshold > 0:
+        raise UserError(f"--threshold must be a positive number, got {threshold:g}")
+
+
+def check_writable_folder(folder: str, flag: str) -> None:
+    """Refuse, before any work, a folder that cannot be created or written: it, or the nearest folder
+    above it that exists, must be a folder this user may write into."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UserError(f"{flag} {folder}: {existing} is not a folder")
+    try:  # a file without a name (O_TMPFILE where the file system has it): nothing is left behind
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as error:
+        raise UserError(f"{flag} {folder}: cannot write in {existing} ({error.strerror or error})") from None
+
+
+def _check_run_flags(args) -> TrainConfig:
+    """Every flag of `h2 run`, checked before anything is profiled or written; the training options."""
+    from h2.core.dips import parse_address
+
     if args.nnodes < 1:
         raise UserError(f"--nnodes must be at least 1, got {args.nnodes}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise UserError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (where the hosts meet)")
+    if args.rdzv_endpoint is not None:
+        parse_address(args.rdzv_endpoint, "--rdzv-endpoint")
     if args.resume and args.overwrite:
         raise UserError("--resume continues the run in --out, --overwrite starts it over: give one")
+    _check_threshold(args.threshold)
+    RunOptions(resume=bool(args.resume), max_restarts=args.max_restarts)
+    PipelineOptions(**flags.given(args, PipelineOptions))
+    check_writable_folder(args.out, "--out")
+    return TrainConfig(**flags.given(args, TrainConfig))
 
 
-def _check_run_inputs(args, cluster: ClusterSpec, model: ModelConfig):
+def _check_reference_length(reference, config: TrainConfig) -> None:
+    """The comparison needs every step of the reference: a reference longer than the run is refused
+    before the run trains."""
+    last = max(reference.steps)
+    if last > config.steps:
+        raise UserError(f"--reference {reference.path}: its curve runs to step {last}, this run trains to step "
+                        f"{config.steps}; pass --steps {last} or a shorter reference")
+
+
+def _check_run_inputs(args, cluster: ClusterSpec, model: ModelConfig, config: TrainConfig):
     """--out (a run to resume, or a folder free for this one) and --reference, checked before anything
     is written; the reference's loss log, or None."""
     if args.resume:
         check_resume(args.out, args, cluster, model)
     else:
         _check_out(args.out, args.overwrite)
-    return check_reference(args.reference, model) if args.reference else None
+    if not args.reference:
+        return None
+    reference = check_reference(args.reference, model)
+    _check_reference_length(reference, config)
+    return reference
 
 
 def _plan_run(args, cluster: ClusterSpec, model: ModelConfig) -> tuple[str, PlannedStrategy | None]:
@@ -397,9 +441,9 @@ def _plan_run(args, cluster: ClusterSpec, model: ModelConfig) -> tuple[str, Plan
 
 
 def _cmd_run(args) -> int:
-    _check_run_flags(args)
+    config = _check_run_flags(args)
     cluster, model = _cluster_and_model(args)
-    reference = _check_run_inputs(args, cluster, model)
+    reference = _check_run_inputs(args, cluster, model, config)
     hold_output_folder(args.out)
     profiles, plan = _plan_run(args, cluster, model)
     status = train(args, args.out, cluster)
@@ -422,6 +466,7 @@ def _cmd_profile(args) -> int:
 
 
 def _cmd_plan(args) -> int:
+    check_writable_folder(args.out, "--out")
     cluster, model = _cluster_and_model(args)
     _check_out(args.out, args.overwrite)
     profiles = profile_folder(args, cluster, model)
@@ -436,6 +481,7 @@ def _cmd_check(args) -> int:
     plan_path = os.path.join(args.run, PLAN_FILE)
     if not os.path.isfile(plan_path):
         raise UserError(f"--run {args.run}: no {PLAN_FILE} (h2 run or h2 plan writes it)")
+    _check_threshold(args.threshold)
     model = ModelConfig(**_read_json(plan_path)["model_config"])
     reference = check_reference(args.reference, model) if args.reference else None
     return check(args.run, reference, args.threshold)

@@ -37,6 +37,17 @@ _SUFFIXES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 MAX_COUNT = 1 << 50  # no batch, token or chip count of a plan comes near it
 
+_PATH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def check_path_name(name: str, where: str) -> str:
+    """A name that becomes a file or folder name (the profile cache's profiles/<cluster>/<chip>.yaml):
+    letters, digits, '.', '_', '+', '-', not starting with '.' or '-' (no '/', no '..')."""
+    if not _PATH_NAME.fullmatch(name):
+        raise UserError(f"{where} must be 1-100 letters, digits, '.', '_', '+' or '-' starting with a letter or "
+                        f"digit (it names files), got {name!r}")
+    return name
+
 
 def parse_count(text: str | int, what: str) -> int:
     """An integer with an optional binary K/M/G suffix: '4M' = 4 * 2**20 (batch sizes are powers of two)."""
@@ -199,6 +210,7 @@ def _load_chips(data: dict, path: str) -> tuple[ChipType, ...]:
         if not isinstance(entry, dict):
             raise UserError(f"{where}: expected a mapping, got {type(entry).__name__}")
         chip = _load_chip(entry, base_dir, where, path, f"chips[{index}].")
+        check_path_name(chip.name, f"{where}: field 'name'")
         chip.validate(path)
         chips.append(chip)
     names = [c.name for c in chips]
@@ -247,6 +259,8 @@ def load_cluster(path: str | os.PathLike) -> ClusterSpec:
     name = data.get("name", os.path.splitext(os.path.basename(path))[0])
     if not isinstance(name, str):
         raise UserError(f"{path}: field 'name': expected a string, got {name!r}")
+    if "name" in data:  # the default, the file's own name, has no '/'
+        check_path_name(name, f"{path}: field 'name'")
     links = links_from_mapping(data["links"], path) if data.get("links") is not None else LinkSection()
     sites, placed = _load_placement(data, chips, links, path)
     return ClusterSpec(name=name, chips=chips, training=training, model=model, source=path, links=links,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import stat
 import types
 import typing
 from typing import Any, Mapping, TypeVar
@@ -18,26 +19,80 @@ from h2.core.errors import UserError
 
 T = TypeVar("T")
 
+MAX_YAML_DEPTH = 64  # nesting of mappings and lists; no spec of the project comes near it
+MAX_YAML_BYTES = 16 << 20  # no spec of the project comes near it
 
-def load_yaml_mapping(path: str | os.PathLike) -> dict:
-    """Read a YAML file whose top level is a mapping."""
-    path = os.fspath(path)
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last) and
+    nesting deeper than MAX_YAML_DEPTH (PyYAML's composer recurses into a RecursionError)."""
+
+    def compose_node(self, parent, index):
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):  # the file's own keys (a `<<` merge's may be overridden)
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: PyYAML's own error follows
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _read_text(path: str) -> str:
+    """A regular file's text, at most MAX_YAML_BYTES; a device, a pipe or an unreadable file is one line."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+        mode = os.stat(path).st_mode  # before opening: opening a FIFO would block
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(mode):
+            raise UserError(f"{path}: not a regular file, expected a YAML file")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, expected a YAML file") from None
     except PermissionError:
         raise UserError(f"{path}: permission denied") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot read ({error.strerror or error})") from None
+    if len(data) > MAX_YAML_BYTES:
+        raise UserError(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB, expected a YAML spec")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a UTF-8 text file") from None
+
+
+def load_yaml_mapping(path: str | os.PathLike) -> dict:
+    """Read a YAML file whose top level is a mapping (no key twice, nesting bounded)."""
+    path = os.fspath(path)
+    text = _read_text(path)
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(error, "problem", None) or "malformed YAML"
         raise UserError(f"{path}: malformed YAML{where}: {problem}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a UTF-8 text file") from None
+    except RecursionError:
+        raise UserError(f"{path}: malformed YAML: nested too deeply") from None
     if data is None:
         raise UserError(f"{path}: file is empty, expected a mapping")
     if not isinstance(data, dict):

@@ -16,10 +16,11 @@ from typing import Literal
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
-from h2.core.training import TrainConfig, option
+from h2.core.training import MAX_GLOBAL_BATCH, MAX_STEPS, MAX_TIMEOUT_S, TrainConfig, option
 
 MODES = ("sync", "async", "dips")
 SECRET_ENV = "H2_PS_SECRET_FILE"  # names a process's Di-PS credential file when no flag does (h2.ps.auth)
+MAX_SHARDS = 256  # shard processes one launcher starts; the model's layers are split over them
 
 
 @dataclass
@@ -105,6 +106,19 @@ def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
         ("penalty.beta", p.beta > 0, "must be positive"),
         ("penalty.clip_norm", p.clip_norm >= 0, "must be 0 (no clip) or positive"),
         ("penalty.warmup_scores", p.warmup_scores >= 0, "must be 0 or positive"),
+    ] + _upper_bounds(config)
+
+
+def _upper_bounds(config: DipsConfig) -> list[tuple[str, bool, str]]:
+    """Counts and times past which unbounded work would follow (no real run comes near them)."""
+    times = [(name, getattr(config, name) <= MAX_TIMEOUT_S, f"must be at most {MAX_TIMEOUT_S:g} s")
+             for name in ("grace_s", "heartbeat_s", "transfer_timeout_s", "sync_retry_s")]
+    return times + [
+        ("inner_steps", config.inner_steps <= MAX_STEPS, f"must be at most {MAX_STEPS}"),
+        ("missed_beats", config.missed_beats <= 1000, "must be at most 1000"),
+        ("shards", config.shards <= MAX_SHARDS, f"must be at most {MAX_SHARDS}"),
+        ("eval_sequences", config.eval_sequences <= MAX_GLOBAL_BATCH, f"must be at most {MAX_GLOBAL_BATCH}"),
+        ("seed", 0 <= config.seed < 2**32, "must be in [0, 2**32)"),
     ]
 
 
@@ -120,6 +134,8 @@ def check_dips_config(config: DipsConfig, source: str) -> DipsConfig:
             for part in name.split("."):
                 value = getattr(value, part)
             raise UserError(f"{source}: field '{name}' {requirement}, got {value!r}")
+    if not config.clusters:
+        raise UserError(f"{source}: field 'clusters' lists no cluster (the master accepts only listed clusters)")
     seen = set()
     for index, cluster in enumerate(config.clusters):
         where = f"{source}: field 'clusters[{index}]"
@@ -130,10 +146,16 @@ def check_dips_config(config: DipsConfig, source: str) -> DipsConfig:
         seen.add(cluster.id)
         if cluster.step_time_s < 0:
             raise UserError(f"{where}.step_time_s' must be 0 or positive, got {cluster.step_time_s}")
+        if cluster.step_time_s > MAX_TIMEOUT_S:
+            raise UserError(f"{where}.step_time_s' must be at most {MAX_TIMEOUT_S:g} s, got {cluster.step_time_s}")
         if cluster.strategy is not None and cluster.outlier != "none":
             raise UserError(f"{where}.outlier': fault injection is for single-device clusters, not a strategy's")
         if cluster.outlier_every < 1:
             raise UserError(f"{where}.outlier_every' must be at least 1, got {cluster.outlier_every}")
+        if cluster.outlier_every > MAX_STEPS:
+            raise UserError(f"{where}.outlier_every' must be at most {MAX_STEPS}, got {cluster.outlier_every}")
+        if not math.isfinite(cluster.outlier_scale):
+            raise UserError(f"{where}.outlier_scale' must be a finite number, got {cluster.outlier_scale}")
     return config
 
 
@@ -172,8 +194,14 @@ class PSOptions:
     def __post_init__(self) -> None:
         if self.pace_step_s < 0:
             raise UserError(f"--pace-step-s must be 0 or positive, got {self.pace_step_s}")
+        if self.pace_step_s > MAX_TIMEOUT_S:
+            raise UserError(f"--pace-step-s must be at most {MAX_TIMEOUT_S:g} s, got {self.pace_step_s}")
+        if not math.isfinite(self.outlier_scale):
+            raise UserError(f"--outlier-scale must be a finite number, got {self.outlier_scale}")
         if self.outlier_every < 1:
             raise UserError(f"--outlier-every must be at least 1, got {self.outlier_every}")
+        if self.outlier_every > MAX_STEPS:
+            raise UserError(f"--outlier-every must be at most {MAX_STEPS}, got {self.outlier_every}")
         if self.ps is not None:
             parse_address(self.ps, "--ps")
             if not self.cluster_id:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -32,6 +33,44 @@ def flag_name(f: dataclasses.Field) -> str:
     return "--" + f.name.replace("_", "-")
 
 
+def finite_float(text: str) -> float:
+    """argparse type of every float flag: a finite number ('nan' and 'inf' are refused, naming the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type of a TCP port flag: 0..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (0..65535), got {text!r}")
+    return value
+
+
+def bounded_int(low: int, high: int):
+    """argparse type of an integer flag in [low, high] (a count after which unbounded work would follow)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
 def _value_type(annotation: Any) -> tuple[Any, tuple | None]:
     """(argparse type, choices) of a field annotation; Optional is unwrapped."""
     origin = typing.get_origin(annotation)
@@ -42,7 +81,9 @@ def _value_type(annotation: Any) -> tuple[Any, tuple | None]:
     if origin is typing.Literal:
         choices = typing.get_args(annotation)
         return type(choices[0]), choices
-    if annotation in (int, float, str):
+    if annotation is float:
+        return finite_float, None
+    if annotation in (int, str):
         return annotation, None
     raise TypeError(f"no flag type for annotation {annotation!r}")
 

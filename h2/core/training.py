@@ -8,6 +8,7 @@ from these classes (h2.core.flags), and a job file (`--config job.yaml`) uses th
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -17,6 +18,15 @@ from h2.core.schedule import SCHEDULES, ScheduleName
 # Fields that define the run's trajectory: a resumed run must keep them.
 TRAJECTORY_FIELDS = ("micro_batch_size", "micro_batches", "seq_len", "lr", "min_lr", "warmup_steps", "lr_decay_steps",
                      "weight_decay", "beta1", "beta2", "grad_clip", "dtype", "seed")
+
+# Bounds of counts after which unbounded work or memory would follow (no real job comes near them).
+MAX_STEPS = (1 << 31) - 1
+MAX_MICRO_BATCHES = 1 << 16
+MAX_GLOBAL_BATCH = 1 << 16  # sequences per step
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week
+MAX_THREADS = 1024
+MAX_PROCESSES = 1024
+MAX_RESTARTS = 1000
 
 
 def option(default, help: str, *, default_text: str | None = None, metavar: str | None = None):
@@ -76,21 +86,29 @@ class TrainConfig:
         "(at least one sequence)")
 
     def __post_init__(self) -> None:
-        checks = [("steps", self.steps >= 1), ("micro_batch_size", self.micro_batch_size >= 1),
-                  ("micro_batches", self.micro_batches >= 1), ("lr", self.lr > 0),
-                  ("min_lr", 0 <= self.min_lr <= self.lr), ("warmup_steps", self.warmup_steps >= 0),
+        checks = [("steps", 1 <= self.steps <= MAX_STEPS), ("micro_batch_size", self.micro_batch_size >= 1),
+                  ("micro_batches", 1 <= self.micro_batches <= MAX_MICRO_BATCHES), ("lr", self.lr > 0),
+                  ("min_lr", 0 <= self.min_lr <= self.lr), ("warmup_steps", 0 <= self.warmup_steps <= MAX_STEPS),
                   ("weight_decay", self.weight_decay >= 0), ("beta1", 0 <= self.beta1 < 1),
                   ("beta2", 0 <= self.beta2 < 1), ("grad_clip", self.grad_clip >= 0),
-                  ("checkpoint_every", self.checkpoint_every >= 0), ("keep_checkpoints", self.keep_checkpoints >= 1),
+                  ("checkpoint_every", 0 <= self.checkpoint_every <= MAX_STEPS),
+                  ("keep_checkpoints", 1 <= self.keep_checkpoints <= MAX_STEPS),
                   ("seed", 0 <= self.seed < 2**32)]  # numpy's generator takes a 32-bit seed
         checks += [("eval_every", self.eval_every >= 0), ("eval_batches", self.eval_batches >= 1)]
         if self.seq_len is not None:
             checks.append(("seq_len", self.seq_len >= 1))
         if self.lr_decay_steps is not None:
-            checks.append(("lr_decay_steps", self.lr_decay_steps >= 1))
+            checks.append(("lr_decay_steps", 1 <= self.lr_decay_steps <= MAX_STEPS))
+        for name in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip"):
+            if not math.isfinite(getattr(self, name)):
+                raise UserError(f"training option '{name}' must be a finite number, got {getattr(self, name)!r}")
         for name, ok in checks:
             if not ok:
                 raise UserError(f"training option '{name}' out of range: {getattr(self, name)!r}")
+        if self.micro_batches > 1 and self.global_batch > MAX_GLOBAL_BATCH:  # one huge micro-batch: the memory check
+            raise UserError(f"training option 'micro_batches' out of range: {self.micro_batches} micro-batches of "
+                            f"{self.micro_batch_size} sequences exceed {MAX_GLOBAL_BATCH} sequences per step (a "
+                            f"step's batch is held in memory)")
         if self.dtype not in ("fp32", "bf16"):
             raise UserError(f"training option 'dtype' must be fp32 or bf16, got {self.dtype!r}")
         for name in self.loggers:
@@ -162,6 +180,11 @@ class PipelineOptions:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not self.rank_timeout > 0:
             raise UserError(f"--rank-timeout must be positive, got {self.rank_timeout}")
+        if self.rank_timeout > MAX_TIMEOUT_S:
+            raise UserError(f"--rank-timeout must be at most {MAX_TIMEOUT_S:g} s, got {self.rank_timeout}")
+        for name, most in (("threads", MAX_THREADS), ("log_every", MAX_STEPS)):
+            if getattr(self, name) > most:
+                raise UserError(f"--{name.replace('_', '-')} must be at most {most}, got {getattr(self, name)}")
 
 
 @dataclass
@@ -193,11 +216,18 @@ class RunOptions:
         "torchrun -m h2.cli.rank --job DIR/job.yaml", metavar="DIR")
 
     def __post_init__(self) -> None:
+        for name in ("preset", "model_config", "strategy", "cluster", "out", "write_job"):
+            if getattr(self, name) == "":
+                raise UserError(f"--{name.replace('_', '-')} is empty")
         if self.preset is not None and self.model_config is not None:
             raise UserError("give a model as --preset or as --model-config, not both")
         if self.nproc is not None and self.nproc < 1:
             raise UserError(f"--nproc must be at least 1, got {self.nproc}")
+        if self.nproc is not None and self.nproc > MAX_PROCESSES:
+            raise UserError(f"--nproc must be at most {MAX_PROCESSES}, got {self.nproc}")
         if self.max_restarts is not None and self.max_restarts < 0:
             raise UserError(f"--max-restarts must be at least 0, got {self.max_restarts}")
+        if self.max_restarts is not None and self.max_restarts > MAX_RESTARTS:
+            raise UserError(f"--max-restarts must be at most {MAX_RESTARTS}, got {self.max_restarts}")
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite exclude each other")

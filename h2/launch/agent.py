@@ -13,15 +13,22 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 
 def write_failures(path: str, exit_codes: dict[int, int]) -> None:
-    """{rank: exit status} as JSON, written whole or not at all."""
+    """{rank: exit status} as JSON, written whole or not at all; a job folder removed meanwhile (its
+    launcher is gone) is one line on stderr."""
     partial = f"{path}.tmp.{os.getpid()}"
-    with open(partial, "w", encoding="utf-8") as handle:
-        json.dump({str(rank): code for rank, code in sorted(exit_codes.items())}, handle)
-    os.replace(partial, path)
+    try:
+        with open(partial, "w", encoding="utf-8") as handle:
+            json.dump({str(rank): code for rank, code in sorted(exit_codes.items())}, handle)
+        os.replace(partial, path)
+    except OSError as error:
+        print(
+            f"h2.launch.agent: cannot record the failed ranks in {path} ({error.strerror or error}): "
+            f"{exit_codes}", file=sys.stderr, flush=True)
 
 
 def read_failures(path: str) -> dict[int, int]:
@@ -50,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except SignalException as stopped:
         return 128 + int(stopped.sigval)
+    except KeyboardInterrupt:  # before torchrun's own handlers were installed
+        return 128 + signal.SIGINT
     return 0
 
 

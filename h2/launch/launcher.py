@@ -15,10 +15,15 @@ applies (P2P for gloo, DiComm's shaping layer), and one line says so.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 from h2.core.cluster import ClusterSpec
@@ -31,6 +36,11 @@ from h2.launch.exit_watch import ExitWatch, Stall
 
 RENDEZVOUS_PORT = 29500
 _STOP_GRACE_S = 10.0
+JOB_FOLDER_PREFIX = "h2-job-"
+_OWNER_FILE = "owner.json"
+# How long the job's torchrun may take to stop its ranks after the launcher was stopped (torchrun
+# gives its ranks 30 s after a SIGTERM before it kills them).
+_JOB_STOP_GRACE_S = 45.0
 EXIT_STALL_S = 300.0  # a finished job's process without progress for this long is hung (the job passes --rank-timeout)
 
 
@@ -56,8 +66,19 @@ def launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sourc
     that rendezvous endpoint (torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT).
     torchrun restarts every rank up to `max_restarts` times after one fails. A rank that died by a
     signal is named in one line (h2.launch.agent's failures). `stall_s`: the exit watch's timeout (the job's
-    --rank-timeout; run_until_ranks_exit)."""
-    status = _launch(strategy, cluster, job_path, source, hosts, max_restarts, stall_s)
+    --rank-timeout; run_until_ranks_exit).
+
+    Stopped itself (SIGINT, SIGTERM, SIGHUP; h2.launch.launcher.job_folder turns the last two into
+    `Stopped`), it stops the job's torchrun (SIGTERM) and waits for it to stop its ranks before it
+    returns through the caller's clean-up: a SIGTERM or SIGHUP ends the process with 128 + the signal."""
+    try:
+        status = _launch(strategy, cluster, job_path, source, hosts, max_restarts, stall_s)
+    except KeyboardInterrupt:
+        _stop_children()
+        raise
+    except Stopped as stopped:
+        _stop_children()
+        raise SystemExit(128 + stopped.signum) from None
     if status != 0:
         report_rank_deaths(strategy, os.path.dirname(job_path))
     return status
@@ -109,7 +130,7 @@ def _launch(strategy: Strategy, cluster: ClusterSpec | None, job_path: str, sour
             str(count), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id",
             "h2-" + os.path.basename(source)
         ]
-        return subprocess.call(rank_command(strategy.world_size // count, job_path, rendezvous, max_restarts))
+        return start_child(rank_command(strategy.world_size // count, job_path, rendezvous, max_restarts)).wait()
     nodes = nodes_of(rank_locations(strategy, cluster, source)) if cluster is not None else []
     standalone = rank_command(strategy.world_size, job_path, ["--standalone"], max_restarts)
     if len(nodes) <= 1:
@@ -139,7 +160,7 @@ def run_until_ranks_exit(command: list[str], strategy: Strategy, job_folder: str
     follows the processes still running by their progress: one whose CPU time has not moved for `stall_s`
     seconds (stopped, or hung while exiting: torchrun would wait for it forever) is named in one line and
     killed with the job, and the status is 1. Processes that progress are waited for, however busy the host."""
-    process = subprocess.Popen(command)
+    process = start_child(command)
     watch = None
     while True:
         try:
@@ -224,25 +245,31 @@ def _run_nodes(emulated: list[netns.EmulatedNode], ranks: list[list[int]], job_p
             processes.append(
                 subprocess.Popen(
                     node.command(rank_command(len(node_ranks), job_path, rendezvous, max_restarts,
-                                              node=len(processes))), env=env, start_new_session=True))
+                                              node=len(processes))), env=env, start_new_session=True,
+                    preexec_fn=_die_with_parent))
         return _wait_all(processes)
     finally:
         _stop(processes)
-        store.stdin.close()  # the store server exits at end of input
+        with contextlib.suppress(BrokenPipeError):
+            store.stdin.write("stop\n")  # the store server exits at once (at end of input alone it lingers)
+            store.stdin.close()
         try:
             store.wait(_STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             _stop([store])
 
 
-# Serves a TCPStore at argv[1]:argv[2] until its standard input ends (the launcher closes it, or dies).
-_STORE_SERVER = """\
-import sys
+# Serves a TCPStore at argv[1]:argv[2] until the launcher writes "stop"; when its standard input ends
+# without it (the launcher died), it serves on while the nodes' torchruns, sent SIGTERM by the kernel
+# as the launcher died, stop their ranks (a store gone first makes them fail with C++ stack traces).
+_STORE_SERVER = f"""\
+import sys, time
 from datetime import timedelta
 import torch.distributed as dist
 store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True, wait_for_workers=False, timeout=timedelta(hours=1))
 print("ready", flush=True)
-sys.stdin.read()
+if sys.stdin.readline().strip() != "stop":
+    time.sleep({_JOB_STOP_GRACE_S})
 """
 
 
@@ -277,3 +304,122 @@ def _signal_group(process: subprocess.Popen, signum: int) -> None:
         os.killpg(process.pid, signum)
     except ProcessLookupError:  # already gone
         pass
+
+
+# ---- the job's folder, its processes and the signals that stop the launcher --------------------------
+class Stopped(BaseException):
+    """The launcher received SIGTERM or SIGHUP (raised by the handler `job_folder` installs)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {_signal_name(signum)}")
+        self.signum = signum
+
+
+_CHILDREN: list[subprocess.Popen] = []
+
+
+def _die_with_parent() -> None:
+    """In a child before it runs its command: SIGTERM when the launcher dies, even by SIGKILL."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def start_child(command: list[str]) -> subprocess.Popen:
+    """Start a job's torchrun in a process group of its own (a Ctrl-C reaches the launcher only, which
+    stops it: a SIGINT in the middle of its start-up would be a traceback); the launcher stops it when
+    stopped itself, and the kernel sends it SIGTERM if the launcher dies without a chance to (SIGKILL)."""
+    process = subprocess.Popen(command, process_group=0,
+                               preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    _CHILDREN.append(process)
+    return process
+
+
+def _stop_children() -> None:
+    """SIGTERM to every running torchrun this launcher started (torchrun stops its ranks; a process
+    still starting up ends without a traceback), wait for each; one that does not end within
+    _JOB_STOP_GRACE_S is killed with its ranks."""
+    running = [process for process in _CHILDREN if process.poll() is None]
+    for process in running:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + _JOB_STOP_GRACE_S
+    for process in running:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for pid in [*_rank_processes(process.pid).values(), process.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            process.wait()
+    _CHILDREN[:] = [process for process in _CHILDREN if process.poll() is None]
+
+
+def _raise_stopped(signum: int, _frame) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def job_folder():
+    """A fresh folder in TMPDIR for the job file and torchrun's logs, removed when the job ends however
+    it ends: SIGTERM and SIGHUP raise `Stopped` meanwhile (the launcher stops its torchrun, then the
+    folder goes), and a folder whose launcher was SIGKILLed is removed by the next launcher's start."""
+    remove_stale_job_folders()
+    folder = tempfile.mkdtemp(prefix=JOB_FOLDER_PREFIX)
+    with open(os.path.join(folder, _OWNER_FILE), "w", encoding="utf-8") as handle:
+        json.dump({"pid": os.getpid(), "started": _start_time(os.getpid())}, handle)
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {signum: signal.signal(signum, _raise_stopped) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield folder
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _start_time(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot), None if there is no such process: a pid
+    that names another process since (reused) has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _launcher_alive(pid: int, started: int | None) -> bool:
+    if started is None:  # recorded without /proc: only whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return _start_time(pid) == started
+
+
+def remove_stale_job_folders(root: str | None = None) -> list[str]:
+    """Remove the job folders in `root` (TMPDIR) whose launcher is gone (killed before it could remove
+    its own); returns them. A folder without an owner record is left alone."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [name for name in os.listdir(root) if name.startswith(JOB_FOLDER_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        folder = os.path.join(root, name)
+        try:
+            with open(os.path.join(folder, _OWNER_FILE), encoding="utf-8") as handle:
+                owner = json.load(handle)
+            alive = _launcher_alive(int(owner["pid"]), owner["started"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not alive:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed

@@ -10,9 +10,7 @@ Every refusal is one line (UserError) before any rank starts.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 
 from h2.core import flags
 from h2.core.cluster import ClusterSpec
@@ -40,19 +38,16 @@ def run_pipeline_job(values: dict, run: RunOptions, hosts: tuple[int, str] | Non
     the flags) with `run.strategy`; returns the ranks' exit status. `hosts` (number of hosts, rendezvous
     endpoint): this host's share of the ranks joins the others'. `cluster`: `run.cluster` already
     loaded by the caller (else it is loaded here, once)."""
-    from h2.launch.launcher import launch
+    from h2.launch.launcher import job_folder, launch
 
     job, cluster = resolve_pipeline_job(values, run, cluster)
     if run.write_job:
         return write_job_for_hand_launch(job, run.write_job)
-    job_folder = tempfile.mkdtemp(prefix="h2-job-")  # the job file and torchrun's logs
-    job_path = os.path.join(job_folder, JOB_FILE)
-    try:
+    with job_folder() as folder:  # the job file and torchrun's logs, removed however the job ends
+        job_path = os.path.join(folder, JOB_FILE)
         write_job(job_path, job)
         return launch(job.strategy, cluster, job_path, run.strategy, hosts, max_restarts=run.max_restarts or 0,
                       stall_s=job.pipeline.rank_timeout)
-    finally:
-        shutil.rmtree(job_folder, ignore_errors=True)
 
 
 def write_job_for_hand_launch(job: ResolvedJob, folder: str) -> int:
