@@ -158,7 +158,7 @@ def test_info_lists_the_dipu_vendor_and_devices():
     (["conformance", "--ops", "nosuchop"], "ditorch: error: no DIOPI table entry matches nosuchop"),
     (["conformance", "--fallback", "--ops", "nosuchop"
       ], "ditorch: error: no DIOPI table entry or OpInfo matches nosuchop"),
-    (["conformance", "--max-samples", "0"], "ditorch: error: --max-samples must be at least 1, got 0"),
+    (["conformance", "--max-samples", "0"], "ditorch: error: --max-samples must be between 1 and 10000, got 0"),
     (["conformance", "--from-json", "/nonexistent/run.json"], "ditorch: error: /nonexistent/run.json: cannot read"),
     (["conformance", "--check-timeout", "0"], "ditorch: error: --check-timeout must be a positive number of seconds"),
     (["conformance", "--ops", "mm", "--json", "/nonexistent/r.json", "--max-samples", "1", "--dtypes", "float32"
@@ -188,4 +188,4 @@ def test_vendor_and_profile_problems_are_reported_in_one_line(args, message):
 def test_conformance_with_no_samples_is_a_flag_error_not_a_vendor_failure():
     result = ditorch("conformance", "--max-samples", "0")
     assert result.returncode == 2 and last_line(
-        result.stderr) == "ditorch: error: --max-samples must be at least 1, got 0"
+        result.stderr) == "ditorch: error: --max-samples must be between 1 and 10000, got 0"
