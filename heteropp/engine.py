@@ -30,7 +30,7 @@ from h2.core.stage_orders import run_schedule
 from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.hf_weights import copy_into, load_hf_parameters
 from h2.model.transformer import Transformer
-from heteropp.data_parallel import StageOptimizer, clip_by_global_norm, clip_coefficient
+from heteropp.data_parallel import StageOptimizer, clip_coefficient
 from heteropp.executor import StageExecutor
 from heteropp.groups import build_groups, dicomm_registered, p2p_needs_host_staging
 from heteropp.ministages import MinistageExecutor
@@ -173,7 +173,8 @@ class PipelineEngine:
                                         weight_decay=self.config.weight_decay, dp_group=self.groups.dp,
                                         dp_rank=self.place.dp_index, dp_size=self.stage_info.dp, sharding=self.sharding)
         # Each gradient element enters the global norm once: on the replica that counts it (replica 0,
-        # or its owner under ZeRO-2), and for parameters replicated over TP (norm weights) on TP index 0 only.
+        # or under ZeRO-2 every replica, for its shard), and for parameters replicated over TP (norm
+        # weights) on TP index 0 only.
         self.counted_in_norm = [
             self.optimizer.holds_reduced_gradient(index) and (split_dim is not None or self.place.tp_index == 0)
             for index, (_, _, split_dim) in enumerate(self.pieces)
@@ -201,7 +202,7 @@ class PipelineEngine:
             return MinistageExecutor(chunks, device=self.device, offload=tuple(
                 self.strategy.offload), autocast=autocast, stage_index=self.place.stage,
                                      num_stages=self.topology.num_stages, resharder=self.resharder,
-                                     activation_shape=activation_shape)
+                                     activation_shape=activation_shape, prefetch=self.options.offload_prefetch)
         return StageExecutor(chunks[0], stage_index=self.place.stage, num_stages=self.topology.num_stages,
                              resharder=self.resharder, store=self.store, activation_shape=activation_shape,
                              prefetch=self.options.prefetch, device=self.device, recorder=self.recorder,
@@ -313,7 +314,7 @@ class PipelineEngine:
                 self.optimizer.step(lr, indices)
                 self.optimizer.zero_grad(indices)
             else:
-                self.waiting_grads[chunk] = [self.optimizer.params[index].grad for index in indices]
+                self.waiting_grads[chunk] = self.optimizer.reduced_gradients(indices)
                 self.optimizer.zero_grad(indices)
 
         loss = self.executor.run(self.actions, inputs, targets, self.loss_weight, on_step)
@@ -326,9 +327,8 @@ class PipelineEngine:
         for chunk in reversed(range(len(self.chunk_params))):
             indices = self.chunk_params[chunk]
             with self.executor.resident(chunk):
-                for index, grad in zip(indices, self.waiting_grads.pop(chunk)):
-                    if grad is not None:  # ZeRO-2: the owner's
-                        self.optimizer.params[index].grad = grad.mul_(coefficient)
+                self.optimizer.put_gradients(indices, self.waiting_grads.pop(chunk))
+                self.optimizer.scale_gradients(coefficient, indices)
                 self.optimizer.step(lr, indices)
                 self.optimizer.zero_grad(indices)
         return float(global_norm)
@@ -395,7 +395,8 @@ class PipelineEngine:
             elif self.ministage_group:
                 grad_norm = self._deferred_ministage_steps(global_norm, max_norm, lr)
             else:
-                grad_norm = clip_by_global_norm(global_norm, self.optimizer.params, max_norm)
+                grad_norm = float(global_norm)
+                self.optimizer.scale_gradients(clip_coefficient(global_norm, max_norm))
                 self.optimizer.step(lr)
                 self.optimizer.zero_grad()
         if self.is_last and self.groups.dp is not None:
