@@ -302,14 +302,19 @@ class PipelineEngine:
         runs there and then. With clipping (the reference trainer's global-norm clip) the step needs
         the norm over every chunk, known only after the last backward: the reduced gradients (1/dp of
         them under ZeRO-2) wait, set aside, and `_deferred_ministage_steps` clips and steps them.
-        Returns the loss and whether the chunks stepped already."""
-        immediate = not self.config.grad_clip > 0
+        With `grad_clip_scope: ministage` each chunk is clipped by its own gradients' norm and steps
+        at once. Returns the loss and whether the chunks stepped already."""
+        per_ministage = self.config.grad_clip > 0 and self.config.grad_clip_scope == "ministage"
+        immediate = not self.config.grad_clip > 0 or per_ministage
         self.waiting_grads: dict[int, list] = {}
 
         def on_step(chunk: int) -> None:
             indices = self.chunk_params[chunk]
             self.optimizer.reduce_gradients(indices)
             self._add_squared_norms(totals, indices)
+            if per_ministage:
+                self.optimizer.scale_gradients(clip_coefficient(self._ministage_norm(indices), self.config.grad_clip),
+                                               indices)
             if immediate:
                 self.optimizer.step(lr, indices)
                 self.optimizer.zero_grad(indices)
@@ -320,17 +325,29 @@ class PipelineEngine:
         loss = self.executor.run(self.actions, inputs, targets, self.loss_weight, on_step)
         return loss, immediate
 
+    def _ministage_norm(self, indices: list[int]) -> torch.Tensor:
+        """The norm of the gradients of one ministage (parameters `indices` on every rank of this
+        stage): each rank's counted squares summed over its TP and DP groups."""
+        counted = [index for index in indices if self.counted_in_norm[index]]
+        norms = self.optimizer.grad_norms(self.counted_in_norm, counted)
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        for norm in norms:
+            squares += norm.double().square()
+        for group in (self.groups.tp, self.groups.dp):
+            if group is not None:
+                dist.all_reduce(squares, group=group)
+        return squares.cpu().sqrt().float()
+
     def _deferred_ministage_steps(self, global_norm: torch.Tensor, max_norm: float, lr: float) -> float:
         """Clip the gradients that waited by the global norm, then step each chunk with its
         parameters on the device."""
         coefficient = clip_coefficient(global_norm, max_norm)
-        for chunk in reversed(range(len(self.chunk_params))):
+        for chunk in self.executor.each_resident(list(range(len(self.chunk_params)))):
             indices = self.chunk_params[chunk]
-            with self.executor.resident(chunk):
-                self.optimizer.put_gradients(indices, self.waiting_grads.pop(chunk))
-                self.optimizer.scale_gradients(coefficient, indices)
-                self.optimizer.step(lr, indices)
-                self.optimizer.zero_grad(indices)
+            self.optimizer.put_gradients(indices, self.waiting_grads.pop(chunk))
+            self.optimizer.scale_gradients(coefficient, indices)
+            self.optimizer.step(lr, indices)
+            self.optimizer.zero_grad(indices)
         return float(global_norm)
 
     @property
