@@ -102,7 +102,7 @@ class MinistageExecutor:
         moves activations (of `activation_shape`) and their gradients between this rank's chunks and
         the neighbouring stages' (the last stage's chunk c feeds stage 0's chunk c + 1: the wrap-around).
         `prefetch` (under parameter offload): while a chunk computes, a side thread copies the next
-        chunk's parameters to the device and the previous one's back to the host."""
+        chunk's parameters to the device and another the previous one's back to the host."""
         self.chunks, self.device, self.autocast = chunks, torch.device(device), autocast
         self.offload = tuple(offload)
         self.stage_index, self.num_stages = stage_index, num_stages
@@ -111,7 +111,10 @@ class MinistageExecutor:
             raise ValueError("ministages over several stages need a resharder to reach the other stages")
         self.homes = [ParameterHome(list(chunk.parameters()), self.device) for chunk in chunks]
         self.host_copies = 0  # tensors copied to the host by offload in the last run
+        # one thread copies in, another out: a copy to the host waits for the device's queued work,
+        # and the next chunk's copy in must not wait behind it
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="ministage-prefetch") if prefetch else None
+        self.evictor = ThreadPoolExecutor(1, thread_name_prefix="ministage-evict") if prefetch else None
         if "parameters" in self.offload:
             for home in self.homes:
                 home.to_host()
@@ -240,11 +243,11 @@ class MinistageExecutor:
             for index, home in enumerate(self.homes):
                 if index != chunk:
                     home.to_host()
-        else:  # the next chunk's copy first: a copy to the host waits for the device's queued work
+        else:
             self.homes[upcoming].move(self.worker, to_device=True)
             for index, home in enumerate(self.homes):
                 if index not in (chunk, upcoming):
-                    home.move(self.worker, to_device=False)
+                    home.move(self.evictor, to_device=False)
         if chunk is not None:
             self.homes[chunk].to_device()
 
