@@ -30,7 +30,7 @@ from h2.core.stage_orders import parse_send_lists, run_schedule
 from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.hf_weights import copy_into, load_hf_parameters
 from h2.model.transformer import Transformer
-from heteropp.data_parallel import StageOptimizer, clip_by_global_norm, clip_coefficient
+from heteropp.data_parallel import StageOptimizer, clip_coefficient
 from heteropp.executor import StageExecutor
 from heteropp.groups import build_groups, dicomm_registered, p2p_needs_host_staging
 from heteropp.ministages import MinistageExecutor
@@ -173,7 +173,8 @@ class PipelineEngine:
                                         weight_decay=self.config.weight_decay, dp_group=self.groups.dp,
                                         dp_rank=self.place.dp_index, dp_size=self.stage_info.dp, sharding=self.sharding)
         # Each gradient element enters the global norm once: on the replica that counts it (replica 0,
-        # or its owner under ZeRO-2), and for parameters replicated over TP (norm weights) on TP index 0 only.
+        # or under ZeRO-2 every replica, for its shard), and for parameters replicated over TP (norm
+        # weights) on TP index 0 only.
         self.counted_in_norm = [
             self.optimizer.holds_reduced_gradient(index) and (split_dim is not None or self.place.tp_index == 0)
             for index, (_, _, split_dim) in enumerate(self.pieces)
@@ -223,7 +224,7 @@ class PipelineEngine:
             return MinistageExecutor(chunks, device=self.device, offload=tuple(
                 self.strategy.offload), autocast=autocast, stage_index=self.place.stage,
                                      num_stages=self.topology.num_stages, resharder=self.resharder,
-                                     activation_shape=activation_shape)
+                                     activation_shape=activation_shape, prefetch=self.options.offload_prefetch)
         return StageExecutor(chunks[0], stage_index=self.place.stage, num_stages=self.topology.num_stages,
                              resharder=self.resharder, store=self.store, activation_shape=activation_shape,
                              prefetch=self.options.prefetch, device=self.device, recorder=self.recorder,
@@ -323,36 +324,52 @@ class PipelineEngine:
         runs there and then. With clipping (the reference trainer's global-norm clip) the step needs
         the norm over every chunk, known only after the last backward: the reduced gradients (1/dp of
         them under ZeRO-2) wait, set aside, and `_deferred_ministage_steps` clips and steps them.
-        Returns the loss and whether the chunks stepped already."""
-        immediate = not self.config.grad_clip > 0
+        With `grad_clip_scope: ministage` each chunk is clipped by its own gradients' norm and steps
+        at once. Returns the loss and whether the chunks stepped already."""
+        per_ministage = self.config.grad_clip > 0 and self.config.grad_clip_scope == "ministage"
+        immediate = not self.config.grad_clip > 0 or per_ministage
         self.waiting_grads: dict[int, list] = {}
 
         def on_step(chunk: int) -> None:
             indices = self.chunk_params[chunk]
             self.optimizer.reduce_gradients(indices)
             self._add_squared_norms(totals, indices)
+            if per_ministage:
+                self.optimizer.scale_gradients(clip_coefficient(self._ministage_norm(indices), self.config.grad_clip),
+                                               indices)
             if immediate:
                 self.optimizer.step(lr, indices)
                 self.optimizer.zero_grad(indices)
             else:
-                self.waiting_grads[chunk] = [self.optimizer.params[index].grad for index in indices]
+                self.waiting_grads[chunk] = self.optimizer.reduced_gradients(indices)
                 self.optimizer.zero_grad(indices)
 
         loss = self.executor.run(self.actions, inputs, targets, self.loss_weight, on_step)
         return loss, immediate
 
+    def _ministage_norm(self, indices: list[int]) -> torch.Tensor:
+        """The norm of the gradients of one ministage (parameters `indices` on every rank of this
+        stage): each rank's counted squares summed over its TP and DP groups."""
+        counted = [index for index in indices if self.counted_in_norm[index]]
+        norms = self.optimizer.grad_norms(self.counted_in_norm, counted)
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        for norm in norms:
+            squares += norm.double().square()
+        for group in (self.groups.tp, self.groups.dp):
+            if group is not None:
+                dist.all_reduce(squares, group=group)
+        return squares.cpu().sqrt().float()
+
     def _deferred_ministage_steps(self, global_norm: torch.Tensor, max_norm: float, lr: float) -> float:
         """Clip the gradients that waited by the global norm, then step each chunk with its
         parameters on the device."""
         coefficient = clip_coefficient(global_norm, max_norm)
-        for chunk in reversed(range(len(self.chunk_params))):
+        for chunk in self.executor.each_resident(list(range(len(self.chunk_params)))):
             indices = self.chunk_params[chunk]
-            with self.executor.resident(chunk):
-                for index, grad in zip(indices, self.waiting_grads.pop(chunk)):
-                    if grad is not None:  # ZeRO-2: the owner's
-                        self.optimizer.params[index].grad = grad.mul_(coefficient)
-                self.optimizer.step(lr, indices)
-                self.optimizer.zero_grad(indices)
+            self.optimizer.put_gradients(indices, self.waiting_grads.pop(chunk))
+            self.optimizer.scale_gradients(coefficient, indices)
+            self.optimizer.step(lr, indices)
+            self.optimizer.zero_grad(indices)
         return float(global_norm)
 
     @property
@@ -417,7 +434,8 @@ class PipelineEngine:
             elif self.ministage_group:
                 grad_norm = self._deferred_ministage_steps(global_norm, max_norm, lr)
             else:
-                grad_norm = clip_by_global_norm(global_norm, self.optimizer.params, max_norm)
+                grad_norm = float(global_norm)
+                self.optimizer.scale_gradients(clip_coefficient(global_norm, max_norm))
                 self.optimizer.step(lr)
                 self.optimizer.zero_grad()
         if self.is_last and self.groups.dp is not None:

@@ -28,6 +28,7 @@ Must not import the engine or anything of h2 above core and model.
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -39,36 +40,69 @@ from heteropp.resharding import PendingTensor, Resharder
 OFFLOAD_KINDS = ("activations", "parameters")
 
 
+def _copies_to(tensors: list[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
+    return [tensor.to(device) for tensor in tensors]
+
+
 class ParameterHome:
-    """Moves one chunk's parameters between the device and host memory (real copies both ways)."""
+    """Moves one chunk's parameters between the device and host memory (real copies both ways), at
+    once or, given a worker thread, in the background (`move`; `settle` waits for it and swaps the
+    copies in: only the calling thread ever rebinds a parameter's data)."""
 
     def __init__(self, params: list[nn.Parameter], device: torch.device):
         self.params, self.device = params, device
         self.on_device = True
+        self.moving: tuple[bool, Future] | None = None  # (to the device?, the worker's copies)
+        self.prefetches = 0  # moves to the device started in the background
 
     def to_host(self) -> None:
+        self.settle()
         if self.on_device:
-            for param in self.params:
-                param.data = param.data.to("cpu")
-            self.on_device = False
+            self._rebind(_copies_to([param.data for param in self.params], "cpu"), on_device=False)
 
     def to_device(self) -> None:
+        self.settle()
         if not self.on_device:
-            for param in self.params:
-                param.data = param.data.to(self.device)
-            self.on_device = True
+            self._rebind(_copies_to([param.data for param in self.params], self.device), on_device=True)
+
+    def move(self, worker: ThreadPoolExecutor, to_device: bool) -> None:
+        """Start copying the parameters to the device (or the host) on `worker`; they keep their
+        current data until `settle`."""
+        if self.moving is not None and self.moving[0] == to_device:
+            if self.moving[1].done():
+                self.settle()  # frees the device copy of parameters that reached the host
+            return
+        self.settle()
+        if self.on_device != to_device:
+            target = self.device if to_device else "cpu"
+            self.moving = (to_device, worker.submit(_copies_to, [param.data for param in self.params], target))
+            self.prefetches += int(to_device)
+
+    def settle(self) -> None:
+        """Wait for a background move, if any, and give the parameters its copies."""
+        if self.moving is not None:
+            to_device, copies = self.moving
+            self.moving = None
+            self._rebind(copies.result(), on_device=to_device)
+
+    def _rebind(self, copies: list[torch.Tensor], *, on_device: bool) -> None:
+        for param, copy in zip(self.params, copies):
+            param.data = copy
+        self.on_device = on_device
 
 
 class MinistageExecutor:
 
     def __init__(self, chunks: list[nn.Module], *, device: torch.device, offload: tuple[str, ...] = (),
                  autocast: torch.dtype | None = None, stage_index: int = 0, num_stages: int = 1,
-                 resharder: Resharder | None = None, activation_shape: tuple[int, ...] = ()):
+                 resharder: Resharder | None = None, activation_shape: tuple[int, ...] = (), prefetch: bool = True):
         """`chunks`: this rank's layer chunks in chunk order (chunk c of stage s is the model's chunk
         c * num_stages + s: the first embeds on stage 0's chunk 0, the last computes logits on the last
         stage's last chunk); `offload`: a subset of OFFLOAD_KINDS. With several stages `resharder`
         moves activations (of `activation_shape`) and their gradients between this rank's chunks and
-        the neighbouring stages' (the last stage's chunk c feeds stage 0's chunk c + 1: the wrap-around)."""
+        the neighbouring stages' (the last stage's chunk c feeds stage 0's chunk c + 1: the wrap-around).
+        `prefetch` (under parameter offload): while a chunk computes, a side thread copies the next
+        chunk's parameters to the device and another the previous one's back to the host."""
         self.chunks, self.device, self.autocast = chunks, torch.device(device), autocast
         self.offload = tuple(offload)
         self.stage_index, self.num_stages = stage_index, num_stages
@@ -77,9 +111,18 @@ class MinistageExecutor:
             raise ValueError("ministages over several stages need a resharder to reach the other stages")
         self.homes = [ParameterHome(list(chunk.parameters()), self.device) for chunk in chunks]
         self.host_copies = 0  # tensors copied to the host by offload in the last run
+        # one thread copies in, another out: a copy to the host waits for the device's queued work,
+        # and the next chunk's copy in must not wait behind it
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="ministage-prefetch") if prefetch else None
+        self.evictor = ThreadPoolExecutor(1, thread_name_prefix="ministage-evict") if prefetch else None
         if "parameters" in self.offload:
             for home in self.homes:
                 home.to_host()
+
+    @property
+    def prefetches(self) -> int:
+        """Chunks whose parameters a side thread copied to the device ahead of their use, so far."""
+        return sum(home.prefetches for home in self.homes)
 
     def _takes_tokens(self, chunk: int) -> bool:
         return self.stage_index == 0 and chunk == 0
@@ -112,7 +155,7 @@ class MinistageExecutor:
             if kind in ("F", "B"):
                 self._post_receives_until_next_compute(actions, position + 1, received)
             if kind in ("F", "B", "STEP"):
-                self._make_resident(chunk)
+                self._make_resident(chunk, self._next_chunk(actions, position, chunk))
             if kind == "F":
                 x = self._forward_input(chunk, micro_batch, tokens, outputs, received)
                 with self._saving(chunk), self._compute_precision():
@@ -180,24 +223,39 @@ class MinistageExecutor:
             return input_grads.pop((chunk + 1, micro_batch))
         return received.pop(("RECV_B", chunk, micro_batch)).wait()
 
-    @contextlib.contextmanager
-    def resident(self, chunk: int):
-        """`chunk`'s parameters on the device for the duration (back to the host after, under offload)."""
-        self._make_resident(chunk)
+    def each_resident(self, chunks: list[int]):
+        """Yield `chunks` in turn, each with its parameters on the device (the next one's on their
+        way under prefetch); all back to the host after, under offload."""
         try:
-            yield
+            for position, chunk in enumerate(chunks):
+                self._make_resident(chunk, chunks[position + 1] if position + 1 < len(chunks) else None)
+                yield chunk
         finally:
             self._make_resident(None)
 
-    def _make_resident(self, chunk: int | None) -> None:
-        """Under parameter offload only `chunk`'s parameters stay on the device (None: none)."""
+    def _make_resident(self, chunk: int | None, upcoming: int | None = None) -> None:
+        """Under parameter offload only `chunk`'s parameters stay on the device (None: none); with
+        prefetch, `upcoming`'s too, on their way there on the side thread (the rest on their way
+        back to the host)."""
         if "parameters" not in self.offload:
             return
-        for index, home in enumerate(self.homes):
-            if index != chunk:
-                home.to_host()
+        if self.worker is None or upcoming is None:
+            for index, home in enumerate(self.homes):
+                if index != chunk:
+                    home.to_host()
+        else:
+            self.homes[upcoming].move(self.worker, to_device=True)
+            for index, home in enumerate(self.homes):
+                if index not in (chunk, upcoming):
+                    home.move(self.evictor, to_device=False)
         if chunk is not None:
             self.homes[chunk].to_device()
+
+    @staticmethod
+    def _next_chunk(actions, position: int, chunk: int) -> int | None:
+        """The chunk of the first compute action after `position` that is not `chunk` (None: none)."""
+        return next((a.chunk
+                     for a in actions[position + 1:] if a.kind in ("F", "B", "STEP") and a.chunk != chunk), None)
 
     def _compute_precision(self):
         if self.autocast is None:

@@ -53,6 +53,10 @@ class TrainConfig:
     beta1: float = option(0.9, "AdamW beta1")
     beta2: float = option(0.95, "AdamW beta2")
     grad_clip: float = option(1.0, "max global gradient norm, 0 to disable")
+    grad_clip_scope: Literal["global", "ministage"] = option(
+        "global", "global: clip by the norm of every gradient; ministage: clip each ministage by its own "
+        "gradients' norm, so its optimizer step runs right after its backward (a strategy with ministages; "
+        "elsewhere the whole model is one ministage)")
     dtype: Literal["fp32", "bf16"] = option("fp32", "compute precision")
     seed: int = option(0, "seed for initialisation and data order")
     device: str = option("cpu", "torch device: cpu, cuda, cuda:N, dipu; with --strategy a device type for "
@@ -111,6 +115,9 @@ class TrainConfig:
                             f"step's batch is held in memory)")
         if self.dtype not in ("fp32", "bf16"):
             raise UserError(f"training option 'dtype' must be fp32 or bf16, got {self.dtype!r}")
+        if self.grad_clip_scope not in ("global", "ministage"):
+            raise UserError(
+                f"training option 'grad_clip_scope' must be global or ministage, got {self.grad_clip_scope!r}")
         for name in self.loggers:
             if name not in LOGGERS:
                 raise UserError(f"--log-to: unknown logger '{name}' (known: {', '.join(LOGGERS)})")
@@ -158,6 +165,9 @@ class PipelineOptions:
     prefetch: bool = option(
         True, "post receives one compute action ahead (--no-prefetch: only where the "
         "schedule lists them)")
+    offload_prefetch: bool = option(
+        True, "under parameter offload, copy the next ministage's parameters to the device on a side thread "
+        "while this one computes (two ministages resident; --no-offload-prefetch: copy when needed)")
     threads: int = option(1, "torch intra-op threads per rank")
     log_every: int = option(1, "print a metrics line every N steps")
     trace: str | None = option(

@@ -36,8 +36,6 @@ from h2.train.checkpoint import (
     Checkpoint,
     cut,
     json_value,
-    load_optimizer_state_by_name,
-    optimizer_state_by_name,
     piece_layout,
     rng_state,
     set_rng_state,
@@ -136,7 +134,6 @@ class PipelineTrainer:
             name: piece_layout(dim, self.engine.place.tp_index, self.engine.stage_info.tp)
             if dim is not None else piece_layout(None) for name, _, dim in self.engine.parameter_pieces()
         }
-        self._parameter_names = {id(param): name for name, param, _ in self.engine.parameter_pieces()}
         if checkpoint is not None:
             self._restore(checkpoint)
         if start is not None and self.writes_metrics:
@@ -159,7 +156,7 @@ class PipelineTrainer:
                 for key, value in checkpoint.optimizer_state(name).items()
             }
 
-        load_optimizer_state_by_name(self.engine.optimizer.optimizer, self._parameter_names, owned_state)
+        self.engine.optimizer.load_state_by_name(owned_state)
         self.stream.load_state_dict(checkpoint.manifest["data"])
         self.step, self.elapsed_s = checkpoint.step, float(checkpoint.manifest["elapsed_s"])
         if self._same_layout(checkpoint):
@@ -172,9 +169,9 @@ class PipelineTrainer:
         parameters = {name: param.detach() for name, param, _ in self.engine.parameter_pieces()}
         place = self.engine.place
         return {
-            "place": {"rank": self.rank, "stage": place.stage, "dp_index": place.dp_index, "tp_index": place.tp_index},
-            "parameters": parameters, "layout": self._layouts, "optimizer": optimizer_state_by_name(
-                self.engine.optimizer.optimizer, self._parameter_names), "rng": rng_state()
+            "place": {"rank": self.rank, "stage": place.stage, "dp_index": place.dp_index,
+                      "tp_index": place.tp_index}, "parameters": parameters, "layout": self._layouts,
+            "optimizer": self.engine.optimizer.state_by_name(), "rng": rng_state()
         }
 
     def _manifest(self) -> dict:

@@ -34,10 +34,12 @@ def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_
         stage_report = trainer.stage_report()
         engine = trainer.engine
         return {
-            "rank": rank, "stage": engine.place.stage, "bytes_sent": engine.p2p.bytes_sent,
-            "optimizer_state_elements": engine.optimizer.owned_state_elements(),
+            "chunk_parameter_names": [[engine.optimizer.names[i] for i in chunk]
+                                      for chunk in engine.chunk_params], "rank": rank, "stage": engine.place.stage,
+            "bytes_sent": engine.p2p.bytes_sent, "optimizer_state_elements": engine.optimizer.owned_state_elements(),
             "reduced_gradient_elements": engine.optimizer.reduced_gradient_elements, "host_copies": getattr(
-                engine.executor, "host_copies", 0), "parameter_elements": sum(
+                engine.executor, "host_copies",
+                0), "prefetches": getattr(engine.executor, "prefetches", 0), "parameter_elements": sum(
                     p.numel() for p in engine.optimizer.params), "mean_step_s": sum(r["step_time_s"]
                                                                                     for r in records) / len(records),
             "elapsed_s": trainer.elapsed_s, "stage_report": stage_report, "parameter_devices": sorted({

@@ -5,8 +5,10 @@ offload, each trained against the single-device reference trainer (fp32, same da
 from __future__ import annotations
 
 import pytest
+import torch
 
 from h2.core.strategy import strategy_from_mapping
+from h2.model import Transformer
 from heteropp.topology import Topology
 from heteropp_launch import max_relative_loss_difference, run_pipeline, run_reference
 
@@ -105,8 +107,40 @@ def test_offloading_parameters_then_activations_lowers_the_peak_device_memory_of
     discrete = {"DIPU_HOST_PROFILE": "discrete"}
     peaks = []
     for offload in ((), ("parameters", ), ("parameters", "activations")):
-        data = group(ministages=2, offload=offload)
+        data = group(ministages=4, offload=offload)  # with prefetch two of the four stay resident
         data["schedule"] = "gpipe"
         _, ranks = run_pipeline(data, 1, device="dipu", env=discrete)
         peaks.append(ranks[0]["stage_report"][0]["peak_allocated_bytes"])
     assert peaks[0] > peaks[1] > peaks[2]
+
+
+@pytest.mark.slow
+def test_prefetching_the_next_ministage_on_a_side_thread_matches_the_reference():
+    data = group(ministages=4, offload=("parameters", ))
+    records, ranks = run_pipeline(data, 4, device="dipu", env={"DIPU_HOST_PROFILE": "discrete"})
+    assert max_relative_loss_difference(records, run_reference(data, 4)) < TOLERANCE
+    assert all(r["prefetches"] >= 3 * 4 for r in ranks)  # chunks 1-3 at least, every step
+    assert all(r["parameter_devices"] == ["cpu"] for r in ranks)
+
+
+def clip_each_group(names: list[str], groups: list[list[str]]):
+    """A stand-in for torch's clip_grad_norm_ in the reference trainer: the model's parameters (in
+    the order of `names`) clipped group by group, each by its own gradients' norm."""
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def clip_groups(parameters, max_norm):
+        by_name = dict(zip(names, parameters))
+        norms = [clip([by_name[name] for name in group], max_norm) for group in groups]
+        return torch.linalg.vector_norm(torch.stack(norms))
+
+    return clip_groups
+
+
+@pytest.mark.slow
+def test_clipping_each_ministage_by_its_own_norm_steps_it_at_once_and_matches_the_reference(monkeypatch):
+    data = group(ministages=2)
+    records, ranks = run_pipeline(data, 6, train={"grad_clip": 0.3, "grad_clip_scope": "ministage"})
+    names = [name for name, _ in Transformer(strategy_from_mapping(data, "s").model_config()).named_parameters()]
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_each_group(names, ranks[0]["chunk_parameter_names"]))
+    reference = run_reference(data, 6, train={"grad_clip": 0.3})
+    assert max_relative_loss_difference(records, reference) < TOLERANCE
