@@ -6,7 +6,8 @@ A cluster's sync point, as the master sees it:
   RequestPush -> a ticket, announced to every shard (the cluster then pushes its layers to them)
   CommitPush  -> two-stage commit: every shard confirms it holds the ticket's layers; the push joins
                  the pending round and, in modes async and dips, re-arms the window (grace_s; 0 in async)
-  AwaitRound  -> once the window closes (sync: once every active cluster committed) the round runs:
+  AwaitRound  -> once the window closes (sync: once every cluster of the run file has joined and every
+                 active one committed) the round runs:
                  Measure on every shard -> the penalty's verdict -> Prepare -> the committed version
                  is recorded -> Commit; the answer names the version to pull (or why it was skipped)
 A shard that fails or is missing during a round makes the round skipped: its pushes are forgotten,
@@ -50,6 +51,7 @@ class ClusterRecord:
     partition: int
     session: str = ""
     active: bool = False
+    joined: bool = False  # it joined at least once since the master started
     last_beat: float = 0.0
     tokens: int = 0
 
@@ -234,7 +236,7 @@ class Master:
                 abandoned = self._drop(record,
                                        "joined again while its session was live (a restarted process replaces it)")
             record.session = f"{random.getrandbits(48):x}"
-            record.active, record.last_beat = True, time.monotonic()
+            record.active, record.joined, record.last_beat = True, True, time.monotonic()
             self.events.write(
                 "join", f"cluster {record.id} {'rejoined' if rejoin else 'joined'}; it starts from "
                 f"version {self.state.version}", cluster=record.id, version=self.state.version, rejoin=rejoin)
@@ -483,9 +485,22 @@ class Master:
         if not self.pending:
             return False
         if self.config.mode == "sync":
-            active = {cid for cid, record in self.clusters.items() if record.active}
-            return active <= {push.cluster for push in self.pending}
+            return self._sync_round_ready()
         return time.monotonic() >= self.window_closes
+
+    def _sync_round_ready(self) -> bool:
+        """Sync: every cluster of the run file has joined (once), and every active one committed. A cluster
+        dropped later (missed heartbeats, left) is no longer waited for: its rounds then differ from a run
+        where it stayed."""
+        if not all(record.joined for record in self.clusters.values()):
+            return False
+        active = {cid for cid, record in self.clusters.items() if record.active}
+        return active <= {push.cluster for push in self.pending}
+
+    def _run_file_order(self, push: Push) -> int:
+        """A round sums its pushes in the run file's cluster order, not their arrival order (float sums
+        then do not depend on timing)."""
+        return self.clusters[push.cluster].partition
 
     def _driver(self) -> None:
         while not self.stopped.is_set():
@@ -495,7 +510,7 @@ class Master:
                     self.changed.wait(max(0.01, min(timeout, 1.0)))
                 if self.stopped.is_set():
                     return
-                batch, self.pending = self.pending, []
+                batch, self.pending = sorted(self.pending, key=self._run_file_order), []
                 self.window_closes = math.inf
                 self.state.round += 1
                 round_id = self.state.round
