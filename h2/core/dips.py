@@ -67,6 +67,9 @@ class DipsConfig:
     master_port: int = 0  # the master's gRPC port (0: the launcher picks a free one)
     shards: int = 2  # shard servers; the model's layers are split over them
     eval_sequences: int = 8  # held-out sequences a cluster scores each global model it pulls on
+    # data handed out in chunks by the master (h2.ps.chunks): chunks per epoch = this x clusters; 0: each
+    # cluster reads its fixed part (partition i of n) of every batch
+    chunks_per_cluster: int = 0
     out: str = "runs/dips"  # master state, rounds.jsonl, shard snapshots, clusters' folders
     outer: OuterOptions = field(default_factory=OuterOptions)
     penalty: PenaltyOptions = field(default_factory=PenaltyOptions)
@@ -99,6 +102,7 @@ def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
         ("master_port", 0 <= config.master_port <= 65535, "must be a TCP port (0: pick a free one)"),
         ("shards", config.shards >= 1, "must be at least 1"),
         ("eval_sequences", config.eval_sequences >= 0, "must be 0 or positive"),
+        ("chunks_per_cluster", config.chunks_per_cluster >= 0, "must be 0 (fixed partitions) or positive"),
         ("outer.lr", o.lr > 0, "must be positive"),
         ("outer.momentum", 0 <= o.momentum < 1, "must be in [0, 1)"),
         ("penalty.alpha", 0 < p.alpha <= 1, "must be in (0, 1]"),
@@ -132,6 +136,9 @@ def check_dips_config(config: DipsConfig, source: str) -> DipsConfig:
             raise UserError(f"{where}.step_time_s' must be 0 or positive, got {cluster.step_time_s}")
         if cluster.strategy is not None and cluster.outlier != "none":
             raise UserError(f"{where}.outlier': fault injection is for single-device clusters, not a strategy's")
+        if cluster.strategy is not None and config.chunks_per_cluster:
+            raise UserError(f"{where}.strategy': chunks (chunks_per_cluster) are read by single-device clusters only; "
+                            f"a strategy's cluster reads its fixed partition (set chunks_per_cluster: 0)")
         if cluster.outlier_every < 1:
             raise UserError(f"{where}.outlier_every' must be at least 1, got {cluster.outlier_every}")
     return config

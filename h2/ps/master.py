@@ -41,6 +41,7 @@ from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
 from h2.ps import penalty
 from h2.ps.auth import Credential, Guard, cluster_name, curve_keys, shard_name
+from h2.ps.chunks import ChunkLedger
 from h2.ps.layout import assign_layers, model_layers
 from h2.ps.rpc import Control, Forbidden, Rejected, Unreachable, serve, wait_until_stopped
 
@@ -93,6 +94,7 @@ class MasterState:
     tokens: int = 0
     penalty: dict = field(default_factory=lambda: penalty.PenaltyState().to_dict())
     cluster_tokens: dict = field(default_factory=dict)
+    chunks: dict = field(default_factory=dict)  # the chunk ledger's epoch and next chunk (h2.ps.chunks)
 
 
 def ticket_ttl_s(config: DipsConfig) -> float:
@@ -147,6 +149,7 @@ class Master:
             for index, spec in enumerate(config.clusters)
         }
         self.shards = {index: ShardRecord(index) for index in range(config.shards)}
+        self.chunks = ChunkLedger(config.chunks_per_cluster * len(self.clusters), **self.state.chunks)
         self.pushes: dict[int, Push] = {}
         self.pending: list[Push] = []
         self.outcomes: dict[int, Outcome] = {}
@@ -156,8 +159,8 @@ class Master:
         handlers = {
             "Join": self._join, "Beat": self._beat, "RequestPush": self._request_push, "CommitPush": self._commit_push,
             "AwaitRound": self._await_round, "Pulled": self._pulled, "Leave": self._leave,
-            "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard, "ShardBeat": self._shard_beat,
-            "Status": self._status
+            "NextChunk": self._next_chunk, "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard,
+            "ShardBeat": self._shard_beat, "Status": self._status
         }
         participants = {cluster_name(cid) for cid in self.clusters} | {shard_name(i) for i in self.shards}
         guard = Guard(lambda caller: credential.key_of(caller) if caller in participants else None)
@@ -189,6 +192,7 @@ class Master:
     def _save_state(self) -> None:
         self.state.penalty = self.penalty.to_dict()
         self.state.cluster_tokens = {cid: record.tokens for cid, record in self.clusters.items()}
+        self.state.chunks = self.chunks.to_dict()
         temporary = f"{self.state_path}.tmp"
         with open(temporary, "w", encoding="utf-8") as handle:
             json.dump(self.state.__dict__, handle)
@@ -243,10 +247,11 @@ class Master:
             self.changed.notify_all()
             reply = {
                 "session": record.session, "partition": record.partition, "partitions": len(
-                    self.clusters), "inner_steps": self.config.inner_steps, "heartbeat_s": self.config.heartbeat_s,
-                "version": self.state.version, "routes": self.routes(), "model": self.config.model,
-                "eval_sequences": self.config.eval_sequences, "transfer_timeout_s": self.config.transfer_timeout_s,
-                "sync_retry_s": self.config.sync_retry_s, "finished": self.finished
+                    self.clusters), "chunks": self.chunks.count, "inner_steps": self.config.inner_steps,
+                "heartbeat_s": self.config.heartbeat_s, "version": self.state.version, "routes": self.routes(),
+                "model": self.config.model, "eval_sequences": self.config.eval_sequences,
+                "transfer_timeout_s": self.config.transfer_timeout_s, "sync_retry_s": self.config.sync_retry_s,
+                "finished": self.finished
             }
         self._forget(abandoned)
         return reply
@@ -366,6 +371,18 @@ class Master:
             self.changed.notify_all()
         self._forget(abandoned)
         return {}
+
+    def _next_chunk(self, request: dict, caller: str) -> dict:
+        """The next chunk of data for the calling cluster (a dropped one too: it reads on until it rejoins)."""
+        with self.lock:
+            record = self._cluster(request, caller, session=False)
+            if not self.chunks.count:
+                raise Rejected("this run hands out no chunks (chunks_per_cluster is 0)")
+            chunk = self.chunks.take()
+            self._save_state()
+        self.events.write("chunk", f"cluster {record.id} reads chunk {chunk.index} of epoch {chunk.epoch}",
+                          cluster=record.id, epoch=chunk.epoch, chunk=chunk.index, chunks=chunk.count)
+        return {"epoch": chunk.epoch, "chunk": chunk.index, "chunks": chunk.count}
 
     def _pulled(self, request: dict, caller: str) -> dict:
         with self.lock:
