@@ -155,6 +155,7 @@ def _launch(args: argparse.Namespace) -> int:
     port = config.master_port or free_port()
     master = f"{host}:{port}"
     say = lambda message: print(f"[launch] {message}", flush=True)  # noqa: E731
+    shard_host = _shard_host(config, say)
     supervisor = Supervisor(say, env={"OMP_NUM_THREADS": "1"})
     master_argv = [
         "-m", "h2.cli.main", "ps", "master", "--config", args.config, "--port",
@@ -167,7 +168,7 @@ def _launch(args: argparse.Namespace) -> int:
     for index in range(config.shards):
         shard_argv = [
             "-m", "h2.cli.main", "ps", "shard", "--master", master, "--index",
-            str(index), "--host", host, "--secret-file",
+            str(index), "--host", shard_host, "--secret-file",
             participant_file(secrets, shard_name(index))
         ]
         crash = ["--crash-at-round", str(args.shard_crash_at_round)] if index == 0 and args.shard_crash_at_round else []
@@ -215,6 +216,19 @@ def _launch(args: argparse.Namespace) -> int:
         say(f"clusters that failed: {failed} (see {out}/logs)")
         return 1
     return 0
+
+
+def _shard_host(config, say) -> str:
+    """Where the shards listen: the run file's site at argmax B_iᵀ p (h2.ps.placement), else `host`."""
+    from h2.ps.placement import shard_site
+
+    placed = shard_site(config)
+    if placed is None:
+        return config.host
+    site, scores = placed
+    say(f"shards placed at site {config.sites[site].name} ({config.sites[site].host}): argmax of B_i^T p, scores " +
+        ", ".join(f"{s.name} {score:g}" for s, score in zip(config.sites, scores)))
+    return config.sites[site].host
 
 
 def _interrupt(*_) -> None:

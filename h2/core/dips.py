@@ -48,6 +48,15 @@ class ClusterSpec:
     outlier: Literal["none", "scale", "nan"] = "none"  # fault injection into what it pushes
     outlier_every: int = 1  # ... on every N-th push
     outlier_scale: float = 100.0  # ... the pushed pseudo-gradient multiplied by this
+    throughput: float = 0.0  # p_j of the shards' placement (any unit shared by all clusters; 0: 1 / step_time_s)
+
+
+@dataclass
+class SiteSpec:
+    """A candidate site for the shards (h2.ps.placement): where they listen and its links to the clusters."""
+    name: str
+    host: str  # the address the shards listen on when placed here
+    bandwidth_gbps: list[float] = field(default_factory=list)  # B[i][j]: to each cluster, in the run file's order
 
 
 @dataclass
@@ -75,6 +84,7 @@ class DipsConfig:
     penalty: PenaltyOptions = field(default_factory=PenaltyOptions)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=1_000_000, checkpoint_every=0))
     clusters: list[ClusterSpec] = field(default_factory=list)
+    sites: list[SiteSpec] = field(default_factory=list)  # candidate shard sites (empty: the shards listen on host)
 
     @property
     def uses_penalty(self) -> bool:
@@ -141,7 +151,22 @@ def check_dips_config(config: DipsConfig, source: str) -> DipsConfig:
                             f"a strategy's cluster reads its fixed partition (set chunks_per_cluster: 0)")
         if cluster.outlier_every < 1:
             raise UserError(f"{where}.outlier_every' must be at least 1, got {cluster.outlier_every}")
+    _check_sites(config, source)
     return config
+
+
+def _check_sites(config: DipsConfig, source: str) -> None:
+    for index, site in enumerate(config.sites):
+        where = f"{source}: field 'sites[{index}].bandwidth_gbps'"
+        if len(site.bandwidth_gbps) != len(config.clusters):
+            raise UserError(f"{where} must give one bandwidth per cluster ({len(config.clusters)}), "
+                            f"got {len(site.bandwidth_gbps)}")
+        if any(not math.isfinite(b) or b < 0 for b in site.bandwidth_gbps):
+            raise UserError(f"{where} must be finite and 0 or positive, got {site.bandwidth_gbps}")
+    for index, cluster in enumerate(config.clusters):
+        if not math.isfinite(cluster.throughput) or cluster.throughput < 0:
+            raise UserError(f"{source}: field 'clusters[{index}].throughput' must be 0 or positive, "
+                            f"got {cluster.throughput}")
 
 
 def load_dips_config(path: str | os.PathLike) -> DipsConfig:

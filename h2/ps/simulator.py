@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
+from h2.ps.placement import best_site
 
 
 @dataclass
@@ -63,13 +64,8 @@ def load_scenario(path: str) -> Scenario:
 
 
 def placement(scenario: Scenario) -> int:
-    """argmax_i of B_iᵀ p: the site whose links, weighted by each cluster's throughput, carry the most."""
-    throughput = [1.0 / scenario.step_s(c) for c in scenario.clusters]
-    scores = [
-        sum(scenario.bandwidth_gbps[i][j] * throughput[j] for j in range(len(throughput)))
-        for i in range(len(throughput))
-    ]
-    return max(range(len(scores)), key=scores.__getitem__)
+    """argmax_i of B_iᵀ p (h2.ps.placement): p the clusters' throughputs, 1 / step time."""
+    return best_site(scenario.bandwidth_gbps, [1.0 / scenario.step_s(c) for c in scenario.clusters])
 
 
 @dataclass
