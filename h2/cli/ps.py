@@ -258,9 +258,15 @@ def _summary(out: str, config, say) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from h2.ps.simulator import load_scenario, report, simulate
+    from h2.ps.simulator import load_scenario, measured_update, report, simulate, with_update_rate
 
     scenario = load_scenario(args.clusters)
+    if args.update_from:
+        measured = measured_update(args.update_from)
+        scenario = with_update_rate(scenario, measured.gbps_per_shard)
+        print(f"update rate measured in {measured.source}: median update {measured.median_update_s:.4f} s over "
+              f"{measured.rounds} rounds of a {measured.model_bytes:,}-byte model on {measured.shards} shards = "
+              f"{measured.gbps_per_shard:.3f} Gbit/s per shard (the scenario's update_gbps replaced)")
     print(report(scenario, simulate(scenario, rounds=args.rounds)))
     return 0
 
@@ -311,4 +317,7 @@ def add_commands(sub) -> None:
     sim = commands.add_parser("simulate", help="the outer loop at the paper's scale: PS overhead per round")
     sim.add_argument("--clusters", required=True, metavar="YAML", help="clusters, throughputs and links")
     sim.add_argument("--rounds", type=int, default=20, help="outer rounds to simulate (default 20)")
+    sim.add_argument(
+        "--update-from", metavar="RUN_DIR", help="take the shards' update rate from a run's "
+        "rounds.jsonl (median measured update time) instead of the scenario's update_gbps")
     sim.set_defaults(handler=_simulate)

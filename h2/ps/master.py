@@ -169,7 +169,7 @@ class Master:
         self.events.write(
             "start", f"mode {config.mode} on {config.host}:{self.port}, {config.shards} shards, "
             f"H={config.inner_steps}{resumed}", mode=config.mode, port=self.port, version=self.state.version,
-            round=self.state.round)
+            round=self.state.round, shards=config.shards)
         self.threads = [
             threading.Thread(target=self._driver, name="ps-rounds", daemon=True),
             threading.Thread(target=self._monitor, name="ps-heartbeats", daemon=True)
