@@ -172,6 +172,7 @@ def _launch(args: argparse.Namespace) -> int:
     port = config.master_port or free_port()
     master = f"{host}:{port}"
     say = lambda message: print(f"[launch] {message}", flush=True)  # noqa: E731
+    shard_host = _shard_host(config, say)
     supervisor = Supervisor(say, env={"OMP_NUM_THREADS": "1"})
     master_argv = [
         "-m", "h2.cli.main", "ps", "master", "--config", args.config, "--port",
@@ -184,7 +185,7 @@ def _launch(args: argparse.Namespace) -> int:
     for index in range(config.shards):
         shard_argv = [
             "-m", "h2.cli.main", "ps", "shard", "--master", master, "--index",
-            str(index), "--host", host, "--secret-file",
+            str(index), "--host", shard_host, "--secret-file",
             participant_file(secrets, shard_name(index))
         ]
         crash = ["--crash-at-round", str(args.shard_crash_at_round)] if index == 0 and args.shard_crash_at_round else []
@@ -233,6 +234,19 @@ def _launch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard_host(config, say) -> str:
+    """Where the shards listen: the run file's site at argmax B_iᵀ p (h2.ps.placement), else `host`."""
+    from h2.ps.placement import shard_site
+
+    placed = shard_site(config)
+    if placed is None:
+        return config.host
+    site, scores = placed
+    say(f"shards placed at site {config.sites[site].name} ({config.sites[site].host}): argmax of B_i^T p, scores " +
+        ", ".join(f"{s.name} {score:g}" for s, score in zip(config.sites, scores)))
+    return config.sites[site].host
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -260,9 +274,15 @@ def _summary(out: str, config, say) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from h2.ps.simulator import load_scenario, report, simulate
+    from h2.ps.simulator import load_scenario, measured_update, report, simulate, with_update_rate
 
     scenario = load_scenario(args.clusters)
+    if args.update_from:
+        measured = measured_update(args.update_from)
+        scenario = with_update_rate(scenario, measured.gbps_per_shard)
+        print(f"update rate measured in {measured.source}: median update {measured.median_update_s:.4f} s over "
+              f"{measured.rounds} rounds of a {measured.model_bytes:,}-byte model on {measured.shards} shards = "
+              f"{measured.gbps_per_shard:.3f} Gbit/s per shard (the scenario's update_gbps replaced)")
     print(report(scenario, simulate(scenario, rounds=args.rounds)))
     return 0
 
@@ -315,4 +335,7 @@ def add_commands(sub) -> None:
     sim.add_argument("--clusters", required=True, metavar="YAML", help="clusters, throughputs and links")
     sim.add_argument("--rounds", type=flags.bounded_int(1, MAX_ROUNDS), default=20,
                      help=f"outer rounds to simulate, at most {MAX_ROUNDS} (default 20)")
+    sim.add_argument(
+        "--update-from", metavar="RUN_DIR", help="take the shards' update rate from a run's "
+        "rounds.jsonl (median measured update time) instead of the scenario's update_gbps")
     sim.set_defaults(handler=_simulate)

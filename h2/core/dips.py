@@ -49,6 +49,15 @@ class ClusterSpec:
     outlier: Literal["none", "scale", "nan"] = "none"  # fault injection into what it pushes
     outlier_every: int = 1  # ... on every N-th push
     outlier_scale: float = 100.0  # ... the pushed pseudo-gradient multiplied by this
+    throughput: float = 0.0  # p_j of the shards' placement (any unit shared by all clusters; 0: 1 / step_time_s)
+
+
+@dataclass
+class SiteSpec:
+    """A candidate site for the shards (h2.ps.placement): where they listen and its links to the clusters."""
+    name: str
+    host: str  # the address the shards listen on when placed here
+    bandwidth_gbps: list[float] = field(default_factory=list)  # B[i][j]: to each cluster, in the run file's order
 
 
 @dataclass
@@ -68,11 +77,15 @@ class DipsConfig:
     master_port: int = 0  # the master's gRPC port (0: the launcher picks a free one)
     shards: int = 2  # shard servers; the model's layers are split over them
     eval_sequences: int = 8  # held-out sequences a cluster scores each global model it pulls on
+    # data handed out in chunks by the master (h2.ps.chunks): chunks per epoch = this x clusters; 0: each
+    # cluster reads its fixed part (partition i of n) of every batch
+    chunks_per_cluster: int = 0
     out: str = "runs/dips"  # master state, rounds.jsonl, shard snapshots, clusters' folders
     outer: OuterOptions = field(default_factory=OuterOptions)
     penalty: PenaltyOptions = field(default_factory=PenaltyOptions)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=1_000_000, checkpoint_every=0))
     clusters: list[ClusterSpec] = field(default_factory=list)
+    sites: list[SiteSpec] = field(default_factory=list)  # candidate shard sites (empty: the shards listen on host)
 
     @property
     def uses_penalty(self) -> bool:
@@ -100,6 +113,7 @@ def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
         ("master_port", 0 <= config.master_port <= 65535, "must be a TCP port (0: pick a free one)"),
         ("shards", config.shards >= 1, "must be at least 1"),
         ("eval_sequences", config.eval_sequences >= 0, "must be 0 or positive"),
+        ("chunks_per_cluster", config.chunks_per_cluster >= 0, "must be 0 (fixed partitions) or positive"),
         ("outer.lr", o.lr > 0, "must be positive"),
         ("outer.momentum", 0 <= o.momentum < 1, "must be in [0, 1)"),
         ("penalty.alpha", 0 < p.alpha <= 1, "must be in (0, 1]"),
@@ -150,13 +164,31 @@ def check_dips_config(config: DipsConfig, source: str) -> DipsConfig:
             raise UserError(f"{where}.step_time_s' must be at most {MAX_TIMEOUT_S:g} s, got {cluster.step_time_s}")
         if cluster.strategy is not None and cluster.outlier != "none":
             raise UserError(f"{where}.outlier': fault injection is for single-device clusters, not a strategy's")
+        if cluster.strategy is not None and config.chunks_per_cluster:
+            raise UserError(f"{where}.strategy': chunks (chunks_per_cluster) are read by single-device clusters only; "
+                            f"a strategy's cluster reads its fixed partition (set chunks_per_cluster: 0)")
         if cluster.outlier_every < 1:
             raise UserError(f"{where}.outlier_every' must be at least 1, got {cluster.outlier_every}")
         if cluster.outlier_every > MAX_STEPS:
             raise UserError(f"{where}.outlier_every' must be at most {MAX_STEPS}, got {cluster.outlier_every}")
         if not math.isfinite(cluster.outlier_scale):
             raise UserError(f"{where}.outlier_scale' must be a finite number, got {cluster.outlier_scale}")
+    _check_sites(config, source)
     return config
+
+
+def _check_sites(config: DipsConfig, source: str) -> None:
+    for index, site in enumerate(config.sites):
+        where = f"{source}: field 'sites[{index}].bandwidth_gbps'"
+        if len(site.bandwidth_gbps) != len(config.clusters):
+            raise UserError(f"{where} must give one bandwidth per cluster ({len(config.clusters)}), "
+                            f"got {len(site.bandwidth_gbps)}")
+        if any(not math.isfinite(b) or b < 0 for b in site.bandwidth_gbps):
+            raise UserError(f"{where} must be finite and 0 or positive, got {site.bandwidth_gbps}")
+    for index, cluster in enumerate(config.clusters):
+        if not math.isfinite(cluster.throughput) or cluster.throughput < 0:
+            raise UserError(f"{source}: field 'clusters[{index}].throughput' must be 0 or positive, "
+                            f"got {cluster.throughput}")
 
 
 def load_dips_config(path: str | os.PathLike) -> DipsConfig:

@@ -30,6 +30,7 @@ import torch
 from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
 from h2.ps.auth import Credential, cluster_name, load_credential
+from h2.ps.chunks import Chunk
 from h2.ps.datapath import CurveClient, DataFlowError, Route, pull_layers, push_layers
 from h2.ps.layout import Layer, model_layers, unflatten
 from h2.ps.rpc import Control, Rejected, Unreachable
@@ -167,7 +168,7 @@ class ClusterClient:
         except Unreachable:
             raise UserError(f"--ps {self.address}: the master did not answer for {GIVE_UP_S:g} s") from None
         self.session, self.version = reply["session"], reply["version"]
-        self.partition, self.partitions = reply["partition"], reply["partitions"]
+        self.partition, self.partitions, self.chunks = reply["partition"], reply["partitions"], reply["chunks"]
         self.inner_steps, self.heartbeat_s = reply["inner_steps"], reply["heartbeat_s"]
         self.model, self.eval_sequences = reply["model"], reply["eval_sequences"]
         self.model_layers = model_layers(resolve_model(self.model))
@@ -233,6 +234,11 @@ class ClusterClient:
                 self.follow(reply["routes"])
             if reply["status"] != "pending":
                 return reply
+
+    def next_chunk(self) -> Chunk:
+        """The next chunk of the run's data this cluster reads (h2.ps.chunks)."""
+        reply = self.master.call_until("NextChunk", give_up_s=GIVE_UP_S, cluster=self.cluster_id)
+        return Chunk(int(reply["epoch"]), int(reply["chunk"]), int(reply["chunks"]))
 
     def report_pull(self, version: int, pull_s: float, nbytes: int) -> None:
         try:

@@ -6,7 +6,8 @@ A cluster's sync point, as the master sees it:
   RequestPush -> a ticket, announced to every shard (the cluster then pushes its layers to them)
   CommitPush  -> two-stage commit: every shard confirms it holds the ticket's layers; the push joins
                  the pending round and, in modes async and dips, re-arms the window (grace_s; 0 in async)
-  AwaitRound  -> once the window closes (sync: once every active cluster committed) the round runs:
+  AwaitRound  -> once the window closes (sync: once every cluster of the run file has joined and every
+                 active one committed) the round runs:
                  Measure on every shard -> the penalty's verdict -> Prepare -> the committed version
                  is recorded -> Commit; the answer names the version to pull (or why it was skipped)
 A shard that fails or is missing during a round makes the round skipped: its pushes are forgotten,
@@ -40,6 +41,7 @@ from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
 from h2.ps import penalty
 from h2.ps.auth import Credential, Guard, cluster_name, curve_keys, shard_name
+from h2.ps.chunks import ChunkLedger
 from h2.ps.layout import assign_layers, model_layers
 from h2.ps.rpc import Control, Forbidden, Rejected, Unreachable, serve, wait_until_stopped
 
@@ -50,6 +52,7 @@ class ClusterRecord:
     partition: int
     session: str = ""
     active: bool = False
+    joined: bool = False  # it joined at least once since the master started
     last_beat: float = 0.0
     tokens: int = 0
 
@@ -91,6 +94,7 @@ class MasterState:
     tokens: int = 0
     penalty: dict = field(default_factory=lambda: penalty.PenaltyState().to_dict())
     cluster_tokens: dict = field(default_factory=dict)
+    chunks: dict = field(default_factory=dict)  # the chunk ledger's epoch and next chunk (h2.ps.chunks)
 
 
 def ticket_ttl_s(config: DipsConfig) -> float:
@@ -145,6 +149,7 @@ class Master:
             for index, spec in enumerate(config.clusters)
         }
         self.shards = {index: ShardRecord(index) for index in range(config.shards)}
+        self.chunks = ChunkLedger(config.chunks_per_cluster * len(self.clusters), **self.state.chunks)
         self.pushes: dict[int, Push] = {}
         self.pending: list[Push] = []
         self.outcomes: dict[int, Outcome] = {}
@@ -154,8 +159,8 @@ class Master:
         handlers = {
             "Join": self._join, "Beat": self._beat, "RequestPush": self._request_push, "CommitPush": self._commit_push,
             "AwaitRound": self._await_round, "Pulled": self._pulled, "Leave": self._leave,
-            "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard, "ShardBeat": self._shard_beat,
-            "Status": self._status
+            "NextChunk": self._next_chunk, "ShardPlan": self._shard_plan, "RegisterShard": self._register_shard,
+            "ShardBeat": self._shard_beat, "Status": self._status
         }
         participants = {cluster_name(cid) for cid in self.clusters} | {shard_name(i) for i in self.shards}
         guard = Guard(lambda caller: credential.key_of(caller) if caller in participants else None)
@@ -164,7 +169,7 @@ class Master:
         self.events.write(
             "start", f"mode {config.mode} on {config.host}:{self.port}, {config.shards} shards, "
             f"H={config.inner_steps}{resumed}", mode=config.mode, port=self.port, version=self.state.version,
-            round=self.state.round)
+            round=self.state.round, shards=config.shards)
         self.threads = [
             threading.Thread(target=self._driver, name="ps-rounds", daemon=True),
             threading.Thread(target=self._monitor, name="ps-heartbeats", daemon=True)
@@ -187,6 +192,7 @@ class Master:
     def _save_state(self) -> None:
         self.state.penalty = self.penalty.to_dict()
         self.state.cluster_tokens = {cid: record.tokens for cid, record in self.clusters.items()}
+        self.state.chunks = self.chunks.to_dict()
         temporary = f"{self.state_path}.tmp"
         with open(temporary, "w", encoding="utf-8") as handle:
             json.dump(self.state.__dict__, handle)
@@ -234,17 +240,18 @@ class Master:
                 abandoned = self._drop(record,
                                        "joined again while its session was live (a restarted process replaces it)")
             record.session = f"{random.getrandbits(48):x}"
-            record.active, record.last_beat = True, time.monotonic()
+            record.active, record.joined, record.last_beat = True, True, time.monotonic()
             self.events.write(
                 "join", f"cluster {record.id} {'rejoined' if rejoin else 'joined'}; it starts from "
                 f"version {self.state.version}", cluster=record.id, version=self.state.version, rejoin=rejoin)
             self.changed.notify_all()
             reply = {
                 "session": record.session, "partition": record.partition, "partitions": len(
-                    self.clusters), "inner_steps": self.config.inner_steps, "heartbeat_s": self.config.heartbeat_s,
-                "version": self.state.version, "routes": self.routes(), "model": self.config.model,
-                "eval_sequences": self.config.eval_sequences, "transfer_timeout_s": self.config.transfer_timeout_s,
-                "sync_retry_s": self.config.sync_retry_s, "finished": self.finished
+                    self.clusters), "chunks": self.chunks.count, "inner_steps": self.config.inner_steps,
+                "heartbeat_s": self.config.heartbeat_s, "version": self.state.version, "routes": self.routes(),
+                "model": self.config.model, "eval_sequences": self.config.eval_sequences,
+                "transfer_timeout_s": self.config.transfer_timeout_s, "sync_retry_s": self.config.sync_retry_s,
+                "finished": self.finished
             }
         self._forget(abandoned)
         return reply
@@ -365,6 +372,18 @@ class Master:
         self._forget(abandoned)
         return {}
 
+    def _next_chunk(self, request: dict, caller: str) -> dict:
+        """The next chunk of data for the calling cluster (a dropped one too: it reads on until it rejoins)."""
+        with self.lock:
+            record = self._cluster(request, caller, session=False)
+            if not self.chunks.count:
+                raise Rejected("this run hands out no chunks (chunks_per_cluster is 0)")
+            chunk = self.chunks.take()
+            self._save_state()
+        self.events.write("chunk", f"cluster {record.id} reads chunk {chunk.index} of epoch {chunk.epoch}",
+                          cluster=record.id, epoch=chunk.epoch, chunk=chunk.index, chunks=chunk.count)
+        return {"epoch": chunk.epoch, "chunk": chunk.index, "chunks": chunk.count}
+
     def _pulled(self, request: dict, caller: str) -> dict:
         with self.lock:
             record = self._cluster(request, caller)
@@ -483,9 +502,22 @@ class Master:
         if not self.pending:
             return False
         if self.config.mode == "sync":
-            active = {cid for cid, record in self.clusters.items() if record.active}
-            return active <= {push.cluster for push in self.pending}
+            return self._sync_round_ready()
         return time.monotonic() >= self.window_closes
+
+    def _sync_round_ready(self) -> bool:
+        """Sync: every cluster of the run file has joined (once), and every active one committed. A cluster
+        dropped later (missed heartbeats, left) is no longer waited for: its rounds then differ from a run
+        where it stayed."""
+        if not all(record.joined for record in self.clusters.values()):
+            return False
+        active = {cid for cid, record in self.clusters.items() if record.active}
+        return active <= {push.cluster for push in self.pending}
+
+    def _run_file_order(self, push: Push) -> int:
+        """A round sums its pushes in the run file's cluster order, not their arrival order (float sums
+        then do not depend on timing)."""
+        return self.clusters[push.cluster].partition
 
     def _driver(self) -> None:
         while not self.stopped.is_set():
@@ -495,7 +527,7 @@ class Master:
                     self.changed.wait(max(0.01, min(timeout, 1.0)))
                 if self.stopped.is_set():
                     return
-                batch, self.pending = self.pending, []
+                batch, self.pending = sorted(self.pending, key=self._run_file_order), []
                 self.window_closes = math.inf
                 self.state.round += 1
                 round_id = self.state.round

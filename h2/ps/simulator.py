@@ -13,11 +13,16 @@ it). Nothing here runs a model: it is arithmetic on the scenario's numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import json
+import os
+import statistics
 from dataclasses import dataclass, field
 
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
+from h2.ps.placement import best_site
 
 
 @dataclass
@@ -63,13 +68,8 @@ def load_scenario(path: str) -> Scenario:
 
 
 def placement(scenario: Scenario) -> int:
-    """argmax_i of B_iᵀ p: the site whose links, weighted by each cluster's throughput, carry the most."""
-    throughput = [1.0 / scenario.step_s(c) for c in scenario.clusters]
-    scores = [
-        sum(scenario.bandwidth_gbps[i][j] * throughput[j] for j in range(len(throughput)))
-        for i in range(len(throughput))
-    ]
-    return max(range(len(scores)), key=scores.__getitem__)
+    """argmax_i of B_iᵀ p (h2.ps.placement): p the clusters' throughputs, 1 / step time."""
+    return best_site(scenario.bandwidth_gbps, [1.0 / scenario.step_s(c) for c in scenario.clusters])
 
 
 @dataclass
@@ -181,3 +181,73 @@ def report(scenario: Scenario, sim: Simulation) -> str:
     spent = total + sum(c.compute_s for c in sim.clusters.values())
     lines.append(f"PS overhead over all clusters: {100 * total / spent:.1f}% of their time (simulated)")
     return "\n".join(lines)
+
+
+@dataclass
+class MeasuredUpdate:
+    """A run's measured update rate: what its shards' outer optimizers updated per second."""
+    source: str
+    rounds: int
+    median_update_s: float
+    model_bytes: int
+    shards: int
+
+    @property
+    def gbps_per_shard(self) -> float:
+        return self.model_bytes * 8 / (self.shards * self.median_update_s * 1e9)
+
+
+def measured_update(run_dir: str) -> MeasuredUpdate:
+    """The median update time of a run's rounds (`<run>/rounds.jsonl`: update_s, bytes_pushed per participant,
+    the master's shards) as a rate per shard, for the simulator's `update_gbps`."""
+    path = os.path.join(run_dir, "rounds.jsonl")
+    if not os.path.exists(path):
+        raise UserError(f"--update-from {run_dir}: no rounds.jsonl (a folder `h2 ps launch` wrote)")
+    with open(path, encoding="utf-8") as handle:
+        events = [json.loads(line) for line in handle if line.strip()]
+    starts = [e["shards"] for e in events if e["event"] == "start" and "shards" in e]
+    registered = {e["shard"] for e in events if e["event"] == "shard"}  # runs whose start event names no shards
+    shards = starts[-1] if starts else len(registered)
+    rounds = [e for e in events if e["event"] == "round" and e.get("update_s", 0) > 0 and e["participants"]]
+    if not shards or not rounds:
+        raise UserError(f"{path}: no measured round updates (or no shard on record)")
+    model_bytes = rounds[0]["bytes_pushed"] // len(rounds[0]["participants"])
+    update_s = statistics.median(e["update_s"] for e in rounds)
+    return MeasuredUpdate(path, len(rounds), update_s, model_bytes, shards)
+
+
+def with_update_rate(scenario: Scenario, gbps_per_shard: float) -> Scenario:
+    return dataclasses.replace(scenario, update_gbps=gbps_per_shard)
+
+
+@dataclass
+class ScalingPoint:
+    clusters: list[str]
+    site: int
+    ideal_tokens_per_s: float  # the clusters trained independently, no PS
+    tokens_per_s: float  # through the PS (compute time over all time, per cluster)
+
+    @property
+    def percent_of_ideal(self) -> float:
+        return 100.0 * self.tokens_per_s / self.ideal_tokens_per_s
+
+
+def subset(scenario: Scenario, indices: list[int]) -> Scenario:
+    """The scenario restricted to some of its clusters (their rows and columns of B)."""
+    return dataclasses.replace(scenario, clusters=[scenario.clusters[i] for i in indices],
+                               bandwidth_gbps=[[scenario.bandwidth_gbps[i][j] for j in indices] for i in indices])
+
+
+def weak_scaling(scenario: Scenario, up_to: int, rounds_per_cluster: int = 20) -> list[ScalingPoint]:
+    """Clusters added in descending speed (1, 2, ... up_to of them); each set simulated for
+    rounds_per_cluster x its size rounds; its token rate against the clusters' independent rate."""
+    order = sorted(range(len(scenario.clusters)), key=lambda i: -scenario.clusters[i].pflops)
+    points = []
+    for n in range(1, min(up_to, len(order)) + 1):
+        part = subset(scenario, order[:n])
+        sim = simulate(part, rounds=rounds_per_cluster * n)
+        ideal = sum(part.tokens_per_step / part.step_s(c) for c in part.clusters)
+        achieved = sum(part.tokens_per_step / part.step_s(c) * (1.0 - sim.clusters[c.name].overhead)
+                       for c in part.clusters)
+        points.append(ScalingPoint([c.name for c in part.clusters], sim.site, ideal, achieved))
+    return points

@@ -4,8 +4,9 @@
 speed (`--pace-step-s`), every H-th step followed by a sync point (h2.ps.client), after which the
 pulled global model is scored on a fixed held-out sample. `<out>/ps.jsonl` gets one record per sync
 point: status, versions, push/wait/pull seconds, bytes, the held-out loss of the pulled model.
-The cluster reads its own part of every batch (partition i of n, n = the run's clusters) and stops
-when the master reports the run's token budget spent, or at --steps.
+The cluster reads its own part of every batch (partition i of n, n = the run's clusters), or, when the
+run file sets chunks_per_cluster, the chunks of data the master hands it one after another (h2.ps.chunks);
+it stops when the master reports the run's token budget spent, or at --steps.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
 from h2.data import SequenceStream
 from h2.model.transformer import language_model_loss
+from h2.ps.chunks import ChunkStream
 from h2.ps.client import ClusterClient, Outliers, SyncResult, sync_retrying
 from h2.train.pacing import Pacer
 from h2.train.progress import ProgressBar
@@ -66,7 +68,10 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
     if resolve_model(client.model).architecture() != trainer.model_config.architecture():
         raise UserError(f"--ps {options.ps}: the run trains model '{client.model}', this trainer "
                         f"'{trainer.model_config.name}'")
-    trainer.data_partition = (client.partition, client.partitions)
+    if client.chunks:
+        trainer.stream = ChunkStream(trainer.stream, client.next_chunk)
+    else:
+        trainer.data_partition = (client.partition, client.partitions)
     tensors = dict(trainer.model.named_parameters())
     pacer = Pacer(options.pace_step_s)
     sync_log = SyncLog(trainer.out_dir, append=trainer.step > 0)
