@@ -259,7 +259,8 @@ class PipelineEngine:
         allocated by tensors (None on devices without memory statistics), and, on an emulating
         device, the kernels it paced, their emulated seconds, and how many were late (overrun_s: by
         how much in all; a late kernel's time depended on the host's load); and the host CPU seconds
-        its ranks spent (`host_cpu_s`, what each rank passes: the host work the stage needed)."""
+        its ranks spent (`host_cpu_s`, what each rank passes: the host work the stage needed); the DIPU
+        vendor its ranks loaded (None off the dipu device)."""
         module = getattr(torch, self.device.type, None)
         peak = module.max_memory_allocated(self.device) if hasattr(module, "max_memory_allocated") else -1
         pacing = getattr(module, "pacing_stats", lambda: None)() or {}
@@ -271,6 +272,7 @@ class PipelineEngine:
                                                for key in PACING_FIELDS] + [host_cpu_s], dtype=torch.float64)
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=self.groups.everyone)
         dist.all_reduce(sums, group=self.groups.everyone)
+        vendors = self._stage_vendors()
         report = []
         for stage in self.topology.stages:
             row = {
@@ -282,8 +284,23 @@ class PipelineEngine:
                 for key, value in zip(PACING_FIELDS, sums[stage.index].tolist())
             })
             row["host_cpu_s"] = float(sums[stage.index, -1])
+            row["vendor"] = vendors.get(stage.index)
             report.append(row)
         return report
+
+    def _stage_vendors(self) -> dict[int, str | None]:
+        """Per stage, the DIPU vendor its ranks loaded (None off the dipu device), gathered from every rank."""
+        mine = (self.place.stage, self._device_vendor())
+        gathered = [None] * dist.get_world_size(self.groups.everyone)
+        dist.all_gather_object(gathered, mine, group=self.groups.everyone)
+        return dict(gathered)
+
+    def _device_vendor(self) -> str | None:
+        if self.device.type != "dipu":
+            return None
+        from ditorch.dipu.vendor import vendor_name
+
+        return vendor_name()
 
     def write_trace(self) -> str | None:
         """This rank's spans so far to OPTIONS.trace/rank-<r>.json (a traced run); the file."""
