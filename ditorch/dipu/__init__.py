@@ -77,5 +77,6 @@ _fallback.check_operators(_fallback.operator_list(os.environ.get("DIPU_FORCE_FAL
                           "DIPU_FORCE_FALLBACK_OPS")
 _register_backend()
 devices.serve_device_memory(BACKEND_NAME, memory_ipc.memory_functions)
+devices.serve_device_vendor(BACKEND_NAME, memory_ipc.vendor_identity)
 _at_exit.register()
 _sharing.refuse_device_tensors_in_pickles()
