@@ -63,6 +63,7 @@ def train_config_for(strategy, config: TrainConfig) -> TrainConfig:
 
 
 PACING_FIELDS = ("kernels", "late_kernels", "emulated_s", "overrun_s")
+VENDOR_NAME_BYTES = 32  # the longest vendor name a stage report carries
 FORWARD_KINDS = ("F", "SEND_F", "RECV_F")  # what an evaluation runs of a step's actions
 
 
@@ -289,11 +290,20 @@ class PipelineEngine:
         return report
 
     def _stage_vendors(self) -> dict[int, str | None]:
-        """Per stage, the DIPU vendor its ranks loaded (None off the dipu device), gathered from every rank."""
-        mine = (self.place.stage, self._device_vendor())
-        gathered = [None] * dist.get_world_size(self.groups.everyone)
-        dist.all_gather_object(gathered, mine, group=self.groups.everyone)
-        return dict(gathered)
+        """Per stage, the DIPU vendor(s) its ranks loaded ("+"-joined; None off the dipu device), from every
+        rank: one row per rank (its stage, then its vendor's name as bytes) summed over the group."""
+        world = dist.get_world_size(self.groups.everyone)
+        rows = torch.zeros((world, 1 + VENDOR_NAME_BYTES), dtype=torch.float64)
+        name = (self._device_vendor() or "").encode()[:VENDOR_NAME_BYTES]
+        rows[dist.get_rank(self.groups.everyone), 0] = float(self.place.stage)
+        rows[dist.get_rank(self.groups.everyone), 1:1 + len(name)] = torch.tensor(list(name), dtype=torch.float64)
+        dist.all_reduce(rows, group=self.groups.everyone)
+        vendors: dict[int, list[str]] = {}
+        for row in rows.tolist():
+            text = bytes(int(value) for value in row[1:] if value).decode()
+            if text and text not in vendors.setdefault(int(row[0]), []):
+                vendors[int(row[0])].append(text)
+        return {stage: "+".join(names) or None for stage, names in vendors.items()}
 
     def _device_vendor(self) -> str | None:
         if self.device.type != "dipu":
