@@ -4,10 +4,10 @@ Imported by ``import dicomm`` when torch is installed. After it, ``init_process_
 ``new_group(backend="dicomm")`` and per-device strings such as ``"cpu:gloo,dipu:dicomm"`` work.
 The backend serves CPU tensors and, once the PrivateUse1 backend has been renamed (``dipu``),
 that device's tensors too: point-to-point device-direct where the device announced its memory
-functions (``h2.core.devices.device_memory``) and the peer is on the same host, staged through host
-memory otherwise. It announces the device types it serves
-to ``h2.core.devices`` (where "which backend serves a device" is decided) and extends itself to a
-device type registered later (``dipu`` imported after ``dicomm``).
+functions (``h2.core.devices.device_memory``), the peer is on the same host and every member of the group
+runs its device on the same vendor (``h2.core.devices.device_vendor``), staged through host memory
+otherwise. It announces the device types it serves to ``h2.core.devices`` (where "which backend
+serves a device" is decided) and extends itself to a device type registered later (``dipu`` imported after ``dicomm``).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from h2.core import devices
 from h2.core.links import Link
 
 BACKEND_NAME = "dicomm"
+VENDOR_KEY = "dicomm/device-vendor/"  # + group rank: the vendor of that member's device
 
 
 def backend_devices() -> list[str]:
@@ -54,10 +55,29 @@ def _create_backend(common, options: GroupOptions | None):
             link = options.links.get(global_rank)
             if link is not None and group_rank != common.group_rank:
                 peer_links[group_rank] = (link.bytes_per_s, link.latency_s)
-    private_use = torch._C._get_privateuse1_backend_name()
-    device_memory = devices.device_memory(private_use) if private_use != "privateuseone" else None
+    device_memory = _group_device_memory(common.store, common.group_rank, common.group_size)
     return _dicomm_c10d.create_backend(common.store, common.group_rank, common.group_size,
                                        common.timeout.total_seconds(), peer_links, device_memory)
+
+
+def _group_device_memory(store, group_rank: int, group_size: int) -> Mapping[str, int] | None:
+    """This process's device memory functions for a new group, or None when not every member's device
+    runs on this process's vendor."""
+    private_use = torch._C._get_privateuse1_backend_name()
+    registered = private_use != "privateuseone"
+    vendor = devices.device_vendor(private_use) if registered else None
+    functions = devices.device_memory(private_use) if registered else None
+    return device_memory_for_group(store, group_rank, group_size, vendor, functions)
+
+
+def device_memory_for_group(store, group_rank: int, group_size: int, vendor: str | None,
+                            functions: Mapping[str, int] | None) -> Mapping[str, int] | None:
+    """`functions` where every member of the group announced the same device `vendor` through `store` (the
+    group's); else None, so that device tensors are staged through host memory: memory one vendor exports
+    cannot be mapped by another's runtime. Every member calls it (each waits for the others' vendor)."""
+    store.set(f"{VENDOR_KEY}{group_rank}", vendor or "")
+    vendors = {store.get(f"{VENDOR_KEY}{rank}").decode() for rank in range(group_size)}
+    return functions if functions is not None and vendor and vendors == {vendor} else None
 
 
 def register() -> None:

@@ -258,6 +258,13 @@ def intra_node_link(cluster: ClusterSpec, chip: ChipType) -> Link:
     return link_between(cluster, node, node)[1]
 
 
+def _measured_device(chip: ChipType, device: str) -> str:
+    """Where a chip type's profile was measured: its emulated or vendor's dipu device, else `device`."""
+    if chip.emulation is not None:
+        return "dipu (emulated)"
+    return f"dipu ({chip.vendor} vendor)" if chip.vendor is not None else device
+
+
 def profile_fingerprint(cluster: ClusterSpec, chip: ChipType, model: ModelConfig, training: TrainingSpec) -> str:
     """What a measured profile depends on: the chip type's whole entry (emulation included) and its
     intra-node link, the model, and the micro-batch shape and precision. A cached profile with another
@@ -334,6 +341,6 @@ def measured_profile(cluster: ClusterSpec, chip: ChipType, model: ModelConfig, t
     ]
     return Profile(
         chip=chip.name, model=model.name, seq_len=training.seq_len, micro_batch_size=training.micro_batch_size,
-        layers=layers, update=update, source="measured", device="dipu (emulated)" if chip.emulation else device,
+        layers=layers, update=update, source="measured", device=_measured_device(chip, device),
         assumptions=assumptions, stage_ends=ends, formula_layers=formula, fingerprint=profile_fingerprint(
             cluster, chip, model, training), trusted=measurement_trust(late, 1.0).trusted, late_fraction=late)

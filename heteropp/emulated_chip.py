@@ -11,6 +11,18 @@ from h2.core.cluster import ChipType
 from h2.core.emulation import host_vendor_settings, rank_wait_environment
 
 
+def load_chip_vendor(vendor: str) -> None:
+    """Make this process's dipu device open on the DIPU vendor `vendor` (a chip type's `vendor`), before
+    the device first opens: DIPU_VENDOR for the processes it starts, the shim's choice for this one."""
+    os.environ["DIPU_VENDOR"] = vendor
+    import sys
+
+    if "ditorch.dipu" in sys.modules:
+        from ditorch.dipu.vendor import use_vendor
+
+        use_vendor(vendor)
+
+
 def open_emulated_chip(chip: ChipType, directory: str) -> str | None:
     """Make the dipu device `chip` (its vendor profile goes to `directory`); returns the profile's
     path, or None for a chip type without emulation (it runs as it is)."""

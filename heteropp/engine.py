@@ -63,6 +63,7 @@ def train_config_for(strategy, config: TrainConfig) -> TrainConfig:
 
 
 PACING_FIELDS = ("kernels", "late_kernels", "emulated_s", "overrun_s")
+VENDOR_NAME_BYTES = 32  # the longest vendor name a stage report carries
 FORWARD_KINDS = ("F", "SEND_F", "RECV_F")  # what an evaluation runs of a step's actions
 
 
@@ -260,7 +261,8 @@ class PipelineEngine:
         allocated by tensors (None on devices without memory statistics), and, on an emulating
         device, the kernels it paced, their emulated seconds, and how many were late (overrun_s: by
         how much in all; a late kernel's time depended on the host's load); and the host CPU seconds
-        its ranks spent (`host_cpu_s`, what each rank passes: the host work the stage needed)."""
+        its ranks spent (`host_cpu_s`, what each rank passes: the host work the stage needed); the DIPU
+        vendor its ranks loaded (None off the dipu device)."""
         module = getattr(torch, self.device.type, None)
         peak = module.max_memory_allocated(self.device) if hasattr(module, "max_memory_allocated") else -1
         pacing = getattr(module, "pacing_stats", lambda: None)() or {}
@@ -272,6 +274,7 @@ class PipelineEngine:
                                                for key in PACING_FIELDS] + [host_cpu_s], dtype=torch.float64)
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=self.groups.everyone)
         dist.all_reduce(sums, group=self.groups.everyone)
+        vendors = self._stage_vendors()
         report = []
         for stage in self.topology.stages:
             row = {
@@ -283,8 +286,32 @@ class PipelineEngine:
                 for key, value in zip(PACING_FIELDS, sums[stage.index].tolist())
             })
             row["host_cpu_s"] = float(sums[stage.index, -1])
+            row["vendor"] = vendors.get(stage.index)
             report.append(row)
         return report
+
+    def _stage_vendors(self) -> dict[int, str | None]:
+        """Per stage, the DIPU vendor(s) its ranks loaded ("+"-joined; None off the dipu device), from every
+        rank: one row per rank (its stage, then its vendor's name as bytes) summed over the group."""
+        world = dist.get_world_size(self.groups.everyone)
+        rows = torch.zeros((world, 1 + VENDOR_NAME_BYTES), dtype=torch.float64)
+        name = (self._device_vendor() or "").encode()[:VENDOR_NAME_BYTES]
+        rows[dist.get_rank(self.groups.everyone), 0] = float(self.place.stage)
+        rows[dist.get_rank(self.groups.everyone), 1:1 + len(name)] = torch.tensor(list(name), dtype=torch.float64)
+        dist.all_reduce(rows, group=self.groups.everyone)
+        vendors: dict[int, list[str]] = {}
+        for row in rows.tolist():
+            text = bytes(int(value) for value in row[1:] if value).decode()
+            if text and text not in vendors.setdefault(int(row[0]), []):
+                vendors[int(row[0])].append(text)
+        return {stage: "+".join(names) or None for stage, names in vendors.items()}
+
+    def _device_vendor(self) -> str | None:
+        if self.device.type != "dipu":
+            return None
+        from ditorch.dipu.vendor import vendor_name
+
+        return vendor_name()
 
     def write_trace(self) -> str | None:
         """This rank's spans so far to OPTIONS.trace/rank-<r>.json (a traced run); the file."""

@@ -39,7 +39,7 @@ from h2.core.links import Location, RankLinks
 from h2.core.model_config import ModelConfig
 from h2.core.ranks import run_ranks
 from h2.model.transformer import Transformer, language_model_loss
-from heteropp.emulated_chip import open_emulated_chip
+from heteropp.emulated_chip import load_chip_vendor, open_emulated_chip
 from heteropp.groups import chip_backend, new_group
 from heteropp.stage import RecomputedLayer, build_stage
 from heteropp.tensor_parallel import apply_tp, check_tp_divides
@@ -229,7 +229,8 @@ def _measure_rank(rank: int, world_size: int, chip: ChipType, model: ModelConfig
     from h2.core.devices import resolve_device
 
     torch.set_num_threads(1)
-    if open_emulated_chip(chip, directory) is not None:
+    load_chip_vendor(chip.dipu_vendor)
+    if open_emulated_chip(chip, directory) is not None or chip.on_dipu:
         device_type = "dipu"
     device = resolve_device(device_type)
     if device.type != "cpu" and device.index is None:

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from ditorch.dipu import _C, memory_ipc
+from ditorch.dipu import _C, conv_fallback, memory_ipc
 from ditorch.dipu import at_exit as _at_exit
 from ditorch.dipu import device as _device_module
 from ditorch.dipu import fallback as _fallback
@@ -76,6 +76,8 @@ environment.switch("DIPU_LOG_FALLBACK")  # read by the C++ fallback; 0 or 1
 _fallback.check_operators(_fallback.operator_list(os.environ.get("DIPU_FORCE_FALLBACK_OPS", "")),
                           "DIPU_FORCE_FALLBACK_OPS")
 _register_backend()
+conv_fallback.register(_C._vendor_path())
 devices.serve_device_memory(BACKEND_NAME, memory_ipc.memory_functions)
+devices.serve_device_vendor(BACKEND_NAME, memory_ipc.vendor_identity)
 _at_exit.register()
 _sharing.refuse_device_tensors_in_pickles()

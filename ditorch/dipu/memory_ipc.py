@@ -5,6 +5,7 @@ without host staging. Also the host vendor's count of copies by kind, which prov
 from __future__ import annotations
 
 import ctypes
+import os
 
 from ditorch.dipu import _C
 
@@ -43,6 +44,16 @@ def memory_functions() -> dict[str, int] | None:
         except AttributeError:
             return None
     return addresses
+
+
+def vendor_identity() -> str | None:
+    """The vendor library this process's dipu device runs on (its file name: libdipu_vendor_opencl.so), or
+    None when none can be loaded."""
+    try:
+        library = _vendor_library()
+    except (RuntimeError, OSError):
+        return None
+    return os.path.basename(library._name)
 
 
 def copy_counts() -> dict[str, int]:

@@ -103,13 +103,14 @@ def torchrun_attempt() -> int:
 
 
 def open_chip(job: ResolvedJob, rank: int) -> str | None:
-    """Make this process's dipu device the emulated chip of `rank` (before the device first opens);
-    the profile's path, or None for a chip that runs as it is."""
+    """Make this process's dipu device the emulated chip of `rank` on its chip's vendor (before the device
+    first opens); the profile's path, or None for a chip that runs as it is."""
     entry = job.ranks[rank]
+    from heteropp.emulated_chip import load_chip_vendor, open_emulated_device
+
+    load_chip_vendor(entry.vendor)
     if entry.emulation is None:
         return None
-    from heteropp.emulated_chip import open_emulated_device
-
     return open_emulated_device(entry.emulation, os.path.join(job.out, "emulated-chips"))
 
 
@@ -249,8 +250,10 @@ def _print_stage_report(report: list[dict], labels: dict[str, str], elapsed_s: f
                 if row["kernels"] else "")
         host = f"; its ranks used {row['host_cpu_s'] / elapsed_s:.2f} host cores in steps" if elapsed_s > 0 else ""
         chip = " + ".join(labels.get(name, name) for name in row["chip"].split("+"))
-        print(f"stage {row['stage']} ({chip}): peak memory "
-              f"{row['peak_allocated_bytes'] / 1e6:.2f} MB{late}{host}", flush=True)
+        vendor = f" on the {row['vendor']} vendor" if row.get("vendor") else ""
+        print(
+            f"stage {row['stage']} ({chip}){vendor}: peak memory "
+            f"{row['peak_allocated_bytes'] / 1e6:.2f} MB{late}{host}", flush=True)
     emulated = [row for row in report if row["kernels"] and row["peak_allocated_bytes"] is not None]
     if emulated and elapsed_s > 0:
         warning = host_work_warning(sum(row["host_cpu_s"] for row in emulated) / elapsed_s, host_cores())

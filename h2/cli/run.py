@@ -314,12 +314,13 @@ def check(out: str, reference=None, threshold: float | None = None) -> int:
             peak = measured["peak_allocated_bytes"]
             rows.append({
                 "stage": model_row["stage"], "chip": model_row["chip"], "predicted_bytes": model_row["memory_bytes"],
-                "measured_peak_bytes": peak
+                "measured_peak_bytes": peak, "vendor": measured.get("vendor")
             })
             shown = f"{peak / MB:.2f} MB" if peak is not None else "not measured on this device"
             late = (f"; {measured['overrun_s'] / measured['emulated_s']:.1%} of its emulated kernel time late "
                     f"(the host's load)" if measured.get("emulated_s") else "")
-            print(f"stage {model_row['stage']} ({model_row['chip']}): peak memory {shown} vs predicted "
+            vendor = f" on the {measured['vendor']} vendor" if measured.get("vendor") else ""
+            print(f"stage {model_row['stage']} ({model_row['chip']}){vendor}: peak memory {shown} vs predicted "
                   f"{model_row['memory_bytes'] / MB:.2f} MB of {model_row['capacity_bytes'] / MB:.2f} MB{late}")
         summary["memory"] = rows
         summary["measurement"] = measurement_verdict(_read_json(stage_report))

@@ -14,6 +14,8 @@
           relative_speed: 0.05
           precision: fp32
           host_accessible: false
+        vendor: opencl             # its ranks run on the dipu device of this DIPU vendor (DIPU_VENDOR): host or
+                                   # opencl; without it: the job's device (an emulated chip: dipu, host vendor)
 
 Sizes: memory in GB (10^9 bytes), bandwidths in GB/s, latency in microseconds, TFLOPS in 10^12/s.
 
@@ -29,6 +31,9 @@ from typing import Literal
 from h2.core.errors import UserError
 
 PROVENANCE_KINDS = ("spec sheet: ", "measured: ")
+# The DIPU vendors a chip type may name (ditorch.dipu.vendor: DIPU_VENDOR); only the host vendor emulates.
+CHIP_VENDORS = ("host", "opencl")
+EMULATING_VENDOR = "host"
 
 
 def check_range(value: float, low: float, high: float, where: str, name: str) -> None:
@@ -73,6 +78,7 @@ class ChipType:
     emulation: ChipEmulation | None = None  # what the DIPU host vendor emulates (h2.core.emulation)
     site: str | None = None  # the site its nodes sit in (h2.core.links); None: the default
     provenance: str | None = None  # where its numbers come from: "spec sheet: <source>" or "measured: <source>"
+    vendor: str | None = None  # the DIPU vendor its ranks load (CHIP_VENDORS); None: the host's, on the job's device
 
     # bounds: every count, size and rate finite and inside what hardware spans, so no sum overflows
     RANGES = {
@@ -84,6 +90,7 @@ class ChipType:
 
     def validate(self, source: str) -> None:
         where = f"{source}: chip '{self.name}'"
+        self.validate_vendor(where)
         if self.emulation is not None:
             if not self.emulated:
                 raise UserError(f"{where}: field 'emulated' is false but the chip has an 'emulation' section")
@@ -103,6 +110,23 @@ class ChipType:
         if self.tp_max > self.chips_per_node:
             raise UserError(f"{where}: field 'tp_max' ({self.tp_max}) exceeds chips_per_node ({self.chips_per_node}): "
                             "tensor parallelism stays inside a node")
+
+    def validate_vendor(self, where: str) -> None:
+        if self.vendor is not None and self.vendor not in CHIP_VENDORS:
+            raise UserError(f"{where}: field 'vendor' must be one of {', '.join(CHIP_VENDORS)}, got {self.vendor!r}")
+        if self.emulation is not None and self.dipu_vendor != EMULATING_VENDOR:
+            raise UserError(f"{where}: field 'vendor' is {self.vendor!r} but the chip has an 'emulation' section: "
+                            f"only the {EMULATING_VENDOR} vendor emulates a chip's speed and memory")
+
+    @property
+    def dipu_vendor(self) -> str:
+        """The DIPU vendor its ranks load: the one it names, else the host vendor."""
+        return self.vendor or EMULATING_VENDOR
+
+    @property
+    def on_dipu(self) -> bool:
+        """Whether its stages run on the dipu device: an emulated chip, or one that names its DIPU vendor."""
+        return self.emulation is not None or self.vendor is not None
 
     @property
     def capacity_bytes(self) -> float:

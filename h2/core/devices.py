@@ -7,7 +7,8 @@ pyproject.toml), so that no layer imports another sideways to find them:
 - group `h2.collective_backends`: value = a module whose import registers a torch.distributed backend
   and announces, through `serve_device`, the device types it serves (dicomm serves dipu).
 A device package may announce the C functions that reach its memory without host staging
-(`serve_device_memory`; DiComm asks `device_memory`). A package may also announce a fallback at run
+(`serve_device_memory`; DiComm asks `device_memory`) and the vendor behind it (`serve_device_vendor`:
+DiComm maps memory directly only between processes of one vendor). A package may also announce a fallback at run
 time (`serve_device(..., fallback=True)`: ditorch's host-staged gloo). `on_device_type_registered`
 lets a backend extend itself to a device type that appears after it was loaded, and
 `device_type_registered` is what a device package calls then.
@@ -30,6 +31,7 @@ COLLECTIVE_BACKEND_GROUP = "h2.collective_backends"
 _served: dict[str, str] = {}  # device type -> preferred backend
 _fallbacks: dict[str, str] = {}  # device type -> backend used when nothing better is served
 _device_memory: dict[str, Callable[[], "dict[str, int] | None"]] = {}  # device type -> its functions
+_device_vendor: dict[str, Callable[[], "str | None"]] = {}  # device type -> who implements it here
 _device_type_listeners: list[Callable[[str], None]] = []
 _loaded_backend_plugins = False
 
@@ -107,6 +109,18 @@ def device_memory(device_type: str) -> "dict[str, int] | None":
     """The device memory functions announced for `device_type`, or None (then: stage through the host)."""
     functions = _device_memory.get(device_type)
     return functions() if functions else None
+
+
+def serve_device_vendor(device_type: str, vendor: Callable[[], "str | None"]) -> None:
+    """Announce who implements `device_type` in this process: `vendor()` names its vendor library (None when
+    none can be loaded). Device memory is shared directly only between processes of one vendor (DiComm)."""
+    _device_vendor[device_type] = vendor
+
+
+def device_vendor(device_type: str) -> "str | None":
+    """The vendor announced for `device_type` in this process, or None."""
+    vendor = _device_vendor.get(device_type)
+    return vendor() if vendor else None
 
 
 def on_device_type_registered(listener: Callable[[str], None]) -> None:

@@ -105,7 +105,7 @@ def stage_report_trust(rows: list[dict]) -> MeasurementTrust:
 def describe_chip(chip: ChipType) -> str:
     """How a chip type appears in outputs: 'emu-slow (emulated: 0.05x a host core, 80 MB)'."""
     if chip.emulation is None:
-        return chip.name
+        return chip.name if chip.vendor is None else f"{chip.name} (dipu, {chip.vendor} vendor)"
     return (
         f"{chip.name} (emulated: {chip.emulation.relative_speed:g}x a host core, "
         f"{chip.memory_gb * 1e3:g} MB{'' if chip.emulation.precision == 'fp32' else ', ' + chip.emulation.precision})")
@@ -200,15 +200,15 @@ def rank_chips(strategy: Strategy, cluster: ClusterSpec, ranks: range | None = N
 
 
 def emulated_stage_devices(strategy: Strategy, cluster: ClusterSpec, source: str) -> Strategy:
-    """The strategy with every stage of an emulated chip type on the emulating device (dipu); a stage
-    that names another device for such a chip is refused."""
+    """The strategy with every stage of an emulated chip type (or of a chip type of another DIPU vendor,
+    ChipType.on_dipu) on the dipu device; a stage that names another device for such a chip is refused."""
     import dataclasses
 
     stages = []
     for index, stage in enumerate(strategy.stages):
         emulated = [cluster.chip(name) for name in dict.fromkeys(stage.chips or [stage.chip])]
-        if any(chip.emulation is not None for chip in emulated):
-            if len(emulated) > 1 and any(chip.emulation is None for chip in emulated):
+        if any(chip.on_dipu for chip in emulated):
+            if len(emulated) > 1 and not all(chip.on_dipu for chip in emulated):
                 raise UserError(f"{source}: field 'stages[{index}].chips': a group mixes emulated and real chip "
                                 f"types (cluster {cluster.source}); its replicas must share one device type")
             if stage.device not in (None, EMULATED_DEVICE):

@@ -16,6 +16,7 @@
       - chip: emu-big          # the chip type it runs as
         device: dipu           # the device its stage runs on
         emulation: {...}       # the host vendor profile of an emulated chip (h2.core.emulation), or null
+        vendor: host           # the DIPU vendor the rank loads (its chip type's `vendor`; DIPU_VENDOR)
         node: 0                # the node it sits on (index in rank order)
         links: [[intra_node, 100.0, 1.0], ...]   # per peer rank: link class, bandwidth GB/s, latency us
 
@@ -51,12 +52,14 @@ class PeerLink:
 @dataclass(frozen=True)
 class RankEntry:
     """One rank of the job: the chip it runs as, its device, the host vendor profile that emulates
-    the chip (None: the chip runs as it is), its node, and its link to every rank (None: no cluster)."""
+    the chip (None: the chip runs as it is), its node, its link to every rank (None: no cluster), and the
+    DIPU vendor it loads (its chip type's)."""
     chip: str
     device: str
     emulation: dict | None = None
     node: int = 0
     links: tuple[PeerLink, ...] | None = None
+    vendor: str = "host"
 
 
 class JobLinks:
@@ -131,7 +134,8 @@ def _rank_to_dict(entry: RankEntry) -> dict:
     links = None if entry.links is None else [[peer.link_class, peer.link.bandwidth_gbps, peer.link.latency_us]
                                               for peer in entry.links]
     return {
-        "chip": entry.chip, "device": entry.device, "emulation": entry.emulation, "node": entry.node, "links": links
+        "chip": entry.chip, "device": entry.device, "emulation": entry.emulation, "node": entry.node, "links": links,
+        "vendor": entry.vendor
     }
 
 
@@ -159,4 +163,4 @@ def _rank_from_dict(data: dict) -> RankEntry:
     links = None if data["links"] is None else tuple(
         PeerLink(name, Link(float(gbps), float(us))) for name, gbps, us in data["links"])
     return RankEntry(chip=data["chip"], device=data["device"], emulation=data["emulation"], node=data["node"],
-                     links=links)
+                     links=links, vendor=data.get("vendor", "host"))

@@ -178,7 +178,8 @@ def rank_entries(strategy: Strategy, config: TrainConfig, cluster: ClusterSpec |
         links = tuple(PeerLink(*link_between(cluster, here, there)) for there in locations)
         emulation = host_vendor_settings(chip) if chip.emulation is not None else None
         entries.append(
-            RankEntry(chip=chip.name, device=devices[rank], emulation=emulation, node=node_of[rank], links=links))
+            RankEntry(chip=chip.name, device=devices[rank], emulation=emulation, node=node_of[rank], links=links,
+                      vendor=chip.dipu_vendor))
     return tuple(entries)
 
 

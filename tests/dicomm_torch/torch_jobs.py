@@ -531,6 +531,44 @@ def job_dipu_p2p(args) -> None:
         assert got == staged, f"rank {RANK}: staging copies {got}, expected {staged} (all copies: {copies})"
 
 
+def job_mixed_vendor_p2p(args) -> None:
+    """Each rank's dipu device on its own vendor (args["vendors"][rank], chosen before the device opens):
+    dipu tensors through dist.send/recv on the dicomm backend, staged through host memory."""
+    os.environ["DIPU_VENDOR"] = args["vendors"][RANK]
+    import ditorch.dipu as dipu
+    from ditorch.dipu import memory_ipc
+
+    dipu.use_vendor(args["vendors"][RANK])
+    init()
+    sizes = [1024, 1 << 16]
+    sources = [torch.arange(n, dtype=torch.float32).to("dipu") for n in sizes]
+    targets = [torch.zeros(n, dtype=torch.float32, device="dipu") for n in sizes]
+    dist.barrier()
+    before = memory_ipc.copy_counts()
+    for source, target in zip(sources, targets):
+        if RANK == 0:
+            dist.send(source, 1)
+        else:
+            dist.recv(target, 0)
+    after = memory_ipc.copy_counts()
+
+    @check("each_rank_runs_its_vendor")
+    def _():
+        assert dipu.vendor_name() == args["vendors"][RANK], dipu.vendor_name()
+
+    @check("dipu_tensors_arrive_intact")
+    def _():
+        if RANK == 1:
+            for target, n in zip(targets, sizes):
+                assert_equal(target.cpu(), torch.arange(n, dtype=torch.float32), f"{n} elements")
+
+    @check("the_host_vendor_rank_staged_its_sends")
+    def _():
+        if args["vendors"][RANK] == "host":
+            staged = after["device_to_host"] - before["device_to_host"]
+            assert staged == len(sizes), f"rank {RANK}: {staged} device-to-host copies, expected {len(sizes)}"
+
+
 def main(rank: int, world_size: int, job: str, args: dict) -> dict:
     """One rank of `job`; its findings. (The rank exits at once after returning: a dead or silent
     peer cannot make the exit wait for its pending operations.)"""
