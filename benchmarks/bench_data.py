@@ -8,11 +8,11 @@ per file, written to a temporary folder; a byte-level BPE tokenizer is trained o
 `h2 tokenizer train`'s function (h2.data.tokenizer.train_bpe).
 
 1. Tokenizing. Baseline: `tokenizers.Tokenizer.encode_batch` of the same texts, already in memory
-   (the library's own parallelism over every CPU; the faster of encode_batch and encode_batch_fast,
-   which skips the offsets). Ours: the whole `h2 data prepare` (reading the
-   jsonl, the source fingerprint, tokenizing in a process pool, writing the shards and the index).
+   (the library's own batch encoding, its parallelism over every CPU). Ours: the whole `h2 data
+   prepare` (reading the jsonl, the source fingerprint, tokenizing, writing the shards and the index).
    Rounds alternate (baseline, ours, baseline, ...) so that load from elsewhere hits both alike;
-   the best round of each is compared. Target: ours >= 0.8x the baseline's tokens/s.
+   the best round of each is compared. Target (issue 32): ours >= 0.8x encode_batch's tokens/s. The
+   ratio to `encode_batch_fast` (the same without the offsets, a stricter bar) is printed beside it.
 2. Loading. One training step of `small` (its preset, micro-batch 8 x its max_seq_len, fp32, CPU) is
    timed (the median of --small-steps after a warm-up step, with 1 and with --threads torch threads,
    the faster counts): the tokens per second training needs.
@@ -86,7 +86,7 @@ def bench_prepare(args, folder: str, data: str, texts: list[str], tokenizer_path
             tokens = sum(len(e.ids) for e in encoded)
             rates.append(tokens / seconds)
             del encoded
-        baseline_rates.append(max(rates))
+        baseline_rates.append(rates)
 
         prepared = os.path.join(folder, f"prepared-{round_index}")
         started = time.perf_counter()
@@ -98,11 +98,16 @@ def bench_prepare(args, folder: str, data: str, texts: list[str], tokenizer_path
             f"round {round_index + 1}: tokenizers {' / '.join(c.__name__ for c in calls)} "
             f"{' / '.join(f'{r:,.0f}' for r in rates)} tokens/s, "
             f"h2 data prepare {our_rates[-1]:,.0f} tokens/s ({tokens:,} tokens)", flush=True)
-    ratio = max(our_rates) / max(baseline_rates)
-    paired = statistics.median(ours / theirs for ours, theirs in zip(our_rates, baseline_rates))
+    named = max(rates[0] for rates in baseline_rates)  # encode_batch: the target's baseline
+    ratio = max(our_rates) / named
+    paired = statistics.median(ours / rates[0] for ours, rates in zip(our_rates, baseline_rates))
     print(f"tokenizing: the median over rounds of each round's ratio (back to back, alike load) is {paired:.2f}x")
-    print(f"tokenizing: h2 data prepare {max(our_rates):,.0f} tokens/s vs tokenizers' batch encoding "
-          f"{max(baseline_rates):,.0f} tokens/s (best of {args.rounds}): {ratio:.2f}x (target >= {PREPARE_TARGET}x)")
+    print(f"tokenizing: h2 data prepare {max(our_rates):,.0f} tokens/s vs tokenizers' encode_batch "
+          f"{named:,.0f} tokens/s (best of {args.rounds}): {ratio:.2f}x (target >= {PREPARE_TARGET}x)")
+    if len(calls) > 1:
+        fast = max(rates[1] for rates in baseline_rates)
+        print(f"tokenizing: against encode_batch_fast {fast:,.0f} tokens/s (no offsets; not the target): "
+              f"{max(our_rates) / fast:.2f}x")
     return ratio, prepared
 
 
