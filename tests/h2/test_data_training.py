@@ -1,8 +1,12 @@
 """Training `tiny` on the user's own data: a jsonl and a parquet file written here, a tokenizer trained
-by `h2 tokenizer train`; the loss falls, and a stopped run resumed with --resume continues bit for bit
-(the data position is in the checkpoint)."""
+by `h2 tokenizer train`; the loss falls, and a stopped or killed run resumed with --resume continues bit
+for bit (the data position is in the checkpoint)."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -72,3 +76,34 @@ def test_resuming_on_other_data_is_refused(workload, tmp_path, capsys):
     capsys.readouterr()
     assert _train(workload, out, "--steps", "4", "--resume", "--data", str(other)) == 2
     assert "checkpoint data state: 'corpus'" in capsys.readouterr().err
+
+
+def test_a_killed_run_resumes_bit_exact_with_its_data_position(workload, tmp_path):
+    whole = tmp_path / "whole"
+    assert _train(workload, whole, "--steps", str(STEPS)) == 0
+    losses = [r["loss"] for r in read_metrics(whole / "metrics.jsonl")]
+
+    killed = tmp_path / "killed"
+    command = [
+        sys.executable, "-m", "h2.cli.main", "train", "--model-config", workload["model"], "--data", workload["data"],
+        "--tokenizer", workload["tokenizer"], "--micro-batch-size", "4", "--seq-len", "32", "--lr-decay-steps",
+        str(STEPS), "--steps",
+        str(STEPS), "--checkpoint-every", "10", "--keep-checkpoints", "20", "--quiet", "--out",
+        str(killed)
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (killed / "checkpoints" / "step_00000030" / "manifest.json").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    latest = CheckpointDir(str(killed)).load_latest()
+    assert 30 <= latest.step < STEPS  # killed mid-run, after at least the step-30 checkpoint
+    assert latest.manifest["data"]["position"] == latest.step * 4
+    assert main([
+        "train", "--model-config", workload["model"], "--out",
+        str(killed), "--resume", "--steps",
+        str(STEPS), "--quiet"
+    ]) == 0
+    assert [r["loss"] for r in read_metrics(killed / "metrics.jsonl")] == losses
