@@ -14,12 +14,19 @@ sys.path.insert(0, BENCH_DIR)  # the benchmark's modules import their siblings, 
 import bench  # noqa: E402
 
 
+def assert_exit_follows_the_verdicts(run: subprocess.CompletedProcess) -> None:
+    """The report is complete either way; the exit status is 1 exactly when a target line says FAIL (the
+    quick run's few repeats on a loaded host may miss a latency target)."""
+    failed = any(line.startswith("FAIL") for line in run.stdout.splitlines())
+    assert run.returncode == (1 if failed else 0), run.stdout[-2000:] + run.stderr[-2000:]
+
+
 def test_the_quick_benchmark_reports_every_transport_gloo_and_memcpy(tmp_path):
     pytest.importorskip("torch.distributed")
     out = tmp_path / "bench.json"
     run = subprocess.run([sys.executable, BENCH, "--quick", "--json",
                           str(out)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
+    assert_exit_follows_the_verdicts(run)
     rows = json.loads(out.read_text())["rows"]
     assert {r["transport"] for r in rows} >= {"shm", "tcp", "gloo", "memcpy"}
     for r in rows:
@@ -34,7 +41,7 @@ def test_the_quick_torch_benchmark_measures_dicomm_beside_gloo(tmp_path):
     out = tmp_path / "bench-torch.json"
     run = subprocess.run([sys.executable, BENCH, "--torch", "--quick", "--json",
                           str(out)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
+    assert_exit_follows_the_verdicts(run)
     rows = json.loads(out.read_text())["rows"]
     tests = {(r["test"], r["backend"]) for r in rows}
     for test in ("send/recv", "batch_isend_irecv", "all_reduce x4"):
@@ -44,7 +51,7 @@ def test_the_quick_torch_benchmark_measures_dicomm_beside_gloo(tmp_path):
 
 
 @pytest.mark.parametrize("args, env, message", [
-    (["--sizes", "-1"], {}, "--sizes -1: message sizes must be at least 0 bytes"),
+    (["--sizes", "-1"], {}, "--sizes -1: message sizes must be between 1 and 1073741824 bytes"),
     (["--sizes", "x"], {}, "not a comma-separated list"),
     ([], {"DICOMM_SHM_RING_BYTES": "3"}, "shm ring size must be a power of two"),
     ([], {"DICOMM_TIMEOUT_S": "abc"}, "DICOMM_TIMEOUT_S=abc is not a positive number"),
