@@ -79,8 +79,7 @@ class ByteTokenizer:
         return bytes(int(t) for t in tokens if int(t) != self.eod_id).decode("utf-8", errors="replace")
 
     def save(self, directory: str) -> list[str]:
-        os.makedirs(directory, exist_ok=True)
-        return []
+        return []  # nothing to keep: a run without tokenizer files trained on bytes (load_run_tokenizer)
 
 
 class HFTokenizer:

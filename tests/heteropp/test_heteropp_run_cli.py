@@ -92,7 +92,9 @@ def test_h2_train_refuses_gloo_inside_stages_on_a_vendor_device_before_launching
 
 def test_h2_train_refuses_a_stage_larger_than_the_host_memory_before_launching(tmp_path, cli):
     with open(PP2) as handle:
-        strategy = handle.read().replace("micro_batch_size: 2", f"micro_batch_size: {1 << 24}")
+        # one huge micro-batch (several would be refused earlier, as more sequences per step than a step may hold)
+        strategy = handle.read().replace("micro_batch_size: 2", f"micro_batch_size: {1 << 24}").replace(
+            "micro_batches: 8", "micro_batches: 1")
     path = tmp_path / "huge-batch.yaml"
     path.write_text(strategy)
     result = cli("h2", "train", "--strategy", str(path), "--out", str(tmp_path / "run"))
@@ -109,7 +111,7 @@ def test_a_rank_refuses_a_stage_larger_than_its_device_memory_before_building_it
 
     with open(PP2) as handle:
         data = yaml.safe_load(handle)
-    data["micro_batch_size"] = 1 << 24
+    data["micro_batch_size"], data["micro_batches"] = 1 << 24, 1  # one huge micro-batch: the memory check's case
     refusal = (r"rank (0|1) \(stage \1, chip emu-(big|small)\) needs at least [0-9.]+ GB .* more than the [0-9.]+ GB "
                r"host memory available \(MemAvailable\)")
     with pytest.raises(RankFailure, match=refusal):
