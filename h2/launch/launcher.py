@@ -197,8 +197,8 @@ def _kill_stalled(process: subprocess.Popen, stalls: list[Stall], stall_s: float
         f"the final barrier); killed. The run's checkpoints and metrics are complete", file=sys.stderr, flush=True)
 
 
-def _rank_processes(root: int) -> dict[int, int]:
-    """RANK -> pid of the rank processes under `root` (torchrun's workers)."""
+def descendants(root: int) -> list[int]:
+    """Every process under `root` (children, their children, ...), read from /proc."""
     children: dict[int, list[int]] = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -206,17 +206,25 @@ def _rank_processes(root: int) -> dict[int, int]:
                 children.setdefault(int(handle.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
         except OSError:
             continue
-    ranks, stack = {}, [root]
+    found, stack = [], [root]
     while stack:
-        for pid in children.get(stack.pop(), []):
-            stack.append(pid)
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as handle:
-                    environ = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
-            except OSError:
-                continue
-            if b"RANK" in environ and b"TORCHELASTIC_RUN_ID" in environ:
-                ranks[int(environ[b"RANK"])] = pid
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _rank_processes(root: int) -> dict[int, int]:
+    """RANK -> pid of the rank processes under `root` (torchrun's workers)."""
+    ranks = {}
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        if b"RANK" in environ and b"TORCHELASTIC_RUN_ID" in environ:
+            ranks[int(environ[b"RANK"])] = pid
     return ranks
 
 

@@ -12,27 +12,11 @@ import time
 
 import pytest
 
-from h2.launch.launcher import JOB_FOLDER_PREFIX, remove_stale_job_folders
+from h2.launch.launcher import JOB_FOLDER_PREFIX, descendants, remove_stale_job_folders
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PP2 = os.path.join(REPO_ROOT, "configs", "strategies", "local-tiny-pp2.yaml")
 TRACES = ("Traceback", "frame #", "terminate called")
-
-
-def descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                children.setdefault(int(handle.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-        except OSError:
-            continue
-    found, stack = [], [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
 
 
 def alive(pid: int) -> bool:
