@@ -419,8 +419,9 @@ class Master:
         with self.lock:
             shard = self._shard(request, caller)
             version = int(request["version"])
+            tickets = [push.ticket for push in self.pushes.values()]
             if version != self.state.version:  # it missed a commit (or the master restarted mid-round)
-                return {"reload": self.state.version}
+                return {"reload": self.state.version, "tickets": tickets}
             if shard.alive:
                 self._lose_shard(shard, "registered again while alive (a restarted process replaces it)")
             if shard.control is not None:
@@ -432,7 +433,7 @@ class Master:
             self.events.write("shard", f"shard {shard.index} {'re' if was_lost else ''}registered at version {version}",
                               shard=shard.index, version=version, rejoin=was_lost)
             self.changed.notify_all()
-        return {"version": self.state.version}
+        return {"version": self.state.version, "tickets": tickets}
 
     def _shard_beat(self, request: dict, caller: str) -> dict:
         with self.lock:

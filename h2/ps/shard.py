@@ -12,7 +12,9 @@ snapshot; `Commit` makes it current, `Abort` forgets it. The previous version st
 Only the master drives a shard (its control calls are signed under this shard's key, h2.ps.auth), and
 only the run's clusters reach its data flow (CURVE: the public keys the master's plan lists). A push is
 staged only under a ticket the master announced for the pushing cluster; at most `max_tickets` tickets
-are staged at once, and one that was announced but not completed within `ticket_ttl_s` is dropped.
+are staged at once, one that was announced but not completed within `ticket_ttl_s` is dropped, and
+when the shard registers (again) it drops every ticket the master does not list (a restarted master
+issued none of them).
 """
 
 from __future__ import annotations
@@ -135,6 +137,12 @@ class ShardState:
                 raise Rejected(f"shard {self.index}: {len(self.staged)} push tickets are staged already "
                                f"(at most {self.max_tickets})")
             self.staged[ticket], self.owners[ticket] = {}, (owner, now)
+
+    def keep_only(self, tickets: set[int]) -> None:
+        """Drop every staged ticket the master no longer knows (a restarted master issued none of them)."""
+        with self.lock:
+            for ticket in [t for t in self.staged if t not in tickets]:
+                self._drop(ticket)
 
     def _drop(self, ticket: int) -> None:
         self.staged.pop(ticket, None)
@@ -259,6 +267,7 @@ class ShardServer:
             reply = self.master.call_until("RegisterShard", give_up_s=120, index=self.index,
                                            control=f"{self.host}:{self.control_port}",
                                            data=f"tcp://{self.host}:{self.data.port}", version=self.state.version)
+            self.state.keep_only({int(t) for t in reply["tickets"]})
             if "reload" not in reply:
                 return
             log(
