@@ -21,24 +21,9 @@ from h2.core.model_config import load_model_config
 from h2.core.training import TrainConfig
 from h2.model.transformer import Transformer
 from h2.train.trainer import Trainer
+from hf_configs import LLAMA_32_SAVED as LLAMA_32
+from hf_configs import QWEN2_SAVED as QWEN2
 
-LLAMA_32 = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "rope_scaling": {
-        "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16
-    }, "tie_word_embeddings": True, "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 128000,
-    "eos_token_id": 128001, "transformers_version": "4.45.0", "use_cache": True, "attention_bias": False,
-    "mlp_bias": False, "pretraining_tp": 1, "initializer_range": 0.02
-}
-QWEN2 = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 256, "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
-    "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 2, "hidden_act": "silu",
-    "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645, "attention_dropout": 0.0
-}
 FAMILIES = {"llama-3.2": LLAMA_32, "qwen2": QWEN2}
 
 
