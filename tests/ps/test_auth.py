@@ -30,7 +30,7 @@ from h2.ps import wire
 from h2.ps.client import ClusterClient
 from h2.ps.datapath import DataFlowError
 from h2.ps.rpc import Control, Rejected
-from ps_harness import running_ps
+from ps_harness import data_frames, running_ps
 
 try:  # a credential of another run: signed, but under a key this run never issued
     from h2.ps.auth import Signer
@@ -65,18 +65,7 @@ def stranger_call(address: str, method: str, request: dict, kind: str = "no cred
 def stranger_frames(address: str, frames: list, curve: tuple[bytes, bytes, bytes] | None = None,
                     timeout_ms: int = 2000):
     """Send frames to a shard's data port; its answer (header, payload), or None if none came."""
-    socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    if curve is not None:
-        socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = curve
-    socket.connect(address)
-    try:
-        socket.send_multipart(frames)
-        if not socket.poll(timeout_ms):
-            return None
-        return wire.parse(socket.recv_multipart(), max_payload=1 << 30)
-    finally:
-        socket.close()
+    return data_frames(address, frames, curve, timeout_ms)
 
 
 def events(out) -> list[dict]:
