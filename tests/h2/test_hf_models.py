@@ -23,16 +23,9 @@ from h2.model.transformer import Transformer
 from h2.train.trainer import Trainer
 from hf_configs import LLAMA_32_SAVED as LLAMA_32
 from hf_configs import QWEN2_SAVED as QWEN2
+from hf_configs import transformers_model, write_config
 
 FAMILIES = {"llama-3.2": LLAMA_32, "qwen2": QWEN2}
-
-
-def write_config(folder, data: dict) -> str:
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "config.json")
-    with open(path, "w") as handle:
-        json.dump(data, handle)
-    return path
 
 
 def hf_logits(folder: str, tokens: torch.Tensor) -> torch.Tensor:
@@ -106,14 +99,7 @@ def test_init_from_an_export_then_no_step_keeps_the_logits(trained, tmp_path):
 
 def test_init_from_a_sharded_folder_written_by_transformers_itself_computes_its_logits(tmp_path):
     folder = str(tmp_path / "hf")
-    write_config(folder, QWEN2)
-    torch.manual_seed(3)
-    reference = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(folder),
-                                                              dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in reference.named_parameters():
-            if name.endswith("bias"):
-                param.normal_()  # transformers initialises biases to zero: make them count
+    reference = transformers_model(folder, QWEN2, seed=3, bias_std=1.0)
     reference.save_pretrained(folder, max_shard_size="100KB")
     assert os.path.exists(os.path.join(folder, "model.safetensors.index.json"))
     config = TrainConfig(steps=1, seq_len=32, init_from=folder)

@@ -5,7 +5,6 @@ of H2's own forward (1e-5), and equals the other export (1e-5)."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -21,7 +20,7 @@ from h2.model.transformer import Transformer
 from h2.train import TrainConfig, Trainer
 from h2.train.checkpoint import CheckpointDir
 from heteropp_launch import max_relative_loss_difference, run_pipeline
-from hf_configs import LLAMA_32, QWEN2
+from hf_configs import LLAMA_32, QWEN2, transformers_model
 
 pytestmark = pytest.mark.slow
 
@@ -30,17 +29,7 @@ STEPS = 20
 
 def hf_folder(folder: str, data: dict) -> str:
     """A model folder saved by transformers from its own random initialisation (biases made non-zero)."""
-    os.makedirs(folder)
-    with open(os.path.join(folder, "config.json"), "w") as handle:
-        json.dump(data, handle)
-    torch.manual_seed(11)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(folder),
-                                                          dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.normal_(std=0.02)
-    model.save_pretrained(folder)
+    transformers_model(folder, data, seed=11, bias_std=0.02).save_pretrained(folder)
     return folder
 
 
