@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
+import torch
 import zmq
 
 from h2.core.dips import ClusterSpec, DipsConfig, OuterOptions, check_dips_config
+from h2.core.model_config import preset
 from h2.core.training import TrainConfig
+from h2.model.transformer import Transformer
 from h2.ps import wire
 from h2.ps.auth import MASTER, SECRET_ENV, Credential, load_secret_file, shard_name, write_run_secrets
+from h2.ps.client import ClusterClient
 from h2.ps.master import Master
 from h2.ps.rpc import Control
 from h2.ps.shard import ShardServer
@@ -71,4 +76,28 @@ def data_frames(address: str, frames: list, curve: tuple[bytes, bytes, bytes] | 
         socket.close()
 
 
-__all__ = ["running_ps", "credential_of", "control_as", "data_frames", "OuterOptions"]
+def model_tensors() -> dict[str, torch.Tensor]:
+    """The tiny model's parameters as seed 0 initialises them (what a cluster holds before it trains)."""
+    torch.manual_seed(0)
+    return {name: param.detach().clone() for name, param in Transformer(preset("tiny")).named_parameters()}
+
+
+def sync_together(clients: dict[str, ClusterClient], tensors: dict[str, dict], tokens: int) -> dict:
+    """Every client's sync of its tensors (claiming `tokens`, loss 3.0) at once, one thread each; their
+    results by cluster; the clients are closed after."""
+    results = {}
+    threads = [
+        threading.Thread(
+            target=lambda cid=cid: results.__setitem__(cid, clients[cid].sync(tensors[cid], tokens=tokens, loss=3.0)))
+        for cid in clients
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for client in clients.values():
+        client.close()
+    return results
+
+
+__all__ = ["running_ps", "credential_of", "control_as", "data_frames", "model_tensors", "sync_together", "OuterOptions"]
