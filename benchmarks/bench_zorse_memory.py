@@ -18,48 +18,18 @@ throughput at its largest interleaving, on 16 real A100s or A10Gs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
-import sys
 
 import yaml
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from strategy_runs import REPO_ROOT, load, train_strategy
+
 VARIANTS = (("gpipe, 1 ministage (baseline: PP + ZeRO-2)", "gpipe", 1, []),
             ("1f1b, 1 ministage (H2's schedule)", "1f1b", 1,
              []), ("gpipe, 2 ministages, parameters offloaded",
                    "gpipe", 2, ["parameters"]), ("gpipe, 4 ministages, parameters offloaded", "gpipe", 4, [
                        "parameters"
                    ]), ("gpipe, 4 ministages, parameters + activations", "gpipe", 4, ["parameters", "activations"]))
-
-
-def load() -> str:
-    with open("/proc/loadavg") as handle:
-        return "load average " + " ".join(handle.read().split()[:3])
-
-
-def train(cluster: str, strategy: dict, out: str, steps: int) -> dict:
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "strategy.yaml")
-    with open(path, "w") as handle:
-        yaml.safe_dump(strategy, handle, sort_keys=False)
-    run = subprocess.run([
-        sys.executable, "-m", "h2.cli.main", "train", "--strategy", path, "--cluster", cluster, "--steps",
-        str(steps), "--out", out, "--overwrite", "--log-every",
-        str(steps)
-    ], cwd=REPO_ROOT, text=True, capture_output=True)
-    if run.returncode != 0:
-        sys.exit(f"bench_zorse_memory: h2 train failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
-    with open(os.path.join(out, "stage_report.json")) as handle:
-        report = json.load(handle)
-    return {
-        "peak_bytes": max(row["peak_allocated_bytes"] for row in report),
-        "step_s": statistics.median(r["step_time_s"] for r in records[1:] or records), "loss": records[-1]["loss"]
-    }
 
 
 def main() -> None:
@@ -75,12 +45,14 @@ def main() -> None:
     rows = []
     for index, (name, schedule, ministages, offload) in enumerate(VARIANTS):
         strategy = {**base, "schedule": schedule, "ministages": ministages, "offload": offload}
-        rows.append((name, train(args.cluster, strategy, os.path.join(args.out, f"variant-{index}"), args.steps)))
+        rows.append((name,
+                     train_strategy("bench_zorse_memory", strategy, os.path.join(args.out, f"variant-{index}"),
+                                    args.steps, ["--cluster", args.cluster])))
     baseline = rows[0][1]
     print(f"{'variant':<48}{'peak MB':>9}{'x base':>8}{'step s':>9}{'x base':>8}{'loss':>9}")
     for name, result in rows:
-        print(f"{name:<48}{result['peak_bytes'] / 1e6:>9.2f}{result['peak_bytes'] / baseline['peak_bytes']:>8.2f}"
-              f"{result['step_s']:>9.3f}{result['step_s'] / baseline['step_s']:>8.2f}{result['loss']:>9.4f}")
+        print(f"{name:<48}{result.peak_bytes / 1e6:>9.2f}{result.peak_bytes / baseline.peak_bytes:>8.2f}"
+              f"{result.step_s:>9.3f}{result.step_s / baseline.step_s:>8.2f}{result.loss:>9.4f}")
     print("(emulated chips: peak = largest torch.dipu.max_memory_allocated over the group's ranks)")
     print(f"after: {load()}")
 

@@ -20,23 +20,13 @@ backward.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
-import sys
 
-import yaml
+from strategy_runs import load, train_strategy, write_yaml
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = (("no offload", [], []), ("parameters offloaded, synchronous copies", ["parameters"], [
     "--no-offload-prefetch"
 ]), ("parameters offloaded, next ministage prefetched", ["parameters"], []))
-
-
-def load() -> str:
-    with open("/proc/loadavg") as handle:
-        return "load average " + " ".join(handle.read().split()[:3])
 
 
 def profile(host_link_gbps: float, relative_speed: float) -> dict:
@@ -54,32 +44,6 @@ def strategy(offload: list[str]) -> dict:
     }
 
 
-def write_yaml(path: str, data: dict) -> str:
-    with open(path, "w") as handle:
-        yaml.safe_dump(data, handle, sort_keys=False)
-    return path
-
-
-def train(out: str, offload: list[str], flags: list[str], profile_path: str, steps: int, scope: str) -> dict:
-    os.makedirs(out, exist_ok=True)
-    run = subprocess.run([
-        sys.executable, "-m", "h2.cli.main", "train", "--strategy",
-        write_yaml(os.path.join(out, "strategy.yaml"), strategy(offload)), "--device", "dipu", "--steps",
-        str(steps), "--out", out, "--overwrite", "--log-every",
-        str(steps), "--grad-clip-scope", scope, *flags
-    ], cwd=REPO_ROOT, text=True, capture_output=True, env={**os.environ, "DIPU_HOST_PROFILE": profile_path})
-    if run.returncode != 0:
-        sys.exit(f"bench_zorse_offload: h2 train failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
-    with open(os.path.join(out, "stage_report.json")) as handle:
-        report = json.load(handle)
-    return {
-        "step_s": statistics.median(r["step_time_s"] for r in records[1:] or records), "loss": records[-1]["loss"],
-        "peak_bytes": report[0]["peak_allocated_bytes"], "steps": [round(r["step_time_s"], 3) for r in records]
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5)
@@ -93,13 +57,14 @@ def main() -> None:
                               profile(args.host_link_gbps, args.relative_speed))
     print(f"before: {load()}")
     rows = [(name,
-             train(os.path.join(args.out, f"variant-{i}"), offload, flags, profile_path, args.steps,
-                   args.grad_clip_scope)) for i, (name, offload, flags) in enumerate(VARIANTS)]
+             train_strategy("bench_zorse_offload", strategy(offload), os.path.join(args.out, f"variant-{i}"),
+                            args.steps, ["--device", "dipu", "--grad-clip-scope", args.grad_clip_scope, *flags],
+                            {"DIPU_HOST_PROFILE": profile_path})) for i, (name, offload, flags) in enumerate(VARIANTS)]
     baseline = rows[0][1]
     print(f"{'variant':<50}{'step s':>8}{'x none':>8}{'peak MB':>9}{'loss':>9}  steps")
     for name, result in rows:
-        print(f"{name:<50}{result['step_s']:>8.3f}{result['step_s'] / baseline['step_s']:>8.2f}"
-              f"{result['peak_bytes'] / 1e6:>9.2f}{result['loss']:>9.4f}  {result['steps']}")
+        print(f"{name:<50}{result.step_s:>8.3f}{result.step_s / baseline.step_s:>8.2f}"
+              f"{result.peak_bytes / 1e6:>9.2f}{result.loss:>9.4f}  {result.step_times}")
     print(f"(step: median after the first; host link {args.host_link_gbps} GB/s, relative speed "
           f"{args.relative_speed}, grad clip scope {args.grad_clip_scope})")
     print(f"after: {load()}")

@@ -16,23 +16,12 @@ ratio, the bytes ZeRO's arithmetic expects (ZeRO-1: P gradients + P for the all-
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-
-import yaml
 
 from h2.core.strategy import strategy_from_mapping
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from strategy_runs import load, train_strategy, write_yaml
 
 CHIP = "emu-zero"
-
-
-def load() -> str:
-    with open("/proc/loadavg") as handle:
-        return "load average " + " ".join(handle.read().split()[:3])
 
 
 def cluster(size: int) -> dict:
@@ -54,29 +43,12 @@ def strategy(size: int, sharding: str) -> dict:
     }
 
 
-def write_yaml(path: str, data: dict) -> str:
-    with open(path, "w") as handle:
-        yaml.safe_dump(data, handle, sort_keys=False)
-    return path
-
-
 def peak_bytes(size: int, sharding: str, out: str, steps: int) -> tuple[int, float]:
     """(the stage's peak device bytes, the last loss) of one run."""
     os.makedirs(out, exist_ok=True)
-    run = subprocess.run([
-        sys.executable, "-m", "h2.cli.main", "train", "--strategy",
-        write_yaml(os.path.join(out, "strategy.yaml"), strategy(size, sharding)), "--cluster",
-        write_yaml(os.path.join(out, "cluster.yaml"), cluster(size)), "--steps",
-        str(steps), "--out", out, "--overwrite", "--log-every",
-        str(steps)
-    ], cwd=REPO_ROOT, text=True, capture_output=True)
-    if run.returncode != 0:
-        sys.exit(f"bench_zorse_zero2: h2 train failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
-    with open(os.path.join(out, "stage_report.json")) as handle:
-        report = json.load(handle)
-    with open(os.path.join(out, "metrics.jsonl")) as handle:
-        loss = [json.loads(line) for line in handle if line.strip()][-1]["loss"]
-    return report[0]["peak_allocated_bytes"], loss
+    cluster_path = write_yaml(os.path.join(out, "cluster.yaml"), cluster(size))
+    run = train_strategy("bench_zorse_zero2", strategy(size, sharding), out, steps, ["--cluster", cluster_path])
+    return run.peak_bytes, run.loss
 
 
 def main() -> None:

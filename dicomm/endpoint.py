@@ -16,6 +16,24 @@ TUNING_OPTIONS = ("tcp_chunk_bytes", "tcp_socket_buffer_bytes", "tcp_congestion"
                   "bind_address", "advertise_address", "spin_wait_us", "hello_timeout_s", "unexpected_bytes_per_peer")
 
 
+def check_options(options: _core.Options) -> None:
+    """Refuse, before the engine starts, options the engine would take but cannot work with: the C++
+    checks (`Options.validate`), then a message size limit below one byte (DICOMM_MAX_MESSAGE_BYTES=0
+    made every receiver refuse every message). ValueError, one line naming the setting."""
+    options.validate()
+    if options.max_message_bytes < 1:
+        raise ValueError(f"DICOMM_MAX_MESSAGE_BYTES (max_message_bytes) must be at least 1, got "
+                         f"{options.max_message_bytes}: every peer would refuse every message")
+
+
+def environment_options() -> _core.Options:
+    """DiComm's options from the DICOMM_* environment, checked (`check_options`): a value the engine
+    cannot parse or use is a one-line ValueError naming the variable."""
+    options = _core.Options.from_environment()
+    check_options(options)
+    return options
+
+
 class Endpoint:
     """Connects rank ``rank`` of ``world_size`` to all others through ``store``.
 
@@ -88,7 +106,7 @@ class Endpoint:
             if name not in TUNING_OPTIONS:
                 raise TypeError(f"Endpoint() got an unknown option '{name}'")
             setattr(options, name, value)
-        options.validate()
+        check_options(options)
         self._engine = _core.Engine(store, rank, world_size, options)
         self._inflight: collections.deque = collections.deque()
         self._prune_at = 1024

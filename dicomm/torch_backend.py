@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from dicomm import _dicomm_c10d
+from dicomm.endpoint import environment_options
 from h2.core import devices
 from h2.core.links import Link
 
@@ -55,6 +56,7 @@ def _create_backend(common, options: GroupOptions | None):
             link = options.links.get(global_rank)
             if link is not None and group_rank != common.group_rank:
                 peer_links[group_rank] = (link.bytes_per_s, link.latency_s)
+    environment_options()  # the C++ backend reads the DICOMM_* environment itself: refused here in one line
     device_memory = _group_device_memory(common.store, common.group_rank, common.group_size)
     return _dicomm_c10d.create_backend(common.store, common.group_rank, common.group_size,
                                        common.timeout.total_seconds(), peer_links, device_memory)

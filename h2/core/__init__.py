@@ -8,7 +8,9 @@ cluster: its nodes, the link between two ranks, the arrival rule of link emulati
 trust rule and the host vendor's settings of emulated chips), strategy (the strategy file), schedule
 (the pipeline schedule IR), training (the job's
 configs), devices (device names, which collective backend serves a device type), ranks (one function
-run as N local processes: the launcher of the multi-process tests and benchmarks).
+run as N local processes: the launcher of the multi-process tests and benchmarks), files (atomic
+writes, a file's SHA-256 beside it, errno text: checkpoints and Di-PS snapshots share them), scratch
+(TMPDIR folders that name their owner process; the next start removes those of dead owners).
 
 Imports nothing from the project outside h2.core and never torch at module level (the planner runs
 without torch); functions that need torch import it themselves.

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 
 from h2.core.chip_type import ChipType, check_range
-from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.config_io import check_path_name, dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
 from h2.core.placement import (
     LinkSection,
@@ -36,17 +36,6 @@ __all__ = [
 _SUFFIXES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 MAX_COUNT = 1 << 50  # no batch, token or chip count of a plan comes near it
-
-_PATH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
-
-
-def check_path_name(name: str, where: str) -> str:
-    """A name that becomes a file or folder name (the profile cache's profiles/<cluster>/<chip>.yaml):
-    letters, digits, '.', '_', '+', '-', not starting with '.' or '-' (no '/', no '..')."""
-    if not _PATH_NAME.fullmatch(name):
-        raise UserError(f"{where} must be 1-100 letters, digits, '.', '_', '+' or '-' starting with a letter or "
-                        f"digit (it names files), got {name!r}")
-    return name
 
 
 def parse_count(text: str | int, what: str) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import stat
 import types
 import typing
@@ -52,6 +53,18 @@ class _StrictLoader(yaml.SafeLoader):
                     raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
                 seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+_PATH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def check_path_name(name: str, where: str) -> str:
+    """A name that becomes a file or folder name (the profile cache's profiles/<cluster>/<model>/<chip>.yaml):
+    letters, digits, '.', '_', '+', '-', not starting with '.' or '-' (no '/', no '..')."""
+    if not isinstance(name, str) or not _PATH_NAME.fullmatch(name):
+        raise UserError(f"{where} must be 1-100 letters, digits, '.', '_', '+' or '-' starting with a letter or "
+                        f"digit (it names files), got {name!r}")
+    return name
 
 
 def _read_text(path: str) -> str:

@@ -17,7 +17,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.config_io import check_path_name, dataclass_from_mapping, load_yaml_mapping
 from h2.core.errors import UserError
 from h2.core.hf_config import hf_config_of, is_hf_config_path, model_fields_from_hf, read_hf_config
 
@@ -49,6 +49,7 @@ class ModelConfig:
         self.validate()
 
     def validate(self, source: str = "model") -> None:
+        check_path_name(self.name, f"{source}: field 'name'")  # the profile cache's profiles/<cluster>/<model>/
         largest = {
             "vocab_size": 1 << 24, "hidden_size": 1 << 20, "num_layers": 1 << 14, "num_heads": 1 << 16,
             "num_kv_heads": 1 << 16, "intermediate_size": 1 << 24, "max_seq_len": 1 << 24

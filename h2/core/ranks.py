@@ -29,6 +29,9 @@ Start methods:
   before the target is loaded, but after `preload` was imported by the server; the preload list
   counts only where this process starts its first forkserver.
 
+The job's folder (`h2-ranks-*`) and multiprocessing's (`pymp-*`, the forkserver's socket) name
+their owner; a job's start removes those a process killed with SIGKILL left (h2.core.scratch).
+
 Pure Python: imports nothing from the project outside h2.core, and never torch.
 """
 
@@ -43,16 +46,21 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from h2.core import scratch
+
 MASTER_ADDR = "127.0.0.1"
 DEFAULT_TIMEOUT_S = 120.0
 START_METHODS = ("spawn", "forkserver")
 TAIL_LINES = 30
+RANKS_FOLDER_PREFIX = "h2-ranks-"  # a job's spec, its ranks' logs and results
+# Left in TMPDIR by a process killed with SIGKILL: a job's folder, and multiprocessing's folder of the
+# forkserver's socket (pymp-*). A job's start removes those whose owner is gone (h2.core.scratch).
+STALE_RANK_FOLDERS = (RANKS_FOLDER_PREFIX, "pymp-")
 
 Env = Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None
 
@@ -114,7 +122,8 @@ class RankJob:
         self.start_method = start_method
         self.description = target if isinstance(target, str) else f"{target.__module__}.{target.__qualname__}"
         reference = _reference(target)
-        self.directory = tempfile.mkdtemp(prefix="h2-ranks-")
+        scratch.remove_stale(STALE_RANK_FOLDERS)
+        self.directory = scratch.owned_folder(RANKS_FOLDER_PREFIX)
         spec = {
             "target": reference, "arguments": pickle.dumps((tuple(args), dict(kwargs or {}))),
             "sys_path": list(sys.path), "directory": self.directory
@@ -152,6 +161,7 @@ class RankJob:
                     subprocess.Popen([sys.executable, "-c", boot, self._spec_path,
                                       str(rank)], env=environment, stdin=subprocess.DEVNULL, stdout=out, stderr=err))
         import multiprocessing
+        import multiprocessing.util
 
         context = multiprocessing.get_context("forkserver")
         if preload:
@@ -160,6 +170,7 @@ class RankJob:
             target=_forkserved, name=f"rank{rank}", args=(self._spec_path, rank, environment, self._log(rank, "out"),
                                                           self._log(rank, "err")))
         process.start()
+        scratch.mark_owner(multiprocessing.util.get_temp_dir())  # the forkserver's socket folder, pymp-*
         return _Process(process)
 
     # ---- one rank ------------------------------------------------------------------------

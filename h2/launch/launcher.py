@@ -16,19 +16,19 @@ applies (P2P for gloo, DiComm's shaping layer), and one line says so.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+from h2.core import scratch
 from h2.core.cluster import ClusterSpec
 from h2.core.errors import UserError
 from h2.core.links import Location, link_between, nodes_of, rank_locations
+from h2.core.ranks import STALE_RANK_FOLDERS
 from h2.core.strategy import Strategy
 from h2.launch import netns
 from h2.launch.contract import FAILURES_PREFIX, KERNEL_SHAPED_ENV, job_finished, rank_names
@@ -37,7 +37,6 @@ from h2.launch.exit_watch import ExitWatch, Stall
 RENDEZVOUS_PORT = 29500
 _STOP_GRACE_S = 10.0
 JOB_FOLDER_PREFIX = "h2-job-"
-_OWNER_FILE = "owner.json"
 # How long the job's torchrun may take to stop its ranks after the launcher was stopped (torchrun
 # gives its ranks 30 s after a SIGTERM before it kills them).
 _JOB_STOP_GRACE_S = 45.0
@@ -374,9 +373,7 @@ def job_folder():
     it ends: SIGTERM and SIGHUP raise `Stopped` meanwhile (the launcher stops its torchrun, then the
     folder goes), and a folder whose launcher was SIGKILLed is removed by the next launcher's start."""
     remove_stale_job_folders()
-    folder = tempfile.mkdtemp(prefix=JOB_FOLDER_PREFIX)
-    with open(os.path.join(folder, _OWNER_FILE), "w", encoding="utf-8") as handle:
-        json.dump({"pid": os.getpid(), "started": _start_time(os.getpid())}, handle)
+    folder = scratch.owned_folder(JOB_FOLDER_PREFIX)
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {signum: signal.signal(signum, _raise_stopped) for signum in (signal.SIGTERM, signal.SIGHUP)}
@@ -388,46 +385,8 @@ def job_folder():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _start_time(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot), None if there is no such process: a pid
-    that names another process since (reused) has another start time."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _launcher_alive(pid: int, started: int | None) -> bool:
-    if started is None:  # recorded without /proc: only whether the pid exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return _start_time(pid) == started
-
-
 def remove_stale_job_folders(root: str | None = None) -> list[str]:
     """Remove the job folders in `root` (TMPDIR) whose launcher is gone (killed before it could remove
-    its own); returns them. A folder without an owner record is left alone."""
-    root = root or tempfile.gettempdir()
-    removed = []
-    try:
-        names = [name for name in os.listdir(root) if name.startswith(JOB_FOLDER_PREFIX)]
-    except OSError:
-        return removed
-    for name in names:
-        folder = os.path.join(root, name)
-        try:
-            with open(os.path.join(folder, _OWNER_FILE), encoding="utf-8") as handle:
-                owner = json.load(handle)
-            alive = _launcher_alive(int(owner["pid"]), owner["started"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if not alive:
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
+    its own), and the rank jobs' folders of processes that are gone likewise; returns them. A folder
+    without an owner record is left alone."""
+    return scratch.remove_stale((JOB_FOLDER_PREFIX, *STALE_RANK_FOLDERS), root)

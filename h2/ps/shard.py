@@ -19,6 +19,7 @@ issued none of them).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -29,7 +30,8 @@ import numpy as np
 import torch
 
 from h2.core.dips import OuterOptions
-from h2.core.errors import UserError
+from h2.core.errors import RunFailed, UserError, one_line
+from h2.core.files import DIGEST_SUFFIX, check_digested, remove_quietly, write_digested
 from h2.core.model_config import resolve_model
 from h2.model.transformer import Transformer
 from h2.ps import outer
@@ -38,7 +40,8 @@ from h2.ps.datapath import CurveServer, LayerServer, Refused
 from h2.ps.layout import Layer, flatten, model_layers
 from h2.ps.rpc import Control, Rejected, Unreachable, serve, wait_until_stopped
 
-_SNAPSHOT = re.compile(r"^v(\d+)\.pt$")
+_SNAPSHOT = re.compile(r"^v(\d+)\.safetensors$")
+SNAPSHOT_FORMAT = "h2-ps-snapshot-1"
 KEEP_SNAPSHOTS = 3
 
 
@@ -69,7 +72,7 @@ class ShardState:
 
     # ---- versions on disk -----------------------------------------------------------------------
     def snapshot_path(self, version: int) -> str:
-        return os.path.join(self.snapshot_dir, f"v{version:06d}.pt")
+        return os.path.join(self.snapshot_dir, f"v{version:06d}.safetensors")
 
     def snapshots(self) -> list[int]:
         return sorted(int(m.group(1)) for name in os.listdir(self.snapshot_dir) if (m := _SNAPSHOT.match(name)))
@@ -77,29 +80,71 @@ class ShardState:
     def start(self, version: int, model_name: str, seed: int) -> None:
         """Load snapshot `version`, or build version 0 from the run's seed."""
         if version in self.snapshots():
-            saved = torch.load(self.snapshot_path(version), weights_only=True)
-            self.params = {name: saved["params"][name] for name in self.layers}
-            self.momentum = {name: saved["momentum"].get(name) for name in self.layers}
+            self.params, self.momentum = self._read(version)
         elif version == 0:
             torch.manual_seed(seed)
             tensors = dict(Transformer(resolve_model(model_name)).named_parameters())
             self.params = {name: flatten(layer, tensors) for name, layer in self.layers.items()}
             self._write(0, self.params, self.momentum)
+        elif os.path.exists(old := os.path.join(self.snapshot_dir, f"v{version:06d}.pt")):
+            raise UserError(f"{old}: a snapshot of an earlier H2 (a pickled .pt file), not loaded: H2 no longer "
+                            f"unpickles snapshots (continue this run with the H2 that wrote it, or start over)")
         else:
             raise UserError(f"{self.snapshot_dir}: no snapshot of version {version} (have {self.snapshots()})")
         self.version = version
 
-    def _write(self, version: int, params: dict, momentum: dict) -> None:
+    def _read(self, version: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor | None]]:
+        """Snapshot `version`'s parameters and momentum, checked against its SHA-256 before it is read;
+        UserError naming the file when it is damaged or not this shard's."""
+        from safetensors import safe_open
+
         path = self.snapshot_path(version)
-        temporary = f"{path}.tmp{os.getpid()}"
-        torch.save(
-            {"version": version, "params": params, "momentum": {k: v for k, v in momentum.items() if v is not None}},
-            temporary)
-        with open(temporary, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
+        check_digested(path)
+        try:
+            with safe_open(path, framework="pt", device="cpu") as handle:
+                meta = json.loads((handle.metadata() or {}).get("h2", "null"))
+                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        except Exception as error:  # safetensors' own errors: named in one line, not a traceback
+            raise UserError(f"{path}: unreadable snapshot ({type(error).__name__}: {one_line(error)})") from None
+        if not isinstance(meta, dict) or meta.get("format") != SNAPSHOT_FORMAT or meta.get("version") != version:
+            raise UserError(f"{path}: not an H2 snapshot of version {version} (its metadata has no 'h2' of format "
+                            f"{SNAPSHOT_FORMAT!r} and that version)")
+        for name, layer in self.layers.items():
+            held = tensors.get(f"params/{name}")
+            if held is None or held.numel() != layer.numel:
+                raise UserError(f"{path}: holds no layer {name} of {layer.numel} values (another shard's or model's)")
+        return ({name: tensors[f"params/{name}"]
+                 for name in self.layers}, {name: tensors.get(f"momentum/{name}") for name in self.layers})
+
+    def _write(self, version: int, params: dict, momentum: dict) -> None:
+        """Snapshot `version` (safetensors, its SHA-256 beside it), then drop all but the newest
+        KEEP_SNAPSHOTS. A failed write (disk full, I/O error) is a RunFailed naming the file and the
+        errno; it leaves no part of `version` and the snapshots before it untouched."""
+        from safetensors.torch import save
+
+        tensors = {f"params/{name}": tensor.contiguous() for name, tensor in params.items()}
+        tensors.update({
+            f"momentum/{name}": tensor.contiguous() for name, tensor in momentum.items() if tensor is not None
+        })
+        meta = {"format": SNAPSHOT_FORMAT, "version": version, "shard": self.index}
+        data = save(tensors, metadata={"h2": json.dumps(meta)})
+        try:
+            write_digested(self.snapshot_path(version), data)
+        except RunFailed as error:
+            self._remove(version)
+            raise RunFailed(f"shard {self.index}: {error}; {self._previous(version)}") from None
         for old in self.snapshots()[:-KEEP_SNAPSHOTS]:
-            os.remove(self.snapshot_path(old))
+            self._remove(old)
+
+    def _previous(self, version: int) -> str:
+        earlier = [held for held in self.snapshots() if held < version]
+        return (f"the previous snapshot {self.snapshot_path(earlier[-1])} is intact"
+                if earlier else "no earlier snapshot was written")
+
+    def _remove(self, version: int) -> None:
+        path = self.snapshot_path(version)
+        remove_quietly(path)
+        remove_quietly(path + DIGEST_SUFFIX)
 
     # ---- data flow ------------------------------------------------------------------------------
     def on_push(self, ticket: int, layer: str, payload: memoryview, sender: str) -> None:
@@ -193,7 +238,11 @@ class ShardState:
         new_params = {name: result[0] for name, result in results.items()}
         new_momentum = {name: result[1] for name, result in results.items()}
         version = self.version + 1
-        self._write(version, new_params, new_momentum)
+        try:
+            self._write(version, new_params, new_momentum)
+        except RunFailed as error:  # the round is skipped; this shard stays at its version
+            log(self.index, str(error))
+            raise Rejected(str(error)) from None
         with self.lock:
             self.prepared = {"round": round_id, "version": version, "params": new_params, "momentum": new_momentum}
         return version
@@ -215,10 +264,9 @@ class ShardState:
             for ticket in tickets:
                 self._drop(ticket)
             if round_id is not None and self.prepared is not None and self.prepared["round"] == round_id:
-                path = self.snapshot_path(self.prepared["version"])
+                version = self.prepared["version"]
                 self.prepared = None
-                if os.path.exists(path):
-                    os.remove(path)
+                self._remove(version)
 
 
 class ShardServer:

@@ -34,7 +34,6 @@ sizes).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -48,57 +47,25 @@ import numpy as np
 import torch
 
 from h2.core.errors import RunFailed, UserError, one_line
+from h2.core.files import (
+    DIGEST_SUFFIX,
+    atomic_write,
+    file_digest,
+    os_error_text,
+    read_digest_record,
+    remove_quietly,
+    write_digested,
+)
 from heteropp.stage_parameters import shard_of, whole_of
 
 FORMAT = "h2-checkpoint-2"
 # Formats this H2 wrote before, with why it no longer loads them.
 OLD_FORMATS = {"h2-checkpoint-1": "its shards are pickled .pt files, which H2 no longer unpickles"}
 MANIFEST = "manifest.json"
-DIGEST_SUFFIX = ".sha256"  # beside each shard until the commit: its size and SHA-256, as its rank wrote it
 _STEP_FOLDER = re.compile(r"^step_(\d+)$")
-_READ_CHUNK = 1 << 20
 WRITE_CHUNK = 1 << 24
 # AdamW keeps two tensors per parameter (exp_avg, exp_avg_sq) beside it: a checkpoint holds three copies
 ADAMW_COPIES = 3
-
-
-def os_error_text(error: OSError) -> str:
-    """'No space left on device (ENOSPC)' and the like."""
-    name = errno.errorcode.get(error.errno, str(error.errno)) if error.errno else type(error).__name__
-    return f"{error.strerror or error} ({name})"
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, write) -> None:
-    """Call write(handle) on a temporary file beside `path`, fsync it, then rename over `path`. An
-    OSError (disk full, I/O error) is a RunFailed naming `path` and the errno; the temporary is removed."""
-    directory = os.path.dirname(path) or "."
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_directory(directory)
-    except OSError as error:
-        raise RunFailed(f"cannot write {path}: {os_error_text(error)}") from None
-    finally:
-        _remove_quietly(tmp)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:  # absent (renamed into place), or the disk refuses even that
-        pass
 
 
 def _write_chunk(handle, chunk: memoryview) -> None:
@@ -109,15 +76,6 @@ def _write_all(handle, data: bytes) -> None:
     view = memoryview(data)
     for offset in range(0, len(view), WRITE_CHUNK):
         _write_chunk(handle, view[offset:offset + WRITE_CHUNK])
-
-
-def file_digest(path: str) -> str:
-    """The SHA-256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_READ_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def shard_name(rank: int) -> str:
@@ -455,12 +413,10 @@ class CheckpointDir:
         folder = self.folder(step)
         path = os.path.join(folder, shard_name(rank))
         data = encode_shard(shard, step, rank)
-        digest = json.dumps({"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}).encode() + b"\n"
 
         def write() -> None:
             os.makedirs(folder, exist_ok=True)
-            atomic_write(path, lambda handle: _write_all(handle, data))
-            atomic_write(path + DIGEST_SUFFIX, lambda handle: handle.write(digest))
+            write_digested(path, data, _write_all)
 
         self._writing(step, write)
 
@@ -469,8 +425,7 @@ class CheckpointDir:
         for rank in range(world_size):
             path = os.path.join(folder, shard_name(rank))
             try:
-                with open(path + DIGEST_SUFFIX, encoding="utf-8") as handle:
-                    written = json.load(handle)
+                written = read_digest_record(path)
                 size = os.path.getsize(path)
             except (OSError, ValueError) as error:
                 raise RunFailed(f"cannot commit {folder}: rank {rank}'s shard or its digest is not there "
@@ -498,7 +453,7 @@ class CheckpointDir:
 
         self._writing(step, write)
         for entry in complete["shards"]:
-            _remove_quietly(os.path.join(folder, entry["file"] + DIGEST_SUFFIX))
+            remove_quietly(os.path.join(folder, entry["file"] + DIGEST_SUFFIX))
         done = [s for s in self.steps() if s <= step and os.path.exists(os.path.join(self.folder(s), MANIFEST))]
         incomplete = [s for s in self.steps() if s < step and s not in done]
         for old in [s for s in self.steps() if s > step] + incomplete + done[:-keep]:

@@ -21,7 +21,7 @@ import os
 import sys
 
 from h2.core.errors import RunFailed, UserError
-from h2.train.checkpoint import atomic_write, os_error_text
+from h2.core.files import atomic_write, os_error_text
 
 
 class MetricsLog:

@@ -15,7 +15,7 @@ One run at a time uses a folder: the command lines take its lock first (h2.core.
 
 Everything is decided (and every refusal made) before anything in the folder changes; `prepare()`
 then changes it, on one process only: it first removes the temporaries that killed writers of this
-run left (`<file>.tmp.<pid>` of a process that no longer exists, see h2.train.checkpoint.atomic_write).
+run left (`<file>.tmp.<pid>` of a process that no longer exists, see h2.core.files.atomic_write).
 """
 
 from __future__ import annotations

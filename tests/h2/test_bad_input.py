@@ -58,12 +58,16 @@ def inputs(folder) -> dict[str, str]:
         "no_clusters": dips_run(folder, "no-clusters", clusters=[]),
         "cluster": write(folder / "cluster.yaml", yaml.safe_dump(CLUSTER)),
         "escaping_cluster": write(folder / "escaping.yaml", yaml.safe_dump({**CLUSTER, "name": "../../escaped"})),
+        "escaping_model": write(folder / "escaping-model.yaml", "preset: tiny\nname: ../../escaped\n"),
+        "escaping_cluster_model": write(folder / "escaping-model-cluster.yaml",
+                                        yaml.safe_dump({**CLUSTER, "model": str(folder / "escaping-model.yaml")})),
         "reference": str(reference),
         "out": str(folder / "out"),
     }
 
 
 # (argv with {names} of `inputs`, what the one line must name)
+ESCAPING_MODEL = "escaping-model.yaml: model: field 'name' must be 1-100 letters"  # its name would be a cache path
 TRAIN = [
     (["train", "--micro-batches", "1000000000"], "'micro_batches' out of range"),
     (["train", "--lr", "inf"], "argument --lr: expected a finite number"),
@@ -79,6 +83,7 @@ TRAIN = [
     (["train", "--config", "/proc/self/mem"], "/proc/self/mem: cannot read"),
     (["train", "--config", "{fifo}"], "not a regular file"),
     (["train", "--config", "/dev/zero"], "/dev/zero: not a regular file"),
+    (["train", "--model-config", "{escaping_model}"], ESCAPING_MODEL),
 ]
 PS = [
     (["ps", "master", "--config", DIPS_RUN, "--port", "99999"], "argument --port"),
@@ -110,6 +115,8 @@ RUN_FLAGS = [
 RUN = [(["run", "--cluster", "{cluster}", "--out", "{out}", *flags], expected) for flags, expected in RUN_FLAGS] + [
     (["run", "--cluster", "{cluster}", "--out", "/proc/h2-bad-input/out"], "--out /proc/h2-bad-input/out"),
     (["run", "--cluster", "{escaping_cluster}", "--out", "{out}"], "field 'name' must be"),
+    (["run", "--cluster", "{cluster}", "--model", "{escaping_model}", "--out", "{out}"], ESCAPING_MODEL),
+    (["run", "--cluster", "{escaping_cluster_model}", "--out", "{out}"], ESCAPING_MODEL),
     (["plan", "--cluster", "{cluster}", "--out", "/proc/h2-bad-input/out"], "--out /proc/h2-bad-input/out"),
 ]
 

@@ -21,33 +21,11 @@ from h2.core.model_config import load_model_config
 from h2.core.training import TrainConfig
 from h2.model.transformer import Transformer
 from h2.train.trainer import Trainer
+from hf_configs import LLAMA_32_SAVED as LLAMA_32
+from hf_configs import QWEN2_SAVED as QWEN2
+from hf_configs import transformers_model, write_config
 
-LLAMA_32 = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "rope_scaling": {
-        "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16
-    }, "tie_word_embeddings": True, "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 128000,
-    "eos_token_id": 128001, "transformers_version": "4.45.0", "use_cache": True, "attention_bias": False,
-    "mlp_bias": False, "pretraining_tp": 1, "initializer_range": 0.02
-}
-QWEN2 = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 256, "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
-    "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 2, "hidden_act": "silu",
-    "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645, "attention_dropout": 0.0
-}
 FAMILIES = {"llama-3.2": LLAMA_32, "qwen2": QWEN2}
-
-
-def write_config(folder, data: dict) -> str:
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "config.json")
-    with open(path, "w") as handle:
-        json.dump(data, handle)
-    return path
 
 
 def hf_logits(folder: str, tokens: torch.Tensor) -> torch.Tensor:
@@ -121,14 +99,7 @@ def test_init_from_an_export_then_no_step_keeps_the_logits(trained, tmp_path):
 
 def test_init_from_a_sharded_folder_written_by_transformers_itself_computes_its_logits(tmp_path):
     folder = str(tmp_path / "hf")
-    write_config(folder, QWEN2)
-    torch.manual_seed(3)
-    reference = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(folder),
-                                                              dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in reference.named_parameters():
-            if name.endswith("bias"):
-                param.normal_()  # transformers initialises biases to zero: make them count
+    reference = transformers_model(folder, QWEN2, seed=3, bias_std=1.0)
     reference.save_pretrained(folder, max_shard_size="100KB")
     assert os.path.exists(os.path.join(folder, "model.safetensors.index.json"))
     config = TrainConfig(steps=1, seq_len=32, init_from=folder)

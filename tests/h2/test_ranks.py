@@ -139,3 +139,51 @@ def test_forkserver_ranks_fork_from_a_server_that_imported_the_preload_list(tmp_
 def test_the_harness_imports_no_torch():
     code = "import sys, h2.core.ranks; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def note_pid_and_wait(rank, world_size, marks):
+    with open(os.path.join(marks, f"rank{rank}.pid"), "w") as handle:
+        handle.write(f"{os.getpid()} {os.getppid()}")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(marks, "release")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+KILLED_JOB = """
+import sys
+from h2.core.ranks import run_ranks
+run_ranks(sys.argv[1], 2, args=(sys.argv[2],), start_method="forkserver", timeout=120)
+"""
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_the_folders_of_a_job_killed_with_sigkill_are_removed_at_the_next_jobs_start(tmp_path, monkeypatch):
+    import tempfile
+
+    scratch_root, marks = tmp_path / "tmp", tmp_path / "marks"
+    scratch_root.mkdir()
+    marks.mkdir()
+    (scratch_root / "pymp-of-someone-else").mkdir()  # no owner record: never removed
+    killed = subprocess.Popen(
+        [sys.executable, "-c", KILLED_JOB, f"{os.path.abspath(__file__)}:note_pid_and_wait",
+         str(marks)], env=dict(os.environ, TMPDIR=str(scratch_root)))
+    try:
+        wait_for(lambda: all((marks / f"rank{rank}.pid").exists() for rank in range(2)))
+        killed.kill()
+        killed.wait()
+    finally:
+        (marks / "release").touch()  # the orphaned ranks end, then their forkserver
+    orphans = {int(pid) for rank in range(2) for pid in (marks / f"rank{rank}.pid").read_text().split()}
+    wait_for(lambda: not [pid for pid in orphans if os.path.exists(f"/proc/{pid}")])
+    left = sorted(os.listdir(scratch_root))
+    assert [name for name in left
+            if name.startswith("h2-ranks-")] and len([name for name in left if name.startswith("pymp-")]) == 2, left
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
+    assert run_ranks(report, 1, env={"EXTRA": "x"}, timeout=60)[0]["rank"] == 0
+    assert os.listdir(scratch_root) == ["pymp-of-someone-else"]

@@ -5,7 +5,6 @@ of H2's own forward (1e-5), and equals the other export (1e-5)."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -21,39 +20,16 @@ from h2.model.transformer import Transformer
 from h2.train import TrainConfig, Trainer
 from h2.train.checkpoint import CheckpointDir
 from heteropp_launch import max_relative_loss_difference, run_pipeline
+from hf_configs import LLAMA_32, QWEN2, transformers_model
 
 pytestmark = pytest.mark.slow
 
 STEPS = 20
-LLAMA_32 = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "rope_scaling": {
-        "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16
-    }, "tie_word_embeddings": True, "hidden_act": "silu", "torch_dtype": "float32"
-}
-QWEN2 = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 256, "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
-    "use_sliding_window": False, "hidden_act": "silu", "torch_dtype": "float32"
-}
 
 
 def hf_folder(folder: str, data: dict) -> str:
     """A model folder saved by transformers from its own random initialisation (biases made non-zero)."""
-    os.makedirs(folder)
-    with open(os.path.join(folder, "config.json"), "w") as handle:
-        json.dump(data, handle)
-    torch.manual_seed(11)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(folder),
-                                                          dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.normal_(std=0.02)
-    model.save_pretrained(folder)
+    transformers_model(folder, data, seed=11, bias_std=0.02).save_pretrained(folder)
     return folder
 
 

@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+
+import torch
+import zmq
 
 from h2.core.dips import ClusterSpec, DipsConfig, OuterOptions, check_dips_config
+from h2.core.model_config import preset
 from h2.core.training import TrainConfig
+from h2.model.transformer import Transformer
+from h2.ps import wire
 from h2.ps.auth import MASTER, SECRET_ENV, Credential, load_secret_file, shard_name, write_run_secrets
+from h2.ps.client import ClusterClient
 from h2.ps.master import Master
 from h2.ps.rpc import Control
 from h2.ps.shard import ShardServer
@@ -51,4 +59,45 @@ def control_as(master: Master, participant: str) -> Control:
     return Control(f"127.0.0.1:{master.port}", credential_of(master, participant).signer())
 
 
-__all__ = ["running_ps", "credential_of", "control_as", "OuterOptions"]
+def data_frames(address: str, frames: list, curve: tuple[bytes, bytes, bytes] | None = None, timeout_ms: int = 3000):
+    """Send `frames` to a shard's data port from a raw ZeroMQ socket (`curve`: the server's public key,
+    then the client's public and secret keys; None: no CURVE); its parsed answer, or None if none came."""
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = curve
+    socket.connect(address)
+    try:
+        socket.send_multipart(frames)
+        if not socket.poll(timeout_ms):
+            return None
+        return wire.parse(socket.recv_multipart(), max_payload=1 << 30)
+    finally:
+        socket.close()
+
+
+def model_tensors() -> dict[str, torch.Tensor]:
+    """The tiny model's parameters as seed 0 initialises them (what a cluster holds before it trains)."""
+    torch.manual_seed(0)
+    return {name: param.detach().clone() for name, param in Transformer(preset("tiny")).named_parameters()}
+
+
+def sync_together(clients: dict[str, ClusterClient], tensors: dict[str, dict], tokens: int) -> dict:
+    """Every client's sync of its tensors (claiming `tokens`, loss 3.0) at once, one thread each; their
+    results by cluster; the clients are closed after."""
+    results = {}
+    threads = [
+        threading.Thread(
+            target=lambda cid=cid: results.__setitem__(cid, clients[cid].sync(tensors[cid], tokens=tokens, loss=3.0)))
+        for cid in clients
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for client in clients.values():
+        client.close()
+    return results
+
+
+__all__ = ["running_ps", "credential_of", "control_as", "data_frames", "model_tensors", "sync_together", "OuterOptions"]

@@ -14,7 +14,6 @@ import os
 import secrets
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,12 +24,11 @@ import torch
 import zmq
 
 from h2.core.model_config import preset
-from h2.model.transformer import Transformer
 from h2.ps import wire
 from h2.ps.client import ClusterClient
 from h2.ps.datapath import DataFlowError
 from h2.ps.rpc import Control, Rejected
-from ps_harness import running_ps
+from ps_harness import data_frames, model_tensors, running_ps, sync_together
 
 try:  # a credential of another run: signed, but under a key this run never issued
     from h2.ps.auth import Signer
@@ -65,18 +63,7 @@ def stranger_call(address: str, method: str, request: dict, kind: str = "no cred
 def stranger_frames(address: str, frames: list, curve: tuple[bytes, bytes, bytes] | None = None,
                     timeout_ms: int = 2000):
     """Send frames to a shard's data port; its answer (header, payload), or None if none came."""
-    socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    if curve is not None:
-        socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = curve
-    socket.connect(address)
-    try:
-        socket.send_multipart(frames)
-        if not socket.poll(timeout_ms):
-            return None
-        return wire.parse(socket.recv_multipart(), max_payload=1 << 30)
-    finally:
-        socket.close()
+    return data_frames(address, frames, curve, timeout_ms)
 
 
 def events(out) -> list[dict]:
@@ -91,11 +78,6 @@ def unchanged(before: dict, servers) -> bool:
     after = shard_parameters(servers)
     return all(server.state.version == 0
                for server in servers) and all(torch.equal(before[name], after[name]) for name in before)
-
-
-def model_tensors() -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    return {name: param.detach().clone() for name, param in Transformer(preset("tiny")).named_parameters()}
 
 
 @pytest.fixture
@@ -346,16 +328,5 @@ def test_concurrent_participants_still_train_under_authentication(tmp_path):
     with running_ps(tmp_path, clusters=("c1", "c2"), mode="dips", grace_s=2.0, eval_sequences=0) as (_, _, address):
         clients = {cid: ClusterClient(address, cid, log=lambda _: None) for cid in ("c1", "c2")}
         tensors = {cid: model_tensors() for cid in clients}
-        results = {}
-        threads = [
-            threading.Thread(
-                target=lambda cid=cid: results.__setitem__(cid, clients[cid].sync(tensors[cid], tokens=512, loss=3.0)))
-            for cid in clients
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        for client in clients.values():
-            client.close()
+        results = sync_together(clients, tensors, tokens=512)
     assert {cid: result.status for cid, result in results.items()} == {"c1": "applied", "c2": "applied"}

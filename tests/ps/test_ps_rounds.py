@@ -3,7 +3,6 @@ and the penalty rejecting a NaN push while the other cluster's update proceeds."
 
 import json
 import math
-import threading
 
 import pytest
 import torch
@@ -11,11 +10,10 @@ import torch
 from h2.core.dips import OuterOptions, PSOptions
 from h2.core.model_config import preset
 from h2.core.training import TrainConfig
-from h2.model.transformer import Transformer
 from h2.ps.client import ClusterClient, Outliers
 from h2.train.ps_sync import run_with_ps
 from h2.train.trainer import Trainer
-from ps_harness import running_ps
+from ps_harness import model_tensors, running_ps, sync_together
 
 STEPS = 6
 
@@ -47,11 +45,6 @@ def test_after_an_outer_sgd_step_of_lr_half_the_cluster_holds_the_midpoint_of_gl
         torch.testing.assert_close(param.detach(), (initial[name] + trained[name].detach()) / 2, rtol=0, atol=1e-6)
 
 
-def model_tensors() -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    return {name: param.detach().clone() for name, param in Transformer(preset("tiny")).named_parameters()}
-
-
 def run_round_with_a_nan_push(tmp_path, tokens: int = 512) -> tuple[list[dict], dict, dict]:
     """One dips round of clusters "good" and "bad" (which pushes NaN); the round records, the sync
     results and the tensors each cluster holds afterwards."""
@@ -63,17 +56,7 @@ def run_round_with_a_nan_push(tmp_path, tokens: int = 512) -> tuple[list[dict], 
         tensors = {cid: model_tensors() for cid in clients}
         for value in tensors["good"].values():
             value -= 0.001
-        results = {}
-        threads = [
-            threading.Thread(target=lambda cid=cid: results.__setitem__(
-                cid, clients[cid].sync(tensors[cid], tokens=tokens, loss=3.0))) for cid in clients
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        for client in clients.values():
-            client.close()
+        results = sync_together(clients, tensors, tokens)
     events = [json.loads(line) for line in open(tmp_path / "rounds.jsonl")]
     return [event for event in events if event["event"] == "round"], results, tensors
 

@@ -4,12 +4,11 @@ import json
 
 import grpc
 import pytest
-import zmq
 
 from h2.core.errors import UserError
 from h2.ps import rpc, wire
 from h2.ps.rpc import Rejected
-from ps_harness import control_as, credential_of, running_ps
+from ps_harness import control_as, credential_of, data_frames, running_ps
 
 
 @pytest.fixture(scope="module")
@@ -22,18 +21,8 @@ def request(ps, address: str, frames: list, timeout_ms: int = 3000):
     """Send `frames` to a shard as cluster "a" (its real CURVE keys) and parse the answer."""
     master = ps[0]
     server_key = next(route["server_key"] for route in master.routes() if route["address"] == address)
-    socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.curve_serverkey = server_key.encode()
-    socket.curve_publickey, socket.curve_secretkey = credential_of(master, "cluster/a").curve
-    socket.connect(address)
-    try:
-        socket.send_multipart(frames)
-        if not socket.poll(timeout_ms):
-            return None
-        return wire.parse(socket.recv_multipart(), max_payload=1 << 30)
-    finally:
-        socket.close()
+    public, secret = credential_of(master, "cluster/a").curve
+    return data_frames(address, frames, (server_key.encode(), public, secret), timeout_ms)
 
 
 def pull_frames(layer: int = 0, version: int = 0) -> list:
