@@ -277,6 +277,7 @@ class ShardServer:
         self.index, self.host, self.crash_at_round = index, host, crash_at_round
         self.master = Control(master, credential.signer())
         self.stopped = threading.Event()
+        self.failure: UserError | RunFailed | None = None
         log(index, f"asking master {master} for its plan")
         try:
             plan = self.master.call_until("ShardPlan", give_up_s=120, index=index)
@@ -340,6 +341,9 @@ class ShardServer:
                     self._register()
                 except (Rejected, Unreachable) as error:
                     log(self.index, f"registering failed: {error}")
+                except (UserError, RunFailed) as error:  # the run's version cannot be loaded here
+                    self.failure = error
+                    self.stopped.set()
             except Unreachable:
                 if unreachable_since is None:
                     unreachable_since = time.monotonic()
@@ -381,6 +385,8 @@ class ShardServer:
     def serve_forever(self) -> None:
         wait_until_stopped(self.stopped)
         self.close()
+        if self.failure is not None:
+            raise self.failure
 
     def close(self) -> None:
         self.stopped.set()

@@ -131,3 +131,36 @@ def test_a_failed_first_snapshot_is_a_run_failure_in_one_line(tmp_path, monkeypa
             r"snapshot was written$"):
         started(tmp_path)
     assert os.listdir(tmp_path) == []
+
+
+class RestartedMaster:
+    """A master that no longer knows the shard (its beat is rejected) and asks it to load version 1."""
+
+    def call(self, method: str, **request):
+        raise Rejected("shard 0 is not registered here: register again")
+
+    def call_until(self, method: str, **request):
+        return {"reload": 1, "tickets": []}
+
+
+def test_a_damaged_snapshot_met_when_registering_again_stops_the_shard_with_that_line(tmp_path):
+    import threading
+
+    from h2.ps.shard import ShardServer
+    state = started(tmp_path)
+    run_round(state)
+    with open(state.snapshot_path(1), "r+b") as handle:
+        handle.seek(64)
+        handle.write(bytes(4096))
+    server = ShardServer.__new__(ShardServer)
+    server.index, server.state, server.model, server.seed = 0, state, MODEL, SEED
+    server.master, server.heartbeat_s, server.host, server.control_port = RestartedMaster(), 0.01, "127.0.0.1", 0
+    server.data = type("Data", (), {"port": 0, "close": lambda self: None})()
+    server.control = type("Control", (), {"stop": lambda self, grace: None})()
+    server.stopped, server.failure = threading.Event(), None
+    beat = threading.Thread(target=server._beat_loop)
+    beat.start()
+    beat.join(timeout=30)
+    assert not beat.is_alive() and server.stopped.is_set()
+    with pytest.raises(UserError, match="v000001"):
+        server.serve_forever()
