@@ -5,7 +5,9 @@
 // real host waits for its device (device and stream synchronisation, a copy to host memory, an event),
 // as the host vendor's clock does (vendor/host/host_device.h, where the work is the kernel thread's CPU
 // time). A kernel the device finished after its emulated end (it waited on the device longer than the
-// slack (1/speed - 1) x its run time) is counted late, with its overrun.
+// slack (1/speed - 1) x its run time) is counted late, with its overrun. The run time is the device's
+// wall time (OpenCL reports no CPU time): on a device made of the host's own cores (pocl) the host's load
+// lengthens it, and so the emulated time, without any kernel counted late.
 #pragma once
 
 #ifndef CL_TARGET_OPENCL_VERSION
