@@ -1,6 +1,7 @@
 """The torch.dipu module: devices, streams, events, random state and memory of the dipu device,
 shaped like torch.cuda so that code written for one reads the same on the other."""
 import contextlib
+import ctypes
 import uuid
 from dataclasses import dataclass
 
@@ -293,5 +294,14 @@ def mem_get_info(device=None) -> tuple:
 def pacing_stats() -> dict | None:
     """How well an emulating vendor kept its chip's kernel times since the device opened:
     {kernels, late_kernels, emulated_s, overrun_s} (late kernels finished after their emulated time
-    because the host was busy), or None when the vendor does not emulate a speed."""
-    return _C._pacing_stats()
+    because the host was busy), or None when the vendor does not emulate a speed. A vendor that paces
+    kernels measured on its own device (the OpenCL vendor) adds `device_s`: their run time there, which
+    the emulated time is at the chip's relative speed."""
+    stats = _C._pacing_stats()
+    if stats is not None:
+        run_time = getattr(ctypes.CDLL(_C._vendor_path()), "dipuGetPacedRunTime", None)
+        if run_time is not None:
+            seconds = ctypes.c_double()
+            run_time(ctypes.byref(seconds))
+            stats["device_s"] = seconds.value
+    return stats

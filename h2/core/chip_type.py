@@ -10,7 +10,7 @@
         latency_us: 50             # default one-way latency of its links
         site: north                # the site its nodes sit in, where the file has no `nodes` section
         provenance: "spec sheet: <source>"   # or "measured: <source>" (optional)
-        emulation:                 # what the DIPU host vendor emulates (h2.core.emulation)
+        emulation:                 # what its DIPU vendor emulates (h2.core.emulation): host or opencl
           relative_speed: 0.05
           precision: fp32
           host_accessible: false
@@ -31,7 +31,8 @@ from typing import Literal
 from h2.core.errors import UserError
 
 PROVENANCE_KINDS = ("spec sheet: ", "measured: ")
-# The DIPU vendors a chip type may name (ditorch.dipu.vendor: DIPU_VENDOR); only the host vendor emulates.
+# The DIPU vendors a chip type may name (ditorch.dipu.vendor: DIPU_VENDOR); both emulate a chip's speed and
+# memory, only the host vendor its precision and host access.
 CHIP_VENDORS = ("host", "opencl")
 EMULATING_VENDOR = "host"
 
@@ -114,9 +115,15 @@ class ChipType:
     def validate_vendor(self, where: str) -> None:
         if self.vendor is not None and self.vendor not in CHIP_VENDORS:
             raise UserError(f"{where}: field 'vendor' must be one of {', '.join(CHIP_VENDORS)}, got {self.vendor!r}")
-        if self.emulation is not None and self.dipu_vendor != EMULATING_VENDOR:
-            raise UserError(f"{where}: field 'vendor' is {self.vendor!r} but the chip has an 'emulation' section: "
-                            f"only the {EMULATING_VENDOR} vendor emulates a chip's speed and memory")
+        if self.emulation is None or self.dipu_vendor == EMULATING_VENDOR:
+            return
+        if self.emulation.precision != "fp32":
+            raise UserError(f"{where}: field 'emulation.precision' is {self.emulation.precision!r} but the chip's "
+                            f"vendor is {self.vendor!r}: only the {EMULATING_VENDOR} vendor emulates a precision "
+                            "(the opencl vendor emulates speed and memory)")
+        if self.emulation.host_accessible:
+            raise UserError(f"{where}: field 'emulation.host_accessible' is true but the chip's vendor is "
+                            f"{self.vendor!r}, whose device memory the CPU cannot touch")
 
     @property
     def dipu_vendor(self) -> str:

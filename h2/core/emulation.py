@@ -13,7 +13,9 @@ is h2.core.chip_type.ChipEmulation), and the rule that keeps measured times hone
 A rank of a stage whose chip type has this section runs on the dipu device, whose host vendor
 emulates the chip (h2.cli.rank sets it up before the device opens): each kernel is held until the
 CPU time its thread spent, divided by `relative_speed`, has passed, and `memory_gb` bounds the
-device memory.
+device memory. A chip type with `vendor: opencl` is emulated by the OpenCL vendor on its OpenCL device
+instead: a kernel's run time on that device (its profiling timestamps), divided by `relative_speed`,
+and `memory_gb` bounding the device's memory (fp32 and host_accessible false only).
 
 **The trust rule.** A kernel is late (its time depends on the host, not on the chip) only when its
 thread waits for a core longer than the slack it has, (1 / speed - 1) x its own work. Ranks of a
@@ -41,7 +43,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from h2.core.chip_type import ChipEmulation, ChipType
+from h2.core.chip_type import EMULATING_VENDOR, ChipEmulation, ChipType
 from h2.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -103,9 +105,13 @@ def stage_report_trust(rows: list[dict]) -> MeasurementTrust:
 
 
 def describe_chip(chip: ChipType) -> str:
-    """How a chip type appears in outputs: 'emu-slow (emulated: 0.05x a host core, 80 MB)'."""
+    """How a chip type appears in outputs: 'emu-slow (emulated: 0.05x a host core, 80 MB)'; on the
+    OpenCL vendor 'emu-cl (emulated on opencl: 0.05x its OpenCL device, 80 MB)'."""
     if chip.emulation is None:
         return chip.name if chip.vendor is None else f"{chip.name} (dipu, {chip.vendor} vendor)"
+    if chip.dipu_vendor != EMULATING_VENDOR:
+        return (f"{chip.name} (emulated on {chip.dipu_vendor}: {chip.emulation.relative_speed:g}x its OpenCL device, "
+                f"{chip.memory_gb * 1e3:g} MB)")
     return (
         f"{chip.name} (emulated: {chip.emulation.relative_speed:g}x a host core, "
         f"{chip.memory_gb * 1e3:g} MB{'' if chip.emulation.precision == 'fp32' else ', ' + chip.emulation.precision})")
@@ -113,7 +119,8 @@ def describe_chip(chip: ChipType) -> str:
 
 def host_vendor_settings(chip: ChipType) -> dict:
     """The settings the DIPU host vendor (csrc/dipu/vendor/host) emulates `chip` with, one device per rank
-    (written as the vendor's profile file, DIPU_HOST_PROFILE: not a planner's profile)."""
+    (written as the vendor's profile file, DIPU_HOST_PROFILE: not a planner's profile). The OpenCL vendor
+    takes its memory_capacity and relative_speed (ditorch.dipu.emulation)."""
     emulation = chip.emulation
     settings = {
         "name": chip.name, "description": f"emulated chip {chip.name}", "device_count": 1, "memory_capacity": str(

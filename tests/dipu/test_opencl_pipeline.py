@@ -55,9 +55,10 @@ def test_a_chip_type_names_its_vendor_and_a_wrong_one_is_one_line(tmp_path):
     wrong = {**MIXED, "chips": [chip("x", 0.008, vendor="cuda")]}
     with pytest.raises(UserError, match=r"chip 'x': field 'vendor' must be one of host, opencl, got 'cuda'"):
         load_cluster(write_cluster(tmp_path, wrong))
-    emulated = {**MIXED, "chips": [chip("x", 0.008, vendor="opencl", emulation={"relative_speed": 0.5})]}
-    with pytest.raises(UserError, match=r"field 'vendor' is 'opencl' but the chip has an 'emulation' section"):
-        load_cluster(write_cluster(tmp_path, emulated))
+    emulated = {**MIXED, "chips": [chip("x", 0.008, vendor="opencl", emulated=True, emulation={"relative_speed": 0.5})]}
+    (opencl_chip, ) = load_cluster(write_cluster(tmp_path,
+                                                 emulated)).chips  # emulated on OpenCL (test_opencl_emulation)
+    assert (opencl_chip.dipu_vendor, opencl_chip.emulation.relative_speed) == ("opencl", 0.5)
 
 
 def test_profiles_are_keyed_per_chip_type_and_vendor(tmp_path):

@@ -48,3 +48,18 @@ def test_the_small_model_trains_twenty_adamw_steps_on_opencl_within_1e4_of_the_c
     assert report["cpu"][-1] < report["cpu"][0] / 2
     assert max(relative_errors(report)) < 1e-4, relative_errors(report)
     assert set(report["fallbacks"]) <= ATTENTION, report["fallbacks"]
+
+
+@pytest.mark.slow
+def test_at_lr_1e3_the_small_models_cpu_losses_move_past_1e4_with_more_accurate_gemms_alone():
+    """The float32 rounding floor behind the acceptance's 1e-4 (docs/opencl.md): the CPU run against itself
+    with every linear layer's GEMMs computed in float64 and rounded to float32. At lr 1e-3 (measured 8.4e-4)
+    it is past 1e-4, as OpenCL is (1.0e-3); at lr 3e-4 both stay inside it."""
+    result = subprocess.run([sys.executable,
+                             str(HERE / "opencl_training.py"), "floor", "small", "20", "1e-3"], capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    errors = relative_errors({"cpu": report["cpu"], "dipu": report["cpu_float64_gemms"]})
+    assert report["cpu"][-1] < report["cpu"][0] / 2
+    assert errors[0] < 1e-6 and max(errors) > 1e-4, errors

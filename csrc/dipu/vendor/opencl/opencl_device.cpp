@@ -117,8 +117,34 @@ Runtime& Runtime::instance() {
 
 Runtime::Runtime() {
   open();
+  if (error_.empty()) emulate();
   if (error_.empty()) reserveAddresses();
   used_.assign(devices_.size(), 0);
+  pacer_ = std::make_unique<Pacer>(relative_speed_, devices_.size());
+}
+
+// The emulated chip's memory and speed (DIPU_OPENCL_MEMORY_CAPACITY, DIPU_OPENCL_RELATIVE_SPEED), each
+// a bad value refused in one line naming the setting.
+void Runtime::emulate() {
+  std::string capacity = setting("DIPU_OPENCL_MEMORY_CAPACITY");
+  if (!capacity.empty()) {
+    if (!isIndex(capacity) || capacity.size() > 18 || std::stoull(capacity) == 0) {
+      error_ = "DIPU_OPENCL_MEMORY_CAPACITY=" + capacity + ": must be a positive number of bytes";
+      return;
+    }
+    for (Device& device : devices_) device.capacity = std::min<uint64_t>(device.capacity, std::stoull(capacity));
+  }
+  std::string speed = setting("DIPU_OPENCL_RELATIVE_SPEED");
+  if (!speed.empty()) {
+    char* end = nullptr;
+    double value = std::strtod(speed.c_str(), &end);
+    if (end == speed.c_str() || *end != '\0' || !(value > 0.0 && value <= 1.0)) {
+      error_ =
+          "DIPU_OPENCL_RELATIVE_SPEED=" + speed + ": must be a number in (0, 1] (a fraction of the device's speed)";
+      return;
+    }
+    relative_speed_ = value;
+  }
 }
 
 void Runtime::open() {
@@ -183,6 +209,7 @@ void Runtime::open() {
     device.device_version = deviceInfo(id, CL_DEVICE_VERSION);
     device.c_version = deviceInfo(id, CL_DEVICE_OPENCL_C_VERSION);
     device.global_memory = deviceValue<cl_ulong>(id, CL_DEVICE_GLOBAL_MEM_SIZE);
+    device.capacity = device.global_memory;
     device.max_allocation = deviceValue<cl_ulong>(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
     device.compute_units = static_cast<int32_t>(deviceValue<cl_uint>(id, CL_DEVICE_MAX_COMPUTE_UNITS));
     device.host_unified = deviceValue<cl_bool>(id, CL_DEVICE_HOST_UNIFIED_MEMORY) == CL_TRUE;
@@ -225,11 +252,12 @@ void* Runtime::allocate(int32_t device, size_t size, std::string* why) {
   std::lock_guard lock(mutex_);
   auto refuse = [&](const std::string& reason) -> void* {
     *why = "out of memory on OpenCL device " + std::to_string(device) + " (" + d.name + "): tried to allocate " +
-           std::to_string(size) + " bytes, " + std::to_string(used_[device]) + " of " +
-           std::to_string(d.global_memory) + " bytes in use" + (reason.empty() ? "" : "; " + reason);
+           std::to_string(size) + " bytes, " + std::to_string(used_[device]) + " of " + std::to_string(d.capacity) +
+           " bytes in use" + (d.capacity < d.global_memory ? " (the emulated chip's memory)" : "") +
+           (reason.empty() ? "" : "; " + reason);
     return nullptr;
   };
-  if (used_[device] + rounded > d.global_memory) return refuse("");
+  if (used_[device] + rounded > d.capacity) return refuse("");
   if (rounded > d.max_allocation) {
     return refuse("the device allocates at most " + std::to_string(d.max_allocation) + " bytes at once");
   }
@@ -313,6 +341,11 @@ void Runtime::noteCommand(cl_command_queue queue, cl_event event) {
   cl_event& last = last_command_[queue];
   if (last != nullptr) clReleaseEvent(last);
   last = event;
+}
+
+void Runtime::noteKernel(int32_t device, cl_command_queue queue, cl_event event) {
+  pacer_->kernelEnqueued(device, event);
+  noteCommand(queue, event);
 }
 
 bool Runtime::queueIdle(cl_command_queue queue) const {

@@ -8,6 +8,10 @@
 // PROT_NONE reservation (so a stray CPU access faults instead of reading garbage). A device address
 // anywhere inside an allocation resolves to (buffer, byte offset), which is how views and strided
 // tensors reach kernels and copies.
+//
+// An emulated chip (docs/emulation.md) on an OpenCL device: DIPU_OPENCL_MEMORY_CAPACITY (bytes) caps
+// every device's memory below its own, and DIPU_OPENCL_RELATIVE_SPEED (in (0, 1]) paces its kernels
+// to that fraction of the device's speed (opencl_pacing.h).
 #pragma once
 
 #ifndef CL_TARGET_OPENCL_VERSION
@@ -15,15 +19,18 @@
 #endif
 #include <CL/cl.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "../dipu_vendor.h"
+#include "opencl_pacing.h"
 
 struct dipuStream_st {
   int32_t device;
@@ -33,6 +40,8 @@ struct dipuStream_st {
 struct dipuEvent_st {
   int32_t device = -1;
   cl_event event = nullptr;  // the marker of the last record, or null before any
+  uint64_t kernels = 0;      // kernels enqueued on the device before the record (the emulated clock's)
+  std::chrono::steady_clock::time_point recorded_at{};
 };
 
 namespace dipu::opencl {
@@ -49,6 +58,7 @@ struct Device {
   std::string device_version;
   std::string c_version;
   uint64_t global_memory = 0;
+  uint64_t capacity = 0;  // what dipuMalloc hands out in all: global_memory, or the emulated chip's memory
   uint64_t max_allocation = 0;
   int32_t compute_units = 0;
   bool host_unified = false;
@@ -77,6 +87,9 @@ class Runtime {
   // false when [ptr, ptr + size) is not inside one allocation.
   bool locate(const void* ptr, size_t size, Location* where) const;
   uint64_t used(int32_t device) const;
+  // The emulated chip's speed as a fraction of the device's (1: not emulated) and its clock.
+  double relativeSpeed() const { return relative_speed_; }
+  Pacer& pacer() { return *pacer_; }
 
   // The queues of a device (its default one and every live stream), to finish before a synchronous
   // operation as CUDA's legacy default stream does.
@@ -86,15 +99,20 @@ class Runtime {
   // The last command enqueued on `queue` (the caller's reference passes to the runtime), so that
   // queueIdle can tell an idle queue from a busy one (OpenCL has no query for a queue).
   void noteCommand(cl_command_queue queue, cl_event event);
+  // The same for a kernel of a DIOPI operator on `device`, which the emulated chip's clock paces.
+  void noteKernel(int32_t device, cl_command_queue queue, cl_event event);
   bool queueIdle(cl_command_queue queue) const;
   cl_command_queue queueOf(int32_t device, dipuStream_t stream) const;
 
  private:
   Runtime();
   void open();
+  void emulate();
   void reserveAddresses();
 
   std::string error_;
+  double relative_speed_ = 1.0;
+  std::unique_ptr<Pacer> pacer_;
   std::vector<Device> devices_;
   mutable std::mutex mutex_;
   struct Block {

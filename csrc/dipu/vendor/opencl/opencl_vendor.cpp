@@ -2,7 +2,9 @@
 // in-order command queues, events are markers, synchronous copies and memsets first finish every
 // queue of the device (as CUDA's legacy default stream orders itself after all blocking streams).
 // The memory-sharing entry points (dipu_vendor_ipc.h) are not exported: OpenCL 1.2 has no way to hand
-// a cl_mem to another process, so DiComm stages such transfers through host memory.
+// a cl_mem to another process, so DiComm stages such transfers through host memory. An emulated chip
+// (DIPU_OPENCL_RELATIVE_SPEED) makes the host wait for its clock (opencl_pacing.h) at a device or stream
+// synchronisation, a copy to host memory and an event, as the host vendor does.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "opencl_device.h"
 
@@ -59,7 +62,8 @@ dipuError_t locate(const void* ptr, size_t size, const char* what, Location* whe
 }
 
 // Enqueues the copy on `queue`; blocking: returns once it is done. Host memory that is not pinned is
-// always copied blocking (the caller may free or reuse it as soon as the call returns).
+// always copied blocking (the caller may free or reuse it as soon as the call returns). A blocking copy
+// to host memory also waits for the emulated chip to have produced what it reads.
 dipuError_t enqueueCopy(cl_command_queue queue, void* dst, const void* src, size_t size, dipuMemcpyKind_t kind,
                         bool blocking) {
   if (size == 0) return dipuSuccess;
@@ -78,6 +82,7 @@ dipuError_t enqueueCopy(cl_command_queue queue, void* dst, const void* src, size
       blocking = blocking || !isPinned(dst);
       status = clEnqueueReadBuffer(queue, from.buffer, blocking ? CL_TRUE : CL_FALSE, from.offset, size, dst, 0,
                                    nullptr, &done);
+      if (status == CL_SUCCESS && blocking) Runtime::instance().pacer().waitForDevice(from.device);
       break;
     case dipuMemcpyDeviceToDevice:
       if (auto error = locate(src, size, "memcpy source", &from)) return error;
@@ -100,6 +105,14 @@ dipuError_t enqueueCopy(cl_command_queue queue, void* dst, const void* src, size
   }
   Runtime::instance().noteCommand(queue, done);
   return status == CL_SUCCESS ? dipuSuccess : failCl("memcpy", status);
+}
+
+// When the emulated chip reaches a recorded event: after the kernels enqueued before it (the record
+// itself when the chip is not emulated or was idle).
+std::chrono::steady_clock::time_point emulatedTime(dipuEvent_t event, bool wait) {
+  auto reached = event->recorded_at;
+  Runtime::instance().pacer().endOf(event->device, event->kernels, wait, &reached);
+  return std::max(reached, event->recorded_at);
 }
 
 }  // namespace
@@ -148,10 +161,10 @@ dipuError_t dipuGetDeviceProperties(int32_t device, dipuDeviceProperties_t* prop
   const auto& d = Runtime::instance().device(device);
   std::memset(properties, 0, sizeof(*properties));
   std::snprintf(properties->name, sizeof(properties->name), "%s", d.name.c_str());
-  properties->total_memory = d.global_memory;
+  properties->total_memory = d.capacity;
   properties->compute_units = d.compute_units;
   properties->host_accessible = 0;  // device addresses are the vendor's own: only its copies reach them
-  properties->relative_speed = 1.0;
+  properties->relative_speed = Runtime::instance().relativeSpeed();
   int major = 1, minor = 2;
   std::sscanf(d.device_version.c_str(), "OpenCL %d.%d", &major, &minor);
   properties->major = major;
@@ -174,7 +187,7 @@ dipuError_t dipuMemGetInfo(int32_t device, size_t* free_bytes, size_t* total_byt
   if (auto error = ready()) return error;
   if (!validDevice(device)) return fail(dipuErrorInvalidDevice, "no OpenCL device " + std::to_string(device));
   const auto& runtime = Runtime::instance();
-  *total_bytes = runtime.device(device).global_memory;
+  *total_bytes = runtime.device(device).capacity;
   *free_bytes = *total_bytes - runtime.used(device);
   return dipuSuccess;
 }
@@ -182,7 +195,9 @@ dipuError_t dipuMemGetInfo(int32_t device, size_t* free_bytes, size_t* total_byt
 dipuError_t dipuDeviceSynchronize(void) {
   if (auto error = ready()) return error;
   cl_int status = Runtime::instance().finishDevice(currentDevice());
-  return status == CL_SUCCESS ? dipuSuccess : failCl("clFinish", status);
+  if (status != CL_SUCCESS) return failCl("clFinish", status);
+  Runtime::instance().pacer().waitForDevice(currentDevice());
+  return dipuSuccess;
 }
 
 dipuError_t dipuMalloc(void** ptr, size_t size) {
@@ -280,7 +295,9 @@ dipuError_t dipuStreamSynchronize(dipuStream_t stream) {
   if (auto error = ready()) return error;
   int32_t device = stream != nullptr ? stream->device : currentDevice();
   cl_int status = clFinish(Runtime::instance().queueOf(device, stream));
-  return status == CL_SUCCESS ? dipuSuccess : failCl("clFinish", status);
+  if (status != CL_SUCCESS) return failCl("clFinish", status);
+  Runtime::instance().pacer().waitForDevice(device);
+  return dipuSuccess;
 }
 
 dipuError_t dipuStreamQuery(dipuStream_t stream) {
@@ -288,7 +305,8 @@ dipuError_t dipuStreamQuery(dipuStream_t stream) {
   int32_t device = stream != nullptr ? stream->device : currentDevice();
   cl_command_queue queue = Runtime::instance().queueOf(device, stream);
   clFlush(queue);
-  return Runtime::instance().queueIdle(queue) ? dipuSuccess : dipuErrorNotReady;
+  Runtime& runtime = Runtime::instance();
+  return runtime.queueIdle(queue) && !runtime.pacer().busy(device) ? dipuSuccess : dipuErrorNotReady;
 }
 
 dipuError_t dipuStreamWaitEvent(dipuStream_t stream, dipuEvent_t event) {
@@ -330,13 +348,17 @@ dipuError_t dipuEventRecord(dipuEvent_t event, dipuStream_t stream) {
   if (event->event != nullptr) clReleaseEvent(event->event);
   event->event = marker;
   event->device = device;
+  event->kernels = Runtime::instance().pacer().enqueued(device);
+  event->recorded_at = std::chrono::steady_clock::now();
   return dipuSuccess;
 }
 
 dipuError_t dipuEventSynchronize(dipuEvent_t event) {
   if (event->event == nullptr) return dipuSuccess;
   cl_int status = clWaitForEvents(1, &event->event);
-  return status == CL_SUCCESS ? dipuSuccess : failCl("clWaitForEvents", status);
+  if (status != CL_SUCCESS) return failCl("clWaitForEvents", status);
+  std::this_thread::sleep_until(emulatedTime(event, /*wait=*/true));
+  return dipuSuccess;
 }
 
 dipuError_t dipuEventQuery(dipuEvent_t event) {
@@ -345,11 +367,19 @@ dipuError_t dipuEventQuery(dipuEvent_t event) {
   cl_int status = clGetEventInfo(event->event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(state), &state, nullptr);
   if (status != CL_SUCCESS) return failCl("clGetEventInfo", status);
   if (state < 0) return fail(dipuErrorUnknown, "the device reported an error before the event: " + clErrorName(state));
-  return state == CL_COMPLETE ? dipuSuccess : dipuErrorNotReady;
+  if (state != CL_COMPLETE) return dipuErrorNotReady;
+  auto reached = std::chrono::steady_clock::time_point::max();
+  Runtime::instance().pacer().endOf(event->device, event->kernels, /*wait=*/false, &reached);
+  return std::max(reached, event->recorded_at) > std::chrono::steady_clock::now() ? dipuErrorNotReady : dipuSuccess;
 }
 
 dipuError_t dipuEventElapsedTime(float* milliseconds, dipuEvent_t start, dipuEvent_t end) {
   if (start->event == nullptr || end->event == nullptr) return fail(dipuErrorInvalidValue, "event was never recorded");
+  if (Runtime::instance().pacer().active()) {  // the emulated chip's time between the two
+    auto between = emulatedTime(end, /*wait=*/true) - emulatedTime(start, /*wait=*/true);
+    *milliseconds = std::chrono::duration<float, std::milli>(between).count();
+    return dipuSuccess;
+  }
   cl_event both[] = {start->event, end->event};
   if (cl_int status = clWaitForEvents(2, both); status != CL_SUCCESS) return failCl("clWaitForEvents", status);
   cl_ulong begin_ns = 0, end_ns = 0;
@@ -359,6 +389,23 @@ dipuError_t dipuEventElapsedTime(float* milliseconds, dipuEvent_t start, dipuEve
   }
   if (status != CL_SUCCESS) return failCl("clGetEventProfilingInfo", status);
   *milliseconds = static_cast<float>(static_cast<double>(static_cast<int64_t>(end_ns - begin_ns)) * 1e-6);
+  return dipuSuccess;
+}
+
+// Optional (dipu_vendor.h): the emulated chip's clock, as the host vendor keeps it.
+dipuError_t dipuGetPacingStats(dipuPacingStats_t* stats) {
+  dipu::opencl::PacingTotals totals = Runtime::instance().pacer().totals();
+  stats->kernels = totals.kernels;
+  stats->late_kernels = totals.late_kernels;
+  stats->emulated_s = totals.emulated_s;
+  stats->overrun_s = totals.overrun_s;
+  return dipuSuccess;
+}
+
+// Optional, this vendor's own: the OpenCL device's run time of the kernels dipuGetPacingStats counts
+// (their profiling START..END), which the emulated chip's clock divides by the relative speed.
+dipuError_t dipuGetPacedRunTime(double* seconds) {
+  *seconds = Runtime::instance().pacer().totals().run_s;
   return dipuSuccess;
 }
 

@@ -47,7 +47,7 @@ void launch(int32_t device, cl_command_queue queue, const char* name, size_t ite
   size_t global = items;
   cl_event done = nullptr;
   checkCl(clEnqueueNDRangeKernel(queue, k, 1, nullptr, &global, nullptr, 0, nullptr, &done), name);
-  Runtime::instance().noteCommand(queue, done);
+  Runtime::instance().noteKernel(device, queue, done);
 }
 
 }  // namespace dipu::opencl

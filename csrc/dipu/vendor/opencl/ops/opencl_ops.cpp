@@ -204,7 +204,7 @@ void gemm(const Stream& stream, const Operand& out, const Operand& a, const Oper
     checkCl(clEnqueueFillBuffer(stream.queue, out.buffer, &zero, sizeof(zero), static_cast<size_t>(out.offset) * 4,
                                 bytes, 0, nullptr, &filled),
             "clEnqueueFillBuffer");
-    Runtime::instance().noteCommand(stream.queue, filled);
+    Runtime::instance().noteKernel(stream.device, stream.queue, filled);
   }
   if (k == 0) return;
   bool dense_a = !readableAsMatrix(a), dense_b = !readableAsMatrix(b);
@@ -227,7 +227,7 @@ void gemm(const Stream& stream, const Operand& out, const Operand& a, const Oper
                   static_cast<size_t>(out.shape[0]), &queue, &done),
               "GemmStridedBatched");
   }
-  Runtime::instance().noteCommand(queue, done);
+  Runtime::instance().noteKernel(stream.device, queue, done);
 }
 
 // The reduced dimensions, each once (a 0-dim input has none: dim 0 and -1 name the scalar itself).
@@ -497,7 +497,7 @@ diopiError_t diopiFill(diopiContextHandle_t ctx, diopiTensorHandle_t input, cons
     checkCl(clEnqueueFillBuffer(stream.queue, t.buffer, &pattern, item, static_cast<size_t>(t.offset) * item,
                                 static_cast<size_t>(t.numel()) * item, 0, nullptr, &filled),
             "clEnqueueFillBuffer");
-    Runtime::instance().noteCommand(stream.queue, filled);
+    Runtime::instance().noteKernel(stream.device, stream.queue, filled);
   });
 }
 
