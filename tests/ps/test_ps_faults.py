@@ -45,8 +45,12 @@ def events(tmp_path) -> list[dict]:
 
 
 def launch(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "h2.cli.main", "ps", "launch", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    try:
+        return subprocess.run([sys.executable, "-m", "h2.cli.main", "ps", "launch", *args], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:  # name where the run stood, not only that it timed out
+        output = expired.stdout.decode(errors="replace") if isinstance(expired.stdout, bytes) else expired.stdout
+        pytest.fail(f"h2 ps launch ran past {timeout} s; its output ended with:\n{(output or '')[-4000:]}")
 
 
 def test_killing_a_cluster_a_shard_and_the_master_mid_run_is_survived_and_logged(tmp_path):
