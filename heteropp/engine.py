@@ -229,7 +229,8 @@ class PipelineEngine:
             whole = (self.micro_batch_sequences, ) + activation_shape[1:]
             return ReshuffleExecutor(chunks[0], topology=self.topology, place=self.place, groups=self.groups,
                                      p2p=self.p2p, store=job_store(), activation_shape=whole,
-                                     micro_batches=self.config.micro_batches, device=self.device, autocast=autocast)
+                                     micro_batches=self.config.micro_batches, device=self.device, autocast=autocast,
+                                     by_finish_order=self.options.reshuffle_by_finish)
         if self.ministage_group:
             return MinistageExecutor(chunks, device=self.device, offload=tuple(
                 self.strategy.offload), autocast=autocast, stage_index=self.place.stage,

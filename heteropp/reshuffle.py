@@ -92,14 +92,15 @@ class ReshuffleExecutor:
 
     def __init__(self, stage: torch.nn.Module, *, topology: Topology, place: RankPlace, groups, p2p: P2P, store,
                  activation_shape: tuple[int, ...], micro_batches: int, device: torch.device,
-                 autocast: torch.dtype | None = None):
+                 autocast: torch.dtype | None = None, by_finish_order: bool = True):
         """`stage`: this rank's layers; `groups`: its process groups (the boundaries' for the p2p);
         `store`: the job's store (the finish counters and slots); `activation_shape`: one whole
-        micro-batch's activation."""
+        micro-batch's activation; `by_finish_order` False: micro-batch i goes where the i-th finished
+        would (a static map, what the reshuffling is measured against)."""
         self.stage, self.topology, self.place, self.groups, self.p2p, self.store = (stage, topology, place, groups, p2p,
                                                                                     store)
         self.activation_shape, self.micro_batches = tuple(activation_shape), micro_batches
-        self.device, self.autocast = torch.device(device), autocast
+        self.device, self.autocast, self.by_finish_order = torch.device(device), autocast, by_finish_order
         index, self.num_stages = place.stage, topology.num_stages
         self.is_first, self.is_last = index == 0, index == topology.num_stages - 1
         self.destinations = [
@@ -183,8 +184,9 @@ class ReshuffleExecutor:
         counter = f"{prefix}/{boundary}/finished"
         finish_index = self.store.add(counter, 1) - 1
         destinations = self.destinations[boundary + 1]
-        replica = destinations[finish_index]
-        slot = destinations[:finish_index].count(replica)
+        position = finish_index if self.by_finish_order else micro_batch
+        replica = destinations[position]
+        slot = destinations[:position].count(replica)
         dst = self.topology.stages[boundary + 1].rank_of(replica, 0)
         self.store.set(self._slot_key(prefix, slot, boundary + 1, replica),
                        f"{micro_batch} {finish_index} {self.place.rank}")
