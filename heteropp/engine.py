@@ -370,7 +370,7 @@ class PipelineEngine:
         immediate = not self.config.grad_clip > 0 or per_ministage
         self.waiting_grads: dict[int, list] = {}
 
-        def on_step(chunk: int) -> None:
+        def on_step(chunk: int) -> bool:
             indices = self.chunk_params[chunk]
             self.optimizer.reduce_gradients(indices)
             self._add_squared_norms(totals, indices)
@@ -383,6 +383,7 @@ class PipelineEngine:
             else:
                 self.waiting_grads[chunk] = self.optimizer.reduced_gradients(indices)
                 self.optimizer.zero_grad(indices)
+            return immediate  # whether the chunk's parameters changed
 
         loss = self.executor.run(self.actions, inputs, targets, self.loss_weight, on_step)
         return loss, immediate
