@@ -241,6 +241,12 @@ class PipelineEngine:
                              prefetch=self.options.prefetch, device=self.device, recorder=self.recorder,
                              autocast=autocast)
 
+    def release(self) -> None:
+        """After the last step: offloaded parameters that stayed on the device between steps (the
+        ministages' prefetch keeps two chunks resident) back to host memory."""
+        if self.ministage_group:
+            self.executor.release()
+
     def parameter_pieces(self) -> list[StageParameter]:
         """(name in the whole model, this rank's tensor, the dimension along which TP cut it or None
         where this rank holds it whole) for every parameter of the rank's stage."""

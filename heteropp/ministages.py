@@ -184,6 +184,8 @@ class MinistageExecutor:
         received: dict[tuple[str, int, int], PendingTensor] = {}
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         self.host_copies = 0
+        for home in self.homes:  # resident since the last run: anything may have written to them since
+            home.modified()
         for position, action in enumerate(actions):
             chunk, micro_batch = action.chunk, action.micro_batch
             kind = action.kind
@@ -221,10 +223,20 @@ class MinistageExecutor:
                     received[(kind, chunk, micro_batch)] = self._post_receive(kind, chunk, micro_batch)
             else:
                 raise ValueError(f"a ministage stage runs F, B, STEP, SEND and RECV actions, got {action}")
-        self._make_resident(None)
+        if self.worker is None:
+            self._make_resident(None)
+        # with prefetch the last chunk and the next step's first stay (two resident, as within a step):
+        # no copy at the step's end or at the next one's start; `release` sends them home. No copy is
+        # left in flight between steps, when others may write the parameters (a checkpoint, a PS pull)
+        for home in self.homes:
+            home.settle()
         if self.resharder is not None:
             self.resharder.p2p.wait_sends()
         return loss_sum
+
+    def release(self) -> None:
+        """Every chunk's parameters back to host memory (under parameter offload; after the last step)."""
+        self._make_resident(None)
 
     def _post_receives_until_next_compute(self, actions, start: int, received: dict) -> None:
         """Post the receives listed before the next compute action, so they arrive while this one runs
@@ -290,9 +302,10 @@ class MinistageExecutor:
 
     @staticmethod
     def _next_chunk(actions, position: int, chunk: int) -> int | None:
-        """The chunk of the first compute action after `position` that is not `chunk` (None: none)."""
-        return next((a.chunk
-                     for a in actions[position + 1:] if a.kind in ("F", "B", "STEP") and a.chunk != chunk), None)
+        """The chunk of the first compute action after `position` that is not `chunk`, the list read
+        on from its start after its end (the next step runs it again; None: no other chunk)."""
+        return next((a.chunk for a in actions[position + 1:] + actions[:position]
+                     if a.kind in ("F", "B", "STEP") and a.chunk != chunk), None)
 
     def _compute_precision(self):
         if self.autocast is None:
