@@ -99,3 +99,17 @@ def test_reshuffled_uneven_groups_on_chips_of_different_speeds_match_the_referen
         if rank["stage"] == 1:
             order = [index for _, index, _, _ in rank["routes_received"]]
             assert order == sorted(order) and order  # each receiver ran its micro-batches in finish order
+
+
+@pytest.mark.slow
+def test_three_stages_reshuffled_at_both_boundaries_match_the_reference():
+    """dp 2 (rows 1:3) -> dp 1 -> dp 2 (rows 2:2), on the CPU: every boundary routes by finish order."""
+    data = strategy_data(stages=[{"chips": ["chip-a", "chip-b"], "rows": [1, 3], "tp": 1, "layers": 1}, {
+        "chip": "chip-b", "dp": 1, "tp": 1, "layers": 2
+    }, {"chips": ["chip-a", "chip-b"], "rows": [2, 2], "tp": 1, "layers": 1}])
+    records, ranks = run_pipeline(data, 4)
+    assert max_relative_loss_difference(records, run_reference(data, 4)) < TOLERANCE
+    middle = [rank for rank in ranks if rank["stage"] == 1]
+    assert [index for _, index, _, _ in middle[0]["routes_received"]] == [0, 1, 2, 3]
+    plan = finish_order_destinations([2, 2], 4)
+    assert all(dst == 3 + plan[index] for _, index, _, dst in middle[0]["routes_sent"])
