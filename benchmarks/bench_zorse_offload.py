@@ -11,7 +11,9 @@ ways: no offload; parameters offloaded and copied when a ministage needs them
 (`--no-offload-prefetch`); parameters offloaded with the next ministage's copied in on a side thread
 while the current one computes (the default: two ministages resident). It prints each one's median
 step time after the first step and its ratio to no offload, the peak device memory, the last loss,
-and the load before and after. `--grad-clip-scope ministage` (the default here, Zorse's) clips
+and the load before and after, and the late emulated kernel time (the stage report's overrun over emulated kernel
+time: above h2.core.emulation.UNTRUSTED_FRACTION the host's load, not the chip, set the time).
+`--grad-clip-scope ministage` (the default here, Zorse's) clips
 and steps each ministage right after its backward, while it is resident; `global` clips by the norm
 over all ministages, so every ministage comes back to the device once more for its step after the
 backward.
@@ -61,10 +63,10 @@ def main() -> None:
                             args.steps, ["--device", "dipu", "--grad-clip-scope", args.grad_clip_scope, *flags],
                             {"DIPU_HOST_PROFILE": profile_path})) for i, (name, offload, flags) in enumerate(VARIANTS)]
     baseline = rows[0][1]
-    print(f"{'variant':<50}{'step s':>8}{'x none':>8}{'peak MB':>9}{'loss':>9}  steps")
+    print(f"{'variant':<50}{'step s':>8}{'x none':>8}{'peak MB':>9}{'loss':>9}{'late':>7}  steps")
     for name, result in rows:
         print(f"{name:<50}{result.step_s:>8.3f}{result.step_s / baseline.step_s:>8.2f}"
-              f"{result.peak_bytes / 1e6:>9.2f}{result.loss:>9.4f}  {result.step_times}")
+              f"{result.peak_bytes / 1e6:>9.2f}{result.loss:>9.4f}{result.late:>7.1%}  {result.step_times}")
     print(f"(step: median after the first; host link {args.host_link_gbps} GB/s, relative speed "
           f"{args.relative_speed}, grad clip scope {args.grad_clip_scope})")
     print(f"after: {load()}")

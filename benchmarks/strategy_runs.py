@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from h2.core.emulation import stage_report_trust
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -47,6 +49,11 @@ class StrategyRun:
     def peak_bytes(self) -> int:
         """The largest peak of device memory over the stages (torch.dipu.max_memory_allocated)."""
         return max(row["peak_allocated_bytes"] for row in self.report)
+
+    @property
+    def late(self) -> float:
+        """The trust rule's fraction of late emulated kernel time over the stages (h2.core.emulation)."""
+        return stage_report_trust(self.report).fraction
 
     @property
     def step_times(self) -> list[float]:

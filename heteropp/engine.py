@@ -36,6 +36,7 @@ from heteropp.groups import build_groups, dicomm_registered, p2p_needs_host_stag
 from heteropp.ministages import MinistageExecutor
 from heteropp.p2p import BACKWARD, FORWARD, P2P, SharedLink
 from heteropp.resharding import Resharder
+from heteropp.reshuffle import ReshuffleExecutor, job_store
 from heteropp.stage import apply_recompute, build_stage
 from heteropp.stage_parameters import StageParameter, stage_parameters
 from heteropp.tensor_parallel import WeightGradStore, apply_tp
@@ -88,7 +89,8 @@ class PipelineEngine:
         self.model_config = strategy.model_config()
         self.config = train_config_for(strategy, config)
         self.schedule = resolve_schedule(strategy, self.options.schedule, source)
-        self.ministage_group = self.schedule.ministage_executor
+        self.reshuffled = bool(strategy.reshuffle)  # heteropp.reshuffle: whole micro-batches, GPipe order
+        self.ministage_group = self.schedule.ministage_executor and not self.reshuffled
         self._check_invariants()
         self._place_rank_and_build_groups(links)
         self.actions = run_schedule(strategy, self.options.schedule, source, self.place.dp_index)[self.place.stage]
@@ -216,11 +218,19 @@ class PipelineEngine:
                                            kernel_shaped=links.shaped_by_kernel(peer))
         return shared
 
-    def _executor_for_schedule(self, chunks: list[torch.nn.Module]) -> StageExecutor | MinistageExecutor:
-        """The executor that runs this schedule's actions (the registry's `ministage_executor` flag)."""
+    def _executor_for_schedule(self,
+                               chunks: list[torch.nn.Module]) -> StageExecutor | MinistageExecutor | ReshuffleExecutor:
+        """The executor that runs this schedule's actions (the registry's `ministage_executor` flag;
+        the strategy's `reshuffle`: GPipe order on whole micro-batches, heteropp.reshuffle)."""
         activation_shape = (len(self.stage_info.rows(self.place.dp_index)), self.config.seq_len,
                             self.model_config.hidden_size)
         autocast = torch.bfloat16 if self.config.dtype == "bf16" else None
+        if self.reshuffled:
+            whole = (self.micro_batch_sequences, ) + activation_shape[1:]
+            return ReshuffleExecutor(chunks[0], topology=self.topology, place=self.place, groups=self.groups,
+                                     p2p=self.p2p, store=job_store(), activation_shape=whole,
+                                     micro_batches=self.config.micro_batches, device=self.device, autocast=autocast,
+                                     by_finish_order=self.options.reshuffle_by_finish)
         if self.ministage_group:
             return MinistageExecutor(chunks, device=self.device, offload=tuple(
                 self.strategy.offload), autocast=autocast, stage_index=self.place.stage,
@@ -230,6 +240,12 @@ class PipelineEngine:
                              resharder=self.resharder, store=self.store, activation_shape=activation_shape,
                              prefetch=self.options.prefetch, device=self.device, recorder=self.recorder,
                              autocast=autocast)
+
+    def release(self) -> None:
+        """After the last step: offloaded parameters that stayed on the device between steps (the
+        ministages' prefetch keeps two chunks resident) back to host memory."""
+        if self.ministage_group:
+            self.executor.release()
 
     def parameter_pieces(self) -> list[StageParameter]:
         """(name in the whole model, this rank's tensor, the dimension along which TP cut it or None
@@ -332,8 +348,11 @@ class PipelineEngine:
         return self.is_last and self.place.dp_index == 0 and self.place.tp_index == 0
 
     def replica_micro_batches(self, batch: torch.Tensor) -> list[torch.Tensor]:
-        """This replica's sequences of each micro-batch of the global `batch`."""
+        """This replica's sequences of each micro-batch of the global `batch` (reshuffled: every
+        micro-batch whole, the executor picks this replica's)."""
         rows = self.stage_info.rows(self.place.dp_index)
+        if self.reshuffled:
+            rows = range(self.micro_batch_sequences)
         starts = range(0, self.global_batch, self.micro_batch_sequences)
         return [batch[start + rows.start:start + rows.stop] for start in starts]
 
@@ -357,7 +376,7 @@ class PipelineEngine:
         immediate = not self.config.grad_clip > 0 or per_ministage
         self.waiting_grads: dict[int, list] = {}
 
-        def on_step(chunk: int) -> None:
+        def on_step(chunk: int) -> bool:
             indices = self.chunk_params[chunk]
             self.optimizer.reduce_gradients(indices)
             self._add_squared_norms(totals, indices)
@@ -370,6 +389,7 @@ class PipelineEngine:
             else:
                 self.waiting_grads[chunk] = self.optimizer.reduced_gradients(indices)
                 self.optimizer.zero_grad(indices)
+            return immediate  # whether the chunk's parameters changed
 
         loss = self.executor.run(self.actions, inputs, targets, self.loss_weight, on_step)
         return loss, immediate
@@ -404,6 +424,8 @@ class PipelineEngine:
         """What the last stage multiplies a replica's mean micro-batch loss by: its share of the
         global batch's sequences (rows / (R * micro_batches)), so that the sum over replicas and
         micro-batches is the batch's mean loss, with uneven rows too."""
+        if self.reshuffled:  # a replica's micro-batches are whole
+            return 1.0 / self.config.micro_batches
         rows = len(self.stage_info.rows(self.place.dp_index))
         return rows / (self.micro_batch_sequences * self.config.micro_batches)
 

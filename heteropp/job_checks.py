@@ -12,6 +12,7 @@ from h2.core.schedule import resolve_schedule
 from h2.core.training import PipelineOptions, TrainConfig
 from h2.model.hf_weights import check_init_from
 from heteropp.engine import train_config_for
+from heteropp.reshuffle import check_reshuffle
 from heteropp.tensor_parallel import check_tp_divides
 from heteropp.tied_embeddings import check_tied_across_stages
 
@@ -20,9 +21,10 @@ def check_pipeline_job(strategy, config: TrainConfig, options: PipelineOptions, 
     """Refuse what HeteroPP cannot run: a schedule the strategy cannot run in (--schedule other than
     GPipe's on ministages or offload), embeddings tied across stages that cannot stay tied
     (heteropp.tied_embeddings), a sequence longer than the model's, a stage's TP size that does not
-    divide the model's heads, KV heads, FFN or vocabulary, or an --init-from folder whose model is not
-    the strategy's."""
-    resolve_schedule(strategy, options.schedule, source)
+    divide the model's heads, KV heads, FFN or vocabulary, an --init-from folder whose model is not
+    the strategy's, or `reshuffle` where this runtime does not reshuffle (heteropp.reshuffle)."""
+    schedule = resolve_schedule(strategy, options.schedule, source)
+    check_reshuffle(strategy, strategy.optimizer_sharding or options.optimizer_sharding, schedule.name, source)
     model = strategy.model_config(source)
     check_tied_across_stages(strategy, strategy.optimizer_sharding or options.optimizer_sharding, source)
     seq_len = train_config_for(strategy, config).seq_len

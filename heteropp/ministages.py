@@ -21,7 +21,8 @@ Offload:
 On an emulated discrete chip (dipu, not host-accessible) each of these is a real copy between
 device and host memory through the vendor's memcpy.
 
-What happens at a STEP is the engine's (heteropp.engine): the executor calls `on_step(chunk)`.
+What happens at a STEP is the engine's (heteropp.engine): the executor calls `on_step(chunk)`, which
+returns False where it left the chunk's parameters unchanged (its step deferred to `each_resident`).
 Must not import the engine or anything of h2 above core and model.
 """
 
@@ -47,23 +48,46 @@ def _copies_to(tensors: list[torch.Tensor], device: torch.device | str) -> list[
 class ParameterHome:
     """Moves one chunk's parameters between the device and host memory (real copies both ways), at
     once or, given a worker thread, in the background (`move`; `settle` waits for it and swaps the
-    copies in: only the calling thread ever rebinds a parameter's data)."""
+    copies in: only the calling thread ever rebinds a parameter's data).
+
+    The host copies stay while the parameters are on the device: until the parameters change there
+    (`modified`: the executor calls it after the chunk's optimizer step) going back to the host is
+    only dropping the device copies, with nothing to copy (the forward and the backward read the
+    parameters, they do not write them)."""
 
     def __init__(self, params: list[nn.Parameter], device: torch.device):
         self.params, self.device = params, device
         self.on_device = True
         self.moving: tuple[bool, Future] | None = None  # (to the device?, the worker's copies)
+        self.host: list[torch.Tensor] | None = None  # host copies equal to the parameters, if any
         self.prefetches = 0  # moves to the device started in the background
+        self.copies_out = 0  # moves to the host that copied the parameters
+        self.drops = 0  # moves to the host that only dropped the device copies
+
+    def modified(self) -> None:
+        """The parameters changed on the device: the host copies are stale."""
+        if self.on_device or (self.moving is not None and self.moving[0]):
+            self.host = None
 
     def to_host(self) -> None:
         self.settle()
-        if self.on_device:
+        if self.on_device and not self._drop_device_copies():
+            self.copies_out += 1
             self._rebind(_copies_to([param.data for param in self.params], "cpu"), on_device=False)
+
+    def _drop_device_copies(self) -> bool:
+        """Back to the host copies if they are current (nothing to copy); whether they were."""
+        if self.host is None:
+            return False
+        self.drops += 1
+        self._rebind(self.host, on_device=False)
+        return True
 
     def to_device(self) -> None:
         self.settle()
         if not self.on_device:
-            self._rebind(_copies_to([param.data for param in self.params], self.device), on_device=True)
+            self.host = [param.data for param in self.params]
+            self._rebind(_copies_to(self.host, self.device), on_device=True)
 
     def move(self, worker: ThreadPoolExecutor, to_device: bool) -> None:
         """Start copying the parameters to the device (or the host) on `worker`; they keep their
@@ -73,10 +97,15 @@ class ParameterHome:
                 self.settle()  # frees the device copy of parameters that reached the host
             return
         self.settle()
-        if self.on_device != to_device:
-            target = self.device if to_device else "cpu"
-            self.moving = (to_device, worker.submit(_copies_to, [param.data for param in self.params], target))
-            self.prefetches += int(to_device)
+        if self.on_device == to_device or (not to_device and self._drop_device_copies()):
+            return
+        target = self.device if to_device else "cpu"
+        if to_device:
+            self.host = [param.data for param in self.params]
+        else:
+            self.copies_out += 1
+        self.moving = (to_device, worker.submit(_copies_to, [param.data for param in self.params], target))
+        self.prefetches += int(to_device)
 
     def settle(self) -> None:
         """Wait for a background move, if any, and give the parameters its copies."""
@@ -124,6 +153,12 @@ class MinistageExecutor:
         """Chunks whose parameters a side thread copied to the device ahead of their use, so far."""
         return sum(home.prefetches for home in self.homes)
 
+    @property
+    def parameter_moves_out(self) -> tuple[int, int]:
+        """Moves of a chunk's parameters to the host so far: (copied, only dropped: unchanged since
+        they came to the device)."""
+        return sum(home.copies_out for home in self.homes), sum(home.drops for home in self.homes)
+
     def _takes_tokens(self, chunk: int) -> bool:
         return self.stage_index == 0 and chunk == 0
 
@@ -149,6 +184,8 @@ class MinistageExecutor:
         received: dict[tuple[str, int, int], PendingTensor] = {}
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         self.host_copies = 0
+        for home in self.homes:  # resident since the last run: anything may have written to them since
+            home.modified()
         for position, action in enumerate(actions):
             chunk, micro_batch = action.chunk, action.micro_batch
             kind = action.kind
@@ -171,7 +208,8 @@ class MinistageExecutor:
                 if not self._takes_tokens(chunk):
                     input_grads[(chunk, micro_batch)] = x.grad
             elif kind == "STEP":
-                on_step(chunk)
+                if on_step(chunk) is not False:  # False: the parameters did not change (a deferred step)
+                    self.homes[chunk].modified()
             elif kind == "SEND_F":
                 stage, _ = self._consumer(chunk)
                 self.resharder.send(outputs[(chunk, micro_batch)].detach(), stage, micro_batch, direction=FORWARD,
@@ -185,10 +223,20 @@ class MinistageExecutor:
                     received[(kind, chunk, micro_batch)] = self._post_receive(kind, chunk, micro_batch)
             else:
                 raise ValueError(f"a ministage stage runs F, B, STEP, SEND and RECV actions, got {action}")
-        self._make_resident(None)
+        if self.worker is None:
+            self._make_resident(None)
+        # with prefetch the last chunk and the next step's first stay (two resident, as within a step):
+        # no copy at the step's end or at the next one's start; `release` sends them home. No copy is
+        # left in flight between steps, when others may write the parameters (a checkpoint, a PS pull)
+        for home in self.homes:
+            home.settle()
         if self.resharder is not None:
             self.resharder.p2p.wait_sends()
         return loss_sum
+
+    def release(self) -> None:
+        """Every chunk's parameters back to host memory (under parameter offload; after the last step)."""
+        self._make_resident(None)
 
     def _post_receives_until_next_compute(self, actions, start: int, received: dict) -> None:
         """Post the receives listed before the next compute action, so they arrive while this one runs
@@ -230,6 +278,7 @@ class MinistageExecutor:
             for position, chunk in enumerate(chunks):
                 self._make_resident(chunk, chunks[position + 1] if position + 1 < len(chunks) else None)
                 yield chunk
+                self.homes[chunk].modified()  # the caller stepped it
         finally:
             self._make_resident(None)
 
@@ -253,9 +302,10 @@ class MinistageExecutor:
 
     @staticmethod
     def _next_chunk(actions, position: int, chunk: int) -> int | None:
-        """The chunk of the first compute action after `position` that is not `chunk` (None: none)."""
-        return next((a.chunk
-                     for a in actions[position + 1:] if a.kind in ("F", "B", "STEP") and a.chunk != chunk), None)
+        """The chunk of the first compute action after `position` that is not `chunk`, the list read
+        on from its start after its end (the next step runs it again; None: no other chunk)."""
+        return next((a.chunk for a in actions[position + 1:] + actions[:position]
+                     if a.kind in ("F", "B", "STEP") and a.chunk != chunk), None)
 
     def _compute_precision(self):
         if self.autocast is None:

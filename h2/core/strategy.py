@@ -20,6 +20,8 @@
     ministages: 1              # Zorse: layer chunks per stage, interleaved round-robin (GPipe order)
     optimizer_sharding: zero2  # optional: none | zero1 | zero2 (else the run's --optimizer-sharding)
     offload: [activations, parameters]   # optional: what waits in host memory between its uses
+    reshuffle: true            # optional, Zorse: whole micro-batches per replica, each finished one to the
+                               # next stage's replica with the most work left (heteropp.reshuffle)
 
 A stage's `chips` lists the chip type of each data-parallel replica (a group mixing chip types; its
 dp is the list's length, tp must be 1, and `chip`, if given, must be the first); its `rows` lists the
@@ -100,6 +102,10 @@ class Strategy:
     # the global order its replicas' messages take the link in ("0F: 0.0 1.0 0.1 1.1 ...")
     replica_orders: list[list[str]] | None = None
     send_lists: list[str] | None = None
+    # Zorse's dynamic micro-batch reshuffling (heteropp.reshuffle): a replica takes whole micro-batches
+    # (its share in proportion to its rows), each stage's i-th finished one going to the next stage's
+    # replica with the i-th most work left; GPipe order, tp 1, no ministages, offload or ZeRO-2
+    reshuffle: bool = False
 
     def model_config(self, source: str = "strategy") -> ModelConfig:
         if isinstance(self.model, str):
@@ -274,6 +280,8 @@ class Strategy:
             data["replica_orders"] = [list(orders) for orders in self.replica_orders]
         if self.send_lists is not None:
             data["send_lists"] = list(self.send_lists)
+        if self.reshuffle:
+            data["reshuffle"] = True
         return data
 
     def save(self, path: str | os.PathLike) -> None:

@@ -170,6 +170,9 @@ class PipelineOptions:
         "while this one computes (two ministages resident; --no-offload-prefetch: copy when needed)")
     threads: int = option(1, "torch intra-op threads per rank")
     log_every: int = option(1, "print a metrics line every N steps")
+    reshuffle_by_finish: bool = option(
+        True, "with a strategy's reshuffle: true, send a stage's i-th finished micro-batch to the next stage's "
+        "replica with the i-th most work left (--no-reshuffle-by-finish: micro-batch i there, a static map)")
     trace: str | None = option(
         None, "write a Chrome/Perfetto trace of every rank's spans (forward, backward, "
         "recompute, send, recv, all-reduce) to DIR/rank-<r>.json", metavar="DIR")

@@ -252,4 +252,5 @@ class PipelineTrainer:
             if self.engine.is_last and not math.isfinite(record["loss"]):
                 raise FloatingPointError(f"loss became {record['loss']} at step {record['step']}")
             records.append(record)
+        self.engine.release()
         return records

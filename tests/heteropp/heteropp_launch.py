@@ -3,6 +3,7 @@ the same data, for the tests and benchmarks."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -44,11 +45,14 @@ def _rank_main(rank: int, world_size: int, strategy_data: dict, steps: int, out_
                                                                                     for r in records) / len(records),
             "elapsed_s": trainer.elapsed_s, "stage_report": stage_report, "parameter_devices": sorted({
                 str(p.device) for p in engine.optimizer.params
-            }), "device_host_accessible": (torch.dipu.get_device_properties(engine.device).host_accessible
-                                           if engine.device.type == "dipu" else None),
-            "tp_backend": dist.get_backend(engine.groups.tp)
-            if engine.groups.tp is not None else None, "compute_order": " ".join(
-                str(a) for a in engine.actions if a.kind in ("F", "B", "W"))
+            }), "device_host_accessible": (torch.dipu.get_device_properties(
+                engine.device).host_accessible if engine.device.type == "dipu" else None), "parameter_moves_out": list(
+                    getattr(engine.executor, "parameter_moves_out", (0, 0))), "routes_sent": [
+                        list(dataclasses.astuple(r)) for r in getattr(engine.executor, "sent", [])
+                    ], "routes_received": [
+                        list(dataclasses.astuple(r)) for r in getattr(engine.executor, "received", [])
+                    ], "tp_backend": dist.get_backend(engine.groups.tp) if engine.groups.tp is not None else None,
+            "compute_order": " ".join(str(a) for a in engine.actions if a.kind in ("F", "B", "W"))
         }
     finally:
         dist.destroy_process_group()

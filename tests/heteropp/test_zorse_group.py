@@ -121,6 +121,11 @@ def test_prefetching_the_next_ministage_on_a_side_thread_matches_the_reference()
     assert max_relative_loss_difference(records, run_reference(data, 4)) < TOLERANCE
     assert all(r["prefetches"] >= 3 * 4 for r in ranks)  # chunks 1-3 at least, every step
     assert all(r["parameter_devices"] == ["cpu"] for r in ranks)
+    # clipping by the global norm, a chunk steps after the whole backward: every step chunks 0 and 1
+    # leave the device unchanged in the forward, 3 and 2 in the backward (dropped, nothing to copy;
+    # 1 stays for the next step's forward beside 0), and each is copied back after its step (and
+    # once each at the start)
+    assert all(r["parameter_moves_out"] == [4 + 4 * 4, 4 * 4] for r in ranks), [r["parameter_moves_out"] for r in ranks]
 
 
 def clip_each_group(names: list[str], groups: list[list[str]]):
