@@ -251,7 +251,8 @@ class Master:
                 "heartbeat_s": self.config.heartbeat_s, "version": self.state.version, "routes": self.routes(),
                 "model": self.config.model, "eval_sequences": self.config.eval_sequences,
                 "transfer_timeout_s": self.config.transfer_timeout_s, "sync_retry_s": self.config.sync_retry_s,
-                "finished": self.finished
+                "finished": self.finished, "mode": self.config.mode, "seed": self.config.seed,
+                "outer": self._outer_options()
             }
         self._forget(abandoned)
         return reply
@@ -404,16 +405,19 @@ class Master:
 
     def _shard_plan(self, request: dict, caller: str) -> dict:
         shard = self._shard(request, caller)
-        o = self.config.outer
         return {
             "layers": self.assignment[shard.index], "model": self.config.model, "seed": self.config.seed,
-            "version": self.state.version, "heartbeat_s": self.config.heartbeat_s, "outer": {
-                "optimizer": o.optimizer, "lr": o.lr, "momentum": o.momentum
-            }, "snapshot_dir": os.path.join(self.config.out, "shards", f"shard-{shard.index}"), "clients": {
-                curve_keys(self.credential.key_of(cluster_name(cid)))[0].decode(): cluster_name(cid)
-                for cid in self.clusters
-            }, "max_tickets": 2 * len(self.clusters) + 2, "ticket_ttl_s": self.ticket_ttl_s
+            "version": self.state.version, "heartbeat_s": self.config.heartbeat_s, "outer": self._outer_options(),
+            "reduce_only": self.config.rules.decentralized, "snapshot_dir": os.path.join(
+                self.config.out, "shards", f"shard-{shard.index}"), "clients": {
+                    curve_keys(self.credential.key_of(cluster_name(cid)))[0].decode(): cluster_name(cid)
+                    for cid in self.clusters
+                }, "max_tickets": 2 * len(self.clusters) + 2, "ticket_ttl_s": self.ticket_ttl_s
         }
+
+    def _outer_options(self) -> dict:
+        o = self.config.outer
+        return {"optimizer": o.optimizer, "lr": o.lr, "momentum": o.momentum}
 
     def _register_shard(self, request: dict, caller: str) -> dict:
         with self.lock:
@@ -501,7 +505,7 @@ class Master:
     def _round_ready(self) -> bool:
         if not self.pending:
             return False
-        if self.config.mode == "sync":
+        if self.config.rules.round_closes == "all":
             return self._sync_round_ready()
         return time.monotonic() >= self.window_closes
 
