@@ -10,6 +10,9 @@ A cluster's sync point, as the master sees it:
                  active one committed) the round runs:
                  Measure on every shard -> the penalty's verdict -> Prepare -> the committed version
                  is recorded -> Commit; the answer names the version to pull (or why it was skipped)
+In mode async-diloco (h2.core.dips.MODE_RULES) the master coordinates only membership and rounds: the clusters
+push pseudo-gradients against their own copies of the global model, the shards average them, and every
+participant applies its own outer step (h2.ps.client.ClusterOuter).
 A shard that fails or is missing during a round makes the round skipped: its pushes are forgotten,
 the participants pull the version they had and go on training. A cluster that misses `missed_beats`
 heartbeats is dropped (its pending push with it) and may join again; a shard that misses them is
