@@ -5,10 +5,15 @@ optimizer, and a round all-reduces the pseudo-gradients of the clusters that fin
 import json
 import threading
 
+import pytest
 import torch
 
-from h2.core.dips import OuterOptions
+from h2.core.dips import OuterOptions, PSOptions
+from h2.core.model_config import preset
+from h2.core.training import TrainConfig
 from h2.ps.client import ClusterClient
+from h2.train.ps_sync import run_with_ps
+from h2.train.trainer import Trainer
 from ps_harness import running_ps
 from test_ps_rounds import model_tensors
 
@@ -126,3 +131,20 @@ def test_each_cluster_steps_its_own_outer_optimizer_and_a_stale_one_pushes_again
         torch.testing.assert_close(tensors["b"][name], global_b[name], rtol=0, atol=1e-5)
     # their copies of the global model differ: a's momentum holds round 1, b's does not
     assert not torch.allclose(tensors["a"]["embed.weight"], tensors["b"]["embed.weight"])
+
+
+def test_a_trainer_cluster_starts_from_the_runs_seed_and_with_outer_sgd_lr1_trains_like_the_single_device_one(tmp_path):
+    """The trainer's path (h2 train --ps): version 0 built on the cluster, its own outer step after each round."""
+    config = TrainConfig(steps=4, checkpoint_every=0, micro_batch_size=4)
+    reference = Trainer(preset("tiny"), config, str(tmp_path / "reference"), show_progress=False).run()
+    with running_ps(tmp_path / "ps", clusters=("solo", ), mode="async-diloco", inner_steps=1, eval_sequences=0,
+                    grace_s=0.0, outer=OuterOptions(optimizer="sgd", lr=1.0, momentum=0.0)) as (_, _, address):
+        trainer = Trainer(preset("tiny"), config, str(tmp_path / "cluster"), show_progress=False)
+        with torch.no_grad():
+            for param in trainer.model.parameters():
+                param.add_(1.0)  # not the run's version 0: the cluster must take it from the seed
+        records = run_with_ps(trainer, PSOptions(ps=address, cluster_id="solo"), show_progress=False,
+                              log=lambda _: None)
+    assert [r["participants"] for r in rounds_of(tmp_path / "ps")] == [["solo"]] * 4
+    for ours, theirs in zip(records, reference, strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-5), ours["step"]
