@@ -1,6 +1,8 @@
-"""Di-PS against synchronous DiLoCo and naive asynchronous DiLoCo on 4 emulated clusters.
+"""Di-PS against synchronous DiLoCo, naive asynchronous DiLoCo and the paper's asynchronous DiLoCo on a
+decentralized architecture (mode async-diloco) on 4 emulated clusters.
 
     python benchmarks/bench_dips.py                       # configs/dips/local-4.yaml, modes sync async dips
+    python benchmarks/bench_dips.py --modes sync,dips,async-diloco
     python benchmarks/bench_dips.py --outliers c3         # also: cluster c3 pushes 100x pseudo-gradients
     python benchmarks/bench_dips.py --faults              # also: dips with a cluster, a shard, the master killed
     python benchmarks/bench_dips.py --tokens 900000       # a longer run than the file's budget
@@ -10,7 +12,9 @@ changing only `mode` (and, with --outliers, the named cluster's fault injection)
 loss over time is the held-out loss each cluster measures on every version it pulls (the same fixed
 sample for all), placed at the first moment any cluster held that version. Printed: per mode the
 rounds, final loss, time to the target loss and the speedup over sync (the baseline, same run), and
-the emulation's honesty (steps whose real compute overran their emulated time).
+the emulation's honesty (steps whose real compute overran their emulated time). In async-diloco there is
+no global model: each cluster scores its own copy after each of its outer steps; its curve is every such
+score, and its final loss the mean of the clusters' last scores (each cluster's is printed too).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import sys
 import tempfile
 
 import yaml
+
+from h2.core.dips import MODE_RULES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,11 +82,37 @@ def measure(base: dict, mode: str, out: str) -> dict:
         overruns += syncs[-1]["pacing_overruns"] if syncs else 0
         steps += syncs[-1]["step"] if syncs else 0
     curve = sorted((t - start, loss, version) for version, (t, loss) in first_seen.items())
+    cluster_final = last_losses(base, out)
+    final_loss = curve[-1][1]
+    if MODE_RULES[mode].decentralized:  # no global model: every cluster's own copy, each scored when it changed
+        curve = sorted((t - start, loss, version) for t, loss, version in all_scores(base, out))
+        final_loss = sum(cluster_final.values()) / len(cluster_final)
     rounds = [e for e in events if e["event"] == "round"]
     return {
-        "mode": mode, "curve": curve, "final_loss": curve[-1][1], "final_time_s": curve[-1][0], "rounds": len(rounds),
-        "rejected": sum(len(r["rejected"]) for r in rounds), "overruns": overruns, "steps": steps
+        "mode": mode, "curve": curve, "final_loss": final_loss, "final_time_s": curve[-1][0], "rounds": len(rounds),
+        "rejected": sum(len(r["rejected"])
+                        for r in rounds), "overruns": overruns, "steps": steps, "cluster_final": cluster_final
     }
+
+
+def all_scores(base: dict, out: str) -> list[tuple[float, float, int]]:
+    """(time, held-out loss, version) of every scored model of every cluster."""
+    return [(sync["time"], sync["eval_loss"], sync["version"]) for cluster in base["clusters"]
+            for sync in read_jsonl(os.path.join(out, "clusters", cluster["id"], "ps.jsonl"))
+            if sync.get("eval_loss") is not None]
+
+
+def last_losses(base: dict, out: str) -> dict[str, float]:
+    """Each cluster's last held-out loss (of the global model it last pulled; async-diloco: of its own copy)."""
+    losses = {}
+    for cluster in base["clusters"]:
+        scored = [
+            s for s in read_jsonl(os.path.join(out, "clusters", cluster["id"], "ps.jsonl"))
+            if s.get("eval_loss") is not None
+        ]
+        if scored:
+            losses[cluster["id"]] = scored[-1]["eval_loss"]
+    return losses
 
 
 def time_to(curve: list, target: float) -> float | None:
@@ -145,6 +177,9 @@ def main() -> int:
         shown = f"{reached:.1f} s" if reached is not None else "not reached"
         print(f"{key:<16}{r['rounds']:>7}{r['final_loss']:>12.4f}{relative:>9}{shown:>16}{speedup:>9}"
               f"{r['rejected']:>10}{r['overruns']:>6}/{r['steps']}")
+    for key, r in results.items():
+        print(f"{key}: each cluster's last held-out loss: " +
+              ", ".join(f"{cid} {loss:.4f}" for cid, loss in r.get("cluster_final", {}).items()))
     if "dips" in results and "dips+faults" in results:
         faulted, clean = results["dips+faults"]["final_loss"], results["dips"]["final_loss"]
         print(f"dips+faults against fault-free dips (same run): final loss {100 * (faulted / clean - 1):+.1f}%")

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from h2.core import flags
-from h2.core.dips import MAX_SHARDS, SECRET_ENV, PSOptions, load_dips_config, parse_address
+from h2.core.dips import MAX_SHARDS, MODES, SECRET_ENV, PSOptions, load_dips_config, parse_address
 from h2.core.errors import ArgumentParser, UserError
 from h2.core.model_config import PRESETS
 from h2.core.ranks import free_port
@@ -283,7 +283,7 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"update rate measured in {measured.source}: median update {measured.median_update_s:.4f} s over "
               f"{measured.rounds} rounds of a {measured.model_bytes:,}-byte model on {measured.shards} shards = "
               f"{measured.gbps_per_shard:.3f} Gbit/s per shard (the scenario's update_gbps replaced)")
-    print(report(scenario, simulate(scenario, rounds=args.rounds)))
+    print(report(scenario, simulate(scenario, rounds=args.rounds, mode=args.mode)))
     return 0
 
 
@@ -338,4 +338,8 @@ def add_commands(sub) -> None:
     sim.add_argument(
         "--update-from", metavar="RUN_DIR", help="take the shards' update rate from a run's "
         "rounds.jsonl (median measured update time) instead of the scenario's update_gbps")
+    sim.add_argument(
+        "--mode", choices=MODES, default="dips",
+        help="how rounds close and who exchanges with whom, as the run file's mode (default dips; "
+        "async-diloco: no PS, each round's clusters all-reduce)")
     sim.set_defaults(handler=_simulate)

@@ -18,9 +18,28 @@ from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
 from h2.core.training import MAX_GLOBAL_BATCH, MAX_STEPS, MAX_TIMEOUT_S, TrainConfig, option
 
-MODES = ("sync", "async", "dips")
+MODES = ("sync", "async", "dips", "async-diloco")
 SECRET_ENV = "H2_PS_SECRET_FILE"  # names a process's Di-PS credential file when no flag does (h2.ps.auth)
 MAX_SHARDS = 256  # shard processes one launcher starts; the model's layers are split over them
+
+
+@dataclass(frozen=True)
+class ModeRules:
+    """What a mode changes, decided here for the master, the shards, the clusters and the simulator."""
+    round_closes: Literal["all", "window", "at_once"]  # every active cluster committed | grace_s after the last
+    # arrival | the first arrival makes a round of its own
+    penalty: bool  # the pseudo-gradient penalty judges the pushes (reject, clip)
+    # async DiLoCo on a decentralized architecture: each cluster holds its own copy of the global model and its
+    # own outer optimizer; the shards only reduce the pushed pseudo-gradients (the all-reduce) and hold no model
+    decentralized: bool
+
+
+MODE_RULES = {
+    "sync": ModeRules("all", penalty=False, decentralized=False),
+    "async": ModeRules("at_once", penalty=False, decentralized=False),
+    "dips": ModeRules("window", penalty=True, decentralized=False),
+    "async-diloco": ModeRules("window", penalty=False, decentralized=True),
+}
 
 
 @dataclass
@@ -62,12 +81,12 @@ class SiteSpec:
 
 @dataclass
 class DipsConfig:
-    mode: Literal["sync", "async", "dips"] = "dips"
+    mode: Literal["sync", "async", "dips", "async-diloco"] = "dips"
     model: str = "tiny"  # model preset, or a model YAML or Hugging Face config.json (h2.core.model_config)
     seed: int = 0  # the initial global model
     inner_steps: int = 8  # H: inner steps between two pushes of a cluster
     tokens: int = 0  # stop once the outer loop consumed this many tokens (0: no limit)
-    grace_s: float = 1.0  # mode dips: the window every arrival re-arms
+    grace_s: float = 1.0  # modes dips and async-diloco: the window every arrival re-arms
     heartbeat_s: float = 1.0  # clusters and shards beat this often
     missed_beats: int = 3  # ... and are dropped after this many missed beats
     transfer_timeout_s: float = 30.0  # a layer's push or pull that takes longer fails (the sync point is skipped)
@@ -88,13 +107,18 @@ class DipsConfig:
     sites: list[SiteSpec] = field(default_factory=list)  # candidate shard sites (empty: the shards listen on host)
 
     @property
+    def rules(self) -> ModeRules:
+        return MODE_RULES[self.mode]
+
+    @property
     def uses_penalty(self) -> bool:
-        return self.mode == "dips"
+        return self.rules.penalty
 
     @property
     def window_s(self) -> float:
-        """How long the master waits for more clusters after an arrival (sync waits for all instead)."""
-        return self.grace_s if self.mode == "dips" else 0.0
+        """How long the master waits for more clusters after an arrival (sync waits for all instead; in
+        async-diloco the window is the all-reduce's matchmaking: who else finished its inner phase)."""
+        return self.grace_s if self.rules.round_closes == "window" else 0.0
 
 
 def _checks(config: DipsConfig) -> list[tuple[str, bool, str]]:
@@ -167,6 +191,12 @@ def check_dips_config(config: DipsConfig, source: str) -> DipsConfig:
         if cluster.strategy is not None and config.chunks_per_cluster:
             raise UserError(f"{where}.strategy': chunks (chunks_per_cluster) are read by single-device clusters only; "
                             f"a strategy's cluster reads its fixed partition (set chunks_per_cluster: 0)")
+        if config.rules.decentralized and cluster.strategy is not None:
+            raise UserError(f"{where}.strategy': mode async-diloco runs single-device clusters only (a pipeline's "
+                            f"stages do not keep the cluster's copy of the global model)")
+        if config.rules.decentralized and cluster.outlier != "none":
+            raise UserError(f"{where}.outlier': mode async-diloco has no fault injection (its clusters push "
+                            f"pseudo-gradients, which the injection does not scale)")
         if cluster.outlier_every < 1:
             raise UserError(f"{where}.outlier_every' must be at least 1, got {cluster.outlier_every}")
         if cluster.outlier_every > MAX_STEPS:

@@ -12,6 +12,11 @@ A round the master skips, a push or commit the PS refuses, or a PS that does not
 cluster skip this sync point and go on training from its own parameters; if the master dropped it
 (missed heartbeats) or restarted, it joins again and pulls the latest version.
 
+In mode async-diloco (the paper's asynchronous DiLoCo on a decentralized architecture) the cluster keeps its
+own copy of the global model and its own outer optimizer (`ClusterOuter`): it pushes its pseudo-gradient
+Δ = θ_global − θ_local, the round's participants (the clusters that finished their inner phase within the
+window) get the weighted average of their Δs (the all-reduce), and each applies it with its own outer step.
+
 A cluster speaks with its credential (h2.ps.auth: `--ps-secret-file` or $H2_PS_SECRET_FILE): its calls
 to the master are signed with it, and its CURVE key pair for the shards is derived from it; every rank
 of a pipeline cluster derives the same pair (`cluster_curve`).
@@ -27,12 +32,14 @@ from typing import Callable
 
 import torch
 
+from h2.core.dips import MODE_RULES, OuterOptions
 from h2.core.errors import UserError
 from h2.core.model_config import resolve_model
+from h2.ps import outer
 from h2.ps.auth import Credential, cluster_name, load_credential
 from h2.ps.chunks import Chunk
 from h2.ps.datapath import CurveClient, DataFlowError, Route, pull_layers, push_layers
-from h2.ps.layout import Layer, model_layers, unflatten
+from h2.ps.layout import Layer, initial_model, model_layers, unflatten
 from h2.ps.rpc import Control, Rejected, Unreachable
 
 GIVE_UP_S = 120.0
@@ -142,6 +149,28 @@ class Outliers:
         return scaled
 
 
+class ClusterOuter:
+    """Async DiLoCo's decentralized outer optimizer: this cluster's own copy of the global model and its own
+    outer momentum (torch.optim.SGD's arithmetic, h2.ps.outer), stepped with each all-reduced pseudo-gradient."""
+
+    def __init__(self, options: OuterOptions, tensors: dict[str, torch.Tensor]):
+        self.options = options
+        self.model = {name: tensor.detach().to("cpu", torch.float32).clone() for name, tensor in tensors.items()}
+        self.momentum: dict[str, torch.Tensor | None] = {name: None for name in self.model}
+
+    def pseudo_gradient(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Δ = θ_global − θ_local: what this cluster pushes (the sign of Algorithm 1's Δ)."""
+        return {name: self.model[name] - tensors[name].detach().to("cpu", torch.float32) for name in self.model}
+
+    def step(self, average: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
+        """One step of this cluster's outer optimizer on `average`; the local model restarts from the new copy."""
+        with torch.no_grad():
+            for name in self.model:
+                self.model[name], self.momentum[name] = outer.stepped(self.options, self.model[name],
+                                                                      self.momentum[name], average[name])
+                tensors[name].copy_(self.model[name])
+
+
 class ClusterClient:
 
     def __init__(self, address: str, cluster_id: str, *, log: Callable[[str], None] = print, outliers: Outliers
@@ -153,6 +182,7 @@ class ClusterClient:
         self.outliers = outliers or Outliers()
         self.needs_rejoin = False
         self.finished = False
+        self.outer: ClusterOuter | None = None  # mode async-diloco: this cluster's global model and optimizer
         self.stopped = threading.Event()
         self.join()
         self.beat = threading.Thread(target=self._beat_loop, name="ps-cluster-beat", daemon=True)
@@ -176,6 +206,8 @@ class ClusterClient:
         self.sync_retries = sync_retries(reply["sync_retry_s"], reply["heartbeat_s"])
         self.follow(reply["routes"])
         self.finished = reply["finished"]
+        self.decentralized = MODE_RULES[reply["mode"]].decentralized
+        self.outer_options, self.seed = OuterOptions(**reply["outer"]), int(reply["seed"])
         self.needs_rejoin = False
         return reply
 
@@ -254,8 +286,31 @@ class ClusterClient:
         self.outliers.remember(list(self.layers.by_name[n].layer for n in names), tensors)
         return nbytes
 
+    def start(self, tensors: dict[str, torch.Tensor], fresh: bool) -> int:
+        """At this process's first join, take the global model into `tensors`; the bytes pulled. In mode
+        async-diloco nothing is pulled: a `fresh` cluster builds version 0 from the run's seed (the same on
+        every cluster), a resumed one keeps its own parameters, and either starts its own outer optimizer."""
+        if not self.decentralized:
+            return self.pull_all(tensors, self.version)
+        if fresh:
+            with torch.no_grad():
+                for name, value in initial_model(self.model, self.seed).items():
+                    tensors[name].copy_(value)
+        self.outer = ClusterOuter(self.outer_options, tensors)
+        return 0
+
+    def take_average(self, tensors: dict[str, torch.Tensor], version: int) -> int:
+        """Async-diloco: pull the round's averaged pseudo-gradient and apply this cluster's outer step."""
+        average = {name: torch.empty_like(value) for name, value in self.outer.model.items()}
+        nbytes = self.layers.pull(version, average, [route.layer.name for route in self.layers.routes.values()])
+        self.outer.step(average, tensors)
+        self.version = version
+        return nbytes
+
     def rejoin_and_pull(self, tensors: dict[str, torch.Tensor]) -> SyncResult:
         reply = self.join()
+        if self.decentralized:  # its global model and outer optimizer are its own: nothing to pull
+            return SyncResult("rejoined", reply["version"], finished=self.finished)
         started = time.perf_counter()
         nbytes = self.pull_all(tensors, reply["version"])
         return SyncResult("rejoined", reply["version"], pull_s=time.perf_counter() - started, bytes_pulled=nbytes,
@@ -271,8 +326,11 @@ class ClusterClient:
             if plan["status"] != "push":
                 return SyncResult("skipped", self.version, reason=plan["reason"], finished=self.finished)
             names = [route.layer.name for route in self.layers.routes.values()]
-            pushed = self.layers.push(plan["ticket"], tensors, names, plan["order"],
-                                      self.outliers.transform_for_this_push())
+            if self.decentralized:
+                pushed = self.layers.push(plan["ticket"], self.outer.pseudo_gradient(tensors), names, plan["order"])
+            else:
+                pushed = self.layers.push(plan["ticket"], tensors, names, plan["order"],
+                                          self.outliers.transform_for_this_push())
             committed = self.commit(plan["ticket"], tokens, loss)
             push_s = time.perf_counter() - started
             if committed["status"] != "committed":
@@ -283,7 +341,11 @@ class ClusterClient:
             result = SyncResult(outcome["status"], outcome["version"], outcome.get("round", 0), outcome.get(
                 "reason", ""), push_s=push_s, wait_s=waited - started - push_s, bytes_pushed=pushed,
                                 finished=self.finished)
-            if outcome["status"] in ("applied", "rejected"):
+            if outcome["status"] == "applied" and self.decentralized:
+                result.bytes_pulled = self.take_average(tensors, outcome["version"])
+                result.pull_s = time.perf_counter() - waited
+                self.report_pull(outcome["version"], result.pull_s, result.bytes_pulled)
+            elif outcome["status"] in ("applied", "rejected"):
                 result.bytes_pulled = self.pull_all(tensors, outcome["version"])
                 result.pull_s = time.perf_counter() - waited
                 self.report_pull(outcome["version"], result.pull_s, result.bytes_pulled)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from h2.core.model_config import ModelConfig
+from h2.core.model_config import ModelConfig, resolve_model
 from h2.model.transformer import Transformer
 
 WIRE_DTYPE = torch.float32
@@ -86,3 +86,9 @@ def unflatten(layer: Layer, vector: torch.Tensor) -> dict[str, torch.Tensor]:
         out[name] = vector[offset:offset + count].view(shape)
         offset += count
     return out
+
+
+def initial_model(model_name: str, seed: int) -> dict[str, torch.Tensor]:
+    """Version 0 of the global model: the run's model built from its seed (the same tensors wherever built)."""
+    torch.manual_seed(seed)
+    return {name: param.detach() for name, param in Transformer(resolve_model(model_name)).named_parameters()}

@@ -10,6 +10,9 @@ A cluster's sync point, as the master sees it:
                  active one committed) the round runs:
                  Measure on every shard -> the penalty's verdict -> Prepare -> the committed version
                  is recorded -> Commit; the answer names the version to pull (or why it was skipped)
+In mode async-diloco (h2.core.dips.MODE_RULES) the master coordinates only membership and rounds: the clusters
+push pseudo-gradients against their own copies of the global model, the shards average them, and every
+participant applies its own outer step (h2.ps.client.ClusterOuter).
 A shard that fails or is missing during a round makes the round skipped: its pushes are forgotten,
 the participants pull the version they had and go on training. A cluster that misses `missed_beats`
 heartbeats is dropped (its pending push with it) and may join again; a shard that misses them is
@@ -251,7 +254,8 @@ class Master:
                 "heartbeat_s": self.config.heartbeat_s, "version": self.state.version, "routes": self.routes(),
                 "model": self.config.model, "eval_sequences": self.config.eval_sequences,
                 "transfer_timeout_s": self.config.transfer_timeout_s, "sync_retry_s": self.config.sync_retry_s,
-                "finished": self.finished
+                "finished": self.finished, "mode": self.config.mode, "seed": self.config.seed,
+                "outer": self._outer_options()
             }
         self._forget(abandoned)
         return reply
@@ -404,16 +408,19 @@ class Master:
 
     def _shard_plan(self, request: dict, caller: str) -> dict:
         shard = self._shard(request, caller)
-        o = self.config.outer
         return {
             "layers": self.assignment[shard.index], "model": self.config.model, "seed": self.config.seed,
-            "version": self.state.version, "heartbeat_s": self.config.heartbeat_s, "outer": {
-                "optimizer": o.optimizer, "lr": o.lr, "momentum": o.momentum
-            }, "snapshot_dir": os.path.join(self.config.out, "shards", f"shard-{shard.index}"), "clients": {
-                curve_keys(self.credential.key_of(cluster_name(cid)))[0].decode(): cluster_name(cid)
-                for cid in self.clusters
-            }, "max_tickets": 2 * len(self.clusters) + 2, "ticket_ttl_s": self.ticket_ttl_s
+            "version": self.state.version, "heartbeat_s": self.config.heartbeat_s, "outer": self._outer_options(),
+            "reduce_only": self.config.rules.decentralized, "snapshot_dir": os.path.join(
+                self.config.out, "shards", f"shard-{shard.index}"), "clients": {
+                    curve_keys(self.credential.key_of(cluster_name(cid)))[0].decode(): cluster_name(cid)
+                    for cid in self.clusters
+                }, "max_tickets": 2 * len(self.clusters) + 2, "ticket_ttl_s": self.ticket_ttl_s
         }
+
+    def _outer_options(self) -> dict:
+        o = self.config.outer
+        return {"optimizer": o.optimizer, "lr": o.lr, "momentum": o.momentum}
 
     def _register_shard(self, request: dict, caller: str) -> dict:
         with self.lock:
@@ -502,7 +509,7 @@ class Master:
     def _round_ready(self) -> bool:
         if not self.pending:
             return False
-        if self.config.mode == "sync":
+        if self.config.rules.round_closes == "all":
             return self._sync_round_ready()
         return time.monotonic() >= self.window_closes
 

@@ -9,6 +9,11 @@ gradients Δ_j = θ - θ_j of its layers (θ: the global model now, Algorithm 1)
 next version out of place (weighted average, clip, outer step; one thread per layer) and writes its
 snapshot; `Commit` makes it current, `Abort` forgets it. The previous version stays pullable.
 
+In mode async-diloco (`reduce_only`) a shard holds no model and no outer optimizer: the clusters push their
+pseudo-gradients (each against its own copy of the global model), `Measure` takes their Gram matrix as
+pushed, and a version is the weighted average of a round's pseudo-gradients (version 0: zeros), which the
+round's clusters pull and apply with their own outer optimizers (the all-reduce of async DiLoCo).
+
 Only the master drives a shard (its control calls are signed under this shard's key, h2.ps.auth), and
 only the run's clusters reach its data flow (CURVE: the public keys the master's plan lists). A push is
 staged only under a ticket the master announced for the pushing cluster; at most `max_tickets` tickets
@@ -33,11 +38,10 @@ from h2.core.dips import OuterOptions
 from h2.core.errors import RunFailed, UserError, one_line
 from h2.core.files import DIGEST_SUFFIX, check_digested, remove_quietly, write_digested
 from h2.core.model_config import resolve_model
-from h2.model.transformer import Transformer
 from h2.ps import outer
 from h2.ps.auth import MASTER, Credential, Guard, cluster_name
 from h2.ps.datapath import CurveServer, LayerServer, Refused
-from h2.ps.layout import Layer, flatten, model_layers
+from h2.ps.layout import Layer, flatten, initial_model, model_layers
 from h2.ps.rpc import Control, Rejected, Unreachable, serve, wait_until_stopped
 
 _SNAPSHOT = re.compile(r"^v(\d+)\.safetensors$")
@@ -53,8 +57,9 @@ class ShardState:
     """The layers' parameters, momentum and staged pushes, with snapshots on disk."""
 
     def __init__(self, index: int, layers: list[Layer], options: OuterOptions, snapshot_dir: str, *,
-                 max_tickets: int = 8, ticket_ttl_s: float = 120.0):
+                 max_tickets: int = 8, ticket_ttl_s: float = 120.0, reduce_only: bool = False):
         self.index, self.layers, self.options = index, {layer.name: layer for layer in layers}, options
+        self.reduce_only = reduce_only
         self.max_tickets, self.ticket_ttl_s = max_tickets, ticket_ttl_s
         self.snapshot_dir = snapshot_dir
         os.makedirs(snapshot_dir, exist_ok=True)
@@ -81,9 +86,11 @@ class ShardState:
         """Load snapshot `version`, or build version 0 from the run's seed."""
         if version in self.snapshots():
             self.params, self.momentum = self._read(version)
+        elif version == 0 and self.reduce_only:
+            self.params = {name: torch.zeros(layer.numel, dtype=torch.float32) for name, layer in self.layers.items()}
+            self._write(0, self.params, self.momentum)
         elif version == 0:
-            torch.manual_seed(seed)
-            tensors = dict(Transformer(resolve_model(model_name)).named_parameters())
+            tensors = initial_model(model_name, seed)
             self.params = {name: flatten(layer, tensors) for name, layer in self.layers.items()}
             self._write(0, self.params, self.momentum)
         elif os.path.exists(old := os.path.join(self.snapshot_dir, f"v{version:06d}.pt")):
@@ -205,7 +212,8 @@ class ShardState:
             return absent
 
     def measure(self, tickets: list[int]) -> dict[str, dict[str, float]]:
-        """<Δ_j, Δ_k> over this shard's layers, Δ_j = θ - θ_j, for every pair of tickets."""
+        """<Δ_j, Δ_k> over this shard's layers, Δ_j = θ - θ_j (reduce_only: Δ_j as pushed), for every pair of
+        tickets."""
         with self.lock:
             for ticket in tickets:
                 if ticket not in self.staged or len(self.staged[ticket]) < len(self.layers):
@@ -214,7 +222,7 @@ class ShardState:
             params = dict(self.params)
 
         def layer_gram(name: str) -> tuple[dict[int, torch.Tensor], np.ndarray]:
-            deltas = {t: params[name] - staged[t][name] for t in tickets}
+            deltas = {t: staged[t][name] if self.reduce_only else params[name] - staged[t][name] for t in tickets}
             stacked = torch.stack([deltas[t] for t in tickets]).double()
             return deltas, (stacked @ stacked.T).numpy()
 
@@ -232,6 +240,8 @@ class ShardState:
 
         def layer_step(name: str):
             average = sum(weight * measured[t][name] for t, weight in weights.items())
+            if self.reduce_only:  # the all-reduce's result: each cluster applies its own outer step
+                return clip * average, None
             return outer.stepped(self.options, params[name], momentum[name], clip * average)
 
         results = dict(zip(self.layers, self.threads.map(layer_step, list(self.layers))))
@@ -288,8 +298,9 @@ class ShardServer:
         self.heartbeat_s = plan["heartbeat_s"]
         all_layers = model_layers(resolve_model(plan["model"]))
         mine = [layer for layer in all_layers if layer.name in plan["layers"]]
-        self.state = ShardState(index, mine, OuterOptions(**plan["outer"]), plan["snapshot_dir"],
-                                max_tickets=int(plan["max_tickets"]), ticket_ttl_s=float(plan["ticket_ttl_s"]))
+        self.state = ShardState(index, mine, OuterOptions(**plan["outer"]), plan["snapshot_dir"], max_tickets=int(
+            plan["max_tickets"]), ticket_ttl_s=float(plan["ticket_ttl_s"]), reduce_only=bool(
+                plan.get("reduce_only", False)))
         self.model, self.seed = plan["model"], plan["seed"]
         self.state.start(plan["version"], self.model, self.seed)
         indices = {all_layers.index(layer): layer for layer in mine}

@@ -9,6 +9,13 @@ clusters' training throughputs, Di-PS section 3.1). Per cluster: step time = tok
 ingress shared by every transfer in flight); the update takes bytes / (shards * update_gbps); a pull
 is a push backwards. Events are processed in time order (Algorithm 1's window: every commit re-arms
 it). Nothing here runs a model: it is arithmetic on the scenario's numbers.
+
+The run file's modes (h2.core.dips.MODE_RULES) close rounds the same way here: `dips` and `async-diloco`
+grace_s after the last arrival, `async` at once, `sync` once every cluster has committed. In `async-diloco`
+(asynchronous DiLoCo on a decentralized architecture) there is no PS: a round's clusters all-reduce their
+pseudo-gradients among themselves (a ring: each link carries 2 (n - 1) / n of the model, at the slowest
+link of the ring between the members' sites, B[i][j] x the fewer workers), and each applies its own outer
+step (not timed: it runs on the cluster's own accelerators); a cluster alone in its round exchanges nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
+from h2.core.dips import MODE_RULES, MODES
 from h2.core.errors import UserError
 from h2.ps.placement import best_site
 
@@ -100,6 +108,7 @@ class ClusterReport:
 @dataclass
 class Simulation:
     site: int
+    mode: str = "dips"
     rounds: list[RoundReport] = field(default_factory=list)
     clusters: dict[str, ClusterReport] = field(default_factory=dict)
 
@@ -111,9 +120,23 @@ def _transfer_s(scenario: Scenario, cluster_index: int, site: int, concurrent: i
     return scenario.model_bytes * 8 / (min(link, shard_share) * 1e9)
 
 
-def simulate(scenario: Scenario, rounds: int = 20) -> Simulation:
+def _allreduce_s(scenario: Scenario, members: list[int]) -> float:
+    """A ring all-reduce of the model among `members` (cluster indices, the ring in that order)."""
+    if len(members) < 2:
+        return 0.0
+    ring = zip(members, members[1:] + members[:1])
+    slowest = min(scenario.bandwidth_gbps[i][j] * min(scenario.clusters[i].workers, scenario.clusters[j].workers)
+                  for i, j in ring)
+    return 2 * (len(members) - 1) / len(members) * scenario.model_bytes * 8 / (slowest * 1e9)
+
+
+def simulate(scenario: Scenario, rounds: int = 20, mode: str = "dips") -> Simulation:
+    if mode not in MODES:
+        raise UserError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    rules = MODE_RULES[mode]
     site = placement(scenario)
-    sim = Simulation(site, clusters={c.name: ClusterReport(c.name, scenario.step_s(c)) for c in scenario.clusters})
+    sim = Simulation(site, mode,
+                     clusters={c.name: ClusterReport(c.name, scenario.step_s(c)) for c in scenario.clusters})
     update_s = scenario.model_bytes * 8 / (scenario.shards * scenario.update_gbps * 1e9)
     events: list[tuple[float, int, str, int]] = []  # (time, order, kind, cluster index)
     order = 0
@@ -128,15 +151,32 @@ def simulate(scenario: Scenario, rounds: int = 20) -> Simulation:
         name = scenario.clusters[index].name
         if kind == "computed":
             in_flight += 1
-            push = _transfer_s(scenario, index, site, in_flight)
+            push = 0.0 if rules.decentralized else _transfer_s(scenario, index, site, in_flight)
             sim.clusters[name].push_s += push
             pushed_at[index] = now
             heapq.heappush(events, (now + push, order := order + 1, "committed", index))
         elif kind == "committed":
             in_flight -= 1
             pending.append((index, now - pushed_at[index]))
-            window_closes = now + scenario.grace_s
-            heapq.heappush(events, (window_closes, order := order + 1, "window", -1))
+            if rules.round_closes != "all" or len(pending) == len(scenario.clusters):
+                window_closes = now + (scenario.grace_s if rules.round_closes == "window" else 0.0)
+                heapq.heappush(events, (window_closes, order := order + 1, "window", -1))
+        elif kind == "window" and pending and window_closes is not None and now >= window_closes and (
+                rules.decentralized):
+            batch, pending, window_closes = pending, [], None
+            members = [member for member, _ in batch]
+            exchange = _allreduce_s(scenario, members)
+            for member in members:
+                report = sim.clusters[scenario.clusters[member].name]
+                report.wait_s += now - pushed_at[member]
+                report.push_s += exchange
+                report.rounds += 1
+                compute = scenario.inner_steps * scenario.step_s(scenario.clusters[member])
+                report.compute_s += compute
+                heapq.heappush(events, (now + exchange + compute, order := order + 1, "computed", member))
+            names = [scenario.clusters[m].name for m in members]
+            sim.rounds.append(
+                RoundReport(len(sim.rounds) + 1, names, {n: exchange for n in names}, 0.0, {n: 0.0 for n in names}))
         elif kind == "window" and pending and window_closes is not None and now >= window_closes:
             start = max(now, busy_until)
             busy_until = start + update_s
@@ -163,10 +203,13 @@ def simulate(scenario: Scenario, rounds: int = 20) -> Simulation:
 
 def report(scenario: Scenario, sim: Simulation) -> str:
     gb = scenario.model_bytes / 1e9
+    where = ("no PS: each round's clusters all-reduce their pseudo-gradients (ring; 'push s' is the all-reduce) "
+             "and step their own outer optimizers" if MODE_RULES[sim.mode].decentralized else
+             f"{scenario.shards} shards x {scenario.shard_nic_gbps:g} Gbps; PS placed at "
+             f"{scenario.clusters[sim.site].name}'s site (argmax of B_i^T p)")
     lines = [
-        f"model {scenario.parameters / 1e9:.0f} B parameters = {gb:.0f} GB per push and per pull; "
-        f"{scenario.shards} shards x {scenario.shard_nic_gbps:g} Gbps; H = {scenario.inner_steps}; "
-        f"PS placed at {scenario.clusters[sim.site].name}'s site (argmax of B_i^T p)",
+        f"mode {sim.mode}; model {scenario.parameters / 1e9:.0f} B parameters = {gb:.0f} GB per push and per pull; "
+        f"H = {scenario.inner_steps}; {where}",
         f"{'round':>5}  {'participants':<28}{'push s (max)':>13}{'update s':>10}{'pull s (max)':>13}"
     ]
     for r in sim.rounds:
@@ -179,7 +222,8 @@ def report(scenario: Scenario, sim: Simulation) -> str:
                      f"{c.pull_s / n:>9.0f}{100 * c.overhead:>9.1f}%")
     total = sum(c.push_s + c.wait_s + c.pull_s for c in sim.clusters.values())
     spent = total + sum(c.compute_s for c in sim.clusters.values())
-    lines.append(f"PS overhead over all clusters: {100 * total / spent:.1f}% of their time (simulated)")
+    what = "The all-reduces' and windows'" if MODE_RULES[sim.mode].decentralized else "PS"
+    lines.append(f"{what} overhead over all clusters: {100 * total / spent:.1f}% of their time (simulated)")
     return "\n".join(lines)
 
 

@@ -102,9 +102,12 @@ def run_pipeline_with_ps(trainer, options: PSOptions, *, log=print, on_step=lamb
                        for route in client.layers.routes.values()], "model": client.model, "version": client.version,
             "inner_steps": client.inner_steps, "partition": client.partition, "partitions": client.partitions,
             "transfer_timeout_s": client.transfer_timeout_s, "sync_retries": client.sync_retries,
-            "heartbeat_s": client.heartbeat_s
+            "heartbeat_s": client.heartbeat_s, "decentralized": client.decentralized
         }
     join = _broadcast(join, engine.groups.everyone)
+    if join["decentralized"]:
+        raise UserError(f"--ps {options.ps}: mode async-diloco runs single-device clusters only, not --strategy "
+                        f"pipelines (their stages do not keep the cluster's copy of the global model)")
     if options.outlier != "none":
         raise UserError("--outlier is fault injection for single-device clusters, not for --strategy pipelines")
     if resolve_model(join["model"]).architecture() != trainer.model_config.architecture():

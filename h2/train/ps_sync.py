@@ -94,7 +94,7 @@ def run_with_ps(trainer, options: PSOptions, *, show_progress: bool = True, log=
     if options.pace_step_s:
         say(f"emulated cluster speed: every step padded to {options.pace_step_s:g} s by sleeping")
     started = time.perf_counter()
-    nbytes = client.pull_all(tensors, client.version)
+    nbytes = client.start(tensors, fresh=trainer.step == 0)
     record_sync(
         SyncResult("joined", client.version, pull_s=time.perf_counter() - started, bytes_pulled=nbytes,
                    finished=client.finished))

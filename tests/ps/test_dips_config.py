@@ -2,7 +2,7 @@
 
 import pytest
 
-from h2.core.dips import SECRET_ENV, PSOptions, load_dips_config
+from h2.core.dips import MODE_RULES, SECRET_ENV, PSOptions, load_dips_config
 from h2.core.errors import UserError
 
 GOOD = """
@@ -33,7 +33,8 @@ def test_a_good_run_file_loads_with_the_papers_defaults(tmp_path):
     (("beta: 3.0", "beta: 0"), "field 'penalty.beta' must be positive, got 0.0"),
     (("inner_steps: 4", "inner_steps: 0"), "field 'inner_steps' must be at least 1, got 0"),
     (("{id: b, step_time_s: 0.5}", "{id: a}"), "field 'clusters[1].id': duplicate cluster id 'a'"),
-    (("mode: dips", "mode: fast"), "field 'mode': must be one of 'sync', 'async', 'dips', got 'fast'"),
+    (("mode: dips", "mode: fast"), "field 'mode': must be one of 'sync', 'async', 'dips', 'async-diloco', got 'fast'"),
+    (("mode: dips", "mode: async_diloco"), "field 'mode': must be one of 'sync', 'async', 'dips', 'async-diloco'"),
     (("mode: dips", "mode: dips\nwindow: 3"), "unknown field 'window'"),
     (("inner_steps: 4", "inner_steps: [4"), "malformed YAML"),
     (("inner_steps: 4", "inner_steps: 4\nsync_retry_s: -1"),
@@ -47,6 +48,25 @@ def test_a_bad_run_file_is_one_line_naming_file_and_field(tmp_path, change, mess
         load_dips_config(path)
     assert str(error.value).startswith(path) and message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_async_diloco_is_a_mode_of_its_own_decided_with_the_others(tmp_path):
+    config = load_dips_config(write(tmp_path, GOOD.replace("mode: dips", "mode: async-diloco")))
+    assert (config.rules.decentralized, config.uses_penalty, config.window_s) == (True, False, config.grace_s)
+    assert [MODE_RULES[m].decentralized for m in ("sync", "async", "dips")] == [False, False, False]
+
+
+@pytest.mark.parametrize("cluster, message", [
+    ("{id: b, strategy: pipe.yaml}", "field 'clusters[1].strategy': mode async-diloco runs single-device clusters "
+     "only"),
+    ("{id: b, outlier: scale}", "field 'clusters[1].outlier': mode async-diloco has no fault injection"),
+])
+def test_async_diloco_refuses_what_it_cannot_run_in_one_line(tmp_path, cluster, message):
+    path = write(tmp_path,
+                 GOOD.replace("mode: dips", "mode: async-diloco").replace("{id: b, step_time_s: 0.5}", cluster))
+    with pytest.raises(UserError) as error:
+        load_dips_config(path)
+    assert str(error.value).startswith(path) and message in str(error.value) and "\n" not in str(error.value)
 
 
 def test_a_bad_training_section_names_the_file_and_the_section(tmp_path):

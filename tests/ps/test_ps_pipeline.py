@@ -6,7 +6,7 @@ import pytest
 
 from h2.core.dips import OuterOptions, PSOptions
 from h2.core.model_config import preset
-from h2.core.ranks import run_ranks
+from h2.core.ranks import RankFailure, run_ranks
 from h2.core.training import TrainConfig
 from h2.model.transformer import Transformer
 from h2.train.ps_sync import run_with_ps
@@ -61,3 +61,12 @@ def test_a_tp2_pipeline_cluster_follows_the_outer_steps_exactly_like_a_single_de
     losses = next(result for result in ranks if result is not None)
     assert len(losses) == STEPS
     assert max(abs(ours - theirs) / theirs for ours, theirs in zip(losses, expected)) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_pipeline_cluster_that_joins_an_async_diloco_run_is_refused_in_one_line(tmp_path):
+    with running_ps(tmp_path / "ps", clusters=("pipe", ), mode="async-diloco", inner_steps=1,
+                    eval_sequences=0) as (_, _, address):
+        with pytest.raises(RankFailure, match="mode async-diloco runs single-device clusters only, not --strategy"):
+            run_ranks(pipeline_cluster_rank, 3, (STRATEGY, STEPS, address, str(tmp_path / "pipe")), timeout=300,
+                      start_method="forkserver", preload=["torch", "h2.model", "heteropp"])
