@@ -495,9 +495,10 @@ class _Search:
 
     def least_bound(self, problem: OrderedGroups | AllOrders, candidates: np.ndarray) -> int | None:
         """Index of the least candidate M under which every layer fits (None: not even the last)."""
-        if not len(candidates) or not problem.feasible(float(candidates[-1])):
+        if not len(candidates):
             return None
-        # near the start, gallop up from it then bisect; else bisect what is past the near part
+        # near the start, gallop up from it then bisect; else bisect what is past the near part (fitting only
+        # grows with M: the last candidate is asked only when the near part does not fit)
         near = math.isqrt(len(candidates) - 1)
         if problem.feasible(float(candidates[near])):
             low, step = 0, 1
@@ -505,6 +506,8 @@ class _Search:
                 self.tick()
                 low, step = low + step, step * 2
             high = min(low + step - 1, near)
+        elif near == len(candidates) - 1 or not problem.feasible(float(candidates[-1])):
+            return None
         else:
             low, high = near + 1, len(candidates) - 1
         while low < high:
