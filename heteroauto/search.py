@@ -15,10 +15,12 @@ finitely many values a stage weight takes; the smallest feasible one is found by
 recursion without the layer dimension, and larger ones are split in halves while
 M_low + alpha * sum(M_high) (sum falls as M grows) can still beat the k-th best. Whole (dp, grouping)
 items are skipped when a relaxation (M from a continuous cover of the layers, sum from the cheapest
-possible layer times) cannot beat it, orders when they cannot fit the layers under the best M that could
-still win. For the best plan alone (top_k 1) every order is solved at once by orders_dp.py, a dynamic
-programme over the sets of chip types already placed (k 2^(k-1) states instead of k! orders); top_k > 1
-keeps one programme per order (the best plan of each). In the layer recursion a state is cleared when a
+possible layer times) cannot beat it; that relaxation is solved only when the item comes up, items
+waiting behind a quick bound from their options alone (Planner.quick_bound, never above it), and
+orders when they cannot fit the layers under the best M that could still win. For the best plan
+alone (top_k 1) every order is solved at once by orders_dp.py, a dynamic programme over the sets of
+chip types already placed (k 2^(k-1) states instead of k! orders); top_k > 1 keeps one programme per
+order (the best plan of each). In the layer recursion a state is cleared when a
 state with fewer stages behind matches it (its memory caps are never tighter), when the groups still to
 place cannot complete the layers under M, and, for a sum that only matters below a cap, when its sum plus
 the least the remaining groups can add (one layer each, then the cheapest rates up to what each admits)
@@ -49,7 +51,7 @@ from h2.core.numbers import divisors
 from h2.core.strategy import StageSpec, Strategy
 from heteroauto import layer_dp
 from heteroauto.evaluation import evaluate_strategy
-from heteroauto.layer_dp import Option, OrderedGroups, StageVariantCaps
+from heteroauto.layer_dp import _ROUND, Option, OrderedGroups, StageVariantCaps
 from heteroauto.memory import stage_caps, stage_memory_terms_at
 from heteroauto.orders_dp import AllOrders
 from heteroauto.profiles import Profile
@@ -57,6 +59,7 @@ from heteroauto.stage_terms import check_cost_model, embedding_terms, head_terms
 
 GB = 1e9
 MAX_LAYERS = 1024  # the sum tables are (tp, stages, layers) arrays: quadratic in the layers
+_QUICK_MARGIN = 1 - 1e-9  # quick bounds shrunk by this: rounding cannot lift them above a plan's cost
 _TIE = 1 - 2e-9  # a bound within rounding of the incumbent cannot beat it by more than that: prune ties
 
 
@@ -338,6 +341,48 @@ class Planner:
             return None
         return _Item(dp=dp, groups=groups, options=options)
 
+    def quick_bound(self, item: _Item) -> float:
+        """A lower bound on every plan of the item from its options alone, never above bound_item's: a plan
+        whose stage weights are at most M holds at most min(memory cap, M / A) layers on each of a group's
+        stages (a stage's fixed weight and its position only lower that), and its sum of stage terms is
+        at least the layers at the least time of a layer. The least M at which the groups' best options
+        hold every layer, plus alpha times that sum, shrunk by a rounding margin; 0 when alpha > b (fixed
+        weights may then be negative)."""
+        micro_batches = self.training.micro_batch_units // item.dp
+        alpha, layers = self.training.alpha, self.model.num_layers
+        if micro_batches < alpha:
+            return 0.0
+        groups = [item.options[(group.chip.name, group.count)] for groups in item.groups.values() for group in groups]
+        every = [option for options in groups for option in options]
+        owner = np.repeat(np.arange(len(groups)), [len(options) for options in groups])
+        pp = np.array([option.pp for option in every], dtype=float)
+        cap = np.array([float(option.caps.middle[1:].max()) for option in every])
+        weight = np.array([(micro_batches - alpha) * option.compute_s + option.update_s for option in every])
+        positive = np.where(weight > 0, weight, 1.0)
+
+        def held(bound: float) -> float:
+            per = np.where(weight > 0, np.floor(bound / positive * (1 + _ROUND) + _ROUND), cap)
+            per = np.minimum(per, cap)
+            best = np.full(len(groups), -math.inf)
+            np.maximum.at(best, owner, np.where(per >= 1, pp * per, -math.inf))
+            return float(best.sum())
+
+        if held(math.inf) < layers:
+            return math.inf
+        steps = [weight[i] * np.arange(1, int(min(cap[i], layers)) + 1) for i in range(len(every)) if weight[i] > 0]
+        values = np.unique(np.concatenate(steps + [np.zeros(1)]))  # where a stage's layer count can change
+        low, high = 0, len(values) - 1
+        if held(float(values[high])) < layers:
+            return 0.0  # fits only past every step: no bound from M (cannot happen with positive weights)
+        while low < high:
+            middle = (low + high) // 2
+            if held(float(values[middle])) >= layers:
+                high = middle
+            else:
+                low = middle + 1
+        least_rate = min(option.compute_s for option in every)
+        return (float(values[low]) + alpha * layers * least_rate) * _QUICK_MARGIN
+
     def ordered(self, item: _Item, order: tuple[str, ...],
                 level: str = "exact") -> tuple[OrderedGroups, list[Group], float]:
         """The problem of one stage order at a level of relaxation, its groups, and a constant to add to
@@ -616,6 +661,32 @@ class _Search:
         cap = (self.threshold() - start) / problem.alpha if problem.alpha > 0 else math.inf
         return problem.least_sum(math.inf, cap if math.isfinite(start) and cap > 0 else math.inf)
 
+    # ---- the items: quick bounds, relaxed bounds, exact orders -------------------------------------------
+    def run_items(self, orders: list[tuple[str, ...]]) -> None:
+        """Every item in the order of its relaxed bound (bound_item), each bounded only when it comes up:
+        items wait behind their quick bound (quick_bound: never above the relaxed one, so the items run in
+        the same order as if every relaxed bound were known first), and those whose quick bound cannot beat
+        the best plan found by then are never bounded further."""
+        for item in self.items:
+            self.tick()
+            item.lower_bound_s = self.planner.quick_bound(item)
+        queue = [(item.lower_bound_s, index, False) for index, item in enumerate(self.items)]
+        heapq.heapify(queue)
+        while queue:
+            bound, index, relaxed = heapq.heappop(queue)
+            item = self.items[index]
+            self.tick()
+            if not relaxed:
+                if bound >= self.threshold() and math.isfinite(self.threshold()):
+                    self.planner.bounded += 1  # proved by the quick bound alone
+                    item.bounded = True
+                    continue
+                self.bound_item(item, orders)
+                heapq.heappush(queue, (item.lower_bound_s, index, True))
+                continue
+            self.run_item(item, orders)
+            self.items_done += 1
+
     # ---- one item: relaxed bounds first, exact orders last ---------------------------------------------
     def bound_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
         """Every order at once: memory caps by position in the group, cheapest type boundaries, head and
@@ -751,13 +822,7 @@ def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, pro
             if len(items) == 2 and items[0] is not None and items[1] is not None and _covers(items[1], items[0]):
                 items = items[1:]  # every whole-type plan is a split plan with one tp per type
             run.items += [item for item in items if item is not None]
-        for item in run.items:
-            run.tick()
-            run.bound_item(item, orders)
-        run.items.sort(key=lambda i: i.lower_bound_s)
-        for item in run.items:
-            run.run_item(item, orders)
-            run.items_done += 1
+        run.run_items(orders)
     except _TimeUp:
         optimal = False
     if not run.top:
@@ -765,7 +830,7 @@ def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, pro
             raise UserError(f"--time-limit {time_limit_s:g}: no feasible plan found within the time limit")
         raise UserError(planner.infeasible.reason())
     best = run.top[0]
-    unbounded = [0.0 for item in run.items if not item.bounded]  # not even bounded: nothing proved
+    unbounded = [item.lower_bound_s for item in run.items if not item.bounded]  # only the quick bound proved
     lower = min([best.objective_s / (1 + gap), run.lower_bound()] + unbounded)
     return SearchResult(best=best, top=list(run.top), evaluated=planner.evaluated, bounded=planner.bounded,
                         search_s=time.perf_counter() - run.started, search_cpu_s=time.process_time() - run.started_cpu,
