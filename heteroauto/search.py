@@ -217,6 +217,7 @@ class _Item:
     groups: dict[str, list[Group]]
     options: dict[tuple[str, int], list[Option]]
     lower_bound_s: float = 0.0  # below every plan of the item (order-free relaxation)
+    quick_least: float = 0.0  # no M below this fits (Planner.quick_bound)
     pending: list = field(default_factory=list)  # (lower bound, kind, key, least M, floor) of work not done yet
     problems: dict = field(default_factory=dict)  # ordered problems built so far
     shared: dict = field(default_factory=dict)  # group steps shared by those problems (layer_dp.group_steps)
@@ -341,17 +342,18 @@ class Planner:
             return None
         return _Item(dp=dp, groups=groups, options=options)
 
-    def quick_bound(self, item: _Item) -> float:
-        """A lower bound on every plan of the item from its options alone, never above bound_item's: a plan
+    def quick_bound(self, item: _Item) -> tuple[float, float]:
+        """(least M, bound): lower bounds on every plan of the item from its options alone, never above
+        bound_item's (its least M that fits, and its bound): a plan
         whose stage weights are at most M holds at most min(memory cap, M / A) layers on each of a group's
         stages (a stage's fixed weight and its position only lower that), and its sum of stage terms is
         at least the layers at the least time of a layer. The least M at which the groups' best options
-        hold every layer, plus alpha times that sum, shrunk by a rounding margin; 0 when alpha > b (fixed
-        weights may then be negative)."""
+        hold every layer, and that plus alpha times that sum, shrunk by a rounding margin; 0 when
+        alpha > b (fixed weights may then be negative)."""
         micro_batches = self.training.micro_batch_units // item.dp
         alpha, layers = self.training.alpha, self.model.num_layers
         if micro_batches < alpha:
-            return 0.0
+            return 0.0, 0.0
         groups = [item.options[(group.chip.name, group.count)] for groups in item.groups.values() for group in groups]
         every = [option for options in groups for option in options]
         owner = np.repeat(np.arange(len(groups)), [len(options) for options in groups])
@@ -368,12 +370,12 @@ class Planner:
             return float(best.sum())
 
         if held(math.inf) < layers:
-            return math.inf
+            return math.inf, math.inf
         steps = [weight[i] * np.arange(1, int(min(cap[i], layers)) + 1) for i in range(len(every)) if weight[i] > 0]
         values = np.unique(np.concatenate(steps + [np.zeros(1)]))  # where a stage's layer count can change
         low, high = 0, len(values) - 1
         if held(float(values[high])) < layers:
-            return 0.0  # fits only past every step: no bound from M (cannot happen with positive weights)
+            return 0.0, 0.0  # fits only past every step: no bound (cannot happen with positive weights)
         while low < high:
             middle = (low + high) // 2
             if held(float(values[middle])) >= layers:
@@ -381,7 +383,8 @@ class Planner:
             else:
                 low = middle + 1
         least_rate = min(option.compute_s for option in every)
-        return (float(values[low]) + alpha * layers * least_rate) * _QUICK_MARGIN
+        least = float(values[low])
+        return least * _QUICK_MARGIN, (least + alpha * layers * least_rate) * _QUICK_MARGIN
 
     def ordered(self, item: _Item, order: tuple[str, ...],
                 level: str = "exact") -> tuple[OrderedGroups, list[Group], float]:
@@ -669,7 +672,7 @@ class _Search:
         the best plan found by then are never bounded further."""
         for item in self.items:
             self.tick()
-            item.lower_bound_s = self.planner.quick_bound(item)
+            item.quick_least, item.lower_bound_s = self.planner.quick_bound(item)
         queue = [(item.lower_bound_s, index, False) for index, item in enumerate(self.items)]
         heapq.heapify(queue)
         while queue:
@@ -693,7 +696,7 @@ class _Search:
         embedding as the cheapest of any type (the order of the types then no longer matters)."""
         problem, _, constant = self.planner.ordered(item, orders[0], "item")
         floor = self.floor(problem) + constant
-        least, bound = self.bound(problem, 0.0, floor)
+        least, bound = self.bound(problem, item.quick_least, floor)
         item.lower_bound_s, item.bounded = bound, True
         if math.isfinite(bound):
             if self.top_k == 1:  # the best plan only: every order in one programme

@@ -72,9 +72,10 @@ def test_quick_bound_is_never_above_the_relaxed_bound():
                 item = planner.item(dp, grouping)
                 if item is None:
                     continue
-                quick = planner.quick_bound(item)
+                least, quick = planner.quick_bound(item)
                 run.bound_item(item, _orders(cluster))
                 assert quick <= item.lower_bound_s
+                assert all(least <= start for _, _, _, start, _ in item.pending)
                 checked += math.isfinite(item.lower_bound_s)
     assert checked >= 10
 
