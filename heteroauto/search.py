@@ -52,7 +52,7 @@ from h2.core.strategy import StageSpec, Strategy
 from heteroauto import layer_dp
 from heteroauto.evaluation import evaluate_strategy
 from heteroauto.layer_dp import _ROUND, Option, OrderedGroups, StageVariantCaps
-from heteroauto.memory import stage_caps, stage_memory_terms_at
+from heteroauto.memory import stage_caps_of_ends, stage_memory_terms_at
 from heteroauto.orders_dp import AllOrders
 from heteroauto.profiles import Profile
 from heteroauto.stage_terms import check_cost_model, embedding_terms, head_terms, transfer_s
@@ -296,11 +296,13 @@ class Planner:
         total = self.model.num_layers
         in_flight = np.minimum(np.arange(2 * total + 2), self.training.micro_batch_units // dp)
         in_flight[0] = 1  # distance 0 is never read
-        variants = {}
-        for first, last in ((False, False), (True, False), (False, True), (True, True)):
-            variants[(first, last)] = stage_caps(self.model, self.training, layer, dp=dp, recompute=recompute,
-                                                 in_flight=in_flight, first=first, last=last,
-                                                 capacity=chip.capacity_bytes, limit=total)
+        ends = [(False, False), (True, False), (False, True), (True, True)]
+        variants = dict(
+            zip(
+                ends,
+                stage_caps_of_ends(self.model, self.training, layer, dp=dp, recompute=recompute, in_flight=in_flight,
+                                   ends=ends, capacity=chip.capacity_bytes, limit=total)))
+        for first, last in ends:
             if variants[(first, last)][1] < 1:
                 terms = stage_memory_terms_at(self.model, self.training, layer, dp=dp, recompute=recompute, in_flight=1,
                                               first=first, last=last)
