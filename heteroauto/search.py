@@ -778,10 +778,11 @@ class _Search:
 
     def solve_every_order(self, item: _Item, orders: list[tuple[str, ...]], start: float, floor: float) -> None:
         """The best plan of the item over every order (orders_dp), ranges of M bounded by the order-free
-        relaxation of bound_item; the plan rebuilt on the order that attains it."""
+        relaxation of bound_item (its floor too: the every-order sum with no bound on M costs the most of
+        any sweep, as every state is reachable, and tightened the floor too little to pay for itself);
+        the plan rebuilt on the order that attains it."""
         problem = self.planner.all_orders(item)
         relaxed, _, constant = self.planner.ordered(item, orders[0], "item")
-        floor = max(floor, self.floor(problem, start))
 
         def offer(bound: float) -> None:
             exact, groups, _ = self.planner.ordered(item, problem.best_order(bound))
