@@ -588,13 +588,14 @@ class _Search:
         least = float(candidates[low])
         return least, least + problem.alpha * floor_sum
 
-    def solve(self, problem: OrderedGroups | AllOrders, relaxed_sum: Callable[[float], float], *, start: float,
+    def solve(self, problem: OrderedGroups | AllOrders, relaxed_sum: Callable[[float, float], float], *, start: float,
               floor_sum: float, on_better: Callable[[float], None] | None = None) -> tuple[float, float | None]:
         """(min over M of M + alpha * sum(M), the M that gives it), skipping what cannot beat the threshold.
 
         sum(M) falls as M grows, so M_low + alpha * sum(M_high) bounds every M in between; ranges are split
-        in halves, first bounded by a relaxed problem's sum (cheap, never above the exact one), and
-        evaluated exactly only where that bound can still win. on_better(M): called with each better M."""
+        in halves, first bounded by a relaxed problem's sum (relaxed_sum(M, cap): cheap, never above the
+        exact one, a value >= cap only a bound), and evaluated exactly only where that bound can still win.
+        on_better(M): called with each better M."""
         alpha = problem.alpha
         candidates = self.candidates(problem, start, floor_sum)
         low = self.least_bound(problem, candidates)
@@ -648,7 +649,10 @@ class _Search:
                 continue
             middle = (lo + hi) // 2
             self.tick()
-            lower = max(sum_hi, relaxed_sum(float(candidates[middle])))
+            # the relaxed sum matters only below what prunes (lo, middle] (a margin over it: a sum only
+            # bounded there prunes as surely as the exact one would)
+            prunes = (limit() * (1 + 1e-9) - float(candidates[lo + 1])) / alpha
+            lower = max(sum_hi, relaxed_sum(float(candidates[middle]), prunes))
             if candidates[lo + 1] + alpha * lower >= limit():  # (lo, middle] cannot win
                 self.planner.bounded += 1
                 push(middle, hi, lower, False, sum_hi, hi_exact)
@@ -788,8 +792,11 @@ class _Search:
             exact, groups, _ = self.planner.ordered(item, problem.best_order(bound))
             self.offer(self._plan(item, groups, layer_dp.rebuild(exact, layer_dp.sum_tables(exact, bound))))
 
+        def relaxed_sum(bound: float, cap: float) -> float:
+            return relaxed.least_sum(bound, cap - constant) + constant
+
         # under a time limit every better plan is kept at once, so that a stop mid-item still has it
-        value, bound = self.solve(problem, lambda m: relaxed.least_sum(m) + constant, start=start, floor_sum=floor,
+        value, bound = self.solve(problem, relaxed_sum, start=start, floor_sum=floor,
                                   on_better=offer if self.time_limit_s is not None else None)
         if bound is None:
             for order in orders:
