@@ -1,7 +1,8 @@
 """JEEVES against 1F1B on a real pipeline across two emulated sites: measured and predicted.
 
     .venv/bin/python benchmarks/bench_jeeves_run.py [--cluster configs/clusters/local-2site.yaml]
-        [--strategy configs/strategies/local-2site-pp2.yaml] [--steps 20] [--json FILE]
+        [--strategy configs/strategies/local-2site-pp2.yaml] [--steps 20] [--profiles DIR | --synthesised]
+        [--json FILE]
 
 Runs `h2 train --strategy S --cluster C --schedule X` for X = 1f1b and jeeves, alternating in this run
 (1f1b jeeves jeeves 1f1b for two rounds, so a drift of the shared host's load falls on both), on the
@@ -12,9 +13,18 @@ median beside it), the simulator's prediction
 (heteroauto's cost model with the stages' site links, replaying the schedule the ranks ran), and the
 ratios jeeves / 1f1b of both, and per schedule measured / predicted with a verdict: within 20 % (PASS or
 FAIL), or INVALID when the host's load average exceeded its cores (oversubscribed: the emulated chips
-cannot get their share). `--strategy configs/strategies/local-2site-dp2.yaml --cluster
-configs/clusters/local-2site-dp2.yaml` runs two replicas sharing the cross-site link. Every chip and
-link here is emulated.
+cannot get their share) or a run's late emulated kernel time broke the trust rule
+(h2.core.emulation.UNTRUSTED_FRACTION, from its stage report).
+
+The prediction prices the stages with profiles measured on the emulated chips (`heteroauto profile
+--cluster C`, into `--profiles DIR`, reused when already there; the benchmark's own folder otherwise),
+as the closed loop does: the synthesised profiles price a kernel by its FLOPs, while an emulated chip
+this small spends its time on each kernel's host work at 1/relative_speed (the optimizer step too), so
+they predicted the dp2 run ~1.5x too fast. `--synthesised` prices with them anyway (for comparison). A
+profile step refusing its measurement ends the benchmark with INVALID, exit 3.
+
+`--strategy configs/strategies/local-2site-dp2.yaml --cluster configs/clusters/local-2site-dp2.yaml`
+runs two replicas sharing the cross-site link. Every chip and link here is emulated.
 """
 
 from __future__ import annotations
@@ -31,7 +41,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEDULES = ("1f1b", "jeeves")
 
 
-def train(strategy: str, cluster: str, schedule: str, steps: int, out: str) -> list[dict]:
+def train(strategy: str, cluster: str, schedule: str, steps: int, out: str) -> tuple[list[dict], float]:
+    """The run's metrics records and the late fraction of its emulated kernel time (its stage report)."""
+    from h2.core.emulation import stage_report_trust
+
     command = [
         sys.executable, "-m", "h2", "train", "--strategy", strategy, "--cluster", cluster, "--schedule", schedule,
         "--steps",
@@ -43,7 +56,21 @@ def train(strategy: str, cluster: str, schedule: str, steps: int, out: str) -> l
             f"bench_jeeves_run: {' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     print("\n".join(line for line in result.stdout.splitlines() if line.startswith("h2: ")), flush=True)
     with open(os.path.join(out, "metrics.jsonl")) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        records = [json.loads(line) for line in handle if line.strip()]
+    with open(os.path.join(out, "stage_report.json")) as handle:
+        return records, stage_report_trust(json.load(handle)).fraction
+
+
+def measured_profiles(cluster: str, folder: str) -> None:
+    """`heteroauto profile --cluster C --out-dir folder` (a profile already there is reused); a refused
+    measurement (the host's load) ends the benchmark: INVALID, exit 3."""
+    command = [sys.executable, "-m", "h2.cli.heteroauto", "profile", "--cluster", cluster, "--out-dir", folder]
+    run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    if run.returncode == 2 and "INVALID" in run.stderr:
+        print(f"INVALID: the profile step refused its measurement: {run.stderr.strip().splitlines()[-1]}")
+        sys.exit(3)
+    if run.returncode != 0:
+        sys.exit(f"bench_jeeves_run: `heteroauto profile` failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
 
 
 def reference(strategy_path: str, steps: int) -> list[dict]:
@@ -61,17 +88,24 @@ def reference(strategy_path: str, steps: int) -> list[dict]:
     return Trainer(model, config, tempfile.mkdtemp(prefix="bench-jeeves-ref-"), show_progress=False).run()
 
 
-def predicted(strategy_path: str, cluster_path: str) -> dict[str, float]:
+def predicted(strategy_path: str, cluster_path: str, profile_folder: str | None) -> dict[str, float]:
     """The simulator's step time for each schedule, on the orders the ranks run (every replica's, the
-    cross-site link one queue that the replicas share: heteroauto.jeeves_plan.predicted_iteration_s)."""
+    cross-site link one queue that the replicas share: heteroauto.jeeves_plan.predicted_iteration_s),
+    priced with the profiles in `profile_folder` (synthesised from the chip types where None)."""
     import dataclasses
 
     from h2.core.cluster import load_cluster
     from h2.core.strategy import load_strategy
-    from heteroauto.jeeves_plan import predicted_iteration_s, strategy_costs, with_schedule_orders
+    from heteroauto.jeeves_plan import predicted_iteration_s, strategy_costs, training_of, with_schedule_orders
+    from heteroauto.problem import profile_paths
+    from heteroauto.profiles import profiles_for
 
     strategy, cluster = load_strategy(strategy_path), load_cluster(cluster_path)
-    costs = strategy_costs(strategy, cluster, strategy_path)
+    profiles = None
+    if profile_folder is not None:
+        profiles = profiles_for(cluster, strategy.model_config(), training_of(strategy, cluster),
+                                profile_paths(cluster, [], profile_folder))
+    costs = strategy_costs(strategy, cluster, strategy_path, profiles=profiles)
     times = {}
     for schedule in SCHEDULES:
         scheduled, _ = with_schedule_orders(dataclasses.replace(strategy), cluster, schedule, strategy_path)
@@ -79,11 +113,16 @@ def predicted(strategy_path: str, cluster_path: str) -> dict[str, float]:
     return times
 
 
-def verdict(measured_s: float, predicted_s: float, load: float, cores: int) -> str:
+def verdict(measured_s: float, predicted_s: float, load: float, cores: int, late: float) -> str:
     """PASS when measured is within 20 % of predicted, FAIL otherwise; INVALID when the host was
-    oversubscribed (load average above its cores) whatever the numbers."""
+    oversubscribed (load average above its cores) or the runs' late kernel time broke the trust rule,
+    whatever the numbers."""
+    from h2.core.emulation import UNTRUSTED_FRACTION
+
     if load > cores:
         return "INVALID (host oversubscribed)"
+    if late > UNTRUSTED_FRACTION:
+        return f"INVALID ({late:.1%} of the emulated kernel time ran late)"
     return "PASS" if abs(measured_s / predicted_s - 1) <= 0.2 else "FAIL"
 
 
@@ -95,16 +134,28 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2,
                         help="runs of each schedule, alternating (1f1b jeeves jeeves 1f1b)")
     parser.add_argument("--json", help="also write the results to this file")
+    pricing = parser.add_mutually_exclusive_group()
+    pricing.add_argument(
+        "--profiles", metavar="DIR", help="measured profiles of the cluster's chips: measured into "
+        "DIR when not there yet (default: the benchmark's own temporary folder)")
+    pricing.add_argument("--synthesised", action="store_true",
+                         help="price with profiles synthesised from the chip types instead of measured ones")
     args = parser.parse_args()
     load_before = os.getloadavg()
     out_root = tempfile.mkdtemp(prefix="bench-jeeves-")
+    profile_folder = None if args.synthesised else (args.profiles or os.path.join(out_root, "profiles"))
+    if profile_folder is not None:
+        measured_profiles(args.cluster, profile_folder)
     order = [SCHEDULES[(index + index // 2) % 2] for index in range(2 * args.rounds)]  # 1f1b jeeves jeeves 1f1b ...
     runs: dict[str, list[list[dict]]] = {schedule: [] for schedule in SCHEDULES}
+    late = {schedule: 0.0 for schedule in SCHEDULES}  # the worst round's late fraction
     for index, schedule in enumerate(order):
-        runs[schedule].append(
-            train(args.strategy, args.cluster, schedule, args.steps, os.path.join(out_root, f"{index}-{schedule}")))
+        records, fraction = train(args.strategy, args.cluster, schedule, args.steps,
+                                  os.path.join(out_root, f"{index}-{schedule}"))
+        runs[schedule].append(records)
+        late[schedule] = max(late[schedule], fraction)
     ref = reference(args.strategy, args.steps)
-    prediction = predicted(args.strategy, args.cluster)
+    prediction = predicted(args.strategy, args.cluster, profile_folder)
     load_after = os.getloadavg()
     results = {}
     for schedule, rounds in runs.items():
@@ -115,20 +166,22 @@ def main() -> int:
             "max_relative_loss_difference": loss_diff, "measured_step_s": statistics.median(r["step_time_s"]
                                                                                             for records in rounds
                                                                                             for r in records[1:]),
-            "round_medians_s": [statistics.median(r["step_time_s"] for r in records[1:])
-                                for records in rounds], "predicted_step_s": prediction[schedule]
+            "round_medians_s": [statistics.median(r["step_time_s"] for r in records[1:]) for records in rounds
+                                ], "predicted_step_s": prediction[schedule], "late_fraction": late[schedule]
         }
     print(f"two emulated sites ({args.cluster}), {args.strategy}, {args.steps} steps x {args.rounds} rounds "
-          f"({' '.join(order)}); load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+          f"({' '.join(order)}); load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; priced with "
+          f"{'synthesised profiles' if profile_folder is None else 'the profiles measured in ' + profile_folder}")
     print(f"{'schedule':>8} {'loss diff':>10} {'measured s':>11} {'per round s':>14} {'predicted s':>12} "
-          f"{'measured/predicted':>19}  within 20 %")
+          f"{'measured/predicted':>19} {'late':>6}  within 20 %")
     load, cores = max(load_before[0], load_after[0]), os.cpu_count() or 1
     for schedule, row in results.items():
         per_round = " ".join(f"{value:.3f}" for value in row["round_medians_s"])
         row["measured_over_predicted"] = row["measured_step_s"] / row["predicted_step_s"]
-        row["verdict"] = verdict(row["measured_step_s"], row["predicted_step_s"], load, cores)
+        row["verdict"] = verdict(row["measured_step_s"], row["predicted_step_s"], load, cores, row["late_fraction"])
         print(f"{schedule:>8} {row['max_relative_loss_difference']:>10.2e} {row['measured_step_s']:>11.4f} "
-              f"{per_round:>14} {row['predicted_step_s']:>12.4f} {row['measured_over_predicted']:>19.3f}  "
+              f"{per_round:>14} {row['predicted_step_s']:>12.4f} {row['measured_over_predicted']:>19.3f} "
+              f"{row['late_fraction']:>6.1%}  "
               f"{row['verdict']}")
     measured_ratio = results["jeeves"]["measured_step_s"] / results["1f1b"]["measured_step_s"]
     predicted_ratio = results["jeeves"]["predicted_step_s"] / results["1f1b"]["predicted_step_s"]
