@@ -1019,6 +1019,159 @@ def signals_case(case: Case) -> None:
     _check_no_leaks(pids, tmpdir)
 
 
+# ---- security: a foreign local process attacks a running Di-PS job ---------------------------------
+ATTACKS = ("status", "pull", "pulled", "join", "leave", "forged-tokens", "under-ticket", "shard-register",
+           "shard-control", "ticket-flood", "replay", "stale")
+ATTACKER = os.path.join(REPO_ROOT, "benchmarks", "faults", "ps_attacker.py")
+ALLOWED_EVENTS = {"ticket_expired"}  # all an attack may leave in the run's log (the real c1's ticket expiring)
+_PS: dict = {}
+
+
+def _ps_job() -> dict:
+    """The Di-PS job every security case attacks, started once per campaign (tests/ps/ps_harness.py: the
+    master and two shards with the run's secrets, clusters c1 and c2 listed, c1 joined with its real
+    credential); stopped when the campaign ends."""
+    if _PS:
+        return _PS
+    import atexit
+
+    sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "ps"))
+    from h2.ps.client import ClusterClient
+    from ps_harness import running_ps
+
+    folder = tempfile.mkdtemp(prefix="faults-security-")
+    stack = contextlib.ExitStack()
+    stack.callback(shutil.rmtree, folder, ignore_errors=True)  # last, after the servers stopped
+    master, servers, address = stack.enter_context(running_ps(folder, clusters=("c1", "c2"), missed_beats=1000))
+    client = ClusterClient(address, "c1", log=lambda _: None)
+    stack.callback(client.close, leave=False)
+    atexit.register(stack.close)
+    params = {name: value.clone() for server in servers for name, value in server.state.params.items()}
+    from h2.model.transformer import Transformer
+
+    pulled = {name: value.detach().clone() for name, value in Transformer(preset("tiny")).named_parameters()}
+    client.pull_all(pulled, 0)
+    _PS.update(master=master, servers=servers, address=address, client=client, folder=folder, params=params,
+               pulled=pulled, data={index: shard.data for index, shard in master.shards.items()})
+    return _PS
+
+
+def _ps_events(job: dict) -> list[dict]:
+    with open(os.path.join(job["folder"], "rounds.jsonl")) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _captured_calls(job: dict, stale: bool, rng: random.Random) -> list[dict]:
+    """Calls the real c1 signed (a Status and a Beat): sent once by c1 itself (replay), or signed with a
+    timestamp outside the replay window and never sent (stale)."""
+    import grpc
+
+    from h2.ps import auth
+
+    client = job["client"]
+    signer = client.master.signer
+    calls = []
+    for method, request in (("Status", {}), ("Beat", {"cluster": "c1", "session": client.session})):
+        body = json.dumps(request).encode()
+        if stale:
+            stamp, nonce = f"{time.time() + rng.choice([-1, 1]) * rng.uniform(150, 86400):.6f}", os.urandom(16).hex()
+            mac = auth._mac(signer.key, b"h2-ps call", method.encode(), signer.participant.encode(), stamp.encode(),
+                            nonce.encode(),
+                            __import__("hashlib").sha256(body).digest())
+            metadata = [(auth._HEADER_CALLER, signer.participant), (auth._HEADER_TIME, stamp),
+                        (auth._HEADER_NONCE, nonce), (auth._HEADER_MAC, mac)]
+        else:
+            metadata = signer.sign(method, body)[0]
+            channel = grpc.insecure_channel(job["address"])
+            try:
+                channel.unary_unary(f"/h2.ps.Control/{method}")(body, timeout=20, metadata=metadata)
+            finally:
+                channel.close()
+        calls.append({"method": method, "body": body.decode(), "metadata": metadata})
+    return calls
+
+
+def _check_ps_untouched(job: dict, events_before: int, marker: float) -> None:
+    """Lost when the model, a shard's staging, the master's state, a cluster's session, a shard's
+    registration or the run's log changed."""
+    master, servers, client = job["master"], job["servers"], job["client"]
+    for server in servers:
+        if server.state.version != 0:
+            raise Lost(f"shard {server.state.index} is at version {server.state.version}")
+        for name, value in server.state.params.items():
+            if not torch.equal(value, job["params"][name]):
+                raise Lost(f"shard {server.state.index}: parameter {name} changed")
+        filled = {ticket: len(layers) for ticket, layers in server.state.staged.items() if layers}
+        if filled or len(server.state.staged) > 1:
+            raise Lost(f"shard {server.state.index} stages {dict(server.state.staged)!r:.200}")
+    if master.state.version != 0 or master.state.tokens != 0 or any(p.committed for p in master.pushes.values()):
+        raise Lost(f"the master's state changed: version {master.state.version}, tokens {master.state.tokens}")
+    c1, c2 = master.clusters["c1"], master.clusters["c2"]
+    if not c1.active or c1.session != client.session or c2.session or c2.active:
+        raise Lost(f"cluster sessions changed: c1 {c1.session} active {c1.active}, c2 {c2.session} active {c2.active}")
+    for index, shard in master.shards.items():
+        if not shard.alive or shard.data != job["data"][index]:
+            raise Lost(f"shard {index} re-registered or lost: {shard.data} alive {shard.alive}")
+    new = _ps_events(job)[events_before:]
+    if [e for e in new if e["event"] not in ALLOWED_EVENTS] or [e for e in new if e.get("pull_s") == marker]:
+        raise Lost(f"the run's log changed: {new[:3]}")
+
+
+def _check_ps_serves(job: dict) -> None:
+    """The real clusters are still served: c1 beats, reads the status and pulls the model."""
+    client = job["client"]
+    try:
+        client.master.call("Beat", cluster="c1", session=client.session)
+        if set(client.master.call("Status")["clusters"]) != {"c1", "c2"}:
+            raise Lost("the status a participant reads lost a cluster")
+        tensors = {name: torch.zeros_like(value) for name, value in job["pulled"].items()}
+        client.pull_all(tensors, 0)
+    except Lost:
+        raise
+    except Exception as error:  # noqa: BLE001 - a server that no longer serves its participants
+        raise Lost(f"the job no longer serves c1: {type(error).__name__}: {error}") from None
+    changed = [name for name in tensors if not torch.equal(tensors[name], job["pulled"][name])]
+    if changed:
+        raise Lost(f"c1 pulled other weights than the shards hold: {changed[:3]}")
+
+
+def security_case(case: Case) -> None:
+    """One attack (which, its payloads and its timing drawn from the case's seed) by a process of its own
+    without the run's secrets; lost when it got any answer, any state changed, or the job hangs/crashes."""
+    job = _ps_job()
+    attack = case.pick(list(ATTACKS))
+    master, client = job["master"], job["client"]
+    held = client.request_push()  # the ticket the real c1 holds while the stranger attacks
+    marker = round(case.rng.uniform(1000, 2000), 3)
+    spec = {
+        "attack": attack, "seed": case.rng.getrandbits(32), "master": job["address"], "routes": master.routes(),
+        "shard_controls": [f"127.0.0.1:{server.control_port}" for server in job["servers"]], "nbytes": [
+            layer.nbytes for layer in master.layers
+        ], "session": client.session, "marker": marker, "held_ticket": held.get("ticket") or 1
+    }
+    if attack in ("replay", "stale"):
+        spec["captured"] = _captured_calls(job, attack == "stale", case.rng)
+    events_before = len(_ps_events(job))
+    tmpdir = _case_tmpdir(case.workdir)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("H2_PS")}
+    attacker = subprocess.Popen([sys.executable, ATTACKER], cwd=case.workdir, env={**env, "TMPDIR": tmpdir},
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = attacker.communicate(json.dumps(spec), timeout=case.timeout_s)
+    except subprocess.TimeoutExpired:
+        attacker.kill()
+        attacker.communicate()
+        raise Lost(f"{attack}: the attack did not end within {case.timeout_s:.0f} s (a hung server)") from None
+    if attacker.returncode != 0:
+        raise Lost(f"{attack}: the attacker failed: {stderr.strip()[-300:]}")
+    got = [attempt for attempt in json.loads(stdout) if attempt["got"] in ("OK", "answered")]
+    if got:
+        raise Lost(f"{attack}: a stranger got an answer: {got[0]}")
+    _check_ps_untouched(job, events_before, marker)
+    _check_ps_serves(job)
+    _check_no_leaks([], tmpdir)
+
+
 # ---- the existing families, registered ------------------------------------------------------------
 @family("kill", quick=3, full=60)
 def _kill(case: Case) -> None:
@@ -1063,6 +1216,11 @@ for _name, _table in INPUT_TABLES.items():
 @family("signals", quick=1, full=2 * len(LAUNCHER_SIGNALS))
 def _signals(case: Case) -> None:
     signals_case(case)
+
+
+@family("security", quick=3, full=5 * len(ATTACKS))
+def _security(case: Case) -> None:
+    security_case(case)
 
 
 # ---- the campaign --------------------------------------------------------------------------------
