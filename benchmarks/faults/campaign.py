@@ -85,7 +85,7 @@ from h2.core.errors import UserError  # noqa: E402
 from h2.data import load_stdlib_corpus  # noqa: E402
 from h2.model import preset  # noqa: E402
 from h2.train import TrainConfig, Trainer  # noqa: E402
-from h2.train.checkpoint import CheckpointDir  # noqa: E402
+from h2.train.checkpoint import CheckpointDir, shard_name  # noqa: E402
 from h2.train.metrics import read_metrics  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -1172,6 +1172,123 @@ def security_case(case: Case) -> None:
     _check_no_leaks([], tmpdir)
 
 
+# ---- checkpoint: damaged checkpoint folders, then `h2 train --resume` ---------------------------------
+CKPT_STEPS, CKPT_KEEP = 6, 3
+CKPT_TRAIN = [
+    "train", "--preset", "tiny", "--steps",
+    str(CKPT_STEPS), "--micro-batch-size", "2", "--seq-len", "32", "--warmup-steps", "1", "--checkpoint-every", "1",
+    "--keep-checkpoints",
+    str(CKPT_KEEP), "--quiet"
+]
+# shape -> how many of the newest checkpoints it damages (None: the folder as a whole)
+CKPT_SHAPES = {
+    "zeroed-4k": 1, "previous-shard": 1, "manifest-bit-json": 1, "manifest-bit-broken": 1, "missing-shard": 1,
+    "truncated-shard": 1, "empty-step": 1, "two-newest": 2, "latest-nowhere": 0, "all-damaged": CKPT_KEEP,
+    "checkpoints-a-file": None, "checkpoints-empty": None
+}
+
+
+def _h2(argv: list[str]) -> tuple[int, str]:
+    """`h2 ARGV` in this process: (exit status, stderr); a traceback is lost."""
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            status = _main_of("h2")(argv)
+    except SystemExit as exit_:
+        status = exit_.code
+    except Exception as error:  # noqa: BLE001 - a traceback for the user
+        raise Lost(f"h2 {' '.join(argv[-6:])}: traceback ({type(error).__name__}: {error})") from None
+    return status, stderr.getvalue()
+
+
+def _losses(out: str) -> list[tuple[int, float]]:
+    with contextlib.redirect_stderr(io.StringIO()):
+        return [(record["step"], record["loss"]) for record in read_metrics(os.path.join(out, "metrics.jsonl"))]
+
+
+def _ckpt_pristine() -> str:
+    """The uninterrupted run (6 steps, a checkpoint every step, the 3 newest kept), once per campaign."""
+    if "ckpt" not in _PRISTINE:
+        out = os.path.join(tempfile.mkdtemp(prefix="faults-ckpt-pristine-"), "run")
+        status, stderr = _h2(CKPT_TRAIN + ["--out", out])
+        if status != 0:
+            raise Lost(f"the uninterrupted run failed ({status}): {stderr.strip()[-300:]}")
+        _PRISTINE["ckpt"] = out
+    return _PRISTINE["ckpt"]
+
+
+def _flip_bit(data: bytes, rng: random.Random, keep_json: bool) -> bytes:
+    """One bit flipped: inside a hex digest or a size (still valid JSON), or anywhere (mostly not)."""
+    text = data.decode()
+    if keep_json:
+        digits = [i for i, c in enumerate(text) if c in "0123456789abcdef" and text[i - 1] not in '\\"']
+        i = rng.choice(digits)
+        replacement = rng.choice([c for c in "0123456789abcdef" if c != text[i]])
+        return (text[:i] + replacement + text[i + 1:]).encode()
+    i = rng.randrange(len(data))
+    return data[:i] + bytes([data[i] ^ (1 << rng.randrange(8))]) + data[i + 1:]
+
+
+def _damage_checkpoint(folder: str, previous: str, shape: str, rng: random.Random) -> None:
+    shard = os.path.join(folder, shard_name(0))
+    manifest = os.path.join(folder, "manifest.json")
+    data = open(shard, "rb").read()
+    if shape in ("zeroed-4k", "two-newest", "all-damaged"):
+        start = rng.randrange(len(data) - 4096)
+        _write(shard, data[:start] + b"\0" * 4096 + data[start + 4096:])
+    elif shape == "previous-shard":
+        shutil.copyfile(os.path.join(previous, shard_name(0)), shard)
+    elif shape in ("manifest-bit-json", "manifest-bit-broken"):
+        _write(manifest, _flip_bit(open(manifest, "rb").read(), rng, shape == "manifest-bit-json"))
+    elif shape == "missing-shard":
+        os.remove(shard)
+    elif shape == "truncated-shard":
+        _write(shard, data[:rng.randrange(len(data))])
+    elif shape == "empty-step":
+        shutil.rmtree(folder)
+        os.makedirs(folder)
+
+
+def checkpoint_case(case: Case) -> None:
+    """One damaged-checkpoint shape on a copy of the uninterrupted run, then `h2 train --resume`: lost
+    unless it resumes from the newest intact checkpoint (naming it in one line) with the loss log equal
+    to the uninterrupted run's, or, when nothing is intact, refuses in one line with exit status 2."""
+    pristine = _ckpt_pristine()
+    shape = case.pick(list(CKPT_SHAPES))
+    out = os.path.join(case.workdir, "run")
+    shutil.copytree(pristine, out)
+    folders = os.path.join(out, "checkpoints")
+    steps = list(range(CKPT_STEPS - CKPT_KEEP + 1, CKPT_STEPS + 1))
+    damaged = CKPT_SHAPES[shape]
+    if shape == "latest-nowhere":
+        _write(os.path.join(folders, "latest"), case.rng.choice([b"step_00000099", b"step_00000000", b"nowhere"]))
+    elif shape == "checkpoints-a-file":
+        shutil.rmtree(folders)
+        _write(folders, b"not a folder\n")
+    elif shape == "checkpoints-empty":
+        shutil.rmtree(folders)
+        os.makedirs(folders)
+    else:
+        for step in steps[::-1][:damaged]:
+            _damage_checkpoint(os.path.join(folders, f"step_{step:08d}"), os.path.join(folders, f"step_{step - 1:08d}"),
+                               shape, case.rng)
+    intact = [step for step in steps if damaged is not None and step not in steps[::-1][:damaged]]
+    status, stderr = _h2(CKPT_TRAIN + ["--out", out, "--resume"])
+    lines = stderr.strip().splitlines()
+    if not intact:
+        if status != 2 or len(lines) != 1:
+            raise Lost(f"{shape}: nothing intact, yet exit status {status}, stderr {lines[-3:]}")
+        return
+    if status != 0:
+        raise Lost(f"{shape}: the resume failed ({status}): {lines[-3:]}")
+    newest = f"step_{intact[-1]:08d}"
+    said = [line for line in lines if "resuming from" in line]
+    if len(said) != 1 or newest not in said[0] or "\n" in said[0]:
+        raise Lost(f"{shape}: did not say it resumes from {newest}: {lines[-3:]}")
+    if _losses(out) != _losses(pristine):
+        raise Lost(f"{shape}: the loss log differs from the uninterrupted run's: {_losses(out)} vs {_losses(pristine)}")
+
+
 # ---- the existing families, registered ------------------------------------------------------------
 @family("kill", quick=3, full=60)
 def _kill(case: Case) -> None:
@@ -1221,6 +1338,11 @@ def _signals(case: Case) -> None:
 @family("security", quick=3, full=5 * len(ATTACKS))
 def _security(case: Case) -> None:
     security_case(case)
+
+
+@family("checkpoint", quick=2, full=4 * len(CKPT_SHAPES))
+def _checkpoint(case: Case) -> None:
+    checkpoint_case(case)
 
 
 # ---- the campaign --------------------------------------------------------------------------------
