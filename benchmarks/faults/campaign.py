@@ -42,6 +42,35 @@ Families of cases (each case is tried, then judged survived or lost):
           two-rank `h2 train --strategy` during its start-up or its steps; lost on a traceback or C++
           stack trace, another exit status (143, 130, 130, 129, killed), a process of the job left
           running, or its `h2-job-*` folder left in TMPDIR (after SIGKILL: once the next launcher ran).
+- security: a Di-PS job (master and two shards with the run's secrets, clusters c1 and c2 listed, c1
+          joined with its credential; tests/ps/ps_harness.py), started once, attacked case by case by a
+          process of its own holding no credential (benchmarks/faults/ps_attacker.py): Status, a pull
+          from a shard, a forged Pulled, Join as c1/c2, Leave, a push ticket and a commit claiming 10^9
+          tokens, layers pushed under c1's real ticket, a shard re-registered, a shard's
+          Expect/Holds/Measure/Prepare/Commit/Forget with NaN layers, a ticket flood, c1's captured
+          calls replayed or signed outside the replay window; each call without a signature, under a
+          key of another run, or with made-up signature headers. Lost when the attacker got any answer,
+          a shard's parameters, staging or registration, the master's version, tokens or a cluster's
+          session, or the run's log changed, the attack hung, or c1 can no longer beat, read the status
+          and pull the model it pulled at the start.
+- checkpoint: a damaged checkpoint folder of a 6-step `h2 train` (3 checkpoints kept): 4 KiB zeroed
+          inside the newest shard, the previous step's shard copied in, a bit flipped in the manifest
+          (valid JSON, or not), the shard missing or cut short, the newest step folder empty, the two
+          newest damaged, `latest` naming a gone step, all damaged, `checkpoints/` a file or empty;
+          then `h2 train --resume`. Lost unless it resumes from the newest intact checkpoint, naming it
+          in one line, with the loss log equal to the uninterrupted run's, or, with nothing intact,
+          refuses in one line with exit status 2.
+- concurrency: two runs started 0-1.5 s apart on one --out (two `h2 train`, two pipelines, two
+          `--resume`, `h2 train` and a pipeline, `h2 run` and `h2 ps launch`); lost unless exactly one
+          is refused in one line (exit 2) naming a pid of the other, the other ends 0 with steps 1..n
+          logged once (`h2 run`/`h2 ps launch`: stopped with SIGTERM once the refusal came, then no
+          traceback), no process is left and nothing is left in TMPDIR.
+- disk-full: `h2 train` or a two-rank pipeline whose --out is a real tmpfs (1-40 MiB) mounted in a
+          mount namespace of the case's own (`unshare -m`; needs root), its free space taken by a
+          filler once a drawn checkpoint is complete; lost unless the run ends 0 with every step, the
+          start-up check refuses it (exit 2, one line), or it ends with exit 1 and a line naming the
+          file and ENOSPC (`h2 train`: that one line only), the previous checkpoint loadable and no
+          temporary left; a traceback or anything left in TMPDIR is lost.
 
 A family is one function registered with `@family(name, quick=..., full=...)`; `--families` runs a
 subset, `--list` prints the cases per mode.
@@ -51,7 +80,8 @@ case (a launcher's job file, torchrun's folders) counts as a leaked temporary, a
 `*.tmp.<pid>` file left in a run folder after the run that follows a kill.
 
 `--mode quick` (CI, through tests/test_fault_campaign.py) tries a few cases of each family; `--mode
-full` tries every table entry once (at least 1000 cases). Prints one line per family and the totals:
+full` tries every table entry once (1117 cases; kill and ranks, the slowest, cut to 30 and 6 so
+that a full run takes about an hour on a busy 2-core host). Prints one line per family and the totals:
 tried, survived, lost; exit status 1 when any case was lost.
 
 Run: python benchmarks/faults/campaign.py --mode full --seed 0
@@ -60,6 +90,7 @@ Run: python benchmarks/faults/campaign.py --mode full --seed 0
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
@@ -237,6 +268,7 @@ _PRISTINE: dict[str, str] = {}
 def _pristine_run(workdir: str) -> str:
     if "run" not in _PRISTINE:
         out = os.path.join(tempfile.mkdtemp(prefix="faults-pristine-"), "run")
+        atexit.register(shutil.rmtree, os.path.dirname(out), True)
         _train(out, resume=False)
         _PRISTINE["run"] = out
     copy = os.path.join(workdir, "run")
@@ -1033,8 +1065,6 @@ def _ps_job() -> dict:
     credential); stopped when the campaign ends."""
     if _PS:
         return _PS
-    import atexit
-
     sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "ps"))
     from h2.ps.client import ClusterClient
     from ps_harness import running_ps
@@ -1045,14 +1075,14 @@ def _ps_job() -> dict:
     master, servers, address = stack.enter_context(running_ps(folder, clusters=("c1", "c2"), missed_beats=1000))
     client = ClusterClient(address, "c1", log=lambda _: None)
     stack.callback(client.close, leave=False)
-    atexit.register(stack.close)
+    atexit.register(stack.close)  # at the family's last case, or when the campaign ends
     params = {name: value.clone() for server in servers for name, value in server.state.params.items()}
     from h2.model.transformer import Transformer
 
     pulled = {name: value.detach().clone() for name, value in Transformer(preset("tiny")).named_parameters()}
     client.pull_all(pulled, 0)
     _PS.update(master=master, servers=servers, address=address, client=client, folder=folder, params=params,
-               pulled=pulled, data={index: shard.data for index, shard in master.shards.items()})
+               pulled=pulled, data={index: shard.data for index, shard in master.shards.items()}, stack=stack)
     return _PS
 
 
@@ -1170,6 +1200,9 @@ def security_case(case: Case) -> None:
     _check_ps_untouched(job, events_before, marker)
     _check_ps_serves(job)
     _check_no_leaks([], tmpdir)
+    if case.index == FAMILIES["security"].cases[case.mode] - 1:
+        _PS.pop("stack").close()
+        _PS.clear()
 
 
 # ---- checkpoint: damaged checkpoint folders, then `h2 train --resume` ---------------------------------
@@ -1210,6 +1243,7 @@ def _ckpt_pristine() -> str:
     """The uninterrupted run (6 steps, a checkpoint every step, the 3 newest kept), once per campaign."""
     if "ckpt" not in _PRISTINE:
         out = os.path.join(tempfile.mkdtemp(prefix="faults-ckpt-pristine-"), "run")
+        atexit.register(shutil.rmtree, os.path.dirname(out), True)
         status, stderr = _h2(CKPT_TRAIN + ["--out", out])
         if status != 0:
             raise Lost(f"the uninterrupted run failed ({status}): {stderr.strip()[-300:]}")
@@ -1289,8 +1323,190 @@ def checkpoint_case(case: Case) -> None:
         raise Lost(f"{shape}: the loss log differs from the uninterrupted run's: {_losses(out)} vs {_losses(pristine)}")
 
 
+# ---- concurrency: two runs started on one --out at once -------------------------------------------------
+CONC_STEPS = 12
+CONC_SHAPES = ("train+train", "pipeline+pipeline", "resume+resume", "train+pipeline", "run+ps-launch")
+REFUSED = "another run uses this folder (pid "
+
+
+def _conc_argv(kind: str, out: str, folder: str) -> list[str]:
+    steps = ["--steps", str(CONC_STEPS), "--checkpoint-every", "4", "--out", out]
+    if kind == "train":
+        return ["train", "--preset", "tiny", "--micro-batch-size", "2", "--seq-len", "32", "--quiet", *steps]
+    if kind == "resume":
+        return _conc_argv("train", out, folder) + ["--resume"]
+    if kind == "pipeline":
+        return ["train", "--strategy", PP2, "--rank-timeout", "30", *steps]
+    if kind == "run":
+        sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "h2"))
+        from test_run import write_cluster
+
+        return ["run", "--cluster", write_cluster(folder), "--out", out, "--profiles", os.path.join(folder, "profiles")]
+    run_file = os.path.join(folder, "run.yaml")
+    _write(run_file, (f"mode: dips\nout: {out}\ntokens: 4000\ninner_steps: 2\nshards: 1\n"
+                      "clusters:\n  - {id: a, step_time_s: 0.05}\n").encode())
+    return ["ps", "launch", "--config", run_file, "--time-limit", "300"]
+
+
+def concurrency_case(case: Case) -> None:
+    """Two runs on one --out started 0-1.5 s apart (which first drawn at random): lost unless exactly one
+    is refused, in one line with exit status 2 naming the other's pid, the other runs (to its end, or,
+    for `h2 run`/`h2 ps launch`, until it is stopped with SIGTERM once the refusal came: it must then
+    end without a traceback and leave no process), metrics.jsonl holds steps 1..n once, and nothing is
+    left in TMPDIR."""
+    from test_heteropp_rank_loss import alive, descendants
+
+    shape = case.pick(list(CONC_SHAPES))
+    kinds = shape.split("+")
+    case.rng.shuffle(kinds)
+    out, folder, tmpdir = os.path.join(case.workdir, "run"), os.path.join(case.workdir,
+                                                                          "files"), _case_tmpdir(case.workdir)
+    os.makedirs(folder)
+    if "resume" in kinds:
+        from h2.core.run_lock import release_output_folder
+
+        status, stderr = _h2(_conc_argv("train", out, folder) + ["--steps", "4"])
+        release_output_folder(out)  # held by this process until it ends otherwise
+        if status != 0:
+            raise Lost(f"preparing the run to resume failed ({status}): {stderr.strip()[-300:]}")
+    jobs = []
+    for kind in kinds:
+        jobs.append(
+            subprocess.Popen([sys.executable, "-m", "h2", *_conc_argv(kind, out, folder)], cwd=folder,
+                             env={**os.environ, "TMPDIR": tmpdir
+                                  }, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
+        time.sleep(case.rng.uniform(0.0, 1.5) if not jobs[1:] else 0)
+    pids: set[int] = set()
+    deadline = time.monotonic() + case.timeout_s
+    while all(job.poll() is None for job in jobs) and time.monotonic() < deadline:
+        pids.update(pid for job in jobs for pid in [job.pid, *descendants(job.pid)])
+        time.sleep(0.05)
+    first = next((i for i, job in enumerate(jobs) if job.poll() is not None), None)
+    if first is None:
+        for job in jobs:
+            _end(job, 1, f"{shape}")
+    stopping = {"run", "ps"}
+    for i, job in enumerate(jobs):
+        if i != first and kinds[i] in stopping and job.poll() is None:
+            pids.update(descendants(job.pid))
+            os.kill(job.pid, signal.SIGTERM)
+    errors = [_end(job, case.timeout_s + END_GRACE_S, f"{kinds[i]} of {shape}") for i, job in enumerate(jobs)]
+    refused = [i for i, job in enumerate(jobs) if job.returncode == 2 and REFUSED in errors[i]]
+    if len(refused) != 1:
+        raise Lost(f"{shape}: {len(refused)} refused, exit statuses {[job.returncode for job in jobs]}: "
+                   f"{[e.strip()[-200:] for e in errors]}")
+    loser, holder = refused[0], 1 - refused[0]
+    lines = errors[loser].strip().splitlines()
+    named = int(lines[0].split(REFUSED)[1].split()[0].rstrip(")"))
+    if len(lines) != 1 or named not in pids or named == jobs[loser].pid:
+        raise Lost(f"{shape}: the refusal is not one line naming the holder's pid: {lines[-3:]}")
+    traces = [mark for mark in NO_TRACES if mark in errors[holder]]
+    stopped = kinds[holder] in stopping
+    if traces or (not stopped and jobs[holder].returncode != 0):
+        raise Lost(f"{shape}: the holder ({kinds[holder]}) ended {jobs[holder].returncode}: "
+                   f"{errors[holder].strip()[-300:]}")
+    end = time.monotonic() + END_GRACE_S
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < end:
+        time.sleep(0.1)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    if left:
+        raise Lost(f"{shape}: processes left running: {left}")
+    if not stopped:
+        _check_final_run(out, CONC_STEPS)
+    _check_no_leaks(pids, tmpdir)
+
+
+# ---- disk-full: a small tmpfs as --out, filled up while the run checkpoints ------------------------------
+DISK_STEPS = 4
+# tmpfs sizes in KiB: below one checkpoint (the start-up check refuses), about the start-up check's estimate
+# (the later checkpoints may not fit), room for every checkpoint (a filler then takes the free space)
+DISK_SIZES_K = (1024, 7000, 8200, 9000, 12000, 40000)
+DISK_SHAPES = [(kind, size) for kind in ("train", "pipeline") for size in DISK_SIZES_K]
+ENOSPC_TEXT = "No space left on device (ENOSPC)"
+# inside the case's own mount namespace: mount the tmpfs, run, fill the file system once checkpoint FILL_AFTER
+# is complete (0: never), then copy the run folder out to the case's folder (the tmpfs ends with the namespace)
+DISK_SCRIPT = r"""
+set -u
+mount -t tmpfs -o size="$SIZE"k tmpfs "$MNT" || exit 97
+"$@" > "$CASE/stdout" 2> "$CASE/stderr" &
+run=$!
+if [ "$FILL_AFTER" -gt 0 ]; then
+  manifest=$(printf "%s/run/checkpoints/step_%08d/manifest.json" "$MNT" "$FILL_AFTER")
+  while kill -0 $run 2>/dev/null && [ ! -e "$manifest" ]; do sleep 0.02; done
+  dd if=/dev/zero of="$MNT/filler" bs=4k 2>/dev/null
+fi
+wait $run
+echo $? > "$CASE/status"
+rm -f "$MNT/filler"
+cp -a "$MNT/run" "$CASE/copy" 2>/dev/null
+exit 0
+"""
+
+
+def _disk_argv(kind: str, out: str) -> list[str]:
+    common = ["--steps", str(DISK_STEPS), "--checkpoint-every", "1", "--keep-checkpoints", "2", "--out", out]
+    if kind == "train":
+        return ["train", "--preset", "tiny", "--micro-batch-size", "2", "--seq-len", "32", "--quiet", *common]
+    return ["train", "--strategy", PP2, "--p2p-backend", "dicomm", "--rank-timeout", "30", *common]
+
+
+def disk_full_case(case: Case) -> None:
+    """`h2 train` or a pipeline whose --out is a real tmpfs of the drawn size, in a mount namespace of the
+    case's own, its free space taken once a drawn checkpoint is complete: lost unless the run finishes
+    (exit 0, every step), or the start-up check refuses it (exit 2, one line), or it ends with exit 1 and
+    one line naming the file and ENOSPC, with the previous checkpoint intact and loadable and no
+    temporary left; a traceback, a hang or anything left in TMPDIR is lost too."""
+    kind, size = case.pick(DISK_SHAPES)
+    fill_after = case.rng.randint(0, DISK_STEPS - 1)
+    mnt = os.path.join(case.workdir, "mnt")
+    os.makedirs(mnt)
+    tmpdir = _case_tmpdir(case.workdir)
+    out = os.path.join(mnt, "run")
+    env = {
+        **os.environ, "TMPDIR": tmpdir, "SIZE": str(size), "MNT": mnt, "CASE": case.workdir,
+        "FILL_AFTER": str(fill_after)
+    }
+    what = f"{kind} on a {size} KiB tmpfs filled after checkpoint {fill_after}"
+    job = subprocess.Popen([
+        "unshare", "-m", "--propagation", "private", "sh", "-c", DISK_SCRIPT, "disk-full", sys.executable, "-m", "h2",
+        *_disk_argv(kind, out)
+    ], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _end(job, case.timeout_s + END_GRACE_S, what)
+    if job.returncode != 0 or not os.path.exists(os.path.join(case.workdir, "status")):
+        raise Lost(f"{what}: the namespace's script failed ({job.returncode}); is this root with unshare?")
+    status = int(open(os.path.join(case.workdir, "status")).read())
+    stderr = open(os.path.join(case.workdir, "stderr")).read()
+    lines = stderr.strip().splitlines()
+    copy = os.path.join(case.workdir, "copy")
+    traces = [mark for mark in NO_TRACES if mark in stderr]
+    if traces:
+        raise Lost(f"{what}: {traces[0]!r} on stderr: {stderr.strip()[-400:]}")
+    if status == 0:
+        _check_final_run(copy, DISK_STEPS)
+    elif status == 2:
+        if len(lines) != 1 or "free" not in lines[0]:
+            raise Lost(f"{what}: exit 2 but not the start-up check's one line: {lines[-3:]}")
+    elif status == 1:
+        failed = [line for line in lines if ENOSPC_TEXT in line]
+        if kind == "train" and len(lines) != 1 or not failed or f"{out}/checkpoints/" not in failed[0]:
+            raise Lost(f"{what}: exit 1 without one line naming the file and ENOSPC: {lines[-4:]}")
+        if _temporaries(copy):
+            raise Lost(f"{what}: temporaries left: {_temporaries(copy)}")
+        if CheckpointDir(copy).complete_steps():
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    CheckpointDir(copy).load_latest(say=lambda line: None)
+            except UserError as error:
+                raise Lost(f"{what}: the previous checkpoint does not load: {error}") from None
+    else:
+        raise Lost(f"{what}: exit status {status}: {lines[-3:]}")
+    _check_no_leaks([], tmpdir)
+
+
 # ---- the existing families, registered ------------------------------------------------------------
-@family("kill", quick=3, full=60)
+@family("kill", quick=3, full=30)
 def _kill(case: Case) -> None:
     kill_case(case.rng, case.workdir, case.timeout_s)
 
@@ -1310,7 +1526,7 @@ def _frame(case: Case) -> None:
     frame_case(case.rng)
 
 
-@family("ranks", quick=1, full=12)
+@family("ranks", quick=1, full=6)
 def _ranks(case: Case) -> None:
     ranks_case(case.rng, case.workdir, case.timeout_s, case.index)
 
@@ -1343,6 +1559,16 @@ def _security(case: Case) -> None:
 @family("checkpoint", quick=2, full=4 * len(CKPT_SHAPES))
 def _checkpoint(case: Case) -> None:
     checkpoint_case(case)
+
+
+@family("concurrency", quick=1, full=3 * len(CONC_SHAPES))
+def _concurrency(case: Case) -> None:
+    concurrency_case(case)
+
+
+@family("disk-full", quick=1, full=len(DISK_SHAPES))
+def _disk_full(case: Case) -> None:
+    disk_full_case(case)
 
 
 # ---- the campaign --------------------------------------------------------------------------------
