@@ -139,3 +139,13 @@ def test_forkserver_ranks_fork_from_a_server_that_imported_the_preload_list(tmp_
 def test_the_harness_imports_no_torch():
     code = "import sys, h2.core.ranks; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_a_forkserved_rank_whose_job_was_stopped_while_it_was_forked_exits_without_a_traceback(tmp_path):
+    """The job's folder (its logs) removed before the rank opened them, as a stopped job does (found by
+    the fault campaign: `h2 run` SIGTERMed while it started a profiling rank)."""
+    gone = str(tmp_path / "h2-ranks-stopped")
+    code = ("import sys; from h2.core.ranks import _forkserved; "
+            f"_forkserved({gone + '/spec.pickle'!r}, 0, {{}}, {gone + '/rank0.out'!r}, {gone + '/rank0.err'!r})")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr == "", result.stderr[-2000:]
