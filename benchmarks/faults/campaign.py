@@ -1617,6 +1617,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in only or [] if name not in FAMILIES]
     if unknown:
         parser.error(f"--families: no family {unknown[0]} (have {', '.join(FAMILIES)})")
+    # Started in the background by a shell without job control (`... &`), this process ignores SIGINT and
+    # SIGQUIT, and so would every process it starts: the signals family's SIGINT would then do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     print(f"fault campaign, {args.mode} mode, seed {args.seed}, load {os.getloadavg()[0]:.1f}")
     counts = run(args.mode, args.seed, args.timeout, only=only)
     if args.json:
