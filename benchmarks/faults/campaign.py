@@ -42,6 +42,35 @@ Families of cases (each case is tried, then judged survived or lost):
           two-rank `h2 train --strategy` during its start-up or its steps; lost on a traceback or C++
           stack trace, another exit status (143, 130, 130, 129, killed), a process of the job left
           running, or its `h2-job-*` folder left in TMPDIR (after SIGKILL: once the next launcher ran).
+- security: a Di-PS job (master and two shards with the run's secrets, clusters c1 and c2 listed, c1
+          joined with its credential; tests/ps/ps_harness.py), started once, attacked case by case by a
+          process of its own holding no credential (benchmarks/faults/ps_attacker.py): Status, a pull
+          from a shard, a forged Pulled, Join as c1/c2, Leave, a push ticket and a commit claiming 10^9
+          tokens, layers pushed under c1's real ticket, a shard re-registered, a shard's
+          Expect/Holds/Measure/Prepare/Commit/Forget with NaN layers, a ticket flood, c1's captured
+          calls replayed or signed outside the replay window; each call without a signature, under a
+          key of another run, or with made-up signature headers. Lost when the attacker got any answer,
+          a shard's parameters, staging or registration, the master's version, tokens or a cluster's
+          session, or the run's log changed, the attack hung, or c1 can no longer beat, read the status
+          and pull the model it pulled at the start.
+- checkpoint: a damaged checkpoint folder of a 6-step `h2 train` (3 checkpoints kept): 4 KiB zeroed
+          inside the newest shard, the previous step's shard copied in, a bit flipped in the manifest
+          (valid JSON, or not), the shard missing or cut short, the newest step folder empty, the two
+          newest damaged, `latest` naming a gone step, all damaged, `checkpoints/` a file or empty;
+          then `h2 train --resume`. Lost unless it resumes from the newest intact checkpoint, naming it
+          in one line, with the loss log equal to the uninterrupted run's, or, with nothing intact,
+          refuses in one line with exit status 2.
+- concurrency: two runs started 0-1.5 s apart on one --out (two `h2 train`, two pipelines, two
+          `--resume`, `h2 train` and a pipeline, `h2 run` and `h2 ps launch`); lost unless exactly one
+          is refused in one line (exit 2) naming a pid of the other, the other ends 0 with steps 1..n
+          logged once (`h2 run`/`h2 ps launch`: stopped with SIGTERM once the refusal came, then no
+          traceback), no process is left and nothing is left in TMPDIR.
+- disk-full: `h2 train` or a two-rank pipeline whose --out is a real tmpfs (1-40 MiB) mounted in a
+          mount namespace of the case's own (`unshare -m`; needs root), its free space taken by a
+          filler once a drawn checkpoint is complete; lost unless the run ends 0 with every step, the
+          start-up check refuses it (exit 2, one line), or it ends with exit 1 and a line naming the
+          file and ENOSPC (`h2 train`: that one line only), the previous checkpoint loadable and no
+          temporary left; a traceback or anything left in TMPDIR is lost.
 
 A family is one function registered with `@family(name, quick=..., full=...)`; `--families` runs a
 subset, `--list` prints the cases per mode.
@@ -51,7 +80,8 @@ case (a launcher's job file, torchrun's folders) counts as a leaked temporary, a
 `*.tmp.<pid>` file left in a run folder after the run that follows a kill.
 
 `--mode quick` (CI, through tests/test_fault_campaign.py) tries a few cases of each family; `--mode
-full` tries every table entry once (at least 1000 cases). Prints one line per family and the totals:
+full` tries every table entry once (1117 cases; kill and ranks, the slowest, cut to 30 and 6 so
+that a full run takes about an hour on a busy 2-core host). Prints one line per family and the totals:
 tried, survived, lost; exit status 1 when any case was lost.
 
 Run: python benchmarks/faults/campaign.py --mode full --seed 0
@@ -60,6 +90,7 @@ Run: python benchmarks/faults/campaign.py --mode full --seed 0
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
@@ -85,7 +116,7 @@ from h2.core.errors import UserError  # noqa: E402
 from h2.data import load_stdlib_corpus  # noqa: E402
 from h2.model import preset  # noqa: E402
 from h2.train import TrainConfig, Trainer  # noqa: E402
-from h2.train.checkpoint import CheckpointDir  # noqa: E402
+from h2.train.checkpoint import CheckpointDir, shard_name  # noqa: E402
 from h2.train.metrics import read_metrics  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -237,6 +268,7 @@ _PRISTINE: dict[str, str] = {}
 def _pristine_run(workdir: str) -> str:
     if "run" not in _PRISTINE:
         out = os.path.join(tempfile.mkdtemp(prefix="faults-pristine-"), "run")
+        atexit.register(shutil.rmtree, os.path.dirname(out), True)
         _train(out, resume=False)
         _PRISTINE["run"] = out
     copy = os.path.join(workdir, "run")
@@ -1019,8 +1051,462 @@ def signals_case(case: Case) -> None:
     _check_no_leaks(pids, tmpdir)
 
 
+# ---- security: a foreign local process attacks a running Di-PS job ---------------------------------
+ATTACKS = ("status", "pull", "pulled", "join", "leave", "forged-tokens", "under-ticket", "shard-register",
+           "shard-control", "ticket-flood", "replay", "stale")
+ATTACKER = os.path.join(REPO_ROOT, "benchmarks", "faults", "ps_attacker.py")
+ALLOWED_EVENTS = {"ticket_expired"}  # all an attack may leave in the run's log (the real c1's ticket expiring)
+_PS: dict = {}
+
+
+def _ps_job() -> dict:
+    """The Di-PS job every security case attacks, started once per campaign (tests/ps/ps_harness.py: the
+    master and two shards with the run's secrets, clusters c1 and c2 listed, c1 joined with its real
+    credential); stopped when the campaign ends."""
+    if _PS:
+        return _PS
+    sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "ps"))
+    from h2.ps.client import ClusterClient
+    from ps_harness import running_ps
+
+    folder = tempfile.mkdtemp(prefix="faults-security-")
+    stack = contextlib.ExitStack()
+    stack.callback(shutil.rmtree, folder, ignore_errors=True)  # last, after the servers stopped
+    master, servers, address = stack.enter_context(running_ps(folder, clusters=("c1", "c2"), missed_beats=1000))
+    client = ClusterClient(address, "c1", log=lambda _: None)
+    stack.callback(client.close, leave=False)
+    atexit.register(stack.close)  # at the family's last case, or when the campaign ends
+    params = {name: value.clone() for server in servers for name, value in server.state.params.items()}
+    from h2.model.transformer import Transformer
+
+    pulled = {name: value.detach().clone() for name, value in Transformer(preset("tiny")).named_parameters()}
+    client.pull_all(pulled, 0)
+    _PS.update(master=master, servers=servers, address=address, client=client, folder=folder, params=params,
+               pulled=pulled, data={index: shard.data for index, shard in master.shards.items()}, stack=stack)
+    return _PS
+
+
+def _ps_events(job: dict) -> list[dict]:
+    with open(os.path.join(job["folder"], "rounds.jsonl")) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _captured_calls(job: dict, stale: bool, rng: random.Random) -> list[dict]:
+    """Calls the real c1 signed (a Status and a Beat): sent once by c1 itself (replay), or signed with a
+    timestamp outside the replay window and never sent (stale)."""
+    import grpc
+
+    from h2.ps import auth
+
+    client = job["client"]
+    signer = client.master.signer
+    calls = []
+    for method, request in (("Status", {}), ("Beat", {"cluster": "c1", "session": client.session})):
+        body = json.dumps(request).encode()
+        if stale:
+            stamp, nonce = f"{time.time() + rng.choice([-1, 1]) * rng.uniform(150, 86400):.6f}", os.urandom(16).hex()
+            mac = auth._mac(signer.key, b"h2-ps call", method.encode(), signer.participant.encode(), stamp.encode(),
+                            nonce.encode(),
+                            __import__("hashlib").sha256(body).digest())
+            metadata = [(auth._HEADER_CALLER, signer.participant), (auth._HEADER_TIME, stamp),
+                        (auth._HEADER_NONCE, nonce), (auth._HEADER_MAC, mac)]
+        else:
+            metadata = signer.sign(method, body)[0]
+            channel = grpc.insecure_channel(job["address"])
+            try:
+                channel.unary_unary(f"/h2.ps.Control/{method}")(body, timeout=20, metadata=metadata)
+            finally:
+                channel.close()
+        calls.append({"method": method, "body": body.decode(), "metadata": metadata})
+    return calls
+
+
+def _check_ps_untouched(job: dict, events_before: int, marker: float) -> None:
+    """Lost when the model, a shard's staging, the master's state, a cluster's session, a shard's
+    registration or the run's log changed."""
+    master, servers, client = job["master"], job["servers"], job["client"]
+    for server in servers:
+        if server.state.version != 0:
+            raise Lost(f"shard {server.state.index} is at version {server.state.version}")
+        for name, value in server.state.params.items():
+            if not torch.equal(value, job["params"][name]):
+                raise Lost(f"shard {server.state.index}: parameter {name} changed")
+        filled = {ticket: len(layers) for ticket, layers in server.state.staged.items() if layers}
+        if filled or len(server.state.staged) > 1:
+            raise Lost(f"shard {server.state.index} stages {dict(server.state.staged)!r:.200}")
+    if master.state.version != 0 or master.state.tokens != 0 or any(p.committed for p in master.pushes.values()):
+        raise Lost(f"the master's state changed: version {master.state.version}, tokens {master.state.tokens}")
+    c1, c2 = master.clusters["c1"], master.clusters["c2"]
+    if not c1.active or c1.session != client.session or c2.session or c2.active:
+        raise Lost(f"cluster sessions changed: c1 {c1.session} active {c1.active}, c2 {c2.session} active {c2.active}")
+    for index, shard in master.shards.items():
+        if not shard.alive or shard.data != job["data"][index]:
+            raise Lost(f"shard {index} re-registered or lost: {shard.data} alive {shard.alive}")
+    new = _ps_events(job)[events_before:]
+    if [e for e in new if e["event"] not in ALLOWED_EVENTS] or [e for e in new if e.get("pull_s") == marker]:
+        raise Lost(f"the run's log changed: {new[:3]}")
+
+
+def _check_ps_serves(job: dict) -> None:
+    """The real clusters are still served: c1 beats, reads the status and pulls the model."""
+    client = job["client"]
+    try:
+        client.master.call("Beat", cluster="c1", session=client.session)
+        if set(client.master.call("Status")["clusters"]) != {"c1", "c2"}:
+            raise Lost("the status a participant reads lost a cluster")
+        tensors = {name: torch.zeros_like(value) for name, value in job["pulled"].items()}
+        client.pull_all(tensors, 0)
+    except Lost:
+        raise
+    except Exception as error:  # noqa: BLE001 - a server that no longer serves its participants
+        raise Lost(f"the job no longer serves c1: {type(error).__name__}: {error}") from None
+    changed = [name for name in tensors if not torch.equal(tensors[name], job["pulled"][name])]
+    if changed:
+        raise Lost(f"c1 pulled other weights than the shards hold: {changed[:3]}")
+
+
+def security_case(case: Case) -> None:
+    """One attack (which, its payloads and its timing drawn from the case's seed) by a process of its own
+    without the run's secrets; lost when it got any answer, any state changed, or the job hangs/crashes."""
+    job = _ps_job()
+    attack = case.pick(list(ATTACKS))
+    master, client = job["master"], job["client"]
+    held = client.request_push()  # the ticket the real c1 holds while the stranger attacks
+    marker = round(case.rng.uniform(1000, 2000), 3)
+    spec = {
+        "attack": attack, "seed": case.rng.getrandbits(32), "master": job["address"], "routes": master.routes(),
+        "shard_controls": [f"127.0.0.1:{server.control_port}" for server in job["servers"]], "nbytes": [
+            layer.nbytes for layer in master.layers
+        ], "session": client.session, "marker": marker, "held_ticket": held.get("ticket") or 1
+    }
+    if attack in ("replay", "stale"):
+        spec["captured"] = _captured_calls(job, attack == "stale", case.rng)
+    events_before = len(_ps_events(job))
+    tmpdir = _case_tmpdir(case.workdir)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("H2_PS")}
+    attacker = subprocess.Popen([sys.executable, ATTACKER], cwd=case.workdir, env={**env, "TMPDIR": tmpdir},
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = attacker.communicate(json.dumps(spec), timeout=case.timeout_s)
+    except subprocess.TimeoutExpired:
+        attacker.kill()
+        attacker.communicate()
+        raise Lost(f"{attack}: the attack did not end within {case.timeout_s:.0f} s (a hung server)") from None
+    if attacker.returncode != 0:
+        raise Lost(f"{attack}: the attacker failed: {stderr.strip()[-300:]}")
+    got = [attempt for attempt in json.loads(stdout) if attempt["got"] in ("OK", "answered")]
+    if got:
+        raise Lost(f"{attack}: a stranger got an answer: {got[0]}")
+    _check_ps_untouched(job, events_before, marker)
+    _check_ps_serves(job)
+    _check_no_leaks([], tmpdir)
+    if case.index == FAMILIES["security"].cases[case.mode] - 1:
+        _PS.pop("stack").close()
+        _PS.clear()
+
+
+# ---- checkpoint: damaged checkpoint folders, then `h2 train --resume` ---------------------------------
+CKPT_STEPS, CKPT_KEEP = 6, 3
+CKPT_TRAIN = [
+    "train", "--preset", "tiny", "--steps",
+    str(CKPT_STEPS), "--micro-batch-size", "2", "--seq-len", "32", "--warmup-steps", "1", "--checkpoint-every", "1",
+    "--keep-checkpoints",
+    str(CKPT_KEEP), "--quiet"
+]
+# shape -> how many of the newest checkpoints it damages (None: the folder as a whole)
+CKPT_SHAPES = {
+    "zeroed-4k": 1, "previous-shard": 1, "manifest-bit-json": 1, "manifest-bit-broken": 1, "missing-shard": 1,
+    "truncated-shard": 1, "empty-step": 1, "two-newest": 2, "latest-nowhere": 0, "all-damaged": CKPT_KEEP,
+    "checkpoints-a-file": None, "checkpoints-empty": None
+}
+
+
+def _h2(argv: list[str]) -> tuple[int, str]:
+    """`h2 ARGV` in this process: (exit status, stderr); a traceback is lost."""
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            status = _main_of("h2")(argv)
+    except SystemExit as exit_:
+        status = exit_.code
+    except Exception as error:  # noqa: BLE001 - a traceback for the user
+        raise Lost(f"h2 {' '.join(argv[-6:])}: traceback ({type(error).__name__}: {error})") from None
+    return status, stderr.getvalue()
+
+
+def _losses(out: str) -> list[tuple[int, float]]:
+    with contextlib.redirect_stderr(io.StringIO()):
+        return [(record["step"], record["loss"]) for record in read_metrics(os.path.join(out, "metrics.jsonl"))]
+
+
+def _ckpt_pristine() -> str:
+    """The uninterrupted run (6 steps, a checkpoint every step, the 3 newest kept), once per campaign."""
+    if "ckpt" not in _PRISTINE:
+        out = os.path.join(tempfile.mkdtemp(prefix="faults-ckpt-pristine-"), "run")
+        atexit.register(shutil.rmtree, os.path.dirname(out), True)
+        status, stderr = _h2(CKPT_TRAIN + ["--out", out])
+        if status != 0:
+            raise Lost(f"the uninterrupted run failed ({status}): {stderr.strip()[-300:]}")
+        _PRISTINE["ckpt"] = out
+    return _PRISTINE["ckpt"]
+
+
+def _flip_bit(data: bytes, rng: random.Random, keep_json: bool) -> bytes:
+    """One bit flipped: inside a hex digest or a size (still valid JSON), or anywhere (mostly not)."""
+    text = data.decode()
+    if keep_json:
+        digits = [i for i, c in enumerate(text) if c in "0123456789abcdef" and text[i - 1] not in '\\"']
+        i = rng.choice(digits)
+        replacement = rng.choice([c for c in "0123456789abcdef" if c != text[i]])
+        return (text[:i] + replacement + text[i + 1:]).encode()
+    i = rng.randrange(len(data))
+    return data[:i] + bytes([data[i] ^ (1 << rng.randrange(8))]) + data[i + 1:]
+
+
+def _damage_checkpoint(folder: str, previous: str, shape: str, rng: random.Random) -> None:
+    shard = os.path.join(folder, shard_name(0))
+    manifest = os.path.join(folder, "manifest.json")
+    data = open(shard, "rb").read()
+    if shape in ("zeroed-4k", "two-newest", "all-damaged"):
+        start = rng.randrange(len(data) - 4096)
+        _write(shard, data[:start] + b"\0" * 4096 + data[start + 4096:])
+    elif shape == "previous-shard":
+        shutil.copyfile(os.path.join(previous, shard_name(0)), shard)
+    elif shape in ("manifest-bit-json", "manifest-bit-broken"):
+        _write(manifest, _flip_bit(open(manifest, "rb").read(), rng, shape == "manifest-bit-json"))
+    elif shape == "missing-shard":
+        os.remove(shard)
+    elif shape == "truncated-shard":
+        _write(shard, data[:rng.randrange(len(data))])
+    elif shape == "empty-step":
+        shutil.rmtree(folder)
+        os.makedirs(folder)
+
+
+def checkpoint_case(case: Case) -> None:
+    """One damaged-checkpoint shape on a copy of the uninterrupted run, then `h2 train --resume`: lost
+    unless it resumes from the newest intact checkpoint (naming it in one line) with the loss log equal
+    to the uninterrupted run's, or, when nothing is intact, refuses in one line with exit status 2."""
+    pristine = _ckpt_pristine()
+    shape = case.pick(list(CKPT_SHAPES))
+    out = os.path.join(case.workdir, "run")
+    shutil.copytree(pristine, out)
+    folders = os.path.join(out, "checkpoints")
+    steps = list(range(CKPT_STEPS - CKPT_KEEP + 1, CKPT_STEPS + 1))
+    damaged = CKPT_SHAPES[shape]
+    if shape == "latest-nowhere":
+        _write(os.path.join(folders, "latest"), case.rng.choice([b"step_00000099", b"step_00000000", b"nowhere"]))
+    elif shape == "checkpoints-a-file":
+        shutil.rmtree(folders)
+        _write(folders, b"not a folder\n")
+    elif shape == "checkpoints-empty":
+        shutil.rmtree(folders)
+        os.makedirs(folders)
+    else:
+        for step in steps[::-1][:damaged]:
+            _damage_checkpoint(os.path.join(folders, f"step_{step:08d}"), os.path.join(folders, f"step_{step - 1:08d}"),
+                               shape, case.rng)
+    intact = [step for step in steps if damaged is not None and step not in steps[::-1][:damaged]]
+    status, stderr = _h2(CKPT_TRAIN + ["--out", out, "--resume"])
+    lines = stderr.strip().splitlines()
+    if not intact:
+        if status != 2 or len(lines) != 1:
+            raise Lost(f"{shape}: nothing intact, yet exit status {status}, stderr {lines[-3:]}")
+        return
+    if status != 0:
+        raise Lost(f"{shape}: the resume failed ({status}): {lines[-3:]}")
+    newest = f"step_{intact[-1]:08d}"
+    said = [line for line in lines if "resuming from" in line]
+    if len(said) != 1 or newest not in said[0] or "\n" in said[0]:
+        raise Lost(f"{shape}: did not say it resumes from {newest}: {lines[-3:]}")
+    if _losses(out) != _losses(pristine):
+        raise Lost(f"{shape}: the loss log differs from the uninterrupted run's: {_losses(out)} vs {_losses(pristine)}")
+
+
+# ---- concurrency: two runs started on one --out at once -------------------------------------------------
+CONC_STEPS = 12
+CONC_SHAPES = ("train+train", "pipeline+pipeline", "resume+resume", "train+pipeline", "run+ps-launch")
+REFUSED = "another run uses this folder (pid "
+
+
+def _conc_argv(kind: str, out: str, folder: str) -> list[str]:
+    steps = ["--steps", str(CONC_STEPS), "--checkpoint-every", "4", "--out", out]
+    if kind == "train":
+        return ["train", "--preset", "tiny", "--micro-batch-size", "2", "--seq-len", "32", "--quiet", *steps]
+    if kind == "resume":
+        return _conc_argv("train", out, folder) + ["--resume"]
+    if kind == "pipeline":
+        return ["train", "--strategy", PP2, "--rank-timeout", "30", *steps]
+    if kind == "run":
+        sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "h2"))
+        from test_run import write_cluster
+
+        return ["run", "--cluster", write_cluster(folder), "--out", out, "--profiles", os.path.join(folder, "profiles")]
+    run_file = os.path.join(folder, "run.yaml")
+    _write(run_file, (f"mode: dips\nout: {out}\ntokens: 4000\ninner_steps: 2\nshards: 1\n"
+                      "clusters:\n  - {id: a, step_time_s: 0.05}\n").encode())
+    return ["ps", "launch", "--config", run_file, "--time-limit", "300"]
+
+
+def concurrency_case(case: Case) -> None:
+    """Two runs on one --out started 0-1.5 s apart (which first drawn at random): lost unless exactly one
+    is refused, in one line with exit status 2 naming the other's pid, the other runs (to its end, or,
+    for `h2 run`/`h2 ps launch`, until it is stopped with SIGTERM once the refusal came: it must then
+    end without a traceback and leave no process), metrics.jsonl holds steps 1..n once, and nothing is
+    left in TMPDIR."""
+    from test_heteropp_rank_loss import alive, descendants
+
+    shape = case.pick(list(CONC_SHAPES))
+    kinds = shape.split("+")
+    case.rng.shuffle(kinds)
+    out, folder, tmpdir = os.path.join(case.workdir, "run"), os.path.join(case.workdir,
+                                                                          "files"), _case_tmpdir(case.workdir)
+    os.makedirs(folder)
+    if "resume" in kinds:
+        from h2.core.run_lock import release_output_folder
+
+        status, stderr = _h2(_conc_argv("train", out, folder) + ["--steps", "4"])
+        release_output_folder(out)  # held by this process until it ends otherwise
+        if status != 0:
+            raise Lost(f"preparing the run to resume failed ({status}): {stderr.strip()[-300:]}")
+    jobs = []
+    for kind in kinds:
+        jobs.append(
+            subprocess.Popen([sys.executable, "-m", "h2", *_conc_argv(kind, out, folder)], cwd=folder,
+                             env={**os.environ, "TMPDIR": tmpdir
+                                  }, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
+        time.sleep(case.rng.uniform(0.0, 1.5) if not jobs[1:] else 0)
+    pids: set[int] = set()
+    deadline = time.monotonic() + case.timeout_s
+    while all(job.poll() is None for job in jobs) and time.monotonic() < deadline:
+        pids.update(pid for job in jobs for pid in [job.pid, *descendants(job.pid)])
+        time.sleep(0.05)
+    first = next((i for i, job in enumerate(jobs) if job.poll() is not None), None)
+    if first is None:
+        for job in jobs:
+            _end(job, 1, f"{shape}")
+    stopping = {"run", "ps"}
+    for i, job in enumerate(jobs):
+        if i != first and kinds[i] in stopping and job.poll() is None:
+            pids.update(descendants(job.pid))
+            os.kill(job.pid, signal.SIGTERM)
+    errors = [_end(job, case.timeout_s + END_GRACE_S, f"{kinds[i]} of {shape}") for i, job in enumerate(jobs)]
+    refused = [i for i, job in enumerate(jobs) if job.returncode == 2 and REFUSED in errors[i]]
+    if len(refused) != 1:
+        raise Lost(f"{shape}: {len(refused)} refused, exit statuses {[job.returncode for job in jobs]}: "
+                   f"{[e.strip()[-200:] for e in errors]}")
+    loser, holder = refused[0], 1 - refused[0]
+    lines = errors[loser].strip().splitlines()
+    named = int(lines[0].split(REFUSED)[1].split()[0].rstrip(")"))
+    if len(lines) != 1 or named not in pids or named == jobs[loser].pid:
+        raise Lost(f"{shape}: the refusal is not one line naming the holder's pid: {lines[-3:]}")
+    traces = [mark for mark in NO_TRACES if mark in errors[holder]]
+    stopped = kinds[holder] in stopping
+    if traces or (not stopped and jobs[holder].returncode != 0):
+        raise Lost(f"{shape}: the holder ({kinds[holder]}) ended {jobs[holder].returncode}: "
+                   f"{errors[holder].strip()[-300:]}")
+    end = time.monotonic() + END_GRACE_S
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < end:
+        time.sleep(0.1)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    if left:
+        raise Lost(f"{shape}: processes left running: {left}")
+    if not stopped:
+        _check_final_run(out, CONC_STEPS)
+    _check_no_leaks(pids, tmpdir)
+
+
+# ---- disk-full: a small tmpfs as --out, filled up while the run checkpoints ------------------------------
+DISK_STEPS = 4
+# tmpfs sizes in KiB: below one checkpoint (the start-up check refuses), about the start-up check's estimate
+# (the later checkpoints may not fit), room for every checkpoint (a filler then takes the free space)
+DISK_SIZES_K = (1024, 7000, 8200, 9000, 12000, 40000)
+DISK_SHAPES = [(kind, size) for kind in ("train", "pipeline") for size in DISK_SIZES_K]
+ENOSPC_TEXT = "No space left on device (ENOSPC)"
+# inside the case's own mount namespace: mount the tmpfs, run, fill the file system once checkpoint FILL_AFTER
+# is complete (0: never), then copy the run folder out to the case's folder (the tmpfs ends with the namespace)
+DISK_SCRIPT = r"""
+set -u
+mount -t tmpfs -o size="$SIZE"k tmpfs "$MNT" || exit 97
+"$@" > "$CASE/stdout" 2> "$CASE/stderr" &
+run=$!
+if [ "$FILL_AFTER" -gt 0 ]; then
+  manifest=$(printf "%s/run/checkpoints/step_%08d/manifest.json" "$MNT" "$FILL_AFTER")
+  while kill -0 $run 2>/dev/null && [ ! -e "$manifest" ]; do sleep 0.02; done
+  dd if=/dev/zero of="$MNT/filler" bs=4k 2>/dev/null
+fi
+wait $run
+echo $? > "$CASE/status"
+rm -f "$MNT/filler"
+cp -a "$MNT/run" "$CASE/copy" 2>/dev/null
+exit 0
+"""
+
+
+def _disk_argv(kind: str, out: str) -> list[str]:
+    common = ["--steps", str(DISK_STEPS), "--checkpoint-every", "1", "--keep-checkpoints", "2", "--out", out]
+    if kind == "train":
+        return ["train", "--preset", "tiny", "--micro-batch-size", "2", "--seq-len", "32", "--quiet", *common]
+    return ["train", "--strategy", PP2, "--p2p-backend", "dicomm", "--rank-timeout", "30", *common]
+
+
+def disk_full_case(case: Case) -> None:
+    """`h2 train` or a pipeline whose --out is a real tmpfs of the drawn size, in a mount namespace of the
+    case's own, its free space taken once a drawn checkpoint is complete: lost unless the run finishes
+    (exit 0, every step), or the start-up check refuses it (exit 2, one line), or it ends with exit 1 and
+    one line naming the file and ENOSPC, with the previous checkpoint intact and loadable and no
+    temporary left; a traceback, a hang or anything left in TMPDIR is lost too."""
+    kind, size = case.pick(DISK_SHAPES)
+    fill_after = case.rng.randint(0, DISK_STEPS - 1)
+    mnt = os.path.join(case.workdir, "mnt")
+    os.makedirs(mnt)
+    tmpdir = _case_tmpdir(case.workdir)
+    out = os.path.join(mnt, "run")
+    env = {
+        **os.environ, "TMPDIR": tmpdir, "SIZE": str(size), "MNT": mnt, "CASE": case.workdir,
+        "FILL_AFTER": str(fill_after)
+    }
+    what = f"{kind} on a {size} KiB tmpfs filled after checkpoint {fill_after}"
+    job = subprocess.Popen([
+        "unshare", "-m", "--propagation", "private", "sh", "-c", DISK_SCRIPT, "disk-full", sys.executable, "-m", "h2",
+        *_disk_argv(kind, out)
+    ], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _end(job, case.timeout_s + END_GRACE_S, what)
+    if job.returncode != 0 or not os.path.exists(os.path.join(case.workdir, "status")):
+        raise Lost(f"{what}: the namespace's script failed ({job.returncode}); is this root with unshare?")
+    status = int(open(os.path.join(case.workdir, "status")).read())
+    stderr = open(os.path.join(case.workdir, "stderr")).read()
+    lines = stderr.strip().splitlines()
+    copy = os.path.join(case.workdir, "copy")
+    traces = [mark for mark in NO_TRACES if mark in stderr]
+    if traces:
+        raise Lost(f"{what}: {traces[0]!r} on stderr: {stderr.strip()[-400:]}")
+    if status == 0:
+        _check_final_run(copy, DISK_STEPS)
+    elif status == 2:
+        if len(lines) != 1 or "free" not in lines[0]:
+            raise Lost(f"{what}: exit 2 but not the start-up check's one line: {lines[-3:]}")
+    elif status == 1:
+        failed = [line for line in lines if ENOSPC_TEXT in line]
+        if kind == "train" and len(lines) != 1 or not failed or f"{out}/checkpoints/" not in failed[0]:
+            raise Lost(f"{what}: exit 1 without one line naming the file and ENOSPC: {lines[-4:]}")
+        if _temporaries(copy):
+            raise Lost(f"{what}: temporaries left: {_temporaries(copy)}")
+        if CheckpointDir(copy).complete_steps():
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    CheckpointDir(copy).load_latest(say=lambda line: None)
+            except UserError as error:
+                raise Lost(f"{what}: the previous checkpoint does not load: {error}") from None
+    else:
+        raise Lost(f"{what}: exit status {status}: {lines[-3:]}")
+    _check_no_leaks([], tmpdir)
+
+
 # ---- the existing families, registered ------------------------------------------------------------
-@family("kill", quick=3, full=60)
+@family("kill", quick=3, full=30)
 def _kill(case: Case) -> None:
     kill_case(case.rng, case.workdir, case.timeout_s)
 
@@ -1040,7 +1526,7 @@ def _frame(case: Case) -> None:
     frame_case(case.rng)
 
 
-@family("ranks", quick=1, full=12)
+@family("ranks", quick=1, full=6)
 def _ranks(case: Case) -> None:
     ranks_case(case.rng, case.workdir, case.timeout_s, case.index)
 
@@ -1063,6 +1549,26 @@ for _name, _table in INPUT_TABLES.items():
 @family("signals", quick=1, full=2 * len(LAUNCHER_SIGNALS))
 def _signals(case: Case) -> None:
     signals_case(case)
+
+
+@family("security", quick=3, full=5 * len(ATTACKS))
+def _security(case: Case) -> None:
+    security_case(case)
+
+
+@family("checkpoint", quick=2, full=4 * len(CKPT_SHAPES))
+def _checkpoint(case: Case) -> None:
+    checkpoint_case(case)
+
+
+@family("concurrency", quick=1, full=3 * len(CONC_SHAPES))
+def _concurrency(case: Case) -> None:
+    concurrency_case(case)
+
+
+@family("disk-full", quick=1, full=len(DISK_SHAPES))
+def _disk_full(case: Case) -> None:
+    disk_full_case(case)
 
 
 # ---- the campaign --------------------------------------------------------------------------------
@@ -1111,6 +1617,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in only or [] if name not in FAMILIES]
     if unknown:
         parser.error(f"--families: no family {unknown[0]} (have {', '.join(FAMILIES)})")
+    # Started in the background by a shell without job control (`... &`), this process ignores SIGINT and
+    # SIGQUIT, and so would every process it starts: the signals family's SIGINT would then do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     print(f"fault campaign, {args.mode} mode, seed {args.seed}, load {os.getloadavg()[0]:.1f}")
     counts = run(args.mode, args.seed, args.timeout, only=only)
     if args.json:

@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import statistics
 import tempfile
 
@@ -441,12 +442,22 @@ def _plan_run(args, cluster: ClusterSpec, model: ModelConfig) -> tuple[str, Plan
     return profiles, plan
 
 
+def _exit_on_sigterm(*_) -> None:
+    """SIGTERM while profiling or planning ends `h2 run` as an exit does (status 143), so that its rank
+    folders and multiprocessing's temporaries are removed, not left in TMPDIR."""
+    raise SystemExit(128 + signal.SIGTERM)
+
+
 def _cmd_run(args) -> int:
     config = _check_run_flags(args)
     cluster, model = _cluster_and_model(args)
     reference = _check_run_inputs(args, cluster, model, config)
     hold_output_folder(args.out)
-    profiles, plan = _plan_run(args, cluster, model)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # the launcher has its own from here on
+    try:
+        profiles, plan = _plan_run(args, cluster, model)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     status = train(args, args.out, cluster)
     if status != 0:
         print(f"h2 run: training failed (exit {status}); plan in {os.path.join(args.out, PLAN_FILE)}", flush=True)

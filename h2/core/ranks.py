@@ -403,7 +403,10 @@ def _forkserved(spec_path: str, rank: int, environment: dict, out_path: str, err
     os.environ.clear()
     os.environ.update(environment)
     for fd, path in ((1, out_path), (2, err_path)):
-        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except FileNotFoundError:  # the job was stopped (its folder removed) while this rank was being forked
+            os._exit(1)
         os.dup2(log, fd)
         os.close(log)
     with open(spec_path, "rb") as handle:

@@ -98,7 +98,8 @@ class TrainConfig:
                   ("checkpoint_every", 0 <= self.checkpoint_every <= MAX_STEPS),
                   ("keep_checkpoints", 1 <= self.keep_checkpoints <= MAX_STEPS),
                   ("seed", 0 <= self.seed < 2**32)]  # numpy's generator takes a 32-bit seed
-        checks += [("eval_every", self.eval_every >= 0), ("eval_batches", self.eval_batches >= 1)]
+        checks += [("eval_every", 0 <= self.eval_every <= MAX_STEPS),
+                   ("eval_batches", 1 <= self.eval_batches <= MAX_STEPS)]
         if self.seq_len is not None:
             checks.append(("seq_len", self.seq_len >= 1))
         if self.lr_decay_steps is not None:

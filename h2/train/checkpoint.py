@@ -528,7 +528,9 @@ class CheckpointDir:
             pointer_problem = None if named is not None else f"{self.pointer}: missing"
         except UserError as error:
             named, pointer_problem = None, str(error)
-        candidates = [step for step in reversed(self.complete_steps()) if named is None or step < named]
+        # a pointer naming a folder that is gone (a lower step too) leaves every complete one a candidate
+        gone = named is not None and not os.path.isdir(self.folder(named))
+        candidates = [step for step in reversed(self.complete_steps()) if named is None or gone or step < named]
         if named is not None:
             candidates.insert(0, named)
         if not candidates:

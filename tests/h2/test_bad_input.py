@@ -74,6 +74,8 @@ TRAIN = [
     (["train", "--lr", "nan"], "argument --lr: expected a finite number"),
     (["train", "--warmup-steps", str(2**63)], "'warmup_steps' out of range"),
     (["train", "--steps", str(2**40)], "'steps' out of range"),
+    (["train", "--eval-every", str(2**63)], "'eval_every' out of range"),  # found by the full campaign
+    (["train", "--eval-batches", str(2**63)], "'eval_batches' out of range"),
     (["train", "--preset", ""], "--preset is empty"),
     (["train", "--outlier-scale", "inf", "--ps", "127.0.0.1:1", "--cluster-id", "a"], "--outlier-scale"),
     (["train", "--outlier-scale", "nan", "--ps", "127.0.0.1:1", "--cluster-id", "a"], "--outlier-scale"),

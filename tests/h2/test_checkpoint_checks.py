@@ -99,6 +99,10 @@ def point_latest_nowhere(out):
     (out / "checkpoints" / "latest").write_text("step_00000099\n")
 
 
+def point_latest_below_every_checkpoint(out):
+    (out / "checkpoints" / "latest").write_text("step_00000000\n")  # a step that is gone (found by the campaign)
+
+
 def point_latest_at_an_empty_folder(out):
     os.makedirs(step_folder(out, 9))
     (out / "checkpoints" / "latest").write_text("step_00000009\n")
@@ -113,13 +117,15 @@ DAMAGE = {
     cut_the_shard_short: r"rank_00000.safetensors: \d+ bytes, the manifest says \d+ \(cut short or replaced\)",
     point_latest_nowhere: r"step_00000099/manifest.json: missing",
     point_latest_at_an_empty_folder: r"step_00000009/manifest.json: missing",
+    point_latest_below_every_checkpoint: r"step_00000000/manifest.json: missing",
 }
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE), ids=[damage.__name__ for damage in DAMAGE])
 def test_a_damaged_checkpoint_is_skipped_with_one_line_and_the_resumed_losses_equal_the_straight_run(
         damage, runs, out, corpus, capfd):
-    expected_step = 3 if damage.__name__ not in ("point_latest_nowhere", "point_latest_at_an_empty_folder") else 4
+    expected_step = 3 if damage.__name__ not in ("point_latest_nowhere", "point_latest_at_an_empty_folder",
+                                                 "point_latest_below_every_checkpoint") else 4
     damage(out)
     capfd.readouterr()
     trainer = Trainer(

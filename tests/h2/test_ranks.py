@@ -187,3 +187,13 @@ def test_the_folders_of_a_job_killed_with_sigkill_are_removed_at_the_next_jobs_s
     monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
     assert run_ranks(report, 1, env={"EXTRA": "x"}, timeout=60)[0]["rank"] == 0
     assert os.listdir(scratch_root) == ["pymp-of-someone-else"]
+
+
+def test_a_forkserved_rank_whose_job_was_stopped_while_it_was_forked_exits_without_a_traceback(tmp_path):
+    """The job's folder (its logs) removed before the rank opened them, as a stopped job does (found by
+    the fault campaign: `h2 run` SIGTERMed while it started a profiling rank)."""
+    gone = str(tmp_path / "h2-ranks-stopped")
+    code = ("import sys; from h2.core.ranks import _forkserved; "
+            f"_forkserved({gone + '/spec.pickle'!r}, 0, {{}}, {gone + '/rank0.out'!r}, {gone + '/rank0.err'!r})")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr == "", result.stderr[-2000:]

@@ -106,3 +106,29 @@ def test_an_out_that_is_a_file_is_one_line(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="--out .*file: exists and is not a folder"):
         hold_output_folder(str(tmp_path / "file"))
+
+
+def test_h2_run_stopped_with_sigterm_while_profiling_leaves_nothing_in_tmpdir(tmp_path):
+    """Found by the fault campaign (concurrency: `h2 run` holding the folder, stopped once the other run
+    was refused): its profiling rank's folder and multiprocessing's were left in TMPDIR."""
+    import signal
+    import time
+
+    from tests.h2.test_run import write_cluster
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    run = subprocess.Popen([
+        sys.executable, "-m", "h2", "run", "--cluster",
+        write_cluster(tmp_path), "--out",
+        str(tmp_path / "out"), "--profiles",
+        str(tmp_path / "profiles")
+    ], cwd=REPO, env={**os.environ, "TMPDIR": str(tmpdir)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not [name for name in os.listdir(tmpdir) if name.startswith("h2-ranks-")] and time.monotonic() < deadline:
+        assert run.poll() is None, run.communicate()[1][-2000:]
+        time.sleep(0.02)
+    run.send_signal(signal.SIGTERM)
+    stderr = run.communicate(timeout=120)[1]
+    assert run.returncode == 143 and "Traceback" not in stderr, stderr[-2000:]
+    assert [name for name in os.listdir(tmpdir) if not name.startswith("torchinductor_")] == []
