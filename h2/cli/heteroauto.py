@@ -171,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     profile_cmd.add_argument("--out", metavar="FILE", help="with --chip: write this file instead of DIR/<chip>.yaml")
     profile_cmd.add_argument(
         "--force", action="store_true", help="measure again even where a profile is up to date, and write a "
-        f"profile measured with more than {UNTRUSTED_FRACTION:.0%} of its emulated kernel time late (refused "
+        f"profile measured with more than {UNTRUSTED_FRACTION:.0%}% of its emulated kernel time late (refused "
         "otherwise, exit 2) marked 'trusted: false'")
     profile_cmd.add_argument(
         "--max-late", type=float, default=UNTRUSTED_FRACTION, metavar="FRACTION",
