@@ -500,6 +500,19 @@ def _wait_for_ranks(job: subprocess.Popen, out: str, step: int, timeout_s: float
     return ranks
 
 
+def _killed_leftovers(pids: list[int]) -> list[int]:
+    """The processes of `pids` still alive END_GRACE_S after their job ended, SIGKILLed (a leak to report)."""
+    from test_heteropp_rank_loss import alive
+
+    end = time.monotonic() + END_GRACE_S
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < end:
+        time.sleep(0.1)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
 def ranks_case(rng: random.Random, workdir: str, timeout_s: float, index: int) -> None:
     from test_heteropp_rank_loss import alive, descendants
 
@@ -1010,7 +1023,7 @@ def signals_case(case: Case) -> None:
     train --strategy` during start-up or its steps: lost on a traceback or C++ stack trace, another exit
     status, a process of the job left running, or a job folder left in TMPDIR (after SIGKILL: left
     until the next launcher starts, which removes it)."""
-    from test_heteropp_rank_loss import alive, descendants
+    from test_heteropp_rank_loss import descendants
 
     how = LAUNCHER_SIGNALS[case.index % len(LAUNCHER_SIGNALS)]
     out, tmpdir = os.path.join(case.workdir, "run"), _case_tmpdir(case.workdir)
@@ -1033,12 +1046,7 @@ def signals_case(case: Case) -> None:
     traces = [mark for mark in NO_TRACES if mark in stderr]
     if traces:
         raise Lost(f"a {how} during {when}: {traces[0]!r} on stderr: {stderr.strip()[-600:]}")
-    end = time.monotonic() + END_GRACE_S
-    while [pid for pid in pids if alive(pid)] and time.monotonic() < end:
-        time.sleep(0.1)
-    left = [pid for pid in pids if alive(pid)]
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+    left = _killed_leftovers(pids)
     if left:
         raise Lost(f"a {how} during {when}: processes of the job left running: {left}")
     if how == "SIGKILL":
@@ -1354,7 +1362,7 @@ def concurrency_case(case: Case) -> None:
     for `h2 run`/`h2 ps launch`, until it is stopped with SIGTERM once the refusal came: it must then
     end without a traceback and leave no process), metrics.jsonl holds steps 1..n once, and nothing is
     left in TMPDIR."""
-    from test_heteropp_rank_loss import alive, descendants
+    from test_heteropp_rank_loss import descendants
 
     shape = case.pick(list(CONC_SHAPES))
     kinds = shape.split("+")
@@ -1405,12 +1413,7 @@ def concurrency_case(case: Case) -> None:
     if traces or (not stopped and jobs[holder].returncode != 0):
         raise Lost(f"{shape}: the holder ({kinds[holder]}) ended {jobs[holder].returncode}: "
                    f"{errors[holder].strip()[-300:]}")
-    end = time.monotonic() + END_GRACE_S
-    while [pid for pid in pids if alive(pid)] and time.monotonic() < end:
-        time.sleep(0.1)
-    left = [pid for pid in pids if alive(pid)]
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+    left = _killed_leftovers(pids)
     if left:
         raise Lost(f"{shape}: processes left running: {left}")
     if not stopped:

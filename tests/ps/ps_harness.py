@@ -82,9 +82,9 @@ def model_tensors() -> dict[str, torch.Tensor]:
     return {name: param.detach().clone() for name, param in Transformer(preset("tiny")).named_parameters()}
 
 
-def sync_together(clients: dict[str, ClusterClient], tensors: dict[str, dict], tokens: int) -> dict:
+def sync_together(clients: dict[str, ClusterClient], tensors: dict[str, dict], tokens: int, close: bool = True) -> dict:
     """Every client's sync of its tensors (claiming `tokens`, loss 3.0) at once, one thread each; their
-    results by cluster; the clients are closed after."""
+    results by cluster; the clients are closed after unless `close` is False."""
     results = {}
     threads = [
         threading.Thread(
@@ -94,8 +94,8 @@ def sync_together(clients: dict[str, ClusterClient], tensors: dict[str, dict], t
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
-    for client in clients.values():
+        thread.join(120)
+    for client in clients.values() if close else ():
         client.close()
     return results
 

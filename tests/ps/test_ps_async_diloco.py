@@ -3,19 +3,18 @@ the real master and shards (in-process): each cluster keeps its own copy of the 
 optimizer, and a round all-reduces the pseudo-gradients of the clusters that finished their inner phase."""
 
 import json
-import threading
 
 import pytest
 import torch
 
+import ps_harness
 from h2.core.dips import OuterOptions, PSOptions
 from h2.core.model_config import preset
 from h2.core.training import TrainConfig
 from h2.ps.client import ClusterClient
 from h2.train.ps_sync import run_with_ps
 from h2.train.trainer import Trainer
-from ps_harness import running_ps
-from test_ps_rounds import model_tensors
+from ps_harness import model_tensors, running_ps
 
 TOKENS = 512
 OUTER = OuterOptions()  # nesterov, lr 0.7, momentum 0.8
@@ -36,19 +35,9 @@ def inner_phase(tensors: dict[str, torch.Tensor], cluster: str, round_id: int) -
 
 def sync_together(clients: dict[str, ClusterClient], tensors: dict, round_id: int) -> dict:
     """The named clusters finish their inner phase of `round_id` and sync at the same time."""
-    results = {}
     for cid in clients:
         inner_phase(tensors[cid], cid, round_id)
-    threads = [
-        threading.Thread(
-            target=lambda cid=cid: results.__setitem__(cid, clients[cid].sync(tensors[cid], tokens=TOKENS, loss=3.0)))
-        for cid in clients
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return results
+    return ps_harness.sync_together(clients, tensors, TOKENS, close=False)
 
 
 def run_rounds(out_dir, mode: str, rounds: int = 3) -> tuple[dict, list[dict]]:
