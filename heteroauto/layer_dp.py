@@ -722,6 +722,19 @@ def bound_candidates(problem: OrderedGroups) -> np.ndarray:
 
 
 def _bound_candidates(problem: OrderedGroups) -> np.ndarray:
+    return candidates_of_pairs(bound_pairs(problem), problem.layers)
+
+
+def candidates_of_pairs(pairs: np.ndarray, layers: int) -> np.ndarray:
+    """Every A * k + KW (k = 1..layers) of the (A, KW) pairs, sorted, each once."""
+    pairs = np.unique(pairs, axis=0)
+    counts = np.arange(1, layers + 1, dtype=float)
+    values = (pairs[:, 1:2] + pairs[:, 0:1] * counts[None, :]).ravel()
+    return np.unique(values)
+
+
+def bound_pairs(problem: OrderedGroups) -> np.ndarray:
+    """The (A, KW) of every stage kind the problem's groups can have (rows, possibly repeated)."""
     b_minus_alpha = problem.micro_batches - problem.alpha
     weights, fixed = [], []
     last = len(problem.options) - 1
@@ -736,10 +749,7 @@ def _bound_candidates(problem: OrderedGroups) -> np.ndarray:
             for extra, update in ends:
                 weights.append(b_minus_alpha * option.compute_s + option.update_s)
                 fixed.append(b_minus_alpha * extra + update)
-    pairs = np.unique(np.array([weights, fixed]).T, axis=0)
-    counts = np.arange(1, problem.layers + 1, dtype=float)
-    values = (pairs[:, 1:2] + pairs[:, 0:1] * counts[None, :]).ravel()
-    return np.unique(values)
+    return np.array([weights, fixed]).T.reshape(-1, 2)
 
 
 # ---- rebuilding the plan ------------------------------------------------------------------------------

@@ -92,11 +92,21 @@ def stage_memory_bytes(model: ModelConfig, training: TrainingSpec, layer: LayerP
 def stage_caps(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
                in_flight: np.ndarray, first: bool, last: bool, capacity: float, limit: int) -> np.ndarray:
     """StageMemoryTerms.max_layers for every count of micro-batches in flight at once (same rounding)."""
-    base = stage_memory_terms_at(model, training, layer, dp=dp, recompute=recompute, in_flight=0, first=first,
-                                 last=last)
+    return stage_caps_of_ends(model, training, layer, dp=dp, recompute=recompute, in_flight=in_flight,
+                              ends=[(first, last)], capacity=capacity, limit=limit)[0]
+
+
+def stage_caps_of_ends(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
+                       in_flight: np.ndarray, ends: list[tuple[bool, bool]], capacity: float, limit: int) -> np.ndarray:
+    """stage_caps of several (first, last) stage kinds at once, one row each: they differ only in the
+    fixed bytes (embedding, head), the per-layer bytes are the same."""
+    bases = [
+        stage_memory_terms_at(model, training, layer, dp=dp, recompute=recompute, in_flight=0, first=first, last=last)
+        for first, last in ends
+    ]
     kept = layer.recompute_activation_bytes if recompute else layer.activation_bytes
-    per_layer = base.per_layer + np.asarray(in_flight, dtype=np.int64) * kept
-    fixed = base.fixed
+    per_layer = (bases[0].per_layer + np.asarray(in_flight, dtype=np.int64) * kept)[None, :]
+    fixed = np.array([[base.fixed] for base in bases])
     with np.errstate(divide="ignore", invalid="ignore"):
         layers = np.floor((capacity - fixed) / per_layer)
     layers = np.clip(np.nan_to_num(layers, nan=limit, posinf=limit, neginf=0), 0, limit)

@@ -207,7 +207,8 @@ class AllOrders:
                 self._chain(t, front, starts) for t in range(count) for front in range(-1, count) if front != t
                 for starts in (False, True)
             ]
-            self._candidates = np.unique(np.concatenate([layer_dp.bound_candidates(c) for c in chains]))
+            self._candidates = layer_dp.candidates_of_pairs(np.concatenate([layer_dp.bound_pairs(c)
+                                                                            for c in chains]), self.layers)
         return self._candidates
 
     def best_order(self, bound: float) -> tuple[str, ...]:

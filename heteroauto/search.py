@@ -15,10 +15,12 @@ finitely many values a stage weight takes; the smallest feasible one is found by
 recursion without the layer dimension, and larger ones are split in halves while
 M_low + alpha * sum(M_high) (sum falls as M grows) can still beat the k-th best. Whole (dp, grouping)
 items are skipped when a relaxation (M from a continuous cover of the layers, sum from the cheapest
-possible layer times) cannot beat it, orders when they cannot fit the layers under the best M that could
-still win. For the best plan alone (top_k 1) every order is solved at once by orders_dp.py, a dynamic
-programme over the sets of chip types already placed (k 2^(k-1) states instead of k! orders); top_k > 1
-keeps one programme per order (the best plan of each). In the layer recursion a state is cleared when a
+possible layer times) cannot beat it; that relaxation is solved only when the item comes up, items
+waiting behind a quick bound from their options alone (Planner.quick_bound, never above it), and
+orders when they cannot fit the layers under the best M that could still win. For the best plan
+alone (top_k 1) every order is solved at once by orders_dp.py, a dynamic programme over the sets of
+chip types already placed (k 2^(k-1) states instead of k! orders); top_k > 1 keeps one programme per
+order (the best plan of each). In the layer recursion a state is cleared when a
 state with fewer stages behind matches it (its memory caps are never tighter), when the groups still to
 place cannot complete the layers under M, and, for a sum that only matters below a cap, when its sum plus
 the least the remaining groups can add (one layer each, then the cheapest rates up to what each admits)
@@ -49,14 +51,15 @@ from h2.core.numbers import divisors
 from h2.core.strategy import StageSpec, Strategy
 from heteroauto import layer_dp
 from heteroauto.evaluation import evaluate_strategy
-from heteroauto.layer_dp import Option, OrderedGroups, StageVariantCaps
-from heteroauto.memory import stage_caps, stage_memory_terms_at
+from heteroauto.layer_dp import _ROUND, Option, OrderedGroups, StageVariantCaps
+from heteroauto.memory import stage_caps_of_ends, stage_memory_terms_at
 from heteroauto.orders_dp import AllOrders
 from heteroauto.profiles import Profile
 from heteroauto.stage_terms import check_cost_model, embedding_terms, head_terms, transfer_s
 
 GB = 1e9
 MAX_LAYERS = 1024  # the sum tables are (tp, stages, layers) arrays: quadratic in the layers
+_QUICK_MARGIN = 1 - 1e-9  # quick bounds shrunk by this: rounding cannot lift them above a plan's cost
 _TIE = 1 - 2e-9  # a bound within rounding of the incumbent cannot beat it by more than that: prune ties
 
 
@@ -214,6 +217,7 @@ class _Item:
     groups: dict[str, list[Group]]
     options: dict[tuple[str, int], list[Option]]
     lower_bound_s: float = 0.0  # below every plan of the item (order-free relaxation)
+    quick_least: float = 0.0  # no M below this fits (Planner.quick_bound)
     pending: list = field(default_factory=list)  # (lower bound, kind, key, least M, floor) of work not done yet
     problems: dict = field(default_factory=dict)  # ordered problems built so far
     shared: dict = field(default_factory=dict)  # group steps shared by those problems (layer_dp.group_steps)
@@ -292,11 +296,13 @@ class Planner:
         total = self.model.num_layers
         in_flight = np.minimum(np.arange(2 * total + 2), self.training.micro_batch_units // dp)
         in_flight[0] = 1  # distance 0 is never read
-        variants = {}
-        for first, last in ((False, False), (True, False), (False, True), (True, True)):
-            variants[(first, last)] = stage_caps(self.model, self.training, layer, dp=dp, recompute=recompute,
-                                                 in_flight=in_flight, first=first, last=last,
-                                                 capacity=chip.capacity_bytes, limit=total)
+        ends = [(False, False), (True, False), (False, True), (True, True)]
+        variants = dict(
+            zip(
+                ends,
+                stage_caps_of_ends(self.model, self.training, layer, dp=dp, recompute=recompute, in_flight=in_flight,
+                                   ends=ends, capacity=chip.capacity_bytes, limit=total)))
+        for first, last in ends:
             if variants[(first, last)][1] < 1:
                 terms = stage_memory_terms_at(self.model, self.training, layer, dp=dp, recompute=recompute, in_flight=1,
                                               first=first, last=last)
@@ -337,6 +343,50 @@ class Planner:
                                      f"model's {self.model.num_layers} layers")
             return None
         return _Item(dp=dp, groups=groups, options=options)
+
+    def quick_bound(self, item: _Item) -> tuple[float, float]:
+        """(least M, bound): lower bounds on every plan of the item from its options alone, never above
+        bound_item's (its least M that fits, and its bound): a plan
+        whose stage weights are at most M holds at most min(memory cap, M / A) layers on each of a group's
+        stages (a stage's fixed weight and its position only lower that), and its sum of stage terms is
+        at least the layers at the least time of a layer. The least M at which the groups' best options
+        hold every layer, and that plus alpha times that sum, shrunk by a rounding margin; 0 when
+        alpha > b (fixed weights may then be negative)."""
+        micro_batches = self.training.micro_batch_units // item.dp
+        alpha, layers = self.training.alpha, self.model.num_layers
+        if micro_batches < alpha:
+            return 0.0, 0.0
+        groups = [item.options[(group.chip.name, group.count)] for groups in item.groups.values() for group in groups]
+        every = [option for options in groups for option in options]
+        owner = np.repeat(np.arange(len(groups)), [len(options) for options in groups])
+        pp = np.array([option.pp for option in every], dtype=float)
+        cap = np.array([float(option.caps.middle[1:].max()) for option in every])
+        weight = np.array([(micro_batches - alpha) * option.compute_s + option.update_s for option in every])
+        positive = np.where(weight > 0, weight, 1.0)
+
+        def held(bound: float) -> float:
+            per = np.where(weight > 0, np.floor(bound / positive * (1 + _ROUND) + _ROUND), cap)
+            per = np.minimum(per, cap)
+            best = np.full(len(groups), -math.inf)
+            np.maximum.at(best, owner, np.where(per >= 1, pp * per, -math.inf))
+            return float(best.sum())
+
+        if held(math.inf) < layers:
+            return math.inf, math.inf
+        steps = [weight[i] * np.arange(1, int(min(cap[i], layers)) + 1) for i in range(len(every)) if weight[i] > 0]
+        values = np.unique(np.concatenate(steps + [np.zeros(1)]))  # where a stage's layer count can change
+        low, high = 0, len(values) - 1
+        if held(float(values[high])) < layers:
+            return 0.0, 0.0  # fits only past every step: no bound (cannot happen with positive weights)
+        while low < high:
+            middle = (low + high) // 2
+            if held(float(values[middle])) >= layers:
+                high = middle
+            else:
+                low = middle + 1
+        least_rate = min(option.compute_s for option in every)
+        least = float(values[low])
+        return least * _QUICK_MARGIN, (least + alpha * layers * least_rate) * _QUICK_MARGIN
 
     def ordered(self, item: _Item, order: tuple[str, ...],
                 level: str = "exact") -> tuple[OrderedGroups, list[Group], float]:
@@ -495,9 +545,10 @@ class _Search:
 
     def least_bound(self, problem: OrderedGroups | AllOrders, candidates: np.ndarray) -> int | None:
         """Index of the least candidate M under which every layer fits (None: not even the last)."""
-        if not len(candidates) or not problem.feasible(float(candidates[-1])):
+        if not len(candidates):
             return None
-        # near the start, gallop up from it then bisect; else bisect what is past the near part
+        # near the start, gallop up from it then bisect; else bisect what is past the near part (fitting only
+        # grows with M: the last candidate is asked only when the near part does not fit)
         near = math.isqrt(len(candidates) - 1)
         if problem.feasible(float(candidates[near])):
             low, step = 0, 1
@@ -505,6 +556,8 @@ class _Search:
                 self.tick()
                 low, step = low + step, step * 2
             high = min(low + step - 1, near)
+        elif near == len(candidates) - 1 or not problem.feasible(float(candidates[-1])):
+            return None
         else:
             low, high = near + 1, len(candidates) - 1
         while low < high:
@@ -535,13 +588,14 @@ class _Search:
         least = float(candidates[low])
         return least, least + problem.alpha * floor_sum
 
-    def solve(self, problem: OrderedGroups | AllOrders, relaxed_sum: Callable[[float], float], *, start: float,
+    def solve(self, problem: OrderedGroups | AllOrders, relaxed_sum: Callable[[float, float], float], *, start: float,
               floor_sum: float, on_better: Callable[[float], None] | None = None) -> tuple[float, float | None]:
         """(min over M of M + alpha * sum(M), the M that gives it), skipping what cannot beat the threshold.
 
         sum(M) falls as M grows, so M_low + alpha * sum(M_high) bounds every M in between; ranges are split
-        in halves, first bounded by a relaxed problem's sum (cheap, never above the exact one), and
-        evaluated exactly only where that bound can still win. on_better(M): called with each better M."""
+        in halves, first bounded by a relaxed problem's sum (relaxed_sum(M, cap): cheap, never above the
+        exact one, a value >= cap only a bound), and evaluated exactly only where that bound can still win.
+        on_better(M): called with each better M."""
         alpha = problem.alpha
         candidates = self.candidates(problem, start, floor_sum)
         low = self.least_bound(problem, candidates)
@@ -595,7 +649,10 @@ class _Search:
                 continue
             middle = (lo + hi) // 2
             self.tick()
-            lower = max(sum_hi, relaxed_sum(float(candidates[middle])))
+            # the relaxed sum matters only below what prunes (lo, middle] (a margin over it: a sum only
+            # bounded there prunes as surely as the exact one would)
+            prunes = (limit() * (1 + 1e-9) - float(candidates[lo + 1])) / alpha
+            lower = max(sum_hi, relaxed_sum(float(candidates[middle]), prunes))
             if candidates[lo + 1] + alpha * lower >= limit():  # (lo, middle] cannot win
                 self.planner.bounded += 1
                 push(middle, hi, lower, False, sum_hi, hi_exact)
@@ -613,13 +670,39 @@ class _Search:
         cap = (self.threshold() - start) / problem.alpha if problem.alpha > 0 else math.inf
         return problem.least_sum(math.inf, cap if math.isfinite(start) and cap > 0 else math.inf)
 
+    # ---- the items: quick bounds, relaxed bounds, exact orders -------------------------------------------
+    def run_items(self, orders: list[tuple[str, ...]]) -> None:
+        """Every item in the order of its relaxed bound (bound_item), each bounded only when it comes up:
+        items wait behind their quick bound (quick_bound: never above the relaxed one, so the items run in
+        the same order as if every relaxed bound were known first), and those whose quick bound cannot beat
+        the best plan found by then are never bounded further."""
+        for item in self.items:
+            self.tick()
+            item.quick_least, item.lower_bound_s = self.planner.quick_bound(item)
+        queue = [(item.lower_bound_s, index, False) for index, item in enumerate(self.items)]
+        heapq.heapify(queue)
+        while queue:
+            bound, index, relaxed = heapq.heappop(queue)
+            item = self.items[index]
+            self.tick()
+            if not relaxed:
+                if bound >= self.threshold() and math.isfinite(self.threshold()):
+                    self.planner.bounded += 1  # proved by the quick bound alone
+                    item.bounded = True
+                    continue
+                self.bound_item(item, orders)
+                heapq.heappush(queue, (item.lower_bound_s, index, True))
+                continue
+            self.run_item(item, orders)
+            self.items_done += 1
+
     # ---- one item: relaxed bounds first, exact orders last ---------------------------------------------
     def bound_item(self, item: _Item, orders: list[tuple[str, ...]]) -> None:
         """Every order at once: memory caps by position in the group, cheapest type boundaries, head and
         embedding as the cheapest of any type (the order of the types then no longer matters)."""
         problem, _, constant = self.planner.ordered(item, orders[0], "item")
         floor = self.floor(problem) + constant
-        least, bound = self.bound(problem, 0.0, floor)
+        least, bound = self.bound(problem, item.quick_least, floor)
         item.lower_bound_s, item.bounded = bound, True
         if math.isfinite(bound):
             if self.top_k == 1:  # the best plan only: every order in one programme
@@ -699,17 +782,21 @@ class _Search:
 
     def solve_every_order(self, item: _Item, orders: list[tuple[str, ...]], start: float, floor: float) -> None:
         """The best plan of the item over every order (orders_dp), ranges of M bounded by the order-free
-        relaxation of bound_item; the plan rebuilt on the order that attains it."""
+        relaxation of bound_item (its floor too: the every-order sum with no bound on M costs the most of
+        any sweep, as every state is reachable, and tightened the floor too little to pay for itself);
+        the plan rebuilt on the order that attains it."""
         problem = self.planner.all_orders(item)
         relaxed, _, constant = self.planner.ordered(item, orders[0], "item")
-        floor = max(floor, self.floor(problem, start))
 
         def offer(bound: float) -> None:
             exact, groups, _ = self.planner.ordered(item, problem.best_order(bound))
             self.offer(self._plan(item, groups, layer_dp.rebuild(exact, layer_dp.sum_tables(exact, bound))))
 
+        def relaxed_sum(bound: float, cap: float) -> float:
+            return relaxed.least_sum(bound, cap - constant) + constant
+
         # under a time limit every better plan is kept at once, so that a stop mid-item still has it
-        value, bound = self.solve(problem, lambda m: relaxed.least_sum(m) + constant, start=start, floor_sum=floor,
+        value, bound = self.solve(problem, relaxed_sum, start=start, floor_sum=floor,
                                   on_better=offer if self.time_limit_s is not None else None)
         if bound is None:
             for order in orders:
@@ -748,13 +835,7 @@ def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, pro
             if len(items) == 2 and items[0] is not None and items[1] is not None and _covers(items[1], items[0]):
                 items = items[1:]  # every whole-type plan is a split plan with one tp per type
             run.items += [item for item in items if item is not None]
-        for item in run.items:
-            run.tick()
-            run.bound_item(item, orders)
-        run.items.sort(key=lambda i: i.lower_bound_s)
-        for item in run.items:
-            run.run_item(item, orders)
-            run.items_done += 1
+        run.run_items(orders)
     except _TimeUp:
         optimal = False
     if not run.top:
@@ -762,7 +843,7 @@ def search(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec, pro
             raise UserError(f"--time-limit {time_limit_s:g}: no feasible plan found within the time limit")
         raise UserError(planner.infeasible.reason())
     best = run.top[0]
-    unbounded = [0.0 for item in run.items if not item.bounded]  # not even bounded: nothing proved
+    unbounded = [item.lower_bound_s for item in run.items if not item.bounded]  # only the quick bound proved
     lower = min([best.objective_s / (1 + gap), run.lower_bound()] + unbounded)
     return SearchResult(best=best, top=list(run.top), evaluated=planner.evaluated, bounded=planner.bounded,
                         search_s=time.perf_counter() - run.started, search_cpu_s=time.process_time() - run.started_cpu,

@@ -1,6 +1,7 @@
 """The default search's plans pinned: a faster search must find the very plans (and iteration times) it
 found before (Exp-A/B/C of the H2 paper), and still equal the exhaustive oracle on small problems."""
 
+import math
 import os
 import random
 
@@ -12,7 +13,7 @@ from h2.core.errors import UserError
 from h2.core.model_config import preset
 from heteroauto.oracle import oracle_search
 from heteroauto.profiles import profiles_for
-from heteroauto.search import search
+from heteroauto.search import Planner, _orders, _Search, batch_dp_values, groupings, search
 
 # experiment: (iteration s, dp, groups in pipeline order, tp, recompute, stage layers) of the default search
 PINNED = {
@@ -57,3 +58,42 @@ def test_search_equals_the_oracle_on_fixed_small_problems(seed, group_size):
         return
     found = search(cluster, model, training, profiles, group_size=group_size)
     assert found.best.objective_s == pytest.approx(oracle.objective_s, rel=1e-9)
+
+
+def test_quick_bound_is_never_above_the_relaxed_bound():
+    """The items run in the order of their relaxed bounds only if a quick bound never exceeds one."""
+    checked = 0
+    for seed in range(12):
+        cluster, model, training = random_problem(random.Random(2000 + seed), max_types=3)
+        planner = Planner(cluster, model, training, profiles_for(cluster, model, training))
+        run = _Search(planner, 1, 0.0, None, None)
+        for dp in batch_dp_values(cluster, training):
+            for grouping in groupings(cluster, 2):
+                item = planner.item(dp, grouping)
+                if item is None:
+                    continue
+                least, quick = planner.quick_bound(item)
+                run.bound_item(item, _orders(cluster))
+                assert quick <= item.lower_bound_s
+                assert all(least <= start for _, _, _, start, _ in item.pending)
+                checked += math.isfinite(item.lower_bound_s)
+    assert checked >= 10
+
+
+def test_items_the_quick_bound_rules_out_are_not_bounded_further(monkeypatch):
+    """Exp-B-1: the items whose quick bound cannot beat the best plan found by then (dp 1, 2, 64, 128, 256)
+    never reach the relaxed bound; the plan is the pinned one."""
+    cluster = load_cluster(os.path.join(CLUSTERS, "exp-b-1.yaml"))
+    model = preset("h2-100b")
+    bounded = []
+    original = _Search.bound_item
+
+    def bound_item(self, item, orders):
+        bounded.append(item.dp)
+        original(self, item, orders)
+
+    monkeypatch.setattr(_Search, "bound_item", bound_item)
+    result = search(cluster, model, cluster.training, profiles_for(cluster, model, cluster.training))
+    assert result.best.objective_s == pytest.approx(PINNED["exp-b-1"][0], rel=1e-12)
+    assert result.optimal and result.lower_bound_s == result.best.objective_s
+    assert set(bounded) == {4, 8, 16, 32}
