@@ -301,6 +301,8 @@ def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) ->
     if shape is None:
         shape = problem.shared[key] = _shape(problem, g, tail_cap)
         tails = np.zeros(tail_cap + 1, dtype=np.int64) if problem.relaxed else np.arange(tail_cap + 1)
+        # the caps past the farthest inner stage at the deepest tail are never read: the running total stops there
+        shape.inner_caps = shape.inner_caps[:, :max(2, int(tails.max() + shape.inner_far.max()) + 1)]
         options, depth = shape.inner_caps.shape
         rows = np.arange(options)[:, None] * depth
         shape.far = rows + tails[None, :] + shape.inner_far[:, None]

@@ -61,6 +61,7 @@ GB = 1e9
 MAX_LAYERS = 1024  # the sum tables are (tp, stages, layers) arrays: quadratic in the layers
 _QUICK_MARGIN = 1 - 1e-9  # quick bounds shrunk by this: rounding cannot lift them above a plan's cost
 _TIE = 1 - 2e-9  # a bound within rounding of the incumbent cannot beat it by more than that: prune ties
+_GALLOP = 16  # least_bound gallops past the near candidates when the rest is this many times longer
 
 
 # ---- the space -----------------------------------------------------------------------------------------
@@ -547,8 +548,9 @@ class _Search:
         """Index of the least candidate M under which every layer fits (None: not even the last)."""
         if not len(candidates):
             return None
-        # near the start, gallop up from it then bisect; else bisect what is past the near part (fitting only
-        # grows with M: the last candidate is asked only when the near part does not fit)
+        # near the start, gallop up from it then bisect; else (the last candidate fitting: asked only when the
+        # near part does not fit) bisect the rest, or, when the rest is long, first gallop on from the near
+        # part, the index doubling: the least M is mostly a little past it (fitting only grows with M)
         near = math.isqrt(len(candidates) - 1)
         if problem.feasible(float(candidates[near])):
             low, step = 0, 1
@@ -559,7 +561,13 @@ class _Search:
         elif near == len(candidates) - 1 or not problem.feasible(float(candidates[-1])):
             return None
         else:
-            low, high = near + 1, len(candidates) - 1
+            unfit, last = near, len(candidates) - 1
+            gallop = last - near > _GALLOP * near
+            while gallop and (probe := min(2 * unfit + 1,
+                                           last)) < last and not problem.feasible(float(candidates[probe])):
+                self.tick()
+                unfit = probe
+            low, high = unfit + 1, probe if gallop else last
         while low < high:
             self.tick()
             middle = (low + high) // 2
