@@ -746,7 +746,8 @@ def place_most_together(jobs: list[tuple[OrderedGroups, int, np.ndarray]], bound
         np.maximum.at(new, np.concatenate(targets), tables.reshape(-1)[np.concatenate(rows)] + np.concatenate(reach))
     new = new.reshape(len(tables), depth)
     _drop_dominated(new, -INF, np.maximum)
-    return np.split(new, np.cumsum(sizes)[:-1])
+    ends = np.cumsum([0] + sizes).tolist()
+    return [new[start:stop] for start, stop in zip(ends, ends[1:])]
 
 
 def feasible(problem: OrderedGroups, bound: float) -> bool:

@@ -192,7 +192,11 @@ class AllOrders:
         def together(batches: list, step: int, live: list[int], groups: list[range], stacked: list) -> list:
             return layer_dp.place_most_together([(batches[i][0], groups[i][step], stacked[i]) for i in live], bound)
 
-        one, rest = _together(together, stack=np.concatenate, unstack=lambda table, count: np.split(table, count))
+        def unstack(table: np.ndarray, count: int) -> list[np.ndarray]:
+            size = len(table) // count
+            return [table[i * size:(i + 1) * size] for i in range(count)]
+
+        one, rest = _together(together, stack=np.concatenate, unstack=unstack)
         level, _ = self._sweep(start, one, rest, lambda tables: functools.reduce(np.maximum, tables))
         return max((float(table.max()) for table in level.values()), default=-INF)
 
