@@ -215,9 +215,10 @@ class AllOrders:
                                                                             for c in chains]), self.layers)
         return self._candidates
 
-    def best_order(self, bound: float) -> tuple[str, ...]:
-        """An order whose least sum under M is the least over every order (types from the pipeline's front)."""
-        level, kept = self._sum_sweep(bound, keep=True)
+    def best_order(self, bound: float, cap: float = INF) -> tuple[str, ...]:
+        """An order whose least sum under M is the least over every order (types from the pipeline's front);
+        cap: above that least sum (the states that cannot end below it dropped; the trace reads none)."""
+        level, kept = self._sum_sweep(bound, keep=True, cap=cap)
         tails = self.tail_cap + 1
         level = {key: table.dense(self.fronts, tails) for key, table in level.items()}
         kept = {key: table.dense(self.fronts, tails) for key, table in kept.items()}
