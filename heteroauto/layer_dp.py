@@ -301,6 +301,8 @@ def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) ->
     if shape is None:
         shape = problem.shared[key] = _shape(problem, g, tail_cap)
         tails = np.zeros(tail_cap + 1, dtype=np.int64) if problem.relaxed else np.arange(tail_cap + 1)
+        # the caps past the farthest inner stage at the deepest tail are never read: the running total stops there
+        shape.inner_caps = shape.inner_caps[:, :max(2, int(tails.max() + shape.inner_far.max()) + 1)]
         options, depth = shape.inner_caps.shape
         rows = np.arange(options)[:, None] * depth
         shape.far = rows + tails[None, :] + shape.inner_far[:, None]
@@ -335,16 +337,53 @@ def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) ->
 
 
 # ---- the sum table -------------------------------------------------------------------------------------
+_STACKED_CELLS = 1 << 19  # _window_min builds every level for every row while that many cells or fewer
+
+
 def _window_min(values: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.ndarray:
     """out[r, y] = min(values[r, x] for y - highs[r] <= x <= y - lows[r]); inf where the window is empty.
-
-    A sparse table per row (level l: minima of 2^l consecutive values), rows sorted by the level their
-    window needs so each level is built only for the rows that need it; a window is the minimum of two
-    overlapping blocks, read as whole row slices. Rows are padded on the left by the widest window, so a
-    window reaching below x = 0 reads inf there."""
+    The few-rows tables of the search: every level for every row in one stack (_window_min_stacked, a
+    handful of numpy calls); larger ones level by level for only the rows that need it (_window_min_sorted).
+    Both take minima of the same values: equal entry for entry."""
     rows, width = values.shape
     highs = np.minimum(highs.astype(np.int64), width - 1)
     lows = lows.astype(np.int64)
+    small = (width.bit_length() + 1) * rows * 2 * width <= _STACKED_CELLS
+    if small and rows and int(highs.max()) >= 0 and int(lows.min()) >= 0:
+        return _window_min_stacked(values, lows, highs)
+    return _window_min_sorted(values, lows, highs)
+
+
+def _window_min_stacked(values: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.ndarray:
+    """_window_min with the levels of a sparse table (level l: minima of 2^l consecutive values) built for
+    every row at once, rows padded on the left by the widest window; each window the minimum of two
+    overlapping blocks of its level, gathered for every (row, y) at once. highs already clipped."""
+    rows, width = values.shape
+    some = lows <= highs
+    lengths = np.where(some, highs - lows + 1, 1)
+    levels = np.floor(np.log2(lengths)).astype(np.int64)
+    pad = int(highs.max())
+    table = np.full((int(levels.max()) + 1, rows, pad + width), INF)
+    table[0, :, pad:] = values
+    for level in range(1, len(table)):
+        half = 1 << (level - 1)
+        np.minimum(table[level - 1, :, :-half], table[level - 1, :, half:], out=table[level, :, :-half])
+    y = np.arange(width)[None, :]
+    start = pad + y - highs[:, None]
+    second = pad + y - lows[:, None] - (1 << levels)[:, None] + 1
+    row, level = np.arange(rows)[:, None], levels[:, None]
+    last = pad + width - 1  # the empty windows' columns, clipped: read, then set to inf
+    out = np.minimum(table[level, row, np.clip(start, 0, last)], table[level, row, np.clip(second, 0, last)])
+    out[~some] = INF
+    return out
+
+
+def _window_min_sorted(values: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.ndarray:
+    """_window_min by a sparse table per row (level l: minima of 2^l consecutive values), rows sorted by the
+    level their window needs so each level is built only for the rows that need it; a window is the minimum
+    of two overlapping blocks, read as whole row slices. Rows are padded on the left by the widest window, so a
+    window reaching below x = 0 reads inf there. highs already clipped to the row."""
+    rows, width = values.shape
     result = np.full((rows, width), INF)
     some = lows <= highs  # windows that fall inside the row at all
     if not some.all():
@@ -707,7 +746,8 @@ def place_most_together(jobs: list[tuple[OrderedGroups, int, np.ndarray]], bound
         np.maximum.at(new, np.concatenate(targets), tables.reshape(-1)[np.concatenate(rows)] + np.concatenate(reach))
     new = new.reshape(len(tables), depth)
     _drop_dominated(new, -INF, np.maximum)
-    return np.split(new, np.cumsum(sizes)[:-1])
+    ends = np.cumsum([0] + sizes).tolist()
+    return [new[start:stop] for start, stop in zip(ends, ends[1:])]
 
 
 def feasible(problem: OrderedGroups, bound: float) -> bool:

@@ -192,7 +192,11 @@ class AllOrders:
         def together(batches: list, step: int, live: list[int], groups: list[range], stacked: list) -> list:
             return layer_dp.place_most_together([(batches[i][0], groups[i][step], stacked[i]) for i in live], bound)
 
-        one, rest = _together(together, stack=np.concatenate, unstack=lambda table, count: np.split(table, count))
+        def unstack(table: np.ndarray, count: int) -> list[np.ndarray]:
+            size = len(table) // count
+            return [table[i * size:(i + 1) * size] for i in range(count)]
+
+        one, rest = _together(together, stack=np.concatenate, unstack=unstack)
         level, _ = self._sweep(start, one, rest, lambda tables: functools.reduce(np.maximum, tables))
         return max((float(table.max()) for table in level.values()), default=-INF)
 
@@ -211,9 +215,10 @@ class AllOrders:
                                                                             for c in chains]), self.layers)
         return self._candidates
 
-    def best_order(self, bound: float) -> tuple[str, ...]:
-        """An order whose least sum under M is the least over every order (types from the pipeline's front)."""
-        level, kept = self._sum_sweep(bound, keep=True)
+    def best_order(self, bound: float, cap: float = INF) -> tuple[str, ...]:
+        """An order whose least sum under M is the least over every order (types from the pipeline's front);
+        cap: above that least sum (the states that cannot end below it dropped; the trace reads none)."""
+        level, kept = self._sum_sweep(bound, keep=True, cap=cap)
         tails = self.tail_cap + 1
         level = {key: table.dense(self.fronts, tails) for key, table in level.items()}
         kept = {key: table.dense(self.fronts, tails) for key, table in kept.items()}

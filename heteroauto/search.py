@@ -61,6 +61,7 @@ GB = 1e9
 MAX_LAYERS = 1024  # the sum tables are (tp, stages, layers) arrays: quadratic in the layers
 _QUICK_MARGIN = 1 - 1e-9  # quick bounds shrunk by this: rounding cannot lift them above a plan's cost
 _TIE = 1 - 2e-9  # a bound within rounding of the incumbent cannot beat it by more than that: prune ties
+_GALLOP = 16  # least_bound gallops past the near candidates when the rest is this many times longer
 
 
 # ---- the space -----------------------------------------------------------------------------------------
@@ -485,6 +486,12 @@ def _without_ends(option: Option, head_too: bool) -> Option:
     return dataclasses.replace(option, first_extra_s=0.0, first_update_s=0.0, caps=caps, **ends)
 
 
+def _above(total: float) -> float:
+    """A cap just above a least sum: a trace of that sum (tolerance 1e-9 of it) reads only entries whose sum
+    plus the least the rest adds is below it, so a sweep under this cap keeps every one it could read."""
+    return total * (1 + 1e-6) + 1e-9 if math.isfinite(total) else math.inf
+
+
 def _covers(split: _Item, whole: _Item) -> bool:
     """Whether every plan of the whole-type item is also one of the split item: each type's groups offer
     every (tp, recompute) the whole type does."""
@@ -547,8 +554,9 @@ class _Search:
         """Index of the least candidate M under which every layer fits (None: not even the last)."""
         if not len(candidates):
             return None
-        # near the start, gallop up from it then bisect; else bisect what is past the near part (fitting only
-        # grows with M: the last candidate is asked only when the near part does not fit)
+        # near the start, gallop up from it then bisect; else (the last candidate fitting: asked only when the
+        # near part does not fit) bisect the rest, or, when the rest is long, first gallop on from the near
+        # part, the index doubling: the least M is mostly a little past it (fitting only grows with M)
         near = math.isqrt(len(candidates) - 1)
         if problem.feasible(float(candidates[near])):
             low, step = 0, 1
@@ -559,7 +567,13 @@ class _Search:
         elif near == len(candidates) - 1 or not problem.feasible(float(candidates[-1])):
             return None
         else:
-            low, high = near + 1, len(candidates) - 1
+            unfit, last = near, len(candidates) - 1
+            gallop = last - near > _GALLOP * near
+            while gallop and (probe := min(2 * unfit + 1,
+                                           last)) < last and not problem.feasible(float(candidates[probe])):
+                self.tick()
+                unfit = probe
+            low, high = unfit + 1, probe if gallop else last
         while low < high:
             self.tick()
             middle = (low + high) // 2
@@ -588,20 +602,22 @@ class _Search:
         least = float(candidates[low])
         return least, least + problem.alpha * floor_sum
 
-    def solve(self, problem: OrderedGroups | AllOrders, relaxed_sum: Callable[[float, float], float], *, start: float,
-              floor_sum: float, on_better: Callable[[float], None] | None = None) -> tuple[float, float | None]:
-        """(min over M of M + alpha * sum(M), the M that gives it), skipping what cannot beat the threshold.
+    def solve(self, problem: OrderedGroups | AllOrders, relaxed_sum: Callable[[float, float],
+                                                                              float], *, start: float, floor_sum: float,
+              on_better: Callable[[float, float], None] | None = None) -> tuple[float, float | None, float]:
+        """(min over M of M + alpha * sum(M), the M that gives it, its sum), skipping what cannot beat the
+        threshold.
 
         sum(M) falls as M grows, so M_low + alpha * sum(M_high) bounds every M in between; ranges are split
         in halves, first bounded by a relaxed problem's sum (relaxed_sum(M, cap): cheap, never above the
         exact one, a value >= cap only a bound), and evaluated exactly only where that bound can still win.
-        on_better(M): called with each better M."""
+        on_better(M, sum): called with each better M."""
         alpha = problem.alpha
         candidates = self.candidates(problem, start, floor_sum)
         low = self.least_bound(problem, candidates)
         if low is None:
-            return math.inf, None
-        best = {"value": math.inf, "bound": None}
+            return math.inf, None, math.inf
+        best = {"value": math.inf, "bound": None, "sum": math.inf}
 
         def exact(index: int, lowest: int) -> tuple[float, bool]:
             """(sum under the candidate, whether exact): a sum that cannot win is only bounded below. The sum
@@ -615,9 +631,9 @@ class _Search:
             if total >= cap:
                 return cap, False
             if bound + alpha * total < best["value"]:
-                best["value"], best["bound"] = bound + alpha * total, bound
+                best["value"], best["bound"], best["sum"] = bound + alpha * total, bound, total
                 if on_better is not None:
-                    on_better(bound)
+                    on_better(bound, total)
             return total, True
 
         def limit() -> float:
@@ -625,7 +641,7 @@ class _Search:
 
         first, first_exact = exact(low, low)
         if alpha == 0:
-            return best["value"], best["bound"]
+            return best["value"], best["bound"], best["sum"]
         # (lo, hi): the candidates strictly between are open; the sums at lo and hi are exact or lower bounds
         # ranges best first (least lower bound M_low + alpha * sum_hi): an early good plan bounds the others
         stack: list = []
@@ -660,7 +676,7 @@ class _Search:
             sum_middle, middle_exact = exact(middle, lo + 1)
             push(middle, hi, sum_middle, middle_exact, sum_hi, hi_exact)
             push(lo, middle, sum_lo, lo_exact, sum_middle, middle_exact)
-        return best["value"], best["bound"]
+        return best["value"], best["bound"], best["sum"]
 
     def floor(self, problem: OrderedGroups | AllOrders, start: float = -math.inf) -> float:
         """The least sum of stage terms at any M (the sum tables with memory the only limit). With start (a
@@ -774,10 +790,10 @@ class _Search:
     def solve_exact(self, item: _Item, order: tuple[str, ...], start: float, floor: float) -> None:
         problem, groups, _ = self.planner.ordered(item, order)
         relaxed, _, constant = self.planner.ordered(item, order, "order")
-        value, bound = self.solve(problem, relaxed.least_sum, start=start, floor_sum=floor)
+        value, bound, total = self.solve(problem, relaxed.least_sum, start=start, floor_sum=floor)
         if bound is None or value >= self.threshold():
             return
-        placed = layer_dp.rebuild(problem, layer_dp.sum_tables(problem, bound))
+        placed = layer_dp.rebuild(problem, layer_dp.sum_tables(problem, bound, _above(total)))
         self.offer(self._plan(item, groups, placed))
 
     def solve_every_order(self, item: _Item, orders: list[tuple[str, ...]], start: float, floor: float) -> None:
@@ -788,22 +804,25 @@ class _Search:
         problem = self.planner.all_orders(item)
         relaxed, _, constant = self.planner.ordered(item, orders[0], "item")
 
-        def offer(bound: float) -> None:
-            exact, groups, _ = self.planner.ordered(item, problem.best_order(bound))
-            self.offer(self._plan(item, groups, layer_dp.rebuild(exact, layer_dp.sum_tables(exact, bound))))
+        def offer(bound: float, total: float) -> None:
+            """The plan of sum `total` under M: its order and choices traced in tables where only what can end
+            below a cap just above it is kept (the same trace: every state that reproduces it is kept)."""
+            exact, groups, _ = self.planner.ordered(item, problem.best_order(bound, _above(total)))
+            self.offer(
+                self._plan(item, groups, layer_dp.rebuild(exact, layer_dp.sum_tables(exact, bound, _above(total)))))
 
         def relaxed_sum(bound: float, cap: float) -> float:
             return relaxed.least_sum(bound, cap - constant) + constant
 
         # under a time limit every better plan is kept at once, so that a stop mid-item still has it
-        value, bound = self.solve(problem, relaxed_sum, start=start, floor_sum=floor,
-                                  on_better=offer if self.time_limit_s is not None else None)
+        value, bound, total = self.solve(problem, relaxed_sum, start=start, floor_sum=floor,
+                                         on_better=offer if self.time_limit_s is not None else None)
         if bound is None:
             for order in orders:
                 self.note_cover(item, order)
         if bound is None or value >= self.threshold() or self.time_limit_s is not None:
             return
-        offer(bound)
+        offer(bound, total)
 
     def _plan(self, item: _Item, groups: list[Group], placed: list[layer_dp.PlacedGroup]) -> Plan:
         planner = self.planner

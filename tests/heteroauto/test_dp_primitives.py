@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heteroauto.layer_dp import INF, _window_min
+from heteroauto.layer_dp import INF, _window_min, _window_min_sorted, _window_min_stacked
 from heteroauto.orders_dp import _least_fill
 
 
@@ -26,7 +26,12 @@ def test_window_min_equals_the_minimum_of_each_window_including_empty_and_clippe
     values[rng.random((rows, width)) < 0.3] = INF
     lows = rng.integers(0, width + 3, rows)
     highs = lows + rng.integers(-2, width + 3, rows)
-    assert np.array_equal(_window_min(values, lows, highs), brute_window_min(values, lows, highs))
+    expected = brute_window_min(values, lows, highs)
+    assert np.array_equal(_window_min(values, lows, highs), expected)
+    clipped = np.minimum(highs, width - 1)
+    assert np.array_equal(_window_min_sorted(values, lows, clipped), expected)
+    if clipped.max() >= 0:
+        assert np.array_equal(_window_min_stacked(values, lows, clipped), expected)
 
 
 def brute_least_fill(count, rates, rooms):

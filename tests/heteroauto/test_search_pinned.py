@@ -5,6 +5,7 @@ import math
 import os
 import random
 
+import numpy as np
 import pytest
 
 from autohelpers import CLUSTERS, random_problem
@@ -97,3 +98,27 @@ def test_items_the_quick_bound_rules_out_are_not_bounded_further(monkeypatch):
     assert result.best.objective_s == pytest.approx(PINNED["exp-b-1"][0], rel=1e-12)
     assert result.optimal and result.lower_bound_s == result.best.objective_s
     assert set(bounded) == {4, 8, 16, 32}
+
+
+class _Threshold:
+    """A problem whose layers fit from one bound on: counts the feasibility questions asked."""
+
+    def __init__(self, least: float):
+        self.least, self.asked = least, 0
+
+    def feasible(self, bound: float) -> bool:
+        self.asked += 1
+        return bound >= self.least
+
+
+def test_least_bound_is_the_least_fitting_candidate_and_gallops_past_the_near_part():
+    run = _Search(None, 1, 0.0, None, None)
+    for count in (1, 2, 3, 17, 100, 1000, 10252):
+        candidates = np.arange(count, dtype=float)
+        for answer in sorted({0, min(1, count - 1), count // 3, count - 1, min(count - 1, 112)}):
+            assert run.least_bound(_Threshold(answer), candidates) == answer
+        assert run.least_bound(_Threshold(count), candidates) is None
+    # Exp-B-1's relaxed item: the least M at index 112 of 10252 candidates (past the near part, index 101)
+    problem = _Threshold(112)
+    assert run.least_bound(problem, np.arange(10252, dtype=float)) == 112
+    assert problem.asked <= 11  # bisecting all that is past the near part asks 16
