@@ -45,20 +45,111 @@ def _copies_to(tensors: list[torch.Tensor], device: torch.device | str) -> list[
     return [tensor.to(device) for tensor in tensors]
 
 
+def _pinned_copies(tensors: list[torch.Tensor], non_blocking: bool = False) -> list[torch.Tensor]:
+    """Copies in page-locked host memory (what an asynchronous copy to or from a device needs)."""
+    return [
+        torch.empty(tensor.size(), dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=non_blocking)
+        for tensor in tensors
+    ]
+
+
+def _has_streams(device: torch.device) -> bool:
+    return device.type != "cpu" and torch.accelerator.is_available() and \
+        device.type == torch.accelerator.current_accelerator().type
+
+
+class ThreadCopies:
+    """Copies a worker thread makes (devices without streams): usable once the thread is done."""
+
+    def __init__(self, future: Future):
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self) -> list[torch.Tensor]:
+        return self.future.result()
+
+
+class ThreadLane:
+    """Copies in the background on one worker thread (the CPU device, which has no streams)."""
+
+    def __init__(self, name: str):
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    def copy(self, tensors: list[torch.Tensor], target: torch.device | str, after=None) -> ThreadCopies:
+        return ThreadCopies(self.pool.submit(_copies_to, tensors, target))
+
+
+class StreamCopies:
+    """Asynchronous copies queued on a side stream, with the event that marks their end. `sources`
+    stay referenced until then (a device copy being read by a copy out is not freed under it)."""
+
+    def __init__(self, copies: list[torch.Tensor], sources: list[torch.Tensor], end: torch.Event, device: torch.device,
+                 to_device: bool):
+        self.copies, self.sources, self.end, self.device, self.to_device = copies, sources, end, device, to_device
+
+    def done(self) -> bool:
+        return self.end.query()
+
+    def result(self) -> list[torch.Tensor]:
+        """The copies; copies to the device are usable by the calling thread's stream from here on
+        (it waits for their event on the device, the host does not wait)."""
+        if self.to_device:
+            torch.accelerator.current_stream(self.device).wait_event(self.end)
+        return self.copies
+
+    def wait_on_host(self) -> None:
+        self.end.synchronize()
+        self.sources = []
+
+
+class StreamLane:
+    """Copies on a side stream of the device (a DMA engine beside the compute on a real chip, a copy
+    engine of its own on the emulated one): a copy to the device waits on the device only for the
+    host copy it reads (`after`, a copy out of the same parameters); a copy to the host waits for the
+    work queued on the compute stream before it (the optimizer step that wrote the parameters). The
+    host never waits here: the compute stream waits for a copy in's event before the chunk's kernels
+    (`StreamCopies.result`)."""
+
+    def __init__(self, device: torch.device):
+        index = torch.accelerator.current_device_index() if device.index is None else device.index
+        self.device = torch.device(device.type, index)
+        self.stream = torch.Stream(device=self.device)
+
+    def copy(self, tensors: list[torch.Tensor], target: torch.device | str,
+             after: StreamCopies | None = None) -> StreamCopies:
+        to_device = torch.device(target).type == self.device.type
+        compute = torch.accelerator.current_stream(self.device)
+        if to_device and after is not None:
+            self.stream.wait_event(after.end)
+        elif not to_device:
+            self.stream.wait_event(compute.record_event())
+        torch.accelerator.set_stream(self.stream)
+        try:
+            copies = ([tensor.to(self.device, non_blocking=True)
+                       for tensor in tensors] if to_device else _pinned_copies(tensors, non_blocking=True))
+        finally:
+            torch.accelerator.set_stream(compute)
+        return StreamCopies(copies, tensors, self.stream.record_event(), self.device, to_device)
+
+
 class ParameterHome:
     """Moves one chunk's parameters between the device and host memory (real copies both ways), at
-    once or, given a worker thread, in the background (`move`; `settle` waits for it and swaps the
-    copies in: only the calling thread ever rebinds a parameter's data).
+    once or, given a lane (a side stream, or a worker thread where the device has no streams), in the
+    background (`move`; `settle` swaps the copies in: only the calling thread ever rebinds a
+    parameter's data).
 
     The host copies stay while the parameters are on the device: until the parameters change there
     (`modified`: the executor calls it after the chunk's optimizer step) going back to the host is
     only dropping the device copies, with nothing to copy (the forward and the backward read the
     parameters, they do not write them)."""
 
-    def __init__(self, params: list[nn.Parameter], device: torch.device):
-        self.params, self.device = params, device
+    def __init__(self, params: list[nn.Parameter], device: torch.device, pinned: bool = False):
+        self.params, self.device, self.pinned = params, device, pinned
         self.on_device = True
-        self.moving: tuple[bool, Future] | None = None  # (to the device?, the worker's copies)
+        self.moving: tuple[bool, ThreadCopies | StreamCopies] | None = None  # (to the device?, the copies)
+        self.written: StreamCopies | None = None  # a copy to the host that may still be under way
         self.host: list[torch.Tensor] | None = None  # host copies equal to the parameters, if any
         self.prefetches = 0  # moves to the device started in the background
         self.copies_out = 0  # moves to the host that copied the parameters
@@ -73,7 +164,16 @@ class ParameterHome:
         self.settle()
         if self.on_device and not self._drop_device_copies():
             self.copies_out += 1
-            self._rebind(_copies_to([param.data for param in self.params], "cpu"), on_device=False)
+            tensors = [param.data for param in self.params]
+            self._rebind(_pinned_copies(tensors) if self.pinned else _copies_to(tensors, "cpu"), on_device=False)
+        self.wait_for_host_copies()
+
+    def wait_for_host_copies(self) -> None:
+        """Wait (on the host) for a copy to the host still under way: its host copies hold the
+        parameters from here on."""
+        if self.written is not None:
+            self.written.wait_on_host()
+            self.written = None
 
     def _drop_device_copies(self) -> bool:
         """Back to the host copies if they are current (nothing to copy); whether they were."""
@@ -86,11 +186,12 @@ class ParameterHome:
     def to_device(self) -> None:
         self.settle()
         if not self.on_device:
+            self.wait_for_host_copies()
             self.host = [param.data for param in self.params]
             self._rebind(_copies_to(self.host, self.device), on_device=True)
 
-    def move(self, worker: ThreadPoolExecutor, to_device: bool) -> None:
-        """Start copying the parameters to the device (or the host) on `worker`; they keep their
+    def move(self, lane: ThreadLane | StreamLane, to_device: bool) -> None:
+        """Start copying the parameters to the device (or the host) on `lane`; they keep their
         current data until `settle`."""
         if self.moving is not None and self.moving[0] == to_device:
             if self.moving[1].done():
@@ -104,15 +205,19 @@ class ParameterHome:
             self.host = [param.data for param in self.params]
         else:
             self.copies_out += 1
-        self.moving = (to_device, worker.submit(_copies_to, [param.data for param in self.params], target))
+        self.moving = (to_device, lane.copy([param.data for param in self.params], target, after=self.written))
         self.prefetches += int(to_device)
 
     def settle(self) -> None:
-        """Wait for a background move, if any, and give the parameters its copies."""
+        """Give the parameters the copies of a background move, if any: a worker's once it is done
+        (the host waits), a stream's at once (the device waits for a copy to it before the chunk's
+        kernels; a copy to the host is `written` until it ends)."""
         if self.moving is not None:
             to_device, copies = self.moving
             self.moving = None
             self._rebind(copies.result(), on_device=to_device)
+            if not to_device and isinstance(copies, StreamCopies):
+                self.written = copies
 
     def _rebind(self, copies: list[torch.Tensor], *, on_device: bool) -> None:
         for param, copy in zip(self.params, copies):
@@ -130,27 +235,32 @@ class MinistageExecutor:
         stage's last chunk); `offload`: a subset of OFFLOAD_KINDS. With several stages `resharder`
         moves activations (of `activation_shape`) and their gradients between this rank's chunks and
         the neighbouring stages' (the last stage's chunk c feeds stage 0's chunk c + 1: the wrap-around).
-        `prefetch` (under parameter offload): while a chunk computes, a side thread copies the next
-        chunk's parameters to the device and another the previous one's back to the host."""
+        `prefetch` (under parameter offload): while a chunk computes, a side stream copies the next
+        chunk's parameters to the device and another the previous one's back to the host (two worker
+        threads on a device without streams, the CPU)."""
         self.chunks, self.device, self.autocast = chunks, torch.device(device), autocast
         self.offload = tuple(offload)
         self.stage_index, self.num_stages = stage_index, num_stages
         self.resharder, self.activation_shape = resharder, tuple(activation_shape)
         if num_stages > 1 and resharder is None:
             raise ValueError("ministages over several stages need a resharder to reach the other stages")
-        self.homes = [ParameterHome(list(chunk.parameters()), self.device) for chunk in chunks]
+        streams = prefetch and _has_streams(self.device)
+        self.homes = [ParameterHome(list(chunk.parameters()), self.device, pinned=streams) for chunk in chunks]
         self.host_copies = 0  # tensors copied to the host by offload in the last run
-        # one thread copies in, another out: a copy to the host waits for the device's queued work,
-        # and the next chunk's copy in must not wait behind it
-        self.worker = ThreadPoolExecutor(1, thread_name_prefix="ministage-prefetch") if prefetch else None
-        self.evictor = ThreadPoolExecutor(1, thread_name_prefix="ministage-evict") if prefetch else None
+        # one lane copies in, another out (two side streams, or two threads on a device without them): a
+        # copy to the host waits for the device's queued work, and the next chunk's copy in must not
+        # wait behind it
+        self.worker = self.evictor = None
+        if prefetch:
+            self.worker = StreamLane(self.device) if streams else ThreadLane("ministage-prefetch")
+            self.evictor = StreamLane(self.device) if streams else ThreadLane("ministage-evict")
         if "parameters" in self.offload:
             for home in self.homes:
                 home.to_host()
 
     @property
     def prefetches(self) -> int:
-        """Chunks whose parameters a side thread copied to the device ahead of their use, so far."""
+        """Chunks whose parameters a side stream (or thread) copied to the device ahead of their use, so far."""
         return sum(home.prefetches for home in self.homes)
 
     @property
@@ -230,6 +340,7 @@ class MinistageExecutor:
         # left in flight between steps, when others may write the parameters (a checkpoint, a PS pull)
         for home in self.homes:
             home.settle()
+            home.wait_for_host_copies()
         if self.resharder is not None:
             self.resharder.p2p.wait_sends()
         return loss_sum
@@ -284,7 +395,7 @@ class MinistageExecutor:
 
     def _make_resident(self, chunk: int | None, upcoming: int | None = None) -> None:
         """Under parameter offload only `chunk`'s parameters stay on the device (None: none); with
-        prefetch, `upcoming`'s too, on their way there on the side thread (the rest on their way
+        prefetch, `upcoming`'s too, on their way there on the side stream (the rest on their way
         back to the host)."""
         if "parameters" not in self.offload:
             return

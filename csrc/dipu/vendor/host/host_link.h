@@ -3,8 +3,9 @@
 // discrete chip pays the link's latency and bandwidth on every copy. A profile that declares
 // host_link_gbps makes each copy across the link take
 //     host_link_latency_us + bytes / host_link_gbps
-// from its start: a synchronous copy returns no earlier than that, an asynchronous one occupies the
-// device's timeline for that long (a later synchronisation waits for it). The time is measured from
+// from its start: a synchronous copy returns no earlier than that, an asynchronous one occupies a
+// timeline of the device for that long (a copy engine on a created stream, the compute engine on the
+// default stream; host_vendor.cpp), and a later synchronisation waits for it. The time is measured from
 // the copy's start, so it depends on the profile, not on how long the host took to do the memmove
 // (unless the host was slower than the emulated link).
 #pragma once

@@ -1,7 +1,18 @@
 // The built-in host vendor: implements the DIPU vendor runtime ABI on the host CPU, emulating the
 // chip described by DIPU_HOST_PROFILE. Work is executed eagerly at submission on the host; at a
-// relative speed below 1 the emulated chip's timeline (host_device.h) says when it would have ended,
-// and streams, events and copies to the host wait for that timeline.
+// relative speed below 1 the emulated chip's timelines (host_device.h) say when it would have ended,
+// and streams, events and copies to the host wait for them.
+//
+// Engines and streams, as on a CUDA device: each device has a compute engine (every kernel, in
+// submission order: the vendor's kernels carry no stream) and a copy engine per direction (host to
+// device, device to host). An asynchronous copy across the host link on a created stream runs on its
+// direction's copy engine, beside the kernels, starting no earlier than the stream's earlier work
+// and the events the stream waited for; on the default stream it runs in the compute engine's order.
+// An event records when its stream's queued work ends; a stream that waits for an event runs its
+// later copies no earlier than the event, and since a kernel may have been launched while any stream
+// was current, later kernels too (the compute engine waits). Recording, querying or synchronising a
+// created stream also covers the kernels queued so far, for the same reason: the emulation may make a
+// caller wait longer than a real device would, never less.
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -28,6 +39,18 @@
 
 struct dipuStream_st {
   int32_t device;
+  std::mutex mutex;
+  // when the copies queued on this stream, and the events it waited for, end on the emulated device
+  std::chrono::steady_clock::time_point tail{};
+
+  std::chrono::steady_clock::time_point read_tail() {
+    std::lock_guard lock(mutex);
+    return tail;
+  }
+  void hold_until(std::chrono::steady_clock::time_point time) {
+    std::lock_guard lock(mutex);
+    tail = std::max(tail, time);
+  }
 };
 
 struct dipuEvent_st {
@@ -139,22 +162,38 @@ PacingStats pacing_stats;
 
 }  // namespace
 
-// One timeline per emulated device: when the work queued on it so far ends.
+// One timeline per engine of an emulated device: when the work queued on it so far ends.
 struct Timeline {
   std::mutex mutex;
   std::chrono::steady_clock::time_point idle_at{};
+
+  std::chrono::steady_clock::time_point read() {
+    std::lock_guard lock(mutex);
+    return idle_at;
+  }
+  // Nothing queued after this call starts before `time`.
+  void hold_until(std::chrono::steady_clock::time_point time) {
+    std::lock_guard lock(mutex);
+    idle_at = std::max(idle_at, time);
+  }
 };
 
-Timeline& timeline(int32_t device) {
-  static std::vector<Timeline> timelines(static_cast<size_t>(std::max(1, state().profile.device_count)));
-  return timelines[static_cast<size_t>(std::clamp<int32_t>(device, 0, static_cast<int32_t>(timelines.size()) - 1))];
+enum Engine : size_t { kCompute = 0, kCopyToDevice = 1, kCopyToHost = 2, kEngines = 3 };
+
+size_t device_slot(int32_t device) {
+  int32_t devices = std::max(1, state().profile.device_count);
+  return static_cast<size_t>(std::clamp<int32_t>(device, 0, devices - 1));
 }
 
-std::chrono::steady_clock::time_point device_idle_at() {
-  Timeline& line = timeline(current_device);
-  std::lock_guard lock(line.mutex);
-  return line.idle_at;
+Timeline& engine_timeline(int32_t device, Engine engine) {
+  static std::vector<Timeline> timelines(kEngines * static_cast<size_t>(std::max(1, state().profile.device_count)));
+  return timelines[device_slot(device) * kEngines + engine];
 }
+
+// The compute engine's timeline (every kernel's).
+Timeline& timeline(int32_t device) { return engine_timeline(device, kCompute); }
+
+std::chrono::steady_clock::time_point device_idle_at() { return timeline(current_device).read(); }
 
 bool device_busy() {
   auto now = std::chrono::steady_clock::now();
@@ -162,6 +201,13 @@ bool device_busy() {
 }
 
 void wait_for_device() { std::this_thread::sleep_until(device_idle_at()); }
+
+// When everything queued on `device`, kernels and copies on every stream, ends.
+std::chrono::steady_clock::time_point all_engines_idle_at(int32_t device) {
+  auto idle = engine_timeline(device, kCompute).read();
+  idle = std::max(idle, engine_timeline(device, kCopyToDevice).read());
+  return std::max(idle, engine_timeline(device, kCopyToHost).read());
+}
 
 namespace {
 
@@ -294,7 +340,7 @@ dipuError_t dipuMemGetInfo(int32_t device, size_t* free_bytes, size_t* total_byt
 
 dipuError_t dipuDeviceSynchronize(void) {
   if (auto error = ready()) return error;
-  dipu::host::wait_for_device();
+  std::this_thread::sleep_until(dipu::host::all_engines_idle_at(dipu::host::current_device));
   return dipuSuccess;
 }
 
@@ -357,7 +403,18 @@ bool crosses_link(const void* dst, const void* src, dipuMemcpyKind_t kind) {
   return memory.device_of(dst) != memory.device_of(src);
 }
 
-dipuError_t copy_now(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind, bool synchronous) {
+// An asynchronous copy on a created stream: on its direction's copy engine, after the stream's
+// earlier work; the stream's tail moves to the copy's end.
+void queue_on_copy_engine(dipuStream_t stream, dipuMemcpyKind_t kind, std::chrono::steady_clock::time_point start,
+                          size_t size) {
+  Timeline& engine = engine_timeline(stream->device, kind == dipuMemcpyDeviceToHost ? kCopyToHost : kCopyToDevice);
+  std::scoped_lock lock(engine.mutex, stream->mutex);
+  engine.idle_at = std::max({engine.idle_at, start, stream->tail}) + state().link.cost(size);
+  stream->tail = engine.idle_at;
+}
+
+dipuError_t copy_now(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind, bool synchronous,
+                     dipuStream_t stream = nullptr) {
   if (size == 0) return dipuSuccess;
   count_copy(kind);
   const auto start = std::chrono::steady_clock::now();
@@ -367,28 +424,40 @@ dipuError_t copy_now(void* dst, const void* src, size_t size, dipuMemcpyKind_t k
   if (!over_link) return dipuSuccess;
   if (synchronous) {
     state().link.finish_copy(start, size);
+  } else if (stream != nullptr && kind != dipuMemcpyDeviceToDevice) {
+    queue_on_copy_engine(stream, kind, start, size);
   } else {
-    Timeline& line = timeline(current_device);
+    Timeline& line = timeline(stream != nullptr ? stream->device : current_device);
     std::lock_guard lock(line.mutex);
     line.idle_at = std::max(line.idle_at, start) + state().link.cost(size);
   }
   return dipuSuccess;
 }
 
+int32_t stream_device(dipuStream_t stream) { return stream != nullptr ? stream->device : current_device; }
+
+// When the work queued on `stream` so far ends: the default stream's is the compute engine's; a
+// created stream's is its copies' and, as its kernels ran on the compute engine, the compute engine's.
+std::chrono::steady_clock::time_point stream_idle_at(dipuStream_t stream) {
+  auto compute = timeline(stream_device(stream)).read();
+  return stream != nullptr ? std::max(compute, stream->read_tail()) : compute;
+}
+
 }  // namespace
 }  // namespace dipu::host
 
 // A synchronous copy to host memory returns when the device has produced what it reads: the host
-// waits for the emulated timeline. Other copies are not ordered behind the device's work. Where the
-// profile declares a host link, a synchronous copy across it returns when the link would have moved
-// the bytes, and an asynchronous one occupies the device's timeline for that long (host_link.h).
+// waits for the compute engine's timeline. Other copies are not ordered behind the device's work.
+// Where the profile declares a host link, a synchronous copy across it returns when the link would
+// have moved the bytes, and an asynchronous one occupies a timeline for that long (host_link.h): on a
+// created stream its direction's copy engine, on the default stream the compute engine.
 dipuError_t dipuMemcpy(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind) {
   if (kind == dipuMemcpyDeviceToHost) dipu::host::wait_for_device();
   return dipu::host::copy_now(dst, src, size, kind, /*synchronous=*/true);
 }
 
-dipuError_t dipuMemcpyAsync(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind, dipuStream_t) {
-  return dipu::host::copy_now(dst, src, size, kind, /*synchronous=*/false);
+dipuError_t dipuMemcpyAsync(void* dst, const void* src, size_t size, dipuMemcpyKind_t kind, dipuStream_t stream) {
+  return dipu::host::copy_now(dst, src, size, kind, /*synchronous=*/false, stream);
 }
 
 dipuError_t dipuStreamCreate(dipuStream_t* stream) {
@@ -401,14 +470,24 @@ dipuError_t dipuStreamDestroy(dipuStream_t stream) {
   return dipuSuccess;
 }
 
-dipuError_t dipuStreamSynchronize(dipuStream_t) {
-  dipu::host::wait_for_device();
+dipuError_t dipuStreamSynchronize(dipuStream_t stream) {
+  std::this_thread::sleep_until(dipu::host::stream_idle_at(stream));
   return dipuSuccess;
 }
 
-dipuError_t dipuStreamQuery(dipuStream_t) { return dipu::host::device_busy() ? dipuErrorNotReady : dipuSuccess; }
+dipuError_t dipuStreamQuery(dipuStream_t stream) {
+  return dipu::host::stream_idle_at(stream) > std::chrono::steady_clock::now() ? dipuErrorNotReady : dipuSuccess;
+}
 
-dipuError_t dipuStreamWaitEvent(dipuStream_t, dipuEvent_t) { return dipuSuccess; }
+// Later work on `stream` starts no earlier than the event: its copies, and every kernel (the compute
+// engine holds), since a kernel may have been launched while `stream` was current. An event never
+// recorded is complete (CUDA's rule).
+dipuError_t dipuStreamWaitEvent(dipuStream_t stream, dipuEvent_t event) {
+  if (event == nullptr || !event->recorded) return dipuSuccess;
+  dipu::host::timeline(dipu::host::stream_device(stream)).hold_until(event->time);
+  if (stream != nullptr) stream->hold_until(event->time);
+  return dipuSuccess;
+}
 
 dipuError_t dipuEventCreate(dipuEvent_t* event) {
   *event = new dipuEvent_st{};
@@ -420,9 +499,9 @@ dipuError_t dipuEventDestroy(dipuEvent_t event) {
   return dipuSuccess;
 }
 
-dipuError_t dipuEventRecord(dipuEvent_t event, dipuStream_t) {
-  // The device reaches the event after its queued work.
-  event->time = std::max(std::chrono::steady_clock::now(), dipu::host::device_idle_at());
+dipuError_t dipuEventRecord(dipuEvent_t event, dipuStream_t stream) {
+  // The device reaches the event after the stream's queued work.
+  event->time = std::max(std::chrono::steady_clock::now(), dipu::host::stream_idle_at(stream));
   event->recorded = true;
   return dipuSuccess;
 }
