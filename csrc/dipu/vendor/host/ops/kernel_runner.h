@@ -8,7 +8,6 @@
 #include <exception>
 #include <optional>
 #include <string>
-#include <typeinfo>
 
 #include <diopi/diopi.h>
 
@@ -26,7 +25,7 @@ void emulate_precision(const char* function, const at::Tensor& output);
 template <typename Kernel>
 diopiError_t run(Kernel&& kernel) {
   try {
-    PacedKernel paced(typeid(Kernel).hash_code());
+    PacedKernel paced;
     kernel();
     return diopiSuccess;
   } catch (const std::exception& e) {
