@@ -14,7 +14,7 @@ seq_len):
   - one optimizer update of the layer's shard as HeteroPP performs it (squared-norm sum, clip
     scaling, AdamW step);
   - the embedding (first stage) and the final norm + head + loss (last stage): forward and backward.
-Each time is the median of `repeats` runs after a warm-up, the slowest TP rank's (the group waits for
+Each time is the median of `repeats` runs after warm-up runs, the slowest TP rank's (the group waits for
 it). What cannot be run here is not measured: data-parallel synchronisation is derived by the
 planner, which says so in the profile.
 
@@ -73,7 +73,8 @@ def _synchronize(device: torch.device) -> None:
 
 
 class _Timer:
-    """Wall times of callables over `repeats` rounds after one warm-up, the slowest rank's (the TP
+    """Wall times of callables over `repeats` rounds after warm-up runs (two back to back, so the host
+    vendor has charged each kernel its warm CPU time), the slowest rank's (the TP
     group waits for it). `pair(base, longer)` runs the two alternately and returns the median of
     `base` and the median of the per-round differences `longer - base`: a slow spell of the host
     then shifts both runs of a round, not the difference."""
@@ -97,11 +98,11 @@ class _Timer:
         return float(value)
 
     def __call__(self, fn) -> float:
-        fn()
+        fn(), fn()  # back to back, on a warm host: the vendor's charge per kernel settles (docs/emulation.md)
         return self._slowest_rank(statistics.median(self._once(fn) for _ in range(self.repeats)))
 
     def pair(self, base, longer) -> tuple[float, float]:
-        base(), longer()
+        base(), base(), longer(), longer()
         bases, differences = [], []
         for _ in range(self.repeats):
             first = self._once(base)

@@ -95,3 +95,54 @@ def test_a_slow_chip_queues_kernels_on_its_own_clock_and_the_host_waits_only_to_
     launched, finished = map(float, result.stdout.split())
     assert launched < 0.5  # the host ran the five kernels and went on, well before the chip's time
     assert finished >= 0.99  # the copy to the host returned only once the chip's clock had passed them
+
+
+def test_a_kernel_is_charged_its_warm_work_however_long_the_host_idled_before_it(tmp_path, python_in_subprocess):
+    # On a host whose caches go cold while it idles (this 2-core VM: 1 ms of matmuls costs 3-5x that CPU
+    # time after a 50 ms sleep), charging the CPU time as spent made a slower chip, idling its host
+    # longer between kernels, slower than its relative speed.
+    profile = tmp_path / "slow.yaml"
+    profile.write_text("name: slow\nrelative_speed: 0.1\n")
+    result = python_in_subprocess(
+        """
+        import time, torch, ditorch.dipu
+        torch.set_num_threads(1)
+        a = torch.randn(128, 256, device="dipu")
+        w = torch.randn(256, 1024, device="dipu")
+        def charged(pause):
+            total = 0.0
+            for _ in range(15):
+                time.sleep(pause)
+                before = torch.dipu.pacing_stats()["emulated_s"]
+                for _ in range(2):
+                    (a @ w).relu()
+                total += torch.dipu.pacing_stats()["emulated_s"] - before
+                torch.dipu.synchronize()
+            return total
+        charged(0)
+        print(charged(0.1) / charged(0))
+    """, DIPU_HOST_PROFILE=str(profile))
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout) < 1.3
+
+
+def test_kernels_of_other_shapes_are_charged_their_own_work(tmp_path, python_in_subprocess):
+    profile = tmp_path / "slow.yaml"
+    profile.write_text("name: slow\nrelative_speed: 0.1\n")
+    result = python_in_subprocess(
+        """
+        import torch, ditorch.dipu
+        torch.set_num_threads(1)
+        def charged(size, times=5):
+            a = torch.randn(size, size, device="dipu")
+            a @ a
+            before = torch.dipu.pacing_stats()["emulated_s"]
+            for _ in range(times):
+                a @ a
+            torch.dipu.synchronize()
+            return (torch.dipu.pacing_stats()["emulated_s"] - before) / times
+        small = charged(64, times=50)
+        print(charged(512) / small)
+    """, DIPU_HOST_PROFILE=str(profile))
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout) > 20  # 512^3 / 64^3 = 512 times the multiply-adds

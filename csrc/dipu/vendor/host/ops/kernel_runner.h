@@ -8,6 +8,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <typeinfo>
 
 #include <diopi/diopi.h>
 
@@ -25,7 +26,7 @@ void emulate_precision(const char* function, const at::Tensor& output);
 template <typename Kernel>
 diopiError_t run(Kernel&& kernel) {
   try {
-    PacedKernel paced;
+    PacedKernel paced(typeid(Kernel).hash_code());
     kernel();
     return diopiSuccess;
   } catch (const std::exception& e) {

@@ -46,6 +46,7 @@ void round_bits(Bits* data, int64_t count, int dropped_bits) {
 
 at::Tensor tensor_view(diopiConstTensorHandle_t operand) {
   if (operand == nullptr) return {};
+  note_operand(static_cast<int>(operand->dtype), operand->shape, operand->ndim);
   at::IntArrayRef shape(operand->shape, operand->ndim);
   at::IntArrayRef stride(operand->stride, operand->ndim);
   int64_t numel = 1;
