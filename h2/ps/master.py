@@ -583,11 +583,6 @@ class Master:
             return
         self._forget(tickets)
         updated = time.monotonic()
-        with self.lock:
-            for push in batch:
-                status = "rejected" if push.cluster in verdict.rejected else "applied"
-                self.outcomes[push.ticket] = Outcome(status, version, round_id, verdict.rejected.get(push.cluster, ""))
-            self.changed.notify_all()
         nbytes = sum(layer.nbytes for layer in self.layers)
         rejected = {cid: {"reason": why, "score": verdict.scores[cid]} for cid, why in verdict.rejected.items()}
         staleness = {push.cluster: base - push.base_version for push in batch}
@@ -604,6 +599,12 @@ class Master:
             clip=verdict.clip, staleness=staleness, losses=losses, push_s=push_s, measure_s=round(
                 measured - started, 4), update_s=round(updated - measured, 4), bytes_pushed=nbytes * len(batch),
             bytes_to_pull=nbytes * len(batch), tokens=self.state.tokens, finished=self.finished)
+        # The run's log holds the round before any participant hears its outcome (and can end the run).
+        with self.lock:
+            for push in batch:
+                status = "rejected" if push.cluster in verdict.rejected else "applied"
+                self.outcomes[push.ticket] = Outcome(status, version, round_id, verdict.rejected.get(push.cluster, ""))
+            self.changed.notify_all()
 
     def _commit_everywhere(self, round_id: int, version: int) -> None:
         """The version is recorded: a shard that misses its Commit loads that version's snapshot (written
