@@ -24,9 +24,13 @@ from h2.ps.shard import ShardServer
 
 
 @contextlib.contextmanager
-def running_ps(out_dir, *, clusters=("a", "b"), shards=2, **fields):
-    config = DipsConfig(out=str(out_dir), shards=shards, clusters=[ClusterSpec(id=c) for c in clusters],
-                        heartbeat_s=0.2, train=TrainConfig(steps=8, checkpoint_every=0), **fields)
+def running_ps(out_dir, *, clusters=("a", "b"), shards=2, missed_beats=50, **fields):
+    """Heartbeats every 0.2 s; a participant is dropped after `missed_beats` of them (10 s by default, so a
+    loaded CI host's stall of a second does not drop a cluster from a test that counts its rounds; tests of
+    dropping pass a small number)."""
+    config = DipsConfig(out=str(out_dir), shards=shards, clusters=[ClusterSpec(id=c)
+                                                                   for c in clusters], heartbeat_s=0.2,
+                        missed_beats=missed_beats, train=TrainConfig(steps=8, checkpoint_every=0), **fields)
     check_dips_config(config, "test")
     secret_file = write_run_secrets(os.path.join(str(out_dir), "secrets"), shards, list(clusters))
     master = Master(config, "test.yaml", port=0, credential=load_secret_file(secret_file, MASTER))

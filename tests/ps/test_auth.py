@@ -83,7 +83,7 @@ def unchanged(before: dict, servers) -> bool:
 @pytest.fixture
 def job(tmp_path):
     """A tiny running job: two clusters listed, c1 joined (with its real credential)."""
-    with running_ps(tmp_path, clusters=("c1", "c2"), missed_beats=50) as (master, servers, address):
+    with running_ps(tmp_path, clusters=("c1", "c2")) as (master, servers, address):
         client = ClusterClient(address, "c1", log=lambda _: None)
         try:
             yield master, servers, address, client, str(tmp_path)

@@ -42,7 +42,7 @@ def sync_together(clients: dict[str, ClusterClient], tensors: dict, round_id: in
 
 def run_rounds(out_dir, mode: str, rounds: int = 3) -> tuple[dict, list[dict]]:
     """Clusters a and b, both taking part in every round; the tensors each holds at the end."""
-    with running_ps(out_dir, clusters=("a", "b"), mode=mode, grace_s=2.0, missed_beats=50) as (_, _, address):
+    with running_ps(out_dir, clusters=("a", "b"), mode=mode, grace_s=2.0) as (_, _, address):
         clients = {cid: ClusterClient(address, cid, log=lambda _: None) for cid in ("a", "b")}
         tensors = {cid: {name: torch.zeros_like(value) for name, value in model_tensors().items()} for cid in clients}
         for cid, client in clients.items():
@@ -79,8 +79,7 @@ def reference_outer_step(model: dict[str, torch.Tensor], optimizer_state: dict, 
 
 def test_each_cluster_steps_its_own_outer_optimizer_and_a_stale_one_pushes_against_its_own_copy(tmp_path):
     initial = model_tensors()
-    with running_ps(tmp_path, clusters=("a", "b"), mode="async-diloco", grace_s=2.0,
-                    missed_beats=50) as (_, _, address):
+    with running_ps(tmp_path, clusters=("a", "b"), mode="async-diloco", grace_s=2.0) as (_, _, address):
         clients = {cid: ClusterClient(address, cid, log=lambda _: None) for cid in ("a", "b")}
         tensors = {cid: {name: torch.zeros_like(value) for name, value in initial.items()} for cid in clients}
         for cid, client in clients.items():

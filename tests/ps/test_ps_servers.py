@@ -92,7 +92,7 @@ def test_a_control_request_over_4_mib_is_refused_before_it_is_read_and_the_maste
 
 
 def test_a_cluster_joining_again_while_its_session_is_live_drops_the_old_session_by_name(tmp_path):
-    with running_ps(tmp_path, clusters=("a", ), missed_beats=50) as (master, _, _):
+    with running_ps(tmp_path, clusters=("a", )) as (master, _, _):
         control = control_as(master, "cluster/a")
         first = control.call("Join", cluster="a")["session"]
         control.call("Join", cluster="a")
@@ -105,7 +105,7 @@ def test_a_cluster_joining_again_while_its_session_is_live_drops_the_old_session
 
 
 def test_a_shard_registering_again_while_alive_is_logged_lost_by_name(tmp_path):
-    with running_ps(tmp_path, missed_beats=50) as (master, servers, address):
+    with running_ps(tmp_path) as (master, servers, address):
         servers[1]._register()
         assert master.shards[1].alive
     log = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]

@@ -24,7 +24,7 @@ def sync_in_thread(client: ClusterClient, results: dict) -> threading.Thread:
 
 def test_sync_runs_no_round_before_every_cluster_of_the_run_file_has_joined(tmp_path):
     results = {}
-    with running_ps(tmp_path, clusters=("a", "b"), mode="sync", missed_beats=50) as (_, _, address):
+    with running_ps(tmp_path, clusters=("a", "b"), mode="sync") as (_, _, address):
         early = ClusterClient(address, "a", log=lambda _: None)
         first = sync_in_thread(early, results)
         time.sleep(1.5)  # a alone is the only active cluster: before the fix, its push made a round of its own
@@ -42,7 +42,7 @@ def test_sync_runs_no_round_before_every_cluster_of_the_run_file_has_joined(tmp_
 
 def test_a_sync_round_sums_its_pushes_in_the_run_files_order_whatever_their_arrival(tmp_path):
     results = {}
-    with running_ps(tmp_path, clusters=("a", "b"), mode="sync", missed_beats=50) as (_, _, address):
+    with running_ps(tmp_path, clusters=("a", "b"), mode="sync") as (_, _, address):
         clients = {cid: ClusterClient(address, cid, log=lambda _: None) for cid in ("a", "b")}
         late_first = sync_in_thread(clients["b"], results)
         time.sleep(1.0)
