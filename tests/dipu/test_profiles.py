@@ -36,11 +36,16 @@ def test_a_malformed_profile_is_reported_with_file_and_field(tmp_path, python_in
     assert result.stdout.strip() == f"DIPU vendor host failed to start: {profile}: {why}"
 
 
-def test_relative_speed_paces_device_kernels(tmp_path, python_in_subprocess):
+def on_slow_chip(tmp_path, python_in_subprocess, relative_speed: float, script: str):
+    """Run `script` in a fresh interpreter whose dipu device is a host chip of that relative speed."""
     profile = tmp_path / "slow.yaml"
-    profile.write_text("name: slow\nrelative_speed: 0.2\n")
-    result = python_in_subprocess(
-        """
+    profile.write_text(f"name: slow\nrelative_speed: {relative_speed}\n")
+    return python_in_subprocess(script, DIPU_HOST_PROFILE=str(profile))
+
+
+def test_relative_speed_paces_device_kernels(tmp_path, python_in_subprocess):
+    result = on_slow_chip(
+        tmp_path, python_in_subprocess, 0.2, """
         import time, torch, ditorch.dipu as dipu
         torch.set_num_threads(1)
         a = torch.randn(192, 192, device="dipu")
@@ -57,7 +62,7 @@ def test_relative_speed_paces_device_kernels(tmp_path, python_in_subprocess):
             paced += timed(False, time.perf_counter)  # the vendor's diopiMm, paced to 0.2x: wall time
             unpaced += timed(True, time.process_time)  # the CPU fallback's own CPU time (other load can't shrink it)
         print(paced / unpaced)
-    """, DIPU_HOST_PROFILE=str(profile))
+    """)
     assert result.returncode == 0, result.stderr
     assert float(result.stdout) > 3.0
 
@@ -73,10 +78,8 @@ def test_disabled_ditorch_does_not_register_the_device(python_in_subprocess):
 
 
 def test_a_slow_chip_queues_kernels_on_its_own_clock_and_the_host_waits_only_to_read(tmp_path, python_in_subprocess):
-    profile = tmp_path / "slow.yaml"
-    profile.write_text("name: slow\nrelative_speed: 0.02\n")
-    result = python_in_subprocess(
-        """
+    result = on_slow_chip(
+        tmp_path, python_in_subprocess, 0.02, """
         import time, torch, ditorch.dipu as dipu
         torch.set_num_threads(1)
         a = torch.randn(256, 256, device="dipu")
@@ -90,7 +93,7 @@ def test_a_slow_chip_queues_kernels_on_its_own_clock_and_the_host_waits_only_to_
         finished = time.perf_counter() - start
         emulated = torch.dipu.pacing_stats()["emulated_s"] - before
         print(launched / emulated, finished / emulated)
-    """, DIPU_HOST_PROFILE=str(profile))
+    """)
     assert result.returncode == 0, result.stderr
     launched, finished = map(float, result.stdout.split())
     assert launched < 0.5  # the host ran the five kernels and went on, well before the chip's time
@@ -101,10 +104,8 @@ def test_a_kernel_is_charged_its_warm_work_however_long_the_host_idled_before_it
     # On a host whose caches go cold while it idles (this 2-core VM: 1 ms of matmuls costs 3-5x that CPU
     # time after a 50 ms sleep), charging the CPU time as spent made a slower chip, idling its host
     # longer between kernels, slower than its relative speed.
-    profile = tmp_path / "slow.yaml"
-    profile.write_text("name: slow\nrelative_speed: 0.1\n")
-    result = python_in_subprocess(
-        """
+    result = on_slow_chip(
+        tmp_path, python_in_subprocess, 0.1, """
         import time, torch, ditorch.dipu
         torch.set_num_threads(1)
         a = torch.randn(128, 256, device="dipu")
@@ -121,16 +122,14 @@ def test_a_kernel_is_charged_its_warm_work_however_long_the_host_idled_before_it
             return total
         charged(0)
         print(charged(0.1) / charged(0))
-    """, DIPU_HOST_PROFILE=str(profile))
+    """)
     assert result.returncode == 0, result.stderr
     assert float(result.stdout) < 1.3
 
 
 def test_kernels_of_other_shapes_are_charged_their_own_work(tmp_path, python_in_subprocess):
-    profile = tmp_path / "slow.yaml"
-    profile.write_text("name: slow\nrelative_speed: 0.1\n")
-    result = python_in_subprocess(
-        """
+    result = on_slow_chip(
+        tmp_path, python_in_subprocess, 0.1, """
         import torch, ditorch.dipu
         torch.set_num_threads(1)
         def charged(size, times=5):
@@ -143,6 +142,6 @@ def test_kernels_of_other_shapes_are_charged_their_own_work(tmp_path, python_in_
             return (torch.dipu.pacing_stats()["emulated_s"] - before) / times
         small = charged(64, times=50)
         print(charged(512) / small)
-    """, DIPU_HOST_PROFILE=str(profile))
+    """)
     assert result.returncode == 0, result.stderr
     assert float(result.stdout) > 20  # 512^3 / 64^3 = 512 times the multiply-adds
