@@ -69,18 +69,24 @@ def stage_memory_terms(model: ModelConfig, training: TrainingSpec, layer: LayerP
 def stage_memory_terms_at(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
                           in_flight: int, first: bool, last: bool) -> StageMemoryTerms:
     """The same, by what the position implies: micro-batches in flight, first stage, last stage."""
-    tp = layer.tp
     per_param = state_bytes_per_param(training, dp)
     kept = layer.recompute_activation_bytes if recompute else layer.activation_bytes
-    per_layer = layer_shard_params(model, tp) * per_param + in_flight * kept
+    per_layer = layer_shard_params(model, layer.tp) * per_param + in_flight * kept
     fixed = float(layer.activation_bytes) if recompute else 0.0
     fixed += layer.workspace_bytes  # one layer's backward at a time (measured profiles; 0 when synthesised)
-    if first:
-        fixed += model.embedding_params() / tp * per_param
-    if last:
-        fixed += (model.head_params() / tp + model.final_norm_params()) * per_param
-        fixed += training.micro_batch_size * training.seq_len * model.vocab_size / tp * 4  # fp32 logits
+    fixed += end_bytes(model, training, tp=layer.tp, dp=dp, first=first, last=last)
     return StageMemoryTerms(fixed=fixed, per_layer=per_layer)
+
+
+def end_bytes(model: ModelConfig, training: TrainingSpec, *, tp: int, dp: int, first: bool, last: bool) -> float:
+    """What the first stage (the embedding) and the last (final norm, head, one micro-batch of fp32 logits)
+    hold beyond their layers."""
+    per_param = state_bytes_per_param(training, dp)
+    held = model.embedding_params() / tp * per_param if first else 0.0
+    if last:
+        held += (model.head_params() / tp + model.final_norm_params()) * per_param
+        held += training.micro_batch_size * training.seq_len * model.vocab_size / tp * 4  # fp32 logits
+    return held
 
 
 def stage_memory_bytes(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
@@ -89,24 +95,26 @@ def stage_memory_bytes(model: ModelConfig, training: TrainingSpec, layer: LayerP
                               num_stages=num_stages, micro_batches=micro_batches).bytes(layers)
 
 
-def stage_caps(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
-               in_flight: np.ndarray, first: bool, last: bool, capacity: float, limit: int) -> np.ndarray:
-    """StageMemoryTerms.max_layers for every count of micro-batches in flight at once (same rounding)."""
-    return stage_caps_of_ends(model, training, layer, dp=dp, recompute=recompute, in_flight=in_flight,
-                              ends=[(first, last)], capacity=capacity, limit=limit)[0]
-
-
-def stage_caps_of_ends(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
-                       in_flight: np.ndarray, ends: list[tuple[bool, bool]], capacity: float, limit: int) -> np.ndarray:
-    """stage_caps of several (first, last) stage kinds at once, one row each: they differ only in the
-    fixed bytes (embedding, head), the per-layer bytes are the same."""
+def stage_caps_table(model: ModelConfig, training: TrainingSpec, variants: list[tuple[LayerProfile, bool]], *, dp: int,
+                     in_flight: np.ndarray, ends: list[tuple[bool, bool]], capacity: float, limit: int) -> np.ndarray:
+    """StageMemoryTerms.max_layers (same rounding) of every (layer profile, recompute) variant, every
+    (first, last) stage kind and every count of micro-batches in flight, in one set of numpy calls:
+    shape (variants, ends, counts). The kinds differ only in the fixed bytes (embedding, head)."""
     bases = [
-        stage_memory_terms_at(model, training, layer, dp=dp, recompute=recompute, in_flight=0, first=first, last=last)
-        for first, last in ends
+        stage_memory_terms_at(model, training, layer, dp=dp, recompute=recompute, in_flight=0, first=False, last=False)
+        for layer, recompute in variants
     ]
-    kept = layer.recompute_activation_bytes if recompute else layer.activation_bytes
-    per_layer = (bases[0].per_layer + np.asarray(in_flight, dtype=np.int64) * kept)[None, :]
-    fixed = np.array([[base.fixed] for base in bases])
+    ends_of = {
+        tp: [end_bytes(model, training, tp=tp, dp=dp, first=first, last=last) for first, last in ends]
+        for tp in {layer.tp for layer, _ in variants}
+    }
+    kept = np.array([
+        layer.recompute_activation_bytes if recompute else layer.activation_bytes for layer, recompute in variants
+    ])
+    counts = np.asarray(in_flight, dtype=np.int64)
+    per_layer = (np.array([base.per_layer for base in bases])[:, None] + kept[:, None] * counts[None, :])[:, None]
+    fixed = np.array([[base.fixed + held for held in ends_of[layer.tp]] for base, (layer, _) in zip(bases, variants)])
+    fixed = fixed[:, :, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         layers = np.floor((capacity - fixed) / per_layer)
     layers = np.clip(np.nan_to_num(layers, nan=limit, posinf=limit, neginf=0), 0, limit)

@@ -52,7 +52,7 @@ from h2.core.strategy import StageSpec, Strategy
 from heteroauto import layer_dp
 from heteroauto.evaluation import evaluate_strategy
 from heteroauto.layer_dp import _ROUND, Option, OrderedGroups, StageVariantCaps
-from heteroauto.memory import stage_caps_of_ends, stage_memory_terms_at
+from heteroauto.memory import stage_caps_table, stage_memory_terms_at
 from heteroauto.orders_dp import AllOrders
 from heteroauto.profiles import Profile
 from heteroauto.stage_terms import check_cost_model, embedding_terms, head_terms, transfer_s
@@ -62,6 +62,7 @@ MAX_LAYERS = 1024  # the sum tables are (tp, stages, layers) arrays: quadratic i
 _QUICK_MARGIN = 1 - 1e-9  # quick bounds shrunk by this: rounding cannot lift them above a plan's cost
 _TIE = 1 - 2e-9  # a bound within rounding of the incumbent cannot beat it by more than that: prune ties
 _GALLOP = 16  # least_bound gallops past the near candidates when the rest is this many times longer
+_ENDS = [(False, False), (True, False), (False, True), (True, True)]  # (first, last) kinds of a stage
 
 
 # ---- the space -----------------------------------------------------------------------------------------
@@ -245,6 +246,7 @@ class Planner:
         self._sends: dict = {}
         self._options: dict = {}
         self._caps: dict = {}
+        self._cap_tables: dict = {}
 
     @property
     def full(self) -> bool:
@@ -294,16 +296,10 @@ class Planner:
         key = (chip.name, layer.tp, dp, recompute)
         if key in self._caps:
             return self._caps[key]
-        total = self.model.num_layers
-        in_flight = np.minimum(np.arange(2 * total + 2), self.training.micro_batch_units // dp)
-        in_flight[0] = 1  # distance 0 is never read
-        ends = [(False, False), (True, False), (False, True), (True, True)]
-        variants = dict(
-            zip(
-                ends,
-                stage_caps_of_ends(self.model, self.training, layer, dp=dp, recompute=recompute, in_flight=in_flight,
-                                   ends=ends, capacity=chip.capacity_bytes, limit=total)))
-        for first, last in ends:
+        if key not in self._cap_tables:
+            self._cap_tables.update(self._chip_cap_tables(chip, dp))
+        variants = dict(zip(_ENDS, self._cap_tables[key]))
+        for first, last in _ENDS:
             if variants[(first, last)][1] < 1:
                 terms = stage_memory_terms_at(self.model, self.training, layer, dp=dp, recompute=recompute, in_flight=1,
                                               first=first, last=last)
@@ -317,6 +313,17 @@ class Planner:
         self._caps[key] = StageVariantCaps(middle=variants[(False, False)], first=variants[(True, False)],
                                            last=variants[(False, True)], both=variants[(True, True)])
         return self._caps[key]
+
+    def _chip_cap_tables(self, chip: ChipType, dp: int) -> dict[tuple, np.ndarray]:
+        """The memory caps of every profiled tp of `chip` at `dp`, with and without recompute, in one call
+        (caps asks for them one by one): per (chip, tp, dp, recompute), by stage kind (_ENDS) and distance."""
+        profile, total = self.profiles[chip.name], self.model.num_layers
+        variants = [(profile.layer(tp), recompute) for tp in profile.tp_sizes() for recompute in (False, True)]
+        in_flight = np.minimum(np.arange(2 * total + 2), self.training.micro_batch_units // dp)
+        in_flight[0] = 1  # distance 0 is never read
+        table = stage_caps_table(self.model, self.training, variants, dp=dp, in_flight=in_flight, ends=_ENDS,
+                                 capacity=chip.capacity_bytes, limit=total)
+        return {(chip.name, layer.tp, dp, recompute): rows for (layer, recompute), rows in zip(variants, table)}
 
     def send_s(self, chip_a: ChipType, tp_a: int, chip_b: ChipType, tp_b: int, dp: int) -> float:
         """One micro-batch between stages (0 under the paper's model)."""
