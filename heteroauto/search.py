@@ -458,12 +458,12 @@ class Planner:
             following = groups[g + 1]
             same_type = following.chip.name == group.chip.name
             sends = {}
-            for a in options[g]:
-                for b in options[g + 1]:
+            for tp_a in dict.fromkeys(o.tp for o in options[g]):  # options differ in recompute: each tp once
+                for tp_b in dict.fromkeys(o.tp for o in options[g + 1]):
                     if same_type or level in ("exact", "order"):
-                        sends[(a.tp, b.tp)] = self.send_s(group.chip, a.tp, following.chip, b.tp, item.dp)
+                        sends[(tp_a, tp_b)] = self.send_s(group.chip, tp_a, following.chip, tp_b, item.dp)
                     else:
-                        sends[(a.tp, b.tp)] = 0.0 if level == "item" else self._cheapest_from(item, group.chip, a.tp)
+                        sends[(tp_a, tp_b)] = 0.0 if level == "item" else self._cheapest_from(item, group.chip, tp_a)
             boundary.append(sends)
             same.append(same_type)
         return OrderedGroups(micro_batches=self.training.micro_batch_units // item.dp, alpha=self.training.alpha,
