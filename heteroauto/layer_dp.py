@@ -28,6 +28,8 @@ from typing import Callable
 
 import numpy as np
 
+from heteroauto import _dp
+
 INF = float("inf")
 _ROUND = 1e-12  # relative slack so a bound M equal to a stage weight admits that weight
 
@@ -103,6 +105,7 @@ class OrderedGroups:
         self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.stage_cap)
         self._group_keys: list | None = None
         self.candidates: np.ndarray | None = None
+        self._native: _dp.Ordered | None = None
 
     @property
     def fronts(self) -> int:
@@ -124,14 +127,31 @@ class OrderedGroups:
                                 for g, options in enumerate(self.options)]
         return self._group_keys[g]
 
-    # what the search asks of a problem (orders_dp.AllOrders answers the same for every order at once)
+    # what the search asks of a problem (orders_dp.AllOrders answers the same for every order at once): one
+    # C++ call each (_dp), on the problem flattened once; sum_tables and most_layers below are the numpy
+    # reference they are tested against (and what rebuild traces the plan in)
     def least_sum(self, bound: float, cap: float = INF) -> float:
         """The least sum under bound M; a value >= cap means only 'not below cap' (see place_sums)."""
-        least_rate = min(o.compute_s for options in self.options for o in options)
-        return sum_tables(self, bound, cap, least_rate).best()[0]
+        return self.native().least_sum(bound, cap)
+
+    def most_layers(self, bound: float) -> float:
+        """As most_layers(self, bound)."""
+        return self.native().most_layers(bound)
 
     def feasible(self, bound: float) -> bool:
-        return feasible(self, bound)
+        return self.most_layers(bound) >= self.layers
+
+    def native(self) -> _dp.Ordered:
+        """The problem in C++: its groups' shapes (from the end) at the sums' and the most layers' tail caps."""
+        if self._native is None:
+            groups = range(len(self.options) - 1, -1, -1)
+            least_rate = min(o.compute_s for options in self.options for o in options)
+            self._native = _dp.Ordered(shapes=native_registry(self)[0], sum_groups=[
+                native_shape(self, g, self.tail_cap) for g in groups
+            ], most_groups=[native_shape(self, g, self.stage_cap)
+                            for g in groups], fronts=self.fronts, tail_cap=self.tail_cap, stage_cap=self.stage_cap,
+                                       layers=self.layers, least_rate=least_rate)
+        return self._native
 
     def bound_values(self) -> np.ndarray:
         return bound_candidates(self)
@@ -295,7 +315,8 @@ def group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int | No
     return known[1]
 
 
-def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) -> GroupSteps:
+def _cached_shape(problem: OrderedGroups, g: int, tail_cap: int) -> _GroupShape:
+    """Group g's shape at tail_cap, made once per group key (problem.shared)."""
     key = ("shape", problem.group_key(g), tail_cap)
     shape = problem.shared.get(key)
     if shape is None:
@@ -309,6 +330,37 @@ def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) ->
         shape.near = rows + tails[None, :] + shape.inner_near[:, None] - 1
         shape.has_inner = (shape.inner_far > 0)[:, None]
         shape.special = None if shape.first_caps is None else np.isfinite(shape.first_fixed)[:, None]
+    return shape
+
+
+def native_registry(problem: OrderedGroups) -> tuple[_dp.Shapes, dict]:
+    """The C++ registry of shapes the problems sharing problem.shared share, and its ids by (group key, tail cap)."""
+    return problem.shared.setdefault("native", (_dp.Shapes(), {}))
+
+
+def native_shape(problem: OrderedGroups, g: int, tail_cap: int, registry: tuple[_dp.Shapes, dict] | None = None) -> int:
+    """Id of group g's shape at tail_cap in a C++ registry (default: the problem's, native_registry), added
+    once: _dp computes its steps under a bound as _group_steps does."""
+    shapes, ids = registry or native_registry(problem)
+    key = (problem.group_key(g), tail_cap)
+    if key not in ids:
+        shape = _cached_shape(problem, g, tail_cap)
+        steps, options = shape.steps, len(shape.weight)
+        has_first = shape.special is not None
+        ids[key] = shapes.add(
+            every_fixed=shape.every_fixed, every_weight=shape.every_weight, every_free=np.zeros(
+                len(shape.every_fixed), dtype=np.uint8)
+            if shape.every_free is None else shape.every_free.astype(np.uint8), has_first=has_first,
+            inner_caps=shape.inner_caps, far=shape.far, near=shape.near, has_inner=shape.has_inner.ravel().astype(
+                np.uint8), special=(shape.special.ravel() if has_first else np.zeros(options, dtype=bool)).astype(
+                    np.uint8), first_caps=shape.first_caps if has_first else np.zeros(0), edge_caps=shape.edge_caps,
+            option=steps.option_index, front=steps.front, destination=steps.destination, pp=steps.pp,
+            rate=steps.compute_s, ks=steps.ks, tails=tail_cap + 1)
+    return ids[key]
+
+
+def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) -> GroupSteps:
+    shape = _cached_shape(problem, g, tail_cap)
     steps = shape.steps
     if not len(steps.pp):
         return steps

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from heteroauto import layer_dp
+from heteroauto import _dp, layer_dp
 from heteroauto.layer_dp import INF, OrderedGroups, SumTables
 
 Chain = Callable[[str, "str | None", bool], OrderedGroups]  # (type, next type or None: the end, starts)
@@ -39,6 +39,7 @@ class AllOrders:
     _candidates: np.ndarray | None = field(default=None, repr=False)
     _least_rate: float | None = field(default=None, repr=False)  # least time of one layer in any option
     _limits: tuple = field(default=(None, None), repr=False)  # (bound, _group_layer_limits) of the last bound
+    _native: _dp.AllOrders | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         sample = self.chain(self.types[0], None, len(self.types) == 1)
@@ -94,10 +95,14 @@ class AllOrders:
     def _chain(self, t: int, front: int, starts: bool) -> OrderedGroups:
         return self.chain(self.types[t], None if front < 0 else self.types[front], starts)
 
-    def _sum_sweep(self, bound: float, keep: bool = False, cap: float = INF):
+    def _least_rate_of(self) -> float:
         if self._least_rate is None:
             chains = [self._chain(t, -1, starts) for t in range(len(self.types)) for starts in (False, True)]
             self._least_rate = min(o.compute_s for chain in chains for options in chain.options for o in options)
+        return self._least_rate
+
+    def _sum_sweep(self, bound: float, keep: bool = False, cap: float = INF):
+        self._least_rate_of()
 
         least_rest = self._least_rest(bound) if cap < INF else None
 
@@ -178,14 +183,53 @@ class AllOrders:
             most.append(limits)
         return most
 
-    # ---- what the search asks ------------------------------------------------------------------------
+    # ---- what the search asks: one C++ call each (_dp) ---------------------------------------------------
     def least_sum(self, bound: float, cap: float = INF) -> float:
         """The least sum of stage terms over every order under bound M (inf: nothing fits); a value >= cap
         means only 'not below cap' (layer_dp.place_sums)."""
+        return self.native().least_sum(bound, cap)
+
+    def most_layers(self, bound: float) -> float:
+        return self.native().most_layers(bound)
+
+    def feasible(self, bound: float) -> bool:
+        return self.most_layers(bound) >= self.layers
+
+    def native(self) -> _dp.AllOrders:
+        """The problem in C++: per (type, front type or the end, starts) the shape of the type's last group,
+        per (type, starts) its other groups' (from its end), at the sums' and the most layers' tail caps."""
+        if self._native is None:
+            count = len(self.types)
+            registry = layer_dp.native_registry(self._chain(0, -1, count == 1))
+            shapes = {}
+            for cap in (self.tail_cap, self.stage_cap):
+                last, rest = [], []
+                for t in range(count):
+                    for front in range(-1, count):
+                        for starts in (False, True):
+                            chain = None if front == t else self._chain(t, front, starts)
+                            last.append(-1 if chain is
+                                        None else layer_dp.native_shape(chain,
+                                                                        _last_group(chain)[0], cap, registry))
+                    for starts in (False, True):
+                        chain = self._chain(t, -1, starts)
+                        rest.append([
+                            layer_dp.native_shape(chain, g, cap, registry)
+                            for g in range(len(chain.options) - 2, -1, -1)
+                        ])
+                shapes[cap] = (last, rest)
+            self._native = _dp.AllOrders(
+                shapes=registry[0], types=count, sum_last=shapes[self.tail_cap][0], sum_rest=shapes[self.tail_cap][1],
+                most_last=shapes[self.stage_cap][0], most_rest=shapes[self.stage_cap][1], fronts=self.fronts,
+                tail_cap=self.tail_cap, stage_cap=self.stage_cap, layers=self.layers, least_rate=self._least_rate_of())
+        return self._native
+
+    # ---- the numpy reference (tests compare the C++ against it; best_order traces in its tables) -------------
+    def least_sum_reference(self, bound: float, cap: float = INF) -> float:
         level, _ = self._sum_sweep(bound, cap=cap)
         return min((table.least_last() for table in level.values()), default=INF)
 
-    def most_layers(self, bound: float) -> float:
+    def most_layers_reference(self, bound: float) -> float:
         start = np.full((self.fronts, self.stage_cap + 1), -INF)
         start[self.fronts - 1, 0] = 0.0
 
@@ -199,9 +243,6 @@ class AllOrders:
         one, rest = _together(together, stack=np.concatenate, unstack=unstack)
         level, _ = self._sweep(start, one, rest, lambda tables: functools.reduce(np.maximum, tables))
         return max((float(table.max()) for table in level.values()), default=-INF)
-
-    def feasible(self, bound: float) -> bool:
-        return self.most_layers(bound) >= self.layers
 
     def bound_values(self) -> np.ndarray:
         """Every value a stage's weight can take in any order (see layer_dp.bound_candidates)."""
