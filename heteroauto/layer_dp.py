@@ -142,15 +142,15 @@ class OrderedGroups:
         return self.most_layers(bound) >= self.layers
 
     def native(self) -> _dp.Ordered:
-        """The problem in C++: its groups' shapes (from the end) at the sums' and the most layers' tail caps."""
+        """The problem in C++: its groups' shapes from the end, at the most layers' tail cap (the sums read the
+        first tail_cap + 1 tails of each: the same steps)."""
         if self._native is None:
-            groups = range(len(self.options) - 1, -1, -1)
             least_rate = min(o.compute_s for options in self.options for o in options)
-            self._native = _dp.Ordered(shapes=native_registry(self)[0], sum_groups=[
-                native_shape(self, g, self.tail_cap) for g in groups
-            ], most_groups=[native_shape(self, g, self.stage_cap)
-                            for g in groups], fronts=self.fronts, tail_cap=self.tail_cap, stage_cap=self.stage_cap,
-                                       layers=self.layers, least_rate=least_rate)
+            self._native = _dp.Ordered(
+                shapes=native_registry(self)[0], groups=[
+                    native_shape(self, g, self.stage_cap) for g in range(len(self.options) - 1, -1, -1)
+                ], fronts=self.fronts, tail_cap=self.tail_cap, stage_cap=self.stage_cap, layers=self.layers,
+                least_rate=least_rate)
         return self._native
 
     def bound_values(self) -> np.ndarray:

@@ -197,31 +197,30 @@ class AllOrders:
 
     def native(self) -> _dp.AllOrders:
         """The problem in C++: per (type, front type or the end, starts) the shape of the type's last group,
-        per (type, starts) its other groups' (from its end), at the sums' and the most layers' tail caps."""
+        per (type, starts) its other groups' (from its end), at the most layers' tail cap (the sums read the
+        first tail_cap + 1 tails of each: the same steps)."""
         if self._native is None:
             count = len(self.types)
             registry = layer_dp.native_registry(self._chain(0, -1, count == 1))
-            shapes = {}
-            for cap in (self.tail_cap, self.stage_cap):
-                last, rest = [], []
-                for t in range(count):
-                    for front in range(-1, count):
-                        for starts in (False, True):
-                            chain = None if front == t else self._chain(t, front, starts)
-                            last.append(-1 if chain is
-                                        None else layer_dp.native_shape(chain,
-                                                                        _last_group(chain)[0], cap, registry))
-                    for starts in (False, True):
-                        chain = self._chain(t, -1, starts)
-                        rest.append([
-                            layer_dp.native_shape(chain, g, cap, registry)
-                            for g in range(len(chain.options) - 2, -1, -1)
-                        ])
-                shapes[cap] = (last, rest)
-            self._native = _dp.AllOrders(
-                shapes=registry[0], types=count, sum_last=shapes[self.tail_cap][0], sum_rest=shapes[self.tail_cap][1],
-                most_last=shapes[self.stage_cap][0], most_rest=shapes[self.stage_cap][1], fronts=self.fronts,
-                tail_cap=self.tail_cap, stage_cap=self.stage_cap, layers=self.layers, least_rate=self._least_rate_of())
+
+            def shape(chain: OrderedGroups, g: int) -> int:
+                return layer_dp.native_shape(chain, g, self.stage_cap, registry)
+
+            def last_shape(t: int, front: int, starts: bool) -> int:
+                if front == t:
+                    return -1  # no such chain
+                chain = self._chain(t, front, starts)
+                return shape(chain, _last_group(chain)[0])
+
+            last = [
+                last_shape(t, front, starts) for t in range(count) for front in range(-1, count)
+                for starts in (False, True)
+            ]
+            rest = [[shape(chain, g) for g in range(len(chain.options) - 2, -1, -1)]
+                    for chain in (self._chain(t, -1, starts) for t in range(count) for starts in (False, True))]
+            self._native = _dp.AllOrders(shapes=registry[0], types=count, last=last, rest=rest, fronts=self.fronts,
+                                         tail_cap=self.tail_cap, stage_cap=self.stage_cap, layers=self.layers,
+                                         least_rate=self._least_rate_of())
         return self._native
 
     # ---- the numpy reference (tests compare the C++ against it; best_order traces in its tables) -------------
@@ -259,6 +258,10 @@ class AllOrders:
     def best_order(self, bound: float, cap: float = INF) -> tuple[str, ...]:
         """An order whose least sum under M is the least over every order (types from the pipeline's front);
         cap: above that least sum (the states that cannot end below it dropped; the trace reads none)."""
+        return tuple(self.types[t] for t in self.native().best_order(bound, cap))
+
+    def best_order_reference(self, bound: float, cap: float = INF) -> tuple[str, ...]:
+        """best_order traced in the numpy tables."""
         level, kept = self._sum_sweep(bound, keep=True, cap=cap)
         tails = self.tail_cap + 1
         level = {key: table.dense(self.fronts, tails) for key, table in level.items()}

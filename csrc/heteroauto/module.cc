@@ -213,13 +213,19 @@ MostTable place_most(const MostTable& table, const Shape& shape) {
 // ---- least sums per (front, stages behind capped, layers placed) -----------------------------------------
 struct SumTable {
   int fronts = 0, tails = 0, width = 0;
-  std::vector<double> sums;
+  std::vector<int> slot;       // per row: its place in sums (-1: all inf, not stored)
+  std::vector<double> sums;    // the stored rows, width each
   std::vector<int> low, high;  // per row: its finite columns lie in [low, high] (low > high: none)
 
-  SumTable(int f, int t, int w)
-      : fronts(f), tails(t), width(w), sums(static_cast<size_t>(f) * t * w, kInf), low(f * t, w), high(f * t, -1) {}
-  double* row(int r) { return sums.data() + static_cast<size_t>(r) * width; }
-  const double* row(int r) const { return sums.data() + static_cast<size_t>(r) * width; }
+  SumTable(int f, int t, int w) : fronts(f), tails(t), width(w), slot(f * t, -1), low(f * t, w), high(f * t, -1) {}
+  const double* row(int r) const { return slot[r] < 0 ? nullptr : sums.data() + static_cast<size_t>(slot[r]) * width; }
+  double* row(int r) {  // stored (all inf) when it was not
+    if (slot[r] < 0) {
+      slot[r] = static_cast<int>(sums.size() / width);
+      sums.resize(sums.size() + width, kInf);
+    }
+    return sums.data() + static_cast<size_t>(slot[r]) * width;
+  }
   bool reachable() const {
     for (int r = 0; r < fronts * tails; ++r)
       for (int x = low[r]; x <= high[r]; ++x)
@@ -301,7 +307,7 @@ void place_sum(const SumTable& table, const Shape& shape, const Cap& cap, int ta
       const int first = table.low[r], last = table.high[r];
       for (int x = first; x <= last; ++x) shifted[x] = in[x] - rate * static_cast<double>(x);
       const int to = static_cast<int>(shape.destination[p]) * result.tails + std::min(t + pp, tail_cap);
-      double* out = result.row(to);
+      double* out = nullptr;   // stored on its first finite entry
       int head = 0, tail = 0;  // the deque window[head, tail): indices of increasing shifted values
       const int stop = std::min(width - 1, last + most);
       int lo = width, hi_column = -1;
@@ -315,6 +321,7 @@ void place_sum(const SumTable& table, const Shape& shape, const Cap& cap, int ta
         if (tail == head) continue;
         const double sum = shifted[window[head]] + (rate * static_cast<double>(y) + ks);
         if (cap.prunes(sum, y)) continue;
+        if (out == nullptr) out = result.row(to);
         if (sum < out[y]) out[y] = sum;
         lo = std::min(lo, y);
         hi_column = y;
@@ -328,25 +335,65 @@ void place_sum(const SumTable& table, const Shape& shape, const Cap& cap, int ta
   result.drop_dominated();
 }
 
+// A cell of a sum table: front slice, stages behind, layers placed, and its sum.
+struct Cell {
+  int front, tail, layers;
+  double value;
+};
+
+// layer_dp._find_source: the first source cell of `table` (pairs in order, then source tails, then the group's
+// layers, each ascending) from which one of the shape's steps reproduces the cell's value; false when none.
+bool find_source(const SumTable& table, const Shape& shape, int tail_cap, Cell& cell) {
+  const double tolerance = 1e-9 * std::max(1.0, std::abs(cell.value));
+  for (int p = 0; p < shape.pairs; ++p) {
+    if (shape.destination[p] != cell.front) continue;
+    const int pp = static_cast<int>(shape.pp[p]), source_front = static_cast<int>(shape.front[p]);
+    const double rate = shape.rate[p], ks = shape.ks[p];
+    for (int t = 0; t < table.tails && t < shape.tails; ++t) {
+      const size_t at = static_cast<size_t>(p) * shape.tails + t;
+      if (std::min(t + pp, tail_cap) != cell.tail || !shape.valid[at]) continue;
+      const double* before = table.row(source_front * table.tails + t);
+      if (before == nullptr) continue;
+      const int most = static_cast<int>(std::min(shape.hi[at], static_cast<double>(cell.layers)));
+      for (int layers = pp; layers <= most; ++layers) {
+        const double value = before[cell.layers - layers];
+        if (std::abs(value + rate * layers + ks - cell.value) <= tolerance) {
+          cell = Cell{source_front, t, cell.layers - layers, value};
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+SumTable start_sum(int fronts, int tail_cap, int layers) {
+  SumTable table(fronts, tail_cap + 1, layers + 1);
+  const int first = (fronts - 1) * table.tails;
+  table.row(first)[0] = 0.0;
+  table.low[first] = table.high[first] = 0;
+  return table;
+}
+
 // ---- one order (layer_dp.OrderedGroups) ------------------------------------------------------------------
+// groups: their shapes at the most stages' tail cap, from the pipeline's end (the order they are placed in);
+// the sums read the first tail_cap + 1 tails of each.
 class Ordered {
  public:
-  Ordered(std::shared_ptr<Shapes> shapes, std::vector<int> sum_groups, std::vector<int> most_groups, int fronts,
-          int tail_cap, int stage_cap, int layers, double least_rate)
+  Ordered(std::shared_ptr<Shapes> shapes, std::vector<int> groups, int fronts, int tail_cap, int stage_cap, int layers,
+          double least_rate)
       : shapes_(std::move(shapes)),
-        sum_groups_(std::move(sum_groups)),
-        most_groups_(std::move(most_groups)),
+        groups_(std::move(groups)),
         fronts_(fronts),
         tail_cap_(tail_cap),
         stage_cap_(stage_cap),
         layers_(layers),
         least_rate_(least_rate) {}
 
-  // groups are given from the pipeline's end (the order they are placed in)
   double most_layers(double bound) {
     MostTable table(fronts_, stage_cap_ + 1);
     table.most[static_cast<size_t>(fronts_ - 1) * table.depth] = 0.0;
-    for (int id : most_groups_) {
+    for (int id : groups_) {
       table = place_most(table, shapes_->at(id, bound));
       if (!table.reachable()) break;
     }
@@ -354,12 +401,9 @@ class Ordered {
   }
 
   double least_sum(double bound, double cap) {
-    SumTable table(fronts_, tail_cap_ + 1, layers_ + 1);
-    const int start = (fronts_ - 1) * table.tails;
-    table.row(start)[0] = 0.0;
-    table.low[start] = table.high[start] = 0;
+    SumTable table = start_sum(fronts_, tail_cap_, layers_);
     const Cap limit{cap, least_rate_, layers_};
-    for (int id : sum_groups_) {
+    for (int id : groups_) {
       SumTable next(fronts_, tail_cap_ + 1, layers_ + 1);
       place_sum(table, shapes_->at(id, bound), limit, tail_cap_, next);
       table = std::move(next);
@@ -370,33 +414,30 @@ class Ordered {
 
  private:
   std::shared_ptr<Shapes> shapes_;
-  std::vector<int> sum_groups_, most_groups_;
+  std::vector<int> groups_;
   int fronts_, tail_cap_, stage_cap_, layers_;
   double least_rate_;
 };
 
 // ---- every order (orders_dp.AllOrders): Held-Karp over the sets of types placed from the end -------------
-// last[(t * (types + 1) + front + 1) * 2 + starts]: type t's last group placed before type `front` (-1: the
-// pipeline's end); rest[t * 2 + starts]: t's other groups, from its end.
+// last[(t * (types + 1) + front + 1) * 2 + starts]: the shape of type t's last group placed before type `front`
+// (-1: the pipeline's end); rest[t * 2 + starts]: t's other groups', from its end (shapes as in Ordered).
 class AllOrders {
+  using Key = std::pair<int, int>;  // (set of types placed, the type in front)
+
  public:
-  AllOrders(std::shared_ptr<Shapes> shapes, int types, std::vector<int> sum_last,
-            std::vector<std::vector<int>> sum_rest, std::vector<int> most_last, std::vector<std::vector<int>> most_rest,
+  AllOrders(std::shared_ptr<Shapes> shapes, int types, std::vector<int> last, std::vector<std::vector<int>> rest,
             int fronts, int tail_cap, int stage_cap, int layers, double least_rate)
       : shapes_(std::move(shapes)),
         types_(types),
-        sum_last_(std::move(sum_last)),
-        sum_rest_(std::move(sum_rest)),
-        most_last_(std::move(most_last)),
-        most_rest_(std::move(most_rest)),
+        last_(std::move(last)),
+        rest_(std::move(rest)),
         fronts_(fronts),
         tail_cap_(tail_cap),
         stage_cap_(stage_cap),
         layers_(layers),
         least_rate_(least_rate) {
-    const size_t chains = static_cast<size_t>(types) * (types + 1) * 2;
-    if (sum_last_.size() != chains || most_last_.size() != chains ||
-        sum_rest_.size() != static_cast<size_t>(2 * types) || most_rest_.size() != static_cast<size_t>(2 * types))
+    if (last_.size() != static_cast<size_t>(types) * (types + 1) * 2 || rest_.size() != static_cast<size_t>(2 * types))
       throw std::invalid_argument("heteroauto._dp.AllOrders: one last group per (type, front, starts) expected");
   }
 
@@ -404,63 +445,112 @@ class AllOrders {
     MostTable start(fronts_, stage_cap_ + 1);
     start.most[static_cast<size_t>(fronts_ - 1) * start.depth] = 0.0;
     auto place = [&](const MostTable& table, int id) { return place_most(table, shapes_->at(id, bound)); };
-    auto level = sweep(start, most_last_, most_rest_, place);
+    auto level = sweep<MostTable>(start, place, nullptr);
     double best = -kInf;
     for (auto& entry : level) best = std::max(best, entry.second.best());
     return best;
   }
 
   double least_sum(double bound, double cap) {
-    SumTable start(fronts_, tail_cap_ + 1, layers_ + 1);
-    const int first = (fronts_ - 1) * start.tails;
-    start.row(first)[0] = 0.0;
-    start.low[first] = start.high[first] = 0;
+    double best = kInf;
+    for (auto& entry : sum_sweep(bound, cap, nullptr)) best = std::min(best, entry.second.least_last());
+    return best;
+  }
+
+  // orders_dp.AllOrders.best_order: the types from the pipeline's front of an order whose least sum under M is
+  // the least, traced back through the sweep's tables (the same choices as the numpy trace)
+  std::vector<int> best_order(double bound, double cap) {
+    std::map<Key, std::vector<SumTable>> kept;
+    const auto level = sum_sweep(bound, cap, &kept);
+    const int full = (1 << types_) - 1;
+    int front = -1;
+    double least = kInf;
+    for (int t = 0; t < types_; ++t) {
+      auto found = level.find({full, t});
+      if (found != level.end() && found->second.least_last() < least) least = found->second.least_last(), front = t;
+    }
+    if (front < 0) throw std::runtime_error("orders dynamic programme: nothing fits under the bound");
+    const SumTable& final_table = level.at({full, front});
+    Cell cell{0, 0, layers_, kInf};
+    for (int r = 0; r < final_table.fronts * final_table.tails; ++r) {
+      const double* values = final_table.row(r);
+      const double value = values == nullptr ? kInf : values[layers_];
+      if (value < cell.value) cell = Cell{r / final_table.tails, r % final_table.tails, layers_, value};
+    }
+    const SumTable start = start_sum(fronts_, tail_cap_, layers_);
+    std::vector<int> order;
+    int mask = full;
+    while (mask) {
+      order.push_back(front);
+      const std::vector<SumTable>& stages = kept.at({mask, front});
+      const std::vector<int>& rest = rest_[static_cast<size_t>(front) * 2 + (mask == full)];
+      for (int i = static_cast<int>(stages.size()) - 2; i >= 0; --i)
+        if (!find_source(stages[i], shapes_->at(rest[i], bound), tail_cap_, cell))
+          throw std::runtime_error("orders dynamic programme: a type's groups do not reproduce the optimum");
+      const bool starts = mask == full;
+      mask ^= 1 << front;
+      bool traced = false;
+      for (int source = mask ? 0 : -1; source < (mask ? types_ : 0) && !traced; ++source) {
+        if (source >= 0 && !(mask >> source & 1)) continue;
+        const SumTable* table = &start;
+        if (source >= 0) {
+          auto found = kept.find({mask, source});
+          if (found == kept.end()) continue;
+          table = &found->second.back();
+        }
+        const int id = last_[(static_cast<size_t>(front) * (types_ + 1) + source + 1) * 2 + starts];
+        if (find_source(*table, shapes_->at(id, bound), tail_cap_, cell)) traced = true, front = source;
+      }
+      if (!traced) throw std::runtime_error("orders dynamic programme: no type reproduces the optimum");
+    }
+    return order;
+  }
+
+ private:
+  std::map<Key, SumTable> sum_sweep(double bound, double cap, std::map<Key, std::vector<SumTable>>* kept) {
     const Cap limit{cap, least_rate_, layers_};
     auto place = [&](const SumTable& table, int id) {
       SumTable result(fronts_, tail_cap_ + 1, layers_ + 1);
       place_sum(table, shapes_->at(id, bound), limit, tail_cap_, result);
       return result;
     };
-    auto level = sweep(start, sum_last_, sum_rest_, place);
-    double best = kInf;
-    for (auto& entry : level) best = std::min(best, entry.second.least_last());
-    return best;
+    return sweep<SumTable>(start_sum(fronts_, tail_cap_, layers_), place, kept);
   }
 
- private:
-  // orders_dp.AllOrders._sweep: tables after every (set, front type), by set size
+  // orders_dp.AllOrders._sweep: the tables after every (set, front type), by set size; kept (when given): per
+  // (set, type) the type's tables after its last group (merged over the types in front) and after each other one
   template <typename Table, typename Place>
-  std::map<std::pair<int, int>, Table> sweep(const Table& start, const std::vector<int>& last,
-                                             const std::vector<std::vector<int>>& rest, Place place) {
+  std::map<Key, Table> sweep(const Table& start, Place place, std::map<Key, std::vector<Table>>* kept) {
     const int full = (1 << types_) - 1;
-    std::map<std::pair<int, int>, Table> level;
-    level.emplace(std::make_pair(0, -1), start);
+    std::map<Key, Table> level;
+    level.emplace(Key{0, -1}, start);
     for (int step = 0; step < types_; ++step) {
-      std::map<std::pair<int, int>, Table> partial;
+      std::map<Key, Table> partial;
       for (auto& [key, table] : level) {
         const auto [mask, front] = key;
         if (!table.reachable()) continue;
         for (int t = 0; t < types_; ++t) {
           if (mask >> t & 1) continue;
           const int placed = mask | 1 << t;
-          const int id = last[(static_cast<size_t>(t) * (types_ + 1) + front + 1) * 2 + (placed == full)];
-          Table after = place(table, id);
+          Table after = place(table, last_[(static_cast<size_t>(t) * (types_ + 1) + front + 1) * 2 + (placed == full)]);
           auto found = partial.find({placed, t});
           if (found == partial.end())
-            partial.emplace(std::make_pair(placed, t), std::move(after));
+            partial.emplace(Key{placed, t}, std::move(after));
           else
             found->second.merge(after);
         }
       }
-      std::map<std::pair<int, int>, Table> next;
+      std::map<Key, Table> next;
       for (auto& [key, table] : partial) {
-        const auto [mask, t] = key;
-        table.drop_dominated();
         Table current = std::move(table);
-        for (int id : rest[static_cast<size_t>(t) * 2 + (mask == full)]) {
+        std::vector<Table>* stages = kept ? &(*kept)[key] : nullptr;
+        for (int id : rest_[static_cast<size_t>(key.second) * 2 + (key.first == full)]) {
           if (!current.reachable()) break;
-          current = place(current, id);
+          Table after = place(current, id);
+          if (stages) stages->push_back(std::move(current));
+          current = std::move(after);
         }
+        if (stages) stages->push_back(current);
         next.emplace(key, std::move(current));
       }
       level = std::move(next);
@@ -470,10 +560,8 @@ class AllOrders {
 
   std::shared_ptr<Shapes> shapes_;
   int types_;
-  std::vector<int> sum_last_;
-  std::vector<std::vector<int>> sum_rest_;
-  std::vector<int> most_last_;
-  std::vector<std::vector<int>> most_rest_;
+  std::vector<int> last_;
+  std::vector<std::vector<int>> rest_;
   int fronts_, tail_cap_, stage_cap_, layers_;
   double least_rate_;
 };
@@ -492,17 +580,17 @@ PYBIND11_MODULE(_dp, m) {
            py::arg("destination"), py::arg("pp"), py::arg("rate"), py::arg("ks"), py::arg("tails"))
       .def("steps", &Shapes::steps, "(hi, valid) of a shape's steps under a bound, as layer_dp.group_steps");
   py::class_<Ordered>(m, "Ordered")
-      .def(py::init<std::shared_ptr<Shapes>, std::vector<int>, std::vector<int>, int, int, int, int, double>(),
-           py::arg("shapes"), py::arg("sum_groups"), py::arg("most_groups"), py::arg("fronts"), py::arg("tail_cap"),
-           py::arg("stage_cap"), py::arg("layers"), py::arg("least_rate"))
+      .def(py::init<std::shared_ptr<Shapes>, std::vector<int>, int, int, int, int, double>(), py::arg("shapes"),
+           py::arg("groups"), py::arg("fronts"), py::arg("tail_cap"), py::arg("stage_cap"), py::arg("layers"),
+           py::arg("least_rate"))
       .def("most_layers", &Ordered::most_layers, py::arg("bound"))
       .def("least_sum", &Ordered::least_sum, py::arg("bound"), py::arg("cap"));
   py::class_<AllOrders>(m, "AllOrders")
-      .def(py::init<std::shared_ptr<Shapes>, int, std::vector<int>, std::vector<std::vector<int>>, std::vector<int>,
-                    std::vector<std::vector<int>>, int, int, int, int, double>(),
-           py::arg("shapes"), py::arg("types"), py::arg("sum_last"), py::arg("sum_rest"), py::arg("most_last"),
-           py::arg("most_rest"), py::arg("fronts"), py::arg("tail_cap"), py::arg("stage_cap"), py::arg("layers"),
-           py::arg("least_rate"))
+      .def(py::init<std::shared_ptr<Shapes>, int, std::vector<int>, std::vector<std::vector<int>>, int, int, int, int,
+                    double>(),
+           py::arg("shapes"), py::arg("types"), py::arg("last"), py::arg("rest"), py::arg("fronts"),
+           py::arg("tail_cap"), py::arg("stage_cap"), py::arg("layers"), py::arg("least_rate"))
       .def("most_layers", &AllOrders::most_layers, py::arg("bound"))
-      .def("least_sum", &AllOrders::least_sum, py::arg("bound"), py::arg("cap"));
+      .def("least_sum", &AllOrders::least_sum, py::arg("bound"), py::arg("cap"))
+      .def("best_order", &AllOrders::best_order, py::arg("bound"), py::arg("cap"));
 }
