@@ -141,6 +141,17 @@ class OrderedGroups:
     def feasible(self, bound: float) -> bool:
         return self.most_layers(bound) >= self.layers
 
+    def plan(self, bound: float, cap: float = INF) -> list[PlacedGroup]:
+        """The choices of the least sum under M (below cap), group by group from the pipeline's front: traced
+        in the C++ tables as rebuild traces the numpy ones."""
+        placed = []
+        for g, (pair, tail, layers) in enumerate(self.native().trace(bound, cap)):
+            steps = _cached_shape(self, g, self.stage_cap).steps
+            option = steps.options[int(steps.option_index[pair])]
+            allowances = _stage_allowances(self, g, option, int(steps.front[pair]), tail, bound)
+            placed.append(PlacedGroup(option=option, stage_layers=_spread(layers, allowances)))
+        return placed
+
     def native(self) -> _dp.Ordered:
         """The problem in C++: its groups' shapes from the end, at the most layers' tail cap (the sums read the
         first tail_cap + 1 tails of each: the same steps)."""

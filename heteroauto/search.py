@@ -222,6 +222,7 @@ class _Item:
     pending: list = field(default_factory=list)  # (lower bound, kind, key, least M, floor) of work not done yet
     problems: dict = field(default_factory=dict)  # ordered problems built so far
     shared: dict = field(default_factory=dict)  # group steps shared by those problems (layer_dp.group_steps)
+    cheapest_from: dict = field(default_factory=dict)  # (chip type, tp) -> Planner._cheapest_from
     bounded: bool = False
 
     def most_stages(self) -> int:
@@ -466,9 +467,12 @@ class Planner:
 
     def _cheapest_from(self, item: _Item, chip: ChipType, tp: int) -> float:
         """The cheapest transfer from a stage of `chip` at `tp` to a stage of any other type."""
-        return min(
-            self.send_s(chip, tp, other.chip, option.tp, item.dp) for name, groups in item.groups.items()
-            if name != chip.name for other in groups for option in item.options[(name, other.count)])
+        key = (chip.name, tp)
+        if key not in item.cheapest_from:
+            item.cheapest_from[key] = min(
+                self.send_s(chip, tp, other.chip, option.tp, item.dp) for name, groups in item.groups.items()
+                if name != chip.name for other in groups for option in item.options[(name, other.count)])
+        return item.cheapest_from[key]
 
     def _cheapest_crossing(self, item: _Item) -> float:
         """The cheapest transfer between stages of two different types."""
@@ -793,7 +797,7 @@ class _Search:
         value, bound, total = self.solve(problem, relaxed.least_sum, start=start, floor_sum=floor)
         if bound is None or value >= self.threshold():
             return
-        placed = layer_dp.rebuild(problem, layer_dp.sum_tables(problem, bound, _above(total)))
+        placed = problem.plan(bound, _above(total))
         self.offer(self._plan(item, groups, placed))
 
     def solve_every_order(self, item: _Item, orders: list[tuple[str, ...]], start: float, floor: float) -> None:
@@ -808,8 +812,7 @@ class _Search:
             """The plan of sum `total` under M: its order and choices traced in tables where only what can end
             below a cap just above it is kept (the same trace: every state that reproduces it is kept)."""
             exact, groups, _ = self.planner.ordered(item, problem.best_order(bound, _above(total)))
-            self.offer(
-                self._plan(item, groups, layer_dp.rebuild(exact, layer_dp.sum_tables(exact, bound, _above(total)))))
+            self.offer(self._plan(item, groups, exact.plan(bound, _above(total))))
 
         def relaxed_sum(bound: float, cap: float) -> float:
             return relaxed.least_sum(bound, cap - constant) + constant

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -342,8 +343,9 @@ struct Cell {
 };
 
 // layer_dp._find_source: the first source cell of `table` (pairs in order, then source tails, then the group's
-// layers, each ascending) from which one of the shape's steps reproduces the cell's value; false when none.
-bool find_source(const SumTable& table, const Shape& shape, int tail_cap, Cell& cell) {
+// layers, each ascending) from which one of the shape's steps reproduces the cell's value: the cell becomes it,
+// and its pair is returned (-1 when none).
+int find_source(const SumTable& table, const Shape& shape, int tail_cap, Cell& cell) {
   const double tolerance = 1e-9 * std::max(1.0, std::abs(cell.value));
   for (int p = 0; p < shape.pairs; ++p) {
     if (shape.destination[p] != cell.front) continue;
@@ -359,12 +361,12 @@ bool find_source(const SumTable& table, const Shape& shape, int tail_cap, Cell& 
         const double value = before[cell.layers - layers];
         if (std::abs(value + rate * layers + ks - cell.value) <= tolerance) {
           cell = Cell{source_front, t, cell.layers - layers, value};
-          return true;
+          return p;
         }
       }
     }
   }
-  return false;
+  return -1;
 }
 
 SumTable start_sum(int fronts, int tail_cap, int layers) {
@@ -401,18 +403,51 @@ class Ordered {
   }
 
   double least_sum(double bound, double cap) {
-    SumTable table = start_sum(fronts_, tail_cap_, layers_);
-    const Cap limit{cap, least_rate_, layers_};
-    for (int id : groups_) {
-      SumTable next(fronts_, tail_cap_ + 1, layers_ + 1);
-      place_sum(table, shapes_->at(id, bound), limit, tail_cap_, next);
-      table = std::move(next);
-      if (!table.reachable()) return kInf;
+    const std::vector<SumTable> tables = sums(bound, cap, false);
+    return tables.back().least_last();
+  }
+
+  // layer_dp.rebuild's trace: per group from the pipeline's front, (its step's pair, the stages behind it,
+  // its layers) of the least sum, traced back through the tables (the same choices as the numpy trace)
+  std::vector<std::tuple<int, int, int>> trace(double bound, double cap) {
+    const std::vector<SumTable> tables = sums(bound, cap, true);
+    const SumTable& final_table = tables.back();
+    if (tables.size() != groups_.size() + 1 || final_table.least_last() == kInf)
+      throw std::runtime_error("dynamic programme: nothing fits under the bound");
+    Cell cell{0, 0, layers_, kInf};
+    for (int r = 0; r < final_table.fronts * final_table.tails; ++r) {
+      const double* values = final_table.row(r);
+      const double value = values == nullptr ? kInf : values[layers_];
+      if (value < cell.value) cell = Cell{r / final_table.tails, r % final_table.tails, layers_, value};
     }
-    return table.least_last();
+    std::vector<std::tuple<int, int, int>> placed;
+    for (int s = static_cast<int>(groups_.size()) - 1; s >= 0; --s) {
+      const int layers = cell.layers;
+      const int pair = find_source(tables[s], shapes_->at(groups_[s], bound), tail_cap_, cell);
+      if (pair < 0) throw std::runtime_error("dynamic programme: no source state reproduces the optimum");
+      placed.emplace_back(pair, cell.tail, layers - cell.layers);
+    }
+    return placed;
   }
 
  private:
+  // the tables after each group from the end (all of them with keep, else the last), stopping once none is reachable
+  std::vector<SumTable> sums(double bound, double cap, bool keep) {
+    std::vector<SumTable> tables{start_sum(fronts_, tail_cap_, layers_)};
+    const Cap limit{cap, least_rate_, layers_};
+    for (int id : groups_) {
+      SumTable next(fronts_, tail_cap_ + 1, layers_ + 1);
+      place_sum(tables.back(), shapes_->at(id, bound), limit, tail_cap_, next);
+      const bool reachable = next.reachable();
+      if (keep)
+        tables.push_back(std::move(next));
+      else
+        tables.back() = std::move(next);
+      if (!reachable) break;
+    }
+    return tables;
+  }
+
   std::shared_ptr<Shapes> shapes_;
   std::vector<int> groups_;
   int fronts_, tail_cap_, stage_cap_, layers_;
@@ -485,7 +520,7 @@ class AllOrders {
       const std::vector<SumTable>& stages = kept.at({mask, front});
       const std::vector<int>& rest = rest_[static_cast<size_t>(front) * 2 + (mask == full)];
       for (int i = static_cast<int>(stages.size()) - 2; i >= 0; --i)
-        if (!find_source(stages[i], shapes_->at(rest[i], bound), tail_cap_, cell))
+        if (find_source(stages[i], shapes_->at(rest[i], bound), tail_cap_, cell) < 0)
           throw std::runtime_error("orders dynamic programme: a type's groups do not reproduce the optimum");
       const bool starts = mask == full;
       mask ^= 1 << front;
@@ -499,7 +534,7 @@ class AllOrders {
           table = &found->second.back();
         }
         const int id = last_[(static_cast<size_t>(front) * (types_ + 1) + source + 1) * 2 + starts];
-        if (find_source(*table, shapes_->at(id, bound), tail_cap_, cell)) traced = true, front = source;
+        if (find_source(*table, shapes_->at(id, bound), tail_cap_, cell) >= 0) traced = true, front = source;
       }
       if (!traced) throw std::runtime_error("orders dynamic programme: no type reproduces the optimum");
     }
@@ -584,7 +619,8 @@ PYBIND11_MODULE(_dp, m) {
            py::arg("groups"), py::arg("fronts"), py::arg("tail_cap"), py::arg("stage_cap"), py::arg("layers"),
            py::arg("least_rate"))
       .def("most_layers", &Ordered::most_layers, py::arg("bound"))
-      .def("least_sum", &Ordered::least_sum, py::arg("bound"), py::arg("cap"));
+      .def("least_sum", &Ordered::least_sum, py::arg("bound"), py::arg("cap"))
+      .def("trace", &Ordered::trace, py::arg("bound"), py::arg("cap"));
   py::class_<AllOrders>(m, "AllOrders")
       .def(py::init<std::shared_ptr<Shapes>, int, std::vector<int>, std::vector<std::vector<int>>, int, int, int, int,
                     double>(),
