@@ -829,7 +829,12 @@ def _bound_candidates(problem: OrderedGroups) -> np.ndarray:
 
 
 def candidates_of_pairs(pairs: np.ndarray, layers: int) -> np.ndarray:
-    """Every A * k + KW (k = 1..layers) of the (A, KW) pairs, sorted, each once."""
+    """Every A * k + KW (k = 1..layers) of the (A, KW) pairs, sorted, each once (in C++: _dp.candidates;
+    candidates_of_pairs_reference is the numpy one)."""
+    return _dp.candidates(pairs, layers)
+
+
+def candidates_of_pairs_reference(pairs: np.ndarray, layers: int) -> np.ndarray:
     pairs = np.unique(pairs, axis=0)
     counts = np.arange(1, layers + 1, dtype=float)
     values = (pairs[:, 1:2] + pairs[:, 0:1] * counts[None, :]).ravel()
@@ -838,21 +843,27 @@ def candidates_of_pairs(pairs: np.ndarray, layers: int) -> np.ndarray:
 
 def bound_pairs(problem: OrderedGroups) -> np.ndarray:
     """The (A, KW) of every stage kind the problem's groups can have (rows, possibly repeated)."""
-    b_minus_alpha = problem.micro_batches - problem.alpha
-    weights, fixed = [], []
-    last = len(problem.options) - 1
-    for g, options in enumerate(problem.options):
-        for option in options:
+    return np.concatenate([np.zeros((0, 2))] + [_group_bound_pairs(problem, g) for g in range(len(problem.options))])
+
+
+def _group_bound_pairs(problem: OrderedGroups, g: int) -> np.ndarray:
+    """bound_pairs of group g, made once per group key (problem.shared)."""
+    key = ("bound pairs", problem.group_key(g))
+    if key not in problem.shared:
+        b_minus_alpha = problem.micro_batches - problem.alpha
+        weights, fixed = [], []
+        for option in problem.options[g]:
             sends = [option.inner_send_s] + [s for (tp, _), s in problem.boundary_send_s[g].items() if tp == option.tp]
             ends = [(2 * send, 0.0) for send in sends]
-            if g == last:
+            if g == len(problem.options) - 1:
                 ends.append((option.last_extra_s, option.last_update_s))
             if g == 0 and problem.starts_pipeline:
                 ends += [(extra + option.first_extra_s, update + option.first_update_s) for extra, update in ends]
             for extra, update in ends:
                 weights.append(b_minus_alpha * option.compute_s + option.update_s)
                 fixed.append(b_minus_alpha * extra + update)
-    return np.array([weights, fixed]).T.reshape(-1, 2)
+        problem.shared[key] = np.array([weights, fixed]).T.reshape(-1, 2)
+    return problem.shared[key]
 
 
 # ---- rebuilding the plan ------------------------------------------------------------------------------

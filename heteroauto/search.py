@@ -454,6 +454,8 @@ class Planner:
             sends = {}
             for a in options[g]:
                 for b in options[g + 1]:
+                    if (a.tp, b.tp) in sends:
+                        continue  # the other recompute choice: the same transfer
                     if same_type or level in ("exact", "order"):
                         sends[(a.tp, b.tp)] = self.send_s(group.chip, a.tp, following.chip, b.tp, item.dp)
                     else:

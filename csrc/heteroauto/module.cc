@@ -601,12 +601,33 @@ class AllOrders {
   double least_rate_;
 };
 
+// layer_dp.candidates_of_pairs: every A * k + KW (k = 1..layers) of the (A, KW) rows, sorted, each once.
+py::array_t<double> candidates(const py::array_t<double, py::array::c_style | py::array::forcecast>& pairs,
+                               int layers) {
+  if (pairs.ndim() != 2 || pairs.shape(1) != 2) throw std::invalid_argument("candidates: (A, KW) rows expected");
+  std::vector<std::pair<double, double>> kinds;
+  for (py::ssize_t i = 0; i < pairs.shape(0); ++i) kinds.emplace_back(pairs.at(i, 0), pairs.at(i, 1));
+  std::sort(kinds.begin(), kinds.end());
+  kinds.erase(std::unique(kinds.begin(), kinds.end()), kinds.end());
+  std::vector<double> values;
+  values.reserve(kinds.size() * std::max(layers, 0));
+  for (const auto& [weight, fixed] : kinds)
+    for (int k = 1; k <= layers; ++k) values.push_back(fixed + weight * static_cast<double>(k));
+  std::sort(values.begin(), values.end());
+  values.erase(std::unique(values.begin(), values.end()), values.end());
+  py::array_t<double> result(static_cast<py::ssize_t>(values.size()));
+  std::copy(values.begin(), values.end(), result.mutable_data());
+  return result;
+}
+
 }  // namespace
 }  // namespace heteroauto
 
 PYBIND11_MODULE(_dp, m) {
   using namespace heteroauto;
   m.doc() = "The planner's dynamic programmes (heteroauto.layer_dp, heteroauto.orders_dp) in C++.";
+  m.def("candidates", &candidates, py::arg("pairs"), py::arg("layers"),
+        "Every A * k + KW (k = 1..layers) of the (A, KW) rows, sorted, each once (layer_dp.candidates_of_pairs)");
   py::class_<Shapes, std::shared_ptr<Shapes>>(m, "Shapes")
       .def(py::init<>())
       .def("add", &Shapes::add, py::arg("every_fixed"), py::arg("every_weight"), py::arg("every_free"),
