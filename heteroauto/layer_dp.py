@@ -145,10 +145,11 @@ class OrderedGroups:
         """The choices of the least sum under M (below cap), group by group from the pipeline's front: traced
         in the C++ tables as rebuild traces the numpy ones."""
         placed = []
+        shapes = native_registry(self)[0]
         for g, (pair, tail, layers) in enumerate(self.native().trace(bound, cap)):
-            steps = _cached_shape(self, g, self.stage_cap).steps
-            option = steps.options[int(steps.option_index[pair])]
-            allowances = _stage_allowances(self, g, option, int(steps.front[pair]), tail, bound)
+            option_index, front = shapes.pairs(native_shape(self, g, self.stage_cap))[:2]
+            option = self.options[g][int(option_index[pair])]
+            allowances = _stage_allowances(self, g, option, int(front[pair]), tail, bound)
             placed.append(PlacedGroup(option=option, stage_layers=_spread(layers, allowances)))
         return placed
 
@@ -350,24 +351,41 @@ def native_registry(problem: OrderedGroups) -> tuple[_dp.Shapes, dict]:
 
 
 def native_shape(problem: OrderedGroups, g: int, tail_cap: int, registry: tuple[_dp.Shapes, dict] | None = None) -> int:
-    """Id of group g's shape at tail_cap in a C++ registry (default: the problem's, native_registry), added
-    once: _dp computes its steps under a bound as _group_steps does."""
+    """Id of group g's shape at tail_cap in a C++ registry (default: the problem's, native_registry), made once
+    per group key from the group's options (_dp builds it as _shape does, and its steps under a bound as
+    _group_steps)."""
     shapes, ids = registry or native_registry(problem)
     key = (problem.group_key(g), tail_cap)
     if key not in ids:
-        shape = _cached_shape(problem, g, tail_cap)
-        steps, options = shape.steps, len(shape.weight)
-        has_first = shape.special is not None
-        ids[key] = shapes.add(
-            every_fixed=shape.every_fixed, every_weight=shape.every_weight, every_free=np.zeros(
-                len(shape.every_fixed), dtype=np.uint8)
-            if shape.every_free is None else shape.every_free.astype(np.uint8), has_first=has_first,
-            inner_caps=shape.inner_caps, far=shape.far, near=shape.near, has_inner=shape.has_inner.ravel().astype(
-                np.uint8), special=(shape.special.ravel() if has_first else np.zeros(options, dtype=bool)).astype(
-                    np.uint8), first_caps=shape.first_caps if has_first else np.zeros(0), edge_caps=shape.edge_caps,
-            option=steps.option_index, front=steps.front, destination=steps.destination, pp=steps.pp,
-            rate=steps.compute_s, ks=steps.ks, tails=tail_cap + 1)
+        options = problem.options[g]
+        if ("options", id(options)) not in ids:
+            ids[("options", id(options))] = _native_options(shapes, options)
+        last_group = g == len(problem.options) - 1
+        sends = problem.boundary_send_s[g]
+        ids[key] = shapes.make(
+            options=ids[("options", id(options))], tp_values=problem.tp_values,
+            sends=np.array([[sends.get((o.tp, tp), math.nan) for tp in problem.tp_values]
+                            for o in options]) if not last_group else np.zeros(
+                                (len(options), len(problem.tp_values))), first_group=g == 0 and problem.starts_pipeline,
+            last_group=last_group, monotone_next=problem.monotone_tp and problem.same_type_next[g],
+            relaxed=problem.relaxed, b_minus_alpha=float(problem.micro_batches - problem.alpha), tail_cap=tail_cap)
     return ids[key]
+
+
+def _native_options(shapes: _dp.Shapes, options: list[Option]) -> int:
+
+    def column(name: str) -> np.ndarray:
+        return np.array([getattr(o, name) for o in options], dtype=float)
+
+    def caps(kind: str) -> np.ndarray:
+        return np.array([getattr(o.caps, kind) for o in options], dtype=float).reshape(len(options), -1)
+
+    return shapes.options(tp=np.array([o.tp for o in options], dtype=np.int64), pp=np.array(
+        [o.pp for o in options],
+        dtype=np.int64), compute=column("compute_s"), update=column("update_s"), first_extra=column("first_extra_s"),
+                          first_update=column("first_update_s"), last_extra=column("last_extra_s"),
+                          last_update=column("last_update_s"), inner_send=column("inner_send_s"), middle=caps("middle"),
+                          first=caps("first"), last=caps("last"), both=caps("both"))
 
 
 def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) -> GroupSteps:

@@ -20,6 +20,7 @@ import numpy as np
 
 from h2.core.cluster import TrainingSpec
 from h2.core.model_config import ModelConfig
+from heteroauto import _dp
 from heteroauto.profiles import LayerProfile
 
 
@@ -99,14 +100,28 @@ def stage_caps(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, 
 def stage_caps_of_ends(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
                        in_flight: np.ndarray, ends: list[tuple[bool, bool]], capacity: float, limit: int) -> np.ndarray:
     """stage_caps of several (first, last) stage kinds at once, one row each: they differ only in the
-    fixed bytes (embedding, head), the per-layer bytes are the same."""
+    fixed bytes (embedding, head), the per-layer bytes are the same. The rounding in C++ (_dp.stage_caps: the
+    planner asks this for every option of every item); stage_caps_of_ends_reference is the numpy one."""
+    fixed, per_layer = _stage_kinds(model, training, layer, dp=dp, recompute=recompute, in_flight=in_flight, ends=ends)
+    return _dp.stage_caps(fixed.ravel(), per_layer.ravel(), float(capacity), float(limit))
+
+
+def _stage_kinds(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int, recompute: bool,
+                 in_flight: np.ndarray, ends: list[tuple[bool, bool]]) -> tuple[np.ndarray, np.ndarray]:
+    """(fixed bytes per kind (kinds, 1), bytes per layer per count in flight (1, counts))."""
     bases = [
         stage_memory_terms_at(model, training, layer, dp=dp, recompute=recompute, in_flight=0, first=first, last=last)
         for first, last in ends
     ]
     kept = layer.recompute_activation_bytes if recompute else layer.activation_bytes
     per_layer = (bases[0].per_layer + np.asarray(in_flight, dtype=np.int64) * kept)[None, :]
-    fixed = np.array([[base.fixed] for base in bases])
+    return np.array([[base.fixed] for base in bases]), per_layer
+
+
+def stage_caps_of_ends_reference(model: ModelConfig, training: TrainingSpec, layer: LayerProfile, *, dp: int,
+                                 recompute: bool, in_flight: np.ndarray, ends: list[tuple[bool, bool]], capacity: float,
+                                 limit: int) -> np.ndarray:
+    fixed, per_layer = _stage_kinds(model, training, layer, dp=dp, recompute=recompute, in_flight=in_flight, ends=ends)
     with np.errstate(divide="ignore", invalid="ignore"):
         layers = np.floor((capacity - fixed) / per_layer)
     layers = np.clip(np.nan_to_num(layers, nan=limit, posinf=limit, neginf=0), 0, limit)

@@ -106,46 +106,177 @@ struct Shape {
   }
 };
 
+using Doubles = py::array_t<double, py::array::c_style | py::array::forcecast>;
+using Ints = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+// One group's options as arrays (per option; caps: (options, distances), by distance from the pipeline's end).
+struct OptionArrays {
+  std::vector<int64_t> tp, pp;
+  std::vector<double> compute, update, first_extra, first_update, last_extra, last_update, inner_send;
+  std::vector<double> middle, first, last, both;
+  int count = 0, distances = 0;
+
+  const double* caps(bool is_first, bool is_last, int o) const {  // StageVariantCaps.of
+    const std::vector<double>& kind = is_first && is_last ? both : is_first ? first : is_last ? last : middle;
+    return kind.data() + static_cast<size_t>(o) * distances;
+  }
+};
+
+// layer_dp._ends: (S extra, update extra) of a stage: embedding if first, head if last, twice its send.
+std::pair<double, double> stage_ends(const OptionArrays& options, int o, bool is_first, bool is_last, double send) {
+  const double extra = (is_first ? options.first_extra[o] : 0.0) + (is_last ? options.last_extra[o] : 0.0) + 2 * send;
+  const double update = (is_first ? options.first_update[o] : 0.0) + (is_last ? options.last_update[o] : 0.0);
+  return {extra, update};
+}
+
+// layer_dp._shape and _cached_shape: group g's steps at tails 0..tail_cap, made from its options. sends:
+// (options, tp slices), the transfer from the option's last stage to a next group at that slice's tp (NaN: the
+// next group has no option at that tp); fronts: the tp slices (the last: nothing placed in front).
+std::unique_ptr<Shape> make_shape(const OptionArrays& options, const std::vector<int64_t>& tp_values,
+                                  const std::vector<double>& sends, bool first_group, bool last_group,
+                                  bool monotone_next, bool relaxed, double b_minus_alpha, int tail_cap) {
+  auto shape = std::make_unique<Shape>();
+  const int count = options.count, tails = tail_cap + 1, slices = static_cast<int>(tp_values.size());
+  shape->options = count;
+  shape->tails = tails;
+  shape->depth = options.distances;
+  std::vector<double> weight(count), inner_fixed(count), inner_ks(count), first_fixed(count), first_ks(count);
+  std::vector<int> far(count), near(count);
+  shape->has_first = false;
+  for (int o = 0; o < count; ++o) {
+    weight[o] = b_minus_alpha * options.compute[o] + options.update[o];
+    const int pp = static_cast<int>(options.pp[o]);
+    int positions_first = 2, positions_last = pp;  // inner stages at distances 2..pp
+    if (first_group && pp >= 2) {
+      --positions_last;
+      const auto [extra, update] = stage_ends(options, o, true, false, options.inner_send[o]);
+      first_fixed[o] = b_minus_alpha * extra + update;
+      first_ks[o] = extra;
+      shape->has_first = true;
+    } else {
+      first_fixed[o] = -kInf;
+      first_ks[o] = 0.0;
+    }
+    const int positions = std::max(0, positions_last - positions_first + 1);
+    far[o] = positions ? positions_last : 0;
+    near[o] = positions ? positions_first : 1;
+    inner_fixed[o] = b_minus_alpha * 2 * options.inner_send[o];
+    inner_ks[o] = static_cast<double>(positions * 2) * options.inner_send[o];
+  }
+  auto tail_at = [&](int t) { return relaxed ? 0 : t; };
+  std::vector<double> edge_fixed;
+  for (int o = 0; o < count; ++o) {
+    const bool edge_first = first_group && options.pp[o] == 1;
+    const int64_t destination = std::find(tp_values.begin(), tp_values.end(), options.tp[o]) - tp_values.begin();
+    for (int front = last_group ? slices : 0; front < (last_group ? slices + 1 : slices); ++front) {
+      double send = 0.0;
+      if (front < slices) {
+        if (monotone_next && options.tp[o] < tp_values[front]) continue;
+        send = sends[static_cast<size_t>(o) * slices + front];
+        if (std::isnan(send)) continue;  // the next group has no option at that tp
+      }
+      const bool is_last = front == slices;
+      const auto [extra, update] = stage_ends(options, o, edge_first, is_last, send);
+      shape->option.push_back(o);
+      shape->front.push_back(front);
+      shape->destination.push_back(destination);
+      shape->pp.push_back(options.pp[o]);
+      shape->rate.push_back(options.compute[o]);
+      shape->ks.push_back(inner_ks[o] + first_ks[o] + extra);
+      const double* caps = options.caps(edge_first, is_last, o);
+      for (int t = 0; t < tails; ++t) shape->edge_caps.push_back(caps[tail_at(t) + 1]);
+      edge_fixed.push_back(b_minus_alpha * extra + update);
+    }
+  }
+  shape->pairs = static_cast<int>(shape->pp.size());
+  shape->inner_caps = options.middle;
+  shape->has_inner.resize(count);
+  shape->special.assign(count, 0);
+  for (int o = 0; o < count; ++o) {
+    shape->has_inner[o] = far[o] > 0;
+    shape->special[o] = shape->has_first && std::isfinite(first_fixed[o]);
+    for (int t = 0; t < tails; ++t) {
+      const int64_t row = static_cast<int64_t>(o) * shape->depth + tail_at(t);
+      shape->far.push_back(row + far[o]);
+      shape->near.push_back(row + near[o] - 1);
+      if (shape->has_first)
+        shape->first_caps.push_back(
+            first_fixed[o] == -kInf
+                ? kInf
+                : options.first[static_cast<size_t>(o) * options.distances + tail_at(t) + options.pp[o]]);
+    }
+  }
+  // the allowances of the inner, first and edge stages in one pass (weights <= 0 as 1, marked free)
+  auto every = [&](const std::vector<double>& fixed, const std::vector<double>& weights) {
+    for (size_t i = 0; i < fixed.size(); ++i) {
+      shape->every_fixed.push_back(fixed[i]);
+      shape->every_free.push_back(weights[i] <= 0);
+      shape->every_weight.push_back(weights[i] <= 0 ? 1.0 : weights[i]);
+    }
+  };
+  every(inner_fixed, weight);
+  if (shape->has_first) every(first_fixed, weight);
+  std::vector<double> pair_weight;
+  for (int64_t o : shape->option) pair_weight.push_back(weight[o]);
+  every(edge_fixed, pair_weight);
+  return shape;
+}
+
 // Every shape of the problems that share one cache (layer_dp.OrderedGroups.shared).
 class Shapes {
  public:
-  int add(py::array_t<double> every_fixed, py::array_t<double> every_weight, py::array_t<uint8_t> every_free,
-          bool has_first, py::array_t<double> inner_caps, py::array_t<int64_t> far, py::array_t<int64_t> near,
-          py::array_t<uint8_t> has_inner, py::array_t<uint8_t> special, py::array_t<double> first_caps,
-          py::array_t<double> edge_caps, py::array_t<int64_t> option, py::array_t<int64_t> front,
-          py::array_t<int64_t> destination, py::array_t<int64_t> pp, py::array_t<double> rate, py::array_t<double> ks,
-          int tails) {
-    auto shape = std::make_unique<Shape>();
-    shape->every_fixed = copied<double>(every_fixed);
-    shape->every_weight = copied<double>(every_weight);
-    shape->every_free = copied<uint8_t>(every_free);
-    shape->has_first = has_first;
-    shape->inner_caps = copied<double>(inner_caps);
-    shape->options = static_cast<int>(has_inner.size());
-    shape->depth = shape->options ? static_cast<int>(inner_caps.size() / shape->options) : 0;
-    shape->far = copied<int64_t>(far);
-    shape->near = copied<int64_t>(near);
-    shape->has_inner = copied<uint8_t>(has_inner);
-    shape->special = copied<uint8_t>(special);
-    shape->first_caps = copied<double>(first_caps);
-    shape->edge_caps = copied<double>(edge_caps);
-    shape->option = copied<int64_t>(option);
-    shape->front = copied<int64_t>(front);
-    shape->destination = copied<int64_t>(destination);
-    shape->pp = copied<int64_t>(pp);
-    shape->rate = copied<double>(rate);
-    shape->ks = copied<double>(ks);
-    shape->pairs = static_cast<int>(shape->pp.size());
-    shape->tails = tails;
-    const size_t everything = shape->every_fixed.size();
-    if (shape->every_weight.size() != everything || shape->every_free.size() != everything ||
-        everything != static_cast<size_t>(shape->options * (has_first ? 2 : 1) + shape->pairs) ||
-        shape->edge_caps.size() != static_cast<size_t>(shape->pairs) * tails ||
-        shape->far.size() != static_cast<size_t>(shape->options) * tails ||
-        (has_first && shape->first_caps.size() != static_cast<size_t>(shape->options) * tails))
-      throw std::invalid_argument("heteroauto._dp.Shapes.add: inconsistent shape arrays");
-    shapes_.push_back(std::move(shape));
+  // the options of a group as arrays, once per option list (an id for make)
+  int options(Ints tp, Ints pp, Doubles compute, Doubles update, Doubles first_extra, Doubles first_update,
+              Doubles last_extra, Doubles last_update, Doubles inner_send, Doubles middle, Doubles first, Doubles last,
+              Doubles both) {
+    OptionArrays arrays;
+    arrays.tp = copied<int64_t>(tp);
+    arrays.pp = copied<int64_t>(pp);
+    arrays.compute = copied<double>(compute);
+    arrays.update = copied<double>(update);
+    arrays.first_extra = copied<double>(first_extra);
+    arrays.first_update = copied<double>(first_update);
+    arrays.last_extra = copied<double>(last_extra);
+    arrays.last_update = copied<double>(last_update);
+    arrays.inner_send = copied<double>(inner_send);
+    arrays.middle = copied<double>(middle);
+    arrays.first = copied<double>(first);
+    arrays.last = copied<double>(last);
+    arrays.both = copied<double>(both);
+    arrays.count = static_cast<int>(arrays.tp.size());
+    arrays.distances = arrays.count ? static_cast<int>(arrays.middle.size() / arrays.count) : 0;
+    for (const std::vector<double>* caps : {&arrays.middle, &arrays.first, &arrays.last, &arrays.both})
+      if (caps->size() != static_cast<size_t>(arrays.count) * arrays.distances)
+        throw std::invalid_argument("heteroauto._dp.Shapes.options: one row of caps per option expected");
+    options_.push_back(std::move(arrays));
+    return static_cast<int>(options_.size()) - 1;
+  }
+
+  // a group's shape (see make_shape); its id
+  int make(int options, const std::vector<int64_t>& tp_values, Doubles sends, bool first_group, bool last_group,
+           bool monotone_next, bool relaxed, double b_minus_alpha, int tail_cap) {
+    const OptionArrays& arrays = options_.at(options);
+    const std::vector<double> send = copied<double>(sends);
+    if (send.size() != static_cast<size_t>(arrays.count) * tp_values.size())
+      throw std::invalid_argument("heteroauto._dp.Shapes.make: one send per (option, tp slice) expected");
+    for (int o = 0; o < arrays.count; ++o) {
+      if (arrays.distances <= (relaxed ? 0 : tail_cap) + arrays.pp[o])
+        throw std::invalid_argument("heteroauto._dp.Shapes.make: caps shorter than the deepest stage");
+      if (std::find(tp_values.begin(), tp_values.end(), arrays.tp[o]) == tp_values.end())
+        throw std::invalid_argument("heteroauto._dp.Shapes.make: an option's tp is no tp slice");
+    }
+    shapes_.push_back(
+        make_shape(arrays, tp_values, send, first_group, last_group, monotone_next, relaxed, b_minus_alpha, tail_cap));
     return static_cast<int>(shapes_.size()) - 1;
+  }
+
+  // (option, front, destination, pp, rate, ks) per step of a shape, as layer_dp.GroupSteps holds them
+  py::tuple pairs(int id) const {
+    const Shape& shape = *shapes_.at(id);
+    auto ints = [](const std::vector<int64_t>& v) { return py::array_t<int64_t>(v.size(), v.data()); };
+    auto doubles = [](const std::vector<double>& v) { return py::array_t<double>(v.size(), v.data()); };
+    return py::make_tuple(ints(shape.option), ints(shape.front), ints(shape.destination), ints(shape.pp),
+                          doubles(shape.rate), doubles(shape.ks));
   }
 
   Shape& at(int id, double bound) {
@@ -164,6 +295,7 @@ class Shapes {
   }
 
  private:
+  std::vector<OptionArrays> options_;
   std::vector<std::unique_ptr<Shape>> shapes_;
 };
 
@@ -620,6 +752,36 @@ py::array_t<double> candidates(const py::array_t<double, py::array::c_style | py
   return result;
 }
 
+// memory.stage_caps_of_ends's rounding: per stage kind (its fixed bytes) and per count of micro-batches in flight
+// (the per-layer bytes), the most layers (0..limit) with fixed + layers * per_layer <= capacity, as numpy rounds.
+py::array_t<double> stage_caps(const py::array_t<double, py::array::c_style | py::array::forcecast>& fixed,
+                               const py::array_t<double, py::array::c_style | py::array::forcecast>& per_layer,
+                               double capacity, double limit) {
+  const py::ssize_t kinds = fixed.size(), counts = per_layer.size();
+  py::array_t<double> result({kinds, counts});
+  double* out = result.mutable_data();
+  for (py::ssize_t i = 0; i < kinds; ++i) {
+    const double base = fixed.data()[i];
+    for (py::ssize_t j = 0; j < counts; ++j) {
+      const double each = per_layer.data()[j];
+      double layers = std::floor((capacity - base) / each);
+      if (std::isnan(layers))
+        layers = limit;
+      else if (layers == kInf)
+        layers = limit;
+      else if (layers == -kInf)
+        layers = 0.0;
+      layers = std::min(std::max(layers, 0.0), limit);
+      for (int step = 0; step < 3; ++step) {  // land exactly where fixed + layers * per_layer stops fitting
+        if (layers > 0 && base + layers * each > capacity) layers -= 1;
+        if (layers < limit && base + (layers + 1) * each <= capacity) layers += 1;
+      }
+      out[i * counts + j] = base + each > capacity ? 0.0 : layers;
+    }
+  }
+  return result;
+}
+
 }  // namespace
 }  // namespace heteroauto
 
@@ -628,12 +790,17 @@ PYBIND11_MODULE(_dp, m) {
   m.doc() = "The planner's dynamic programmes (heteroauto.layer_dp, heteroauto.orders_dp) in C++.";
   m.def("candidates", &candidates, py::arg("pairs"), py::arg("layers"),
         "Every A * k + KW (k = 1..layers) of the (A, KW) rows, sorted, each once (layer_dp.candidates_of_pairs)");
+  m.def("stage_caps", &stage_caps, py::arg("fixed"), py::arg("per_layer"), py::arg("capacity"), py::arg("limit"),
+        "memory.stage_caps_of_ends's rounding: (kinds, counts) most layers per fixed and per-layer bytes");
   py::class_<Shapes, std::shared_ptr<Shapes>>(m, "Shapes")
       .def(py::init<>())
-      .def("add", &Shapes::add, py::arg("every_fixed"), py::arg("every_weight"), py::arg("every_free"),
-           py::arg("has_first"), py::arg("inner_caps"), py::arg("far"), py::arg("near"), py::arg("has_inner"),
-           py::arg("special"), py::arg("first_caps"), py::arg("edge_caps"), py::arg("option"), py::arg("front"),
-           py::arg("destination"), py::arg("pp"), py::arg("rate"), py::arg("ks"), py::arg("tails"))
+      .def("options", &Shapes::options, py::arg("tp"), py::arg("pp"), py::arg("compute"), py::arg("update"),
+           py::arg("first_extra"), py::arg("first_update"), py::arg("last_extra"), py::arg("last_update"),
+           py::arg("inner_send"), py::arg("middle"), py::arg("first"), py::arg("last"), py::arg("both"))
+      .def("make", &Shapes::make, py::arg("options"), py::arg("tp_values"), py::arg("sends"), py::arg("first_group"),
+           py::arg("last_group"), py::arg("monotone_next"), py::arg("relaxed"), py::arg("b_minus_alpha"),
+           py::arg("tail_cap"))
+      .def("pairs", &Shapes::pairs)
       .def("steps", &Shapes::steps, "(hi, valid) of a shape's steps under a bound, as layer_dp.group_steps");
   py::class_<Ordered>(m, "Ordered")
       .def(py::init<std::shared_ptr<Shapes>, std::vector<int>, int, int, int, int, double>(), py::arg("shapes"),
