@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
@@ -139,7 +140,6 @@ std::unique_ptr<Shape> make_shape(const OptionArrays& options, const std::vector
   const int count = options.count, tails = tail_cap + 1, slices = static_cast<int>(tp_values.size());
   shape->options = count;
   shape->tails = tails;
-  shape->depth = options.distances;
   std::vector<double> weight(count), inner_fixed(count), inner_ks(count), first_fixed(count), first_ks(count);
   std::vector<int> far(count), near(count);
   shape->has_first = false;
@@ -189,7 +189,14 @@ std::unique_ptr<Shape> make_shape(const OptionArrays& options, const std::vector
     }
   }
   shape->pairs = static_cast<int>(shape->pp.size());
-  shape->inner_caps = options.middle;
+  // the caps past the farthest inner stage at the deepest tail are never read: the running total stops there
+  const int farthest = far.empty() ? 0 : *std::max_element(far.begin(), far.end());
+  shape->depth = std::max(2, tail_at(tail_cap) + farthest + 1);
+  shape->depth = std::min(shape->depth, options.distances);
+  for (int o = 0; o < count; ++o) {
+    const double* caps = options.middle.data() + static_cast<size_t>(o) * options.distances;
+    shape->inner_caps.insert(shape->inner_caps.end(), caps, caps + shape->depth);
+  }
   shape->has_inner.resize(count);
   shape->special.assign(count, 0);
   for (int o = 0; o < count; ++o) {
@@ -328,15 +335,19 @@ struct MostTable {
 
 MostTable place_most(const MostTable& table, const Shape& shape) {
   MostTable result(table.fronts, table.depth);
+  std::vector<std::vector<int>> held(table.fronts);  // per front, the stages behind with a finite entry
+  for (int f = 0; f < table.fronts; ++f)
+    for (int t = 0; t < table.depth; ++t)
+      if (table.most[static_cast<size_t>(f) * table.depth + t] > -kInf) held[f].push_back(t);
   for (int p = 0; p < shape.pairs; ++p) {
     const int64_t pp = shape.pp[p];
     const size_t source = static_cast<size_t>(shape.front[p]) * table.depth;
     const size_t target = static_cast<size_t>(shape.destination[p]) * table.depth;
-    for (int t = 0; t + pp < table.depth && t < shape.tails; ++t) {
-      const double held = table.most[source + t];
-      if (held == -kInf || !shape.valid[static_cast<size_t>(p) * shape.tails + t]) continue;
+    for (int t : held[shape.front[p]]) {
+      if (t + pp >= table.depth || t >= shape.tails) break;
+      if (!shape.valid[static_cast<size_t>(p) * shape.tails + t]) continue;
       double& to = result.most[target + t + pp];
-      to = std::max(to, held + shape.hi[static_cast<size_t>(p) * shape.tails + t]);
+      to = std::max(to, table.most[source + t] + shape.hi[static_cast<size_t>(p) * shape.tails + t]);
     }
   }
   result.drop_dominated();
@@ -386,6 +397,16 @@ struct SumTable {
     while (low[r] <= high[r] && values[low[r]] == kInf) ++low[r];
     while (high[r] >= low[r] && values[high[r]] == kInf) --high[r];
     if (low[r] > high[r]) low[r] = width, high[r] = -1;
+  }
+  // every entry outside layer counts first..last cleared
+  void keep_columns(int first, int last) {
+    for (int r = 0; r < fronts * tails; ++r) {
+      if (low[r] > high[r]) continue;
+      double* values = row(r);
+      for (int x = low[r]; x <= high[r] && x < first; ++x) values[x] = kInf;
+      for (int x = std::max(low[r], last + 1); x <= high[r]; ++x) values[x] = kInf;
+      tighten(r);
+    }
   }
   // layer_dp._drop_dominated with np.minimum, per front and layer count over the stages behind
   void drop_dominated() {
@@ -612,7 +633,7 @@ class AllOrders {
     MostTable start(fronts_, stage_cap_ + 1);
     start.most[static_cast<size_t>(fronts_ - 1) * start.depth] = 0.0;
     auto place = [&](const MostTable& table, int id) { return place_most(table, shapes_->at(id, bound)); };
-    auto level = sweep<MostTable>(start, place, nullptr);
+    auto level = sweep<MostTable>(start, place, nullptr, [](int, int, MostTable&) {});
     double best = -kInf;
     for (auto& entry : level) best = std::max(best, entry.second.best());
     return best;
@@ -681,13 +702,67 @@ class AllOrders {
       place_sum(table, shapes_->at(id, bound), limit, tail_cap_, result);
       return result;
     };
-    return sweep<SumTable>(start_sum(fronts_, tail_cap_, layers_), place, kept);
+    const std::vector<std::vector<double>> most = layer_limits(bound);
+    auto trim = [&](int mask, int partial, SumTable& table) { trim_layers(most, mask, partial, table); };
+    return sweep<SumTable>(start_sum(fronts_, tail_cap_, layers_), place, kept, trim);
+  }
+
+  int groups_of(int t) const { return static_cast<int>(rest_[static_cast<size_t>(t) * 2].size()) + 1; }
+
+  // orders_dp.AllOrders._group_layer_limits: per type, per group (pipeline order), the most layers the group's
+  // stages admit under M in any order, position and front (a valid step's hi at any tail; -inf: none)
+  std::vector<std::vector<double>> layer_limits(double bound) {
+    std::vector<std::vector<double>> most(types_);
+    for (int t = 0; t < types_; ++t) {
+      const int count = groups_of(t);
+      most[t].assign(count, -kInf);
+      auto take = [&](int g, int id) {
+        const Shape& shape = shapes_->at(id, bound);
+        for (int p = 0; p < shape.pairs; ++p)
+          for (int tail = 0; tail <= tail_cap_ && tail < shape.tails; ++tail) {
+            const size_t at = static_cast<size_t>(p) * shape.tails + tail;
+            if (shape.valid[at]) most[t][g] = std::max(most[t][g], shape.hi[at]);
+          }
+      };
+      for (int starts = 0; starts < 2; ++starts) {
+        const std::vector<int>& rest = rest_[static_cast<size_t>(t) * 2 + starts];
+        for (size_t i = 0; i < rest.size(); ++i) take(count - 2 - static_cast<int>(i), rest[i]);
+        for (int front = -1; front < types_; ++front)
+          if (front != t) take(count - 1, last_[(static_cast<size_t>(t) * (types_ + 1) + front + 1) * 2 + starts]);
+      }
+    }
+    return most;
+  }
+
+  // orders_dp.AllOrders._layer_trim: clear the layer counts the groups still to place (every type outside the
+  // set, and the partial type's groups but its last) cannot complete to L, holding at least one layer each and at
+  // most what their stages admit under M
+  void trim_layers(const std::vector<std::vector<double>>& most, int mask, int partial, SumTable& table) const {
+    double most_ahead = 0.0;
+    int count_ahead = 0;
+    for (int t = 0; t < types_; ++t) {
+      if (mask >> t & 1) continue;
+      double sum = 0.0;
+      for (double held : most[t]) sum += held;
+      most_ahead += sum;
+      count_ahead += static_cast<int>(most[t].size());
+    }
+    if (partial >= 0) {
+      double sum = 0.0;
+      for (size_t g = 0; g + 1 < most[partial].size(); ++g) sum += most[partial][g];
+      most_ahead += sum;
+      count_ahead += static_cast<int>(most[partial].size()) - 1;
+    }
+    const double fewest = layers_ - most_ahead;  // layers placed below this cannot reach L
+    const int first = fewest > 0 ? static_cast<int>(std::ceil(std::min(fewest, layers_ + 1.0))) : 0;
+    table.keep_columns(first, layers_ - count_ahead);
   }
 
   // orders_dp.AllOrders._sweep: the tables after every (set, front type), by set size; kept (when given): per
-  // (set, type) the type's tables after its last group (merged over the types in front) and after each other one
-  template <typename Table, typename Place>
-  std::map<Key, Table> sweep(const Table& start, Place place, std::map<Key, std::vector<Table>>* kept) {
+  // (set, type) the type's tables after its last group (merged over the types in front) and after each other one;
+  // trim(set, type whose last group alone is placed or -1, table) clears what cannot finish
+  template <typename Table, typename Place, typename Trim>
+  std::map<Key, Table> sweep(const Table& start, Place place, std::map<Key, std::vector<Table>>* kept, Trim trim) {
     const int full = (1 << types_) - 1;
     std::map<Key, Table> level;
     level.emplace(Key{0, -1}, start);
@@ -709,6 +784,7 @@ class AllOrders {
       }
       std::map<Key, Table> next;
       for (auto& [key, table] : partial) {
+        trim(key.first, key.second, table);
         Table current = std::move(table);
         std::vector<Table>* stages = kept ? &(*kept)[key] : nullptr;
         for (int id : rest_[static_cast<size_t>(key.second) * 2 + (key.first == full)]) {
@@ -717,6 +793,7 @@ class AllOrders {
           if (stages) stages->push_back(std::move(current));
           current = std::move(after);
         }
+        trim(key.first, -1, current);
         if (stages) stages->push_back(current);
         next.emplace(key, std::move(current));
       }
@@ -733,6 +810,34 @@ class AllOrders {
   double least_rate_;
 };
 
+// Ascending, by a radix sort of the bits (ordered as the doubles are; no NaN): the candidates are ten thousand and
+// more values per problem, and std::sort took most of the time the search spent on them.
+void sort_doubles(std::vector<double>& values) {
+  constexpr int kBits = 11, kPasses = (64 + kBits - 1) / kBits;
+  constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
+  std::vector<uint64_t> keys(values.size()), other(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint64_t bits;
+    std::memcpy(&bits, &values[i], sizeof bits);
+    keys[i] = bits >> 63 ? ~bits : bits | uint64_t{1} << 63;
+  }
+  std::vector<size_t> counts(size_t{1} << kBits);
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = pass * kBits;
+    std::fill(counts.begin(), counts.end(), 0);
+    for (uint64_t key : keys) ++counts[key >> shift & kMask];
+    if (counts[keys.empty() ? 0 : keys[0] >> shift & kMask] == keys.size()) continue;  // one digit: in order
+    size_t total = 0;
+    for (size_t& count : counts) total += std::exchange(count, total);
+    for (uint64_t key : keys) other[counts[key >> shift & kMask]++] = key;
+    keys.swap(other);
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint64_t bits = keys[i] >> 63 ? keys[i] & ~(uint64_t{1} << 63) : ~keys[i];
+    std::memcpy(&values[i], &bits, sizeof bits);
+  }
+}
+
 // layer_dp.candidates_of_pairs: every A * k + KW (k = 1..layers) of the (A, KW) rows, sorted, each once.
 py::array_t<double> candidates(const py::array_t<double, py::array::c_style | py::array::forcecast>& pairs,
                                int layers) {
@@ -745,7 +850,7 @@ py::array_t<double> candidates(const py::array_t<double, py::array::c_style | py
   values.reserve(kinds.size() * std::max(layers, 0));
   for (const auto& [weight, fixed] : kinds)
     for (int k = 1; k <= layers; ++k) values.push_back(fixed + weight * static_cast<double>(k));
-  std::sort(values.begin(), values.end());
+  sort_doubles(values);
   values.erase(std::unique(values.begin(), values.end()), values.end());
   py::array_t<double> result(static_cast<py::ssize_t>(values.size()));
   std::copy(values.begin(), values.end(), result.mutable_data());
