@@ -286,6 +286,7 @@ class Shapes {
                           doubles(shape.rate), doubles(shape.ks));
   }
 
+  const Shape& get(int id) const { return *shapes_.at(id); }
   Shape& at(int id, double bound) {
     Shape& shape = *shapes_.at(id);
     shape.at(bound);
@@ -433,14 +434,45 @@ struct SumTable {
 };
 
 // Bounds under a cap: a state is dropped once its sum plus what the layers left add at least cannot end below.
+// rest (when given): per layer count placed, a lower bound on what the groups still to place add (else the layers
+// left at least_rate); the margin leaves room for rounding.
 struct Cap {
   double cap = kInf;
   double least_rate = 0.0;
   int layers = 0;
+  const std::vector<double>* rest = nullptr;
   bool prunes(double sum, int placed) const {
-    return cap < kInf && sum + static_cast<double>(layers - placed) * least_rate >= cap * (1 + 1e-12);
+    if (cap == kInf) return false;
+    const double ahead = rest ? (*rest)[placed] : static_cast<double>(layers - placed) * least_rate;
+    return sum + ahead >= cap * (1 + 1e-12);
   }
 };
+
+// orders_dp._least_fill: per layer count placed y, the least sum of rate * layers over groups holding layers - y
+// layers in all, one to room layers each (inf where no such split exists): one layer each, the rest to the
+// cheapest first.
+std::vector<double> least_fill(std::vector<std::pair<double, double>> groups, int layers) {  // (rate, room)
+  std::vector<double> result(layers + 1, kInf);
+  for (const auto& group : groups)
+    if (!(group.second >= 1)) return result;
+  std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  double base = 0.0, spare_room = 0.0;
+  for (const auto& [rate, room] : groups) base += rate, spare_room += room - 1;
+  const int count = static_cast<int>(groups.size());
+  for (int y = 0; y <= layers; ++y) {
+    const double spare = static_cast<double>(layers - y - count);
+    if (spare < 0 || spare > spare_room) continue;
+    double total = base, left = spare;
+    for (const auto& [rate, room] : groups) {
+      if (left <= 0) break;
+      const double taken = std::min(left, room - 1);
+      total += taken * rate;
+      left -= taken;
+    }
+    result[y] = total;
+  }
+  return result;
+}
 
 // One group placed (layer_dp.place_sums of one group): out[y] = min over x in [y - hi, y - pp] of
 // in[x] + rate * (y - x) + ks, computed as layer_dp does, min(in[x] - rate * x) + (rate * y + ks).
@@ -627,12 +659,29 @@ class AllOrders {
         least_rate_(least_rate) {
     if (last_.size() != static_cast<size_t>(types) * (types + 1) * 2 || rest_.size() != static_cast<size_t>(2 * types))
       throw std::invalid_argument("heteroauto._dp.AllOrders: one last group per (type, front, starts) expected");
+    // per type, per group (pipeline order), the least time of a layer in any of its steps
+    least_rates_.resize(types);
+    for (int t = 0; t < types; ++t) {
+      const int count = groups_of(t);
+      least_rates_[t].assign(count, kInf);
+      auto take = [&](int g, int id) {
+        for (double rate : shapes_->get(id).rate) least_rates_[t][g] = std::min(least_rates_[t][g], rate);
+      };
+      for (int starts = 0; starts < 2; ++starts) {
+        const std::vector<int>& rest = rest_[static_cast<size_t>(t) * 2 + starts];
+        for (size_t i = 0; i < rest.size(); ++i) take(count - 2 - static_cast<int>(i), rest[i]);
+        for (int front = -1; front < types; ++front)
+          if (front != t) take(count - 1, last_[(static_cast<size_t>(t) * (types + 1) + front + 1) * 2 + starts]);
+      }
+    }
   }
 
   double most_layers(double bound) {
     MostTable start(fronts_, stage_cap_ + 1);
     start.most[static_cast<size_t>(fronts_ - 1) * start.depth] = 0.0;
-    auto place = [&](const MostTable& table, int id) { return place_most(table, shapes_->at(id, bound)); };
+    auto place = [&](const MostTable& table, int id, int, int, int) {
+      return place_most(table, shapes_->at(id, bound));
+    };
     auto level = sweep<MostTable>(start, place, nullptr, [](int, int, MostTable&) {});
     double best = -kInf;
     for (auto& entry : level) best = std::max(best, entry.second.best());
@@ -697,14 +746,34 @@ class AllOrders {
  private:
   std::map<Key, SumTable> sum_sweep(double bound, double cap, std::map<Key, std::vector<SumTable>>* kept) {
     const Cap limit{cap, least_rate_, layers_};
-    auto place = [&](const SumTable& table, int id) {
+    const std::vector<std::vector<double>> most = layer_limits(bound);
+    std::map<std::tuple<int, int, int>, std::vector<double>> rests;
+    auto place = [&](const SumTable& table, int id, int mask, int t, int g) {
       SumTable result(fronts_, tail_cap_ + 1, layers_ + 1);
-      place_sum(table, shapes_->at(id, bound), limit, tail_cap_, result);
+      Cap bounded = limit;
+      if (cap < kInf) {
+        auto found = rests.find({mask, t, g});
+        if (found == rests.end())
+          found = rests.emplace(std::make_tuple(mask, t, g), least_rest(most, mask, t, g)).first;
+        bounded.rest = &found->second;
+      }
+      place_sum(table, shapes_->at(id, bound), bounded, tail_cap_, result);
       return result;
     };
-    const std::vector<std::vector<double>> most = layer_limits(bound);
     auto trim = [&](int mask, int partial, SumTable& table) { trim_layers(most, mask, partial, table); };
     return sweep<SumTable>(start_sum(fronts_, tail_cap_, layers_), place, kept, trim);
+  }
+
+  // orders_dp.AllOrders._least_rest: per layer count placed, a lower bound on what the groups still to place add
+  // once type t's group g is placed (t's groups before g and every type outside the set): at least one layer each,
+  // at most what it admits under M, each layer at the least rate of the group's steps
+  std::vector<double> least_rest(const std::vector<std::vector<double>>& most, int mask, int t, int g) const {
+    std::vector<std::pair<double, double>> groups;
+    for (int u = 0; u < types_; ++u)
+      if (!(mask >> u & 1))
+        for (int h = 0; h < groups_of(u); ++h) groups.emplace_back(least_rates_[u][h], most[u][h]);
+    for (int h = 0; h < g; ++h) groups.emplace_back(least_rates_[t][h], most[t][h]);
+    return least_fill(std::move(groups), layers_);
   }
 
   int groups_of(int t) const { return static_cast<int>(rest_[static_cast<size_t>(t) * 2].size()) + 1; }
@@ -774,7 +843,8 @@ class AllOrders {
         for (int t = 0; t < types_; ++t) {
           if (mask >> t & 1) continue;
           const int placed = mask | 1 << t;
-          Table after = place(table, last_[(static_cast<size_t>(t) * (types_ + 1) + front + 1) * 2 + (placed == full)]);
+          Table after = place(table, last_[(static_cast<size_t>(t) * (types_ + 1) + front + 1) * 2 + (placed == full)],
+                              placed, t, groups_of(t) - 1);
           auto found = partial.find({placed, t});
           if (found == partial.end())
             partial.emplace(Key{placed, t}, std::move(after));
@@ -787,9 +857,10 @@ class AllOrders {
         trim(key.first, key.second, table);
         Table current = std::move(table);
         std::vector<Table>* stages = kept ? &(*kept)[key] : nullptr;
-        for (int id : rest_[static_cast<size_t>(key.second) * 2 + (key.first == full)]) {
+        const std::vector<int>& rest = rest_[static_cast<size_t>(key.second) * 2 + (key.first == full)];
+        for (size_t i = 0; i < rest.size(); ++i) {
           if (!current.reachable()) break;
-          Table after = place(current, id);
+          Table after = place(current, rest[i], key.first, key.second, groups_of(key.second) - 2 - static_cast<int>(i));
           if (stages) stages->push_back(std::move(current));
           current = std::move(after);
         }
@@ -808,6 +879,7 @@ class AllOrders {
   std::vector<std::vector<int>> rest_;
   int fronts_, tail_cap_, stage_cap_, layers_;
   double least_rate_;
+  std::vector<std::vector<double>> least_rates_;
 };
 
 // Ascending, by a radix sort of the bits (ordered as the doubles are; no NaN): the candidates are ten thousand and
