@@ -17,7 +17,11 @@ M + alpha * sum(M), M ranging over the finitely many values A * k + KW a stage c
 (search.py) bounds which M it evaluates.
 
 `feasible` is the same recursion for "can the layers fit under M at all" (most layers coverable per
-(front tp, stages)), with no layer dimension. Pure Python + numpy; no torch, no search code above it.
+(front tp, stages)), with no layer dimension. What the search asks (OrderedGroups.least_sum, most_layers,
+feasible, plan) is one call each into the C++ extension heteroauto._dp, on the problem flattened once
+(native(): each group's shape, made in C++ from its options as _shape makes it, once per group key); the
+numpy functions here (sum_tables, most_layers, rebuild, group_steps, ...) are the reference the tests
+compare it against. No torch, no search code above it.
 """
 
 from __future__ import annotations

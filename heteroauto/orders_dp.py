@@ -10,8 +10,10 @@ only supplies the transfer and is not placed), sharing one set of tp slices. Und
 that the groups still to place cannot complete to L (at least one layer each, at most what their stages
 admit under M anywhere) are cleared after each type. The sum tables are kept by their reachable rows
 (layer_dp.Rows: about one row in a hundred), and each step's placements, every chain's at once, are one
-set of numpy calls (layer_dp.place_sums_rows, place_most_together). Pure Python + numpy; imports
-layer_dp only (no search code, no torch).
+set of numpy calls (layer_dp.place_sums_rows, place_most_together). What the search asks (least_sum,
+most_layers, feasible, best_order) is one call each into the C++ extension heteroauto._dp (native(): the
+chains' group shapes flattened once); the numpy sweep here (*_reference) is what the tests compare it
+against. Imports layer_dp and _dp only (no search code, no torch).
 """
 
 from __future__ import annotations
