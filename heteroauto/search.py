@@ -221,7 +221,7 @@ class _Item:
     quick_least: float = 0.0  # no M below this fits (Planner.quick_bound)
     pending: list = field(default_factory=list)  # (lower bound, kind, key, least M, floor) of work not done yet
     problems: dict = field(default_factory=dict)  # ordered problems built so far
-    shared: dict = field(default_factory=dict)  # group steps shared by those problems (layer_dp.group_steps)
+    shared: dict = field(default_factory=dict)  # group shapes shared by those problems (layer_dp.native_shape)
     cheapest_from: dict = field(default_factory=dict)  # (chip type, tp) -> Planner._cheapest_from
     bounded: bool = False
 
@@ -739,7 +739,7 @@ class _Search:
         """While nothing fits yet, how many of the layers the order's stages hold within memory at most."""
         if math.isfinite(self.threshold()):
             return
-        held = layer_dp.most_layers(self.planner.ordered(item, order)[0], math.inf)
+        held = self.planner.ordered(item, order)[0].most_layers(math.inf)
         if held >= 0:
             self.planner.infeasible.note_cover(
                 held / self.planner.model.num_layers,
@@ -781,7 +781,7 @@ class _Search:
                     highest = (self.threshold() - relaxed.alpha * floor) * (1 + 1e-12)
                     if highest >= least:
                         self.tick()
-                        floor = max(floor, layer_dp.sum_tables(relaxed, highest).best()[0] + constant)
+                        floor = max(floor, relaxed.least_sum(highest) + constant)
                         tighter = least + relaxed.alpha * floor
                 if math.isfinite(tighter):
                     item.pending.append((max(bound, tighter), "exact", key, least, floor))
