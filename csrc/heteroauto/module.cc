@@ -124,7 +124,7 @@ struct OptionArrays {
 };
 
 // layer_dp._ends: (S extra, update extra) of a stage: embedding if first, head if last, twice its send.
-std::pair<double, double> stage_ends(const OptionArrays& options, int o, bool is_first, bool is_last, double send) {
+std::pair<double, double> stageEnds(const OptionArrays& options, int o, bool is_first, bool is_last, double send) {
   const double extra = (is_first ? options.first_extra[o] : 0.0) + (is_last ? options.last_extra[o] : 0.0) + 2 * send;
   const double update = (is_first ? options.first_update[o] : 0.0) + (is_last ? options.last_update[o] : 0.0);
   return {extra, update};
@@ -133,9 +133,9 @@ std::pair<double, double> stage_ends(const OptionArrays& options, int o, bool is
 // layer_dp._shape and _cached_shape: group g's steps at tails 0..tail_cap, made from its options. sends:
 // (options, tp slices), the transfer from the option's last stage to a next group at that slice's tp (NaN: the
 // next group has no option at that tp); fronts: the tp slices (the last: nothing placed in front).
-std::unique_ptr<Shape> make_shape(const OptionArrays& options, const std::vector<int64_t>& tp_values,
-                                  const std::vector<double>& sends, bool first_group, bool last_group,
-                                  bool monotone_next, bool relaxed, double b_minus_alpha, int tail_cap) {
+std::unique_ptr<Shape> makeShape(const OptionArrays& options, const std::vector<int64_t>& tp_values,
+                                 const std::vector<double>& sends, bool first_group, bool last_group,
+                                 bool monotone_next, bool relaxed, double b_minus_alpha, int tail_cap) {
   auto shape = std::make_unique<Shape>();
   const int count = options.count, tails = tail_cap + 1, slices = static_cast<int>(tp_values.size());
   shape->options = count;
@@ -149,7 +149,7 @@ std::unique_ptr<Shape> make_shape(const OptionArrays& options, const std::vector
     int positions_first = 2, positions_last = pp;  // inner stages at distances 2..pp
     if (first_group && pp >= 2) {
       --positions_last;
-      const auto [extra, update] = stage_ends(options, o, true, false, options.inner_send[o]);
+      const auto [extra, update] = stageEnds(options, o, true, false, options.inner_send[o]);
       first_fixed[o] = b_minus_alpha * extra + update;
       first_ks[o] = extra;
       shape->has_first = true;
@@ -176,7 +176,7 @@ std::unique_ptr<Shape> make_shape(const OptionArrays& options, const std::vector
         if (std::isnan(send)) continue;  // the next group has no option at that tp
       }
       const bool is_last = front == slices;
-      const auto [extra, update] = stage_ends(options, o, edge_first, is_last, send);
+      const auto [extra, update] = stageEnds(options, o, edge_first, is_last, send);
       shape->option.push_back(o);
       shape->front.push_back(front);
       shape->destination.push_back(destination);
@@ -273,7 +273,7 @@ class Shapes {
         throw std::invalid_argument("heteroauto._dp.Shapes.make: an option's tp is no tp slice");
     }
     shapes_.push_back(
-        make_shape(arrays, tp_values, send, first_group, last_group, monotone_next, relaxed, b_minus_alpha, tail_cap));
+        makeShape(arrays, tp_values, send, first_group, last_group, monotone_next, relaxed, b_minus_alpha, tail_cap));
     return static_cast<int>(shapes_.size()) - 1;
   }
 
@@ -321,7 +321,7 @@ struct MostTable {
     for (size_t i = 0; i < most.size(); ++i) most[i] = std::max(most[i], other.most[i]);
   }
   // layer_dp._drop_dominated with np.maximum: an entry a fewer-stages-behind entry matches or beats is cleared
-  void drop_dominated() {
+  void dropDominated() {
     for (int f = 0; f < fronts; ++f) {
       double prior = -kInf;
       for (int t = 0; t < depth; ++t) {
@@ -334,7 +334,7 @@ struct MostTable {
   }
 };
 
-MostTable place_most(const MostTable& table, const Shape& shape) {
+MostTable placeMost(const MostTable& table, const Shape& shape) {
   MostTable result(table.fronts, table.depth);
   std::vector<std::vector<int>> held(table.fronts);  // per front, the stages behind with a finite entry
   for (int f = 0; f < table.fronts; ++f)
@@ -351,7 +351,7 @@ MostTable place_most(const MostTable& table, const Shape& shape) {
       to = std::max(to, table.most[source + t] + shape.hi[static_cast<size_t>(p) * shape.tails + t]);
     }
   }
-  result.drop_dominated();
+  result.dropDominated();
   return result;
 }
 
@@ -377,7 +377,7 @@ struct SumTable {
         if (row(r)[x] < kInf) return true;
     return false;
   }
-  double least_last() const {
+  double leastLast() const {
     double best = kInf;
     for (int r = 0; r < fronts * tails; ++r)
       if (high[r] == width - 1) best = std::min(best, row(r)[width - 1]);
@@ -400,7 +400,7 @@ struct SumTable {
     if (low[r] > high[r]) low[r] = width, high[r] = -1;
   }
   // every entry outside layer counts first..last cleared
-  void keep_columns(int first, int last) {
+  void keepColumns(int first, int last) {
     for (int r = 0; r < fronts * tails; ++r) {
       if (low[r] > high[r]) continue;
       double* values = row(r);
@@ -410,7 +410,7 @@ struct SumTable {
     }
   }
   // layer_dp._drop_dominated with np.minimum, per front and layer count over the stages behind
-  void drop_dominated() {
+  void dropDominated() {
     std::vector<double> prior(width);
     for (int f = 0; f < fronts; ++f) {
       std::fill(prior.begin(), prior.end(), kInf);
@@ -451,7 +451,7 @@ struct Cap {
 // orders_dp._least_fill: per layer count placed y, the least sum of rate * layers over groups holding layers - y
 // layers in all, one to room layers each (inf where no such split exists): one layer each, the rest to the
 // cheapest first.
-std::vector<double> least_fill(std::vector<std::pair<double, double>> groups, int layers) {  // (rate, room)
+std::vector<double> leastFill(std::vector<std::pair<double, double>> groups, int layers) {  // (rate, room)
   std::vector<double> result(layers + 1, kInf);
   for (const auto& group : groups)
     if (!(group.second >= 1)) return result;
@@ -476,7 +476,7 @@ std::vector<double> least_fill(std::vector<std::pair<double, double>> groups, in
 
 // One group placed (layer_dp.place_sums of one group): out[y] = min over x in [y - hi, y - pp] of
 // in[x] + rate * (y - x) + ks, computed as layer_dp does, min(in[x] - rate * x) + (rate * y + ks).
-void place_sum(const SumTable& table, const Shape& shape, const Cap& cap, int tail_cap, SumTable& result) {
+void placeSum(const SumTable& table, const Shape& shape, const Cap& cap, int tail_cap, SumTable& result) {
   const int width = table.width;
   std::vector<double> shifted(width);
   std::vector<int> window(width);
@@ -518,7 +518,7 @@ void place_sum(const SumTable& table, const Shape& shape, const Cap& cap, int ta
       }
     }
   }
-  result.drop_dominated();
+  result.dropDominated();
 }
 
 // A cell of a sum table: front slice, stages behind, layers placed, and its sum.
@@ -530,7 +530,7 @@ struct Cell {
 // layer_dp._find_source: the first source cell of `table` (pairs in order, then source tails, then the group's
 // layers, each ascending) from which one of the shape's steps reproduces the cell's value: the cell becomes it,
 // and its pair is returned (-1 when none).
-int find_source(const SumTable& table, const Shape& shape, int tail_cap, Cell& cell) {
+int findSource(const SumTable& table, const Shape& shape, int tail_cap, Cell& cell) {
   const double tolerance = 1e-9 * std::max(1.0, std::abs(cell.value));
   for (int p = 0; p < shape.pairs; ++p) {
     if (shape.destination[p] != cell.front) continue;
@@ -554,7 +554,7 @@ int find_source(const SumTable& table, const Shape& shape, int tail_cap, Cell& c
   return -1;
 }
 
-SumTable start_sum(int fronts, int tail_cap, int layers) {
+SumTable startSum(int fronts, int tail_cap, int layers) {
   SumTable table(fronts, tail_cap + 1, layers + 1);
   const int first = (fronts - 1) * table.tails;
   table.row(first)[0] = 0.0;
@@ -577,19 +577,19 @@ class Ordered {
         layers_(layers),
         least_rate_(least_rate) {}
 
-  double most_layers(double bound) {
+  double mostLayers(double bound) {
     MostTable table(fronts_, stage_cap_ + 1);
     table.most[static_cast<size_t>(fronts_ - 1) * table.depth] = 0.0;
     for (int id : groups_) {
-      table = place_most(table, shapes_->at(id, bound));
+      table = placeMost(table, shapes_->at(id, bound));
       if (!table.reachable()) break;
     }
     return table.best();
   }
 
-  double least_sum(double bound, double cap) {
+  double leastSum(double bound, double cap) {
     const std::vector<SumTable> tables = sums(bound, cap, false);
-    return tables.back().least_last();
+    return tables.back().leastLast();
   }
 
   // layer_dp.rebuild's trace: per group from the pipeline's front, (its step's pair, the stages behind it,
@@ -597,7 +597,7 @@ class Ordered {
   std::vector<std::tuple<int, int, int>> trace(double bound, double cap) {
     const std::vector<SumTable> tables = sums(bound, cap, true);
     const SumTable& final_table = tables.back();
-    if (tables.size() != groups_.size() + 1 || final_table.least_last() == kInf)
+    if (tables.size() != groups_.size() + 1 || final_table.leastLast() == kInf)
       throw std::runtime_error("dynamic programme: nothing fits under the bound");
     Cell cell{0, 0, layers_, kInf};
     for (int r = 0; r < final_table.fronts * final_table.tails; ++r) {
@@ -608,7 +608,7 @@ class Ordered {
     std::vector<std::tuple<int, int, int>> placed;
     for (int s = static_cast<int>(groups_.size()) - 1; s >= 0; --s) {
       const int layers = cell.layers;
-      const int pair = find_source(tables[s], shapes_->at(groups_[s], bound), tail_cap_, cell);
+      const int pair = findSource(tables[s], shapes_->at(groups_[s], bound), tail_cap_, cell);
       if (pair < 0) throw std::runtime_error("dynamic programme: no source state reproduces the optimum");
       placed.emplace_back(pair, cell.tail, layers - cell.layers);
     }
@@ -618,11 +618,11 @@ class Ordered {
  private:
   // the tables after each group from the end (all of them with keep, else the last), stopping once none is reachable
   std::vector<SumTable> sums(double bound, double cap, bool keep) {
-    std::vector<SumTable> tables{start_sum(fronts_, tail_cap_, layers_)};
+    std::vector<SumTable> tables{startSum(fronts_, tail_cap_, layers_)};
     const Cap limit{cap, least_rate_, layers_};
     for (int id : groups_) {
       SumTable next(fronts_, tail_cap_ + 1, layers_ + 1);
-      place_sum(tables.back(), shapes_->at(id, bound), limit, tail_cap_, next);
+      placeSum(tables.back(), shapes_->at(id, bound), limit, tail_cap_, next);
       const bool reachable = next.reachable();
       if (keep)
         tables.push_back(std::move(next));
@@ -662,7 +662,7 @@ class AllOrders {
     // per type, per group (pipeline order), the least time of a layer in any of its steps
     least_rates_.resize(types);
     for (int t = 0; t < types; ++t) {
-      const int count = groups_of(t);
+      const int count = groupsOf(t);
       least_rates_[t].assign(count, kInf);
       auto take = [&](int g, int id) {
         for (double rate : shapes_->get(id).rate) least_rates_[t][g] = std::min(least_rates_[t][g], rate);
@@ -676,11 +676,11 @@ class AllOrders {
     }
   }
 
-  double most_layers(double bound) {
+  double mostLayers(double bound) {
     MostTable start(fronts_, stage_cap_ + 1);
     start.most[static_cast<size_t>(fronts_ - 1) * start.depth] = 0.0;
     auto place = [&](const MostTable& table, int id, int, int, int) {
-      return place_most(table, shapes_->at(id, bound));
+      return placeMost(table, shapes_->at(id, bound));
     };
     auto level = sweep<MostTable>(start, place, nullptr, [](int, int, MostTable&) {});
     double best = -kInf;
@@ -688,23 +688,23 @@ class AllOrders {
     return best;
   }
 
-  double least_sum(double bound, double cap) {
+  double leastSum(double bound, double cap) {
     double best = kInf;
-    for (auto& entry : sum_sweep(bound, cap, nullptr)) best = std::min(best, entry.second.least_last());
+    for (auto& entry : sumSweep(bound, cap, nullptr)) best = std::min(best, entry.second.leastLast());
     return best;
   }
 
   // orders_dp.AllOrders.best_order: the types from the pipeline's front of an order whose least sum under M is
   // the least, traced back through the sweep's tables (the same choices as the numpy trace)
-  std::vector<int> best_order(double bound, double cap) {
+  std::vector<int> bestOrder(double bound, double cap) {
     std::map<Key, std::vector<SumTable>> kept;
-    const auto level = sum_sweep(bound, cap, &kept);
+    const auto level = sumSweep(bound, cap, &kept);
     const int full = (1 << types_) - 1;
     int front = -1;
     double least = kInf;
     for (int t = 0; t < types_; ++t) {
       auto found = level.find({full, t});
-      if (found != level.end() && found->second.least_last() < least) least = found->second.least_last(), front = t;
+      if (found != level.end() && found->second.leastLast() < least) least = found->second.leastLast(), front = t;
     }
     if (front < 0) throw std::runtime_error("orders dynamic programme: nothing fits under the bound");
     const SumTable& final_table = level.at({full, front});
@@ -714,7 +714,7 @@ class AllOrders {
       const double value = values == nullptr ? kInf : values[layers_];
       if (value < cell.value) cell = Cell{r / final_table.tails, r % final_table.tails, layers_, value};
     }
-    const SumTable start = start_sum(fronts_, tail_cap_, layers_);
+    const SumTable start = startSum(fronts_, tail_cap_, layers_);
     std::vector<int> order;
     int mask = full;
     while (mask) {
@@ -722,7 +722,7 @@ class AllOrders {
       const std::vector<SumTable>& stages = kept.at({mask, front});
       const std::vector<int>& rest = rest_[static_cast<size_t>(front) * 2 + (mask == full)];
       for (int i = static_cast<int>(stages.size()) - 2; i >= 0; --i)
-        if (find_source(stages[i], shapes_->at(rest[i], bound), tail_cap_, cell) < 0)
+        if (findSource(stages[i], shapes_->at(rest[i], bound), tail_cap_, cell) < 0)
           throw std::runtime_error("orders dynamic programme: a type's groups do not reproduce the optimum");
       const bool starts = mask == full;
       mask ^= 1 << front;
@@ -736,7 +736,7 @@ class AllOrders {
           table = &found->second.back();
         }
         const int id = last_[(static_cast<size_t>(front) * (types_ + 1) + source + 1) * 2 + starts];
-        if (find_source(*table, shapes_->at(id, bound), tail_cap_, cell) >= 0) traced = true, front = source;
+        if (findSource(*table, shapes_->at(id, bound), tail_cap_, cell) >= 0) traced = true, front = source;
       }
       if (!traced) throw std::runtime_error("orders dynamic programme: no type reproduces the optimum");
     }
@@ -744,46 +744,45 @@ class AllOrders {
   }
 
  private:
-  std::map<Key, SumTable> sum_sweep(double bound, double cap, std::map<Key, std::vector<SumTable>>* kept) {
+  std::map<Key, SumTable> sumSweep(double bound, double cap, std::map<Key, std::vector<SumTable>>* kept) {
     const Cap limit{cap, least_rate_, layers_};
-    const std::vector<std::vector<double>> most = layer_limits(bound);
+    const std::vector<std::vector<double>> most = layerLimits(bound);
     std::map<std::tuple<int, int, int>, std::vector<double>> rests;
     auto place = [&](const SumTable& table, int id, int mask, int t, int g) {
       SumTable result(fronts_, tail_cap_ + 1, layers_ + 1);
       Cap bounded = limit;
       if (cap < kInf) {
         auto found = rests.find({mask, t, g});
-        if (found == rests.end())
-          found = rests.emplace(std::make_tuple(mask, t, g), least_rest(most, mask, t, g)).first;
+        if (found == rests.end()) found = rests.emplace(std::make_tuple(mask, t, g), leastRest(most, mask, t, g)).first;
         bounded.rest = &found->second;
       }
-      place_sum(table, shapes_->at(id, bound), bounded, tail_cap_, result);
+      placeSum(table, shapes_->at(id, bound), bounded, tail_cap_, result);
       return result;
     };
-    auto trim = [&](int mask, int partial, SumTable& table) { trim_layers(most, mask, partial, table); };
-    return sweep<SumTable>(start_sum(fronts_, tail_cap_, layers_), place, kept, trim);
+    auto trim = [&](int mask, int partial, SumTable& table) { trimLayers(most, mask, partial, table); };
+    return sweep<SumTable>(startSum(fronts_, tail_cap_, layers_), place, kept, trim);
   }
 
   // orders_dp.AllOrders._least_rest: per layer count placed, a lower bound on what the groups still to place add
   // once type t's group g is placed (t's groups before g and every type outside the set): at least one layer each,
   // at most what it admits under M, each layer at the least rate of the group's steps
-  std::vector<double> least_rest(const std::vector<std::vector<double>>& most, int mask, int t, int g) const {
+  std::vector<double> leastRest(const std::vector<std::vector<double>>& most, int mask, int t, int g) const {
     std::vector<std::pair<double, double>> groups;
     for (int u = 0; u < types_; ++u)
       if (!(mask >> u & 1))
-        for (int h = 0; h < groups_of(u); ++h) groups.emplace_back(least_rates_[u][h], most[u][h]);
+        for (int h = 0; h < groupsOf(u); ++h) groups.emplace_back(least_rates_[u][h], most[u][h]);
     for (int h = 0; h < g; ++h) groups.emplace_back(least_rates_[t][h], most[t][h]);
-    return least_fill(std::move(groups), layers_);
+    return leastFill(std::move(groups), layers_);
   }
 
-  int groups_of(int t) const { return static_cast<int>(rest_[static_cast<size_t>(t) * 2].size()) + 1; }
+  int groupsOf(int t) const { return static_cast<int>(rest_[static_cast<size_t>(t) * 2].size()) + 1; }
 
   // orders_dp.AllOrders._group_layer_limits: per type, per group (pipeline order), the most layers the group's
   // stages admit under M in any order, position and front (a valid step's hi at any tail; -inf: none)
-  std::vector<std::vector<double>> layer_limits(double bound) {
+  std::vector<std::vector<double>> layerLimits(double bound) {
     std::vector<std::vector<double>> most(types_);
     for (int t = 0; t < types_; ++t) {
-      const int count = groups_of(t);
+      const int count = groupsOf(t);
       most[t].assign(count, -kInf);
       auto take = [&](int g, int id) {
         const Shape& shape = shapes_->at(id, bound);
@@ -806,7 +805,7 @@ class AllOrders {
   // orders_dp.AllOrders._layer_trim: clear the layer counts the groups still to place (every type outside the
   // set, and the partial type's groups but its last) cannot complete to L, holding at least one layer each and at
   // most what their stages admit under M
-  void trim_layers(const std::vector<std::vector<double>>& most, int mask, int partial, SumTable& table) const {
+  void trimLayers(const std::vector<std::vector<double>>& most, int mask, int partial, SumTable& table) const {
     double most_ahead = 0.0;
     int count_ahead = 0;
     for (int t = 0; t < types_; ++t) {
@@ -824,7 +823,7 @@ class AllOrders {
     }
     const double fewest = layers_ - most_ahead;  // layers placed below this cannot reach L
     const int first = fewest > 0 ? static_cast<int>(std::ceil(std::min(fewest, layers_ + 1.0))) : 0;
-    table.keep_columns(first, layers_ - count_ahead);
+    table.keepColumns(first, layers_ - count_ahead);
   }
 
   // orders_dp.AllOrders._sweep: the tables after every (set, front type), by set size; kept (when given): per
@@ -844,7 +843,7 @@ class AllOrders {
           if (mask >> t & 1) continue;
           const int placed = mask | 1 << t;
           Table after = place(table, last_[(static_cast<size_t>(t) * (types_ + 1) + front + 1) * 2 + (placed == full)],
-                              placed, t, groups_of(t) - 1);
+                              placed, t, groupsOf(t) - 1);
           auto found = partial.find({placed, t});
           if (found == partial.end())
             partial.emplace(Key{placed, t}, std::move(after));
@@ -860,7 +859,7 @@ class AllOrders {
         const std::vector<int>& rest = rest_[static_cast<size_t>(key.second) * 2 + (key.first == full)];
         for (size_t i = 0; i < rest.size(); ++i) {
           if (!current.reachable()) break;
-          Table after = place(current, rest[i], key.first, key.second, groups_of(key.second) - 2 - static_cast<int>(i));
+          Table after = place(current, rest[i], key.first, key.second, groupsOf(key.second) - 2 - static_cast<int>(i));
           if (stages) stages->push_back(std::move(current));
           current = std::move(after);
         }
@@ -884,7 +883,7 @@ class AllOrders {
 
 // Ascending, by a radix sort of the bits (ordered as the doubles are; no NaN): the candidates are ten thousand and
 // more values per problem, and std::sort took most of the time the search spent on them.
-void sort_doubles(std::vector<double>& values) {
+void sortDoubles(std::vector<double>& values) {
   constexpr int kBits = 11, kPasses = (64 + kBits - 1) / kBits;
   constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
   std::vector<uint64_t> keys(values.size()), other(values.size());
@@ -922,7 +921,7 @@ py::array_t<double> candidates(const py::array_t<double, py::array::c_style | py
   values.reserve(kinds.size() * std::max(layers, 0));
   for (const auto& [weight, fixed] : kinds)
     for (int k = 1; k <= layers; ++k) values.push_back(fixed + weight * static_cast<double>(k));
-  sort_doubles(values);
+  sortDoubles(values);
   values.erase(std::unique(values.begin(), values.end()), values.end());
   py::array_t<double> result(static_cast<py::ssize_t>(values.size()));
   std::copy(values.begin(), values.end(), result.mutable_data());
@@ -931,9 +930,9 @@ py::array_t<double> candidates(const py::array_t<double, py::array::c_style | py
 
 // memory.stage_caps_of_ends's rounding: per stage kind (its fixed bytes) and per count of micro-batches in flight
 // (the per-layer bytes), the most layers (0..limit) with fixed + layers * per_layer <= capacity, as numpy rounds.
-py::array_t<double> stage_caps(const py::array_t<double, py::array::c_style | py::array::forcecast>& fixed,
-                               const py::array_t<double, py::array::c_style | py::array::forcecast>& per_layer,
-                               double capacity, double limit) {
+py::array_t<double> stageCaps(const py::array_t<double, py::array::c_style | py::array::forcecast>& fixed,
+                              const py::array_t<double, py::array::c_style | py::array::forcecast>& per_layer,
+                              double capacity, double limit) {
   const py::ssize_t kinds = fixed.size(), counts = per_layer.size();
   py::array_t<double> result({kinds, counts});
   double* out = result.mutable_data();
@@ -967,7 +966,7 @@ PYBIND11_MODULE(_dp, m) {
   m.doc() = "The planner's dynamic programmes (heteroauto.layer_dp, heteroauto.orders_dp) in C++.";
   m.def("candidates", &candidates, py::arg("pairs"), py::arg("layers"),
         "Every A * k + KW (k = 1..layers) of the (A, KW) rows, sorted, each once (layer_dp.candidates_of_pairs)");
-  m.def("stage_caps", &stage_caps, py::arg("fixed"), py::arg("per_layer"), py::arg("capacity"), py::arg("limit"),
+  m.def("stage_caps", &stageCaps, py::arg("fixed"), py::arg("per_layer"), py::arg("capacity"), py::arg("limit"),
         "memory.stage_caps_of_ends's rounding: (kinds, counts) most layers per fixed and per-layer bytes");
   py::class_<Shapes, std::shared_ptr<Shapes>>(m, "Shapes")
       .def(py::init<>())
@@ -983,15 +982,15 @@ PYBIND11_MODULE(_dp, m) {
       .def(py::init<std::shared_ptr<Shapes>, std::vector<int>, int, int, int, int, double>(), py::arg("shapes"),
            py::arg("groups"), py::arg("fronts"), py::arg("tail_cap"), py::arg("stage_cap"), py::arg("layers"),
            py::arg("least_rate"))
-      .def("most_layers", &Ordered::most_layers, py::arg("bound"))
-      .def("least_sum", &Ordered::least_sum, py::arg("bound"), py::arg("cap"))
+      .def("most_layers", &Ordered::mostLayers, py::arg("bound"))
+      .def("least_sum", &Ordered::leastSum, py::arg("bound"), py::arg("cap"))
       .def("trace", &Ordered::trace, py::arg("bound"), py::arg("cap"));
   py::class_<AllOrders>(m, "AllOrders")
       .def(py::init<std::shared_ptr<Shapes>, int, std::vector<int>, std::vector<std::vector<int>>, int, int, int, int,
                     double>(),
            py::arg("shapes"), py::arg("types"), py::arg("last"), py::arg("rest"), py::arg("fronts"),
            py::arg("tail_cap"), py::arg("stage_cap"), py::arg("layers"), py::arg("least_rate"))
-      .def("most_layers", &AllOrders::most_layers, py::arg("bound"))
-      .def("least_sum", &AllOrders::least_sum, py::arg("bound"), py::arg("cap"))
-      .def("best_order", &AllOrders::best_order, py::arg("bound"), py::arg("cap"));
+      .def("most_layers", &AllOrders::mostLayers, py::arg("bound"))
+      .def("least_sum", &AllOrders::leastSum, py::arg("bound"), py::arg("cap"))
+      .def("best_order", &AllOrders::bestOrder, py::arg("bound"), py::arg("cap"));
 }
