@@ -15,6 +15,10 @@ sharing cross-site links, critical-path bounds), division (memory-aware layers p
 strategy and schedule formats are h2.core's; measuring a chip is the runtime's (heteropp.profiling, run by
 h2.launch.profiling_job).
 
+The search's dynamic programmes (layer_dp, orders_dp) run in the C++ extension heteroauto._dp
+(csrc/heteroauto, pybind11, no torch), which memory also uses for its caps' rounding; their numpy code
+stays as the reference the tests compare it against.
+
 Reasons about numbers only: imports h2.core and nothing else of the project (networkx for the Zorse
 planner's min-cut), and never torch.
 """

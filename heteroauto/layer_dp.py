@@ -17,7 +17,11 @@ M + alpha * sum(M), M ranging over the finitely many values A * k + KW a stage c
 (search.py) bounds which M it evaluates.
 
 `feasible` is the same recursion for "can the layers fit under M at all" (most layers coverable per
-(front tp, stages)), with no layer dimension. Pure Python + numpy; no torch, no search code above it.
+(front tp, stages)), with no layer dimension. What the search asks (OrderedGroups.least_sum, most_layers,
+feasible, plan) is one call each into the C++ extension heteroauto._dp, on the problem flattened once
+(native(): each group's shape, made in C++ from its options as _shape makes it, once per group key); the
+numpy functions here (sum_tables, most_layers, rebuild, group_steps, ...) are the reference the tests
+compare it against. No torch, no search code above it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+
+from heteroauto import _dp
 
 INF = float("inf")
 _ROUND = 1e-12  # relative slack so a bound M equal to a stage weight admits that weight
@@ -103,6 +109,7 @@ class OrderedGroups:
         self.tail_cap = 0 if self.relaxed else min(self.micro_batches, self.stage_cap)
         self._group_keys: list | None = None
         self.candidates: np.ndarray | None = None
+        self._native: _dp.Ordered | None = None
 
     @property
     def fronts(self) -> int:
@@ -124,14 +131,43 @@ class OrderedGroups:
                                 for g, options in enumerate(self.options)]
         return self._group_keys[g]
 
-    # what the search asks of a problem (orders_dp.AllOrders answers the same for every order at once)
+    # what the search asks of a problem (orders_dp.AllOrders answers the same for every order at once): one
+    # C++ call each (_dp), on the problem flattened once; sum_tables and most_layers below are the numpy
+    # reference they are tested against (and what rebuild traces the plan in)
     def least_sum(self, bound: float, cap: float = INF) -> float:
         """The least sum under bound M; a value >= cap means only 'not below cap' (see place_sums)."""
-        least_rate = min(o.compute_s for options in self.options for o in options)
-        return sum_tables(self, bound, cap, least_rate).best()[0]
+        return self.native().least_sum(bound, cap)
+
+    def most_layers(self, bound: float) -> float:
+        """As most_layers(self, bound)."""
+        return self.native().most_layers(bound)
 
     def feasible(self, bound: float) -> bool:
-        return feasible(self, bound)
+        return self.most_layers(bound) >= self.layers
+
+    def plan(self, bound: float, cap: float = INF) -> list[PlacedGroup]:
+        """The choices of the least sum under M (below cap), group by group from the pipeline's front: traced
+        in the C++ tables as rebuild traces the numpy ones."""
+        placed = []
+        shapes = native_registry(self)[0]
+        for g, (pair, tail, layers) in enumerate(self.native().trace(bound, cap)):
+            option_index, front = shapes.pairs(native_shape(self, g, self.stage_cap))[:2]
+            option = self.options[g][int(option_index[pair])]
+            allowances = _stage_allowances(self, g, option, int(front[pair]), tail, bound)
+            placed.append(PlacedGroup(option=option, stage_layers=_spread(layers, allowances)))
+        return placed
+
+    def native(self) -> _dp.Ordered:
+        """The problem in C++: its groups' shapes from the end, at the most layers' tail cap (the sums read the
+        first tail_cap + 1 tails of each: the same steps)."""
+        if self._native is None:
+            least_rate = min(o.compute_s for options in self.options for o in options)
+            self._native = _dp.Ordered(
+                shapes=native_registry(self)[0], groups=[
+                    native_shape(self, g, self.stage_cap) for g in range(len(self.options) - 1, -1, -1)
+                ], fronts=self.fronts, tail_cap=self.tail_cap, stage_cap=self.stage_cap, layers=self.layers,
+                least_rate=least_rate)
+        return self._native
 
     def bound_values(self) -> np.ndarray:
         return bound_candidates(self)
@@ -295,7 +331,8 @@ def group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int | No
     return known[1]
 
 
-def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) -> GroupSteps:
+def _cached_shape(problem: OrderedGroups, g: int, tail_cap: int) -> _GroupShape:
+    """Group g's shape at tail_cap, made once per group key (problem.shared)."""
     key = ("shape", problem.group_key(g), tail_cap)
     shape = problem.shared.get(key)
     if shape is None:
@@ -309,6 +346,54 @@ def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) ->
         shape.near = rows + tails[None, :] + shape.inner_near[:, None] - 1
         shape.has_inner = (shape.inner_far > 0)[:, None]
         shape.special = None if shape.first_caps is None else np.isfinite(shape.first_fixed)[:, None]
+    return shape
+
+
+def native_registry(problem: OrderedGroups) -> tuple[_dp.Shapes, dict]:
+    """The C++ registry of shapes the problems sharing problem.shared share, and its ids by (group key, tail cap)."""
+    return problem.shared.setdefault("native", (_dp.Shapes(), {}))
+
+
+def native_shape(problem: OrderedGroups, g: int, tail_cap: int, registry: tuple[_dp.Shapes, dict] | None = None) -> int:
+    """Id of group g's shape at tail_cap in a C++ registry (default: the problem's, native_registry), made once
+    per group key from the group's options (_dp builds it as _shape does, and its steps under a bound as
+    _group_steps)."""
+    shapes, ids = registry or native_registry(problem)
+    key = (problem.group_key(g), tail_cap)
+    if key not in ids:
+        options = problem.options[g]
+        if ("options", id(options)) not in ids:
+            ids[("options", id(options))] = _native_options(shapes, options)
+        last_group = g == len(problem.options) - 1
+        sends = problem.boundary_send_s[g]
+        ids[key] = shapes.make(
+            options=ids[("options", id(options))], tp_values=problem.tp_values,
+            sends=np.array([[sends.get((o.tp, tp), math.nan) for tp in problem.tp_values]
+                            for o in options]) if not last_group else np.zeros(
+                                (len(options), len(problem.tp_values))), first_group=g == 0 and problem.starts_pipeline,
+            last_group=last_group, monotone_next=problem.monotone_tp and problem.same_type_next[g],
+            relaxed=problem.relaxed, b_minus_alpha=float(problem.micro_batches - problem.alpha), tail_cap=tail_cap)
+    return ids[key]
+
+
+def _native_options(shapes: _dp.Shapes, options: list[Option]) -> int:
+
+    def column(name: str) -> np.ndarray:
+        return np.array([getattr(o, name) for o in options], dtype=float)
+
+    def caps(kind: str) -> np.ndarray:
+        return np.array([getattr(o.caps, kind) for o in options], dtype=float).reshape(len(options), -1)
+
+    return shapes.options(tp=np.array([o.tp for o in options], dtype=np.int64), pp=np.array(
+        [o.pp for o in options],
+        dtype=np.int64), compute=column("compute_s"), update=column("update_s"), first_extra=column("first_extra_s"),
+                          first_update=column("first_update_s"), last_extra=column("last_extra_s"),
+                          last_update=column("last_update_s"), inner_send=column("inner_send_s"), middle=caps("middle"),
+                          first=caps("first"), last=caps("last"), both=caps("both"))
+
+
+def _group_steps(problem: OrderedGroups, g: int, bound: float, tail_cap: int) -> GroupSteps:
+    shape = _cached_shape(problem, g, tail_cap)
     steps = shape.steps
     if not len(steps.pp):
         return steps
@@ -766,7 +851,12 @@ def _bound_candidates(problem: OrderedGroups) -> np.ndarray:
 
 
 def candidates_of_pairs(pairs: np.ndarray, layers: int) -> np.ndarray:
-    """Every A * k + KW (k = 1..layers) of the (A, KW) pairs, sorted, each once."""
+    """Every A * k + KW (k = 1..layers) of the (A, KW) pairs, sorted, each once (in C++: _dp.candidates;
+    candidates_of_pairs_reference is the numpy one)."""
+    return _dp.candidates(pairs, layers)
+
+
+def candidates_of_pairs_reference(pairs: np.ndarray, layers: int) -> np.ndarray:
     pairs = np.unique(pairs, axis=0)
     counts = np.arange(1, layers + 1, dtype=float)
     values = (pairs[:, 1:2] + pairs[:, 0:1] * counts[None, :]).ravel()
@@ -775,21 +865,27 @@ def candidates_of_pairs(pairs: np.ndarray, layers: int) -> np.ndarray:
 
 def bound_pairs(problem: OrderedGroups) -> np.ndarray:
     """The (A, KW) of every stage kind the problem's groups can have (rows, possibly repeated)."""
-    b_minus_alpha = problem.micro_batches - problem.alpha
-    weights, fixed = [], []
-    last = len(problem.options) - 1
-    for g, options in enumerate(problem.options):
-        for option in options:
+    return np.concatenate([np.zeros((0, 2))] + [_group_bound_pairs(problem, g) for g in range(len(problem.options))])
+
+
+def _group_bound_pairs(problem: OrderedGroups, g: int) -> np.ndarray:
+    """bound_pairs of group g, made once per group key (problem.shared)."""
+    key = ("bound pairs", problem.group_key(g))
+    if key not in problem.shared:
+        b_minus_alpha = problem.micro_batches - problem.alpha
+        weights, fixed = [], []
+        for option in problem.options[g]:
             sends = [option.inner_send_s] + [s for (tp, _), s in problem.boundary_send_s[g].items() if tp == option.tp]
             ends = [(2 * send, 0.0) for send in sends]
-            if g == last:
+            if g == len(problem.options) - 1:
                 ends.append((option.last_extra_s, option.last_update_s))
             if g == 0 and problem.starts_pipeline:
                 ends += [(extra + option.first_extra_s, update + option.first_update_s) for extra, update in ends]
             for extra, update in ends:
                 weights.append(b_minus_alpha * option.compute_s + option.update_s)
                 fixed.append(b_minus_alpha * extra + update)
-    return np.array([weights, fixed]).T.reshape(-1, 2)
+        problem.shared[key] = np.array([weights, fixed]).T.reshape(-1, 2)
+    return problem.shared[key]
 
 
 # ---- rebuilding the plan ------------------------------------------------------------------------------

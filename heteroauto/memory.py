@@ -20,6 +20,7 @@ import numpy as np
 
 from h2.core.cluster import TrainingSpec
 from h2.core.model_config import ModelConfig
+from heteroauto import _dp
 from heteroauto.profiles import LayerProfile
 
 
@@ -98,8 +99,17 @@ def stage_memory_bytes(model: ModelConfig, training: TrainingSpec, layer: LayerP
 def stage_caps_table(model: ModelConfig, training: TrainingSpec, variants: list[tuple[LayerProfile, bool]], *, dp: int,
                      in_flight: np.ndarray, ends: list[tuple[bool, bool]], capacity: float, limit: int) -> np.ndarray:
     """StageMemoryTerms.max_layers (same rounding) of every (layer profile, recompute) variant, every
-    (first, last) stage kind and every count of micro-batches in flight, in one set of numpy calls:
-    shape (variants, ends, counts). The kinds differ only in the fixed bytes (embedding, head)."""
+    (first, last) stage kind and every count of micro-batches in flight: shape (variants, ends, counts).
+    The kinds differ only in the fixed bytes (embedding, head). The rounding in C++ (_dp.stage_caps: the
+    planner asks this for every chip and dp); stage_caps_table_reference is the numpy one."""
+    fixed, per_layer = _variant_terms(model, training, variants, dp=dp, in_flight=in_flight, ends=ends)
+    return np.stack([_dp.stage_caps(f, p, float(capacity), float(limit)) for f, p in zip(fixed, per_layer)])
+
+
+def _variant_terms(model: ModelConfig, training: TrainingSpec, variants: list[tuple[LayerProfile, bool]], *, dp: int,
+                   in_flight: np.ndarray, ends: list[tuple[bool, bool]]) -> tuple[np.ndarray, np.ndarray]:
+    """(fixed bytes per variant and kind (variants, kinds), bytes per layer per variant and count in flight
+    (variants, counts))."""
     bases = [
         stage_memory_terms_at(model, training, layer, dp=dp, recompute=recompute, in_flight=0, first=False, last=False)
         for layer, recompute in variants
@@ -112,9 +122,16 @@ def stage_caps_table(model: ModelConfig, training: TrainingSpec, variants: list[
         layer.recompute_activation_bytes if recompute else layer.activation_bytes for layer, recompute in variants
     ])
     counts = np.asarray(in_flight, dtype=np.int64)
-    per_layer = (np.array([base.per_layer for base in bases])[:, None] + kept[:, None] * counts[None, :])[:, None]
+    per_layer = np.array([base.per_layer for base in bases])[:, None] + kept[:, None] * counts[None, :]
     fixed = np.array([[base.fixed + held for held in ends_of[layer.tp]] for base, (layer, _) in zip(bases, variants)])
-    fixed = fixed[:, :, None]
+    return fixed, per_layer
+
+
+def stage_caps_table_reference(model: ModelConfig, training: TrainingSpec, variants: list[tuple[LayerProfile, bool]], *,
+                               dp: int, in_flight: np.ndarray, ends: list[tuple[bool, bool]], capacity: float,
+                               limit: int) -> np.ndarray:
+    fixed, per_layer = _variant_terms(model, training, variants, dp=dp, in_flight=in_flight, ends=ends)
+    fixed, per_layer = fixed[:, :, None], per_layer[:, None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
         layers = np.floor((capacity - fixed) / per_layer)
     layers = np.clip(np.nan_to_num(layers, nan=limit, posinf=limit, neginf=0), 0, limit)

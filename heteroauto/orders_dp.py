@@ -10,8 +10,10 @@ only supplies the transfer and is not placed), sharing one set of tp slices. Und
 that the groups still to place cannot complete to L (at least one layer each, at most what their stages
 admit under M anywhere) are cleared after each type. The sum tables are kept by their reachable rows
 (layer_dp.Rows: about one row in a hundred), and each step's placements, every chain's at once, are one
-set of numpy calls (layer_dp.place_sums_rows, place_most_together). Pure Python + numpy; imports
-layer_dp only (no search code, no torch).
+set of numpy calls (layer_dp.place_sums_rows, place_most_together). What the search asks (least_sum,
+most_layers, feasible, best_order) is one call each into the C++ extension heteroauto._dp (native(): the
+chains' group shapes flattened once); the numpy sweep here (*_reference) is what the tests compare it
+against. Imports layer_dp and _dp only (no search code, no torch).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from heteroauto import layer_dp
+from heteroauto import _dp, layer_dp
 from heteroauto.layer_dp import INF, OrderedGroups, SumTables
 
 Chain = Callable[[str, "str | None", bool], OrderedGroups]  # (type, next type or None: the end, starts)
@@ -39,6 +41,7 @@ class AllOrders:
     _candidates: np.ndarray | None = field(default=None, repr=False)
     _least_rate: float | None = field(default=None, repr=False)  # least time of one layer in any option
     _limits: tuple = field(default=(None, None), repr=False)  # (bound, _group_layer_limits) of the last bound
+    _native: _dp.AllOrders | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         sample = self.chain(self.types[0], None, len(self.types) == 1)
@@ -94,10 +97,14 @@ class AllOrders:
     def _chain(self, t: int, front: int, starts: bool) -> OrderedGroups:
         return self.chain(self.types[t], None if front < 0 else self.types[front], starts)
 
-    def _sum_sweep(self, bound: float, keep: bool = False, cap: float = INF):
+    def _least_rate_of(self) -> float:
         if self._least_rate is None:
             chains = [self._chain(t, -1, starts) for t in range(len(self.types)) for starts in (False, True)]
             self._least_rate = min(o.compute_s for chain in chains for options in chain.options for o in options)
+        return self._least_rate
+
+    def _sum_sweep(self, bound: float, keep: bool = False, cap: float = INF):
+        self._least_rate_of()
 
         least_rest = self._least_rest(bound) if cap < INF else None
 
@@ -178,14 +185,52 @@ class AllOrders:
             most.append(limits)
         return most
 
-    # ---- what the search asks ------------------------------------------------------------------------
+    # ---- what the search asks: one C++ call each (_dp) ---------------------------------------------------
     def least_sum(self, bound: float, cap: float = INF) -> float:
         """The least sum of stage terms over every order under bound M (inf: nothing fits); a value >= cap
         means only 'not below cap' (layer_dp.place_sums)."""
+        return self.native().least_sum(bound, cap)
+
+    def most_layers(self, bound: float) -> float:
+        return self.native().most_layers(bound)
+
+    def feasible(self, bound: float) -> bool:
+        return self.most_layers(bound) >= self.layers
+
+    def native(self) -> _dp.AllOrders:
+        """The problem in C++: per (type, front type or the end, starts) the shape of the type's last group,
+        per (type, starts) its other groups' (from its end), at the most layers' tail cap (the sums read the
+        first tail_cap + 1 tails of each: the same steps)."""
+        if self._native is None:
+            count = len(self.types)
+            registry = layer_dp.native_registry(self._chain(0, -1, count == 1))
+
+            def shape(chain: OrderedGroups, g: int) -> int:
+                return layer_dp.native_shape(chain, g, self.stage_cap, registry)
+
+            def last_shape(t: int, front: int, starts: bool) -> int:
+                if front == t:
+                    return -1  # no such chain
+                chain = self._chain(t, front, starts)
+                return shape(chain, _last_group(chain)[0])
+
+            last = [
+                last_shape(t, front, starts) for t in range(count) for front in range(-1, count)
+                for starts in (False, True)
+            ]
+            rest = [[shape(chain, g) for g in range(len(chain.options) - 2, -1, -1)]
+                    for chain in (self._chain(t, -1, starts) for t in range(count) for starts in (False, True))]
+            self._native = _dp.AllOrders(shapes=registry[0], types=count, last=last, rest=rest, fronts=self.fronts,
+                                         tail_cap=self.tail_cap, stage_cap=self.stage_cap, layers=self.layers,
+                                         least_rate=self._least_rate_of())
+        return self._native
+
+    # ---- the numpy reference (tests compare the C++ against it; best_order traces in its tables) -------------
+    def least_sum_reference(self, bound: float, cap: float = INF) -> float:
         level, _ = self._sum_sweep(bound, cap=cap)
         return min((table.least_last() for table in level.values()), default=INF)
 
-    def most_layers(self, bound: float) -> float:
+    def most_layers_reference(self, bound: float) -> float:
         start = np.full((self.fronts, self.stage_cap + 1), -INF)
         start[self.fronts - 1, 0] = 0.0
 
@@ -199,9 +244,6 @@ class AllOrders:
         one, rest = _together(together, stack=np.concatenate, unstack=unstack)
         level, _ = self._sweep(start, one, rest, lambda tables: functools.reduce(np.maximum, tables))
         return max((float(table.max()) for table in level.values()), default=-INF)
-
-    def feasible(self, bound: float) -> bool:
-        return self.most_layers(bound) >= self.layers
 
     def bound_values(self) -> np.ndarray:
         """Every value a stage's weight can take in any order (see layer_dp.bound_candidates)."""
@@ -218,6 +260,10 @@ class AllOrders:
     def best_order(self, bound: float, cap: float = INF) -> tuple[str, ...]:
         """An order whose least sum under M is the least over every order (types from the pipeline's front);
         cap: above that least sum (the states that cannot end below it dropped; the trace reads none)."""
+        return tuple(self.types[t] for t in self.native().best_order(bound, cap))
+
+    def best_order_reference(self, bound: float, cap: float = INF) -> tuple[str, ...]:
+        """best_order traced in the numpy tables."""
         level, kept = self._sum_sweep(bound, keep=True, cap=cap)
         tails = self.tail_cap + 1
         level = {key: table.dense(self.fronts, tails) for key, table in level.items()}

@@ -222,7 +222,8 @@ class _Item:
     quick_least: float = 0.0  # no M below this fits (Planner.quick_bound)
     pending: list = field(default_factory=list)  # (lower bound, kind, key, least M, floor) of work not done yet
     problems: dict = field(default_factory=dict)  # ordered problems built so far
-    shared: dict = field(default_factory=dict)  # group steps shared by those problems (layer_dp.group_steps)
+    shared: dict = field(default_factory=dict)  # group shapes shared by those problems (layer_dp.native_shape)
+    cheapest_from: dict = field(default_factory=dict)  # (chip type, tp) -> Planner._cheapest_from
     bounded: bool = False
 
     def most_stages(self) -> int:
@@ -473,9 +474,12 @@ class Planner:
 
     def _cheapest_from(self, item: _Item, chip: ChipType, tp: int) -> float:
         """The cheapest transfer from a stage of `chip` at `tp` to a stage of any other type."""
-        return min(
-            self.send_s(chip, tp, other.chip, option.tp, item.dp) for name, groups in item.groups.items()
-            if name != chip.name for other in groups for option in item.options[(name, other.count)])
+        key = (chip.name, tp)
+        if key not in item.cheapest_from:
+            item.cheapest_from[key] = min(
+                self.send_s(chip, tp, other.chip, option.tp, item.dp) for name, groups in item.groups.items()
+                if name != chip.name for other in groups for option in item.options[(name, other.count)])
+        return item.cheapest_from[key]
 
     def _cheapest_crossing(self, item: _Item) -> float:
         """The cheapest transfer between stages of two different types."""
@@ -740,7 +744,7 @@ class _Search:
         """While nothing fits yet, how many of the layers the order's stages hold within memory at most."""
         if math.isfinite(self.threshold()):
             return
-        held = layer_dp.most_layers(self.planner.ordered(item, order)[0], math.inf)
+        held = self.planner.ordered(item, order)[0].most_layers(math.inf)
         if held >= 0:
             self.planner.infeasible.note_cover(
                 held / self.planner.model.num_layers,
@@ -782,7 +786,7 @@ class _Search:
                     highest = (self.threshold() - relaxed.alpha * floor) * (1 + 1e-12)
                     if highest >= least:
                         self.tick()
-                        floor = max(floor, layer_dp.sum_tables(relaxed, highest).best()[0] + constant)
+                        floor = max(floor, relaxed.least_sum(highest) + constant)
                         tighter = least + relaxed.alpha * floor
                 if math.isfinite(tighter):
                     item.pending.append((max(bound, tighter), "exact", key, least, floor))
@@ -800,7 +804,7 @@ class _Search:
         value, bound, total = self.solve(problem, relaxed.least_sum, start=start, floor_sum=floor)
         if bound is None or value >= self.threshold():
             return
-        placed = layer_dp.rebuild(problem, layer_dp.sum_tables(problem, bound, _above(total)))
+        placed = problem.plan(bound, _above(total))
         self.offer(self._plan(item, groups, placed))
 
     def solve_every_order(self, item: _Item, orders: list[tuple[str, ...]], start: float, floor: float) -> None:
@@ -815,8 +819,7 @@ class _Search:
             """The plan of sum `total` under M: its order and choices traced in tables where only what can end
             below a cap just above it is kept (the same trace: every state that reproduces it is kept)."""
             exact, groups, _ = self.planner.ordered(item, problem.best_order(bound, _above(total)))
-            self.offer(
-                self._plan(item, groups, layer_dp.rebuild(exact, layer_dp.sum_tables(exact, bound, _above(total)))))
+            self.offer(self._plan(item, groups, exact.plan(bound, _above(total))))
 
         def relaxed_sum(bound: float, cap: float) -> float:
             return relaxed.least_sum(bound, cap - constant) + constant
