@@ -101,28 +101,11 @@ def stage_layer_profile(strategy: Strategy, profiles: dict[str, Profile], index:
                                        layer.recompute_activation_bytes * ratio))
 
 
-def stage_end_s(strategy: Strategy, profiles: dict[str, Profile], index: int) -> tuple[float, float] | None:
-    """(forward, backward) seconds per micro-batch that stage `index` computes besides its layers: the
-    embedding on the first stage, the final norm, head and loss on the last, where its chip's profile
-    measured them (heteroauto profile); None where it did not (a synthesised profile)."""
-    stage = strategy.stages[index]
-    end = profiles[stage.chip].stage_end(stage.tp)
-    if end is None:
-        return None
-    forward = backward = 0.0
-    if index == 0:
-        forward, backward = forward + end.embedding_forward_s, backward + end.embedding_backward_s
-    if index == len(strategy.stages) - 1:
-        forward, backward = forward + end.head_forward_s, backward + end.head_backward_s
-    ratio = strategy.stage_micro_batch_size(index) / strategy.micro_batch_size
-    return forward * ratio, backward * ratio
-
-
 def strategy_terms(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
                    profiles: dict[str, Profile], cost_model: str, source: str = "strategy") -> list[StageTerms]:
     """Each stage's terms under `cost_model`; in the split-backward variant W takes half the weight work.
-    Under "full", a stage end (embedding, head) that the chip's profile measured is priced at the
-    measured time, else at the formula's (stage_terms); its update always at the formula's."""
+    Under "full", a stage's ends (embedding, head) as stage_terms.EndTerms prices them (the profile's
+    measured time where it has one)."""
     check_cost_model(cost_model)
     last = len(strategy.stages) - 1
     terms = []
@@ -148,13 +131,9 @@ def strategy_terms(strategy: Strategy, cluster: ClusterSpec, model: ModelConfig,
                                     micro_batch_size=micro_batch_size))
             if index == last:
                 ends.append(head_terms(model, training, chip, profile, layer, dp=dp, micro_batch_size=micro_batch_size))
-            measured = stage_end_s(strategy, profiles, index)  # the profile's own, where it measured them
             for end in ends:
+                forward, backward = forward + end.forward_s, backward + end.backward_s
                 update_s += end.update_s
-                if measured is None:
-                    forward, backward = forward + end.forward_s, backward + end.backward_s
-            if measured is not None:
-                forward, backward = forward + measured[0], backward + measured[1]
             if index < last:
                 peer = strategy.stages[index + 1]
                 occupancy, latency = transfer_s(cluster, model, training, strategy.micro_batch_sequences, chip,

@@ -90,7 +90,10 @@ def transfer_s(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
 
 @dataclass(frozen=True)
 class EndTerms:
-    """The embedding's (first stage) or the head's (last stage) extra forward, backward and update."""
+    """The embedding's (first stage) or the head's (last stage) extra forward, backward and update: the
+    forward and backward the chip's profile measured where it measured them (heteroauto profile), else the
+    formula's; the update always the formula's. The search's options and the strategy's evaluation both
+    price a stage's ends here, so the plan the search minimises is the one the evaluation scores."""
     forward_s: float
     backward_s: float
     update_s: float
@@ -101,14 +104,19 @@ def embedding_terms(model: ModelConfig, training: TrainingSpec, chip: ChipType, 
     """Lookup (read the rows, write the activation) and its gradient's scatter-add into fp32, plus the
     all-reduce of the vocab-parallel embedding's output over the TP group, per micro-batch; and the
     update of its vocab / tp rows."""
+    update = _update_of(model, profile, dp=dp, tp=tp, params=model.embedding_params() / tp)
+    measured = profile.stage_end(tp)
+    if measured is not None:  # the profile's own (heteroauto profile), at the training's micro-batch size
+        ratio = micro_batch_size / training.micro_batch_size
+        return EndTerms(forward_s=measured.embedding_forward_s * ratio,
+                        backward_s=measured.embedding_backward_s * ratio, update_s=update)
     elements = micro_batch_size * training.seq_len * model.hidden_size
     bandwidth = chip.memory_bandwidth_gbps * 1e9
     collective = ring_allreduce_s(elements * training.activation_bytes_per_element, tp, chip.intra_node_gbps,
                                   chip.latency_us)
     forward = 2 * elements * training.activation_bytes_per_element / bandwidth + collective
     backward = elements * (training.activation_bytes_per_element + 2 * FP32_BYTES) / bandwidth
-    return EndTerms(forward_s=forward, backward_s=backward, update_s=_update_of(model, profile, dp=dp, tp=tp,
-                                                                                params=model.embedding_params() / tp))
+    return EndTerms(forward_s=forward, backward_s=backward, update_s=update)
 
 
 def head_terms(model: ModelConfig, training: TrainingSpec, chip: ChipType, profile: Profile, layer: LayerProfile, *,
@@ -118,12 +126,16 @@ def head_terms(model: ModelConfig, training: TrainingSpec, chip: ChipType, profi
     each way over the fp32 logits; and the update of the head and final norm."""
     tokens = micro_batch_size * training.seq_len
     tp = layer.tp
+    update = _update_of(model, profile, dp=dp, tp=tp, params=model.head_params() / tp + model.final_norm_params())
+    measured = profile.stage_end(tp)
+    if measured is not None:  # the profile's own (heteroauto profile), at the training's micro-batch size
+        ratio = micro_batch_size / training.micro_batch_size
+        return EndTerms(forward_s=measured.head_forward_s * ratio, backward_s=measured.head_backward_s * ratio,
+                        update_s=update)
     rate_s_per_flop = layer.forward_s / (model.layer_forward_flops_per_token(training.seq_len) * tokens)
     matmul = model.head_forward_flops_per_token() * tokens * rate_s_per_flop
     logits_pass = tokens * model.vocab_size / tp * FP32_BYTES / (chip.memory_bandwidth_gbps * 1e9)
-    params = model.head_params() / tp + model.final_norm_params()
-    return EndTerms(forward_s=matmul + 2 * logits_pass, backward_s=2 * matmul + 2 * logits_pass, update_s=_update_of(
-        model, profile, dp=dp, tp=tp, params=params))
+    return EndTerms(forward_s=matmul + 2 * logits_pass, backward_s=2 * matmul + 2 * logits_pass, update_s=update)
 
 
 def _update_of(model: ModelConfig, profile: Profile, *, dp: int, tp: int, params: float) -> float:
