@@ -57,14 +57,16 @@ def test_relative_speed_paces_device_kernels(tmp_path, python_in_subprocess):
             torch.dipu.synchronize()  # the host launches ahead; the chip's work ends on its own clock
             return clock() - start
         timed(False, time.perf_counter); timed(True, time.process_time)
-        paced, unpaced = 0.0, 0.0
-        for _ in range(5):
-            paced += timed(False, time.perf_counter)  # the vendor's diopiMm, paced to 0.2x: wall time
-            unpaced += timed(True, time.process_time)  # the CPU fallback's own CPU time (other load can't shrink it)
-        print(paced / unpaced)
+        paced, unpaced = [], []
+        for _ in range(7):
+            paced.append(timed(False, time.perf_counter))  # the vendor's diopiMm, paced to 0.2x: wall time
+            unpaced.append(timed(True, time.process_time))  # the CPU fallback's own CPU time
+        # the vendor charges a kernel its warm CPU time (the least its thread spent on it): the fallback's
+        # warmest round is the like-for-like baseline (a cold round's CPU time is several times a warm one's)
+        print(sorted(paced)[3] / min(unpaced))
     """)
     assert result.returncode == 0, result.stderr
-    assert float(result.stdout) > 3.0
+    assert float(result.stdout) > 2.5  # 3.6-4.1 measured here at 0.2x (5 is exact); 1.05-1.07 at 1.0x
 
 
 def test_disabled_ditorch_does_not_register_the_device(python_in_subprocess):
