@@ -124,7 +124,6 @@ def head_terms(model: ModelConfig, training: TrainingSpec, chip: ChipType, profi
     """The vocab-parallel head at the decoder layer's achieved FLOP rate (forward 2hV, backward 4hV FLOPs per
     token against the layer's forward FLOPs and profiled forward time), the loss's two memory-bound passes
     each way over the fp32 logits; and the update of the head and final norm."""
-    tokens = micro_batch_size * training.seq_len
     tp = layer.tp
     update = _update_of(model, profile, dp=dp, tp=tp, params=model.head_params() / tp + model.final_norm_params())
     measured = profile.stage_end(tp)
@@ -132,6 +131,7 @@ def head_terms(model: ModelConfig, training: TrainingSpec, chip: ChipType, profi
         ratio = micro_batch_size / training.micro_batch_size
         return EndTerms(forward_s=measured.head_forward_s * ratio, backward_s=measured.head_backward_s * ratio,
                         update_s=update)
+    tokens = micro_batch_size * training.seq_len
     rate_s_per_flop = layer.forward_s / (model.layer_forward_flops_per_token(training.seq_len) * tokens)
     matmul = model.head_forward_flops_per_token() * tokens * rate_s_per_flop
     logits_pass = tokens * model.vocab_size / tp * FP32_BYTES / (chip.memory_bandwidth_gbps * 1e9)
