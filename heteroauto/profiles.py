@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from h2.core import emulation
 from h2.core.cluster import ChipType, ClusterSpec, TrainingSpec
 from h2.core.config_io import dataclass_from_mapping, load_yaml_mapping
 from h2.core.emulation import measurement_trust
@@ -235,8 +236,9 @@ def check_profile_matches(profile: Profile, source: str, cluster: ClusterSpec, m
         raise UserError(f"{source}: field 'model': profiled for '{profile.model}', planning for '{model.name}'")
     if profile.fingerprint is not None and profile.fingerprint != profile_fingerprint(
             cluster, cluster.chip(profile.chip), model, training):
-        raise UserError(f"{source}: field 'fingerprint': measured for another entry of chip '{profile.chip}', model or "
-                        f"micro-batch shape than cluster {cluster.source} gives now; run heteroauto profile again")
+        raise UserError(f"{source}: field 'fingerprint': measured for another entry of chip '{profile.chip}', model, "
+                        f"micro-batch shape or emulator pacing than cluster {cluster.source} gives now; run heteroauto "
+                        f"profile again")
 
 
 def profiles_for(cluster: ClusterSpec, model: ModelConfig, training: TrainingSpec,
@@ -267,8 +269,9 @@ def _measured_device(chip: ChipType, device: str) -> str:
 
 def profile_fingerprint(cluster: ClusterSpec, chip: ChipType, model: ModelConfig, training: TrainingSpec) -> str:
     """What a measured profile depends on: the chip type's whole entry (emulation included) and its
-    intra-node link, the model, and the micro-batch shape and precision. A cached profile with another
-    fingerprint is stale."""
+    intra-node link, the model, the micro-batch shape and precision, and for an emulated chip the rules
+    that paced its kernels (h2.core.emulation.PACING_REVISION). A cached profile with another fingerprint
+    is stale."""
     import hashlib
     import json
 
@@ -277,6 +280,8 @@ def profile_fingerprint(cluster: ClusterSpec, chip: ChipType, model: ModelConfig
         "model": model.to_dict(), "seq_len": training.seq_len, "micro_batch_size": training.micro_batch_size,
         "bytes": training.activation_bytes_per_element
     }
+    if chip.emulation is not None:
+        basis["pacing"] = emulation.PACING_REVISION
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 

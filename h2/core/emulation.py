@@ -34,6 +34,11 @@ the host's load, not on the emulated chips: `measurement_trust` is the one verdi
 a measurement uses (the closed-loop benchmarks print INVALID and exit 3 instead of PASS/FAIL,
 `heteroauto profile` refuses to write the profile unless --force, `h2 check` marks the run INVALID).
 
+**PACING_REVISION** names how the vendors charge an emulated kernel (the host vendor: the least CPU time its
+thread spent on the same kernel, divided by the speed; the OpenCL vendor: the device's own time, divided by
+the speed) and what counts as late. A profile of an emulated chip is measured under one revision and is
+stale under another (heteroauto.profiles.profile_fingerprint): change it whenever either rule changes.
+
 Pure Python; imports h2.core.errors and chip_type (and, for types, cluster and strategy: never the reverse).
 """
 
@@ -51,13 +56,14 @@ if TYPE_CHECKING:
     from h2.core.strategy import Strategy
 
 __all__ = [
-    "CORE_SHARE_LIMIT", "UNTRUSTED_FRACTION", "MeasurementTrust", "measurement_trust", "stage_report_trust",
-    "EMULATED_DEVICE", "ChipEmulation", "busy_host_warning", "check_core_share", "core_share", "describe_chip",
-    "emulated_stage_devices", "host_cores", "host_vendor_settings", "host_work_warning", "rank_chips",
+    "CORE_SHARE_LIMIT", "PACING_REVISION", "UNTRUSTED_FRACTION", "MeasurementTrust", "measurement_trust",
+    "stage_report_trust", "EMULATED_DEVICE", "ChipEmulation", "busy_host_warning", "check_core_share", "core_share",
+    "describe_chip", "emulated_stage_devices", "host_cores", "host_vendor_settings", "host_work_warning", "rank_chips",
     "rank_wait_environment"
 ]
 
 CORE_SHARE_LIMIT = 0.5
+PACING_REVISION = "2026-11 warm CPU time"  # csrc/dipu/vendor/host (kernel charge), csrc/dipu/vendor/opencl (pacing)
 # A measurement is INVALID when the time the host made late (late kernel time, pacing overruns) is more
 # than this fraction of the time measured (emulated kernel time, paced step time): the one threshold.
 UNTRUSTED_FRACTION = 0.05

@@ -12,6 +12,7 @@ from h2.core.strategy import StageSpec, Strategy, strategy_from_mapping
 from heteroauto.cost import iteration_time_s, pipeline_closed_form_s, pipeline_time_s, stage_busy_s
 from heteroauto.evaluation import evaluate_strategy, strategy_terms
 from heteroauto.memory import in_flight_micro_batches, stage_memory_bytes, stage_memory_terms
+from heteroauto.profile_cache import ProfileTarget, cached_profile
 from heteroauto.profiles import (
     load_profile,
     measured_profile,
@@ -155,6 +156,20 @@ def test_a_profile_measured_for_another_chip_entry_is_refused(hetero, tmp_path):
     faster = dataclasses.replace(hetero, chips=(dataclasses.replace(chip, memory_gb=1.0), ) + hetero.chips[1:])
     with pytest.raises(UserError, match=r"emu-fast.yaml: field 'fingerprint': measured for another entry"):
         profiles_for(faster, preset("small"), hetero.training, [str(path)])
+
+
+def test_an_emulated_chips_profile_measured_under_other_pacing_rules_is_stale(hetero, tmp_path, monkeypatch):
+    """A cached profile of an emulated chip is measured again once the vendors pace kernels another way
+    (h2.core.emulation.PACING_REVISION): its times were the old rule's."""
+    model, chip = preset("small"), hetero.chip("emu-fast")
+    target = ProfileTarget(chip, str(tmp_path / "emu-fast.yaml"))
+    save_profile(measured_profile(hetero, chip, model, hetero.training, [measurement(1)], device="cpu", repeats=1),
+                 target.path)
+    assert cached_profile(target, hetero, model, hetero.training) is not None
+    monkeypatch.setattr("h2.core.emulation.PACING_REVISION", "an earlier charge rule")
+    assert cached_profile(target, hetero, model, hetero.training) is None
+    with pytest.raises(UserError, match=r"emu-fast.yaml: field 'fingerprint': .* or emulator pacing than"):
+        profiles_for(hetero, model, hetero.training, [target.path])
 
 
 def test_measured_stage_ends_count_on_the_first_and_last_stage_only(hetero):

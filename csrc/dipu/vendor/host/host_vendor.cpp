@@ -220,7 +220,8 @@ uint64_t mixed(uint64_t signature, uint64_t value) {
 
 thread_local uint64_t running_signature = kSignatureSeed;
 
-// The least CPU time this thread has spent on each kernel signature: the kernel's warm work.
+// The least CPU time this thread has spent on each kernel signature: the kernel's warm work. Changing how
+// a kernel is charged changes h2.core.emulation.PACING_REVISION (profiles measured before are stale).
 std::chrono::nanoseconds warm_work(uint64_t signature, std::chrono::nanoseconds spent) {
   thread_local std::unordered_map<uint64_t, std::chrono::nanoseconds> least;
   if (least.size() >= kMaxSignatures) least.clear();
