@@ -1,10 +1,12 @@
 """The closed loop on an emulated cluster: profile -> search -> train the planned strategy -> compare.
 
     .venv/bin/python benchmarks/bench_closed_loop.py [--cluster configs/clusters/local-hetero.yaml]
-        [--steps 6] [--warmup 2] [--out runs/closed-loop] [--force-profile]
+        [--steps 6] [--warmup 2] [--out runs/closed-loop] [--reuse-profiles]
 
 One run, every step through the product's own command lines, as a user runs them:
-  1. `heteroauto profile --cluster C`: every chip type measured on its TP ranks (cached in OUT/profiles);
+  1. `heteroauto profile --cluster C`: every chip type measured on its TP ranks into OUT/profiles, afresh
+     unless --reuse-profiles (an emulated chip is a fraction of the host core's speed at the time, and this
+     VM's speed drifts: profiles cached 7 hours earlier predicted a Zorse step 1.27x too short);
   2. `heteroauto search --profiles OUT/profiles`: the planned strategy, and `heteroauto simulate` of it
      (the cost model's and the simulator's iteration time, the memory model's per-stage bytes);
   3. the uniform layer split on the same stages (same chips, tp, dp and recompute; layers as even as
@@ -60,11 +62,16 @@ def command(*args: str, capture: bool = True) -> str:
     return run.stdout or ""
 
 
-def profile(cluster: str, folder: str, *extra: str) -> dict[str, MeasurementTrust]:
-    """`heteroauto profile` into `folder`; the trust of each chip's profile there. A profile step that
-    refuses its measurement (INVALID, exit 2) ends the benchmark: INVALID, exit 3."""
+def profile(cluster: str, folder: str, *, reuse: bool = False) -> dict[str, MeasurementTrust]:
+    """`heteroauto profile` into `folder` (the profiles there removed first unless `reuse`: they would be
+    taken where up to date); the trust of each chip's profile there. A profile step that refuses its
+    measurement (INVALID, exit 2) ends the benchmark: INVALID, exit 3."""
+    if not reuse and os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if name.endswith(".yaml"):
+                os.remove(os.path.join(folder, name))
     run = subprocess.run([
-        sys.executable, "-m", "h2.cli.heteroauto", "profile", "--cluster", cluster, "--out-dir", folder, *extra
+        sys.executable, "-m", "h2.cli.heteroauto", "profile", "--cluster", cluster, "--out-dir", folder
     ], cwd=REPO_ROOT, text=True, stderr=subprocess.PIPE)
     sys.stderr.write(run.stderr)
     if run.returncode == 2 and "INVALID" in run.stderr:
@@ -164,7 +171,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6, help="training steps of each strategy")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the median")
     parser.add_argument("--out", default="runs/closed-loop")
-    parser.add_argument("--force-profile", action="store_true", help="measure the profiles again")
+    parser.add_argument("--reuse-profiles", action="store_true",
+                        help="take the up-to-date profiles in OUT/profiles instead of measuring every chip type")
     args = parser.parse_args()
     if not 0 <= args.warmup < args.steps:
         parser.error("--warmup must be below --steps")
@@ -173,7 +181,7 @@ def main() -> int:
     os.makedirs(out, exist_ok=True)
     print(f"closed loop on {args.cluster} (emulated chips); before: {load()}", flush=True)
 
-    trust = profile(args.cluster, profiles, *(["--force"] if args.force_profile else []))
+    trust = profile(args.cluster, profiles, reuse=args.reuse_profiles)
     plan_path, uniform_path = os.path.join(out, "planned.yaml"), os.path.join(out, "uniform.yaml")
     searched = json.loads(
         command("h2.cli.heteroauto", "search", "--cluster", args.cluster, "--profiles", profiles, "--out", plan_path,

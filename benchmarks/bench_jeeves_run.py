@@ -137,7 +137,7 @@ def main() -> int:
     out_root = tempfile.mkdtemp(prefix="bench-jeeves-")
     profile_folder = None if args.synthesised else (args.profiles or os.path.join(out_root, "profiles"))
     if profile_folder is not None:
-        profile(args.cluster, profile_folder)
+        profile(args.cluster, profile_folder, reuse=True)
     order = [SCHEDULES[(index + index // 2) % 2] for index in range(2 * args.rounds)]  # 1f1b jeeves jeeves 1f1b ...
     runs: dict[str, list[list[dict]]] = {schedule: [] for schedule in SCHEDULES}
     late = {schedule: 0.0 for schedule in SCHEDULES}  # the worst round's late fraction

@@ -2,15 +2,15 @@
 
     .venv/bin/python benchmarks/bench_zorse_closed_loop.py [--cluster configs/clusters/local-hetero.yaml]
         [--steps 5] [--warmup 1] [--max-groups N] [--ministages K] [--lone-group-ministages] [--offload auto|on|off]
-        [--out runs/zorse-closed-loop]
+        [--out runs/zorse-closed-loop] [--reuse-profiles]
 
-Through the product's command lines: `heteroauto profile` measures every chip type (cached in
-OUT/profiles); `heteroauto search --planner zorse --profiles ... --no-overlap` plans for the HeteroPP
-runtime as it is (ZeRO-2 traffic and offload copies not overlapped with compute; as many pipeline
-groups as the planner picks, at most --max-groups) and writes the strategy; `h2 train --strategy` runs
-it. Prints the plan's groups, the prediction (latency model and simulator), the median measured step
-after --warmup steps, their ratio against the 20% target, the emulated kernel time that ran late (it
-depended on the host, not on the emulated chips) and the machine's load before and after.
+Through the product's command lines: `heteroauto profile` measures every chip type into OUT/profiles (afresh
+unless --reuse-profiles: bench_closed_loop.profile); `heteroauto search --planner zorse --profiles ...
+--no-overlap` plans for the HeteroPP runtime as it is (ZeRO-2 traffic and offload copies not overlapped with
+compute; as many pipeline groups as the planner picks, at most --max-groups) and writes the strategy; `h2
+train --strategy` runs it. Prints the plan's groups, the prediction (latency model and simulator), the median
+measured step after --warmup steps, their ratio against the 20% target, the emulated kernel time that ran late
+(it depended on the host, not on the emulated chips) and the machine's load before and after.
 
 PASS or FAIL only for a trustworthy measurement: with more than 5 % of a profile's or the run's emulated
 kernel time late (h2.core.emulation.measurement_trust) the verdict is INVALID and the exit status 3
@@ -43,12 +43,14 @@ def main() -> int:
     parser.add_argument("--lone-group-ministages", action="store_true",
                         help="a plan of one group may take several ministages (heteroauto search's flag)")
     parser.add_argument("--out", default="runs/zorse-closed-loop")
+    parser.add_argument("--reuse-profiles", action="store_true",
+                        help="take the up-to-date profiles in OUT/profiles instead of measuring every chip type")
     args = parser.parse_args()
     if not 0 <= args.warmup < args.steps:
         parser.error("--warmup must be below --steps")
     print(f"before: {load()}", flush=True)
     profiles, plan, run = (os.path.join(args.out, name) for name in ("profiles", "plan.yaml", "run"))
-    trust = profile(args.cluster, profiles)
+    trust = profile(args.cluster, profiles, reuse=args.reuse_profiles)
     limits = (["--max-groups", str(args.max_groups)] if args.max_groups else []) + ([
         "--ministages", str(args.ministages)
     ] if args.ministages else []) + (["--lone-group-ministages"] if args.lone_group_ministages else [])

@@ -132,7 +132,8 @@ def test_the_benchmarks_print_invalid_instead_of_pass_and_exit_3(capsys):
     assert verdicts(checks[:1], on_time) == 0
 
 
-def test_a_benchmark_whose_profile_step_refuses_its_measurement_prints_invalid_and_exits_3(monkeypatch, capsys):
+def test_a_benchmark_whose_profile_step_refuses_its_measurement_prints_invalid_and_exits_3(
+        monkeypatch, capsys, tmp_path):
     import subprocess
 
     import bench_closed_loop
@@ -143,8 +144,29 @@ def test_a_benchmark_whose_profile_step_refuses_its_measurement_prints_invalid_a
     monkeypatch.setattr(bench_closed_loop.subprocess, "run",
                         lambda command, **_: subprocess.CompletedProcess(command, 2, stderr=refusal))
     with pytest.raises(SystemExit) as ended:
-        bench_closed_loop.profile("cluster.yaml", "profiles")
+        bench_closed_loop.profile("cluster.yaml", str(tmp_path))
     assert ended.value.code == 3
     out = capsys.readouterr().out
     assert out.startswith("INVALID: the profile step refused its measurement (exit 2): INVALID profile of chip "
                           "'emu-fast' not written: 822.0%") and "PASS" not in out
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_a_closed_loop_measures_its_profiles_afresh_unless_told_to_reuse_them(monkeypatch, tmp_path, reuse):
+    """An emulated chip runs at a fraction of the host's speed at the time: the profile step sees no
+    cached profile (heteroauto profile would take an up-to-date one) unless --reuse-profiles."""
+    import subprocess
+
+    import bench_closed_loop
+
+    (tmp_path / "emu-fast.yaml").write_text("cached: yes\n")
+    seen = []
+
+    def profile_step(command, **_):
+        seen.append(sorted(os.listdir(tmp_path)))
+        return subprocess.CompletedProcess(command, 0, stderr="")
+
+    monkeypatch.setattr(bench_closed_loop.subprocess, "run", profile_step)
+    monkeypatch.setattr(bench_closed_loop, "profile_trust", lambda folder: {})
+    bench_closed_loop.profile("cluster.yaml", str(tmp_path), reuse=reuse)
+    assert seen == [["emu-fast.yaml"] if reuse else []]
