@@ -25,8 +25,9 @@ within 15 %, speed-up >= 1.3 (each line says PASS or FAIL).
 Only a trustworthy measurement gets a PASS or FAIL (h2.core.emulation.measurement_trust): when a profile
 or a training run had more than 5 % of its emulated kernel time late (the host's load decided it, not the
 emulated chips), every target line says INVALID instead, with the measurement that was, and the benchmark
-exits 3. Exit status: 0 every target PASS, 1 a FAIL, 3 INVALID (the profile step refusing its measurement
-included), anything else a command that failed.
+exits 3. So does a host that other work already keeps busy (over half its cores in the second before the
+benchmark starts anything). Exit status: 0 every target PASS, 1 a FAIL, 3 INVALID (the profile step refusing
+its measurement and a busy host included), anything else a command that failed.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import yaml
 
-from h2.core.emulation import MeasurementTrust, measurement_trust, stage_report_trust
+from h2.core.emulation import CORE_SHARE_LIMIT, MeasurementTrust, measurement_trust, stage_report_trust
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = {"simulator": 0.15, "cost model": 0.20, "memory": 0.15, "speed-up": 1.3}
@@ -50,6 +52,27 @@ EXIT_FAIL, EXIT_INVALID = 1, 3
 def load() -> str:
     with open("/proc/loadavg") as handle:
         return "load average " + " ".join(handle.read().split()[:3])
+
+
+def cpu_times() -> tuple[int, int]:
+    """The host's (idle, total) CPU time so far, in clock ticks over every core (/proc/stat)."""
+    with open("/proc/stat") as handle:
+        ticks = [int(value) for value in handle.readline().split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks[:8])  # idle + iowait; user .. steal
+
+
+def refuse_a_busy_host(window_s: float = 1.0) -> None:
+    """INVALID, exit 3, before anything starts, when other work kept more than 1 - CORE_SHARE_LIMIT of the
+    host's cores busy over `window_s`: the emulated chips could not get their share (the trust rule's
+    budget), and measuring profiles under that load would take many times as long only to be refused."""
+    idle_before, total_before = cpu_times()
+    time.sleep(window_s)
+    idle_after, total_after = cpu_times()
+    busy = 1.0 - (idle_after - idle_before) / max(1, total_after - total_before)
+    if busy > 1.0 - CORE_SHARE_LIMIT:
+        print(f"INVALID: other work kept {busy:.0%} of the host's cores busy before the benchmark started (more "
+              f"than {1.0 - CORE_SHARE_LIMIT:.0%} leaves the emulated chips less than their share); {load()}")
+        sys.exit(EXIT_INVALID)
 
 
 def command(*args: str, capture: bool = True) -> str:
@@ -180,6 +203,7 @@ def main() -> int:
     profiles = os.path.join(out, "profiles")
     os.makedirs(out, exist_ok=True)
     print(f"closed loop on {args.cluster} (emulated chips); before: {load()}", flush=True)
+    refuse_a_busy_host()
 
     trust = profile(args.cluster, profiles, reuse=args.reuse_profiles)
     plan_path, uniform_path = os.path.join(out, "planned.yaml"), os.path.join(out, "uniform.yaml")

@@ -14,7 +14,7 @@ measured step after --warmup steps, their ratio against the 20% target, the emul
 
 PASS or FAIL only for a trustworthy measurement: with more than 5 % of a profile's or the run's emulated
 kernel time late (h2.core.emulation.measurement_trust) the verdict is INVALID and the exit status 3
-(bench_closed_loop's rule); 1 on a FAIL, 0 on a PASS.
+(bench_closed_loop's rule, a host already busy before the start included); 1 on a FAIL, 0 on a PASS.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import os
 import statistics
 import sys
 
-from bench_closed_loop import command, load, profile, verdicts  # the HeteroAuto closed loop's runner
+from bench_closed_loop import (  # the HeteroAuto closed loop's runner
+    command, load, profile, refuse_a_busy_host, verdicts,
+)
 from h2.core.emulation import stage_report_trust
 
 TARGET = 0.20
@@ -49,6 +51,7 @@ def main() -> int:
     if not 0 <= args.warmup < args.steps:
         parser.error("--warmup must be below --steps")
     print(f"before: {load()}", flush=True)
+    refuse_a_busy_host()
     profiles, plan, run = (os.path.join(args.out, name) for name in ("profiles", "plan.yaml", "run"))
     trust = profile(args.cluster, profiles, reuse=args.reuse_profiles)
     limits = (["--max-groups", str(args.max_groups)] if args.max_groups else []) + ([

@@ -170,3 +170,21 @@ def test_a_closed_loop_measures_its_profiles_afresh_unless_told_to_reuse_them(mo
     monkeypatch.setattr(bench_closed_loop, "profile_trust", lambda folder: {})
     bench_closed_loop.profile("cluster.yaml", str(tmp_path), reuse=reuse)
     assert seen == [["emu-fast.yaml"] if reuse else []]
+
+
+@pytest.mark.parametrize("busy_ticks, refused", [(60, True), (40, False)])
+def test_a_closed_loop_on_a_host_other_work_keeps_busy_is_invalid_before_it_starts(monkeypatch, capsys, busy_ticks,
+                                                                                   refused):
+    """Over 1 - CORE_SHARE_LIMIT of the cores busy with other work in the sampled window: INVALID, exit 3."""
+    import bench_closed_loop
+
+    samples = iter([(1000, 5000), (1000 + 100 - busy_ticks, 5100)])  # (idle, total) ticks before and after
+    monkeypatch.setattr(bench_closed_loop, "cpu_times", lambda: next(samples))
+    if not refused:
+        bench_closed_loop.refuse_a_busy_host(window_s=0)
+        assert capsys.readouterr().out == ""
+        return
+    with pytest.raises(SystemExit) as ended:
+        bench_closed_loop.refuse_a_busy_host(window_s=0)
+    assert ended.value.code == 3
+    assert capsys.readouterr().out.startswith("INVALID: other work kept 60% of the host's cores busy")
