@@ -25,9 +25,7 @@ import os
 import statistics
 import sys
 
-from bench_closed_loop import (  # the HeteroAuto closed loop's runner
-    command, load, profile, refuse_a_busy_host, verdicts,
-)
+from bench_closed_loop import command, load, profile, refuse_a_busy_host, verdicts  # the HeteroAuto loop's runner
 from h2.core.emulation import stage_report_trust
 
 TARGET = 0.20
